@@ -1,0 +1,1 @@
+"""The per-node agent: poller, exporter, stream client and rank-timing intake."""

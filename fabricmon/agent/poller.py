@@ -1,0 +1,170 @@
+"""Runs every source under its own deadline and freezes the result into a Snapshot.
+
+A scrape never touches hardware: exporters and the stream read the latest
+Snapshot only.  A source that overruns its deadline is marked down for that
+poll and is not started again until its stuck call returns, so a hung NVML
+call costs one worker thread, never the poll loop.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+from ..counters import CounterTracker
+from ..model import Reading, Snapshot, SourceResult, SourceStatus
+from ..sources.base import Source
+from ..sources.inventory import Inventory
+
+log = structlog.get_logger("fabricmon.poller")
+
+
+@dataclass
+class _SourceState:
+    source: Source
+    errors_total: int = 0
+    inflight: cf.Future | None = None
+    last_error: str = ""
+
+
+class Poller:
+    def __init__(
+        self,
+        node: str,
+        sources: list[Source],
+        discover: Callable[[], Inventory],
+        clock: Callable[[], float] = time.time,
+        tracker: CounterTracker | None = None,
+    ) -> None:
+        self.node = node
+        self._states = [_SourceState(s) for s in sources]
+        self._discover = discover
+        self._clock = clock
+        self._tracker = tracker or CounterTracker()
+        self._pool = cf.ThreadPoolExecutor(max_workers=max(2, len(sources) + 1), thread_name_prefix="source")
+        self._latest: Snapshot | None = None
+        self._seq = 0
+        self._last_ts: float | None = None
+        self._lock = threading.Lock()
+        self._listeners: list[Callable[[Snapshot], None]] = []
+        self.inventory: Inventory | None = None
+
+    @property
+    def latest(self) -> Snapshot | None:
+        return self._latest
+
+    def add_listener(self, fn: Callable[[Snapshot], None]) -> None:
+        """Called with every new snapshot, in the poll thread: keep it quick."""
+        self._listeners.append(fn)
+
+    def poll_once(self) -> Snapshot:
+        with self._lock:
+            ts = self._clock()
+            inv_errors = 0
+            try:
+                inventory = self._discover()
+            except Exception as exc:  # discovery must not stop the other sources
+                log.warning("discovery_failed", error=str(exc))
+                inventory = Inventory(sysfs_root="")
+                inv_errors = 1
+            self.inventory = inventory
+            results = self._run_sources(inventory)
+            readings: list[Reading] = []
+            statuses: list[SourceStatus] = []
+            facts: dict = {"inventory": inventory}
+            for st, (result, duration) in zip(self._states, results):
+                st.errors_total += result.errors
+                if result.messages:
+                    st.last_error = result.messages[-1]
+                readings.extend(result.readings)
+                facts.update(result.facts)
+                statuses.append(SourceStatus(
+                    st.source.name, result.up, result.present, duration, st.errors_total,
+                    tuple(result.messages[-5:]),
+                ))
+            if inv_errors:
+                statuses.append(SourceStatus("discovery", False, True, 0.0, inv_errors))
+            samples, deltas, saturation = self._tracker.process(readings, ts)
+            interval = 0.0 if self._last_ts is None else ts - self._last_ts
+            self._last_ts = ts
+            self._seq += 1
+            snap = Snapshot(
+                node=self.node, ts=ts, seq=self._seq,
+                samples=tuple(samples + saturation), deltas=tuple(deltas),
+                interval_seconds=interval, sources=tuple(statuses), facts=facts,
+            )
+            self._latest = snap
+        for fn in self._listeners:
+            try:
+                fn(snap)
+            except Exception as exc:  # a listener bug must not stop polling
+                log.error("snapshot_listener_failed", error=str(exc))
+        return snap
+
+    def _run_sources(self, inventory: Inventory) -> list[tuple[SourceResult, float]]:
+        started: list[tuple[_SourceState, cf.Future | None, float]] = []
+        for st in self._states:
+            if st.inflight is not None and not st.inflight.done():
+                started.append((st, None, 0.0))  # still stuck from an earlier poll
+                continue
+            started.append((st, self._pool.submit(self._timed_poll, st.source, inventory), time.monotonic()))
+        out: list[tuple[SourceResult, float]] = []
+        for st, fut, t0 in started:
+            name = st.source.name
+            if fut is None:
+                res = SourceResult(name, up=False)
+                res.error(f"{name}: previous poll still running")
+                out.append((res, 0.0))
+                continue
+            remaining = max(0.0, st.source.timeout - (time.monotonic() - t0))
+            try:
+                res, duration = fut.result(timeout=remaining)
+                st.inflight = None
+            except cf.TimeoutError:
+                st.inflight = fut
+                res = SourceResult(name, up=False)
+                res.error(f"{name}: poll exceeded its {st.source.timeout:.2f}s deadline")
+                log.warning("source_timeout", collector=name, timeout=st.source.timeout)
+                duration = time.monotonic() - t0
+            except Exception as exc:
+                st.inflight = None
+                res = SourceResult(name, up=False)
+                res.error(f"{name}: {type(exc).__name__}: {exc}")
+                log.error("source_failed", collector=name, error=str(exc))
+                duration = time.monotonic() - t0
+            out.append((res, duration))
+        return out
+
+    @staticmethod
+    def _timed_poll(source: Source, inventory: Inventory) -> tuple[SourceResult, float]:
+        t0 = time.perf_counter()
+        res = source.poll(inventory)
+        return res, time.perf_counter() - t0
+
+    def run(self, stop: threading.Event, interval: float) -> None:
+        """Poll every ``interval`` seconds until ``stop`` is set, on a fixed cadence."""
+        next_at = time.monotonic()
+        while not stop.is_set():
+            try:
+                self.poll_once()
+            except Exception as exc:  # never let the loop die
+                log.error("poll_failed", error=str(exc))
+            next_at += interval
+            delay = next_at - time.monotonic()
+            if delay < 0:  # fell behind: skip, do not burst
+                next_at = time.monotonic()
+                delay = 0
+            stop.wait(delay)
+
+    def close(self) -> None:
+        for st in self._states:
+            try:
+                st.source.close()
+            except Exception as exc:
+                log.warning("source_close_failed", collector=st.source.name, error=str(exc))
+        self._pool.shutdown(wait=False, cancel_futures=True)

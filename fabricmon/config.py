@@ -1,0 +1,189 @@
+"""The agent's typed configuration (YAML file, then command-line flags on top)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .configload import ConfigError, build, check_hostport, check_regexes, load_yaml_file
+
+__all__ = ["AgentConfig", "ConfigError", "load_agent_config"]
+
+
+def _positive(value: float, path: str, source: str) -> None:
+    if value <= 0:
+        raise ConfigError(f"{source}: {path}: must be > 0, got {value}")
+
+
+@dataclass(frozen=True)
+class InfinibandSource:
+    enabled: bool = True
+    include: tuple[str, ...] = ()  # device-name regexes; empty means all
+    exclude: tuple[str, ...] = ()  # filtered before any read: reads cost firmware commands
+    timeout: float = 0.5
+
+    def validate(self, path: str, source: str) -> None:
+        check_regexes(self.include, f"{path}.include", source)
+        check_regexes(self.exclude, f"{path}.exclude", source)
+        _positive(self.timeout, f"{path}.timeout", source)
+
+
+@dataclass(frozen=True)
+class EthtoolSource:
+    enabled: bool = True
+    interfaces: tuple[str, ...] = ()  # extra netdevs beyond those backing RDMA ports
+    allow: tuple[str, ...] = ()  # regexes of extra stat names exported as fabricmon_ethtool_stat
+    timeout: float = 0.5
+
+    def validate(self, path: str, source: str) -> None:
+        check_regexes(self.allow, f"{path}.allow", source)
+        _positive(self.timeout, f"{path}.timeout", source)
+
+
+@dataclass(frozen=True)
+class NvmlSource:
+    timeout: float = 2.0
+
+    def validate(self, path: str, source: str) -> None:
+        _positive(self.timeout, f"{path}.timeout", source)
+
+
+@dataclass(frozen=True)
+class HostSource:
+    enabled: bool = True
+    timeout: float = 0.5
+
+    def validate(self, path: str, source: str) -> None:
+        _positive(self.timeout, f"{path}.timeout", source)
+
+
+@dataclass(frozen=True)
+class FabricConfigSource:
+    enabled: bool = True
+    timeout: float = 0.5
+
+    def validate(self, path: str, source: str) -> None:
+        _positive(self.timeout, f"{path}.timeout", source)
+
+
+@dataclass(frozen=True)
+class Sources:
+    infiniband: InfinibandSource = field(default_factory=InfinibandSource)
+    ethtool: EthtoolSource = field(default_factory=EthtoolSource)
+    nvml: NvmlSource = field(default_factory=NvmlSource)
+    host: HostSource = field(default_factory=HostSource)
+    fabric_config: FabricConfigSource = field(default_factory=FabricConfigSource)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The lossless-fabric profile rail NICs are checked against."""
+
+    roce_priority: int = 3
+    trust: str = "dscp"
+    pfc_priorities: tuple[int, ...] = (3,)
+    mtu: int = 9000
+    rate_gbps: float = 400.0
+    width: int = 4
+
+    def validate(self, path: str, source: str) -> None:
+        if not 0 <= self.roce_priority <= 7:
+            raise ConfigError(f"{source}: {path}.roce_priority: must be 0..7, got {self.roce_priority}")
+        for i, p in enumerate(self.pfc_priorities):
+            if not 0 <= p <= 7:
+                raise ConfigError(f"{source}: {path}.pfc_priorities[{i}]: must be 0..7, got {p}")
+        if self.trust not in ("dscp", "pcp"):
+            raise ConfigError(f"{source}: {path}.trust: must be dscp or pcp, got {self.trust!r}")
+        if self.width not in (1, 2, 4, 8, 12):
+            raise ConfigError(f"{source}: {path}.width: must be 1, 2, 4, 8 or 12, got {self.width}")
+        _positive(self.rate_gbps, f"{path}.rate_gbps", source)
+        _positive(self.mtu, f"{path}.mtu", source)
+
+
+@dataclass(frozen=True)
+class Stream:
+    """Agent -> aggregator stream settings."""
+
+    token_file: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    spool_dir: str = "/var/lib/fabricmon/spool"
+    spool_max_bytes: int = 64 * 1024 * 1024
+
+    def validate(self, path: str, source: str) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError(f"{source}: {path}.tls_key: tls_cert and tls_key must be given together")
+        _positive(self.spool_max_bytes, f"{path}.spool_max_bytes", source)
+
+
+@dataclass(frozen=True)
+class Intake:
+    """Rank-timing intake on the node (loopback and a Unix socket only)."""
+
+    listen: str | None = "127.0.0.1:9723"
+    socket: str | None = "/run/fabricmon/ranks.sock"
+
+    def validate(self, path: str, source: str) -> None:
+        check_hostport(self.listen, f"{path}.listen", source)
+        if self.listen is not None:
+            host = self.listen.rpartition(":")[0].strip("[]")
+            if host not in ("127.0.0.1", "localhost", "::1"):
+                raise ConfigError(f"{source}: {path}.listen: rank intake must listen on loopback, got {host!r}")
+
+
+@dataclass(frozen=True)
+class Log:
+    format: str = "auto"  # auto: console on a TTY, JSON otherwise
+    level: str = "info"
+
+    def validate(self, path: str, source: str) -> None:
+        if self.format not in ("auto", "json", "console"):
+            raise ConfigError(f"{source}: {path}.format: must be auto, json or console, got {self.format!r}")
+        if self.level.lower() not in ("debug", "info", "warning", "error"):
+            raise ConfigError(f"{source}: {path}.level: must be debug, info, warning or error, got {self.level!r}")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    sysfs_root: str = "/sys"
+    ethtool_dir: str | None = None
+    node_name: str | None = None
+    listen: str = "0.0.0.0:9720"
+    interval: float = 1.0
+    nvml: str = "auto"
+    aggregator: str | None = None
+    nccl_inspector_dir: str | None = None
+    rails: dict[str, int] = field(default_factory=dict)  # device -> rail; default: device order
+    sources: Sources = field(default_factory=Sources)
+    profile: Profile = field(default_factory=Profile)
+    stream: Stream = field(default_factory=Stream)
+    intake: Intake = field(default_factory=Intake)
+    log: Log = field(default_factory=Log)
+
+    def validate(self, path: str, source: str) -> None:
+        check_hostport(self.listen, "listen", source)
+        check_hostport(self.aggregator, "aggregator", source)
+        _positive(self.interval, "interval", source)
+        if not (self.nvml in ("auto", "off") or (self.nvml.startswith("fake:") and len(self.nvml) > 5)):
+            raise ConfigError(f"{source}: nvml: must be auto, off or fake:FILE, got {self.nvml!r}")
+        for dev, rail in self.rails.items():
+            if rail < 0:
+                raise ConfigError(f"{source}: rails.{dev}: must be >= 0, got {rail}")
+
+    @property
+    def nvml_fake_file(self) -> str | None:
+        return self.nvml[5:] if self.nvml.startswith("fake:") else None
+
+
+def load_agent_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> AgentConfig:
+    """Load ``path`` (or defaults), then apply flag ``overrides`` (None values ignored)."""
+    data: dict = load_yaml_file(path) if path is not None else {}
+    source = str(path) if path is not None else "<defaults>"
+    cfg = build(AgentConfig, data, "", source)
+    flags = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if flags:
+        cfg = replace(cfg, **flags)
+        cfg.validate("", "command line")
+    return cfg

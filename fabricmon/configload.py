@@ -1,0 +1,169 @@
+"""Load YAML into frozen dataclasses, rejecting bad input with file:field errors.
+
+Every error names the file, the key path and the problem on one line, e.g.
+``agent.yaml: sources.ethtool.allow[2]: not a valid regex (unbalanced parenthesis)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config problem; ``str()`` is the one-line message for the user."""
+
+
+def _join(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None))
+    if origin in (list, tuple):
+        return "a list"
+    if origin is dict:
+        return "a mapping"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
+
+
+def convert(tp: Any, value: Any, path: str, source: str) -> Any:
+    """Convert a YAML value to ``tp`` or raise ConfigError naming ``path``."""
+
+    def fail(problem: str) -> ConfigError:
+        return ConfigError(f"{source}: {path or '<top>'}: {problem}")
+
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        non_none = [a for a in args if a is not type(None)]
+        if len(non_none) == 1:
+            return convert(non_none[0], value, path, source)
+        raise fail("unsupported union type")
+    if dataclasses.is_dataclass(tp):
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            raise fail(f"expected a mapping, got {type(value).__name__}")
+        return build(tp, value, path, source)
+    if origin in (list, tuple):
+        if value is None:
+            value = []
+        if not isinstance(value, list):
+            raise fail(f"expected a list, got {type(value).__name__}")
+        inner = args[0] if args else Any
+        items = [convert(inner, v, _join(path, i), source) for i, v in enumerate(value)]
+        return tuple(items)
+    if origin is dict:
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            raise fail(f"expected a mapping, got {type(value).__name__}")
+        kt, vt = args
+        return {convert(kt, k, _join(path, str(k)), source): convert(vt, v, _join(path, str(k)), source)
+                for k, v in value.items()}
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise fail(f"expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise fail(f"expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise fail(f"expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        if not isinstance(value, str):
+            raise fail(f"expected a string, got {type(value).__name__}")
+        return value
+    raise fail(f"unsupported type {tp}")
+
+
+def build(cls: type[T], data: dict, path: str, source: str) -> T:
+    """Build dataclass ``cls`` from a mapping; unknown keys are errors.
+
+    Keys may be spelled with hyphens as on the command line.  After the fields
+    are converted the class's ``validate(path, source)`` (if any) runs.
+    """
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for raw_key, value in data.items():
+        key = str(raw_key).replace("-", "_")
+        if key not in fields:
+            known = ", ".join(sorted(fields))
+            raise ConfigError(f"{source}: {_join(path, str(raw_key))}: unknown key (known: {known})")
+        kwargs[key] = convert(hints[key], value, _join(path, key), source)
+    try:
+        obj = cls(**kwargs)
+    except TypeError as exc:  # a required field is missing
+        missing = [n for n, f in fields.items() if n not in kwargs
+                   and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        raise ConfigError(f"{source}: {_join(path, missing[0]) if missing else path}: required key missing") from exc
+    validate = getattr(obj, "validate", None)
+    if validate is not None:
+        validate(path, source)
+    return obj
+
+
+def load_yaml_file(path: str | Path) -> dict:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "<top>"
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{p}: {where}: invalid YAML ({problem})") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: <top>: expected a mapping, got {type(data).__name__}")
+    return data
+
+
+def check_regexes(patterns: tuple[str, ...], path: str, source: str) -> None:
+    for i, pat in enumerate(patterns):
+        try:
+            re.compile(pat)
+        except re.error as exc:
+            raise ConfigError(f"{source}: {_join(path, i)}: not a valid regex ({exc})") from exc
+
+
+def check_hostport(value: str | None, path: str, source: str) -> None:
+    if value is None:
+        return
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{source}: {path}: expected HOST:PORT, got {value!r}")
+
+
+def split_hostport(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    return host.strip("[]"), int(port)

@@ -1,0 +1,105 @@
+"""The declarative table of every metric family the agent exports.
+
+Sources emit ``Reading``s naming a family here; the exporter turns the table
+into prometheus_client metric families.  ``node`` is added to every series by
+the exporter and is not listed.  Dashboards, rules and tests rely on these
+names: add, never rename.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    kind: str  # "counter" | "gauge" | "info"
+    help: str
+    labels: tuple[str, ...]
+
+
+def _specs(*rows: tuple[str, str, str, tuple[str, ...]]) -> dict[str, MetricSpec]:
+    return {r[0]: MetricSpec(*r) for r in rows}
+
+
+_PORT = ("device", "port")
+
+SPECS: dict[str, MetricSpec] = _specs(
+    # --- InfiniBand / RoCE ports (sources/infiniband.py) ---
+    ("fabricmon_ib_port_info", "info", "RDMA port identity; value 1.",
+     ("device", "port", "rail", "link_layer", "interface", "hca_type", "fw_ver", "node_guid", "board_id")),
+    ("fabricmon_ib_port_state", "gauge", "IB logical port state id (1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER).", _PORT),
+    ("fabricmon_ib_port_physical_state", "gauge", "IB physical port state id (5 LinkUp, 2 Polling, 3 Disabled, ...).", _PORT),
+    ("fabricmon_ib_port_rate_bytes_per_second", "gauge", "Port signalling rate in bytes per second.", _PORT),
+    ("fabricmon_ib_port_width_lanes", "gauge", "Port link width in lanes (1, 2, 4, 8, 12).", _PORT),
+    ("fabricmon_ib_port_receive_bytes_total", "counter", "Bytes received (port_rcv_data x 4).", _PORT),
+    ("fabricmon_ib_port_transmit_bytes_total", "counter", "Bytes transmitted (port_xmit_data x 4).", _PORT),
+    ("fabricmon_ib_port_receive_packets_total", "counter", "Packets received.", _PORT),
+    ("fabricmon_ib_port_transmit_packets_total", "counter", "Packets transmitted.", _PORT),
+    ("fabricmon_ib_port_transmit_wait_total", "counter", "Ticks with data pending but not sent (IB congestion).", _PORT),
+    ("fabricmon_ib_port_counter_total", "counter", "Every other PMA port counter, by sysfs file name.", _PORT + ("counter",)),
+    ("fabricmon_ib_port_errors_total", "counter", "PMA error counters, by sysfs file name.", _PORT + ("counter",)),
+    ("fabricmon_ib_counter_saturated", "gauge", "1 when a narrow PMA counter is pinned at its IBTA maximum.", _PORT + ("counter",)),
+    ("fabricmon_ib_port_up", "gauge", "1 while the port is readable in sysfs.", _PORT),
+    ("fabricmon_rdma_hw_counter_total", "counter", "Every hw_counters file; 32-bit ones unwrapped into a monotonic count.", _PORT + ("counter",)),
+    ("fabricmon_rdma_hw_counter_lifespan_seconds", "gauge", "hw_counters cache lifetime.", _PORT),
+    ("fabricmon_roce_cnp_sent_total", "counter", "CNPs sent by the notification point (np_cnp_sent).", _PORT),
+    ("fabricmon_roce_cnp_handled_total", "counter", "CNPs handled by the reaction point (rp_cnp_handled).", _PORT),
+    ("fabricmon_roce_cnp_ignored_total", "counter", "CNPs ignored by the reaction point (rp_cnp_ignored): congestion control off.", _PORT),
+    ("fabricmon_roce_ecn_marked_packets_total", "counter", "ECN-marked RoCE packets received (np_ecn_marked_roce_packets).", _PORT),
+    ("fabricmon_rdma_transport_retries_total", "counter",
+     "RDMA transport retry and sequence errors (local_ack_timeout_err, out_of_sequence, packet_seq_err, ...).", _PORT + ("counter",)),
+    # --- ethtool (sources/ethtool.py) ---
+    ("fabricmon_pfc_pause_frames_total", "counter", "PFC pause frames per priority and direction.", ("interface", "priority", "direction")),
+    ("fabricmon_pfc_pause_seconds_total", "counter", "Time paused by PFC per priority and direction.", ("interface", "priority", "direction")),
+    ("fabricmon_pfc_pause_transitions_total", "counter", "PFC XOFF to XON transitions received.", ("interface", "priority")),
+    ("fabricmon_pfc_pause_storm_events_total", "counter", "Pause storm events (level warning or error).", ("interface", "level")),
+    ("fabricmon_netdev_phy_errors_total", "counter", "Physical-layer errors and discards, by ethtool stat name.", ("interface", "counter")),
+    ("fabricmon_netdev_phy_received_bits_total", "counter", "Bits received at the PHY (rx_bits_phy).", ("interface",)),
+    ("fabricmon_netdev_phy_corrected_bits_total", "counter", "FEC-corrected bits (rx_corrected_bits_phy).", ("interface",)),
+    ("fabricmon_netdev_pci_stalled_ratio", "gauge", "Share of the last second PCIe outbound was stalled.", ("interface", "direction")),
+    ("fabricmon_ethtool_stat", "gauge", "Other ethtool statistics by name (allowlisted).", ("interface", "stat")),
+    ("fabricmon_ethtool_up", "gauge", "1 when the ethtool stats of the interface were read this poll.", ("interface",)),
+    # --- lossless config (sources/fabric_config.py) ---
+    ("fabricmon_fabric_config_ok", "gauge", "1 when the interface matches the expected lossless profile for the check.",
+     ("device", "interface", "check")),
+    # --- NVML (sources/nvlink.py) ---
+    ("fabricmon_gpu_info", "info", "GPU identity; value 1.", ("gpu", "uuid", "name", "pci_bus_id")),
+    ("fabricmon_gpu_up", "gauge", "1 while NVML answers for the GPU.", ("gpu",)),
+    ("fabricmon_gpu_utilization_ratio", "gauge", "GPU compute utilization (0-1).", ("gpu",)),
+    ("fabricmon_gpu_throttle_reason", "gauge", "1 when the clock-throttle reason is active.", ("gpu", "reason")),
+    ("fabricmon_gpu_xid_errors_total", "counter", "XID errors seen, by XID code.", ("gpu", "xid")),
+    ("fabricmon_gpu_ecc_errors_total", "counter", "ECC errors, by type (corrected, uncorrected).", ("gpu", "type")),
+    ("fabricmon_gpu_pcie_replay_total", "counter", "PCIe replay counter.", ("gpu",)),
+    ("fabricmon_nvlink_up", "gauge", "1 when the NVLink is active.", ("gpu", "link")),
+    ("fabricmon_nvlink_remote_info", "info", "PCI bus id at the far end of the NVLink; value 1.", ("gpu", "link", "remote_pci_bus_id")),
+    ("fabricmon_nvlink_transmit_bytes_total", "counter", "NVLink data bytes transmitted.", ("gpu", "link")),
+    ("fabricmon_nvlink_receive_bytes_total", "counter", "NVLink data bytes received.", ("gpu", "link")),
+    ("fabricmon_nvlink_errors_total", "counter", "NVLink errors by type (replay, recovery, crc_flit, crc_data).", ("gpu", "link", "type")),
+    # --- host (sources/host.py) ---
+    ("fabricmon_host_cpu_utilization_ratio", "gauge", "Host CPU utilization (0-1) since the previous poll.", ()),
+    ("fabricmon_host_load1", "gauge", "1-minute load average.", ()),
+    ("fabricmon_host_memory_total_bytes", "gauge", "Total memory.", ()),
+    ("fabricmon_host_memory_available_bytes", "gauge", "Available memory.", ()),
+    ("fabricmon_host_network_receive_bytes_total", "counter", "Bytes received per netdev.", ("interface",)),
+    ("fabricmon_host_network_transmit_bytes_total", "counter", "Bytes transmitted per netdev.", ("interface",)),
+    ("fabricmon_host_network_drops_total", "counter", "Packets dropped per netdev and direction.", ("interface", "direction")),
+    ("fabricmon_host_network_errors_total", "counter", "Packet errors per netdev and direction.", ("interface", "direction")),
+    # --- NCCL Inspector / rank timings (agent/nccl_inspector.py) ---
+    ("fabricmon_nccl_collectives_total", "counter", "Collectives completed.", ("rank", "comm", "collective")),
+    ("fabricmon_nccl_collective_seconds_total", "counter", "Sum of collective execution time.", ("rank", "comm", "collective")),
+    ("fabricmon_nccl_collective_bytes_total", "counter", "Sum of collective message sizes.", ("rank", "comm", "collective")),
+    ("fabricmon_nccl_bus_bandwidth_bytes_per_second", "gauge", "Mean bus bandwidth over the last interval.", ("rank", "comm", "collective")),
+    ("fabricmon_rank_step_seconds", "gauge", "Last reported step time per rank.", ("job", "rank")),
+    ("fabricmon_rank_comm_seconds", "gauge", "Last reported communication time per rank.", ("job", "rank")),
+)
+
+# Self-instrumentation, emitted by the exporter for every source.
+SELF_SPECS: dict[str, MetricSpec] = _specs(
+    ("fabricmon_collector_up", "gauge", "1 when the collector's last poll succeeded.", ("collector",)),
+    ("fabricmon_collector_duration_seconds", "gauge", "Duration of the collector's last poll.", ("collector",)),
+    ("fabricmon_collector_errors_total", "counter", "Errors (bad files, vanished devices, timeouts) per collector.", ("collector",)),
+    ("fabricmon_snapshot_timestamp_seconds", "gauge", "Sample time of the snapshot being served.", ()),
+    ("fabricmon_snapshot_age_seconds", "gauge", "Age of the snapshot being served at scrape time.", ()),
+)

@@ -1,0 +1,1 @@
+"""Hardware sources: one module per source, each a pure parser plus a thin reader."""

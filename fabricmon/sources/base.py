@@ -1,0 +1,25 @@
+"""The protocol every source implements."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..model import SourceResult
+from .inventory import Inventory
+
+
+class Source(Protocol):
+    """A hardware source.  ``poll`` runs in a worker thread under a deadline.
+
+    It must never raise for a per-device problem: count it with
+    ``result.error(...)`` and keep going, so one bad file costs one series.
+    Raising (or overrunning the deadline) marks the whole source down for this
+    poll; the poller then serves nothing from it rather than stale values.
+    """
+
+    name: str
+    timeout: float
+
+    def poll(self, inventory: Inventory) -> SourceResult: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,156 @@
+"""Which RDMA devices, ports and netdevs this node has, and which rail each serves.
+
+Discovery is cheap (directory listings and symlink reads, no counter reads), so
+it runs at every poll: a hot-unplugged NIC drops out and a re-probed one comes
+back without a restart.  Devices are filtered by name *before* anything under
+them is read, because on mlx5 some reads cost firmware commands.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .base_io import list_dir, read_text
+
+
+@dataclass(frozen=True, slots=True)
+class PortInfo:
+    device: str  # mlx5_3
+    port: str  # "1"
+    path: str  # .../class/infiniband/mlx5_3/ports/1
+    link_layer: str  # InfiniBand | Ethernet | "" when unreadable
+    netdev: str  # backing netdev ("" when none, e.g. plain IB without IPoIB)
+    rail: str  # "3", or "" for a NIC that serves no rail (frontend)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    name: str
+    path: str  # .../class/infiniband/mlx5_3
+    pci_bdf: str  # 0000:5e:00.0, "" when the device link is missing
+    numa_node: int  # -1 when unknown
+    hca_type: str
+    fw_ver: str
+    node_guid: str
+    board_id: str
+    rail: str
+    netdevs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Inventory:
+    sysfs_root: str
+    devices: tuple[DeviceInfo, ...] = ()
+    ports: tuple[PortInfo, ...] = ()
+    errors: tuple[str, ...] = ()  # discovery problems (unreadable device attributes)
+    extra_netdevs: tuple[str, ...] = field(default=())  # configured netdevs without an RDMA port
+
+    def netdevs(self) -> list[str]:
+        """Every netdev to read ethtool stats from: those backing RDMA ports, then configured extras."""
+        seen: dict[str, None] = {}
+        for p in self.ports:
+            if p.netdev:
+                seen[p.netdev] = None
+        for n in self.extra_netdevs:
+            seen[n] = None
+        return list(seen)
+
+    def device(self, name: str) -> DeviceInfo | None:
+        for d in self.devices:
+            if d.name == name:
+                return d
+        return None
+
+
+def _natural_key(name: str) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def _read_or(path: str, default: str = "") -> str:
+    try:
+        return read_text(path)
+    except (OSError, ValueError):
+        return default
+
+
+def assign_rails(devices: list[tuple[str, str]], configured: dict[str, int]) -> dict[str, str]:
+    """Map device name -> rail string.
+
+    ``devices`` is (name, hca_type) in natural order.  Configured rails win.
+    Otherwise the rail NICs are the devices of the most common HCA type (a
+    DGX-style node has eight identical rail NICs and a different frontend
+    NIC), numbered in device order; any other device serves no rail.
+    """
+    if configured:
+        return {name: str(configured[name]) if name in configured else "" for name, _ in devices}
+    counts = Counter(h for _, h in devices if h)
+    if not counts:
+        return {name: str(i) for i, (name, _) in enumerate(devices)}
+    common, _ = counts.most_common(1)[0]
+    rails: dict[str, str] = {}
+    i = 0
+    for name, hca in devices:
+        if hca == common:
+            rails[name] = str(i)
+            i += 1
+        else:
+            rails[name] = ""
+    return rails
+
+
+def discover(
+    sysfs_root: str,
+    include: tuple[str, ...] = (),
+    exclude: tuple[str, ...] = (),
+    rails: dict[str, int] | None = None,
+    extra_netdevs: tuple[str, ...] = (),
+) -> Inventory:
+    base = os.path.join(sysfs_root, "class", "infiniband")
+    inc = [re.compile(p) for p in include]
+    exc = [re.compile(p) for p in exclude]
+    names = [
+        n for n in sorted(list_dir(base), key=_natural_key)
+        if (not inc or any(p.search(n) for p in inc)) and not any(p.search(n) for p in exc)
+    ]
+    errors: list[str] = []
+    raw: list[tuple[str, str, str]] = []  # name, path, hca_type
+    for name in names:
+        dpath = os.path.join(base, name)
+        raw.append((name, dpath, _read_or(os.path.join(dpath, "hca_type"))))
+    rail_of = assign_rails([(n, h) for n, _, h in raw], rails or {})
+
+    devices: list[DeviceInfo] = []
+    ports: list[PortInfo] = []
+    for name, dpath, hca in raw:
+        if not os.path.isdir(dpath):
+            continue  # vanished between listing and now
+        # class/infiniband/<dev>/device links to the PCI function; resolving one
+        # link is safe (walking the tree is what loops).
+        real = os.path.realpath(os.path.join(dpath, "device"))
+        pci_bdf = os.path.basename(real) if os.path.isdir(real) else ""
+        dev_dir = os.path.join(dpath, "device")
+        numa_text = _read_or(os.path.join(dev_dir, "numa_node"), "-1")
+        numa = int(numa_text) if numa_text.lstrip("-").isdigit() else -1
+        netdevs = tuple(list_dir(os.path.join(dev_dir, "net")))
+        info = DeviceInfo(
+            name=name, path=dpath, pci_bdf=pci_bdf, numa_node=numa, hca_type=hca,
+            fw_ver=_read_or(os.path.join(dpath, "fw_ver")),
+            node_guid=_read_or(os.path.join(dpath, "node_guid")),
+            board_id=_read_or(os.path.join(dpath, "board_id")),
+            rail=rail_of.get(name, ""), netdevs=netdevs,
+        )
+        devices.append(info)
+        for port in sorted(list_dir(os.path.join(dpath, "ports")), key=_natural_key):
+            ppath = os.path.join(dpath, "ports", port)
+            link_layer = _read_or(os.path.join(ppath, "link_layer"))
+            netdev = ""
+            if link_layer == "Ethernet":
+                # RoCE: the GID table names the netdev; fall back to the PCI function's netdev.
+                netdev = _read_or(os.path.join(ppath, "gid_attrs", "ndevs", "0"))
+                if not netdev and len(netdevs) == 1:
+                    netdev = netdevs[0]
+            ports.append(PortInfo(name, port, ppath, link_layer, netdev, info.rail))
+    return Inventory(sysfs_root, tuple(devices), tuple(ports), tuple(errors), tuple(extra_netdevs))
