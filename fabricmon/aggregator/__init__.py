@@ -1,0 +1,1 @@
+"""The central half: ingest node deltas and rank timings, detect, localize, alert."""
