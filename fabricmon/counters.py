@@ -76,8 +76,9 @@ class CounterTracker:
         saturation: list[Sample] = []
         for r in readings:
             sem = r.semantics
+            scale = r.scale
             if sem is Semantics.GAUGE:
-                samples.append(Sample(r.family, r.labels, r.value))
+                samples.append(Sample(r.family, r.labels, r.value * scale if scale != 1.0 else r.value))
                 continue
             raw = int(r.value)
             if sem is Semantics.WRAPPING:
@@ -102,8 +103,10 @@ class CounterTracker:
                 st.total += delta
                 st.last_seen = ts
                 if delta or saturated or was_reset:
-                    deltas.append(CounterDelta(r.family, r.labels, float(delta), saturated, was_reset))
-            samples.append(Sample(r.family, r.labels, float(st.total)))
+                    deltas.append(CounterDelta(r.family, r.labels, float(delta) * scale, saturated, was_reset))
+            # Raw units are tracked as integers; the scale (e.g. microseconds to
+            # seconds) applies to what is exported only.
+            samples.append(Sample(r.family, r.labels, float(st.total) * scale))
             if sem is Semantics.SATURATING:
                 saturation.append(Sample("fabricmon_ib_counter_saturated", r.labels, 1.0 if saturated else 0.0))
         self._evict(ts)

@@ -31,6 +31,10 @@ class Reading:
     labels (without ``node``, which the exporter adds) in spec order.
     ``group`` ties the counters of one device port together so that a reset of
     the whole device (driver reload) is recognised as one event.
+    ``scale`` converts the raw value to the exported base unit (1e-6 for a
+    counter of microseconds): counters are tracked on the integer raw value,
+    so wrap and reset logic stay exact, and the scale is applied to the
+    exported total and delta only.
     """
 
     family: str
@@ -39,6 +43,7 @@ class Reading:
     semantics: Semantics = Semantics.GAUGE
     width: int = 64
     group: str = ""
+    scale: float = 1.0
 
 
 def reading(
@@ -48,10 +53,11 @@ def reading(
     semantics: Semantics = Semantics.GAUGE,
     width: int = 64,
     group: str = "",
+    scale: float = 1.0,
     **labels: str,
 ) -> Reading:
     """Build a Reading; labels are given by keyword in spec order."""
-    return Reading(family, tuple(labels.items()), value, semantics, width, group)
+    return Reading(family, tuple(labels.items()), value, semantics, width, group, scale)
 
 
 @dataclass(slots=True)

@@ -55,6 +55,10 @@ class Poller:
         self.inventory: Inventory | None = None
 
     @property
+    def source_names(self) -> list[str]:
+        return [st.source.name for st in self._states]
+
+    @property
     def latest(self) -> Snapshot | None:
         return self._latest
 

@@ -1,0 +1,403 @@
+"""ethtool statistics: PFC pause per priority, pause storms, PHY errors and discards.
+
+Two readers feed one parser-free path of ``(name, value)`` pairs:
+
+* the SIOCETHTOOL ioctl (``ETHTOOL_GSSET_INFO`` / ``GSTRINGS`` / ``GSTATS``)
+  from pure Python, on real hosts;
+* ``<ethtool_dir>/<if>.txt`` in ``ethtool -S`` format, in fixture trees and the
+  simulator, so tests run the same classification and export path.
+
+``classify_stat`` maps a stat name to a metric family of ``metrics.SPECS``;
+everything not curated is exported as ``fabricmon_ethtool_stat`` only when it
+matches the configured allowlist (mlx5 has hundreds of stats per netdev).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import os
+import re
+import socket
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..config import EthtoolSource as EthtoolConfig
+from ..model import Reading, Semantics, SourceResult, reading
+from .inventory import Inventory
+
+# --- SIOCETHTOOL ioctl (include/uapi/linux/ethtool.h, sockios.h) ---------------
+
+SIOCETHTOOL = 0x8946
+ETHTOOL_GDRVINFO = 0x00000003
+ETHTOOL_GSTRINGS = 0x0000001B
+ETHTOOL_GSTATS = 0x0000001D
+ETHTOOL_GSSET_INFO = 0x00000037
+ETH_SS_STATS = 1
+ETH_GSTRING_LEN = 32
+IFNAMSIZ = 16
+_IFREQ_SIZE = 40  # sizeof(struct ifreq) on LP64: 16-byte name + 24-byte union
+
+# struct ethtool_drvinfo: cmd, 5 x char[32], reserved2[12], then n_priv_flags, n_stats, ...
+_DRVINFO_SIZE = 196
+_DRVINFO_N_STATS_OFF = 4 + 5 * 32 + 12 + 4
+
+
+class EthtoolError(OSError):
+    """An ethtool ioctl failed for one interface (no such device, not supported, ...)."""
+
+    def __init__(self, interface: str, op: str, err: int) -> None:
+        reason = {
+            errno.ENODEV: "no such device",
+            errno.EOPNOTSUPP: "statistics not supported by the driver",
+        }.get(err, os.strerror(err))
+        super().__init__(err, f"{interface}: ethtool {op}: {reason}")
+        self.interface = interface
+        self.op = op
+
+
+def _ifreq(interface: str, buf: ctypes.Array) -> bytearray:
+    """struct ifreq whose ifr_data points at ``buf`` (which the kernel reads and writes)."""
+    name = interface.encode()
+    if not name or len(name) >= IFNAMSIZ:
+        raise EthtoolError(interface, "ifreq", errno.EINVAL)
+    req = bytearray(_IFREQ_SIZE)
+    req[: len(name)] = name
+    struct.pack_into("P", req, IFNAMSIZ, ctypes.addressof(buf))
+    return req
+
+
+class EthtoolIoctl:
+    """Reads ``ethtool -S`` statistics of one network namespace through SIOCETHTOOL.
+
+    Holds one datagram socket (the ioctl needs any socket of the namespace) and,
+    per interface, the stat names: GSTRINGS copies 32 bytes per stat and names
+    change only when the driver's stat set changes (channel count, driver
+    reload), so each poll asks the cheap count first and refreshes names only
+    when it moved.  GSTATS is the hot call.
+    """
+
+    def __init__(self) -> None:
+        self._sock: socket.socket | None = None
+        self._names: dict[str, list[str]] = {}
+        self.string_refreshes = 0  # how often GSTRINGS ran (tests check the cache)
+
+    def _fd(self) -> int:
+        if self._sock is None:
+            self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        return self._sock.fileno()
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self._names.clear()
+
+    def _ioctl(self, interface: str, op: str, buf: ctypes.Array) -> None:
+        try:
+            fcntl.ioctl(self._fd(), SIOCETHTOOL, _ifreq(interface, buf))
+        except OSError as exc:
+            raise EthtoolError(interface, op, exc.errno or errno.EIO) from None
+
+    def stats_count(self, interface: str) -> int:
+        """Size of the ETH_SS_STATS string set; GDRVINFO n_stats on drivers without GSSET_INFO."""
+        # struct ethtool_sset_info: u32 cmd, u32 reserved, u64 sset_mask, u32 data[]
+        buf = ctypes.create_string_buffer(16 + 4)
+        struct.pack_into("=IIQ", buf, 0, ETHTOOL_GSSET_INFO, 0, 1 << ETH_SS_STATS)
+        try:
+            self._ioctl(interface, "GSSET_INFO", buf)
+        except EthtoolError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            return self.drvinfo_n_stats(interface)
+        (mask,) = struct.unpack_from("=Q", buf, 8)
+        if not mask & (1 << ETH_SS_STATS):
+            return 0  # the kernel clears the bit of a set the driver lacks
+        return struct.unpack_from("=I", buf, 16)[0]
+
+    def drvinfo_n_stats(self, interface: str) -> int:
+        buf = ctypes.create_string_buffer(_DRVINFO_SIZE)
+        struct.pack_into("=I", buf, 0, ETHTOOL_GDRVINFO)
+        self._ioctl(interface, "GDRVINFO", buf)
+        return struct.unpack_from("=I", buf, _DRVINFO_N_STATS_OFF)[0]
+
+    def stat_names(self, interface: str, count: int) -> list[str]:
+        # struct ethtool_gstrings: u32 cmd, u32 string_set, u32 len, u8 data[len * 32].
+        # The kernel writes as many strings as the driver has *now*, whatever len
+        # we pass, so the buffer gets headroom against a set that grew meanwhile.
+        room = _headroom(count)
+        buf = ctypes.create_string_buffer(12 + room * ETH_GSTRING_LEN)
+        struct.pack_into("=III", buf, 0, ETHTOOL_GSTRINGS, ETH_SS_STATS, count)
+        self._ioctl(interface, "GSTRINGS", buf)
+        n = struct.unpack_from("=I", buf, 8)[0]
+        if n > room:
+            raise EthtoolError(interface, "GSTRINGS", errno.EOVERFLOW)
+        raw = buf.raw
+        names = []
+        for i in range(n):
+            off = 12 + i * ETH_GSTRING_LEN
+            names.append(raw[off: off + ETH_GSTRING_LEN].split(b"\0", 1)[0].decode("ascii", "replace"))
+        return names
+
+    def stat_values(self, interface: str, count: int) -> list[int]:
+        # struct ethtool_stats: u32 cmd, u32 n_stats, u64 data[n_stats]; same headroom reason.
+        room = _headroom(count)
+        buf = ctypes.create_string_buffer(8 + room * 8)
+        struct.pack_into("=II", buf, 0, ETHTOOL_GSTATS, count)
+        self._ioctl(interface, "GSTATS", buf)
+        n = struct.unpack_from("=I", buf, 4)[0]
+        if n > room:
+            raise EthtoolError(interface, "GSTATS", errno.EOVERFLOW)
+        return list(struct.unpack_from(f"={n}Q", buf, 8))
+
+    def read(self, interface: str) -> list[tuple[str, int]]:
+        """All ETH_SS_STATS of ``interface`` as (name, value), in driver order."""
+        for _ in range(3):  # bounded: the set changes at most on a reconfiguration
+            count = self.stats_count(interface)
+            names = self._names.get(interface)
+            if names is None or len(names) != count:
+                names = self.stat_names(interface, count)
+                self.string_refreshes += 1
+                self._names[interface] = names
+            values = self.stat_values(interface, len(names))
+            if len(values) == len(names):
+                return list(zip(names, values))
+            self._names.pop(interface, None)  # the set changed between the calls: names are stale
+        raise EthtoolError(interface, "GSTATS", errno.EAGAIN)
+
+    def forget(self, keep: set[str]) -> None:
+        """Drop cached names of interfaces no longer polled (hot-unplug, rename)."""
+        for name in [n for n in self._names if n not in keep]:
+            del self._names[name]
+
+
+def _headroom(count: int) -> int:
+    return 2 * count + 64
+
+
+def read_stats_ioctl(interface: str) -> list[tuple[str, int]]:
+    """One-shot ioctl read (opens and closes its own socket)."""
+    reader = EthtoolIoctl()
+    try:
+        return reader.read(interface)
+    finally:
+        reader.close()
+
+
+# --- text formats ----------------------------------------------------------------------
+
+
+def parse_ethtool_stats(text: str) -> list[tuple[str, int]]:
+    """Parse ``ethtool -S`` output into (name, value) pairs, in file order.
+
+    The value is the text after the *last* ``": "`` (a few drivers put colons
+    in names).  Headers (``NIC statistics:``) and lines without an integer
+    value are skipped rather than failing the interface.
+    """
+    out: list[tuple[str, int]] = []
+    for line in text.splitlines():
+        name, sep, value = line.strip().rpartition(": ")
+        if not sep or not name:
+            continue
+        value = value.strip()
+        if value.isdigit():
+            out.append((name, int(value)))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class PfcInfo:
+    """Lossless configuration of one netdev; None where the source did not say."""
+
+    trust: str | None
+    pfc_enabled: frozenset[int] | None
+
+
+def parse_pfc_summary(text: str) -> PfcInfo:
+    """Parse a ``mlnx_qos -i <if>``-style summary (the fixtures' ``<if>.pfc.txt``).
+
+    ``Priority trust state: dscp`` gives the trust mode; the ``priority`` row of
+    the PFC table names the columns of the ``enabled`` row.
+    """
+    trust: str | None = None
+    prios: list[int] | None = None
+    enabled: frozenset[int] | None = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        low = line.lower()
+        if low.startswith("priority trust state:"):
+            trust = line.split(":", 1)[1].strip().lower() or None
+            continue
+        fields = line.split()
+        if not fields:
+            continue
+        if fields[0] == "priority" and len(fields) > 1 and all(f.isdigit() for f in fields[1:]):
+            prios = [int(f) for f in fields[1:]]
+        elif fields[0] == "enabled" and prios is not None and enabled is None:
+            flags = fields[1:]
+            if len(flags) == len(prios) and all(f in ("0", "1") for f in flags):
+                enabled = frozenset(p for p, f in zip(prios, flags) if f == "1")
+    return PfcInfo(trust, enabled)
+
+
+# --- classification --------------------------------------------------------------------
+
+PAUSE_FRAMES = "fabricmon_pfc_pause_frames_total"
+PAUSE_SECONDS = "fabricmon_pfc_pause_seconds_total"
+PAUSE_TRANSITIONS = "fabricmon_pfc_pause_transitions_total"
+STORM_EVENTS = "fabricmon_pfc_pause_storm_events_total"
+PHY_ERRORS = "fabricmon_netdev_phy_errors_total"
+PHY_BITS = "fabricmon_netdev_phy_received_bits_total"
+PHY_CORRECTED = "fabricmon_netdev_phy_corrected_bits_total"
+PCI_STALLED = "fabricmon_netdev_pci_stalled_ratio"
+ETHTOOL_STAT = "fabricmon_ethtool_stat"
+ETHTOOL_UP = "fabricmon_ethtool_up"
+
+
+@dataclass(frozen=True, slots=True)
+class StatClass:
+    """Where one ethtool stat goes: family, labels besides ``interface`` (spec order), semantics, scale."""
+
+    family: str
+    labels: tuple[tuple[str, str], ...]
+    semantics: Semantics = Semantics.MONOTONIC
+    scale: float = 1.0
+
+
+_PRIO = re.compile(r"(rx|tx)_prio([0-7])_pause(_duration|_transition)?")
+_STORM = re.compile(r"tx_pause_storm_(warning|error)_events")
+_STALLED = re.compile(r"outbound_pci_stalled_(rd|wr)")
+# Physical-layer errors and drops worth a series on every netdev (mlx5 counters.rst).
+_PHY_ERROR_NAMES = frozenset({
+    "rx_crc_errors_phy", "rx_symbol_err_phy", "rx_pcs_symbol_err_phy", "rx_discards_phy", "tx_discards_phy",
+    "rx_out_of_buffer", "dev_out_of_buffer", "link_down_events_phy", "rx_buffer_passed_thres_phy",
+    "outbound_pci_stalled_rd_events", "outbound_pci_stalled_wr_events", "outbound_pci_buffer_overflow",
+    "rx_pci_signal_integrity", "tx_pci_signal_integrity", "tx_errors_phy",
+    "rx_in_range_len_errors_phy", "rx_out_of_range_len_phy", "rx_oversize_pkts_phy", "rx_undersize_pkts_phy",
+    "rx_fragments_phy", "rx_jabbers_phy", "rx_too_long_errors_phy", "rx_unsupported_op_phy",
+})
+_PHY_ERROR_RE = re.compile(
+    r"rx_prio[0-7]_(buf_discard|cong_discard|discards)|rx_err_lane_[0-9]+_phy|module_[a-z_]+"
+)
+
+
+def classify_stat(name: str, allow: tuple[re.Pattern[str], ...] = ()) -> StatClass | None:
+    """Map an ethtool stat name to its metric family; None: not exported.
+
+    Pause durations are microseconds (mlx5 counters.rst): tracked as raw
+    integers, exported as seconds through ``scale``.  ``outbound_pci_stalled_*``
+    is a percentage gauge of the last second, exported as a 0-1 ratio.
+    """
+    m = _PRIO.fullmatch(name)
+    if m:
+        direction, prio, kind = m.groups()
+        if kind is None:
+            return StatClass(PAUSE_FRAMES, (("priority", prio), ("direction", direction)))
+        if kind == "_duration":
+            return StatClass(PAUSE_SECONDS, (("priority", prio), ("direction", direction)), scale=1e-6)
+        if direction == "rx":  # transitions are counted on receive only; a tx_ one falls to the allowlist
+            return StatClass(PAUSE_TRANSITIONS, (("priority", prio),))
+    m = _STORM.fullmatch(name)
+    if m:
+        return StatClass(STORM_EVENTS, (("level", m.group(1)),))
+    if name == "rx_bits_phy":
+        return StatClass(PHY_BITS, ())
+    if name == "rx_corrected_bits_phy":
+        return StatClass(PHY_CORRECTED, ())
+    m = _STALLED.fullmatch(name)
+    if m:
+        return StatClass(PCI_STALLED, (("direction", m.group(1)),), Semantics.GAUGE, 0.01)
+    if name in _PHY_ERROR_NAMES or _PHY_ERROR_RE.fullmatch(name):
+        return StatClass(PHY_ERRORS, (("counter", name),))
+    if any(p.search(name) for p in allow):
+        # Unknown semantics (some are gauges, some counters): exported as read.
+        return StatClass(ETHTOOL_STAT, (("stat", name),), Semantics.GAUGE)
+    return None
+
+
+def stat_readings(
+    interface: str,
+    stats: list[tuple[str, int]],
+    classify: Callable[[str], StatClass | None],
+) -> list[Reading]:
+    """Readings for one interface's stats.  Counters share ``group=interface`` so a
+    driver reload (every counter restarting) is recognised as one reset."""
+    out: list[Reading] = []
+    for name, value in stats:
+        cls = classify(name)
+        if cls is None:
+            continue
+        out.append(Reading(
+            cls.family, (("interface", interface), *cls.labels), value,
+            cls.semantics, 64, interface if cls.semantics is not Semantics.GAUGE else "", cls.scale,
+        ))
+    return out
+
+
+# --- the source --------------------------------------------------------------------------
+
+
+class EthtoolSource:
+    """``ethtool`` statistics of every netdev backing an RDMA port, plus configured extras."""
+
+    name = "ethtool"
+
+    def __init__(
+        self,
+        config: EthtoolConfig | None = None,
+        ethtool_dir: str | None = None,
+        ioctl: EthtoolIoctl | None = None,
+    ) -> None:
+        self.config = config or EthtoolConfig()
+        self.timeout = self.config.timeout
+        self.ethtool_dir = ethtool_dir
+        self._ioctl = ioctl or EthtoolIoctl()
+        self._allow = tuple(re.compile(p) for p in self.config.allow)
+        # Classification is pure in (name, allowlist): memoised, since the same
+        # few hundred names come back every second.
+        self._classes: dict[str, StatClass | None] = {}
+
+    def _classify(self, name: str) -> StatClass | None:
+        try:
+            return self._classes[name]
+        except KeyError:
+            cls = self._classes[name] = classify_stat(name, self._allow)
+            return cls
+
+    def interfaces(self, inventory: Inventory) -> list[str]:
+        seen = dict.fromkeys(inventory.netdevs())
+        seen.update(dict.fromkeys(self.config.interfaces))
+        return list(seen)
+
+    def _read(self, interface: str) -> list[tuple[str, int]] | None:
+        """Stats of one interface; None when it has none to read (not an error)."""
+        if self.ethtool_dir is None:
+            return self._ioctl.read(interface)
+        try:
+            with open(os.path.join(self.ethtool_dir, f"{interface}.txt"), encoding="utf-8", errors="replace") as fh:
+                text = fh.read()
+        except FileNotFoundError:
+            return None  # DESIGN: a missing file for one netdev is not an error (IB netdevs have none)
+        return parse_ethtool_stats(text)
+
+    def poll(self, inventory: Inventory) -> SourceResult:
+        result = SourceResult(self.name)
+        ifaces = self.interfaces(inventory)
+        for iface in ifaces:
+            try:
+                stats = self._read(iface)
+            except OSError as exc:  # EthtoolError included: costs this interface only
+                result.error(str(exc) if isinstance(exc, EthtoolError) else f"{iface}: {exc}")
+                result.readings.append(reading(ETHTOOL_UP, 0.0, interface=iface))
+                continue
+            if stats is None:
+                continue
+            result.readings.extend(stat_readings(iface, stats, self._classify))
+            result.readings.append(reading(ETHTOOL_UP, 1.0, interface=iface))
+        self._ioctl.forget(set(ifaces))
+        return result
+
+    def close(self) -> None:
+        self._ioctl.close()

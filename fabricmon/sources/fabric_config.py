@@ -1,0 +1,368 @@
+"""Lossless-fabric configuration checks of rail NICs against the expected profile.
+
+For every rail port (a NIC with a rail; the frontend NIC has none) the source
+emits ``fabricmon_fabric_config_ok{device,interface,check}`` = 1 or 0:
+
+=========  ====================================================================
+check      passes when
+=========  ====================================================================
+pfc        PFC is enabled on *exactly* ``profile.pfc_priorities`` (RoCE only).
+           Exact, not "at least the RoCE priority": PFC on an extra (lossy)
+           class lets pauses spread to traffic that was meant to drop, which
+           is a drift as real as PFC missing.
+trust      the trust mode (dscp or pcp) is ``profile.trust`` (RoCE only)
+ecn_np     ``class/net/<if>/ecn/roce_np/enable/<roce_priority>`` is 1 (RoCE)
+ecn_rp     ``class/net/<if>/ecn/roce_rp/enable/<roce_priority>`` is 1 (RoCE)
+mtu        ``class/net/<if>/mtu`` >= ``profile.mtu`` (RoCE)
+rate       the port rate in Gb/s equals ``profile.rate_gbps``, ACTIVE ports only
+width      the port width in lanes equals ``profile.width``, ACTIVE ports only
+=========  ====================================================================
+
+InfiniBand rail ports get rate and width only.  A check whose input does not
+exist on this host (no ``.pfc.txt``, no dcbnl support, no MLNX_OFED ``ecn``
+directory, a port that is not ACTIVE) emits nothing and counts no error: a
+missing fact is not a misconfiguration.  An input that exists but cannot be
+read or parsed is one error for that check.
+
+PFC and trust come from ``<ethtool_dir>/<if>.pfc.txt`` (fixtures, simulator)
+or, on real hosts, from dcbnl over rtnetlink (``RTM_GETDCB`` /
+``DCB_CMD_IEEE_GET``).  Port state and rate are parsed here from the kernel
+ABI strings ("4: ACTIVE", "400 Gb/sec (4X NDR)"); written before
+``sources/infiniband.py`` existed, keep the two parsers in agreement.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import socket
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..config import FabricConfigSource as FabricConfigConfig
+from ..config import Profile
+from ..model import SourceResult, reading
+from .base_io import read_text
+from .ethtool import PfcInfo, parse_pfc_summary
+from .inventory import Inventory, PortInfo
+
+FAMILY = "fabricmon_fabric_config_ok"
+ROCE_CHECKS = ("pfc", "trust", "ecn_np", "ecn_rp", "mtu", "rate", "width")
+IB_CHECKS = ("rate", "width")
+_ACTIVE_STATES = (4, 5)  # ACTIVE, ACTIVE_DEFER: the link is up and reports its real rate
+
+
+# --- pure parsing and checks -------------------------------------------------------------
+
+
+def parse_port_state(text: str) -> int | None:
+    """``"4: ACTIVE"`` -> 4; None when it does not parse."""
+    head = text.split(":", 1)[0].strip()
+    return int(head) if head.isdigit() else None
+
+
+_RATE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*Gb/sec(?:\s*\((\d+)X\b[^)]*\))?")
+
+
+def parse_rate(text: str) -> tuple[float, int | None] | None:
+    """``"400 Gb/sec (4X NDR)"`` -> (400.0, 4); the width is None when the text lacks it."""
+    m = _RATE.match(text)
+    if not m:
+        return None
+    return float(m.group(1)), int(m.group(2)) if m.group(2) else None
+
+
+@dataclass(frozen=True, slots=True)
+class PortFacts:
+    """What was found about one port; None marks a fact that is unavailable here."""
+
+    link_layer: str
+    state: int | None = None
+    rate_gbps: float | None = None
+    width: int | None = None
+    mtu: int | None = None
+    ecn_np: bool | None = None
+    ecn_rp: bool | None = None
+    pfc: PfcInfo | None = None
+
+
+def evaluate(facts: PortFacts, profile: Profile) -> dict[str, bool]:
+    """Check results for one rail port; a check without its facts is absent."""
+    out: dict[str, bool] = {}
+    roce = facts.link_layer == "Ethernet"
+    if roce:
+        if facts.pfc is not None and facts.pfc.pfc_enabled is not None:
+            out["pfc"] = facts.pfc.pfc_enabled == frozenset(profile.pfc_priorities)
+        if facts.pfc is not None and facts.pfc.trust is not None:
+            out["trust"] = facts.pfc.trust == profile.trust
+        if facts.ecn_np is not None:
+            out["ecn_np"] = facts.ecn_np
+        if facts.ecn_rp is not None:
+            out["ecn_rp"] = facts.ecn_rp
+        if facts.mtu is not None:
+            out["mtu"] = facts.mtu >= profile.mtu
+    # A port that is not ACTIVE reports a fallback rate (or none); link state has its own metric.
+    if facts.state in _ACTIVE_STATES:
+        if facts.rate_gbps is not None:
+            out["rate"] = abs(facts.rate_gbps - profile.rate_gbps) < 1e-6
+        if facts.width is not None:
+            out["width"] = facts.width == profile.width
+    return out
+
+
+# --- dcbnl over rtnetlink ------------------------------------------------------------------
+
+NETLINK_ROUTE = 0
+RTM_GETDCB = 78
+NLMSG_ERROR = 2
+NLMSG_DONE = 3
+NLM_F_REQUEST = 1
+DCB_CMD_IEEE_GET = 21
+DCB_ATTR_IFNAME = 1
+DCB_ATTR_IEEE = 13
+DCB_ATTR_IEEE_PFC = 2
+DCB_ATTR_IEEE_APP_TABLE = 3
+DCB_ATTR_IEEE_APP = 1
+IEEE_8021QAZ_APP_SEL_DSCP = 5
+
+
+class DcbUnavailable(Exception):
+    """dcbnl cannot answer for this interface (driver without DCB, no such device, no netlink)."""
+
+
+def _attrs(data: bytes) -> dict[int, bytes]:
+    """Top-level rtattrs of ``data`` (type -> payload), nested flag bits masked off."""
+    out: dict[int, bytes] = {}
+    off = 0
+    while off + 4 <= len(data):
+        length, atype = struct.unpack_from("=HH", data, off)
+        if length < 4 or off + length > len(data):
+            break
+        out.setdefault(atype & 0x3FFF, data[off + 4: off + length])
+        off += (length + 3) & ~3
+    return out
+
+
+def _attr_list(data: bytes) -> list[tuple[int, bytes]]:
+    out: list[tuple[int, bytes]] = []
+    off = 0
+    while off + 4 <= len(data):
+        length, atype = struct.unpack_from("=HH", data, off)
+        if length < 4 or off + length > len(data):
+            break
+        out.append((atype & 0x3FFF, data[off + 4: off + length]))
+        off += (length + 3) & ~3
+    return out
+
+
+def parse_dcb_ieee(payload: bytes) -> PfcInfo:
+    """Parse the attributes of an RTM_GETDCB/DCB_CMD_IEEE_GET reply (after struct dcbmsg).
+
+    PFC: ``struct ieee_pfc.pfc_en`` bitmap.  Trust: dcbnl has no trust
+    attribute on most kernels; mlx5 keeps the DSCP-to-priority map in the
+    IEEE APP table (selector 5) exactly while trust is dscp, so any DSCP
+    entry means dscp and an APP table without one means pcp.
+    """
+    ieee = _attrs(payload).get(DCB_ATTR_IEEE)
+    if ieee is None:
+        return PfcInfo(None, None)
+    nested = _attrs(ieee)
+    enabled: frozenset[int] | None = None
+    pfc = nested.get(DCB_ATTR_IEEE_PFC)
+    if pfc is not None and len(pfc) >= 2:
+        bits = pfc[1]
+        enabled = frozenset(p for p in range(8) if bits & (1 << p))
+    trust: str | None = None
+    table = nested.get(DCB_ATTR_IEEE_APP_TABLE)
+    if table is not None:
+        trust = "pcp"
+        for atype, app in _attr_list(table):
+            if atype == DCB_ATTR_IEEE_APP and len(app) >= 1 and app[0] == IEEE_8021QAZ_APP_SEL_DSCP:
+                trust = "dscp"
+                break
+    return PfcInfo(trust, enabled)
+
+
+def _rta(atype: int, payload: bytes) -> bytes:
+    length = 4 + len(payload)
+    return struct.pack("=HH", length, atype) + payload + b"\0" * ((-length) & 3)
+
+
+def read_dcb(interface: str, timeout: float = 0.2) -> PfcInfo:
+    """PFC and trust of ``interface`` from dcbnl.  Raises DcbUnavailable when there is none.
+
+    Best effort by design: veth, lo and most non-DCB drivers answer
+    EOPNOTSUPP, which is "no information", never an error.
+    """
+    msg_body = struct.pack("=BBH", socket.AF_UNSPEC, DCB_CMD_IEEE_GET, 0) + _rta(
+        DCB_ATTR_IFNAME, interface.encode() + b"\0"
+    )
+    seq = int(time.monotonic_ns() & 0x7FFFFFFF) or 1
+    msg = struct.pack("=IHHII", 16 + len(msg_body), RTM_GETDCB, NLM_F_REQUEST, seq, 0) + msg_body
+    try:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
+    except OSError as exc:  # no netlink (odd sandboxes)
+        raise DcbUnavailable(f"{interface}: dcbnl: {exc}") from None
+    try:
+        sock.settimeout(timeout)
+        sock.bind((0, 0))
+        sock.send(msg)
+        for _ in range(8):  # bounded: the kernel answers one message (or an error)
+            data = sock.recv(65536)
+            off = 0
+            while off + 16 <= len(data):
+                length, mtype, _flags, mseq, _pid = struct.unpack_from("=IHHII", data, off)
+                if length < 16:
+                    break
+                body = data[off + 16: off + length]
+                off += (length + 3) & ~3
+                if mseq != seq:
+                    continue
+                if mtype == NLMSG_ERROR:
+                    code = -struct.unpack_from("=i", body, 0)[0] if len(body) >= 4 else errno.EIO
+                    raise DcbUnavailable(f"{interface}: dcbnl: {os.strerror(code) if code else 'no reply'}")
+                if mtype == NLMSG_DONE:
+                    raise DcbUnavailable(f"{interface}: dcbnl: empty reply")
+                if mtype == RTM_GETDCB:
+                    return parse_dcb_ieee(body[4:])  # skip struct dcbmsg
+        raise DcbUnavailable(f"{interface}: dcbnl: no reply")
+    except OSError as exc:  # timeout, EPERM in a locked-down namespace
+        raise DcbUnavailable(f"{interface}: dcbnl: {exc}") from None
+    finally:
+        sock.close()
+
+
+# --- the source ------------------------------------------------------------------------------
+
+
+class _Unavailable(Exception):
+    """Internal: the fact does not exist on this host (no series, no error)."""
+
+
+def _read_file(path: str) -> str:
+    try:
+        return read_text(path)
+    except FileNotFoundError:
+        raise _Unavailable(path) from None
+
+
+class FabricConfigSource:
+    """Checks every rail port against the lossless profile (see module docstring)."""
+
+    name = "fabric_config"
+
+    def __init__(
+        self,
+        config: FabricConfigConfig | None = None,
+        profile: Profile | None = None,
+        ethtool_dir: str | None = None,
+        dcb_reader: Callable[[str], PfcInfo] = read_dcb,
+        dcb_cache_seconds: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config or FabricConfigConfig()
+        self.profile = profile or Profile()
+        self.timeout = self.config.timeout
+        self.ethtool_dir = ethtool_dir
+        self._dcb_reader = dcb_reader
+        # dcbnl GETs on mlx5 become firmware register reads; config drifts on
+        # a scale of minutes, so a real host asks at most every few seconds.
+        self._dcb_cache_seconds = dcb_cache_seconds
+        self._dcb_cache: dict[str, tuple[float, PfcInfo | None]] = {}
+        self._clock = clock
+
+    def _pfc_info(self, interface: str) -> PfcInfo | None:
+        if self.ethtool_dir is not None:
+            try:
+                with open(os.path.join(self.ethtool_dir, f"{interface}.pfc.txt"), encoding="utf-8") as fh:
+                    return parse_pfc_summary(fh.read())
+            except FileNotFoundError:
+                return None
+        now = self._clock()
+        hit = self._dcb_cache.get(interface)
+        if hit is not None and now - hit[0] < self._dcb_cache_seconds:
+            return hit[1]
+        try:
+            info: PfcInfo | None = self._dcb_reader(interface)
+        except DcbUnavailable:
+            info = None
+        self._dcb_cache[interface] = (now, info)
+        return info
+
+    def port_facts(self, port: PortInfo, sysfs_root: str, result: SourceResult) -> PortFacts:
+        """Gather the facts of one port; unreadable ones become one error each."""
+        values: dict[str, object] = {}
+
+        def fact(name: str, fn: Callable[[], object]) -> None:
+            try:
+                values[name] = fn()
+            except _Unavailable:
+                pass
+            except (OSError, ValueError) as exc:
+                result.error(f"{port.device}/{port.port}: {name}: {exc}")
+
+        def state() -> int:
+            text = _read_file(os.path.join(port.path, "state"))
+            st = parse_port_state(text)
+            if st is None:
+                raise ValueError(f"unparsable state {text[:40]!r}")
+            return st
+
+        fact("state", state)
+        if values.get("state") in _ACTIVE_STATES:
+            def rate() -> tuple[float, int | None]:
+                text = _read_file(os.path.join(port.path, "rate"))
+                parsed = parse_rate(text)
+                if parsed is None:
+                    raise ValueError(f"unparsable rate {text[:40]!r}")
+                return parsed
+
+            fact("rate", rate)
+        gbps, width = values.get("rate", (None, None))  # type: ignore[misc]
+
+        if port.link_layer == "Ethernet" and port.netdev:
+            net = os.path.join(sysfs_root, "class", "net", port.netdev)
+            prio = str(self.profile.roce_priority)
+
+            def flag(kind: str) -> Callable[[], bool]:
+                def read() -> bool:
+                    text = _read_file(os.path.join(net, "ecn", kind, "enable", prio))
+                    if text not in ("0", "1"):
+                        raise ValueError(f"{kind}/enable/{prio}: not 0 or 1: {text[:20]!r}")
+                    return text == "1"
+                return read
+
+            fact("mtu", lambda: int(_read_file(os.path.join(net, "mtu"))))
+            fact("ecn_np", flag("roce_np"))
+            fact("ecn_rp", flag("roce_rp"))
+            fact("pfc", lambda: self._pfc_info(port.netdev))
+        return PortFacts(
+            link_layer=port.link_layer,
+            state=values.get("state"),  # type: ignore[arg-type]
+            rate_gbps=gbps,
+            width=width,
+            mtu=values.get("mtu"),  # type: ignore[arg-type]
+            ecn_np=values.get("ecn_np"),  # type: ignore[arg-type]
+            ecn_rp=values.get("ecn_rp"),  # type: ignore[arg-type]
+            pfc=values.get("pfc"),  # type: ignore[arg-type]
+        )
+
+    def poll(self, inventory: Inventory) -> SourceResult:
+        result = SourceResult(self.name)
+        for port in inventory.ports:
+            if not port.rail:
+                continue  # the profile is for rail NICs; a frontend NIC has its own settings
+            if port.link_layer not in ("Ethernet", "InfiniBand"):
+                continue
+            facts = self.port_facts(port, inventory.sysfs_root, result)
+            for check, ok in evaluate(facts, self.profile).items():
+                result.readings.append(reading(
+                    FAMILY, 1.0 if ok else 0.0, device=port.device, interface=port.netdev, check=check,
+                ))
+        return result
+
+    def close(self) -> None:
+        self._dcb_cache.clear()

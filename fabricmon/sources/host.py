@@ -1,0 +1,101 @@
+"""Host source (psutil): CPU, load, memory and per-netdev traffic, drops and errors.
+
+Host pressure explains stragglers that are not the fabric (a busy CPU, a host
+swapping, periodic GC pauses), so the aggregator sees it next to the fabric.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+
+from ..model import Semantics, SourceResult, reading
+from .inventory import Inventory
+
+EXCLUDED_INTERFACES = frozenset({"lo"})
+
+
+def _busy_and_total(times: Any) -> tuple[float, float]:
+    """CPU busy and total seconds, counted the way psutil.cpu_percent counts them.
+
+    guest and guest_nice are already included in user and nice on Linux, and
+    iowait is idle time (the CPU waits, it does not work).
+    """
+    total = sum(times)
+    total -= getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)
+    busy = total - times.idle - getattr(times, "iowait", 0.0)
+    return busy, total
+
+
+class HostSource:
+    """The "host" source.
+
+    CPU utilization has ``psutil.cpu_percent(interval=None)`` semantics (share
+    busy since the previous poll; the first poll only primes), but keeps its own
+    baseline from ``cpu_times()``: cpu_percent's baseline is module-global, so
+    any other caller in the process would silently shorten our interval.
+    """
+
+    name = "host"
+
+    def __init__(self, timeout: float = 0.5, cpu_times: Callable[[], Any] = psutil.cpu_times) -> None:
+        self.timeout = timeout
+        self._cpu_times = cpu_times
+        self._last_cpu: tuple[float, float] | None = None
+
+    def poll(self, inventory: Inventory) -> SourceResult:
+        res = SourceResult(self.name)
+        # Each part on its own: one failing psutil call costs only its series.
+        try:
+            busy, total = _busy_and_total(self._cpu_times())
+            last, self._last_cpu = self._last_cpu, (busy, total)
+            if last is not None:
+                d_total = total - last[1]
+                if d_total > 0:
+                    ratio = min(max((busy - last[0]) / d_total, 0.0), 1.0)
+                    res.readings.append(reading("fabricmon_host_cpu_utilization_ratio", ratio))
+        except (OSError, AttributeError) as exc:
+            res.error(f"host: cpu_times: {exc}")
+        try:
+            res.readings.append(reading("fabricmon_host_load1", float(psutil.getloadavg()[0])))
+        except (OSError, AttributeError) as exc:
+            res.error(f"host: loadavg: {exc}")
+        try:
+            mem = psutil.virtual_memory()
+            res.readings.append(reading("fabricmon_host_memory_total_bytes", float(mem.total)))
+            res.readings.append(reading("fabricmon_host_memory_available_bytes", float(mem.available)))
+        except OSError as exc:
+            res.error(f"host: memory: {exc}")
+        try:
+            # nowrap=False: psutil's own wrap compensation is process-global and
+            # would hide a driver reset; the counter tracker sees raw values.
+            nics = psutil.net_io_counters(pernic=True, nowrap=False)
+        except OSError as exc:
+            res.error(f"host: net_io_counters: {exc}")
+            nics = {}
+        mono = Semantics.MONOTONIC
+        for ifname in sorted(nics):
+            if ifname in EXCLUDED_INTERFACES:
+                continue
+            c = nics[ifname]
+            grp = f"net/{ifname}"
+            res.readings += [
+                reading("fabricmon_host_network_receive_bytes_total", c.bytes_recv, semantics=mono, group=grp,
+                        interface=ifname),
+                reading("fabricmon_host_network_transmit_bytes_total", c.bytes_sent, semantics=mono, group=grp,
+                        interface=ifname),
+                reading("fabricmon_host_network_drops_total", c.dropin, semantics=mono, group=grp,
+                        interface=ifname, direction="rx"),
+                reading("fabricmon_host_network_drops_total", c.dropout, semantics=mono, group=grp,
+                        interface=ifname, direction="tx"),
+                reading("fabricmon_host_network_errors_total", c.errin, semantics=mono, group=grp,
+                        interface=ifname, direction="rx"),
+                reading("fabricmon_host_network_errors_total", c.errout, semantics=mono, group=grp,
+                        interface=ifname, direction="tx"),
+            ]
+        return res
+
+    def close(self) -> None:
+        pass  # nothing held open

@@ -1,0 +1,490 @@
+"""InfiniBand / RoCE port state and counters from ``/sys/class/infiniband``.
+
+Per discovered port this reads ``state``, ``phys_state``, ``rate``, and every
+file of ``counters/``, ``counters_ext/`` (pre-4.5 kernels) and
+``hw_counters/``, and turns them into raw ``Reading``s; ``counters.py`` makes
+them monotonic.  Three facts drive the shape of this module:
+
+* Widths differ per counter, and so does what happens at the end of the range:
+  IBTA PMA error counters SATURATE at 4/8/16 bits, mlx5 Q counters are 32-bit
+  and WRAP, data/packet/congestion counters are 64-bit.  The tables below carry
+  that, and every counter Reading carries ``group=f"{device}/{port}"`` so a
+  driver reload (all 64-bit counters of the port go backwards together) is
+  told apart from a 32-bit wrap.
+* Isolation: node_exporter loses every InfiniBand metric when one file fails.
+  Here a bad file costs its own series plus one ``result.error``; a port that
+  disappears mid-poll costs that port's series plus one error.  ``poll`` never
+  raises for a per-file or per-port problem.
+* Cost: a poll runs every second.  Files are read with ``openat`` relative to
+  a directory fd (no repeated path walks through the class symlink), one
+  ``os.read`` each, and classification and label tuples are memoized, so a
+  9-HCA node costs a few milliseconds of CPU, mostly syscalls.
+
+Only known directories are listed (``os.listdir`` on the port's three counter
+dirs); nothing is walked recursively and counter files are opened with
+``O_NOFOLLOW``, so sysfs symlink loops cannot trap the poller.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ..model import Labels, Reading, Semantics, SourceResult
+from .inventory import DeviceInfo, Inventory, PortInfo
+
+__all__ = [
+    "CONGESTION_FAMILIES",
+    "EXT_SUPERSEDES",
+    "HW_MONOTONIC_64",
+    "HW_WRAPPING_32",
+    "PMA_ERROR_WIDTHS",
+    "TRANSPORT_RETRY_COUNTERS",
+    "CounterPlan",
+    "InfinibandSource",
+    "Rate",
+    "classify",
+    "hw_counter_semantics",
+    "parse_counter",
+    "parse_phys_state",
+    "parse_rate",
+    "parse_state",
+]
+
+# --------------------------------------------------------------------------
+# Tables
+# --------------------------------------------------------------------------
+
+#: IBTA PortCounters error counters and their widths; they pin at 2^w - 1.
+PMA_ERROR_WIDTHS: dict[str, int] = {
+    "symbol_error": 16,
+    "link_error_recovery": 8,
+    "link_downed": 8,
+    "port_rcv_errors": 16,
+    "port_rcv_remote_physical_errors": 16,
+    "port_rcv_switch_relay_errors": 16,
+    "port_xmit_discards": 16,
+    "port_xmit_constraint_errors": 8,
+    "port_rcv_constraint_errors": 8,
+    "local_link_integrity_errors": 4,
+    "excessive_buffer_overrun_errors": 4,
+    "VL15_dropped": 16,
+}
+
+#: counters/ files with a family of their own: name -> (family, multiplier).
+#: port_{xmit,rcv}_data count 4-octet words whatever the lane count.
+_PORT_FAMILIES: dict[str, tuple[str, int]] = {
+    "port_rcv_data": ("fabricmon_ib_port_receive_bytes_total", 4),
+    "port_xmit_data": ("fabricmon_ib_port_transmit_bytes_total", 4),
+    "port_rcv_packets": ("fabricmon_ib_port_receive_packets_total", 1),
+    "port_xmit_packets": ("fabricmon_ib_port_transmit_packets_total", 1),
+    "port_xmit_wait": ("fabricmon_ib_port_transmit_wait_total", 1),
+}
+
+#: Pre-4.5 kernels: counters_ext/ file -> the counters/ name it supersedes.
+#: The series keeps the modern name, so upgrading a kernel does not split it.
+EXT_SUPERSEDES: dict[str, str] = {
+    "port_xmit_data_64": "port_xmit_data",
+    "port_rcv_data_64": "port_rcv_data",
+    "port_xmit_packets_64": "port_xmit_packets",
+    "port_rcv_packets_64": "port_rcv_packets",
+    "port_unicast_xmit_packets": "unicast_xmit_packets",
+    "port_unicast_rcv_packets": "unicast_rcv_packets",
+    "port_multicast_xmit_packets": "multicast_xmit_packets",
+    "port_multicast_rcv_packets": "multicast_rcv_packets",
+}
+
+#: On a legacy kernel these counters/ files are 32-bit PortCounters that
+#: saturate; when one is read from counters/ (no counters_ext twin) a pinned
+#: value is exported as fabricmon_ib_counter_saturated instead of a flat rate.
+_LEGACY_32 = frozenset(_PORT_FAMILIES) | frozenset(EXT_SUPERSEDES.values())
+_LEGACY_32_MAX = (1 << 32) - 1
+
+#: mlx5 Q counters and RoCE accel counters: 32-bit in firmware, they wrap.
+HW_WRAPPING_32 = frozenset({
+    "rx_write_requests", "rx_read_requests", "rx_atomic_requests", "rx_dct_connect",
+    "out_of_buffer", "out_of_sequence", "duplicate_request", "rnr_nak_retry_err",
+    "packet_seq_err", "implied_nak_seq_err", "local_ack_timeout_err",
+    "resp_local_length_error", "resp_cqe_error", "req_cqe_error",
+    "req_remote_invalid_request", "req_remote_access_errors", "resp_remote_access_errors",
+    "resp_cqe_flush_error", "req_cqe_flush_error", "req_transport_retries_exceeded",
+    "req_rnr_retries_exceeded",
+    "roce_adp_retrans", "roce_adp_retrans_to", "roce_slow_restart",
+    "roce_slow_restart_cnps", "roce_slow_restart_trans",
+})
+
+#: Congestion (cc_query) and PPCNT counters: 64-bit.  Unknown names are
+#: treated the same way (the safe default: a decrease is a reset, not a wrap).
+HW_MONOTONIC_64 = frozenset({
+    "np_ecn_marked_roce_packets", "np_cnp_sent", "rp_cnp_handled", "rp_cnp_ignored",
+    "rx_icrc_encapsulated",
+})
+
+#: hw_counters exported a second time under a curated family.
+CONGESTION_FAMILIES: dict[str, str] = {
+    "np_cnp_sent": "fabricmon_roce_cnp_sent_total",
+    "rp_cnp_handled": "fabricmon_roce_cnp_handled_total",
+    "rp_cnp_ignored": "fabricmon_roce_cnp_ignored_total",
+    "np_ecn_marked_roce_packets": "fabricmon_roce_ecn_marked_packets_total",
+}
+
+#: hw_counters also exported as fabricmon_rdma_transport_retries_total{counter}.
+TRANSPORT_RETRY_COUNTERS = frozenset({
+    "local_ack_timeout_err", "out_of_sequence", "packet_seq_err", "implied_nak_seq_err",
+    "rnr_nak_retry_err", "req_transport_retries_exceeded", "roce_adp_retrans",
+    "roce_slow_restart", "duplicate_request",
+})
+
+_LIFESPAN = "lifespan"  # hw_counters cache lifetime in ms: a setting, not a counter
+
+# --------------------------------------------------------------------------
+# Pure parsers
+# --------------------------------------------------------------------------
+
+
+def _parse_id_name(text: str, what: str) -> tuple[int, str]:
+    num, sep, name = text.strip().partition(":")
+    num = num.strip()
+    if not sep or not num.isdigit():
+        raise ValueError(f"not a {what}: {text[:40]!r}")
+    return int(num), name.strip()
+
+
+def parse_state(text: str) -> tuple[int, str]:
+    """``"4: ACTIVE"`` -> ``(4, "ACTIVE")``.  Raises ValueError."""
+    return _parse_id_name(text, "port state")
+
+
+def parse_phys_state(text: str) -> tuple[int, str]:
+    """``"5: LinkUp"`` -> ``(5, "LinkUp")`` (names may hold spaces: ``"7: Phy Test"``)."""
+    return _parse_id_name(text, "physical port state")
+
+
+class Rate(NamedTuple):
+    bytes_per_second: float
+    width_lanes: int
+    speed: str  # SDR, DDR, QDR, FDR10, FDR, EDR, HDR, NDR, XDR
+    gbps: float
+
+
+# rate_show(): "%d%s Gb/sec (%dX%s)"; kernels before 4.x printed SDR with an
+# empty speed name ("10 Gb/sec (4X)"), so the name is optional.
+_RATE_RE = re.compile(r"(\d+(?:\.\d+)?) Gb/sec \((\d+)X(?: ([A-Z][A-Z0-9]*))?\)")
+_WIDTHS = frozenset({1, 2, 4, 8, 12})
+
+
+def parse_rate(text: str) -> Rate:
+    """``"400 Gb/sec (4X NDR)"`` -> ``Rate(50e9, 4, "NDR", 400.0)``.  Raises ValueError."""
+    m = _RATE_RE.fullmatch(text.strip())
+    if m is None:
+        raise ValueError(f"not a port rate: {text[:40]!r}")
+    gbps = float(m[1])
+    width = int(m[2])
+    if width not in _WIDTHS:
+        raise ValueError(f"not a port width: {width}X in {text[:40]!r}")
+    return Rate(gbps * 1e9 / 8, width, m[3] or "SDR", gbps)
+
+
+def parse_counter(data: bytes) -> int:
+    """A counter file's content -> int.  Raises ValueError on anything but decimal digits.
+
+    Stricter than ``int()``, which would take ``-5``, ``+5`` or ``1_000``;
+    drivers put ``N/A (no PMA)`` or NUL-padded junk in these files.
+    """
+    text = data.strip()
+    if not text.isdigit():  # bytes.isdigit is ASCII-only
+        raise ValueError(f"not an integer: {text[:40]!r}")
+    return int(text)
+
+
+# --------------------------------------------------------------------------
+# Counter classification
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CounterPlan:
+    """How one counter file becomes Readings."""
+
+    semantics: Semantics
+    width: int
+    scale: float  # raw value is multiplied by this before it is emitted
+    families: tuple[tuple[str, bool], ...]  # (family, labelled with counter=<name>)
+    counter: str  # value of the ``counter`` label (the modern sysfs name)
+    legacy_32: bool = False  # on a legacy kernel: a 32-bit PortCounter that saturates
+
+
+def classify(subdir: str, name: str, legacy: bool = False) -> CounterPlan:
+    """Classify a file of ``counters``, ``counters_ext`` or ``hw_counters``.
+
+    Data counters are scaled by 4 *before* they reach the tracker: scaling
+    keeps a monotonic sequence monotonic, so reset detection still works, and
+    totals stay exact integers.  Their width is given as 66 (64-bit words x 4)
+    for honesty; MONOTONIC semantics never use the width.
+    """
+    if subdir == "hw_counters":
+        sem, width = hw_counter_semantics(name)
+        if sem is Semantics.GAUGE:
+            return CounterPlan(sem, width, 0.001, (("fabricmon_rdma_hw_counter_lifespan_seconds", False),), name)
+        fams: list[tuple[str, bool]] = [("fabricmon_rdma_hw_counter_total", True)]
+        if name in CONGESTION_FAMILIES:
+            fams.append((CONGESTION_FAMILIES[name], False))
+        if name in TRANSPORT_RETRY_COUNTERS:
+            fams.append(("fabricmon_rdma_transport_retries_total", True))
+        return CounterPlan(sem, width, 1, tuple(fams), name)
+    if subdir == "counters_ext":
+        name = EXT_SUPERSEDES.get(name, name)
+        legacy = False  # counters_ext holds the 64-bit values
+    elif subdir != "counters":
+        raise ValueError(f"unknown counter directory {subdir!r}")
+    if name in _PORT_FAMILIES:
+        family, scale = _PORT_FAMILIES[name]
+        return CounterPlan(Semantics.MONOTONIC, 66 if scale == 4 else 64, scale, ((family, False),), name,
+                           legacy_32=legacy)
+    width = PMA_ERROR_WIDTHS.get(name)
+    if width is not None:
+        return CounterPlan(Semantics.SATURATING, width, 1, (("fabricmon_ib_port_errors_total", True),), name)
+    return CounterPlan(Semantics.MONOTONIC, 64, 1, (("fabricmon_ib_port_counter_total", True),), name,
+                       legacy_32=legacy and name in _LEGACY_32)
+
+
+def hw_counter_semantics(name: str) -> tuple[Semantics, int]:
+    """(semantics, width) of an mlx5 hw_counters file; unknown names are 64-bit monotonic."""
+    if name == _LIFESPAN:
+        return Semantics.GAUGE, 64
+    if name in HW_WRAPPING_32:
+        return Semantics.WRAPPING, 32
+    return Semantics.MONOTONIC, 64
+
+
+# --------------------------------------------------------------------------
+# I/O
+# --------------------------------------------------------------------------
+
+_O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_O_SUBDIR = _O_DIR | os.O_NOFOLLOW
+_O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_SIZE = 128  # counters are <= 20 digits; attributes ("400 Gb/sec (4X NDR)") are short
+
+
+def _read_at(dfd: int, name: str) -> bytes:
+    fd = os.open(name, _O_FILE, dir_fd=dfd)
+    try:
+        return os.read(fd, _READ_SIZE)
+    finally:
+        os.close(fd)
+
+
+def _oserror_text(exc: OSError) -> str:
+    return f"{type(exc).__name__}: {exc.strerror or exc}"
+
+
+class _PortPoll:
+    """Readings and errors of one port, committed to the result only at the end.
+
+    Buffering lets a port that vanished mid-poll be reported as one error
+    instead of one per file, and drop its half-read series.
+    """
+
+    __slots__ = ("key", "readings", "errors", "enoent")
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.readings: list[Reading] = []
+        self.errors: list[str] = []
+        self.enoent = False
+
+    def fail(self, what: str, exc: Exception) -> None:
+        if isinstance(exc, OSError):
+            if exc.errno == errno.ENOENT:
+                self.enoent = True
+            self.errors.append(f"{self.key}/{what}: {_oserror_text(exc)}")
+        else:
+            self.errors.append(f"{self.key}/{what}: {exc}")
+
+
+class InfinibandSource:
+    """Source ``infiniband``: every RDMA port of the inventory."""
+
+    name = "infiniband"
+
+    def __init__(self, timeout: float = 0.5) -> None:
+        self.timeout = timeout
+        # (port key, subdir) pairs seen on an earlier poll.  A counter dir that
+        # never existed (bnxt_re has no counters/) is not an error; one that
+        # existed and is gone now is.
+        self._seen_dirs: set[tuple[str, str]] = set()
+        self._labels: dict[tuple[str, str, str], Labels] = {}
+        self._plans: dict[tuple[str, str, bool], CounterPlan] = {}
+
+    def close(self) -> None:
+        pass  # no handles kept between polls
+
+    # -- poll -----------------------------------------------------------------
+
+    def poll(self, inventory: Inventory) -> SourceResult:
+        result = SourceResult(self.name, present=bool(inventory.ports))
+        devices = {d.name: d for d in inventory.devices}
+        ports_facts: dict[str, dict] = {}
+        for port in inventory.ports:
+            key = f"{port.device}/{port.port}"
+            try:
+                pp = self._poll_port(port, devices.get(port.device), ports_facts)
+            except Exception as exc:  # a bug on one odd port must not cost the others
+                result.error(f"{key}: unexpected {type(exc).__name__}: {exc}")
+                continue
+            result.readings.extend(pp.readings)
+            for msg in pp.errors:
+                result.error(msg)
+        result.facts["ports"] = ports_facts
+        return result
+
+    def _poll_port(self, port: PortInfo, dev: DeviceInfo | None, facts: dict[str, dict]) -> _PortPoll:
+        key = f"{port.device}/{port.port}"
+        pp = _PortPoll(key)
+        try:
+            # Follows the class/infiniband/<dev> link: one known link, not a walk.
+            pfd = os.open(port.path, _O_DIR)
+        except OSError as exc:
+            pp.errors.append(f"{key}: port vanished or unreadable: {_oserror_text(exc)}")
+            return pp
+        try:
+            fact = self._read_attributes(pfd, port, dev, pp)
+            self._read_counters(pfd, port, pp)
+        finally:
+            os.close(pfd)
+        if pp.enoent and not os.path.isdir(port.path):
+            # Gone while we read it (hot unplug, driver unbind): its series go
+            # away like those of a device absent from discovery; one error.
+            pp.readings.clear()
+            pp.errors[:] = [f"{key}: port vanished during the poll"]
+            return pp
+        facts[key] = fact
+        return pp
+
+    def _read_attributes(self, pfd: int, port: PortInfo, dev: DeviceInfo | None, pp: _PortPoll) -> dict:
+        dp: Labels = (("device", port.device), ("port", port.port))
+        add = pp.readings.append
+        fact: dict = {
+            "state": None, "state_id": None, "phys_state": None, "phys_state_id": None,
+            "rate_gbps": None, "width": None, "speed": None,
+            "link_layer": port.link_layer or None, "netdev": port.netdev, "rail": port.rail,
+        }
+        for attr, parse, family in (
+            ("state", parse_state, "fabricmon_ib_port_state"),
+            ("phys_state", parse_phys_state, "fabricmon_ib_port_physical_state"),
+        ):
+            try:
+                sid, sname = parse(_read_at(pfd, attr).decode("ascii", "replace"))
+            except (OSError, ValueError) as exc:
+                pp.fail(attr, exc)
+                continue
+            fact[attr], fact[attr + "_id"] = sname, sid
+            add(Reading(family, dp, sid))
+        try:
+            rate = parse_rate(_read_at(pfd, "rate").decode("ascii", "replace"))
+        except (OSError, ValueError) as exc:
+            pp.fail("rate", exc)
+        else:
+            fact.update(rate_gbps=rate.gbps, width=rate.width_lanes, speed=rate.speed)
+            add(Reading("fabricmon_ib_port_rate_bytes_per_second", dp, rate.bytes_per_second))
+            add(Reading("fabricmon_ib_port_width_lanes", dp, rate.width_lanes))
+        link_layer = port.link_layer
+        if not link_layer:  # discovery could not read it; try once more, count it if it fails
+            try:
+                link_layer = _read_at(pfd, "link_layer").decode("ascii", "replace").strip()
+                fact["link_layer"] = link_layer
+            except OSError as exc:
+                pp.fail("link_layer", exc)
+        add(Reading("fabricmon_ib_port_info", dp + (
+            ("rail", port.rail), ("link_layer", link_layer), ("interface", port.netdev),
+            ("hca_type", dev.hca_type if dev else ""), ("fw_ver", dev.fw_ver if dev else ""),
+            ("node_guid", dev.node_guid if dev else ""), ("board_id", dev.board_id if dev else ""),
+        ), 1))
+        add(Reading("fabricmon_ib_port_up", dp, 1))
+        return fact
+
+    def _read_counters(self, pfd: int, port: PortInfo, pp: _PortPoll) -> None:
+        key = pp.key
+        dp: Labels = (("device", port.device), ("port", port.port))
+        # counters_ext first: on a legacy kernel its 64-bit files replace the
+        # saturating 32-bit twins in counters/, which are then not even read.
+        ext = self._list(pfd, key, "counters_ext", pp)
+        legacy = ext is not None
+        superseded = {EXT_SUPERSEDES[n] for n in ext if n in EXT_SUPERSEDES} if ext else set()
+        if ext:
+            self._read_dir(pfd, "counters_ext", ext, False, port, dp, pp)
+        names = self._list(pfd, key, "counters", pp)
+        if names:
+            if superseded:
+                names = [n for n in names if n not in superseded]
+            self._read_dir(pfd, "counters", names, legacy, port, dp, pp)
+        names = self._list(pfd, key, "hw_counters", pp)
+        if names:
+            self._read_dir(pfd, "hw_counters", names, False, port, dp, pp)
+
+    def _list(self, pfd: int, key: str, subdir: str, pp: _PortPoll) -> list[str] | None:
+        """Names in a counter dir; None when it does not exist (an error only if it did before)."""
+        try:
+            sfd = os.open(subdir, _O_SUBDIR, dir_fd=pfd)
+        except FileNotFoundError as exc:
+            pp.enoent = True  # lets _poll_port notice a port that vanished
+            if (key, subdir) in self._seen_dirs:
+                pp.fail(subdir, exc)
+            return None
+        except OSError as exc:
+            pp.fail(subdir, exc)
+            return None
+        try:
+            names = os.listdir(sfd)
+        except OSError as exc:
+            pp.fail(subdir, exc)
+            return None
+        finally:
+            os.close(sfd)
+        self._seen_dirs.add((key, subdir))
+        names.sort()  # stable series order in the exposition
+        return names
+
+    def _read_dir(
+        self, pfd: int, subdir: str, names: list[str], legacy: bool,
+        port: PortInfo, dp: Labels, pp: _PortPoll,
+    ) -> None:
+        try:
+            sfd = os.open(subdir, _O_SUBDIR, dir_fd=pfd)
+        except OSError as exc:  # listed a moment ago: gone now
+            pp.fail(subdir, exc)
+            return
+        group = pp.key
+        plans = self._plans
+        labels = self._labels
+        add = pp.readings.append
+        try:
+            for name in names:
+                try:
+                    raw = parse_counter(_read_at(sfd, name))
+                except (OSError, ValueError) as exc:
+                    pp.fail(f"{subdir}/{name}", exc)
+                    continue
+                pkey = (subdir, name, legacy)
+                plan = plans.get(pkey)
+                if plan is None:
+                    plan = plans[pkey] = classify(subdir, name, legacy)
+                value = raw * plan.scale if plan.scale != 1 else raw
+                for family, labelled in plan.families:
+                    if labelled:
+                        lkey = (port.device, port.port, plan.counter)
+                        lab = labels.get(lkey)
+                        if lab is None:
+                            lab = labels[lkey] = dp + (("counter", plan.counter),)
+                    else:
+                        lab = dp
+                    add(Reading(family, lab, value, plan.semantics, plan.width, group))
+                if plan.legacy_32:
+                    lab = dp + (("counter", plan.counter),)
+                    add(Reading("fabricmon_ib_counter_saturated", lab, 1 if raw >= _LEGACY_32_MAX else 0))
+        finally:
+            os.close(sfd)
