@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Set up everything the test suite needs on a fresh Debian machine, then run it.
+# Real parts are used where a user would use them: Prometheus, promtool,
+# Alertmanager, amtool, node_exporter and ethtool come from Debian's packages.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+for bin in prometheus promtool prometheus-alertmanager amtool prometheus-node-exporter ethtool ip; do
+  command -v "$bin" >/dev/null 2>&1 || need+=("$bin")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing Debian packages for: ${need[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    prometheus prometheus-alertmanager prometheus-node-exporter ethtool iproute2 >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/pip install -q --upgrade pip >/dev/null
+.venv/bin/pip install -q -e '.[test]'
+
+set +e
+.venv/bin/python -m pytest "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then
+  echo "pytest collected no tests" >&2
+  exit 1
+fi
+exit "$rc"
