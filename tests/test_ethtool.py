@@ -211,7 +211,7 @@ class _Inv:
 def test_missing_file_is_skipped_and_a_bad_one_costs_one_error(tmp_path: Path) -> None:
     (tmp_path / "good0.txt").write_text("NIC statistics:\n     rx_prio3_pause: 5\n")
     (tmp_path / "bad0.txt").mkdir()  # unreadable as a file
-    src = EthtoolSource(EthtoolConfig(interfaces=("extra0",)), ethtool_dir=str(tmp_path))
+    src = EthtoolSource(config=EthtoolConfig(interfaces=("extra0",)), ethtool_dir=str(tmp_path))
     res = src.poll(_Inv(["good0", "ib0", "bad0"]))  # type: ignore[arg-type]
     up = {dict(r.labels)["interface"]: r.value for r in res.readings if r.family == "fabricmon_ethtool_up"}
     assert up == {"good0": 1.0, "bad0": 0.0}  # ib0 and extra0 have no file: silently skipped
@@ -373,7 +373,7 @@ for name in ("nope0", "lo"):
     except EthtoolError as e:
         out[name] = [e.errno, str(e)]
 r.close()
-src = EthtoolSource(C(interfaces=("veth0", "nope0"), allow=(".",)))
+src = EthtoolSource(config=C(interfaces=("veth0", "nope0"), allow=(".",)))
 class Inv:
     def netdevs(self): return ["veth1"]
 res = src.poll(Inv())
@@ -413,3 +413,15 @@ def test_ioctl_matches_ethtool_binary_on_veth(veth_ns: str) -> None:
     assert ups == {"veth1": 1.0, "veth0": 1.0, "nope0": 0.0}
     stats = {(r[1]["interface"], r[1]["stat"]): r[2] for r in poll["readings"] if r[0] == "fabricmon_ethtool_stat"}
     assert stats[("veth0", "peer_ifindex")] == dict(got["veth0"])["peer_ifindex"]
+
+
+def test_agent_config_supplies_allowlist_and_ethtool_dir(tmp_path: Path) -> None:
+    from fabricmon.config import AgentConfig, Sources
+
+    (tmp_path / "eth0.txt").write_text("NIC statistics:\n     rx_vport_rdma_unicast_bytes: 42\n     rx_packets: 1\n")
+    cfg = AgentConfig(ethtool_dir=str(tmp_path),
+                      sources=Sources(ethtool=EthtoolConfig(interfaces=("eth0",), allow=("^rx_vport_",))))
+    src = EthtoolSource(cfg)  # as agent/runtime.py builds it
+    res = src.poll(_Inv([]))  # type: ignore[arg-type]
+    stats = [(r.family, dict(r.labels), r.value) for r in res.readings if r.family == "fabricmon_ethtool_stat"]
+    assert stats == [("fabricmon_ethtool_stat", {"interface": "eth0", "stat": "rx_vport_rdma_unicast_bytes"}, 42)]

@@ -24,6 +24,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..config import AgentConfig
 from ..config import EthtoolSource as EthtoolConfig
 from ..model import Reading, Semantics, SourceResult, reading
 from .inventory import Inventory
@@ -346,13 +347,17 @@ class EthtoolSource:
 
     def __init__(
         self,
+        cfg: AgentConfig | None = None,
+        *,
         config: EthtoolConfig | None = None,
         ethtool_dir: str | None = None,
         ioctl: EthtoolIoctl | None = None,
     ) -> None:
-        self.config = config or EthtoolConfig()
+        """``cfg`` as the runtime passes it; ``config``/``ethtool_dir`` override its parts (tests)."""
+        self.config = config or (cfg.sources.ethtool if cfg is not None else EthtoolConfig())
         self.timeout = self.config.timeout
-        self.ethtool_dir = ethtool_dir
+        # None: the ioctl on this host; set: <dir>/<if>.txt (fixtures, simulator)
+        self.ethtool_dir = ethtool_dir if ethtool_dir is not None else (cfg.ethtool_dir if cfg is not None else None)
         self._ioctl = ioctl or EthtoolIoctl()
         self._allow = tuple(re.compile(p) for p in self.config.allow)
         # Classification is pure in (name, allowlist): memoised, since the same

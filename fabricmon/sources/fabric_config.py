@@ -26,53 +26,35 @@ read or parsed is one error for that check.
 
 PFC and trust come from ``<ethtool_dir>/<if>.pfc.txt`` (fixtures, simulator)
 or, on real hosts, from dcbnl over rtnetlink (``RTM_GETDCB`` /
-``DCB_CMD_IEEE_GET``).  Port state and rate are parsed here from the kernel
-ABI strings ("4: ACTIVE", "400 Gb/sec (4X NDR)"); written before
-``sources/infiniband.py`` existed, keep the two parsers in agreement.
+``DCB_CMD_IEEE_GET``).  Port state and rate ("4: ACTIVE", "400 Gb/sec (4X
+NDR)") go through the parsers of ``sources/infiniband.py``, so the two sources
+never disagree about a port.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import re
 import socket
 import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..config import AgentConfig
 from ..config import FabricConfigSource as FabricConfigConfig
 from ..config import Profile
 from ..model import SourceResult, reading
 from .base_io import read_text
 from .ethtool import PfcInfo, parse_pfc_summary
+from .infiniband import parse_rate, parse_state
 from .inventory import Inventory, PortInfo
 
 FAMILY = "fabricmon_fabric_config_ok"
-ROCE_CHECKS = ("pfc", "trust", "ecn_np", "ecn_rp", "mtu", "rate", "width")
-IB_CHECKS = ("rate", "width")
 _ACTIVE_STATES = (4, 5)  # ACTIVE, ACTIVE_DEFER: the link is up and reports its real rate
 
 
 # --- pure parsing and checks -------------------------------------------------------------
-
-
-def parse_port_state(text: str) -> int | None:
-    """``"4: ACTIVE"`` -> 4; None when it does not parse."""
-    head = text.split(":", 1)[0].strip()
-    return int(head) if head.isdigit() else None
-
-
-_RATE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*Gb/sec(?:\s*\((\d+)X\b[^)]*\))?")
-
-
-def parse_rate(text: str) -> tuple[float, int | None] | None:
-    """``"400 Gb/sec (4X NDR)"`` -> (400.0, 4); the width is None when the text lacks it."""
-    m = _RATE.match(text)
-    if not m:
-        return None
-    return float(m.group(1)), int(m.group(2)) if m.group(2) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +238,8 @@ class FabricConfigSource:
 
     def __init__(
         self,
+        cfg: AgentConfig | None = None,
+        *,
         config: FabricConfigConfig | None = None,
         profile: Profile | None = None,
         ethtool_dir: str | None = None,
@@ -263,10 +247,12 @@ class FabricConfigSource:
         dcb_cache_seconds: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.config = config or FabricConfigConfig()
-        self.profile = profile or Profile()
+        """``cfg`` as the runtime passes it; the keyword arguments override its parts (tests)."""
+        self.config = config or (cfg.sources.fabric_config if cfg is not None else FabricConfigConfig())
+        self.profile = profile or (cfg.profile if cfg is not None else Profile())
         self.timeout = self.config.timeout
-        self.ethtool_dir = ethtool_dir
+        # None: dcbnl on this host; set: <dir>/<if>.pfc.txt (fixtures, simulator)
+        self.ethtool_dir = ethtool_dir if ethtool_dir is not None else (cfg.ethtool_dir if cfg is not None else None)
         self._dcb_reader = dcb_reader
         # dcbnl GETs on mlx5 become firmware register reads; config drifts on
         # a scale of minutes, so a real host asks at most every few seconds.
@@ -278,9 +264,12 @@ class FabricConfigSource:
         if self.ethtool_dir is not None:
             try:
                 with open(os.path.join(self.ethtool_dir, f"{interface}.pfc.txt"), encoding="utf-8") as fh:
-                    return parse_pfc_summary(fh.read())
+                    parsed = parse_pfc_summary(fh.read())
             except FileNotFoundError:
                 return None
+            if parsed.trust is None and parsed.pfc_enabled is None:
+                raise ValueError(f"{interface}.pfc.txt: neither a trust state nor a PFC table")
+            return parsed
         now = self._clock()
         hit = self._dcb_cache.get(interface)
         if hit is not None and now - hit[0] < self._dcb_cache_seconds:
@@ -305,20 +294,13 @@ class FabricConfigSource:
                 result.error(f"{port.device}/{port.port}: {name}: {exc}")
 
         def state() -> int:
-            text = _read_file(os.path.join(port.path, "state"))
-            st = parse_port_state(text)
-            if st is None:
-                raise ValueError(f"unparsable state {text[:40]!r}")
-            return st
+            return parse_state(_read_file(os.path.join(port.path, "state")))[0]
 
         fact("state", state)
         if values.get("state") in _ACTIVE_STATES:
-            def rate() -> tuple[float, int | None]:
-                text = _read_file(os.path.join(port.path, "rate"))
-                parsed = parse_rate(text)
-                if parsed is None:
-                    raise ValueError(f"unparsable rate {text[:40]!r}")
-                return parsed
+            def rate() -> tuple[float, int]:
+                parsed = parse_rate(_read_file(os.path.join(port.path, "rate")))
+                return parsed.gbps, parsed.width_lanes
 
             fact("rate", rate)
         gbps, width = values.get("rate", (None, None))  # type: ignore[misc]

@@ -50,12 +50,15 @@ class HostSource:
         # Each part on its own: one failing psutil call costs only its series.
         try:
             busy, total = _busy_and_total(self._cpu_times())
-            last, self._last_cpu = self._last_cpu, (busy, total)
-            if last is not None:
-                d_total = total - last[1]
-                if d_total > 0:
-                    ratio = min(max((busy - last[0]) / d_total, 0.0), 1.0)
-                    res.readings.append(reading("fabricmon_host_cpu_utilization_ratio", ratio))
+            last = self._last_cpu
+            if last is None:
+                self._last_cpu = (busy, total)  # priming poll: no interval to measure yet
+            elif total - last[1] > 0:
+                ratio = min(max((busy - last[0]) / (total - last[1]), 0.0), 1.0)
+                res.readings.append(reading("fabricmon_host_cpu_utilization_ratio", ratio))
+                self._last_cpu = (busy, total)
+            # else: polled again within one clock tick; keep the baseline and
+            # measure over the longer interval next time rather than report 0.
         except (OSError, AttributeError) as exc:
             res.error(f"host: cpu_times: {exc}")
         try:

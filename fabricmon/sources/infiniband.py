@@ -31,10 +31,13 @@ import errno
 import os
 import re
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..model import Labels, Reading, Semantics, SourceResult
 from .inventory import DeviceInfo, Inventory, PortInfo
+
+if TYPE_CHECKING:
+    from ..config import AgentConfig
 
 __all__ = [
     "CONGESTION_FAMILIES",
@@ -282,6 +285,40 @@ def _oserror_text(exc: OSError) -> str:
     return f"{type(exc).__name__}: {exc.strerror or exc}"
 
 
+class _FileSlot:
+    """One counter file of one port: what it becomes, and the last Readings built.
+
+    Readings are immutable, so when a file reads the same raw value as last
+    poll (most error and Q counters, most of the time) the previous Readings
+    are reused: building a frozen dataclass costs more than reading the file.
+    """
+
+    __slots__ = ("name", "emits", "scale", "legacy_32", "labels", "last_raw", "last")
+
+    def __init__(self, name: str, plan: CounterPlan, dp: Labels, group: str) -> None:
+        self.name = name
+        self.scale = plan.scale
+        self.legacy_32 = plan.legacy_32
+        self.labels: Labels = dp + (("counter", plan.counter),)
+        self.emits = tuple(
+            (family, self.labels if labelled else dp, plan.semantics, plan.width, group)
+            for family, labelled in plan.families
+        )
+        self.last_raw = -1
+        self.last: tuple[Reading, ...] = ()
+
+    def readings(self, raw: int) -> tuple[Reading, ...]:
+        if raw == self.last_raw:
+            return self.last
+        value = raw * self.scale if self.scale != 1 else raw
+        out = [Reading(fam, lab, value, sem, width, group) for fam, lab, sem, width, group in self.emits]
+        if self.legacy_32:
+            out.append(Reading("fabricmon_ib_counter_saturated", self.labels, 1 if raw >= _LEGACY_32_MAX else 0))
+        self.last_raw = raw
+        self.last = tuple(out)
+        return self.last
+
+
 class _PortPoll:
     """Readings and errors of one port, committed to the result only at the end.
 
@@ -311,14 +348,18 @@ class InfinibandSource:
 
     name = "infiniband"
 
-    def __init__(self, timeout: float = 0.5) -> None:
+    def __init__(self, cfg: AgentConfig | None = None, *, timeout: float | None = None) -> None:
+        # Device include/exclude filters live in discovery (make_discover), so
+        # excluded devices are never read; only the deadline is needed here.
+        if timeout is None:
+            timeout = cfg.sources.infiniband.timeout if cfg is not None else 0.5
         self.timeout = timeout
         # (port key, subdir) pairs seen on an earlier poll.  A counter dir that
         # never existed (bnxt_re has no counters/) is not an error; one that
         # existed and is gone now is.
         self._seen_dirs: set[tuple[str, str]] = set()
-        self._labels: dict[tuple[str, str, str], Labels] = {}
-        self._plans: dict[tuple[str, str, bool], CounterPlan] = {}
+        # (port key, subdir, legacy) -> (listing, slots); rebuilt when the listing changes.
+        self._slots: dict[tuple[str, str, bool], tuple[list[str], list[_FileSlot]]] = {}
 
     def close(self) -> None:
         pass  # no handles kept between polls
@@ -340,6 +381,11 @@ class InfinibandSource:
             for msg in pp.errors:
                 result.error(msg)
         result.facts["ports"] = ports_facts
+        if len(self._slots) > 3 * len(inventory.ports) + 3:
+            # Forget ports that are gone (unplugged, renamed) so the cache stays bounded.
+            live = {f"{p.device}/{p.port}" for p in inventory.ports}
+            for k in [k for k in self._slots if k[0] not in live]:
+                del self._slots[k]
         return result
 
     def _poll_port(self, port: PortInfo, dev: DeviceInfo | None, facts: dict[str, dict]) -> _PortPoll:
@@ -408,26 +454,34 @@ class InfinibandSource:
         return fact
 
     def _read_counters(self, pfd: int, port: PortInfo, pp: _PortPoll) -> None:
-        key = pp.key
         dp: Labels = (("device", port.device), ("port", port.port))
         # counters_ext first: on a legacy kernel its 64-bit files replace the
         # saturating 32-bit twins in counters/, which are then not even read.
-        ext = self._list(pfd, key, "counters_ext", pp)
+        ext = self._read_dir(pfd, "counters_ext", False, frozenset(), dp, pp)
         legacy = ext is not None
-        superseded = {EXT_SUPERSEDES[n] for n in ext if n in EXT_SUPERSEDES} if ext else set()
-        if ext:
-            self._read_dir(pfd, "counters_ext", ext, False, port, dp, pp)
-        names = self._list(pfd, key, "counters", pp)
-        if names:
-            if superseded:
-                names = [n for n in names if n not in superseded]
-            self._read_dir(pfd, "counters", names, legacy, port, dp, pp)
-        names = self._list(pfd, key, "hw_counters", pp)
-        if names:
-            self._read_dir(pfd, "hw_counters", names, False, port, dp, pp)
+        superseded = frozenset(EXT_SUPERSEDES[n] for n in ext if n in EXT_SUPERSEDES) if ext else frozenset()
+        self._read_dir(pfd, "counters", legacy, superseded, dp, pp)
+        self._read_dir(pfd, "hw_counters", False, frozenset(), dp, pp)
 
-    def _list(self, pfd: int, key: str, subdir: str, pp: _PortPoll) -> list[str] | None:
-        """Names in a counter dir; None when it does not exist (an error only if it did before)."""
+    def _file_slots(self, subdir: str, names: list[str], legacy: bool, dp: Labels, key: str) -> list[_FileSlot]:
+        ckey = (key, subdir, legacy)
+        cached = self._slots.get(ckey)
+        if cached is not None and cached[0] == names:
+            return cached[1]
+        old = {s.name: s for s in cached[1]} if cached else {}
+        slots = [old.get(n) or _FileSlot(n, classify(subdir, n, legacy), dp, key) for n in names]
+        self._slots[ckey] = (names, slots)
+        return slots
+
+    def _read_dir(
+        self, pfd: int, subdir: str, legacy: bool, skip: frozenset[str], dp: Labels, pp: _PortPoll,
+    ) -> list[str] | None:
+        """Read every file of one counter dir; return its names, None when the dir does not exist.
+
+        A dir that never existed (bnxt_re has no counters/) is not an error;
+        one that existed on an earlier poll and is gone now is.
+        """
+        key = pp.key
         try:
             sfd = os.open(subdir, _O_SUBDIR, dir_fd=pfd)
         except FileNotFoundError as exc:
@@ -439,52 +493,30 @@ class InfinibandSource:
             pp.fail(subdir, exc)
             return None
         try:
-            names = os.listdir(sfd)
-        except OSError as exc:
-            pp.fail(subdir, exc)
-            return None
-        finally:
-            os.close(sfd)
-        self._seen_dirs.add((key, subdir))
-        names.sort()  # stable series order in the exposition
-        return names
-
-    def _read_dir(
-        self, pfd: int, subdir: str, names: list[str], legacy: bool,
-        port: PortInfo, dp: Labels, pp: _PortPoll,
-    ) -> None:
-        try:
-            sfd = os.open(subdir, _O_SUBDIR, dir_fd=pfd)
-        except OSError as exc:  # listed a moment ago: gone now
-            pp.fail(subdir, exc)
-            return
-        group = pp.key
-        plans = self._plans
-        labels = self._labels
-        add = pp.readings.append
-        try:
-            for name in names:
+            try:
+                names = os.listdir(sfd)
+            except OSError as exc:
+                pp.fail(subdir, exc)
+                return None
+            self._seen_dirs.add((key, subdir))
+            names.sort()  # stable series order in the exposition
+            wanted = [n for n in names if n not in skip] if skip else names
+            extend = pp.readings.extend
+            for slot in self._file_slots(subdir, wanted, legacy, dp, key):
+                # Inlined _read_at and parse_counter: this loop runs ~500 times a poll.
                 try:
-                    raw = parse_counter(_read_at(sfd, name))
-                except (OSError, ValueError) as exc:
-                    pp.fail(f"{subdir}/{name}", exc)
+                    fd = os.open(slot.name, _O_FILE, dir_fd=sfd)
+                    try:
+                        data = os.read(fd, _READ_SIZE).strip()
+                    finally:
+                        os.close(fd)
+                except OSError as exc:
+                    pp.fail(f"{subdir}/{slot.name}", exc)
                     continue
-                pkey = (subdir, name, legacy)
-                plan = plans.get(pkey)
-                if plan is None:
-                    plan = plans[pkey] = classify(subdir, name, legacy)
-                value = raw * plan.scale if plan.scale != 1 else raw
-                for family, labelled in plan.families:
-                    if labelled:
-                        lkey = (port.device, port.port, plan.counter)
-                        lab = labels.get(lkey)
-                        if lab is None:
-                            lab = labels[lkey] = dp + (("counter", plan.counter),)
-                    else:
-                        lab = dp
-                    add(Reading(family, lab, value, plan.semantics, plan.width, group))
-                if plan.legacy_32:
-                    lab = dp + (("counter", plan.counter),)
-                    add(Reading("fabricmon_ib_counter_saturated", lab, 1 if raw >= _LEGACY_32_MAX else 0))
+                if not data.isdigit():
+                    pp.fail(f"{subdir}/{slot.name}", ValueError(f"not an integer: {data[:40]!r}"))
+                    continue
+                extend(slot.readings(int(data)))
+            return names
         finally:
             os.close(sfd)

@@ -23,7 +23,7 @@ import json
 import queue
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -219,7 +219,9 @@ class PynvmlBackend:
             return NvmlLibraryMissing(str(exc))
         if code == getattr(nv, "NVML_ERROR_GPU_IS_LOST", -1) and index is not None:
             return GpuLost(index, str(exc))
-        if code == getattr(nv, "NVML_ERROR_NOT_SUPPORTED", -1):
+        if code in (getattr(nv, "NVML_ERROR_NOT_SUPPORTED", -1), getattr(nv, "NVML_ERROR_FUNCTION_NOT_FOUND", -1)):
+            # FUNCTION_NOT_FOUND: the installed driver predates the call; for
+            # the series that is the same as the GPU not supporting it.
             return NvmlNotSupported(str(exc), code)
         prefix = f"gpu {index}: " if index is not None else ""
         return NvmlCallError(f"{prefix}{type(exc).__name__}: {exc}", code)
@@ -274,6 +276,15 @@ class PynvmlBackend:
     # -- per poll
 
     def begin_poll(self) -> None:
+        # Register every GPU for XID events before draining, so the events of
+        # the first poll are attributed; a GPU failing here fails again, with
+        # its own error, in read_gpu.
+        for index in range(self._count):
+            if index not in self._static:
+                try:
+                    self._gpu_static(index)
+                except NvmlCallError:
+                    pass
         self._drain_xids()
 
     def _drain_xids(self) -> None:
@@ -334,8 +345,10 @@ class PynvmlBackend:
                 self._call(index, nv.nvmlDeviceRegisterEvents, handle, nv.nvmlEventTypeXidCriticalError,
                            self._event_set)
                 self._handle_index[_handle_key(handle)] = index
-            except NvmlNotSupported:
-                pass  # no XID events on this GPU: the series is simply absent
+            except GpuLost:
+                raise
+            except NvmlCallError as exc:  # NotSupported, or NoPermission when not root
+                log.info("nvml_xid_events_unavailable", gpu=index, error=str(exc))
         self._static[index] = st
         return st
 
@@ -438,11 +451,18 @@ class PynvmlBackend:
         util = self._optional(st, "utilization", index, problems, nv.nvmlDeviceGetUtilizationRates, h)
         if util is not None:
             g.utilization = float(util.gpu)
-        reasons_fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) \
-            or nv.nvmlDeviceGetCurrentClocksThrottleReasons  # older nvidia-ml-py
-        reasons = self._optional(st, "throttle_reasons", index, problems, reasons_fn, h)
-        if reasons is not None:
-            g.throttle_reasons = int(reasons)
+        # ClocksEventReasons is the current name; drivers before 535 only have
+        # the older ClocksThrottleReasons (same bits).
+        for fname in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
+            fn = getattr(nv, fname, None)
+            if fn is None:
+                continue
+            reasons = self._optional(st, fname, index, problems, fn, h)
+            if reasons is not None:
+                g.throttle_reasons = int(reasons)
+                break
+            if fname not in st.unsupported:
+                break  # a real failure, already counted: do not ask twice
         # Aggregate (lifetime) counts: volatile ones restart at every driver reload.
         g.ecc_corrected = self._optional(st, "ecc_corrected", index, problems, nv.nvmlDeviceGetTotalEccErrors, h,
                                          nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_AGGREGATE_ECC)
@@ -783,7 +803,7 @@ def make_nvml_source(cfg: Any) -> NvmlSource | None:
     return NvmlSource(PynvmlBackend(), timeout=timeout)
 
 
-__all__: Iterable[str] = [
+__all__ = [
     "FakeNvmlBackend", "GpuLost", "GpuReading", "LinkReading", "NvmlBackend", "NvmlCallError", "NvmlError",
     "NvmlLibraryMissing", "NvmlNotSupported", "NvmlSource", "PynvmlBackend", "THROTTLE_REASONS",
     "make_nvml_source",

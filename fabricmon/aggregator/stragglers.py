@@ -1,0 +1,250 @@
+"""Robust straggler scoring per job and step.
+
+A synchronous step hides the straggler in its total time (everyone waits for
+it), so the score uses the split the training loop reports: compute time
+(``step_seconds - comm_seconds``) and communication time.  The slow rank has
+a LATE compute and a SHORT communication (it arrives last, the others wait on
+it: the inversion of DESIGN.md); a rank whose own transfers are slow shows a
+long communication time with a normal compute time.
+
+Peers: ranks of the same pipeline stage (``group.pp``, or inferred from the
+job layout with Megatron rank order tp < dp < pp); without either the job is
+one peer group.  Score: robust z with median/MAD and a MAD floor of a share of
+the median step time.  A rank is flagged in a step when z >= ``straggler_z``
+and its lateness is at least ``straggler_min_impact`` of the step; when more
+than ``straggler_mass_ratio`` of a group is late at once nobody is flagged
+(not an individual straggler).  Persistent: flagged in ``straggler_persist``
+of the last ``straggler_window`` steps; cleared (hysteresis) when fewer than
+``straggler_clear`` flags remain.  Patterns that must not page as hardware:
+a whole stage late (StageImbalance, info), a different rank each step and
+periodic pauses (neither reaches the persistence bar).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..rank_timing import JobLayout, RankTiming
+from .config import DetectionSettings
+
+
+@dataclass(slots=True)
+class RankInfo:
+    node: str
+    gpu: int
+    stage: int
+    hist_c: int = 0  # bit i: flagged compute-late i steps ago
+    hist_m: int = 0  # comm-late
+    steps: int = 0
+    persistent: str = ""  # "", "compute", "comm"
+    score: float = 0.0
+    late_frac: float = 0.0  # lateness as a share of the median step, last step
+    late_ewma: float = 0.0
+    last_ts: float = 0.0
+
+
+@dataclass
+class JobState:
+    name: str
+    layout: dict[str, int] = field(default_factory=dict)
+    ranks: dict[int, RankInfo] = field(default_factory=dict)
+    steps: dict[int, dict[int, tuple[float, float]]] = field(default_factory=dict)
+    max_step: int = -1
+    last_ts: float = 0.0
+    stage_hist: dict[int, int] = field(default_factory=dict)
+    stage_late: dict[int, float] = field(default_factory=dict)
+    stage_persistent: set[int] = field(default_factory=set)
+    mass_hist: int = 0
+    mass_persistent: bool = False
+    step_median: float = 0.0
+    evaluated: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Straggler:
+    job: str
+    rank: int
+    node: str
+    gpu: int
+    kind: str  # "compute" or "comm"
+    score: float
+    late_frac: float
+
+
+@dataclass(frozen=True, slots=True)
+class StageLate:
+    job: str
+    stage: int  # -1: unknown stage (no layout), many ranks late together
+    late_frac: float
+    ranks: tuple[int, ...]
+
+
+@dataclass
+class StragglerReport:
+    stragglers: list[Straggler]
+    stages: list[StageLate]
+    slowish: dict[tuple[str, int], tuple[str, int]]  # (job, rank) -> (node, gpu) flagged in >= clear of window
+
+
+def _popcount(x: int) -> int:
+    return bin(x).count("1")
+
+
+class StragglerTracker:
+    def __init__(self, settings: DetectionSettings) -> None:
+        self.s = settings
+        self.jobs: dict[str, JobState] = {}
+        self._mask = (1 << settings.straggler_window) - 1
+
+    # --- intake ---
+    def layout(self, lay: JobLayout) -> None:
+        job = self.jobs.setdefault(lay.job, JobState(lay.job))
+        job.layout = dict(lay.layout)
+
+    def add(self, t: RankTiming, node: str) -> None:
+        job = self.jobs.get(t.job)
+        if job is None:
+            job = self.jobs[t.job] = JobState(t.job)
+        info = job.ranks.get(t.rank)
+        if info is None:
+            info = job.ranks[t.rank] = RankInfo(t.node or node, t.gpu_index, self._stage(job, t))
+        info.last_ts = t.ts
+        if t.step <= job.max_step - 4 * self.s.straggler_window:
+            return  # far too old: already evaluated
+        job.steps.setdefault(t.step, {})[t.rank] = (t.step_seconds, min(t.comm_seconds, t.step_seconds))
+        if t.step > job.max_step:
+            job.max_step = t.step
+        if t.ts > job.last_ts:
+            job.last_ts = t.ts
+
+    @staticmethod
+    def _stage(job: JobState, t: RankTiming) -> int:
+        for k, v in t.group:
+            if k == "pp":
+                return v
+        lay = job.layout
+        if lay.get("pp", 1) > 1:
+            inner = lay.get("tp", 1) * lay.get("dp", 1)
+            return t.rank // max(inner, 1)
+        return 0
+
+    # --- scoring ---
+    def evaluate(self, now: float) -> StragglerReport:
+        stragglers: list[Straggler] = []
+        stages: list[StageLate] = []
+        slowish: dict[tuple[str, int], tuple[str, int]] = {}
+        for name in list(self.jobs):
+            job = self.jobs[name]
+            if job.last_ts and now - job.last_ts > 600.0:
+                del self.jobs[name]
+                continue
+            n_known = len(job.ranks)
+            for step in sorted(job.steps):
+                reports = job.steps[step]
+                if len(reports) >= n_known or step <= job.max_step - 2:
+                    del job.steps[step]
+                    if len(reports) >= 3:
+                        self._score_step(job, reports)
+            for rank, info in job.ranks.items():
+                if info.persistent:
+                    stragglers.append(Straggler(name, rank, info.node, info.gpu, info.persistent, info.score,
+                                                info.late_ewma))
+                if _popcount(info.hist_c | info.hist_m) >= self.s.straggler_clear:
+                    slowish[(name, rank)] = (info.node, info.gpu)
+            for stage in sorted(job.stage_persistent):
+                ranks = tuple(sorted(r for r, i in job.ranks.items() if i.stage == stage))
+                stages.append(StageLate(name, stage, job.stage_late.get(stage, 0.0), ranks))
+            if job.mass_persistent:
+                stages.append(StageLate(name, -1, 0.0, ()))
+        return StragglerReport(stragglers, stages, slowish)
+
+    def _score_step(self, job: JobState, reports: dict[int, tuple[float, float]]) -> None:
+        s = self.s
+        ranks = np.fromiter(reports.keys(), dtype=np.int64, count=len(reports))
+        vals = np.array(list(reports.values()), dtype=np.float64)
+        step_t, comm = vals[:, 0], vals[:, 1]
+        compute = step_t - comm
+        stage_of = np.array([job.ranks[int(r)].stage for r in ranks], dtype=np.int64)
+        job_med_step = float(np.median(step_t))
+        job.step_median = job_med_step
+        job.evaluated += 1
+        flags_c = np.zeros(len(ranks), dtype=bool)
+        flags_m = np.zeros(len(ranks), dtype=bool)
+        scores = np.zeros(len(ranks))
+        lates = np.zeros(len(ranks))
+        mass_any = False
+        stage_meds: dict[int, float] = {}
+        for stage in np.unique(stage_of):
+            idx = np.nonzero(stage_of == stage)[0]
+            c, m, st = compute[idx], comm[idx], step_t[idx]
+            med_step = float(np.median(st))
+            floor = max(s.straggler_mad_floor * med_step, 1e-9)
+            mc = float(np.median(c))
+            stage_meds[int(stage)] = mc
+            if len(idx) < 3:
+                continue
+            sc = max(1.4826 * float(np.median(np.abs(c - mc))), floor)
+            mm = float(np.median(m))
+            sm = max(1.4826 * float(np.median(np.abs(m - mm))), floor)
+            zc = (c - mc) / sc
+            zm = (m - mm) / sm
+            impact = s.straggler_min_impact * med_step
+            fc = (zc >= s.straggler_z) & ((c - mc) >= impact) & (m <= mm + sc)
+            fm = (zm >= s.straggler_z) & ((m - mm) >= impact) & (zc < 2.0)
+            limit = max(1, int(s.straggler_mass_ratio * len(idx)))
+            if fc.sum() > limit:
+                fc[:] = False
+                mass_any = True
+            if fm.sum() > limit:
+                fm[:] = False
+            flags_c[idx] = fc
+            flags_m[idx] = fm
+            scores[idx] = np.maximum(np.maximum(zc, zm), 0.0)
+            lates[idx] = np.maximum(c - mc, m - mm) / max(med_step, 1e-9)
+        mask = self._mask
+        persist, clear = s.straggler_persist, s.straggler_clear
+        for i, r in enumerate(ranks.tolist()):
+            info = job.ranks[r]
+            info.hist_c = ((info.hist_c << 1) | int(flags_c[i])) & mask
+            info.hist_m = ((info.hist_m << 1) | int(flags_m[i])) & mask
+            info.steps += 1
+            info.score = float(scores[i])
+            info.late_frac = float(lates[i])
+            info.late_ewma = 0.8 * info.late_ewma + 0.2 * info.late_frac
+            pc, pm = _popcount(info.hist_c), _popcount(info.hist_m)
+            if not info.persistent:
+                if pc >= persist:
+                    info.persistent = "compute"
+                elif pm >= persist:
+                    info.persistent = "comm"
+            else:
+                cur = pc if info.persistent == "compute" else pm
+                if cur < clear:
+                    info.persistent = ""
+        # stage imbalance: one stage's median compute well above the others
+        if len(stage_meds) >= 2:
+            meds = np.array(list(stage_meds.values()))
+            overall = float(np.median(meds))
+            worst = max(stage_meds, key=stage_meds.get)
+            impact = s.straggler_min_impact * job_med_step
+            for stage in stage_meds:
+                late = stage == worst and stage_meds[stage] - overall >= impact
+                h = ((job.stage_hist.get(stage, 0) << 1) | int(late)) & mask
+                job.stage_hist[stage] = h
+                if late:
+                    job.stage_late[stage] = (stage_meds[stage] - overall) / max(job_med_step, 1e-9)
+                if _popcount(h) >= persist:
+                    job.stage_persistent.add(stage)
+                elif _popcount(h) < clear:
+                    job.stage_persistent.discard(stage)
+        job.mass_hist = ((job.mass_hist << 1) | int(mass_any)) & mask
+        pcm = _popcount(job.mass_hist)
+        if pcm >= persist:
+            job.mass_persistent = True
+        elif pcm < clear:
+            job.mass_persistent = False
+
+    def lateness_scores(self) -> list[tuple[str, int, float]]:
+        return [(j.name, r, i.score) for j in self.jobs.values() for r, i in j.ranks.items()]

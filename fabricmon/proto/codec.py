@@ -1,0 +1,227 @@
+"""Conversion between the wire form (``fabricmon_pb2``) and ``fabricmon.batch``.
+
+``SeriesEncoder`` holds the agent's side of one connection's series table,
+``SeriesDecoder`` the aggregator's.  A self-contained batch (spooled, replayed on
+a later connection) uses ids local to itself and touches neither table.
+Decoding validates everything and raises ``MalformedBatch`` with a reason;
+it never trusts lengths or ids from the wire.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..batch import NicHello, NodeBatch, NodeHello
+from ..model import CounterDelta, Labels, Sample
+from ..rank_timing import JobLayout, RankTiming
+from . import fabricmon_pb2 as pb
+
+PROTOCOL_VERSION = 1
+SUPPORTED_PROTOCOLS = frozenset({1})
+
+# Bounds on what one peer may make the aggregator hold.
+MAX_SERIES_PER_CONNECTION = 500_000
+MAX_LABELS = 16
+MAX_NAME = 200
+MAX_VALUE = 1024
+
+SeriesKey = tuple[str, Labels]
+
+
+class MalformedBatch(ValueError):
+    """A batch or hello that does not follow the protocol; the message names the field."""
+
+
+# --------------------------------------------------------------------- hello
+
+
+def hello_to_pb(h: NodeHello) -> pb.Hello:
+    return pb.Hello(
+        node=h.node, agent_version=h.agent_version, interval_seconds=h.interval_seconds,
+        nics=[pb.Nic(device=n.device, port=n.port, rail=n.rail, link_layer=n.link_layer, netdev=n.netdev,
+                     rate_gbps=n.rate_gbps, width=max(0, int(n.width)), gpu=int(n.gpu)) for n in h.nics],
+        gpus=max(0, int(h.gpus)), boot_id=h.boot_id, protocol_version=PROTOCOL_VERSION,
+    )
+
+
+def hello_from_pb(m: pb.Hello) -> NodeHello:
+    if not m.node or len(m.node) > MAX_NAME:
+        raise MalformedBatch("hello.node: required, at most 200 characters")
+    if m.protocol_version not in SUPPORTED_PROTOCOLS:
+        raise MalformedBatch(f"hello.protocol_version: {m.protocol_version} not supported "
+                             f"(supported: {sorted(SUPPORTED_PROTOCOLS)})")
+    if not math.isfinite(m.interval_seconds) or m.interval_seconds < 0:
+        raise MalformedBatch("hello.interval_seconds: must be finite and >= 0")
+    return NodeHello(
+        node=m.node, agent_version=m.agent_version, interval_seconds=m.interval_seconds,
+        nics=tuple(NicHello(n.device, n.port, n.rail, n.link_layer, n.netdev, n.rate_gbps, n.width, n.gpu)
+                   for n in m.nics),
+        gpus=m.gpus, boot_id=m.boot_id,
+    )
+
+
+# --------------------------------------------------------------------- batch: encode
+
+
+class SeriesEncoder:
+    """Agent side of one connection's series table: assigns ids, defines each once."""
+
+    def __init__(self) -> None:
+        self._ids: dict[SeriesKey, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def _id(self, key: SeriesKey, out: pb.Batch) -> int:
+        sid = self._ids.get(key)
+        if sid is None:
+            sid = len(self._ids) + 1
+            self._ids[key] = sid
+            out.new_series.append(pb.SeriesDef(
+                id=sid, family=key[0], labels=[pb.Label(name=k, value=v) for k, v in key[1]]))
+        return sid
+
+    def encode(self, b: NodeBatch, *, self_contained: bool = False) -> pb.Batch:
+        out = pb.Batch(seq=b.seq, ts=b.ts, interval_seconds=b.interval_seconds, self_contained=self_contained)
+        ids = out.delta_ids
+        vals = out.delta_values
+        for d in b.deltas:
+            sid = self._id((d.family, d.labels), out)
+            ids.append(sid)
+            vals.append(d.delta)
+            if d.saturated:
+                out.saturated_ids.append(sid)
+            if d.reset:
+                out.reset_ids.append(sid)
+        for s in b.gauges:
+            out.gauge_ids.append(self._id((s.family, s.labels), out))
+            out.gauge_values.append(s.value)
+        for r in b.ranks:
+            out.ranks.append(pb.RankTiming(
+                job=r.job, rank=r.rank, local_rank=r.local_rank, step=r.step, step_seconds=r.step_seconds,
+                comm_seconds=r.comm_seconds, ts=r.ts, gpu=r.gpu,
+                group=[pb.IntPair(key=k, value=v) for k, v in r.group]))
+        for lay in b.layouts:
+            out.layouts.append(pb.JobLayout(job=lay.job, layout=[pb.IntPair(key=k, value=v) for k, v in lay.layout]))
+        return out
+
+
+def encode_self_contained(b: NodeBatch) -> pb.Batch:
+    """A batch that carries every series definition it uses (for the spool)."""
+    return SeriesEncoder().encode(b, self_contained=True)
+
+
+# --------------------------------------------------------------------- batch: decode
+
+
+def _check_def(sd: pb.SeriesDef) -> SeriesKey:
+    if not sd.family or len(sd.family) > MAX_NAME:
+        raise MalformedBatch(f"new_series id {sd.id}: family must be a non-empty name of at most {MAX_NAME} characters")
+    if len(sd.labels) > MAX_LABELS:
+        raise MalformedBatch(f"new_series id {sd.id}: more than {MAX_LABELS} labels")
+    labels = []
+    for lab in sd.labels:
+        if not lab.name or len(lab.name) > MAX_NAME or len(lab.value) > MAX_VALUE:
+            raise MalformedBatch(f"new_series id {sd.id}: bad label {lab.name[:40]!r}")
+        labels.append((lab.name, lab.value))
+    return sd.family, tuple(labels)
+
+
+class SeriesDecoder:
+    """Aggregator side of one connection's series table."""
+
+    def __init__(self, max_series: int = MAX_SERIES_PER_CONNECTION) -> None:
+        self._table: dict[int, SeriesKey] = {}
+        self._max = max_series
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def decode(self, m: pb.Batch, node: str) -> NodeBatch:
+        """Validate and decode; raises MalformedBatch.  The table changes only if the batch is valid."""
+        if m.seq == 0:
+            raise MalformedBatch("seq: must be > 0")
+        if not (math.isfinite(m.ts) and math.isfinite(m.interval_seconds)) or m.interval_seconds < 0:
+            raise MalformedBatch("ts/interval_seconds: must be finite (interval >= 0)")
+        if len(m.delta_ids) != len(m.delta_values):
+            raise MalformedBatch(f"delta_ids ({len(m.delta_ids)}) and delta_values ({len(m.delta_values)}) differ in length")
+        if len(m.gauge_ids) != len(m.gauge_values):
+            raise MalformedBatch(f"gauge_ids ({len(m.gauge_ids)}) and gauge_values ({len(m.gauge_values)}) differ in length")
+        table = {} if m.self_contained else self._table
+        added: dict[int, SeriesKey] = {}
+        for sd in m.new_series:
+            if sd.id == 0:
+                raise MalformedBatch("new_series: id 0 is not allowed")
+            key = _check_def(sd)
+            old = table.get(sd.id) or added.get(sd.id)
+            if old is not None and old != key:
+                raise MalformedBatch(f"new_series id {sd.id}: redefined ({old[0]} -> {key[0]})")
+            added[sd.id] = key
+        if not m.self_contained and len(table) + len(added) > self._max:
+            raise MalformedBatch(f"series table over its limit of {self._max} series")
+
+        def look(sid: int, what: str) -> SeriesKey:
+            key = added.get(sid) or table.get(sid)
+            if key is None:
+                raise MalformedBatch(f"{what}: unknown series id {sid}")
+            return key
+
+        delta_set = set(m.delta_ids)
+        for what, flagged in (("saturated_ids", m.saturated_ids), ("reset_ids", m.reset_ids)):
+            for sid in flagged:
+                if sid not in delta_set:
+                    raise MalformedBatch(f"{what}: id {sid} has no delta in this batch")
+        sat = set(m.saturated_ids)
+        rst = set(m.reset_ids)
+        deltas = []
+        for sid, v in zip(m.delta_ids, m.delta_values):
+            fam, labels = look(sid, "delta_ids")
+            if not math.isfinite(v) or v < 0:
+                raise MalformedBatch(f"delta_values: series {fam} has a bad delta {v!r}")
+            deltas.append(CounterDelta(fam, labels, v, sid in sat, sid in rst))
+        gauges = []
+        for sid, v in zip(m.gauge_ids, m.gauge_values):
+            fam, labels = look(sid, "gauge_ids")
+            gauges.append(Sample(fam, labels, v))
+        ranks = []
+        for r in m.ranks:
+            if not r.job or len(r.job) > 128:
+                raise MalformedBatch("ranks.job: required, at most 128 characters")
+            if not (math.isfinite(r.step_seconds) and math.isfinite(r.comm_seconds) and math.isfinite(r.ts)):
+                raise MalformedBatch(f"ranks: job {r.job} rank {r.rank}: non-finite time")
+            ranks.append(RankTiming(
+                job=r.job, rank=r.rank, local_rank=r.local_rank, step=r.step, step_seconds=r.step_seconds,
+                comm_seconds=r.comm_seconds, ts=r.ts, node=node, gpu=r.gpu,
+                group=tuple((p.key, p.value) for p in r.group)))
+        layouts = []
+        for lay in m.layouts:
+            if not lay.job or len(lay.job) > 128:
+                raise MalformedBatch("layouts.job: required, at most 128 characters")
+            layouts.append(JobLayout(lay.job, tuple((p.key, p.value) for p in lay.layout)))
+        if not m.self_contained:
+            table.update(added)
+        return NodeBatch(node=node, seq=m.seq, ts=m.ts, interval_seconds=m.interval_seconds,
+                         deltas=tuple(deltas), gauges=tuple(gauges), ranks=tuple(ranks), layouts=tuple(layouts))
+
+
+# --------------------------------------------------------------------- framing helpers
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def agent_message_from_batch_bytes(batch_bytes: bytes) -> bytes:
+    """Serialized ``AgentMessage{batch: <batch_bytes>}`` without re-parsing the batch.
+
+    Field 2 (``batch``), wire type 2 (length-delimited): tag byte 0x12.
+    """
+    return b"\x12" + _varint(len(batch_bytes)) + batch_bytes

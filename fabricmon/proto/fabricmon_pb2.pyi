@@ -1,0 +1,169 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class AgentMessage(_message.Message):
+    __slots__ = ("hello", "batch")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    batch: Batch
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ...) -> None: ...
+
+class Nic(_message.Message):
+    __slots__ = ("device", "port", "rail", "link_layer", "netdev", "rate_gbps", "width", "gpu")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    RAIL_FIELD_NUMBER: _ClassVar[int]
+    LINK_LAYER_FIELD_NUMBER: _ClassVar[int]
+    NETDEV_FIELD_NUMBER: _ClassVar[int]
+    RATE_GBPS_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    port: str
+    rail: str
+    link_layer: str
+    netdev: str
+    rate_gbps: float
+    width: int
+    gpu: int
+    def __init__(self, device: _Optional[str] = ..., port: _Optional[str] = ..., rail: _Optional[str] = ..., link_layer: _Optional[str] = ..., netdev: _Optional[str] = ..., rate_gbps: _Optional[float] = ..., width: _Optional[int] = ..., gpu: _Optional[int] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("node", "agent_version", "interval_seconds", "nics", "gpus", "boot_id", "protocol_version")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    NICS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    agent_version: str
+    interval_seconds: float
+    nics: _containers.RepeatedCompositeFieldContainer[Nic]
+    gpus: int
+    boot_id: str
+    protocol_version: int
+    def __init__(self, node: _Optional[str] = ..., agent_version: _Optional[str] = ..., interval_seconds: _Optional[float] = ..., nics: _Optional[_Iterable[_Union[Nic, _Mapping]]] = ..., gpus: _Optional[int] = ..., boot_id: _Optional[str] = ..., protocol_version: _Optional[int] = ...) -> None: ...
+
+class Label(_message.Message):
+    __slots__ = ("name", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: str
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+
+class SeriesDef(_message.Message):
+    __slots__ = ("id", "family", "labels")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    FAMILY_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    family: str
+    labels: _containers.RepeatedCompositeFieldContainer[Label]
+    def __init__(self, id: _Optional[int] = ..., family: _Optional[str] = ..., labels: _Optional[_Iterable[_Union[Label, _Mapping]]] = ...) -> None: ...
+
+class IntPair(_message.Message):
+    __slots__ = ("key", "value")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value: int
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+
+class RankTiming(_message.Message):
+    __slots__ = ("job", "rank", "local_rank", "step", "step_seconds", "comm_seconds", "ts", "gpu", "group")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    COMM_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TS_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    rank: int
+    local_rank: int
+    step: int
+    step_seconds: float
+    comm_seconds: float
+    ts: float
+    gpu: int
+    group: _containers.RepeatedCompositeFieldContainer[IntPair]
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., step: _Optional[int] = ..., step_seconds: _Optional[float] = ..., comm_seconds: _Optional[float] = ..., ts: _Optional[float] = ..., gpu: _Optional[int] = ..., group: _Optional[_Iterable[_Union[IntPair, _Mapping]]] = ...) -> None: ...
+
+class JobLayout(_message.Message):
+    __slots__ = ("job", "layout")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    layout: _containers.RepeatedCompositeFieldContainer[IntPair]
+    def __init__(self, job: _Optional[str] = ..., layout: _Optional[_Iterable[_Union[IntPair, _Mapping]]] = ...) -> None: ...
+
+class Batch(_message.Message):
+    __slots__ = ("seq", "ts", "interval_seconds", "new_series", "delta_ids", "delta_values", "saturated_ids", "reset_ids", "gauge_ids", "gauge_values", "ranks", "layouts", "self_contained")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TS_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    NEW_SERIES_FIELD_NUMBER: _ClassVar[int]
+    DELTA_IDS_FIELD_NUMBER: _ClassVar[int]
+    DELTA_VALUES_FIELD_NUMBER: _ClassVar[int]
+    SATURATED_IDS_FIELD_NUMBER: _ClassVar[int]
+    RESET_IDS_FIELD_NUMBER: _ClassVar[int]
+    GAUGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    GAUGE_VALUES_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    LAYOUTS_FIELD_NUMBER: _ClassVar[int]
+    SELF_CONTAINED_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    ts: float
+    interval_seconds: float
+    new_series: _containers.RepeatedCompositeFieldContainer[SeriesDef]
+    delta_ids: _containers.RepeatedScalarFieldContainer[int]
+    delta_values: _containers.RepeatedScalarFieldContainer[float]
+    saturated_ids: _containers.RepeatedScalarFieldContainer[int]
+    reset_ids: _containers.RepeatedScalarFieldContainer[int]
+    gauge_ids: _containers.RepeatedScalarFieldContainer[int]
+    gauge_values: _containers.RepeatedScalarFieldContainer[float]
+    ranks: _containers.RepeatedCompositeFieldContainer[RankTiming]
+    layouts: _containers.RepeatedCompositeFieldContainer[JobLayout]
+    self_contained: bool
+    def __init__(self, seq: _Optional[int] = ..., ts: _Optional[float] = ..., interval_seconds: _Optional[float] = ..., new_series: _Optional[_Iterable[_Union[SeriesDef, _Mapping]]] = ..., delta_ids: _Optional[_Iterable[int]] = ..., delta_values: _Optional[_Iterable[float]] = ..., saturated_ids: _Optional[_Iterable[int]] = ..., reset_ids: _Optional[_Iterable[int]] = ..., gauge_ids: _Optional[_Iterable[int]] = ..., gauge_values: _Optional[_Iterable[float]] = ..., ranks: _Optional[_Iterable[_Union[RankTiming, _Mapping]]] = ..., layouts: _Optional[_Iterable[_Union[JobLayout, _Mapping]]] = ..., self_contained: _Optional[bool] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("seq",)
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    def __init__(self, seq: _Optional[int] = ...) -> None: ...
+
+class Settings(_message.Message):
+    __slots__ = ("interval_seconds",)
+    INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    interval_seconds: float
+    def __init__(self, interval_seconds: _Optional[float] = ...) -> None: ...
+
+class Reject(_message.Message):
+    __slots__ = ("reason", "seq")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    seq: int
+    def __init__(self, reason: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class AggregatorMessage(_message.Message):
+    __slots__ = ("ack", "settings", "reject")
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    REJECT_FIELD_NUMBER: _ClassVar[int]
+    ack: Ack
+    settings: Settings
+    reject: Reject
+    def __init__(self, ack: _Optional[_Union[Ack, _Mapping]] = ..., settings: _Optional[_Union[Settings, _Mapping]] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,368 @@
+"""Scenario files (DESIGN.md "Scenario files"): cluster, duration, faults, and their ground truth.
+
+```yaml
+cluster: {nodes: 64, layout: ib, nodes_per_unit: 16, seed: 7}
+duration: 600          # simulated seconds
+faults:
+  - {kind: flaky_cable, node: node-017, rail: 3, start: 120, end: 300}
+  - {kind: leaf_degraded, unit: 1, rail: 5, start: 200, end: 400}
+  - {kind: slow_gpu, node: node-040, gpu: 2, start: 100, end: 500}
+  - {kind: counter_reset, node: node-003, start: 250}
+```
+
+Loaded with ``configload.build`` into frozen dataclasses; every error names the
+file and the key path (``scn.yaml: faults[1].node: node-999 is not in a 64-node
+cluster``).  A fault is active for ``start <= t < end`` (``end`` omitted: until
+the scenario ends).  Optional keys: ``magnitude`` (kind-specific severity, see
+``MAGNITUDE``), ``priority`` (PFC/ECN priority; only the RoCE priority 3 is
+simulated), ``period`` (link_flap: seconds per down+up cycle), ``degrade``
+(link_degraded: ``width`` halves the lanes, ``speed`` steps NDR down to HDR).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ..configload import ConfigError, build, load_yaml_file
+from ..topology import gpu_id, leaf_id, link_id, nic_id, node_name, nvlink_id
+from .hw import FRONTEND, NGPU, NRAILS, NVLINKS
+
+# kind -> (target, component_type, alertname)
+#   target "link": node + rail (a NIC port), "leaf": unit + rail, "nvlink": node + gpu + link,
+#   "gpu": node + gpu, "config": node (+ optional rail), "node": node only.
+KINDS: dict[str, tuple[str, str | None, str | None]] = {
+    "flaky_cable": ("link", "link", "FabricLinkErrors"),
+    "link_down": ("link", "link", "FabricLinkDown"),
+    "link_flap": ("link", "link", "FabricLinkFlapping"),
+    "link_degraded": ("link", "link", "FabricLinkDegraded"),
+    "pfc_storm": ("link", "link", "FabricPFCStorm"),
+    "rdma_retransmits": ("link", "link", "RDMARetransmits"),
+    "leaf_degraded": ("leaf", "leaf", "FabricLeafDegraded"),
+    "ecn_congestion": ("leaf", "leaf", "FabricCongestion"),
+    "nvlink_errors": ("nvlink", "nvlink", "NVLinkErrors"),
+    "nvlink_down": ("nvlink", "nvlink", "NVLinkDown"),
+    "slow_gpu": ("gpu", "gpu", "StragglerRank"),
+    "config_drift": ("config", "config", "FabricConfigDrift"),
+    "counter_reset": ("node", None, None),  # not a fault: must raise nothing
+}
+
+# Default magnitude per kind and what it means.
+MAGNITUDE: dict[str, float] = {
+    "flaky_cable": 1.0,       # error-rate multiplier; effective bandwidth 1 - 0.25 * magnitude (>= 0.3)
+    "link_down": 1.0,         # unused
+    "link_flap": 1.0,         # unused (see period)
+    "link_degraded": 1.0,     # unused (see degrade)
+    "pfc_storm": 0.85,        # share of each interval the slow receiver pauses its partner
+    "rdma_retransmits": 1.0,  # retry-rate multiplier; bandwidth 1 - 0.15 * magnitude
+    "leaf_degraded": 0.6,     # bandwidth factor of every port of the leaf
+    "ecn_congestion": 0.8,    # bandwidth factor of every port of the leaf
+    "nvlink_errors": 1.0,     # error-rate multiplier
+    "nvlink_down": 1.0,       # unused
+    "slow_gpu": 1.5,          # compute-time multiplier of the GPU
+    "config_drift": 1.0,      # unused
+    "counter_reset": 1.0,     # unused
+}
+
+_OPTIONAL = ("node", "rail", "gpu", "link", "unit", "end", "magnitude", "period", "degrade")
+# which optional keys a target takes (others are errors: a key that would fault nothing)
+_TAKES = {
+    "link": {"node", "rail", "end", "magnitude"},
+    "leaf": {"unit", "rail", "end", "magnitude"},
+    "nvlink": {"node", "gpu", "link", "end", "magnitude"},
+    "gpu": {"node", "gpu", "end", "magnitude"},
+    "config": {"node", "rail", "end"},
+    "node": {"node"},
+}
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    nodes: int = 64
+    layout: str = "ib"
+    nodes_per_unit: int = 16
+    seed: int = 0
+
+    def validate(self, path: str, source: str) -> None:
+        p = f"{path}." if path else ""
+        if self.nodes < 1:
+            raise ConfigError(f"{source}: {p}nodes: must be >= 1, got {self.nodes}")
+        if self.nodes > 65536:
+            raise ConfigError(f"{source}: {p}nodes: at most 65536 simulated nodes, got {self.nodes}")
+        if self.layout not in ("ib", "roce"):
+            raise ConfigError(f"{source}: {p}layout: must be ib or roce, got {self.layout!r}")
+        if self.nodes_per_unit < 1:
+            raise ConfigError(f"{source}: {p}nodes_per_unit: must be >= 1, got {self.nodes_per_unit}")
+
+    @property
+    def units(self) -> int:
+        return (self.nodes + self.nodes_per_unit - 1) // self.nodes_per_unit
+
+    def node_names(self) -> list[str]:
+        return [node_name(i, self.nodes) for i in range(self.nodes)]
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    start: float = 0.0
+    end: float | None = None
+    node: str | None = None
+    rail: int | None = None
+    gpu: int | None = None
+    link: int | None = None
+    unit: int | None = None
+    magnitude: float | None = None
+    priority: int = 3
+    period: float | None = None  # link_flap: seconds per down+up cycle (default 6)
+    degrade: str | None = None  # link_degraded: width (default) | speed
+
+    def validate(self, path: str, source: str) -> None:
+        """Checks that need no cluster; Scenario.validate checks names and ranges against it."""
+        def fail(key: str, problem: str) -> ConfigError:
+            return ConfigError(f"{source}: {path}.{key}: {problem}" if path else f"{source}: {key}: {problem}")
+
+        if self.kind not in KINDS:
+            raise fail("kind", f"unknown fault kind {self.kind!r} (known: {', '.join(KINDS)})")
+        target = KINDS[self.kind][0]
+        takes = set(_TAKES[target])
+        if self.kind == "link_flap":
+            takes.add("period")
+        if self.kind == "link_degraded":
+            takes.add("degrade")
+        for key in _OPTIONAL:
+            if getattr(self, key) is not None and key not in takes:
+                raise fail(key, f"does not apply to {self.kind}")
+        required = {"link": ("node",) if self.kind == "pfc_storm" else ("node", "rail"),
+                    "leaf": ("unit", "rail"), "nvlink": ("node", "gpu", "link"), "gpu": ("node", "gpu"),
+                    "config": ("node",), "node": ("node",)}[target]
+        for key in required:
+            if getattr(self, key) is None:
+                raise fail(key, f"required for {self.kind}")
+        if self.start < 0:
+            raise fail("start", f"must be >= 0, got {self.start}")
+        if self.end is not None and self.end <= self.start:
+            raise fail("end", f"must be after start ({self.start}), got {self.end}")
+        if self.rail is not None and not 0 <= self.rail < NRAILS:
+            raise fail("rail", f"rails are 0..{NRAILS - 1}, got {self.rail}")
+        if self.gpu is not None and not 0 <= self.gpu < NGPU:
+            raise fail("gpu", f"GPUs are 0..{NGPU - 1}, got {self.gpu}")
+        if self.link is not None and not 0 <= self.link < NVLINKS:
+            raise fail("link", f"NVLinks are 0..{NVLINKS - 1}, got {self.link}")
+        if self.unit is not None and self.unit < 0:
+            raise fail("unit", f"must be >= 0, got {self.unit}")
+        if self.magnitude is not None and not self.magnitude > 0:
+            raise fail("magnitude", f"must be > 0, got {self.magnitude}")
+        if self.kind in ("leaf_degraded", "ecn_congestion", "pfc_storm") and self.magnitude is not None \
+                and self.magnitude > 1:
+            raise fail("magnitude", f"is a bandwidth/pause share for {self.kind}: must be <= 1, got {self.magnitude}")
+        if self.priority != 3:
+            raise fail("priority", f"only the RoCE priority 3 is simulated, got {self.priority}")
+        if self.period is not None and self.period < 2:
+            raise fail("period", f"must be >= 2 seconds, got {self.period}")
+        if self.degrade is not None and self.degrade not in ("width", "speed"):
+            raise fail("degrade", f"must be width or speed, got {self.degrade!r}")
+
+    # -- derived ---------------------------------------------------------------------------
+    @property
+    def mag(self) -> float:
+        return self.magnitude if self.magnitude is not None else MAGNITUDE[self.kind]
+
+    def active(self, t: float) -> bool:
+        return self.start <= t and (self.end is None or t < self.end)
+
+    @property
+    def device_index(self) -> int | None:
+        """The faulted NIC (0..7 rail NICs, 8 the frontend), None for non-NIC kinds or all-NIC drift."""
+        if KINDS[self.kind][0] != "link" and self.kind != "config_drift":
+            return None
+        if self.rail is None:
+            return FRONTEND if self.kind == "pfc_storm" else None
+        return self.rail
+
+
+@dataclass(frozen=True)
+class GroundTruth:
+    """What a detector should find for one fault (component ids of DESIGN.md)."""
+
+    kind: str
+    component_type: str | None
+    component: str | None
+    start: float
+    end: float | None
+    alertname: str | None
+    node: str | None = None
+    rail: int | None = None
+    leaf: str | None = None
+    gpu: int | None = None
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("kind", "component_type", "component", "alertname", "start", "end",
+                                              "node", "rail", "leaf", "gpu")}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    cluster: ClusterSpec = field(default_factory=ClusterSpec)
+    duration: float = 600.0
+    faults: tuple[Fault, ...] = ()
+
+    def validate(self, path: str, source: str) -> None:
+        if not self.duration > 0:
+            raise ConfigError(f"{source}: duration: must be > 0, got {self.duration}")
+        names = set(self.cluster.node_names()) if self.cluster.nodes <= 100000 else set()
+        n = self.cluster.nodes
+        for i, f in enumerate(self.faults):
+            p = f"faults[{i}]"
+            if f.node is not None and f.node not in names:
+                hint = f" (nodes are {node_name(0, n)}..{node_name(n - 1, n)})"
+                raise ConfigError(f"{source}: {p}.node: {f.node} is not in a {n}-node cluster{hint}")
+            if f.unit is not None and f.unit >= self.cluster.units:
+                raise ConfigError(f"{source}: {p}.unit: unit {f.unit} is not in a {n}-node cluster of "
+                                  f"{self.cluster.units} unit(s) of {self.cluster.nodes_per_unit} nodes")
+            if f.start >= self.duration:
+                raise ConfigError(f"{source}: {p}.start: {f.start} is not before the end of the scenario "
+                                  f"(duration {self.duration}): the fault would never happen")
+            if self.cluster.layout == "ib":
+                if f.kind == "config_drift":
+                    raise ConfigError(f"{source}: {p}.kind: config_drift needs layout roce (IB rail NICs have "
+                                      "no PFC/ECN profile)")
+                if f.kind == "pfc_storm" and f.rail is not None:
+                    raise ConfigError(f"{source}: {p}.rail: pfc_storm needs an Ethernet (RoCE) port; on layout ib "
+                                      "omit rail to storm on the frontend NIC mlx5_8")
+            elif f.kind == "pfc_storm" and f.rail is None:
+                pass  # the frontend NIC is Ethernet in both layouts
+
+    # -- Python API ----------------------------------------------------------------------------
+    def with_fault(self, kind: str, **kw) -> Scenario:
+        """A copy with one more fault, validated like a file entry."""
+        fault = Fault(kind=kind, **kw)
+        fault.validate(f"faults[{len(self.faults)}]", "<api>")
+        scn = replace(self, faults=self.faults + (fault,))
+        scn.validate("", "<api>")
+        return scn
+
+    def active_faults(self, t: float) -> list[Fault]:
+        return [f for f in self.faults if f.active(t)]
+
+    def unit_of(self, node: str) -> int:
+        return self.node_index(node) // self.cluster.nodes_per_unit
+
+    def node_index(self, node: str) -> int:
+        return int(node.rsplit("-", 1)[1])
+
+    def ground_truth(self) -> list[GroundTruth]:
+        return [ground_truth(f, self.cluster) for f in self.faults]
+
+    def to_dict(self) -> dict:
+        out_faults = []
+        for f in self.faults:
+            d = {"kind": f.kind, "start": f.start}
+            for key in _OPTIONAL:
+                v = getattr(f, key)
+                if v is not None:
+                    d[key] = v
+            if f.priority != 3:
+                d["priority"] = f.priority
+            out_faults.append(d)
+        c = self.cluster
+        return {"cluster": {"nodes": c.nodes, "layout": c.layout, "nodes_per_unit": c.nodes_per_unit, "seed": c.seed},
+                "duration": self.duration, "faults": out_faults}
+
+
+def ground_truth(f: Fault, cluster: ClusterSpec) -> GroundTruth:
+    target, ctype, alert = KINDS[f.kind]
+    end = f.end
+    if ctype is None:
+        return GroundTruth(f.kind, None, None, f.start, end, None, node=f.node)
+    if target == "leaf":
+        leaf = leaf_id(f.unit, f.rail)
+        return GroundTruth(f.kind, "leaf", leaf, f.start, end, alert, rail=f.rail, leaf=leaf)
+    unit = int(f.node.rsplit("-", 1)[1]) // cluster.nodes_per_unit
+    if target == "link":
+        dev = f.device_index
+        rail = dev if dev is not None and dev != FRONTEND else None
+        return GroundTruth(f.kind, "link", link_id(f.node, f"mlx5_{dev}", 1), f.start, end, alert, node=f.node,
+                           rail=rail, leaf=leaf_id(unit, rail) if rail is not None else None)
+    if target == "config":
+        comp = nic_id(f.node, f"mlx5_{f.rail}") if f.rail is not None else f.node
+        return GroundTruth(f.kind, "config", comp, f.start, end, alert, node=f.node, rail=f.rail,
+                           leaf=leaf_id(unit, f.rail) if f.rail is not None else None)
+    if target == "nvlink":
+        return GroundTruth(f.kind, "nvlink", nvlink_id(f.node, f.gpu, f.link), f.start, end, alert, node=f.node,
+                           gpu=f.gpu)
+    return GroundTruth(f.kind, "gpu", gpu_id(f.node, f.gpu), f.start, end, alert, node=f.node, gpu=f.gpu)
+
+
+def scenario_from_dict(data: dict, source: str = "<scenario>") -> Scenario:
+    return build(Scenario, data, "", source)
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    return scenario_from_dict(load_yaml_file(path), str(path))
+
+
+def _round(x: float) -> float:
+    return float(round(x, 3))
+
+
+def default_scenario(nodes: int = 64, duration: float = 600.0, *, layout: str = "ib", nodes_per_unit: int = 16,
+                     seed: int = 7) -> Scenario:
+    """DESIGN "Demo default scenario": quiet until 25%, a flaky cable 25%..60% on one node's rail 3,
+    a leaf degradation 45%..80% (another unit when there are two or more), all clear after 80%."""
+    cluster = ClusterSpec(nodes=nodes, layout=layout, nodes_per_unit=nodes_per_unit, seed=seed)
+    flaky = min(17, nodes - 1)
+    unit = flaky // nodes_per_unit
+    leaf_unit = (unit + 1) % cluster.units if cluster.units >= 2 else 0
+    faults = (
+        Fault("flaky_cable", node=node_name(flaky, nodes), rail=3, start=_round(0.25 * duration),
+              end=_round(0.60 * duration)),
+        Fault("leaf_degraded", unit=leaf_unit, rail=5, start=_round(0.45 * duration), end=_round(0.80 * duration)),
+    )
+    scn = Scenario(cluster, float(duration), faults)
+    scn.validate("", "<default>")
+    return scn
+
+
+def random_scenario(seed: int, nodes: int = 64, duration: float = 300.0, *, layout: str | None = None,
+                    nodes_per_unit: int = 16, max_faults: int = 2, p_none: float = 0.15) -> Scenario:
+    """A random scenario for the detection benchmark: usually 1-2 faults of random kinds at random
+    components and times, sometimes none (p_none); the ground truth is ``scenario.ground_truth()``."""
+    rng = random.Random(seed)
+    layout = layout or rng.choice(("ib", "roce"))
+    cluster = ClusterSpec(nodes=nodes, layout=layout, nodes_per_unit=nodes_per_unit, seed=seed)
+    kinds = [k for k in KINDS if not (layout == "ib" and k == "config_drift")]
+    count = 0 if rng.random() < p_none else rng.randint(1, max_faults)
+    faults = []
+    for _ in range(count):
+        kind = rng.choice(kinds)
+        node = node_name(rng.randrange(nodes), nodes)
+        start = _round(rng.uniform(0.1, 0.6) * duration)
+        end = _round(min(duration, start + rng.uniform(0.15, 0.35) * duration))
+        target = KINDS[kind][0]
+        kw: dict = {"start": start}
+        if target != "node":
+            kw["end"] = end
+        if target == "link":
+            kw["node"] = node
+            if not (kind == "pfc_storm" and layout == "ib"):
+                kw["rail"] = rng.randrange(NRAILS)
+        elif target == "leaf":
+            kw.update(unit=rng.randrange(cluster.units), rail=rng.randrange(NRAILS))
+        elif target == "nvlink":
+            kw.update(node=node, gpu=rng.randrange(NGPU), link=rng.randrange(NVLINKS))
+        elif target == "gpu":
+            kw.update(node=node, gpu=rng.randrange(NGPU))
+        elif target == "config":
+            kw["node"] = node
+            if rng.random() < 0.7:
+                kw["rail"] = rng.randrange(NRAILS)
+        else:
+            kw["node"] = node
+        faults.append(Fault(kind, **kw))
+    scn = Scenario(cluster, float(duration), tuple(faults))
+    scn.validate("", f"<random seed {seed}>")
+    for i, f in enumerate(scn.faults):
+        f.validate(f"faults[{i}]", f"<random seed {seed}>")
+    return scn

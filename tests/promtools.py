@@ -1,0 +1,282 @@
+"""Start and stop real Prometheus / Alertmanager (and find promtool/amtool) for tests.
+
+Everything runs on 127.0.0.1, on free ports, in temporary directories; processes are
+stopped by PID and every wait polls with a deadline.  A missing binary makes the
+calling test skip with a visible reason (CI installs them: Debian packages
+``prometheus`` and ``prometheus-alertmanager``).
+
+Usage::
+
+    with running_alertmanager(config_text, tmp_path) as am:
+        am.post_alerts([...]); am.get_alerts()
+    with running_prometheus(tmp_path, scrape_targets=["127.0.0.1:9720"],
+                            rule_files=[...], alertmanagers=[am.address]) as prom:
+        prom.wait_for_query('up == 1', deadline=10)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Binary names, first found wins (Debian names the Alertmanager binary differently).
+PROMETHEUS = ("prometheus",)
+PROMTOOL = ("promtool",)
+ALERTMANAGER = ("prometheus-alertmanager", "alertmanager")
+AMTOOL = ("amtool",)
+
+
+def find_binary(names: Sequence[str]) -> str | None:
+    for name in names:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def require_binary(names: Sequence[str]) -> str:
+    """Path of the first binary found, or skip the test saying which is missing."""
+    path = find_binary(names)
+    if path is None:
+        pytest.skip(f"{' / '.join(names)} not installed (CI installs it; apt-get install "
+                    f"prometheus prometheus-alertmanager)")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate: Callable[[], Any], deadline: float, what: str, interval: float = 0.05) -> Any:
+    """Poll ``predicate`` until it returns a truthy value or ``deadline`` seconds pass."""
+    end = time.monotonic() + deadline
+    last_exc: BaseException | None = None
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except (OSError, urllib.error.URLError, ValueError) as exc:  # not up yet
+            last_exc = exc
+        if time.monotonic() >= end:
+            raise TimeoutError(f"timed out after {deadline}s waiting for {what}"
+                               + (f" (last error: {last_exc})" if last_exc else ""))
+        time.sleep(interval)
+
+
+def http(method: str, url: str, body: Any = None, timeout: float = 5.0) -> tuple[int, Any]:
+    data = None
+    headers = {}
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read()
+            status = resp.status
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        status = exc.code
+    try:
+        return status, json.loads(raw) if raw else None
+    except json.JSONDecodeError:
+        return status, raw.decode(errors="replace")
+
+
+@dataclass
+class Service:
+    name: str
+    proc: subprocess.Popen
+    port: int
+    workdir: Path
+    log_path: Path
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+    def stop(self, grace: float = 10.0) -> None:
+        if self.proc.poll() is not None:
+            return
+        os.kill(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=grace)
+
+
+def _start(name: str, argv: list[str], port: int, workdir: Path, ready_path: str, deadline: float) -> Service:
+    log_path = workdir / f"{name}.log"
+    log = open(log_path, "wb")  # noqa: SIM115 (closed when the process ends)
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=workdir, start_new_session=True)
+    log.close()
+    svc = Service(name, proc, port, workdir, log_path)
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}:\n{svc.log()}")
+        status, _ = http("GET", f"{svc.url}{ready_path}", timeout=1.0)
+        return status == 200
+
+    try:
+        wait_until(ready, deadline, f"{name} ready on {svc.address}")
+    except BaseException:
+        svc.stop()
+        raise
+    return svc
+
+
+# ---------------------------------------------------------------- Alertmanager
+
+class Alertmanager(Service):
+    def post_alerts(self, alerts: list[dict]) -> None:
+        status, body = http("POST", f"{self.url}/api/v2/alerts", alerts)
+        if status != 200:
+            raise RuntimeError(f"POST /api/v2/alerts -> {status}: {body}")
+
+    def get_alerts(self, **filters: str) -> list[dict]:
+        query = "&".join(f"filter={urllib.parse.quote(f'{k}={json.dumps(v)}')}" for k, v in filters.items())
+        status, body = http("GET", f"{self.url}/api/v2/alerts" + (f"?{query}" if query else ""))
+        if status != 200:
+            raise RuntimeError(f"GET /api/v2/alerts -> {status}: {body}")
+        return body
+
+
+def start_alertmanager(config: str | dict, workdir: Path, deadline: float = 20.0) -> Alertmanager:
+    binary = require_binary(ALERTMANAGER)
+    workdir.mkdir(parents=True, exist_ok=True)
+    cfg = workdir / "alertmanager.yml"
+    cfg.write_text(config if isinstance(config, str) else yaml.safe_dump(config))
+    (workdir / "am-data").mkdir(exist_ok=True)
+    port = free_port()
+    argv = [binary, f"--config.file={cfg}", f"--storage.path={workdir / 'am-data'}",
+            f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
+            "--log.level=info"]
+    svc = _start("alertmanager", argv, port, workdir, "/-/ready", deadline)
+    return Alertmanager(svc.name, svc.proc, svc.port, svc.workdir, svc.log_path)
+
+
+@contextlib.contextmanager
+def running_alertmanager(config: str | dict, workdir: Path, deadline: float = 20.0) -> Iterator[Alertmanager]:
+    am = start_alertmanager(config, workdir, deadline)
+    try:
+        yield am
+    finally:
+        am.stop()
+
+
+# ---------------------------------------------------------------- Prometheus
+
+class Prometheus(Service):
+    def query(self, expr: str) -> list[dict]:
+        status, body = http("GET", f"{self.url}/api/v1/query?query={urllib.parse.quote(expr)}")
+        if status != 200 or body.get("status") != "success":
+            raise RuntimeError(f"query {expr!r} -> {status}: {body}")
+        return body["data"]["result"]
+
+    def wait_for_query(self, expr: str, deadline: float = 10.0) -> list[dict]:
+        """Poll until ``expr`` returns a non-empty vector (the first sample lags /-/ready)."""
+        return wait_until(lambda: self.query(expr), deadline, f"PromQL {expr!r} non-empty", interval=0.2)
+
+    def alerts(self) -> list[dict]:
+        status, body = http("GET", f"{self.url}/api/v1/alerts")
+        if status != 200:
+            raise RuntimeError(f"GET /api/v1/alerts -> {status}: {body}")
+        return body["data"]["alerts"]
+
+
+def prometheus_config(scrape_targets: Sequence[str] = (), *, job: str = "fabricmon-agent",
+                      scrape_interval: str = "1s", evaluation_interval: str = "1s",
+                      rule_files: Sequence[str | Path] = (), alertmanagers: Sequence[str] = (),
+                      external_labels: dict[str, str] | None = None,
+                      target_labels: dict[str, str] | None = None,
+                      extra_scrape_configs: Sequence[dict] = ()) -> dict:
+    """A prometheus.yml as a dict, with the settings deploy/README.md recommends (honor_labels)."""
+    cfg: dict[str, Any] = {
+        "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval,
+                   "external_labels": dict(external_labels or {})},
+        "rule_files": [str(p) for p in rule_files],
+        "scrape_configs": [],
+    }
+    if scrape_targets:
+        static: dict[str, Any] = {"targets": list(scrape_targets)}
+        if target_labels:
+            static["labels"] = dict(target_labels)
+        # honor_labels: the agent's own `node` and training-job `job` labels must win.
+        cfg["scrape_configs"].append({"job_name": job, "honor_labels": True, "static_configs": [static]})
+    cfg["scrape_configs"].extend(extra_scrape_configs)
+    if alertmanagers:
+        cfg["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": list(alertmanagers)}]}]}
+    return cfg
+
+
+def start_prometheus(workdir: Path, config: dict | None = None, deadline: float = 20.0, **kwargs: Any) -> Prometheus:
+    """Start Prometheus with ``config`` (a dict) or ``prometheus_config(**kwargs)``."""
+    binary = require_binary(PROMETHEUS)
+    workdir.mkdir(parents=True, exist_ok=True)
+    cfg = workdir / "prometheus.yml"
+    cfg.write_text(yaml.safe_dump(config if config is not None else prometheus_config(**kwargs), sort_keys=False))
+    port = free_port()
+    argv = [binary, f"--config.file={cfg}", f"--storage.tsdb.path={workdir / 'prom-data'}",
+            f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle", "--log.level=info"]
+    svc = _start("prometheus", argv, port, workdir, "/-/ready", deadline)
+    return Prometheus(svc.name, svc.proc, svc.port, svc.workdir, svc.log_path)
+
+
+@contextlib.contextmanager
+def running_prometheus(workdir: Path, config: dict | None = None, deadline: float = 20.0,
+                       **kwargs: Any) -> Iterator[Prometheus]:
+    prom = start_prometheus(workdir, config, deadline, **kwargs)
+    try:
+        yield prom
+    finally:
+        prom.stop()
+
+
+# ---------------------------------------------------------------- promtool / amtool
+
+def run_tool(names: Sequence[str], *args: str | Path, timeout: float = 120.0,
+             cwd: Path | None = None) -> subprocess.CompletedProcess:
+    binary = require_binary(names)
+    return subprocess.run([binary, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+def promtool(*args: str | Path, timeout: float = 120.0, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return run_tool(PROMTOOL, *args, timeout=timeout, cwd=cwd)
+
+
+def amtool(*args: str | Path, timeout: float = 60.0, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return run_tool(AMTOOL, *args, timeout=timeout, cwd=cwd)
