@@ -109,3 +109,15 @@ def test_poll_within_one_tick_keeps_baseline() -> None:
     assert not [r for r in src.poll(_inv()).readings if r.family == "fabricmon_host_cpu_utilization_ratio"]
     (cpu,) = [r for r in src.poll(_inv()).readings if r.family == "fabricmon_host_cpu_utilization_ratio"]
     assert cpu.value == 0.5
+
+
+def test_constructed_from_agent_config() -> None:
+    from dataclasses import replace
+
+    from fabricmon.config import AgentConfig, HostSource as HostConfig, Sources
+
+    cfg = AgentConfig(sources=replace(Sources(), host=HostConfig(timeout=0.25)))
+    src = HostSource(cfg)
+    assert src.name == "host" and src.timeout == 0.25
+    assert HostSource().timeout == HostConfig().timeout
+    assert HostSource(cfg, timeout=1.5).timeout == 1.5

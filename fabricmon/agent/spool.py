@@ -173,6 +173,10 @@ class MemorySpool:
             self._forget(s)
         return len(done)
 
+    def discard(self, seq: int) -> None:
+        """Remove one entry (a batch the aggregator rejected as malformed)."""
+        self._forget(seq)
+
     def _forget(self, seq: int) -> None:
         with self._lock:
             size = self._items.pop(seq, None)

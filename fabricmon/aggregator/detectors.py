@@ -56,7 +56,7 @@ PHYS_NAMES = {1: "Sleep", 2: "Polling", 3: "Disabled", 4: "PortConfigurationTrai
 class LinkState:
     __slots__ = ("id", "node", "device", "port", "netdev", "rail", "unit", "leaf", "nic", "gpu",
                  "exp_gbps", "exp_width", "state", "phys", "rate_bps", "width", "ev", "down_since",
-                 "trans", "degraded_since", "cand_since", "labels", "last_down")
+                 "trans", "degraded_since", "cand_since", "labels", "seen_up")
 
     def __init__(self, node: str, device: str, port: str, netdev: str, rail: int | None, unit: int | None,
                  leaf: str, gpu: int, exp_gbps: float | None, exp_width: int | None, cluster: str) -> None:
@@ -74,7 +74,7 @@ class LinkState:
         self.trans: deque = deque()  # sample times of up -> down transitions
         self.degraded_since: float | None = None
         self.cand_since: float | None = None  # first tick this link was a fold candidate
-        self.last_down: float | None = None
+        self.seen_up = False
         lab = {"node": node}
         if rail is not None:
             lab["rail"] = str(rail)

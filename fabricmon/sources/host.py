@@ -11,6 +11,8 @@ from typing import Any
 
 import psutil
 
+from ..config import AgentConfig
+from ..config import HostSource as HostConfig
 from ..model import Semantics, SourceResult, reading
 from .inventory import Inventory
 
@@ -40,7 +42,17 @@ class HostSource:
 
     name = "host"
 
-    def __init__(self, timeout: float = 0.5, cpu_times: Callable[[], Any] = psutil.cpu_times) -> None:
+    def __init__(
+        self,
+        cfg: AgentConfig | None = None,
+        *,
+        timeout: float | None = None,
+        cpu_times: Callable[[], Any] = psutil.cpu_times,
+    ) -> None:
+        # Same construction as the other sources (runtime passes the AgentConfig);
+        # an explicit timeout wins over the config's.
+        if timeout is None:
+            timeout = cfg.sources.host.timeout if cfg is not None else HostConfig().timeout
         self.timeout = timeout
         self._cpu_times = cpu_times
         self._last_cpu: tuple[float, float] | None = None

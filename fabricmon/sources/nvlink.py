@@ -157,7 +157,8 @@ def _text(value: Any) -> str:
 
 
 def _handle_key(handle: Any) -> Any:
-    """A hashable identity for an nvmlDevice_t (a ctypes pointer, unhashable by address)."""
+    """A hashable identity for an nvmlDevice_t: ctypes pointers hash by object, not by address,
+    and an event's ``device`` is a new pointer object to the same device."""
     try:
         return ctypes.cast(handle, ctypes.c_void_p).value
     except (TypeError, ctypes.ArgumentError):
@@ -244,7 +245,11 @@ class PynvmlBackend:
         nv = self._nv
         self._call(None, nv.nvmlInit)
         self._initialized = True
-        self._count = int(self._call(None, nv.nvmlDeviceGetCount))
+        try:
+            self._count = int(self._call(None, nv.nvmlDeviceGetCount))
+        except NvmlError:
+            self.shutdown()  # nvmlInit is reference counted: the retry must not leak one
+            raise
         self._static.clear()
         self._handle_index.clear()
         # XID events: one set for all GPUs, drained without waiting at every poll.

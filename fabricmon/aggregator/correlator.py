@@ -1,0 +1,306 @@
+"""Localize slow ranks over the topology and fuse counter evidence per component.
+
+Evidence fusion: every detector finding (raised or still kept) adds a
+log-likelihood ratio to its component; link evidence also counts for the NIC,
+NVLink evidence for its GPU, GPU clock-throttle reasons (thermal, power brake)
+for the GPU.  ``suspicion = sigmoid(prior + sum LLR)`` is exported per
+component.
+
+Topology vote (rail-optimized rules of DESIGN.md) over the persistent
+stragglers of each job:
+
+* most ranks of one host late together -> the node;
+* ranks on several hosts of one (unit, rail) -> their leaf;
+* one (host, GPU) -> its GPU, NIC, link or NVLinks, whichever carries evidence.
+
+A group whose best component carries at least medium evidence becomes
+``SlowRanksSharedComponent`` on that component (the hurt jobs and ranks are
+also attached to the component's own fabric incidents).  A group with clean
+counters on every network component of its path becomes ``StragglerRank``
+on the GPU (or node / leaf) with "no fabric evidence found" in the description:
+a compute straggler, not a fabric fault.  A whole pipeline stage late becomes
+``StageImbalance`` (info), never a fabric alert.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+from ..topology import Topology, gpu_id, leaf_id, link_id, nic_id
+from .config import DetectionSettings
+from .incidents import Finding
+from .stragglers import StragglerReport
+
+ALERT_LLR = {
+    "FabricLinkDown": 6.0,
+    "GPUXidFatal": 6.0,
+    "NVLinkDown": 5.0,
+    "FabricLeafDegraded": 4.0,
+    "FabricLinkErrors": 3.0,
+    "FabricLinkFlapping": 3.0,
+    "FabricLinkDegraded": 3.0,
+    "RDMARetransmits": 3.0,
+    "FabricPFCStorm": 3.0,
+    "NVLinkErrors": 3.0,
+    "FabricConfigDrift": 2.0,
+    "FabricCongestion": 1.5,
+}
+THROTTLE_LLR = 3.0
+NETWORK_TYPES = ("link", "nic", "leaf", "rail", "spine", "config")
+EVIDENCE_ALERTS = frozenset(ALERT_LLR)
+
+
+@dataclass
+class CorrelationResult:
+    findings: list[Finding]
+    suspicion: dict[tuple[str, str], float]  # (component_type, component) -> probability
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def component_type_of(component: str) -> str:
+    if component.startswith("leaf-"):
+        return "leaf"
+    if component.startswith("rail"):
+        return "rail"
+    if component.startswith("spine-"):
+        return "spine"
+    parts = component.split("/")
+    if len(parts) == 1:
+        return "node"
+    if len(parts) == 3:
+        return "nvlink" if parts[1].startswith("gpu") else "link"
+    return "gpu" if parts[1].startswith("gpu") else "nic"
+
+
+def correlate(
+    topo: Topology,
+    settings: DetectionSettings,
+    findings: list[Finding],
+    report: StragglerReport,
+    throttled: dict[str, set[str]],
+    fresh_nodes: set[str],
+    cluster: str,
+) -> CorrelationResult:
+    """``throttled``: gpu id -> active slow-down reasons; ``fresh_nodes``: nodes with recent counters."""
+    s = settings
+    llr: dict[str, float] = defaultdict(float)
+    why: dict[str, list[str]] = defaultdict(list)
+    for f in findings:
+        v = ALERT_LLR.get(f.alertname)
+        if v is None or not (f.fire or f.keep):
+            continue
+        comps = [f.component]
+        if f.component_type == "link":
+            node, dev, _ = f.component.split("/", 2)
+            comps.append(nic_id(node, dev))
+        elif f.component_type == "nvlink":
+            comps.append(f.component.rsplit("/", 1)[0])
+        for c in comps:
+            llr[c] += v
+            why[c].append(f.alertname)
+    for gid, reasons in throttled.items():
+        if reasons:
+            llr[gid] += THROTTLE_LLR
+            why[gid].append("GPU throttle " + "+".join(sorted(reasons)))
+
+    out: list[Finding] = []
+    # --- hurt ranks: attach flagged ranks to findings on their path ---
+    by_comp: dict[str, set[tuple[str, int]]] = defaultdict(set)
+    for (job, rank), (node, gpu) in report.slowish.items():
+        if node not in topo.nodes:
+            continue
+        for c in _path(topo, node, gpu):
+            by_comp[c].add((job, rank))
+    if by_comp:
+        for f in findings:
+            if f.alertname not in EVIDENCE_ALERTS:
+                continue
+            comp = f.component
+            if f.component_type == "nvlink":
+                comp = comp.rsplit("/", 1)[0]
+            hurt = by_comp.get(comp)
+            if hurt:
+                f.ranks = tuple(sorted({r for _, r in hurt} | set(f.ranks)))
+                f.jobs = tuple(sorted({j for j, _ in hurt} | set(f.jobs)))
+
+    # --- localize persistent stragglers per job ---
+    shared: dict[str, dict] = {}
+    by_job: dict[str, list] = defaultdict(list)
+    for st in report.stragglers:
+        by_job[st.job].append(st)
+    for job, lst in by_job.items():
+        groups = _group(topo, lst)
+        for kind, comp, members in groups:
+            cands = _candidates(topo, kind, comp, members)
+            best, best_v = None, 0.0
+            for c in cands:
+                v = llr.get(c, 0.0)
+                if v > best_v:
+                    best, best_v = c, v
+            ranks = tuple(sorted(m.rank for m in members))
+            if best is not None and best_v >= s.medium_evidence:
+                ent = shared.setdefault(best, {"ranks": set(), "jobs": set(), "why": why[best], "v": best_v})
+                ent["ranks"].update(ranks)
+                ent["jobs"].add(job)
+                continue
+            net = [c for c in cands if component_type_of(c) in NETWORK_TYPES and llr.get(c, 0.0) > 0]
+            nodes = {m.node for m in members}
+            lab = _labels(topo, kind, comp, members, cluster)
+            lab["job"] = job
+            late = max(m.late_frac for m in members)
+            ev = [f"{len(ranks)} rank(s) late {late * 100:.1f}% of step in "
+                  f"{s.straggler_persist}+ of last {s.straggler_window} steps ({members[0].kind})"]
+            if not net:
+                if nodes <= fresh_nodes:
+                    desc = "no fabric evidence found: counters clean on " + ", ".join(
+                        sorted(c for c in cands if component_type_of(c) in NETWORK_TYPES)[:6])
+                else:
+                    desc = "no fabric evidence found (some nodes sent no recent counters)"
+                gpu_why = [w for c in cands for w in why.get(c, []) if w.startswith("GPU throttle")]
+                if gpu_why:
+                    desc += "; " + "; ".join(sorted(set(gpu_why)))
+                desc += "; likely a compute straggler (GPU, host or input pipeline)"
+            else:
+                desc = "weak fabric evidence only: " + ", ".join(f"{c} ({'+'.join(why[c])})" for c in net[:4])
+            out.append(Finding("StragglerRank", kind if kind != "rank" else "gpu", comp, lab, ev,
+                               hold_s=s.straggler_hold_s, ranks=ranks, jobs=(job,), description=desc))
+    for comp, ent in shared.items():
+        ctype = component_type_of(comp)
+        lab = _labels_for_component(topo, comp, ctype, cluster)
+        jobs = sorted(ent["jobs"])
+        if len(jobs) == 1:
+            lab["job"] = jobs[0]
+        out.append(Finding(
+            "SlowRanksSharedComponent", ctype, comp, lab,
+            [f"{len(ent['ranks'])} slow rank(s) share {comp}", "evidence: " + ", ".join(sorted(set(ent["why"])))],
+            hold_s=s.straggler_hold_s, ranks=tuple(sorted(ent["ranks"])), jobs=tuple(jobs),
+            description=f"slow ranks of {', '.join(jobs)} localized to {comp} (log-odds {ent['v']:.1f})"))
+    for sl in report.stages:
+        comp = sl.job if sl.stage < 0 else f"{sl.job}/stage{sl.stage}"
+        lab = {"job": sl.job}
+        if cluster:
+            lab["cluster"] = cluster
+        desc = ("whole pipeline stage late with clean counters: a partition imbalance, not a fabric fault"
+                if sl.stage >= 0 else "many ranks late together in every step: load imbalance, not a fabric fault")
+        out.append(Finding("StageImbalance", "job", comp, lab,
+                           [f"stage {sl.stage} median compute +{sl.late_frac * 100:.1f}% of step"] if sl.stage >= 0
+                           else ["more than a quarter of the ranks late together, persistently"],
+                           hold_s=s.straggler_hold_s, ranks=sl.ranks[:64], jobs=(sl.job,), description=desc,
+                           severity="info"))
+    prior = s.prior_log_odds
+    suspicion = {(component_type_of(c), c): _sigmoid(prior + v) for c, v in llr.items() if v > 0}
+    for comp, ent in shared.items():
+        key = (component_type_of(comp), comp)
+        suspicion[key] = _sigmoid(prior + ent["v"] + 4.0)
+    return CorrelationResult(out, suspicion)
+
+
+def _path(topo: Topology, node: str, gpu: int) -> list[str]:
+    p = topo.path_of_gpu(node, gpu)
+    return [v for k, v in p.items() if k != "rail"]
+
+
+def _group(topo: Topology, lst: list) -> list[tuple[str, str, list]]:
+    """Split one job's persistent stragglers into (kind, component, members)."""
+    groups: list[tuple[str, str, list]] = []
+    by_node: dict[str, list] = defaultdict(list)
+    for st in lst:
+        by_node[st.node].append(st)
+    rest = []
+    for node, members in by_node.items():
+        spec = topo.nodes.get(node)
+        gpus = {m.gpu for m in members}
+        if spec is not None and len(gpus) >= max(2, math.ceil(0.75 * spec.gpus)):
+            groups.append(("node", node, members))
+        else:
+            rest.extend(members)
+    by_leaf: dict[str, list] = defaultdict(list)
+    singles = []
+    for m in rest:
+        nic = topo.nic_for_gpu(m.node, m.gpu) if m.node in topo.nodes else None
+        if nic is None:
+            singles.append(m)
+            continue
+        by_leaf[topo.leaf_of(m.node, nic.rail)].append(m)
+    for leaf, members in by_leaf.items():
+        if len({m.node for m in members}) >= 2:
+            groups.append(("leaf", leaf, members))
+        else:
+            singles.extend(members)
+    for m in singles:
+        groups.append(("gpu", gpu_id(m.node, m.gpu), [m]))
+    return groups
+
+
+def _candidates(topo: Topology, kind: str, comp: str, members: list) -> list[str]:
+    cands: list[str] = [comp]
+    for m in members:
+        if m.node not in topo.nodes:
+            continue
+        p = topo.path_of_gpu(m.node, m.gpu)
+        for k in ("link", "nic", "gpu", "leaf", "node"):
+            if k in p and p[k] not in cands:
+                cands.append(p[k])
+        # NVLinks of the GPU carry their evidence on the GPU id (see correlate)
+    if kind == "node" and comp in topo.nodes:
+        for nic in topo.nodes[comp].nics:
+            for c in (link_id(comp, nic.device, nic.port), nic_id(comp, nic.device)):
+                if c not in cands:
+                    cands.append(c)
+    return cands
+
+
+def _labels(topo: Topology, kind: str, comp: str, members: list, cluster: str) -> dict[str, str]:
+    lab: dict[str, str] = {}
+    m = members[0]
+    nodes = {x.node for x in members}
+    if len(nodes) == 1:
+        lab["node"] = m.node
+    if kind == "gpu":
+        lab["gpu"] = str(m.gpu)
+    nic = topo.nic_for_gpu(m.node, m.gpu) if m.node in topo.nodes else None
+    if nic is not None and kind in ("gpu", "leaf"):
+        lab["rail"] = str(nic.rail)
+        lab["leaf"] = topo.leaf_of(m.node, nic.rail)
+    if cluster:
+        lab["cluster"] = cluster
+    return lab
+
+
+def _labels_for_component(topo: Topology, comp: str, ctype: str, cluster: str) -> dict[str, str]:
+    lab: dict[str, str] = {}
+    if cluster:
+        lab["cluster"] = cluster
+    if ctype == "leaf":
+        lab["leaf"] = comp
+        try:
+            lab["rail"] = comp.rsplit("-r", 1)[1]
+        except IndexError:
+            pass
+        return lab
+    parts = comp.split("/")
+    node = parts[0]
+    lab["node"] = node
+    if node not in topo.nodes:
+        return lab
+    if ctype in ("link", "nic"):
+        nic = topo.nic(node, parts[1])
+        if nic is not None:
+            lab["rail"] = str(nic.rail)
+            lab["leaf"] = topo.leaf_of(node, nic.rail)
+    elif ctype in ("gpu", "nvlink"):
+        g = int(parts[1][3:])
+        lab["gpu"] = str(g)
+        nic = topo.nic_for_gpu(node, g)
+        if nic is not None:
+            lab["rail"] = str(nic.rail)
+            lab["leaf"] = topo.leaf_of(node, nic.rail)
+    return lab
+
+
+__all__ = ["ALERT_LLR", "CorrelationResult", "component_type_of", "correlate", "leaf_id"]

@@ -1,0 +1,362 @@
+"""The aggregator's gRPC side: ``fabricmon.v1.FabricStream`` on a ``grpc.aio`` server.
+
+One long-lived bidirectional stream per agent, all on one event loop (no
+thread per stream).  Per stream: authenticate (bearer token, constant-time
+compare; mTLS is enforced by the TLS layer), require a Hello first, keep the
+connection's series table, decode each Batch into a ``NodeBatch``, drop any
+seq already handled for that node (replays after a lost ack), hand the rest to
+the engine and ack.  Acks are cumulative.  Malformed input is answered with a
+Reject naming the reason and the stream is closed (INVALID_ARGUMENT); other
+agents' streams are untouched.
+
+Engine calls (``hello``, ``ingest``, ``disconnected``) run on the server's event
+loop thread, one at a time; pass ``lock`` (a ``threading.Lock``) if other
+threads (``tick``, the HTTP API) use the engine too, and every engine call is
+made holding it.
+
+``start_grpc_server`` runs the server on its own event loop in a background
+thread (tests, the demo, a threaded service); ``start_grpc_server_async``
+starts it on the running loop.  Both return a ``GrpcServer`` handle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import threading
+from collections.abc import AsyncIterator
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from ..batch import NodeBatch, NodeHello
+from ..proto import fabricmon_pb2 as pb
+from ..proto import fabricmon_pb2_grpc as pb_grpc
+from ..proto.codec import MalformedBatch, SeriesDecoder, hello_from_pb
+
+log = structlog.get_logger("fabricmon.grpc")
+
+SERVICE_NAME = "fabricmon.v1.FabricStream"
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+class EngineLike(Protocol):
+    def hello(self, hello: NodeHello) -> None: ...
+    def ingest(self, batch: NodeBatch) -> None: ...
+    def disconnected(self, node: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class ServerTls:
+    """PEM file paths: the server's ``cert`` (chain) and ``key``; with ``client_ca``
+    every agent must present a certificate signed by it (mTLS)."""
+
+    cert: str
+    key: str
+    client_ca: str | None = None
+
+
+def _ack(seq: int) -> pb.AggregatorMessage:
+    return pb.AggregatorMessage(ack=pb.Ack(seq=seq))
+
+
+def _reject(reason: str, seq: int = 0) -> pb.AggregatorMessage:
+    return pb.AggregatorMessage(reject=pb.Reject(reason=reason[:500], seq=seq))
+
+
+class FabricStreamServicer(pb_grpc.FabricStreamServicer):
+    def __init__(self, engine: EngineLike, *, token: str | None = None, lock: Any = None,
+                 hello_timeout: float = 10.0) -> None:
+        self.engine = engine
+        self._token = token.encode() if token else None
+        self._lock = lock if lock is not None else nullcontext()
+        self._hello_timeout = hello_timeout
+        self._last_seq: dict[str, int] = {}  # node -> highest seq handled (survives reconnects)
+        self._current: dict[str, int] = {}  # node -> generation of its live stream
+        self._gen = 0
+        self.counters = dict(streams_total=0, unauthenticated_total=0, rejected_total=0,
+                             batches_ingested_total=0, batches_duplicate_total=0, engine_errors_total=0)
+
+    # ------------------------------------------------------------ helpers
+
+    def connected_nodes(self) -> list[str]:
+        return sorted(self._current)
+
+    def _engine(self, fn, *args) -> bool:
+        try:
+            with self._lock:
+                fn(*args)
+            return True
+        except Exception as exc:  # an engine bug must not kill the stream or the server
+            self.counters["engine_errors_total"] += 1
+            log.error("engine_call_failed", call=getattr(fn, "__name__", "?"), error=f"{type(exc).__name__}: {exc}")
+            return False
+
+    def _check_token(self, context) -> str | None:
+        """None when authorized, else the reason."""
+        if self._token is None:
+            return None
+        auth = ""
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization":
+                auth = value if isinstance(value, str) else value.decode(errors="replace")
+                break
+        if not auth:
+            return "missing bearer token"
+        scheme, _, presented = auth.partition(" ")
+        if scheme.lower() != "bearer" or not presented:
+            return "authorization is not a bearer token"
+        if not hmac.compare_digest(presented.strip().encode(), self._token):
+            return "wrong bearer token"
+        return None
+
+    @staticmethod
+    def _identity(context) -> str:
+        try:
+            ac = context.auth_context() or {}
+            cn = ac.get("x509_common_name") or ac.get("x509_subject_alternative_name")
+            if cn:
+                return cn[0].decode(errors="replace")
+        except Exception:
+            pass
+        return ""
+
+    # ------------------------------------------------------------ the RPC
+
+    async def Stream(self, request_iterator: AsyncIterator[pb.AgentMessage], context) -> AsyncIterator[pb.AggregatorMessage]:
+        peer = context.peer()
+        reason = self._check_token(context)
+        if reason is not None:
+            self.counters["unauthenticated_total"] += 1
+            log.warning("stream_unauthenticated", peer=peer, reason=reason)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
+            return
+        self.counters["streams_total"] += 1
+        it = request_iterator.__aiter__()
+        try:
+            first = await asyncio.wait_for(it.__anext__(), self._hello_timeout)
+        except StopAsyncIteration:
+            return
+        except asyncio.TimeoutError:
+            log.warning("stream_refused", peer=peer, reason="no hello in time")
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no hello in time")
+            return
+        if first.WhichOneof("msg") != "hello":
+            reason = f"first message must be a hello, got {first.WhichOneof('msg') or 'nothing'}"
+            async for m in self._refuse(context, peer, "", reason):
+                yield m
+            return
+        try:
+            hello = hello_from_pb(first.hello)
+        except MalformedBatch as exc:
+            async for m in self._refuse(context, peer, first.hello.node[:200], str(exc)):
+                yield m
+            return
+        node = hello.node
+        self._gen += 1
+        gen = self._gen
+        previous = self._current.get(node)
+        self._current[node] = gen
+        log.info("stream_connected", peer=peer, node=node, identity=self._identity(context),
+                 agent_version=hello.agent_version, replaced_stream=previous is not None)
+        try:
+            self._engine(self.engine.hello, hello)
+            yield _ack(self._last_seq.get(node, 0))
+            decoder = SeriesDecoder()
+            while True:
+                try:
+                    msg = await it.__anext__()
+                except StopAsyncIteration:
+                    return
+                kind = msg.WhichOneof("msg")
+                if kind != "batch":
+                    async for m in self._refuse(context, peer, node, f"unexpected {kind or 'empty'} message after the hello"):
+                        yield m
+                    return
+                b = msg.batch
+                last = self._last_seq.get(node, 0)
+                if b.seq <= last:
+                    self.counters["batches_duplicate_total"] += 1
+                    yield _ack(last)
+                    continue
+                try:
+                    nb = decoder.decode(b, node)
+                except MalformedBatch as exc:
+                    async for m in self._refuse(context, peer, node, str(exc), b.seq):
+                        yield m
+                    return
+                self._engine(self.engine.ingest, nb)
+                self.counters["batches_ingested_total"] += 1
+                self._last_seq[node] = b.seq
+                yield _ack(b.seq)
+        finally:
+            if self._current.get(node) == gen:
+                del self._current[node]
+                self._engine(self.engine.disconnected, node)
+            log.info("stream_closed", peer=peer, node=node)
+
+    async def _refuse(self, context, peer: str, node: str, reason: str, seq: int = 0):
+        self.counters["rejected_total"] += 1
+        log.warning("stream_rejected", peer=peer, node=node, seq=seq, reason=reason)
+        yield _reject(reason, seq)
+        context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
+        context.set_details(reason[:500])
+
+
+# ---------------------------------------------------------------- server handle
+
+
+class GrpcServer:
+    """Handle of a running server.  ``stop()`` from any thread except the server's
+    own loop; ``await aclose()`` on the loop it runs on."""
+
+    def __init__(self) -> None:
+        self.server: grpc.aio.Server | None = None
+        self.servicer: FabricStreamServicer | None = None
+        self.health: Any = None
+        self.port: int = 0
+        self.host: str = ""
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def stats(self) -> dict[str, int]:
+        s = dict(self.servicer.counters) if self.servicer else {}
+        s["agents_connected"] = len(self.servicer.connected_nodes()) if self.servicer else 0
+        return s
+
+    async def aclose(self, grace: float = 2.0) -> None:
+        if self._closed or self.server is None:
+            return
+        self._closed = True
+        if self.health is not None:
+            await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+
+    def stop(self, grace: float = 2.0) -> None:
+        loop = self.loop
+        if loop is None or self._closed:
+            return
+        if self._thread is None:
+            raise RuntimeError("server runs on a caller's loop: use await handle.aclose()")
+        fut = asyncio.run_coroutine_threadsafe(self.aclose(grace), loop)
+        try:
+            fut.result(grace + 5.0)
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            self._thread.join(5.0)
+
+    async def wait_for_termination(self) -> None:
+        if self.server is not None:
+            await self.server.wait_for_termination()
+
+
+def _split_listen(listen: str) -> str:
+    host = listen.rpartition(":")[0]
+    return host.strip("[]") or "0.0.0.0"
+
+
+async def start_grpc_server_async(
+    engine: EngineLike,
+    listen: str,
+    token: str | None = None,
+    tls: ServerTls | None = None,
+    *,
+    lock: Any = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    hello_timeout: float = 10.0,
+    _handle: GrpcServer | None = None,
+) -> GrpcServer:
+    """Start on the running event loop; ``listen`` is HOST:PORT (port 0 picks one)."""
+    handle = _handle or GrpcServer()
+    options = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", 1024 * 1024),
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+        ("grpc.http2.max_ping_strikes", 3),
+        ("grpc.so_reuseport", 0),
+    ]
+    server = grpc.aio.server(options=options)
+    servicer = FabricStreamServicer(engine, token=token, lock=lock, hello_timeout=hello_timeout)
+    pb_grpc.add_FabricStreamServicer_to_server(servicer, server)
+    hs = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(hs, server)
+    if tls is not None:
+        creds = grpc.ssl_server_credentials(
+            [(Path(tls.key).read_bytes(), Path(tls.cert).read_bytes())],
+            root_certificates=Path(tls.client_ca).read_bytes() if tls.client_ca else None,
+            require_client_auth=tls.client_ca is not None,
+        )
+        port = server.add_secure_port(listen, creds)
+    else:
+        port = server.add_insecure_port(listen)
+    if not port:
+        raise RuntimeError(f"gRPC: cannot listen on {listen}")
+    await server.start()
+    await hs.set("", health_pb2.HealthCheckResponse.SERVING)
+    await hs.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+    handle.server, handle.servicer, handle.health = server, servicer, hs
+    handle.port, handle.host = port, _split_listen(listen)
+    handle.loop = asyncio.get_running_loop()
+    log.info("grpc_listening", address=handle.address, tls=tls is not None,
+             mtls=bool(tls and tls.client_ca), token=token is not None)
+    return handle
+
+
+def start_grpc_server(
+    engine: EngineLike,
+    listen: str,
+    token: str | None = None,
+    tls: ServerTls | None = None,
+    **kwargs: Any,
+) -> GrpcServer:
+    """Start the server on its own event loop in a background thread and return
+    once it listens (raises if it cannot).  Stop with ``handle.stop(grace)``."""
+    handle = GrpcServer()
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    error: list[BaseException] = []
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(start_grpc_server_async(engine, listen, token, tls, _handle=handle, **kwargs))
+        except BaseException as exc:  # report to the caller
+            error.append(exc)
+            started.set()
+            loop.close()
+            return
+        started.set()
+        try:
+            loop.run_forever()
+        finally:
+            try:
+                pending = asyncio.all_tasks(loop)
+                for t in pending:
+                    t.cancel()
+                if pending:
+                    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            finally:
+                loop.close()
+
+    t = threading.Thread(target=run, name="fabricmon-grpc", daemon=True)
+    handle._thread = t
+    t.start()
+    if not started.wait(30.0):
+        raise RuntimeError("gRPC server did not start within 30 s")
+    if error:
+        raise error[0]
+    return handle
+

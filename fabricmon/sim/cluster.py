@@ -1,0 +1,471 @@
+"""The simulated cluster's hardware state in memory, vectorized over nodes with numpy.
+
+Per node, per NIC (8 rail NICs ``mlx5_0..7`` + frontend ``mlx5_8``) the raw
+counters of ``make-sysfs-fixture`` (PMA counters, mlx5 hw_counters, ``ethtool
+-S`` stats; netdev statistics are derived from them at render time), the link
+state (up, lanes, speed, carrier down events) and the lossless config (PFC,
+ECN per priority); per GPU the fake-NVML state (utilization, throttle
+reasons, 18 NVLinks with tx/rx KiB and error counters).
+
+Counters are kept as their *true* unbounded values (int64); the width
+behaviour of the hardware is applied when they are read out
+(``raw_pma``/``raw_hw``): PMA error counters saturate at their IBTA width,
+mlx5 Q/accel hw_counters are shown masked to 32 bits (they wrap), the rest are
+64-bit.  The layout of ``C`` is ``(counter, node, device)`` so that the per-tick
+column updates are contiguous.
+
+Time: ``advance(dt, ...)`` moves the clock from ``t`` to ``t + dt``: first the
+fault state at ``t + dt`` is applied (a link that goes down at ``start`` is
+down in the snapshot taken at ``start``), then ``dt`` seconds of traffic and
+fault evidence accumulate.  Traffic follows the synthetic job (``job.py``):
+the bytes per second each rail NIC carries in the job's ring all-reduce; the
+frontend NIC carries a little storage traffic.  Fault evidence draws from its
+own RNG, so a fault never changes the traffic noise of other components.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+
+from .hw import (
+    DOWN_RATE, ETH_STATS, FRONTEND, HW_CONG64, HW_PPCNT64, HW_Q32, HW_ROCE_ACCL32, LANE_DGBPS, NDEV, NGPU,
+    NRAILS, NVLINK_KIB_S, NVLINKS, NCOUNTERS, PMA_ERR_WIDTH, PMA_TRAFFIC, PRIO_SHARE, SPEED_IDX, SPEEDS,
+    THROTTLE_THERMAL, K, device_specs,
+)
+from .scenario import Fault, Scenario
+
+EPOCH = 1764000000.0  # wall-clock time of simulated t = 0 (sample times are EPOCH + t)
+DEFAULT_FLAP_PERIOD = 6.0
+_LANE_DGBPS_BY_IDX = np.array([LANE_DGBPS[s] for s in SPEEDS], dtype=np.float64)
+
+
+@dataclass
+class Effects:
+    """What the active faults do to the job (consumed by ``job.SyntheticJob``)."""
+
+    nic_bw: np.ndarray  # (nodes, rails) bandwidth factor of each rail NIC's link (1 = nominal)
+    gpu_slow: np.ndarray  # (nodes, gpus) compute-time multiplier (1 = nominal)
+    tp_slow: np.ndarray  # (nodes,) intra-node (NVLink) collective time multiplier
+
+
+class ClusterState:
+    def __init__(self, scenario: Scenario, *, epoch: float = EPOCH) -> None:
+        c = scenario.cluster
+        self.scenario = scenario
+        self.epoch = epoch
+        self.n = n = c.nodes
+        self.layout = c.layout
+        self.names = c.node_names()
+        self.index = {name: i for i, name in enumerate(self.names)}
+        self.devs = device_specs(c.layout)
+        self.eth_mask = np.array([d.ethernet for d in self.devs])
+        self.nominal_lanes = np.array([d.lanes for d in self.devs], dtype=np.int64)
+        self.nominal_speed = np.array([SPEED_IDX[d.speed] for d in self.devs], dtype=np.int64)
+        self.nominal_gbps = np.array([LANE_DGBPS[d.speed] * d.lanes / 10 for d in self.devs])
+        self.t = 0.0
+        self.tick = 0
+
+        ident = np.random.default_rng([c.seed, 0])
+        self.rng = np.random.default_rng([c.seed, 1])  # traffic noise
+        self.frng = random.Random(c.seed * 7919 + 17)  # fault evidence (scalar draws)
+        # identity
+        self.guid_low = ident.integers(0, 1 << 40, size=(n, NDEV), dtype=np.int64)
+        self.lid = np.where(self.eth_mask[None, :], 0, ident.integers(0x10, 0x7FFF, size=(n, NDEV)))
+        self.uuid_bits = ident.integers(0, 1 << 62, size=(n, NGPU, 3), dtype=np.int64)
+        self.boot_id = ident.integers(0, 1 << 62, size=n, dtype=np.int64)
+        # offered load when no job drives the rails (fraction of the nominal line rate)
+        self.rail_util = ident.uniform(0.15, 0.55, size=(n, NRAILS))
+        self.frontend_util = ident.uniform(0.01, 0.1, size=n)
+        self.gpu_load = ident.uniform(0.15, 0.4, size=(n, NGPU))  # NVLink utilization of the job
+
+        # link state
+        self.up = np.ones((n, NDEV), dtype=bool)
+        self.lanes = np.broadcast_to(self.nominal_lanes, (n, NDEV)).copy()
+        self.speed = np.broadcast_to(self.nominal_speed, (n, NDEV)).copy()
+        self.downs = ident.integers(0, 2, size=(n, NDEV), dtype=np.int64)  # carrier down events so far
+        # lossless config (Ethernet ports): PFC and ECN (np, rp) enabled per priority
+        self.pfc = np.zeros((n, NDEV, 8), dtype=bool)
+        self.pfc[:, self.eth_mask, 3] = True
+        self.ecn_np = self.pfc.copy()
+        self.ecn_rp = self.pfc.copy()
+        self.mtu = np.where(self.eth_mask, 9000, 4092)
+
+        # counters: (counter, node, device), true unbounded values
+        self.C = np.zeros((NCOUNTERS, n, NDEV), dtype=np.int64)
+        self.C[K["pma:link_downed"]] = self.downs
+        self.C[K["eth:link_down_events_phy"]] = self.downs * self.eth_mask
+
+        # GPUs
+        self.util = ident.integers(88, 100, size=(n, NGPU), dtype=np.int64)
+        self.throttle = np.zeros((n, NGPU), dtype=np.int64)
+        self.xid: dict[tuple[int, int], list[int]] = {}
+        self.nvl = np.zeros((6, n, NGPU, NVLINKS), dtype=np.int64)  # hw.NVL_FIELDS
+        self.nvl[4] = ident.choice(np.array([0, 0, 0, 1, 2]), size=(n, NGPU, NVLINKS))
+        self.nvl_up = np.ones((n, NGPU, NVLINKS), dtype=bool)
+
+        # a believable uptime of history
+        uptime = ident.uniform(3600, 30 * 86400, size=(n, NDEV))
+        self._traffic(uptime, self._default_offered(), baseline=True)
+        self._nvlink_traffic(ident.uniform(3600, 30 * 86400, size=(n, 1, 1)), np.ones(n), -1.0)
+        self._applied_resets: set[int] = set()
+        self._flap_phase: dict[int, bool] = {}
+        self._set_fault_state(0.0)
+
+    # ------------------------------------------------------------------ helpers
+    def node_index(self, node: str) -> int:
+        return self.index[node]
+
+    def ts(self, t: float | None = None) -> float:
+        """Sample time (epoch seconds) of simulated time t."""
+        return self.epoch + (self.t if t is None else t)
+
+    def gbps(self) -> np.ndarray:
+        """(nodes, devices) current signalling rate in Gb/s (ignoring up/down)."""
+        return _LANE_DGBPS_BY_IDX[self.speed] * self.lanes / 10
+
+    def unit_nodes(self, unit: int) -> range:
+        npu = self.scenario.cluster.nodes_per_unit
+        return range(unit * npu, min(self.n, (unit + 1) * npu))
+
+    def rate_text(self, node: int, dev: int) -> str:
+        from .hw import rate_str
+
+        d = self.devs[dev]
+        if not self.up[node, dev]:
+            return rate_str(*DOWN_RATE[d.link_layer])
+        return rate_str(int(self.lanes[node, dev]), SPEEDS[self.speed[node, dev]])
+
+    def _default_offered(self) -> np.ndarray:
+        """(nodes, devices) offered bytes/s without a job: fixed share of the nominal line rate."""
+        util = np.empty((self.n, NDEV))
+        util[:, :NRAILS] = self.rail_util
+        util[:, FRONTEND] = self.frontend_util
+        return util * self.nominal_gbps[None, :] * 1e9 / 8
+
+    # ------------------------------------------------------------------ faults
+    def _fault_targets(self, f: Fault) -> tuple[list[int], list[int]]:
+        """(node indexes, device indexes) a NIC-level fault touches."""
+        if f.unit is not None:
+            return list(self.unit_nodes(f.unit)), [f.rail]
+        n = self.index[f.node]
+        dev = f.device_index
+        if dev is None:  # config_drift without rail: every rail NIC of the node
+            return [n], list(range(NRAILS))
+        return [n], [dev]
+
+    def _flap_down(self, f: Fault, t: float) -> bool:
+        period = f.period or DEFAULT_FLAP_PERIOD
+        return ((t - f.start) % period) < period / 2
+
+    def _set_fault_state(self, t: float) -> None:
+        """Link state, rate and config as of time t; counts down events on transitions."""
+        want_up = np.ones_like(self.up)
+        lanes = np.broadcast_to(self.nominal_lanes, self.lanes.shape).copy()
+        speed = np.broadcast_to(self.nominal_speed, self.speed.shape).copy()
+        pfc = np.zeros_like(self.pfc)
+        pfc[:, self.eth_mask, 3] = True
+        ecn = pfc.copy()
+        for f in self.scenario.faults:
+            if not f.active(t):
+                continue
+            if f.kind == "link_down" or (f.kind == "link_flap" and self._flap_down(f, t)):
+                nodes, devs = self._fault_targets(f)
+                want_up[np.ix_(nodes, devs)] = False
+            elif f.kind == "link_degraded":
+                nodes, devs = self._fault_targets(f)
+                for nn in nodes:
+                    for d in devs:
+                        if f.degrade == "speed":
+                            speed[nn, d] = max(0, self.nominal_speed[d] - 1)
+                        else:
+                            lanes[nn, d] = max(1, self.nominal_lanes[d] // 2)
+            elif f.kind == "config_drift":
+                nodes, devs = self._fault_targets(f)
+                pfc[np.ix_(nodes, devs, [3])] = False
+                ecn[np.ix_(nodes, devs, [3])] = False
+        going_down = self.up & ~want_up
+        if going_down.any():
+            self.downs += going_down
+            self.C[K["pma:link_downed"]] += going_down
+            self.C[K["eth:link_down_events_phy"]] += going_down & self.eth_mask[None, :]
+            # a flap: recoveries that worked before one failed and downed the link
+            for f in self.scenario.faults:
+                if f.kind == "link_flap" and f.active(t):
+                    nodes, devs = self._fault_targets(f)
+                    self.C[K["pma:link_error_recovery"]][np.ix_(nodes, devs)] += 3 * going_down[np.ix_(nodes, devs)]
+        self.up = want_up
+        self.lanes, self.speed = lanes, speed
+        self.pfc, self.ecn_np, self.ecn_rp = pfc, ecn, ecn.copy()
+
+    def effects(self, t: float | None = None) -> Effects:
+        t = self.t if t is None else t
+        n = self.n
+        bw = self.gbps()[:, :NRAILS] / self.nominal_gbps[None, :NRAILS]
+        # a rail NIC that is down: NCCL (PXN) sends its share through a neighbouring rail's NIC over
+        # NVLink, at about half the bandwidth
+        bw = np.where(self.up[:, :NRAILS], bw, 0.5)
+        gpu = np.ones((n, NGPU))
+        tp = np.ones(n)
+        for f in self.scenario.faults:
+            if not f.active(t):
+                continue
+            k = f.kind
+            if k in ("flaky_cable", "pfc_storm", "rdma_retransmits", "leaf_degraded", "ecn_congestion"):
+                nodes, devs = self._fault_targets(f)
+                devs = [d for d in devs if d < NRAILS]
+                if not devs:
+                    continue  # the frontend NIC carries no job traffic
+                factor = {"flaky_cable": max(0.3, 1 - 0.25 * f.mag), "pfc_storm": max(0.05, 1 - f.mag),
+                          "rdma_retransmits": max(0.3, 1 - 0.15 * f.mag), "leaf_degraded": f.mag,
+                          "ecn_congestion": f.mag}[k]
+                bw[np.ix_(nodes, devs)] *= factor
+            elif k == "slow_gpu":
+                gpu[self.index[f.node], f.gpu] *= f.mag
+            elif k == "nvlink_errors":
+                tp[self.index[f.node]] *= 1 + 0.05 * f.mag  # replays cost NVLink bandwidth
+            elif k == "nvlink_down":
+                tp[self.index[f.node]] *= NVLINKS / (NVLINKS - 1) * 1.05  # 17 links left, uneven routing
+        return Effects(bw, gpu, tp)
+
+    # ------------------------------------------------------------------ time
+    def advance(self, dt: float, rail_bytes_per_second: np.ndarray | None = None,
+                nvlink_activity: np.ndarray | None = None, job_running: bool = True) -> None:
+        """Move time by dt seconds.
+
+        ``rail_bytes_per_second`` (nodes, rails): what the job offers each rail NIC (each direction);
+        None: the fixed background load.  ``nvlink_activity`` (nodes,): NVLink load multiplier.
+        """
+        if dt <= 0:
+            raise ValueError(f"dt must be > 0, got {dt}")
+        t_new = self.t + dt
+        self._set_fault_state(t_new)
+        resets = [f for f in self.scenario.faults
+                  if f.kind == "counter_reset" and id(f) not in self._applied_resets and f.start <= t_new]
+        offered = self._default_offered()
+        if rail_bytes_per_second is not None:
+            offered[:, :NRAILS] = rail_bytes_per_second
+        dt_arr = np.full((self.n, NDEV), float(dt))
+        for f in resets:
+            # driver reload part-way through the interval: every counter of every mlx5 device restarts
+            self._applied_resets.add(id(f))
+            ni = self.index[f.node]
+            self.C[:, ni, :] = 0
+            self.downs[ni, :] = 0
+            dt_arr[ni, :] = dt * self.frng.uniform(0.2, 0.8)
+        rx_scale = np.ones((self.n, NDEV))
+        for f in self.scenario.faults:
+            if f.kind == "pfc_storm" and f.active(t_new):
+                nodes, devs = self._fault_targets(f)
+                rx_scale[np.ix_(nodes, devs)] = 1 - f.mag
+        self._traffic(dt_arr, offered, rx_scale=rx_scale)
+        self.C[K["eth:outbound_pci_stalled_wr"]] = 0
+        active = [f for f in self.scenario.faults if f.active(t_new) and f.kind != "counter_reset"]
+        for f in active:
+            self._evidence(f, dt, t_new)
+        act = np.ones(self.n) if nvlink_activity is None else nvlink_activity
+        self._nvlink_traffic(np.full((self.n, 1, 1), float(dt)), act if job_running else act * 0, t_new)
+        self.util = self.rng.integers(88, 100, size=(self.n, NGPU)) if job_running else np.zeros((self.n, NGPU), np.int64)
+        self.throttle[:] = 0
+        for f in active:
+            if f.kind == "slow_gpu":
+                self.throttle[self.index[f.node], f.gpu] = THROTTLE_THERMAL
+        self.t = t_new
+        self.tick += 1
+
+    def _traffic(self, dt: np.ndarray, offered: np.ndarray, rx_scale: np.ndarray | None = None,
+                 baseline: bool = False) -> None:
+        """Add dt seconds of traffic at the offered load, capped by the current link rate (vectorized
+        Port.advance of make-sysfs-fixture)."""
+        C, rng, eth = self.C, self.rng, self.eth_mask[None, :]
+        n = self.n
+        cap = self.gbps() * 1e9 / 8 * 0.97
+        up = self.up
+        rate = np.minimum(offered * rng.uniform(0.9, 1.1, size=(n, NDEV)), cap)
+        rate = np.where(up, rate, 0.0)
+        tx = (rate * dt).astype(np.int64)
+        rx = tx if rx_scale is None else (tx * rx_scale).astype(np.int64)
+        txp, rxp = tx // 4096, rx // 4096
+        C[K["pma:port_xmit_data"]] += tx // 4  # 4-octet words
+        C[K["pma:port_rcv_data"]] += rx // 4
+        C[K["pma:port_xmit_packets"]] += txp
+        C[K["pma:port_rcv_packets"]] += rxp
+        C[K["pma:unicast_xmit_packets"]] += txp - txp // 5000
+        C[K["pma:unicast_rcv_packets"]] += rxp - rxp // 5000
+        C[K["pma:multicast_xmit_packets"]] += txp // 5000
+        C[K["pma:multicast_rcv_packets"]] += rxp // 5000
+        util = np.where(up, rate / np.maximum(cap, 1.0), 0.0)
+        C[K["pma:port_xmit_wait"]] += (dt * 1e3 * util * rng.uniform(0, 2, size=(n, NDEV))).astype(np.int64)
+        C[K["hw:rx_write_requests"]] += rxp // 3  # RDMA operations arriving
+        C[K["hw:rx_read_requests"]] += rxp // 50
+        C[K["hw:rx_atomic_requests"]] += rxp // 100000
+        # Ethernet (RoCE) ports: PHY, vport, per-priority counters, background PFC and ECN
+        etx, erx = tx * eth, rx * eth
+        etxp, erxp = txp * eth, rxp * eth
+        for k, v in (("rx_bytes_phy", erx), ("tx_bytes_phy", etx), ("rx_packets_phy", erxp),
+                     ("tx_packets_phy", etxp), ("rx_bits_phy", erx * 8),
+                     ("rx_vport_rdma_unicast_bytes", erx), ("tx_vport_rdma_unicast_bytes", etx),
+                     ("rx_vport_rdma_unicast_packets", erxp), ("tx_vport_rdma_unicast_packets", etxp),
+                     ("rx_bytes", erx // 50), ("tx_bytes", etx // 50),  # netdev (non-RDMA) share
+                     ("rx_packets", erxp // 50), ("tx_packets", etxp // 50)):
+            C[K["eth:" + k]] += v
+        for prio, share in enumerate(PRIO_SHARE):
+            C[K[f"eth:rx_prio{prio}_bytes"]] += (erx * share).astype(np.int64)
+            C[K[f"eth:rx_prio{prio}_packets"]] += (erxp * share).astype(np.int64)
+            C[K[f"eth:tx_prio{prio}_bytes"]] += (etx * share).astype(np.int64)
+            C[K[f"eth:tx_prio{prio}_packets"]] += (etxp * share).astype(np.int64)
+        live = eth & up
+        for d, scale in (("rx", 2), ("tx", 1)):  # background PFC: a few short pauses now and then
+            cnt = (rng.uniform(0, 1, size=(n, NDEV)) * (scale * dt + 1)).astype(np.int64) * live
+            C[K[f"eth:{d}_prio3_pause"]] += cnt
+            C[K[f"eth:{d}_prio3_pause_duration"]] += cnt * rng.integers(1, 11, size=(n, NDEV))  # microseconds
+        C[K["eth:rx_prio3_pause_transition"]] = C[K["eth:rx_prio3_pause"]] // 2
+        C[K["eth:rx_corrected_bits_phy"]] += (rng.uniform(0, 1, size=(n, NDEV)) * (dt + 1)).astype(np.int64) * live
+        # background ECN marking in an all-reduce: a few marked packets per million, each answered by a CNP
+        marked = (erxp * rng.uniform(0, 4e-6, size=(n, NDEV))).astype(np.int64)
+        C[K["hw:np_ecn_marked_roce_packets"]] += marked
+        C[K["hw:np_cnp_sent"]] += marked
+        C[K["hw:rp_cnp_handled"]] += (etxp * rng.uniform(0, 4e-6, size=(n, NDEV))).astype(np.int64)
+        C[K["eth:rx_prio3_marked"]] += marked
+        if baseline:  # a little history, as on a real long-running node
+            shape = (n, NDEV)
+            for k, hi in (("hw:out_of_sequence", 40), ("hw:duplicate_request", 10), ("hw:local_ack_timeout_err", 3),
+                          ("hw:req_cqe_flush_error", 200), ("hw:resp_cqe_flush_error", 200),
+                          ("pma:link_error_recovery", 1)):
+                C[K[k]] += rng.integers(0, hi + 1, size=shape)
+            for k, lo, hi in (("eth:rx_discards_phy", 0, 5), ("eth:rx_out_of_buffer", 0, 20),
+                              ("eth:rx_buffer_passed_thres_phy", 0, 50), ("eth:rx_corrected_bits_phy", 0, 5000),
+                              ("eth:rx_prio3_marked", 0, 10000), ("hw:np_ecn_marked_roce_packets", 1000, 100000),
+                              ("hw:rp_cnp_handled", 1000, 100000)):
+                C[K[k]] += rng.integers(lo, hi + 1, size=shape) * eth
+            C[K["hw:np_cnp_sent"]] += C[K["hw:np_ecn_marked_roce_packets"]] // 3
+
+    def _nvlink_traffic(self, dt: np.ndarray, activity: np.ndarray, t: float = 0.0) -> None:
+        rng = self.rng
+        shape = (self.n, NGPU, NVLINKS)
+        load = self.gpu_load[:, :, None] * activity[:, None, None]
+        tx = (NVLINK_KIB_S * load * dt * rng.uniform(0.9, 1.1, size=shape)).astype(np.int64)
+        rx = (tx * rng.uniform(0.95, 1.05, size=shape)).astype(np.int64)
+        self.nvl_up[:] = True
+        for f in self.scenario.faults:
+            if f.kind == "nvlink_down" and f.active(t):
+                self.nvl_up[self.index[f.node], f.gpu, f.link] = False
+        self.nvl[0] += tx * self.nvl_up  # a down link carries nothing: its counters stay flat
+        self.nvl[1] += rx * self.nvl_up
+
+    def _evidence(self, f: Fault, dt: float, t: float) -> None:
+        """Counter evidence of one active fault over dt seconds (per-second rates of the fixture's
+        per-snapshot evidence)."""
+        r, C, k = self.frng, self.C, f.kind
+        mag = f.mag
+
+        def add(name: str, nodes, devs, lo: float, hi: float) -> None:
+            for nn in nodes:
+                for d in devs:
+                    C[K[name], nn, d] += int(r.uniform(lo, hi) * dt * mag)
+
+        def poisson_add(name: str, nodes, devs, per_second: float) -> None:
+            for nn in nodes:
+                for d in devs:
+                    # dt * rate events on average; scalar draws from the fault RNG
+                    lam = per_second * dt * mag
+                    C[K[name], nn, d] += int(lam) + (1 if r.random() < lam - int(lam) else 0)
+
+        if k in ("slow_gpu", "nvlink_errors", "nvlink_down", "config_drift", "link_degraded", "link_down"):
+            if k == "nvlink_errors":
+                ni = self.index[f.node]
+                for j, lo, hi in ((2, 5, 50), (4, 10, 200), (5, 0.1, 5)):
+                    self.nvl[j, ni, f.gpu, f.link] += int(r.uniform(lo, hi) * dt * mag)
+                lam = 0.2 * dt * mag
+                self.nvl[3, ni, f.gpu, f.link] += int(lam) + (1 if r.random() < lam - int(lam) else 0)
+            return  # state-only faults: no counter evidence (slow_gpu is clean by design)
+        nodes, devs = self._fault_targets(f)
+        eth = self.devs[devs[0]].ethernet
+        since = t - f.start
+        if k == "flaky_cable":
+            add("pma:symbol_error", nodes, devs, 20, 200)
+            add("pma:port_rcv_errors", nodes, devs, 0.5, 5)
+            poisson_add("pma:link_error_recovery", nodes, devs, 0.1)
+            if eth:
+                add("eth:rx_corrected_bits_phy", nodes, devs, 1e5, 1e7)
+                add("eth:rx_pcs_symbol_err_phy", nodes, devs, 1, 100)
+                add("eth:rx_err_lane_2_phy", nodes, devs, 1e4, 1e6)
+                add("eth:rx_crc_errors_phy", nodes, devs, 0.1, 5)
+        elif k == "leaf_degraded":  # a bad switch: every port of it sees errors and waits
+            add("pma:symbol_error", nodes, devs, 2, 30)
+            add("pma:port_rcv_errors", nodes, devs, 0, 1)
+            add("pma:port_xmit_wait", nodes, devs, 2e4, 1e5)
+            if eth:
+                add("eth:rx_corrected_bits_phy", nodes, devs, 1e4, 1e6)
+        elif k == "pfc_storm":  # slow receiver: it cannot drain its buffers, so it pauses its partner
+            share = f.mag
+            for nn in nodes:
+                for d in devs:
+                    C[K["eth:tx_prio3_pause"], nn, d] += int(dt * share * r.uniform(20000, 30000))
+                    C[K["eth:tx_prio3_pause_duration"], nn, d] += int(dt * 1e6 * r.uniform(share - 0.02, share + 0.02))
+                    C[K["eth:outbound_pci_stalled_wr"], nn, d] = r.randint(60, 95)  # gauge (%)
+            poisson_add("eth:tx_pause_storm_warning_events", nodes, devs, 0.2)
+            if since >= 5:  # pausing longer than the stall-prevention timeout
+                poisson_add("eth:tx_pause_storm_error_events", nodes, devs, 0.1)
+                add("eth:rx_discards_phy", nodes, devs, 10, 500)
+            add("eth:rx_buffer_passed_thres_phy", nodes, devs, 100, 1000)
+            add("eth:outbound_pci_stalled_wr_events", nodes, devs, 50, 500)
+            add("eth:rx_out_of_buffer", nodes, devs, 1e3, 1e5)
+            add("eth:dev_out_of_buffer", nodes, devs, 10, 1000)
+        elif k == "ecn_congestion":
+            add("pma:port_xmit_wait", nodes, devs, 2e5, 4e5)
+            if eth:  # RoCE only: IB ports have no ECN/CNP hw_counters
+                for nn in nodes:
+                    for d in devs:
+                        marked = int(dt * r.randint(200000, 800000))
+                        C[K["hw:np_ecn_marked_roce_packets"], nn, d] += marked
+                        C[K["hw:np_cnp_sent"], nn, d] += marked // 2
+                        C[K["hw:rp_cnp_handled"], nn, d] += marked // 2
+                        C[K["eth:rx_prio3_marked"], nn, d] += marked
+        elif k == "rdma_retransmits":
+            add("hw:local_ack_timeout_err", nodes, devs, 5, 50)
+            add("hw:packet_seq_err", nodes, devs, 10, 100)
+            add("hw:out_of_sequence", nodes, devs, 100, 1000)
+            add("hw:implied_nak_seq_err", nodes, devs, 1, 10)
+            add("hw:duplicate_request", nodes, devs, 10, 100)
+            add("hw:rnr_nak_retry_err", nodes, devs, 0, 5)
+            if eth:
+                add("hw:roce_adp_retrans", nodes, devs, 10, 100)
+            if since >= 5:
+                poisson_add("hw:req_transport_retries_exceeded", nodes, devs, 0.2)
+                poisson_add("hw:req_cqe_error", nodes, devs, 0.2)
+        # link_flap: its evidence (down events, recoveries) is counted on the transitions
+
+    # ------------------------------------------------------------------ read-out
+    def raw(self, name: str, node: int, dev: int) -> int:
+        """The value the hardware shows for counter ``name`` ("pma:..", "hw:..", "eth:..")."""
+        v = int(self.C[K[name], node, dev])
+        kind, short = name.split(":", 1)
+        if kind == "pma" and short in PMA_ERR_WIDTH:
+            return min(v, (1 << PMA_ERR_WIDTH[short]) - 1)
+        if kind == "hw" and (short in HW_Q32 or short in HW_ROCE_ACCL32):
+            return v & 0xFFFFFFFF
+        return v & 0xFFFFFFFFFFFFFFFF
+
+    def node_counters(self, node: int) -> list[list[int]]:
+        """[device][counter] true values of one node (for the tree renderer)."""
+        return self.C[:, node, :].T.tolist()
+
+    def hw_names(self, dev: int) -> tuple[str, ...]:
+        d = self.devs[dev]
+        return HW_Q32 + ((HW_ROCE_ACCL32 + HW_CONG64 + HW_PPCNT64) if d.ethernet else ())
+
+    def eth_names(self) -> tuple[str, ...]:
+        return ETH_STATS
+
+    def uuid(self, node: int, gpu: int) -> str:
+        a, b, c = (int(x) for x in self.uuid_bits[node, gpu])
+        h = "%016x%016x" % (a << 2 | (c & 3), b << 2 | (c >> 2 & 3))  # 128 random bits
+        return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+    def node_guid(self, node: int, dev: int) -> str:
+        from .hw import guid_str
+
+        return guid_str("a088c2" if self.devs[dev].role == "compute" else "b83fd2", int(self.guid_low[node, dev]))
