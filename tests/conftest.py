@@ -7,9 +7,12 @@ the repository in ``../shared/tools/make-sysfs-fixture``.
 from __future__ import annotations
 
 import itertools
+import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -86,5 +89,16 @@ class FixtureMaker:
 
 
 @pytest.fixture(scope="session")
-def make_fixture(tmp_path_factory: pytest.TempPathFactory) -> FixtureMaker:
-    return FixtureMaker(tmp_path_factory.mktemp("sysfs-fixtures"))
+def make_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FixtureMaker]:
+    # The tool writes every file atomically (temp file + rename): on a loaded
+    # ext4 /tmp a 3-snapshot tree took 4 s against 0.4 s on tmpfs, and real
+    # sysfs is in memory too.  Fall back to pytest's tmp dir without /dev/shm.
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        base = Path(tempfile.mkdtemp(prefix="fabricmon-fixtures-", dir=shm))
+        try:
+            yield FixtureMaker(base)
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+    else:
+        yield FixtureMaker(tmp_path_factory.mktemp("sysfs-fixtures"))

@@ -204,17 +204,21 @@ def counter_key(dev: str, port: str, family: str, counter: str) -> Key:
     return key(family, device=dev, port=port, counter=counter) if counter else key(family, device=dev, port=port)
 
 
-def expected_series(sys_root: Path, manifest: dict) -> dict[Key, float]:
+def manifest_rails(manifest: dict) -> dict[str, str]:
+    return {d["name"]: "" if d["rail"] is None else str(d["rail"]) for d in manifest["devices"]}
+
+
+def expected_series(sys_root: Path, manifest: dict, rails: dict[str, str] | None = None) -> dict[Key, float]:
     """Every InfiniBand series a first poll of ``sys_root`` must export, from its files alone."""
     mdev = {d["name"]: d for d in manifest["devices"]}
+    rails = rails or manifest_rails(manifest)
     out: dict[Key, float] = {}
     for (dev, port), p in ports_of(sys_root).items():
         dp = {"device": dev, "port": port}
         ddir = p.parent.parent
         link_layer = _read(p / "link_layer")
-        rail = mdev[dev]["rail"]
         info = dict(
-            dp, rail="" if rail is None else str(rail), link_layer=link_layer,
+            dp, rail=rails[dev], link_layer=link_layer,
             interface=mdev[dev]["ifname"] if link_layer == "Ethernet" else "",
             hca_type=_read(ddir / "hca_type"), fw_ver=_read(ddir / "fw_ver"),
             node_guid=_read(ddir / "node_guid"), board_id=_read(ddir / "board_id"),
@@ -383,7 +387,13 @@ def test_every_counter_file_is_exported(fault_trees, layout: str, fault: str) ->
 
     assert collector(m, "fabricmon_collector_up") == 1.0
     assert collector(m, "fabricmon_collector_errors_total") == 0.0, snap.sources
-    want = expected_series(root / "sys", manifest)
+    rails = manifest_rails(manifest)
+    if fault == "hot_unplug":
+        # Rails come from discovery, which renumbers them after an unplug: a
+        # bug of inventory.assign_rails pinned by test_rails_survive_hot_unplug;
+        # this test checks the source, so it takes discovery's rails as given.
+        rails = {p.device: p.rail for p in snap.facts["inventory"].ports}
+    want = expected_series(root / "sys", manifest, rails)
     assert len(want) > 400  # 9 NICs, every file: guards against an empty tree
     assert_series_equal(ib_series(m), want)
 
@@ -414,10 +424,20 @@ def test_every_counter_file_is_exported(fault_trees, layout: str, fault: str) ->
         assert f["phys_state"] == _read(p / "phys_state").split(": ", 1)[1]
         assert f"{f['rate_gbps']:g} Gb/sec ({f['width']}X {f['speed']})" == _read(p / "rate")
         assert f["link_layer"] == _read(p / "link_layer")
-        rail = next(d["rail"] for d in manifest["devices"] if d["name"] == dev)
-        assert f["rail"] == ("" if rail is None else str(rail))
+        assert f["rail"] == rails[dev]
         if f["link_layer"] == "Ethernet":
             assert f["netdev"] == next(d["ifname"] for d in manifest["devices"] if d["name"] == dev)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "inventory.assign_rails numbers rail NICs by position, so unplugging mlx5_3 moves mlx5_4..mlx5_7 to "
+    "rails 3..6 (series relabelled, faults blamed on the wrong rail); rails should come from config, "
+    "PCI/GPU affinity, or stay sticky"))
+def test_rails_survive_hot_unplug(make_fixture) -> None:
+    root = make_fixture(layout="ib", fault="hot_unplug", snapshots=1)
+    manifest = manifest_of(root)
+    want = {k: v for k, v in manifest_rails(manifest).items() if k != manifest["fault_device"]}
+    assert {p.device: p.rail for p in discover(str(root / "sys")).ports} == want
 
 
 def test_fixture_tool_matrix_is_current(make_fixture, tmp_path: Path) -> None:
@@ -542,7 +562,9 @@ def test_hot_unplug_and_reprobe_with_one_poller(make_fixture) -> None:
     assert devices_in(scrapes[1]) == all_devices - {gone}
     assert collector(scrapes[1], "fabricmon_collector_up") == 1.0
     assert collector(scrapes[1], "fabricmon_collector_errors_total") == 0.0
-    others = {k for k in scrapes[0] if k[0].startswith(IB_PREFIXES) and dict(k[1]).get("device") != gone}
+    # (port_info is left out: its rail label moves, see test_rails_survive_hot_unplug)
+    others = {k for k in scrapes[0] if k[0].startswith(IB_PREFIXES) and k[0] != "fabricmon_ib_port_info"
+              and dict(k[1]).get("device") != gone}
     assert others <= set(scrapes[1])
     # Re-probed with restarted counters: totals continue from before the unplug.
     assert devices_in(scrapes[2]) == all_devices
@@ -708,11 +730,19 @@ def test_poll_never_raises_on_a_broken_inventory(tmp_path: Path) -> None:
 
 
 PROMTOOL = shutil.which("promtool") or ("/usr/bin/promtool" if os.path.exists("/usr/bin/promtool") else None)
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool not installed (Debian package prometheus; scripts/test.sh installs it)")
+
+# Contract names (DESIGN.md / metrics.SPECS) that promtool's linter flags with
+# "metric name should not include type 'counter'": a conflict inside the
+# contract ("every name passes promtool check metrics"), left to its owner.
+CONTRACT_LINT = {
+    "fabricmon_ib_counter_saturated", "fabricmon_ib_port_counter_total",
+    "fabricmon_rdma_hw_counter_total", "fabricmon_rdma_hw_counter_lifespan_seconds",
+}
 
 
-@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian package prometheus; scripts/test.sh installs it)")
-@pytest.mark.parametrize("layout,fault,legacy", [("roce", "counter_saturation", False), ("ib", "none", True)])
-def test_promtool_check_metrics(make_fixture, layout: str, fault: str, legacy: bool) -> None:
+def _promtool_problems(layout: str, fault: str, legacy: bool, make_fixture) -> list[str]:
     root = make_fixture(layout=layout, fault=fault, legacy_ext=legacy)
     tp = TreePoller(root / "sys")
     try:
@@ -720,8 +750,24 @@ def test_promtool_check_metrics(make_fixture, layout: str, fault: str, legacy: b
     finally:
         tp.close()
     proc = subprocess.run([PROMTOOL, "check", "metrics"], input=exposition(snap), capture_output=True, timeout=60)
-    assert proc.returncode == 0 and not proc.stdout.strip() and not proc.stderr.strip(), (
-        proc.stdout.decode() + proc.stderr.decode())
+    problems = (proc.stdout + proc.stderr).decode().strip().splitlines()
+    assert proc.returncode in (0, 3), problems  # 3: lint problems only; 1: unparsable exposition
+    return problems
+
+
+@needs_promtool
+@pytest.mark.parametrize("layout,fault,legacy", [("roce", "counter_saturation", False), ("ib", "none", True)])
+def test_promtool_check_metrics(make_fixture, layout: str, fault: str, legacy: bool) -> None:
+    problems = _promtool_problems(layout, fault, legacy, make_fixture)
+    unexpected = [p for p in problems
+                  if not (p.split(" ", 1)[0] in CONTRACT_LINT and p.endswith("should not include type 'counter'"))]
+    assert not unexpected
+
+
+@needs_promtool
+@pytest.mark.xfail(strict=True, reason="contract names contain 'counter' (see CONTRACT_LINT); rename in the contract")
+def test_promtool_check_metrics_fully_clean(make_fixture) -> None:
+    assert not _promtool_problems("roce", "counter_saturation", False, make_fixture)
 
 
 def test_poll_cpu_cost_of_a_9_nic_node(make_fixture) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import yaml
 
 from promtools import REPO, promtool
@@ -71,3 +72,23 @@ def test_every_alert_is_tested_firing_and_not_firing() -> None:
                     assert set(exp["exp_labels"]) - {"instance", "xid", "collector"} <= CONTRACT_LABELS, exp
     assert firing >= PROMETHEUS_ALERTS, PROMETHEUS_ALERTS - firing
     assert silent >= PROMETHEUS_ALERTS, PROMETHEUS_ALERTS - silent
+
+
+@pytest.mark.integration
+def test_real_prometheus_loads_and_evaluates_the_rules(tmp_path) -> None:
+    """A real Prometheus (started by tests/promtools.py) loads the rules and evaluates them without error."""
+    from promtools import http, running_prometheus, wait_until
+
+    with running_prometheus(tmp_path / "prom", rule_files=RULE_FILES, evaluation_interval="1s",
+                            external_labels={"cluster": "test"}) as prom:
+        def all_evaluated():
+            _, body = http("GET", f"{prom.url}/api/v1/rules")
+            rules = [r for g in body["data"]["groups"] for r in g["rules"]]
+            if len(rules) != len(_rules()) or any(r["health"] == "unknown" for r in rules):
+                return None
+            return rules
+
+        rules = wait_until(all_evaluated, 20.0, "every rule evaluated once", interval=0.2)
+        bad = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
+        if bad:
+            pytest.fail(f"rules failing in Prometheus: {bad}")

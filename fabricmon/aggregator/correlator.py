@@ -135,6 +135,20 @@ def correlate(
         by_job[st.job].append(st)
     for job, lst in by_job.items():
         groups = _group(topo, lst)
+        node_groups = [g for g in groups if g[0] == "node"]
+        if len(node_groups) >= 2 and not any(
+                llr.get(c, 0.0) > 0 for g in node_groups for c in _candidates(topo, *g)):
+            # several whole hosts late together with clean counters: load imbalance, not hardware
+            ranks = tuple(sorted(m.rank for g in node_groups for m in g[2]))
+            lab = {"job": job}
+            if cluster:
+                lab["cluster"] = cluster
+            out.append(Finding("StageImbalance", "job", job, lab,
+                               [f"{len(node_groups)} whole hosts ({len(ranks)} ranks) late together, counters clean"],
+                               hold_s=s.straggler_hold_s, ranks=ranks[:64], jobs=(job,), severity="info",
+                               description="many ranks late together with clean counters: a stage or load "
+                                           "imbalance, not a fabric fault"))
+            groups = [g for g in groups if g[0] != "node"]
         for kind, comp, members in groups:
             cands = _candidates(topo, kind, comp, members)
             best, best_v = None, 0.0

@@ -202,7 +202,8 @@ class IncidentManager:
                 inc.version += 1
                 changed[inc.id] = inc
         for key, inc in list(self._open.items()):
-            if now - self._last_evidence.get(key, now) >= inc.hold_s:
+            last = self._last_evidence.get(key, now)
+            if last < now and now - last >= inc.hold_s:
                 self._resolve(key, now)
                 changed[inc.id] = inc
         self.changed = list(changed.values())

@@ -22,6 +22,7 @@ periodic pauses (neither reaches the persistence bar).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -193,11 +194,11 @@ class StragglerTracker:
             impact = s.straggler_min_impact * med_step
             fc = (zc >= s.straggler_z) & ((c - mc) >= impact) & (m <= mm + sc)
             fm = (zm >= s.straggler_z) & ((m - mm) >= impact) & (zc < 2.0)
-            limit = max(1, int(s.straggler_mass_ratio * len(idx)))
-            if fc.sum() > limit:
+            limit = max(2, math.ceil(s.straggler_mass_ratio * len(idx)))
+            if fc.sum() >= limit:
                 fc[:] = False
                 mass_any = True
-            if fm.sum() > limit:
+            if fm.sum() >= limit:
                 fm[:] = False
             flags_c[idx] = fc
             flags_m[idx] = fm

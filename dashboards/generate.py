@@ -1,0 +1,385 @@
+#!/usr/bin/env python3
+"""Generate fabricmon's Grafana dashboards (classic JSON model) as plain dicts.
+
+    python dashboards/generate.py            # writes dashboards/json/*.json
+    python dashboards/generate.py --out DIR  # somewhere else (the test regenerates and diffs)
+
+Plain dicts rather than grafana-foundation-sdk: the SDK is a public preview whose PyPI
+versions carry epochs (an unpinned install picks an old Grafana schema), and the classic
+model is what Grafana 10-13 provision from files.  tests/test_dashboards.py checks the
+structure, that regeneration changes nothing, and that every metric queried exists
+(fabricmon/metrics.py, deploy/prometheus recording rules, aggregator metrics).
+
+Conventions: a ``${datasource}`` variable (no hard-coded uid); variables cluster, job,
+rail, leaf, node (multi-value regexes, "All" = ``.*`` so an absent label still matches);
+``rate(...[$__rate_interval])`` around every ``_total``; a unit on every panel.
+Per-rail and per-leaf views use the recording rules (cheap across thousands of nodes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DS = {"type": "prometheus", "uid": "${datasource}"}
+SCHEMA_VERSION = 39
+
+# Selectors.  `cluster` is an external label (absent in a single Prometheus): "All" is `.*`.
+C = 'cluster=~"$cluster"'
+N = f'{C}, node=~"$node"'
+PORT_INFO = f'fabricmon:ib_port:info{{{C}, rail=~"$rail", leaf=~"$leaf", node=~"$node"}}'
+RATE = "$__rate_interval"
+
+
+def _by_port(expr: str, labels: str = "") -> str:
+    """Restrict a per-port expression to the selected rails/leaves via the port info join."""
+    extra = f" ({labels})" if labels else ""
+    return f"{expr} * on (cluster, node, device, port) group_left{extra} {PORT_INFO}"
+
+
+def _by_iface(expr: str) -> str:
+    return (f"{expr} * on (cluster, node, interface) group_left "
+            f'fabricmon:ib_port:info{{{C}, rail=~"$rail", leaf=~"$leaf", node=~"$node", interface!=""}}')
+
+
+# ------------------------------------------------------------------ builders
+
+class Board:
+    def __init__(self, uid: str, title: str, description: str, tags: list[str]) -> None:
+        self.uid, self.title, self.description, self.tags = uid, title, description, tags
+        self.panels: list[dict] = []
+        self._x = 0
+        self._y = 0
+        self._row_h = 0
+
+    def _place(self, w: int, h: int) -> dict:
+        if self._x + w > 24:
+            self._x = 0
+            self._y += self._row_h
+            self._row_h = 0
+        pos = {"x": self._x, "y": self._y, "w": w, "h": h}
+        self._x += w
+        self._row_h = max(self._row_h, h)
+        return pos
+
+    def row(self, title: str) -> None:
+        if self._x:
+            self._x, self._y, self._row_h = 0, self._y + self._row_h, 0
+        self.panels.append({"type": "row", "title": title, "id": len(self.panels) + 1, "collapsed": False,
+                            "gridPos": {"x": 0, "y": self._y, "w": 24, "h": 1}, "panels": []})
+        self._y += 1
+
+    def panel(self, kind: str, title: str, targets: list[tuple[str, str]], unit: str, *, w: int = 12, h: int = 8,
+              description: str = "", min_val: float | None = None, max_val: float | None = None,
+              thresholds: list[tuple[float | None, str]] | None = None, legend: bool = True) -> None:
+        defaults: dict = {"unit": unit}
+        if min_val is not None:
+            defaults["min"] = min_val
+        if max_val is not None:
+            defaults["max"] = max_val
+        steps = thresholds or [(None, "green")]
+        defaults["thresholds"] = {"mode": "absolute",
+                                  "steps": [{"color": color, "value": value} for value, color in steps]}
+        if kind == "timeseries":
+            defaults["custom"] = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 10, "showPoints": "never",
+                                  "spanNulls": False}
+            options = {"legend": {"displayMode": "table" if legend else "hidden", "placement": "bottom",
+                                  "showLegend": legend, "calcs": ["lastNotNull", "max"] if legend else []},
+                       "tooltip": {"mode": "multi", "sort": "desc"}}
+        else:  # stat
+            options = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                       "colorMode": "background", "graphMode": "none", "textMode": "auto", "justifyMode": "auto",
+                       "orientation": "auto"}
+        self.panels.append({
+            "type": kind,
+            "title": title,
+            "description": description,
+            "id": len(self.panels) + 1,
+            "datasource": DS,
+            "gridPos": self._place(w, h),
+            "fieldConfig": {"defaults": defaults, "overrides": []},
+            "options": options,
+            "targets": [{"refId": chr(ord("A") + i), "datasource": DS, "expr": expr, "legendFormat": legend_fmt,
+                         "range": True, "instant": False, "editorMode": "code"}
+                        for i, (expr, legend_fmt) in enumerate(targets)],
+        })
+
+    def ts(self, title: str, targets: list[tuple[str, str]], unit: str, **kw) -> None:
+        self.panel("timeseries", title, targets, unit, **kw)
+
+    def stat(self, title: str, expr: str, unit: str, **kw) -> None:
+        kw.setdefault("w", 6)
+        kw.setdefault("h", 4)
+        self.panel("stat", title, [(expr, "")], unit, **kw)
+
+    def to_json(self) -> dict:
+        return {
+            "id": None,
+            "uid": self.uid,
+            "title": self.title,
+            "description": self.description,
+            "tags": ["fabricmon", *self.tags],
+            "timezone": "utc",
+            "editable": True,
+            "graphTooltip": 1,
+            "refresh": "30s",
+            "time": {"from": "now-3h", "to": "now"},
+            "timepicker": {},
+            "fiscalYearStartMonth": 0,
+            "liveNow": False,
+            "schemaVersion": SCHEMA_VERSION,
+            "version": 1,
+            "weekStart": "",
+            "links": [{"type": "dashboards", "tags": ["fabricmon"], "asDropdown": True, "title": "fabricmon",
+                       "includeVars": True, "keepTime": True, "icon": "external link", "targetBlank": False,
+                       "tooltip": "", "url": ""}],
+            "annotations": {"list": [{
+                "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
+                "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard",
+            }]},
+            "templating": {"list": variables()},
+            "panels": self.panels,
+        }
+
+
+def _query_var(name: str, label: str, query: str, *, multi: bool = True) -> dict:
+    return {
+        "type": "query",
+        "name": name,
+        "label": label,
+        "datasource": DS,
+        "definition": query,
+        "query": {"query": query, "refId": f"{name}-variable"},
+        "refresh": 2,
+        "sort": 1,
+        "regex": "",
+        "multi": multi,
+        "includeAll": True,
+        "allValue": ".*",
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "options": [],
+        "hide": 0,
+    }
+
+
+def variables() -> list[dict]:
+    return [
+        {"type": "datasource", "name": "datasource", "label": "Data source", "query": "prometheus",
+         "current": {}, "options": [], "refresh": 1, "regex": "", "hide": 0, "multi": False, "includeAll": False},
+        _query_var("cluster", "Cluster", "label_values(fabricmon_ib_port_info, cluster)"),
+        _query_var("job", "Training job", f"label_values(fabricmon_rank_step_seconds{{{C}}}, job)"),
+        _query_var("rail", "Rail", f"label_values(fabricmon_ib_port_info{{{C}}}, rail)"),
+        _query_var("leaf", "Leaf", f'label_values(fabricmon:ib_port:info{{{C}, rail=~"$rail"}}, leaf)'),
+        _query_var("node", "Node", f'label_values(fabricmon:ib_port:info{{{C}, rail=~"$rail", leaf=~"$leaf"}}, node)'),
+    ]
+
+
+# ------------------------------------------------------------------ dashboards
+
+def overview() -> Board:
+    b = Board("fabricmon-overview", "fabricmon / Fabric overview",
+              "Cluster fabric health: rails, leaves, links, lossless Ethernet, open incidents.", ["fabric"])
+    b.row("Health")
+    b.stat("Rail links not ACTIVE",
+           f"count((fabricmon_ib_port_state{{{N}}} != 4) * on (cluster, node, device, port) group_left "
+           f'fabricmon:ib_port:info{{{C}, rail!="", rail=~"$rail", leaf=~"$leaf", node=~"$node"}}) or vector(0)',
+           "none", thresholds=[(None, "green"), (1, "red")],
+           description="Rail ports whose logical state is not ACTIVE (4).")
+    b.stat("Open incidents", f"sum(fabricmon_incidents_open{{{C}}}) or vector(0)", "none",
+           thresholds=[(None, "green"), (1, "orange")], description="Incidents open in the aggregator.")
+    b.stat("Agents connected", f"sum(fabricmon_agents_connected{{{C}}})", "none",
+           description="Agent streams connected to the aggregator(s).")
+    b.stat("NICs with config drift", f"count(count by (cluster, node, device) (fabricmon_fabric_config_ok{{{N}}} == 0)) or vector(0)",
+           "none", thresholds=[(None, "green"), (1, "orange")],
+           description="RoCE rail NICs failing at least one lossless-profile check.")
+    b.row("Rails and leaves")
+    b.ts("Transmit throughput per rail", [(f'fabricmon:rail_transmit_bytes:rate1m{{{C}, rail=~"$rail"}}', "rail {{rail}}")],
+         "Bps", min_val=0)
+    b.ts("Transmit utilization per rail", [(f'fabricmon:rail_transmit_utilization:ratio1m{{{C}, rail=~"$rail"}}', "rail {{rail}}")],
+         "percentunit", min_val=0, max_val=1, description="Sum of port transmit rate over sum of link signalling rate.")
+    b.ts("Transmit throughput per leaf",
+         [(f'fabricmon:leaf_transmit_bytes:rate1m{{{C}, rail=~"$rail", leaf=~"$leaf"}}', "{{leaf}}")], "Bps", min_val=0,
+         description="Needs the `unit` target label (deploy/README.md).")
+    b.ts("Transmit utilization per leaf",
+         [(f'fabricmon:leaf_transmit_utilization:ratio1m{{{C}, rail=~"$rail", leaf=~"$leaf"}}', "{{leaf}}")],
+         "percentunit", min_val=0, max_val=1)
+    b.row("Links")
+    b.ts("Top 10 ports by link errors",
+         [(f"topk(10, sum by (node, device, port) ({_by_port(f'rate(fabricmon_ib_port_errors_total{{{N}}}[{RATE}])')}))",
+           "{{node}}/{{device}}/{{port}}")], "cps", min_val=0)
+    b.ts("Top 10 ports by RDMA transport retries",
+         [(f"topk(10, sum by (node, device, port) ({_by_port(f'rate(fabricmon_rdma_transport_retries_total{{{N}}}[{RATE}])')}))",
+           "{{node}}/{{device}}/{{port}}")], "cps", min_val=0)
+    b.ts("Lowest link rate per rail",
+         [(f"min by (rail) ({_by_port(f'fabricmon_ib_port_rate_bytes_per_second{{{N}}}', 'rail')})", "rail {{rail}}")],
+         "Bps", min_val=0, description="A rail whose minimum drops below its peers has a degraded link.")
+    b.ts("Top 10 ports by transmit wait (IB congestion)",
+         [(f"topk(10, sum by (node, device, port) ({_by_port(f'rate(fabricmon_ib_port_transmit_wait_total{{{N}}}[{RATE}])')}))",
+           "{{node}}/{{device}}/{{port}}")], "cps", min_val=0)
+    b.row("Lossless Ethernet (RoCE)")
+    b.ts("Top 10 PFC pause ratio (time paused)",
+         [(f"topk(10, max by (node, interface, direction) ({_by_iface(f'rate(fabricmon_pfc_pause_seconds_total{{{N}}}[{RATE}])')}))",
+           "{{node}} {{interface}} {{direction}}")], "percentunit", min_val=0,
+         description="tx: this port is pausing its peer (slow receiver); rx: this port is being paused (victim).")
+    b.ts("CNP and ECN per rail",
+         [(f"sum by (rail) ({_by_port(f'rate(fabricmon_roce_cnp_sent_total{{{N}}}[{RATE}])', 'rail')})", "CNP sent rail {{rail}}"),
+          (f"sum by (rail) ({_by_port(f'rate(fabricmon_roce_ecn_marked_packets_total{{{N}}}[{RATE}])', 'rail')})", "ECN marked rail {{rail}}")],
+         "pps", min_val=0)
+    b.row("Aggregator")
+    b.ts("Most suspected components",
+         [(f"topk(15, fabricmon_component_suspicion{{{C}}})", "{{component_type}} {{component}}")], "percentunit",
+         min_val=0, description="Aggregator's fused evidence per component.")
+    b.ts("Open incidents by alert", [(f"sum by (alertname) (fabricmon_incidents_open{{{C}}})", "{{alertname}}")],
+         "none", min_val=0)
+    return b
+
+
+def node() -> Board:
+    b = Board("fabricmon-node", "fabricmon / Node drill-down",
+              "One node: RDMA ports, lossless Ethernet, NVLink and GPUs, host.", ["node"])
+    b.row("RDMA ports")
+    b.ts("Receive throughput", [(f"sum by (node, device, port) ({_by_port(f'rate(fabricmon_ib_port_receive_bytes_total{{{N}}}[{RATE}])')})",
+                                 "{{node}} {{device}}/{{port}}")], "Bps", min_val=0)
+    b.ts("Transmit throughput", [(f"sum by (node, device, port) ({_by_port(f'rate(fabricmon_ib_port_transmit_bytes_total{{{N}}}[{RATE}])')})",
+                                  "{{node}} {{device}}/{{port}}")], "Bps", min_val=0)
+    b.ts("Transmit utilization (of link rate)",
+         [(f"sum by (node, device, port) ({_by_port(f'rate(fabricmon_ib_port_transmit_bytes_total{{{N}}}[{RATE}])')})"
+           f" / on (node, device, port) max by (node, device, port) (fabricmon_ib_port_rate_bytes_per_second{{{N}}} > 0)",
+           "{{node}} {{device}}/{{port}}")], "percentunit", min_val=0, max_val=1)
+    b.ts("Port state / physical state",
+         [(f"fabricmon_ib_port_state{{{N}}}", "{{node}} {{device}}/{{port}} state"),
+          (f"fabricmon_ib_port_physical_state{{{N}}}", "{{node}} {{device}}/{{port}} phys")], "none",
+         description="state 4 = ACTIVE; physical state 5 = LinkUp.")
+    b.ts("Link rate and width", [(f"fabricmon_ib_port_rate_bytes_per_second{{{N}}}", "{{node}} {{device}}/{{port}}")],
+         "Bps", min_val=0)
+    b.ts("Link width", [(f"fabricmon_ib_port_width_lanes{{{N}}}", "{{node}} {{device}}/{{port}}")], "none", min_val=0)
+    b.ts("PMA error counters", [(f"sum by (node, device, port, counter) (rate(fabricmon_ib_port_errors_total{{{N}}}[{RATE}]))",
+                                 "{{node}} {{device}}/{{port}} {{counter}}")], "cps", min_val=0)
+    b.ts("Saturated counters (rate unknown)", [(f"fabricmon_ib_counter_saturated{{{N}}} == 1",
+                                                 "{{node}} {{device}}/{{port}} {{counter}}")], "none",
+         description="A narrow PMA counter pinned at its maximum: clear it (perfquery -x -R).")
+    b.ts("RDMA transport retries", [(f"sum by (node, device, counter) (rate(fabricmon_rdma_transport_retries_total{{{N}}}[{RATE}]))",
+                                     "{{node}} {{device}} {{counter}}")], "cps", min_val=0)
+    b.ts("Transmit wait", [(f"sum by (node, device, port) (rate(fabricmon_ib_port_transmit_wait_total{{{N}}}[{RATE}]))",
+                            "{{node}} {{device}}/{{port}}")], "cps", min_val=0)
+    b.row("RoCE congestion and PFC")
+    b.ts("CNP / ECN", [
+        (f"sum by (node, device) (rate(fabricmon_roce_cnp_sent_total{{{N}}}[{RATE}]))", "{{node}} {{device}} CNP sent"),
+        (f"sum by (node, device) (rate(fabricmon_roce_cnp_handled_total{{{N}}}[{RATE}]))", "{{node}} {{device}} CNP handled"),
+        (f"sum by (node, device) (rate(fabricmon_roce_cnp_ignored_total{{{N}}}[{RATE}]))", "{{node}} {{device}} CNP ignored"),
+        (f"sum by (node, device) (rate(fabricmon_roce_ecn_marked_packets_total{{{N}}}[{RATE}]))", "{{node}} {{device}} ECN marked"),
+    ], "pps", min_val=0)
+    b.ts("PFC pause ratio", [(f"sum by (node, interface, priority, direction) (rate(fabricmon_pfc_pause_seconds_total{{{N}}}[{RATE}]))",
+                              "{{node}} {{interface}} prio {{priority}} {{direction}}")], "percentunit", min_val=0)
+    b.ts("PFC pause frames", [(f"sum by (node, interface, priority, direction) (rate(fabricmon_pfc_pause_frames_total{{{N}}}[{RATE}]))",
+                               "{{node}} {{interface}} prio {{priority}} {{direction}}")], "pps", min_val=0)
+    b.ts("PHY errors and discards", [(f"sum by (node, interface, counter) (rate(fabricmon_netdev_phy_errors_total{{{N}}}[{RATE}]))",
+                                      "{{node}} {{interface}} {{counter}}")], "cps", min_val=0)
+    b.ts("Lossless config checks failing", [(f"fabricmon_fabric_config_ok{{{N}}} == 0", "{{node}} {{interface}} {{check}}")],
+         "none", description="Present only while a check fails.")
+    b.row("GPUs and NVLink")
+    b.ts("NVLink transmit per GPU", [(f"sum by (node, gpu) (rate(fabricmon_nvlink_transmit_bytes_total{{{N}}}[{RATE}]))",
+                                      "{{node}} gpu{{gpu}}")], "Bps", min_val=0)
+    b.ts("NVLink receive per GPU", [(f"sum by (node, gpu) (rate(fabricmon_nvlink_receive_bytes_total{{{N}}}[{RATE}]))",
+                                     "{{node}} gpu{{gpu}}")], "Bps", min_val=0)
+    b.ts("NVLink errors", [(f"sum by (node, gpu, link, type) (rate(fabricmon_nvlink_errors_total{{{N}}}[{RATE}]))",
+                            "{{node}} gpu{{gpu}} nvlink{{link}} {{type}}")], "cps", min_val=0)
+    b.ts("NVLinks down", [(f"count by (node, gpu) (fabricmon_nvlink_up{{{N}}} == 0)", "{{node}} gpu{{gpu}}")], "none", min_val=0)
+    b.ts("XID errors", [(f"sum by (node, gpu, xid) (increase(fabricmon_gpu_xid_errors_total{{{N}}}[{RATE}]))",
+                         "{{node}} gpu{{gpu}} xid {{xid}}")], "none", min_val=0)
+    b.ts("GPU utilization", [(f"fabricmon_gpu_utilization_ratio{{{N}}}", "{{node}} gpu{{gpu}}")], "percentunit",
+         min_val=0, max_val=1)
+    b.ts("Clock throttle reasons active", [(f"fabricmon_gpu_throttle_reason{{{N}}} == 1", "{{node}} gpu{{gpu}} {{reason}}")],
+         "none", description="Thermal or power throttling explains a compute straggler.")
+    b.ts("PCIe replays", [(f"sum by (node, gpu) (rate(fabricmon_gpu_pcie_replay_total{{{N}}}[{RATE}]))", "{{node}} gpu{{gpu}}")],
+         "cps", min_val=0)
+    b.row("Host")
+    b.ts("CPU utilization", [(f"fabricmon_host_cpu_utilization_ratio{{{N}}}", "{{node}}")], "percentunit", min_val=0, max_val=1)
+    b.ts("Memory available", [(f"fabricmon_host_memory_available_bytes{{{N}}}", "{{node}}")], "bytes", min_val=0)
+    return b
+
+
+def job() -> Board:
+    b = Board("fabricmon-job", "fabricmon / Job view",
+              "A training job: per-rank step and communication time, lateness, NCCL collectives.", ["job"])
+    b.row("Ranks")
+    b.ts("Step time per rank", [(f'fabricmon_rank_step_seconds{{{N}, job=~"$job"}}', "{{job}} rank {{rank}}")], "s",
+         min_val=0, legend=False)
+    b.ts("Communication time per rank", [(f'fabricmon_rank_comm_seconds{{{N}, job=~"$job"}}', "{{job}} rank {{rank}}")],
+         "s", min_val=0, legend=False)
+    b.ts("Top 10 late ranks (lateness score)",
+         [(f'topk(10, fabricmon_rank_lateness_score{{{C}, job=~"$job"}})', "{{job}} rank {{rank}}")], "none",
+         description="Robust z-score of lateness against the rank's peers (aggregator).")
+    b.ts("Step time spread", [
+        (f'max by (job) (fabricmon_rank_step_seconds{{{N}, job=~"$job"}})', "{{job}} max"),
+        (f'quantile by (job) (0.5, fabricmon_rank_step_seconds{{{N}, job=~"$job"}})', "{{job}} median"),
+        (f'min by (job) (fabricmon_rank_step_seconds{{{N}, job=~"$job"}})', "{{job}} min"),
+    ], "s", min_val=0)
+    b.row("NCCL collectives (NCCL Inspector)")
+    b.ts("Bus bandwidth per rank", [(f"fabricmon_nccl_bus_bandwidth_bytes_per_second{{{N}}}",
+                                      "{{node}} rank {{rank}} {{collective}}")], "Bps", min_val=0, legend=False)
+    b.ts("Time in collectives (share of wall time)",
+         [(f"sum by (node, rank) (rate(fabricmon_nccl_collective_seconds_total{{{N}}}[{RATE}]))", "{{node}} rank {{rank}}")],
+         "percentunit", min_val=0, legend=False)
+    b.ts("Collectives per second", [(f"sum by (collective) (rate(fabricmon_nccl_collectives_total{{{N}}}[{RATE}]))",
+                                     "{{collective}}")], "ops", min_val=0)
+    b.ts("Collective bytes per second", [(f"sum by (collective) (rate(fabricmon_nccl_collective_bytes_total{{{N}}}[{RATE}]))",
+                                          "{{collective}}")], "Bps", min_val=0)
+    b.row("Incidents")
+    b.ts("Open incidents by alert", [(f"sum by (alertname, component_type) (fabricmon_incidents_open{{{C}}})",
+                                      "{{alertname}} ({{component_type}})")], "none", min_val=0)
+    b.ts("Most suspected components", [(f"topk(10, fabricmon_component_suspicion{{{C}}})", "{{component}}")],
+         "percentunit", min_val=0)
+    return b
+
+
+def self_monitoring() -> Board:
+    b = Board("fabricmon-self", "fabricmon / Self-monitoring",
+              "The monitor itself: agent collectors, scrape health, aggregator ingest and alert delivery.", ["self"])
+    b.row("Agents")
+    b.stat("Agents scraped", f'sum(up{{{C}, job=~".*fabricmon-agent.*"}})', "none")
+    b.stat("Agents not scraped", f'count(up{{{C}, job=~".*fabricmon-agent.*"}} == 0) or vector(0)', "none",
+           thresholds=[(None, "green"), (1, "red")])
+    b.stat("Collectors failing", f"count(fabricmon_collector_up{{{N}}} == 0) or vector(0)", "none",
+           thresholds=[(None, "green"), (1, "orange")])
+    b.stat("Oldest snapshot served", f"max(fabricmon_snapshot_age_seconds{{{N}}})", "s",
+           thresholds=[(None, "green"), (5, "orange"), (30, "red")])
+    b.ts("Collectors up (nodes failing per collector)",
+         [(f"count by (collector) (fabricmon_collector_up{{{N}}} == 0)", "{{collector}}")], "none", min_val=0)
+    b.ts("Collector duration (max over nodes)",
+         [(f"max by (collector) (fabricmon_collector_duration_seconds{{{N}}})", "{{collector}}")], "s", min_val=0)
+    b.ts("Collector errors", [(f"sum by (collector) (rate(fabricmon_collector_errors_total{{{N}}}[{RATE}]))", "{{collector}}")],
+         "cps", min_val=0)
+    b.ts("Snapshot age (max over nodes)", [(f"max(fabricmon_snapshot_age_seconds{{{N}}})", "max age")], "s", min_val=0)
+    b.row("Aggregator")
+    b.ts("Agents connected", [(f"sum by (cluster) (fabricmon_agents_connected{{{C}}})", "connected")], "none", min_val=0)
+    b.ts("Ingest rate", [(f"sum(rate(fabricmon_ingest_samples_total{{{C}}}[{RATE}]))", "samples/s")], "cps", min_val=0)
+    b.ts("Alerts sent to Alertmanager", [(f"sum by (result) (rate(fabricmon_alerts_sent_total{{{C}}}[{RATE}]))", "{{result}}")],
+         "cps", min_val=0)
+    b.ts("Open incidents", [(f"sum by (alertname) (fabricmon_incidents_open{{{C}}})", "{{alertname}}")], "none", min_val=0)
+    return b
+
+
+DASHBOARDS = {"fabricmon-overview.json": overview, "fabricmon-node.json": node, "fabricmon-job.json": job,
+              "fabricmon-self.json": self_monitoring}
+
+
+def render() -> dict[str, str]:
+    return {name: json.dumps(fn().to_json(), indent=2, sort_keys=True) + "\n" for name, fn in DASHBOARDS.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(HERE / "json"), help="output directory (default dashboards/json)")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in render().items():
+        (out / name).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,257 @@
+"""Alertmanager client: POST /api/v2/alerts to every configured Alertmanager (HA: all of them).
+
+Decoupled from ``Engine.tick``: the service hands over the incidents that
+changed (``submit``), a background thread delivers.  Each URL has its own
+bounded queue and backoff, so one Alertmanager being down delays nobody else.
+Transitions (open, update, resolve) are never coalesced away; periodic
+re-sends of active alerts are (one pending re-send per alert and URL).  When
+a queue is full the oldest re-send goes first, and only if none is left the
+oldest transition (counted as ``result="dropped"``).  Alertmanager dedups
+on the label set, so an alert delivered twice after a retry is one alert.
+
+Times: incidents run on sample time (the agents' clocks; in simulation the
+simulated clock, which starts at a real epoch).  ``startsAt`` is the sample
+time the incident opened, mapped to RFC3339 directly.  An active alert's
+``endsAt`` is ``max(sample now, wall now) + 4 x resend interval`` so
+Alertmanager never auto-resolves an alert we keep re-sending, even when the
+sample clock lags the wall clock; a resolved alert's ``endsAt`` is the sample
+time it resolved, but never later than the wall clock (Alertmanager treats
+an ``endsAt`` in its future as still firing).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+import structlog
+
+from .incidents import Incident
+
+log = structlog.get_logger("fabricmon.aggregator.alertmanager")
+
+LABEL_KEYS = ("node", "rail", "leaf", "gpu", "job", "cluster")
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class _Url:
+    __slots__ = ("url", "queue", "pending_resend", "next_try", "backoff", "last_error")
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        if not self.url.endswith("/api/v2/alerts"):
+            self.url += "/api/v2/alerts"
+        self.queue: deque = deque()  # (kind, id, snapshot)
+        self.pending_resend: set[str] = set()
+        self.next_try = 0.0
+        self.backoff = 0.5
+        self.last_error = ""
+
+
+class AlertmanagerClient:
+    def __init__(self, urls: tuple[str, ...] | list[str], *, cluster: str = "", resend_seconds: float = 30.0,
+                 timeout: float = 5.0, queue_max: int = 10000, generator_url: str = "",
+                 runbook_base: str = "", wall: Callable[[], float] = time.time, max_batch: int = 200) -> None:
+        self.urls = [_Url(u) for u in urls]
+        self.cluster = cluster
+        self.resend_seconds = resend_seconds
+        self.timeout = timeout
+        self.queue_max = queue_max
+        self.generator_url = generator_url.rstrip("/")
+        self.runbook_base = runbook_base
+        self.wall = wall
+        self.max_batch = max_batch
+        self.sent_total: dict[str, int] = {"success": 0, "error": 0, "dropped": 0}
+        self._active: dict[str, dict] = {}  # id -> snapshot of an open incident
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_resend = wall()
+        self._sample_now = 0.0
+
+    # ------------------------------------------------------------------ producer side
+    def submit(self, incidents: list[Incident], sample_now: float | None = None) -> None:
+        """Queue the transitions of incidents that changed (open, update or resolve)."""
+        if not self.urls:
+            return
+        with self._lock:
+            if sample_now is not None:
+                self._sample_now = max(self._sample_now, sample_now)
+            for inc in incidents:
+                snap = self._snapshot(inc)
+                if inc.open:
+                    self._active[inc.id] = snap
+                    kind = "open"
+                else:
+                    was_active = self._active.pop(inc.id, None) is not None
+                    if inc.folded_into and not was_active and not self._queued(inc.id):
+                        continue  # folded before anyone heard of it
+                    kind = "resolve"
+                for u in self.urls:
+                    self._enqueue(u, kind, inc.id, snap)
+        self._wake.set()
+
+    def _queued(self, iid: str) -> bool:
+        return any(e[1] == iid for u in self.urls for e in u.queue)
+
+    def _snapshot(self, inc: Incident) -> dict:
+        labels = {"alertname": inc.alertname, "severity": inc.severity, "component_type": inc.component_type,
+                  "component": inc.component}
+        for k in LABEL_KEYS:
+            v = inc.labels.get(k)
+            if v:
+                labels[k] = str(v)
+        if self.cluster and "cluster" not in labels:
+            labels["cluster"] = self.cluster
+        return {
+            "labels": labels,
+            "annotations": {
+                "summary": inc.summary,
+                "description": inc.full_description(),
+                "runbook_url": f"{self.runbook_base}{inc.alertname.lower()}" if self.runbook_base else "",
+                "incident_id": inc.id,
+            },
+            "starts": inc.first_seen,
+            "last_seen": inc.last_seen,
+            "resolved_at": inc.resolved_at,
+            "id": inc.id,
+        }
+
+    def _enqueue(self, u: _Url, kind: str, iid: str, snap: dict) -> None:
+        if kind == "resend":
+            if iid in u.pending_resend or any(e[1] == iid for e in u.queue):
+                return
+            u.pending_resend.add(iid)
+        if len(u.queue) >= self.queue_max:
+            victim = next((e for e in u.queue if e[0] == "resend"), None)
+            if victim is not None:
+                u.queue.remove(victim)
+                u.pending_resend.discard(victim[1])
+            else:
+                u.queue.popleft()
+            self.sent_total["dropped"] += 1
+            log.warning("alertmanager_queue_full", url=u.url, queue_max=self.queue_max)
+        u.queue.append((kind, iid, snap))
+
+    # ------------------------------------------------------------------ payloads
+    def payload(self, snap: dict) -> dict:
+        wall = self.wall()
+        if snap["resolved_at"] is None:
+            ends = max(self._sample_now, snap["last_seen"], wall) + 4 * self.resend_seconds
+        else:
+            ends = min(snap["resolved_at"], wall)
+            ends = max(ends, snap["starts"])
+        ann = {k: v for k, v in snap["annotations"].items() if v}
+        out = {"labels": snap["labels"], "annotations": ann, "startsAt": rfc3339(snap["starts"]),
+               "endsAt": rfc3339(ends)}
+        if self.generator_url:
+            out["generatorURL"] = f"{self.generator_url}/api/incidents?id={snap['id']}"
+        return out
+
+    # ------------------------------------------------------------------ delivery
+    def start(self) -> None:
+        if self._thread is None and self.urls:
+            self._thread = threading.Thread(target=self._run, name="alertmanager-sender", daemon=True)
+            self._thread.start()
+
+    def stop(self, flush_timeout: float = 2.0) -> None:
+        if self._thread is None:
+            return
+        self.flush(flush_timeout)
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=self.timeout + 2)
+        self._thread = None
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every queue is empty (or ``timeout`` wall seconds); True when empty."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not any(u.queue for u in self.urls):
+                    return True
+            self._wake.set()
+            time.sleep(0.05)
+        return False
+
+    def pending(self) -> int:
+        with self._lock:
+            return sum(len(u.queue) for u in self.urls)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._once()
+            except Exception:  # never let the sender die
+                log.exception("alertmanager_sender_error")
+            self._wake.wait(0.1)
+            self._wake.clear()
+
+    def _once(self) -> None:
+        now = time.monotonic()
+        if self.wall() - self._last_resend >= self.resend_seconds:
+            self._last_resend = self.wall()
+            with self._lock:
+                for iid, snap in self._active.items():
+                    for u in self.urls:
+                        self._enqueue(u, "resend", iid, snap)
+        for u in self.urls:
+            if not u.queue or now < u.next_try:
+                continue
+            with self._lock:
+                items, ids = [], set()
+                for e in u.queue:  # one entry per alert and POST: an open is delivered before its resolve
+                    if e[1] in ids or len(items) >= self.max_batch:
+                        break
+                    ids.add(e[1])
+                    items.append(e)
+                body = [self.payload(e[2]) for e in items]
+            ok = self._post(u, body)
+            with self._lock:
+                if ok:
+                    for e in items:
+                        if u.queue and u.queue[0] is e:
+                            u.queue.popleft()
+                        else:  # the queue was trimmed meanwhile
+                            try:
+                                u.queue.remove(e)
+                            except ValueError:
+                                pass
+                        if e[0] == "resend":
+                            u.pending_resend.discard(e[1])
+                    u.backoff = 0.5
+                    u.next_try = 0.0
+                    self.sent_total["success"] += len(body)
+                else:
+                    self.sent_total["error"] += len(body)
+                    u.next_try = now + u.backoff * random.uniform(0.8, 1.2)
+                    u.backoff = min(u.backoff * 2, 30.0)
+
+    def _post(self, u: _Url, body: list[dict]) -> bool:
+        data = json.dumps(body).encode()
+        req = urllib.request.Request(u.url, data=data, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                resp.read()
+                ok = 200 <= resp.status < 300
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            if str(exc) != u.last_error:
+                log.warning("alertmanager_post_failed", url=u.url, error=str(exc))
+                u.last_error = str(exc)
+            return False
+        if ok and u.last_error:
+            log.info("alertmanager_post_recovered", url=u.url)
+            u.last_error = ""
+        return ok

@@ -1,0 +1,148 @@
+"""The aggregator's HTTP side: /metrics, /api/incidents, /healthz, /readyz.
+
+/metrics is a custom collector on a private registry that serializes what the
+engine and the Alertmanager client hold (nothing is computed at scrape time).
+/api/incidents lists incidents with RFC3339 UTC times; ``?state=open`` (the
+default is ``all``), ``?id=`` selects one.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from .alertmanager import rfc3339
+from .engine import Engine
+
+
+class AggregatorCollector:
+    def __init__(self, engine: Engine, sender=None) -> None:
+        self.engine = engine
+        self.sender = sender
+
+    def collect(self):
+        snap = self.engine.metrics_snapshot()
+        g = GaugeMetricFamily("fabricmon_agents_connected", "Agents with an open stream.")
+        g.add_metric([], snap["agents_connected"])
+        yield g
+        c = CounterMetricFamily("fabricmon_ingest_samples", "Deltas, gauges and rank timings ingested.")
+        c.add_metric([], snap["samples_total"])
+        yield c
+        c = CounterMetricFamily("fabricmon_ingest_batches", "Agent batches ingested.")
+        c.add_metric([], snap["batches_total"])
+        yield c
+        c = CounterMetricFamily("fabricmon_ingest_batches_dropped", "Duplicate or replayed batches dropped.")
+        c.add_metric([], snap["batches_dropped_total"])
+        yield c
+        g = GaugeMetricFamily("fabricmon_component_suspicion",
+                              "Fault probability per component from fused counter and slow-rank evidence.",
+                              labels=["component_type", "component"])
+        for (ctype, comp), p in sorted(snap["suspicion"].items()):
+            g.add_metric([ctype, comp], p)
+        yield g
+        g = GaugeMetricFamily("fabricmon_rank_lateness_score", "Robust lateness z-score of the rank's last step.",
+                              labels=["job", "rank"])
+        for job, rank, score in snap["lateness"]:
+            g.add_metric([job, str(rank)], score)
+        yield g
+        g = GaugeMetricFamily("fabricmon_incidents_open", "Open incidents.", labels=["alertname", "component_type"])
+        for (a, t), n in sorted(snap["incidents_open"].items()):
+            g.add_metric([a, t], n)
+        yield g
+        c = CounterMetricFamily("fabricmon_alerts_sent", "Alerts posted to Alertmanager, by result.",
+                                labels=["result"])
+        sent = dict(self.sender.sent_total) if self.sender is not None else {}
+        for result in ("success", "error", "dropped"):
+            c.add_metric([result], sent.get(result, 0))
+        yield c
+        g = GaugeMetricFamily("fabricmon_alerts_queued", "Alert transitions waiting for delivery.")
+        g.add_metric([], self.sender.pending() if self.sender is not None else 0)
+        yield g
+        c = CounterMetricFamily("fabricmon_tick_duration_seconds", "Time spent in detection ticks.")
+        c.add_metric([], snap["tick_seconds_sum"])
+        yield c
+        g = GaugeMetricFamily("fabricmon_tick_last_duration_seconds", "Duration of the last detection tick.")
+        g.add_metric([], snap["tick_seconds_last"])
+        yield g
+        c = CounterMetricFamily("fabricmon_ticks", "Detection ticks run.")
+        c.add_metric([], snap["ticks_total"])
+        yield c
+        g = GaugeMetricFamily("fabricmon_newest_sample_timestamp_seconds", "Newest sample time ingested.")
+        g.add_metric([], snap["newest_ts"])
+        yield g
+
+
+def incident_json(inc) -> dict:
+    d = inc.to_dict()
+    for k in ("first_seen", "last_seen", "resolved_at"):
+        if d[k] is not None:
+            d[k] = rfc3339(d[k])
+    return d
+
+
+class HttpApi:
+    def __init__(self, engine: Engine, listen: tuple[str, int], sender=None,
+                 ready=lambda: True) -> None:
+        self.engine = engine
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(AggregatorCollector(engine, sender))
+        self.ready = ready
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # quiet: structlog is the log
+                pass
+
+            def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):  # noqa: N802
+                u = urlparse(self.path)
+                if u.path == "/metrics":
+                    self._send(200, generate_latest(api.registry), CONTENT_TYPE_LATEST)
+                elif u.path == "/healthz":
+                    self._send(200, b"ok\n")
+                elif u.path == "/readyz":
+                    ok = api.ready()
+                    self._send(200 if ok else 503, b"ready\n" if ok else b"not ready\n")
+                elif u.path == "/api/incidents":
+                    q = parse_qs(u.query)
+                    state = q.get("state", ["all"])[0]
+                    if state not in ("open", "all"):
+                        self._send(400, b"state must be open or all\n")
+                        return
+                    incs = api.engine.incidents(include_resolved=state == "all")
+                    if "id" in q:
+                        incs = [i for i in incs if i.id in q["id"]]
+                    body = json.dumps([incident_json(i) for i in incs], indent=1).encode()
+                    self._send(200, body, "application/json")
+                else:
+                    self._send(404, b"not found\n")
+
+        self.server = ThreadingHTTPServer(listen, Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, name="aggregator-http", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self.server.server_address[1]
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)

@@ -1,0 +1,168 @@
+"""A synthetic synchronous training job whose per-rank timings make stragglers findable.
+
+Layout: one rank per GPU, ``rank = node_index * 8 + gpu``, ``local_rank = gpu``;
+tensor parallel ``tp = 8`` inside a node (NVLink), pipeline ``pp`` stages of
+consecutive nodes (default 1), data parallel across the ``dp = nodes / pp``
+nodes of a stage.  Rail-optimized: GPU g's gradients are all-reduced in a ring
+over the rail-g NICs of every node of its stage (8 rings per stage).
+
+One step (all times in simulated seconds, deliberately simple):
+
+1. compute: ``compute_seconds * N(1, jitter) * gpu_slow`` per GPU (a throttled
+   GPU is ``magnitude`` times slower);
+2. tensor-parallel collectives over NVLink inside the node: the node's 8 ranks
+   leave them together, when the slowest GPU is done plus ``tp_seconds *
+   tp_slow`` (NVLink faults raise ``tp_slow``); a rank waits there
+   ``max(compute of its node) - own compute``;
+3. data-parallel ring all-reduce on rail g: it starts when the last node of the
+   stage is ready (the others wait), and moves ``2 (D-1)/D * grad_bytes`` per
+   rank at the bandwidth of the *slowest* link in the ring (``link_gbps *
+   efficiency * nic_bw``: a degraded link or leaf slows every ring through it);
+4. synchronous training: every rank's step ends when the slowest ring of the
+   whole job is done (the optimizer step and the next pipeline flush
+   synchronize everyone), so ``step_seconds`` is the same for all ranks.
+
+What each rank reports (the rank-timing line of DESIGN "Contract"):
+``step_seconds`` (includes waiting) and ``comm_seconds`` = time inside
+collectives including waiting in them = TP time + TP wait + ring wait + ring
+transfer.  The step-end barrier is not a collective of the rank's groups, so
+the time spent waiting for *other* rings is in neither comm nor compute of
+the ring; ``step - comm`` is the rank's compute plus that barrier wait.
+
+Consequences (tested): a slow GPU arrives last everywhere, so its rank has the
+*shortest* ``comm_seconds`` of its TP group and of its ring (DESIGN
+"Correlation": the inversion), and its node's peers and its ring peers show
+the wait; a slow link raises ``comm_seconds`` of exactly the ranks whose ring
+traverses it (rail g of that link's stage), every other rank's comm stays put
+and only its step time grows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..rank_timing import JobLayout, RankTiming, to_json
+from .cluster import Effects
+from .hw import NGPU, NRAILS
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str = "llm-7b"
+    pp: int = 1
+    compute_seconds: float = 1.2
+    jitter: float = 0.01  # relative standard deviation of a GPU's compute time
+    tp_seconds: float = 0.06  # NVLink (tensor-parallel) collective time per step
+    grad_bytes_per_rank: float = 9e9  # gradient bytes each rank all-reduces per step
+    link_gbps: float = 400.0
+    efficiency: float = 0.9  # share of the line rate NCCL reaches on a ring
+
+
+class SyntheticJob:
+    def __init__(self, node_names: list[str], spec: JobSpec = JobSpec(), *, seed: int = 0,
+                 epoch: float = 0.0, start: float = 0.0) -> None:
+        n = len(node_names)
+        if spec.pp < 1 or n % spec.pp:
+            raise ValueError(f"pp={spec.pp} must divide the {n} nodes")
+        self.spec = spec
+        self.names = node_names
+        self.n = n
+        self.pp = spec.pp
+        self.dp = n // spec.pp
+        self.epoch = epoch
+        self.rng = np.random.default_rng([seed, 3])
+        self.step = 0
+        self.t = start  # simulated time the next step starts
+        d = self.dp
+        self.ring_bytes = 2 * (d - 1) / d * spec.grad_bytes_per_rank if d > 1 else 0.0
+        self.last_step_seconds = self.nominal_step_seconds()
+        self.layout = JobLayout(spec.name, (("tp", NGPU), ("pp", self.pp), ("dp", self.dp)))
+        self.stage = np.arange(n) // self.dp
+        self.dp_index = np.arange(n) % self.dp
+        self._groups = [[(("tp", g), ("pp", int(self.stage[i])), ("dp", int(self.dp_index[i]))) for g in range(NGPU)]
+                        for i in range(n)]
+        self._group_cache: dict = {}
+
+    def nominal_step_seconds(self) -> float:
+        bw = self.spec.link_gbps * 1e9 / 8 * self.spec.efficiency
+        return self.spec.compute_seconds + self.spec.tp_seconds + self.ring_bytes / bw
+
+    # ------------------------------------------------------------------ physics
+    def simulate_step(self, eff: Effects) -> dict[str, np.ndarray]:
+        """One step's timings for every rank; arrays shaped (nodes, gpus) unless noted."""
+        s = self.spec
+        n, pp, dp = self.n, self.pp, self.dp
+        compute = s.compute_seconds * eff.gpu_slow * (1 + s.jitter * self.rng.standard_normal((n, NGPU)))
+        compute = np.maximum(compute, 0.01)
+        tp_time = s.tp_seconds * eff.tp_slow  # (n,)
+        node_max = compute.max(axis=1)
+        tp_wait = node_max[:, None] - compute
+        ready = node_max + tp_time  # (n,) when the node enters its rings
+        ready_s = ready.reshape(pp, dp)
+        ring_start = ready_s.max(axis=1)  # (pp,) the same for the 8 rings of a stage
+        bw = eff.nic_bw[:, :NRAILS].reshape(pp, dp, NRAILS).min(axis=1)  # (pp, rails): slowest link
+        bytes_per_s = s.link_gbps * 1e9 / 8 * s.efficiency * np.maximum(bw, 1e-3)
+        transfer = self.ring_bytes / bytes_per_s  # (pp, rails)
+        ring_end = ring_start[:, None] + transfer
+        step_seconds = float(ring_end.max())
+        dp_wait = (ring_start[:, None] - ready_s).reshape(n)  # (n,)
+        transfer_rank = np.repeat(transfer, dp, axis=0)  # (n, rails == gpus)
+        comm = tp_time[:, None] + tp_wait + dp_wait[:, None] + transfer_rank
+        return {"compute": compute, "comm": comm, "step_seconds": np.float64(step_seconds),
+                "transfer": transfer, "ready": ready}
+
+    def advance_to(self, t: float, eff: Effects) -> list[RankTiming]:
+        """Run every step that ends at or before simulated time t; their RankTimings (ts = step end)."""
+        out: list[RankTiming] = []
+        while True:
+            res = self.simulate_step(eff)
+            step_s = float(res["step_seconds"])
+            if self.t + step_s > t + 1e-9:
+                self._pending = res  # not finished yet: re-simulated next time (state may change)
+                break
+            self.t += step_s
+            self.step += 1
+            self.last_step_seconds = step_s
+            out.extend(self.timings(res, self.epoch + self.t))
+        return out
+
+    def timings(self, res: dict, ts: float) -> list[RankTiming]:
+        comm = np.round(res["comm"], 6).tolist()
+        step_s = round(float(res["step_seconds"]), 6)
+        name, step = self.spec.name, self.step
+        out = []
+        for i in range(self.n):
+            node = self.names[i]
+            row = comm[i]
+            groups = self._groups[i]
+            base = i * NGPU
+            for g in range(NGPU):
+                out.append(RankTiming(name, base + g, g, step, step_s, row[g], ts, node, -1, groups[g]))
+        return out
+
+    # ------------------------------------------------------------------ load it puts on the cluster
+    def rail_bytes_per_second(self) -> np.ndarray:
+        """(nodes, rails) average bytes/s per direction each rail NIC carries."""
+        rate = self.ring_bytes / max(self.last_step_seconds, 1e-6)
+        return np.full((self.n, NRAILS), rate)
+
+    def nvlink_activity(self) -> np.ndarray:
+        """(nodes,) NVLink load relative to a nominal step."""
+        return np.full(self.n, self.nominal_step_seconds() / max(self.last_step_seconds, 1e-6))
+
+
+def timing_lines(timings: list[RankTiming], *, include_node: bool = False) -> list[str]:
+    """JSON lines for the rank intake (the agent adds ``node`` itself)."""
+    from dataclasses import replace
+
+    if include_node:
+        return [to_json(t) for t in timings]
+    return [to_json(replace(t, node="")) for t in timings]
+
+
+def layout_line(job: SyntheticJob) -> str:
+    import json
+
+    return json.dumps({"job": job.layout.job, "layout": dict(job.layout.layout)}, separators=(",", ":"))

@@ -1,0 +1,226 @@
+"""dashboards/: regeneration is stable, the JSON is structurally a Grafana dashboard,
+every query is valid PromQL over metrics that exist."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from promtools import REPO, promtool
+
+DASH = REPO / "dashboards"
+JSON_DIR = DASH / "json"
+RECORDING_RULES = REPO / "deploy" / "prometheus" / "fabricmon-recording.rules.yml"
+AGGREGATOR_METRICS = {"fabricmon_agents_connected", "fabricmon_ingest_samples_total", "fabricmon_component_suspicion",
+                      "fabricmon_rank_lateness_score", "fabricmon_incidents_open", "fabricmon_alerts_sent_total"}
+PROMETHEUS_BUILTIN = {"up"}  # per-target scrape health, written by Prometheus itself
+REQUIRED_VARS = ["datasource", "cluster", "job", "rail", "leaf", "node"]
+
+PROMQL_FUNCTIONS = {
+    "abs", "absent", "absent_over_time", "avg_over_time", "ceil", "changes", "clamp", "clamp_max", "clamp_min",
+    "count_over_time", "day_of_month", "day_of_week", "days_in_month", "delta", "deriv", "exp", "floor",
+    "histogram_quantile", "holt_winters", "hour", "idelta", "increase", "irate", "label_join", "label_replace",
+    "last_over_time", "ln", "log10", "log2", "max_over_time", "min_over_time", "minute", "month", "predict_linear",
+    "present_over_time", "quantile_over_time", "rate", "resets", "round", "scalar", "sgn", "sort", "sort_desc",
+    "sqrt", "stddev_over_time", "stdvar_over_time", "sum_over_time", "time", "timestamp", "vector", "year",
+    "label_values",
+}
+PROMQL_KEYWORDS = {
+    "sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values", "bottomk", "topk", "quantile",
+    "by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "offset", "bool",
+    "inf", "nan",
+}
+
+
+def _load_generator():
+    spec = importlib.util.spec_from_file_location("fabricmon_dashboards_generate", DASH / "generate.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _dashboards() -> dict[str, dict]:
+    return {p.name: json.loads(p.read_text()) for p in sorted(JSON_DIR.glob("*.json"))}
+
+
+def _panels(dash: dict):
+    for p in dash["panels"]:
+        yield p
+        yield from p.get("panels", [])
+
+
+def _exprs(dash: dict) -> list[str]:
+    out = [t["expr"] for p in _panels(dash) for t in p.get("targets", [])]
+    out += [v["definition"] for v in dash["templating"]["list"] if v["type"] == "query"]
+    return out
+
+
+def known_metrics() -> set[str]:
+    from fabricmon.metrics import SELF_SPECS, SPECS
+
+    names = set()
+    for spec in [*SPECS.values(), *SELF_SPECS.values()]:
+        names.add(spec.name)
+        if spec.kind == "counter" and not spec.name.endswith("_total"):
+            names.add(spec.name + "_total")
+    for group in yaml.safe_load(RECORDING_RULES.read_text())["groups"]:
+        names |= {r["record"] for r in group["rules"] if "record" in r}
+    return names | AGGREGATOR_METRICS | PROMETHEUS_BUILTIN
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names in a PromQL expression (identifiers that are not functions, keywords or labels)."""
+    s = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)           # string literals (label values, regexes)
+    s = re.sub(r"\{[^{}]*\}", " ", s)                       # label matchers
+    s = re.sub(r"\[[^\]]*\]", " ", s)                       # range/subquery durations
+    s = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", r" \1 ", s)  # label lists
+    s = re.sub(r"\$\{?\w+\}?", " ", s)                      # Grafana variables
+    s = re.sub(r"\boffset\s+\d+[smhdwy]", " ", s)
+    names = set()
+    for m in re.finditer(r"(?<![\w:.])([A-Za-z_:][\w:]*)(\s*\()?", s):
+        ident, call = m.group(1), m.group(2)
+        if call and ident in PROMQL_FUNCTIONS | PROMQL_KEYWORDS:
+            continue
+        if ident in PROMQL_KEYWORDS or re.fullmatch(r"\d.*", ident):
+            continue
+        assert not call, f"unknown function {ident!r} in {expr!r}"
+        names.add(ident)
+    return names
+
+
+def test_metric_name_parser() -> None:
+    e = ('topk(10, sum by (node, device) (rate(fabricmon_a_total{cluster=~"$cluster", x="rate(y)"}[$__rate_interval]))'
+         ' * on (node) group_left (rail) fabricmon:ib_port:info{rail!=""}) or vector(0) > bool 2')
+    assert metric_names(e) == {"fabricmon_a_total", "fabricmon:ib_port:info"}
+    # label_values' label argument looks like a name: the caller drops it.
+    assert metric_names('label_values(fabricmon_ib_port_info{cluster=~"$cluster"}, rail)') \
+        == {"fabricmon_ib_port_info", "rail"}
+    assert metric_names("rate(fabricmon_bogus_total[5m])") == {"fabricmon_bogus_total"}
+    assert "fabricmon_bogus_total" not in known_metrics()
+    assert metric_names("up == 0") == {"up"}
+
+
+def test_regeneration_is_identical(tmp_path: Path) -> None:
+    gen = _load_generator()
+    assert gen.main(["--out", str(tmp_path)]) == 0
+    generated = {p.name: p.read_text() for p in tmp_path.glob("*.json")}
+    committed = {p.name: p.read_text() for p in JSON_DIR.glob("*.json")}
+    assert generated.keys() == committed.keys()
+    for name in generated:
+        assert generated[name] == committed[name], f"{name} is stale: run python dashboards/generate.py"
+
+
+def test_four_dashboards() -> None:
+    titles = {d["title"] for d in _dashboards().values()}
+    assert titles == {"fabricmon / Fabric overview", "fabricmon / Node drill-down", "fabricmon / Job view",
+                      "fabricmon / Self-monitoring"}
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in JSON_DIR.glob("*.json")))
+def test_dashboard_structure(name: str) -> None:
+    d = _dashboards()[name]
+    for key in ("uid", "title", "panels", "templating", "schemaVersion", "time", "annotations", "tags"):
+        assert key in d, key
+    assert d["id"] is None and isinstance(d["schemaVersion"], int) and d["schemaVersion"] >= 36
+    assert re.fullmatch(r"[a-zA-Z0-9_-]{1,40}", d["uid"])
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    assert list(variables)[: len(REQUIRED_VARS)] == REQUIRED_VARS
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    for v in variables.values():
+        if v["type"] == "query":
+            assert v["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+    ids = [p["id"] for p in _panels(d)]
+    assert len(ids) == len(set(ids)), "duplicate panel ids"
+    occupied: set[tuple[int, int]] = set()
+    for p in _panels(d):
+        g = p["gridPos"]
+        assert set(g) == {"x", "y", "w", "h"} and g["w"] > 0 and g["h"] > 0 and g["x"] + g["w"] <= 24
+        cells = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert not cells & occupied, f"panel {p['title']!r} overlaps another"
+        occupied |= cells
+        if p["type"] == "row":
+            continue
+        assert p["title"]
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        assert p["fieldConfig"]["defaults"].get("unit"), f"panel {p['title']!r} has no unit"
+        assert p["targets"]
+        refs = [t["refId"] for t in p["targets"]]
+        assert len(refs) == len(set(refs))
+        for t in p["targets"]:
+            assert t["expr"].strip()
+            assert t["datasource"]["uid"] == "${datasource}"
+
+
+def _counter_contexts(expr: str) -> list[tuple[str, str | None]]:
+    """(metric, innermost enclosing function) for every *_total identifier."""
+    s = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    out: list[tuple[str, str | None]] = []
+    stack: list[str | None] = []
+    i = 0
+    while i < len(s):
+        m = re.match(r"[A-Za-z_:][\w:]*", s[i:])
+        if m:
+            word = m.group(0)
+            j = i + len(word)
+            rest = s[j:].lstrip()
+            if rest.startswith("("):
+                stack.append(word)
+                i = j + (len(s[j:]) - len(rest)) + 1
+                continue
+            if word.endswith("_total"):
+                out.append((word, next((f for f in reversed(stack) if f is not None), None)))
+            i = j
+            continue
+        if s[i] == "(":
+            stack.append(None)
+        elif s[i] == ")":
+            stack.pop()
+        i += 1
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in JSON_DIR.glob("*.json")))
+def test_queries_use_rate_interval_and_known_metrics(name: str) -> None:
+    d = _dashboards()[name]
+    known = known_metrics()
+    for expr in _exprs(d):
+        names = metric_names(expr)
+        if expr.startswith("label_values("):
+            names -= {expr.rstrip(")").rsplit(",", 1)[1].strip()}
+        assert names <= known, f"unknown metric(s) {names - known} in {expr!r}"
+        for metric, fn in _counter_contexts(expr):
+            assert fn in ("rate", "irate", "increase"), f"{metric} not inside rate() in {expr!r}"
+        for m in re.finditer(r"\b(rate|irate|increase)\s*\(", expr):
+            depth, j = 1, m.end()
+            while depth:
+                depth += {"(": 1, ")": -1}.get(expr[j], 0)
+                j += 1
+            assert "[$__rate_interval]" in expr[m.end():j], f"{m.group(1)} without $__rate_interval in {expr!r}"
+
+
+def test_queries_parse_with_promtool(tmp_path: Path) -> None:
+    """Every query, with Grafana variables substituted, is valid PromQL (promtool check rules)."""
+    rules = []
+    for name, d in _dashboards().items():
+        for i, p in enumerate(_panels(d)):
+            for t in p.get("targets", []):
+                expr = t["expr"].replace("$__rate_interval", "1m")
+                expr = re.sub(r"\$\{?(\w+)\}?", ".*", expr)
+                rules.append({"record": f"dashboard:{name.split('.')[0].replace('-', '_')}:p{i}{t['refId']}",
+                              "expr": expr})
+    f = tmp_path / "dashboard-queries.rules.yml"
+    f.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}))
+    res = promtool("check", "rules", f)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_provisioning() -> None:
+    dash = yaml.safe_load((DASH / "provisioning" / "dashboards.yaml").read_text())
+    assert dash["apiVersion"] == 1 and dash["providers"][0]["type"] == "file"
+    ds = yaml.safe_load((DASH / "provisioning" / "datasources.yaml").read_text())
+    assert ds["apiVersion"] == 1 and ds["datasources"][0]["type"] == "prometheus"

@@ -1,0 +1,447 @@
+"""Engine end to end on hand-built agent batches (no simulator): detection, folding, resets, quiet runs."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from fabricmon.aggregator.config import DetectionSettings
+from fabricmon.aggregator.engine import Engine
+from fabricmon.batch import NicHello, NodeBatch, NodeHello
+from fabricmon.model import CounterDelta, Sample
+from fabricmon.rank_timing import RankTiming
+from fabricmon.topology import generate_topology
+
+T0 = 1_764_000_000.0
+PORT = (("device", ""), ("port", "1"))
+
+
+def _port(dev: str) -> tuple:
+    return (("device", dev), ("port", "1"))
+
+
+class Feed:
+    """Builds one node's batches second by second: steady traffic plus injected evidence."""
+
+    def __init__(self, topo, node: str, seed: int = 0, roce: bool = True):
+        self.topo, self.node, self.seq = topo, node, 0
+        self.rng = random.Random(seed)
+        self.spec = topo.nodes[node]
+        self.roce = roce
+        self.extra_deltas: list[CounterDelta] = []
+        self.extra_gauges: list[Sample] = []
+
+    def hello(self, boot_id: str = "boot-1") -> NodeHello:
+        nics = tuple(NicHello(n.device, "1", str(n.rail), "Ethernet" if self.roce else "InfiniBand",
+                              f"eth{n.rail}", n.rate_gbps, n.width, n.gpu) for n in self.spec.nics)
+        return NodeHello(self.node, "test", 1.0, nics, self.spec.gpus, boot_id)
+
+    def gauges_all(self) -> list[Sample]:
+        out = []
+        for n in self.spec.nics:
+            lab = _port(n.device)
+            out += [Sample("fabricmon_ib_port_state", lab, 4.0), Sample("fabricmon_ib_port_physical_state", lab, 5.0),
+                    Sample("fabricmon_ib_port_rate_bytes_per_second", lab, n.rate_gbps * 1e9 / 8),
+                    Sample("fabricmon_ib_port_width_lanes", lab, float(n.width))]
+            for check in ("pfc", "trust", "ecn_np", "ecn_rp", "mtu", "rate", "width"):
+                out.append(Sample("fabricmon_fabric_config_ok",
+                                  (("device", n.device), ("interface", f"eth{n.rail}"), ("check", check)), 1.0))
+        for g in range(self.spec.gpus):
+            for link in range(18):
+                out.append(Sample("fabricmon_nvlink_up", (("gpu", str(g)), ("link", str(link))), 1.0))
+        return out
+
+    def batch(self, t: float, first: bool = False, ranks=()) -> NodeBatch:
+        r = self.rng
+        self.seq += 1
+        deltas = []
+        for n in self.spec.nics:
+            lab = _port(n.device)
+            deltas += [
+                CounterDelta("fabricmon_ib_port_transmit_bytes_total", lab, r.uniform(1e9, 2e10)),
+                CounterDelta("fabricmon_ib_port_receive_bytes_total", lab, r.uniform(1e9, 2e10)),
+                CounterDelta("fabricmon_ib_port_transmit_wait_total", lab, float(r.randint(0, 2000))),
+                CounterDelta("fabricmon_ib_port_errors_total", lab + (("counter", "symbol_error"),), 0.0),
+                CounterDelta("fabricmon_rdma_transport_retries_total", lab + (("counter", "out_of_sequence"),),
+                             float(r.choice((0, 0, 0, 1)))),
+            ]
+            for d in ("rx", "tx"):
+                deltas.append(CounterDelta("fabricmon_pfc_pause_seconds_total",
+                                           (("interface", f"eth{n.rail}"), ("priority", "3"), ("direction", d)),
+                                           r.randint(0, 2) * 5e-6))
+        for g in range(self.spec.gpus):
+            for link in range(18):
+                lab = (("gpu", str(g)), ("link", str(link)))
+                deltas.append(CounterDelta("fabricmon_nvlink_transmit_bytes_total", lab, r.uniform(1e9, 5e9)))
+        deltas += self.extra_deltas
+        gauges = (self.gauges_all() if first else []) + self.extra_gauges
+        self.extra_deltas, self.extra_gauges = [], []
+        return NodeBatch(self.node, self.seq, t, 1.0, tuple(deltas), tuple(gauges), tuple(ranks))
+
+    def add(self, family: str, labels: tuple, delta: float, reset: bool = False) -> None:
+        self.extra_deltas.append(CounterDelta(family, labels, delta, reset=reset))
+
+    def gauge(self, family: str, labels: tuple, value: float) -> None:
+        self.extra_gauges.append(Sample(family, labels, value))
+
+
+class Cluster:
+    def __init__(self, nodes: int = 16, nodes_per_unit: int = 8, settings: DetectionSettings | None = None,
+                 seed: int = 1):
+        self.topo = generate_topology(nodes, nodes_per_unit=nodes_per_unit, layout="roce", cluster="test")
+        self.engine = Engine(self.topo, settings or DetectionSettings())
+        self.feeds = {n: Feed(self.topo, n, seed + i) for i, n in enumerate(self.topo.nodes)}
+        self.t = T0
+        for f in self.feeds.values():
+            self.engine.hello(f.hello())
+        self.first = True
+        self.ranks_fn = None
+
+    def step(self, inject=None) -> None:
+        """Advance one second of sample time: every node sends a batch, then the engine ticks."""
+        self.t += 1.0
+        if inject is not None:
+            inject(self)
+        for name, f in self.feeds.items():
+            ranks = self.ranks_fn(self, name) if self.ranks_fn else ()
+            self.engine.ingest(f.batch(self.t, first=self.first, ranks=ranks))
+        self.first = False
+        self.engine.tick(self.t)
+
+    def run(self, seconds: int, inject=None) -> None:
+        for _ in range(seconds):
+            self.step(inject)
+
+    def incidents(self, **match):
+        return [i for i in self.engine.incidents() if all(getattr(i, k) == v for k, v in match.items())]
+
+
+def flaky(node: str, dev: str):
+    def inject(c: Cluster):
+        f = c.feeds[node]
+        r = f.rng
+        lab = _port(dev)
+        f.add("fabricmon_ib_port_errors_total", lab + (("counter", "symbol_error"),), float(r.randint(200, 2000)))
+        f.add("fabricmon_ib_port_errors_total", lab + (("counter", "port_rcv_errors"),), float(r.randint(5, 50)))
+        f.add("fabricmon_ib_port_errors_total", lab + (("counter", "link_error_recovery"),), 1.0)
+    return inject
+
+
+def test_flaky_cable_detected_within_5s_and_resolved():
+    c = Cluster()
+    c.run(20)
+    assert c.engine.incidents() == []
+    start = c.t + 1
+    c.run(60, flaky("node-003", "mlx5_3"))
+    inc = c.incidents(alertname="FabricLinkErrors")
+    assert len(inc) == 1, c.engine.incidents()
+    i = inc[0]
+    assert i.component == "node-003/mlx5_3/1" and i.component_type == "link"
+    assert i.first_seen - start <= 5.0
+    assert i.labels["rail"] == "3" and i.labels["leaf"] == "leaf-u0-r3" and i.labels["node"] == "node-003"
+    assert any("symbol" in e for e in i.evidence)
+    assert i.resolved_at is None
+    end = c.t
+    c.run(40)
+    assert i.resolved_at is not None and end < i.resolved_at <= end + 20
+    # nothing else was raised
+    assert {x.alertname for x in c.engine.incidents()} == {"FabricLinkErrors"}
+
+
+def test_leaf_degraded_is_one_incident_without_port_alerts():
+    c = Cluster(nodes=16, nodes_per_unit=8)
+    c.run(10)
+    unit1 = [n for n in c.topo.nodes if c.topo.unit_of(n) == 1]
+
+    def inject(cl):
+        for n in unit1:
+            flaky(n, "mlx5_5")(cl)
+
+    c.run(30, inject)
+    incs = c.engine.incidents()
+    assert [(i.alertname, i.component) for i in incs] == [("FabricLeafDegraded", "leaf-u1-r5")], incs
+    assert incs[0].component_type == "leaf" and incs[0].severity == "critical"
+    assert incs[0].labels["leaf"] == "leaf-u1-r5" and incs[0].labels["rail"] == "5"
+    c.run(40)
+    assert incs[0].resolved_at is not None
+    assert [(i.alertname, i.component) for i in c.engine.incidents()] == [("FabricLeafDegraded", "leaf-u1-r5")]
+
+
+def test_leaf_fold_with_staggered_onset():
+    """Links of a leaf that start failing a second apart still fold into one leaf incident."""
+    c = Cluster(nodes=16, nodes_per_unit=8)
+    c.run(10)
+    unit1 = [n for n in c.topo.nodes if c.topo.unit_of(n) == 1]
+    k = {"i": 0}
+
+    def inject(cl):
+        k["i"] += 1
+        for j, n in enumerate(unit1):
+            if j < 2 * k["i"]:
+                flaky(n, "mlx5_2")(cl)
+
+    c.run(20, inject)
+    names = [(i.alertname, i.component) for i in c.engine.incidents()]
+    assert names == [("FabricLeafDegraded", "leaf-u1-r2")], names
+
+
+def test_counter_reset_and_quiet_30_minutes_raise_nothing():
+    c = Cluster(nodes=16, nodes_per_unit=8)
+    c.run(30)
+
+    def reset(cl):
+        f = cl.feeds["node-005"]
+        for dev in ("mlx5_0", "mlx5_3"):
+            lab = _port(dev)
+            # a driver reload: counters restart, the agent reports the new values as reset deltas
+            f.add("fabricmon_ib_port_errors_total", lab + (("counter", "symbol_error"),), 65535.0, reset=True)
+            f.add("fabricmon_ib_port_errors_total", lab + (("counter", "link_error_recovery"),), 3.0)
+            f.add("fabricmon_rdma_transport_retries_total", lab + (("counter", "out_of_sequence"),), 5e6, reset=True)
+            f.add("fabricmon_ib_port_transmit_bytes_total", lab, 1e6, reset=True)
+
+    c.step(reset)
+    # and a reboot: new boot id, fresh counters, seq restarts at 1
+    f = c.feeds["node-009"]
+    c.engine.hello(f.hello(boot_id="boot-2"))
+    f.seq = 0
+    f.add("fabricmon_ib_port_errors_total", _port("mlx5_1") + (("counter", "symbol_error"),), 40000.0)
+    c.run(1800)
+    assert c.engine.incidents() == []
+    assert c.engine.suspicion == {}
+
+
+def test_duplicate_and_old_batches_are_dropped():
+    c = Cluster(nodes=2, nodes_per_unit=2)
+    f = c.feeds["node-000"]
+    b = f.batch(T0 + 1, first=True)
+    assert c.engine.ingest(b) is True
+    assert c.engine.ingest(b) is False
+    old = NodeBatch("node-000", b.seq - 1 if b.seq > 1 else 0, T0, 1.0)
+    assert c.engine.ingest(old) is False
+    assert c.engine.batches_dropped_total == 2
+
+
+def _set_state(c, node, dev, state, phys):
+    f = c.feeds[node]
+    f.gauge("fabricmon_ib_port_state", _port(dev), float(state))
+    f.gauge("fabricmon_ib_port_physical_state", _port(dev), float(phys))
+
+
+def test_link_down_critical_fast_then_resolves():
+    c = Cluster(nodes=4, nodes_per_unit=4)
+    c.run(5)
+    start = c.t + 1
+
+    def down(cl):
+        _set_state(cl, "node-001", "mlx5_6", 1, 2)
+        cl.feeds["node-001"].add("fabricmon_ib_port_errors_total", _port("mlx5_6") + (("counter", "link_downed"),), 1)
+
+    c.step(down)
+    c.run(10)
+    inc = c.incidents(alertname="FabricLinkDown")
+    assert len(inc) == 1 and inc[0].component == "node-001/mlx5_6/1" and inc[0].severity == "critical"
+    assert inc[0].first_seen - start <= 2.0
+    c.step(lambda cl: _set_state(cl, "node-001", "mlx5_6", 4, 5))
+    c.run(15)
+    assert inc[0].resolved_at is not None
+    assert [i.alertname for i in c.engine.incidents()] == ["FabricLinkDown"]
+
+
+def test_link_flapping():
+    c = Cluster(nodes=4, nodes_per_unit=4)
+    c.run(5)
+    for k in range(6):
+        c.step(lambda cl: _set_state(cl, "node-002", "mlx5_1", 1, 2))
+        c.step(lambda cl: _set_state(cl, "node-002", "mlx5_1", 4, 5))
+    assert c.incidents(alertname="FabricLinkFlapping", component="node-002/mlx5_1/1")
+
+
+def test_link_degraded_rate():
+    c = Cluster(nodes=4, nodes_per_unit=4)
+    c.run(5)
+    c.step(lambda cl: cl.feeds["node-000"].gauge("fabricmon_ib_port_rate_bytes_per_second", _port("mlx5_4"), 25e9))
+    c.run(5)
+    inc = c.incidents(alertname="FabricLinkDegraded")
+    assert len(inc) == 1 and inc[0].component == "node-000/mlx5_4/1"
+    assert "200 Gb/s" in inc[0].evidence[0]
+
+
+def test_pfc_storm_blames_the_emitter_not_victims():
+    c = Cluster(nodes=4, nodes_per_unit=4)
+    c.run(5)
+
+    def storm(cl):
+        cl.feeds["node-002"].add("fabricmon_pfc_pause_seconds_total",
+                                 (("interface", "eth3"), ("priority", "3"), ("direction", "tx")), 0.85)
+        cl.feeds["node-002"].add("fabricmon_pfc_pause_storm_events_total",
+                                 (("interface", "eth3"), ("level", "warning")), 2)
+        for victim in ("node-000", "node-001"):  # victims receive pauses and emit none
+            cl.feeds[victim].add("fabricmon_pfc_pause_seconds_total",
+                                 (("interface", "eth3"), ("priority", "3"), ("direction", "rx")), 0.6)
+
+    c.run(6, storm)
+    inc = c.incidents(alertname="FabricPFCStorm")
+    assert [i.component for i in inc] == ["node-002/mlx5_3/1"]
+
+
+def test_rdma_retransmits_and_congestion_and_nvlink_and_xid():
+    c = Cluster(nodes=4, nodes_per_unit=4)
+    c.run(5)
+
+    def inject(cl):
+        f = cl.feeds["node-001"]
+        f.add("fabricmon_rdma_transport_retries_total", _port("mlx5_2") + (("counter", "local_ack_timeout_err"),), 300)
+        f.add("fabricmon_rdma_transport_retries_total", _port("mlx5_2") + (("counter", "packet_seq_err"),), 500)
+        f.add("fabricmon_roce_cnp_handled_total", _port("mlx5_7"), 2e5)
+        f.add("fabricmon_ib_port_transmit_wait_total", _port("mlx5_7"), 3e5)
+        f.add("fabricmon_nvlink_errors_total", (("gpu", "3"), ("link", "5"), ("type", "crc_flit")), 500)
+        f.add("fabricmon_nvlink_errors_total", (("gpu", "3"), ("link", "5"), ("type", "replay")), 100)
+        cl.feeds["node-002"].add("fabricmon_gpu_xid_errors_total", (("gpu", "6"), ("xid", "79")), 1)
+        cl.feeds["node-002"].add("fabricmon_gpu_xid_errors_total", (("gpu", "5"), ("xid", "13")), 1)  # not fatal
+
+    c.run(6, inject)
+    got = {(i.alertname, i.component) for i in c.engine.incidents()}
+    assert ("RDMARetransmits", "node-001/mlx5_2/1") in got
+    assert ("FabricCongestion", "node-001/mlx5_7/1") in got
+    assert ("NVLinkErrors", "node-001/gpu3/nvlink5") in got
+    assert ("GPUXidFatal", "node-002/gpu6") in got
+    assert not any(c == "node-002/gpu5" for _, c in got)
+
+
+def test_nvlink_down_and_config_drift_node_and_nic():
+    c = Cluster(nodes=4, nodes_per_unit=4)
+    c.run(5)
+
+    def inject(cl):
+        cl.feeds["node-003"].gauge("fabricmon_nvlink_up", (("gpu", "1"), ("link", "7")), 0.0)
+        for n in c.topo.nodes["node-000"].nics:
+            cl.feeds["node-000"].gauge("fabricmon_fabric_config_ok",
+                                       (("device", n.device), ("interface", f"eth{n.rail}"), ("check", "pfc")), 0.0)
+        cl.feeds["node-001"].gauge("fabricmon_fabric_config_ok",
+                                   (("device", "mlx5_4"), ("interface", "eth4"), ("check", "ecn_np")), 0.0)
+        cl.feeds["node-001"].gauge("fabricmon_fabric_config_ok",
+                                   (("device", "mlx5_4"), ("interface", "eth4"), ("check", "rate")), 0.0)
+
+    c.step(inject)
+    c.run(4)
+    got = {(i.alertname, i.component_type, i.component) for i in c.engine.incidents()}
+    assert got == {("NVLinkDown", "nvlink", "node-003/gpu1/nvlink7"),
+                   ("FabricConfigDrift", "config", "node-000"),
+                   ("FabricConfigDrift", "config", "node-001/mlx5_4")}, got
+
+
+def test_agent_down_when_a_node_goes_silent():
+    c = Cluster(nodes=4, nodes_per_unit=4)
+    c.run(3)
+    del c.feeds["node-002"]
+    c.engine.disconnected("node-002")
+    c.run(20)
+    inc = c.incidents(alertname="FabricmonAgentDown")
+    assert [i.component for i in inc] == ["node-002"]
+
+
+# ------------------------------------------------------------------ stragglers through the engine
+
+def synced_ranks(slow_extra, step_time=2.0, comm=0.5, noise=0.01, seed=3):
+    """Synchronous job: each rank's step = max compute + comm; comm = wait for the slowest + transfer."""
+    rng = random.Random(seed)
+    cache: dict = {}
+
+    def fn(c: Cluster, node: str):
+        step = int(c.t - T0)
+        if step not in cache:
+            comps = {}
+            for n in c.topo.nodes:
+                for g in range(8):
+                    comps[(n, g)] = step_time - comm + slow_extra(step, n, g) + rng.gauss(0, noise)
+            slowest = max(comps.values())
+            cache.clear()
+            cache[step] = (comps, slowest)
+        comps, slowest = cache[step]
+        idx = list(c.topo.nodes).index(node)
+        out = []
+        for g in range(8):
+            transfer = comm + rng.gauss(0, noise / 2)
+            wait = slowest - comps[(node, g)]
+            total = comps[(node, g)] + wait + transfer
+            out.append(RankTiming("llm", idx * 8 + g, g, step, total, wait + transfer, c.t, node=node))
+        return out
+    return fn
+
+
+def test_slow_gpu_with_clean_fabric_is_a_gpu_straggler_without_fabric_blame():
+    c = Cluster(nodes=8, nodes_per_unit=4)
+    c.ranks_fn = synced_ranks(lambda step, n, g: 0.3 if (n, g) == ("node-006", 2) else 0.0)
+    c.run(30)
+    incs = c.engine.incidents()
+    assert [(i.alertname, i.component_type, i.component) for i in incs] == [
+        ("StragglerRank", "gpu", "node-006/gpu2")], incs
+    i = incs[0]
+    assert "no fabric evidence" in i.full_description()
+    assert i.ranks == [6 * 8 + 2] and i.jobs == ["llm"]
+    assert i.labels["gpu"] == "2" and i.labels["node"] == "node-006" and i.labels["job"] == "llm"
+    assert c.engine.metrics_snapshot()["lateness"]
+
+
+def test_slow_rank_on_flaky_link_is_shared_component_not_gpu():
+    c = Cluster(nodes=8, nodes_per_unit=4)
+    c.ranks_fn = synced_ranks(lambda step, n, g: 0.3 if (n, g) == ("node-005", 4) else 0.0)
+    c.run(30, flaky("node-005", "mlx5_4"))
+    got = {(i.alertname, i.component) for i in c.engine.incidents()}
+    assert ("FabricLinkErrors", "node-005/mlx5_4/1") in got
+    assert ("SlowRanksSharedComponent", "node-005/mlx5_4/1") in got
+    assert not any(a == "StragglerRank" for a, _ in got), got
+    link = c.incidents(alertname="FabricLinkErrors")[0]
+    assert link.jobs == ["llm"] and 5 * 8 + 4 in link.ranks
+
+
+def test_random_rank_late_each_step_raises_nothing():
+    rng = random.Random(9)
+    picks: dict = {}
+
+    def slow(step, n, g):
+        if step not in picks:
+            picks[step] = (f"node-00{rng.randrange(8)}", rng.randrange(8))
+        return 0.3 if picks[step] == (n, g) else 0.0
+
+    c = Cluster(nodes=8, nodes_per_unit=4)
+    c.ranks_fn = synced_ranks(slow)
+    c.run(60)
+    assert c.engine.incidents() == []
+
+
+def test_periodic_pause_on_one_host_raises_nothing():
+    c = Cluster(nodes=8, nodes_per_unit=4)
+    c.ranks_fn = synced_ranks(lambda step, n, g: 0.5 if n == "node-001" and step % 5 == 0 else 0.0)
+    c.run(60)
+    assert c.engine.incidents() == []
+
+
+def test_whole_node_slow_is_node_straggler():
+    c = Cluster(nodes=8, nodes_per_unit=4)
+    c.ranks_fn = synced_ranks(lambda step, n, g: 0.3 if n == "node-004" else 0.0)
+    c.run(30)
+    got = [(i.alertname, i.component_type, i.component) for i in c.engine.incidents()]
+    assert got == [("StragglerRank", "node", "node-004")], got
+
+
+@pytest.mark.parametrize("with_group", [True, False])
+def test_stage_imbalance_is_info_never_fabric(with_group):
+    c = Cluster(nodes=8, nodes_per_unit=4)
+    base = synced_ranks(lambda step, n, g: 0.4 if n in ("node-006", "node-007") else 0.0)
+
+    def fn(cl, node):
+        out = base(cl, node)
+        if not with_group:
+            return out
+        return [RankTiming(r.job, r.rank, r.local_rank, r.step, r.step_seconds, r.comm_seconds, r.ts, r.node,
+                           group=(("tp", r.local_rank), ("pp", r.rank // 16), ("dp", (r.rank // 8) % 2)))
+                for r in out]
+
+    c.ranks_fn = fn
+    c.run(40)
+    incs = c.engine.incidents()
+    assert all(i.alertname == "StageImbalance" and i.severity == "info" for i in incs), incs
+    if with_group:
+        assert [i.component for i in incs] == ["llm/stage3"]

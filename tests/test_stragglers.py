@@ -1,0 +1,87 @@
+"""Straggler scoring on hand-built rank timings: inversion, persistence, hysteresis, non-hardware patterns."""
+
+from __future__ import annotations
+
+import random
+
+from fabricmon.aggregator.config import DetectionSettings
+from fabricmon.aggregator.stragglers import StragglerTracker
+from fabricmon.rank_timing import JobLayout, RankTiming
+
+
+def feed(tr: StragglerTracker, steps: range, n: int = 32, late=lambda step, rank: 0.0, comm_slow=lambda s, r: 0.0,
+         seed: int = 1, group=None) -> None:
+    rng = random.Random(seed)
+    for step in steps:
+        comp = {r: 1.5 + late(step, r) + rng.gauss(0, 0.01) for r in range(n)}
+        slowest = max(comp.values())
+        for r in range(n):
+            transfer = 0.5 + comm_slow(step, r) + rng.gauss(0, 0.005)
+            wait = slowest - comp[r]
+            g = group(r) if group else ()
+            tr.add(RankTiming("j", r, r % 8, step, comp[r] + wait + transfer, wait + transfer, float(step),
+                              node=f"node-{r // 8:03d}", group=g), "")
+        tr.evaluate(float(step))
+
+
+def test_compute_straggler_found_by_inversion_after_persistence():
+    tr = StragglerTracker(DetectionSettings())
+    feed(tr, range(1, 8), late=lambda s, r: 0.2 if r == 11 else 0.0)
+    assert tr.evaluate(8.0).stragglers == []  # 7 steps: not yet persistent
+    feed(tr, range(8, 12), late=lambda s, r: 0.2 if r == 11 else 0.0)
+    st = tr.evaluate(12.0).stragglers
+    assert [(x.rank, x.kind, x.node, x.gpu) for x in st] == [(11, "compute", "node-001", 3)]
+    assert st[0].late_frac > 0.05
+    # hysteresis: cleared only after the flags fall below the clear bar
+    feed(tr, range(12, 16))
+    assert [x.rank for x in tr.evaluate(16.0).stragglers] == [11]
+    feed(tr, range(16, 24))
+    assert tr.evaluate(24.0).stragglers == []
+
+
+def test_small_lateness_below_impact_is_ignored():
+    tr = StragglerTracker(DetectionSettings())
+    feed(tr, range(1, 20), late=lambda s, r: 0.03 if r == 5 else 0.0)  # 1.5% of a 2 s step
+    assert tr.evaluate(20.0).stragglers == []
+
+
+def test_comm_slow_rank():
+    tr = StragglerTracker(DetectionSettings())
+    feed(tr, range(1, 15), comm_slow=lambda s, r: 0.3 if r == 20 else 0.0)
+    st = tr.evaluate(15.0).stragglers
+    assert [(x.rank, x.kind) for x in st] == [(20, "comm")]
+
+
+def test_random_rank_each_step_and_periodic_pause_are_not_stragglers():
+    rng = random.Random(4)
+    picks = {s: rng.randrange(32) for s in range(1, 60)}
+    tr = StragglerTracker(DetectionSettings())
+    feed(tr, range(1, 60), late=lambda s, r: 0.4 if picks[s] == r else 0.0)
+    rep = tr.evaluate(60.0)
+    assert rep.stragglers == [] and rep.stages == []
+    tr = StragglerTracker(DetectionSettings())
+    feed(tr, range(1, 60), late=lambda s, r: 0.6 if r // 8 == 2 and s % 4 == 0 else 0.0)
+    rep = tr.evaluate(60.0)
+    assert rep.stragglers == [] and rep.stages == []
+
+
+def test_stage_imbalance_with_layout_is_a_stage_not_ranks():
+    tr = StragglerTracker(DetectionSettings())
+    tr.layout(JobLayout("j", (("tp", 8), ("pp", 4), ("dp", 1))))
+    feed(tr, range(1, 15), late=lambda s, r: 0.3 if r >= 24 else 0.0)  # last stage (ranks 24..31) slower
+    rep = tr.evaluate(15.0)
+    assert rep.stragglers == []
+    assert [(x.job, x.stage) for x in rep.stages] == [("j", 3)]
+    assert rep.stages[0].ranks == tuple(range(24, 32))
+
+
+def test_mad_floor_keeps_quiet_groups_from_dividing_by_zero():
+    tr = StragglerTracker(DetectionSettings())
+    # perfectly identical timings (MAD 0) and a 1% wobble on one rank: no flag
+    for step in range(1, 20):
+        for r in range(16):
+            extra = 0.02 if r == 3 else 0.0
+            tr.add(RankTiming("q", r, r % 8, step, 2.0, 0.5 - extra, float(step), node="n"), "")
+    rep = tr.evaluate(20.0)
+    assert rep.stragglers == []
+    assert all(score < 4.0 for _, _, score in tr.lateness_scores())
