@@ -36,7 +36,7 @@ from fabricmon.sources.infiniband import (
     parse_rate,
     parse_state,
 )
-from fabricmon.sources.inventory import Inventory, discover
+from fabricmon.sources.inventory import Inventory, PortInfo, discover
 
 # --------------------------------------------------------------------------
 # Independent expectations (DESIGN.md "Sources")
@@ -718,7 +718,6 @@ def test_symlink_loop_in_counters_is_not_followed(make_fixture) -> None:
 
 
 def test_poll_never_raises_on_a_broken_inventory(tmp_path: Path) -> None:
-    from fabricmon.sources.inventory import PortInfo
     inv = Inventory(str(tmp_path), (), (PortInfo("mlx5_9", "1", str(tmp_path / "nope"), "", "", ""),))
     res = InfinibandSource().poll(inv)
     assert res.errors == 1 and res.readings == [] and res.facts["ports"] == {}

@@ -376,12 +376,13 @@ class BatchBuilder:
         per_node_deltas: list[list[CounterDelta]] = [[] for _ in node_list]
         if not first:
             e = np.ascontiguousarray(emit[:, sel].T)  # (nodes, series)
-            nn, rr = np.nonzero(e)
-            if nn.size:
-                cols = sel[nn]
-                dl = delta_f[rr, cols].tolist()
-                sl = sat[rr, cols].tolist()
-                rl = rst[rr, cols].tolist()
+            flat = np.flatnonzero(e)
+            if flat.size:
+                ns = e.shape[1]
+                nn, rr = np.divmod(flat, ns)
+                dl = np.ascontiguousarray(delta_f[:, sel].T).ravel()[flat].tolist()
+                sl = np.ascontiguousarray(sat[:, sel].T).ravel()[flat].tolist()
+                rl = np.ascontiguousarray(rst[:, sel].T).ravel()[flat].tolist()
                 bounds = np.searchsorted(nn, np.arange(len(node_list) + 1)).tolist()
                 rrl = rr.tolist()
                 mk = _new_delta

@@ -15,10 +15,12 @@ them monotonic.  Three facts drive the shape of this module:
   Here a bad file costs its own series plus one ``result.error``; a port that
   disappears mid-poll costs that port's series plus one error.  ``poll`` never
   raises for a per-file or per-port problem.
-* Cost: a poll runs every second.  Files are read with ``openat`` relative to
-  a directory fd (no repeated path walks through the class symlink), one
-  ``os.read`` each, and classification and label tuples are memoized, so a
-  9-HCA node costs a few milliseconds of CPU, mostly syscalls.
+* Cost: a poll runs every second and reads ~500 files on a 9-HCA node, so it
+  is syscall-bound.  Files are opened with ``openat`` relative to a directory
+  fd (no repeated path walk through the class symlink) and read with one
+  ``os.read``; per-file classification, label tuples and, for a value that did
+  not change, the Readings themselves are cached.  Measured: ~3.3 ms CPU per
+  poll on a 2-vCPU VM where open+read+close alone costs ~2.8 ms.
 
 Only known directories are listed (``os.listdir`` on the port's three counter
 dirs); nothing is walked recursively and counter files are opened with

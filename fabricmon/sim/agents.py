@@ -1,0 +1,30 @@
+"""The real agent over a simulated node's tree: one small function, so the wiring lives in one place."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..config import AgentConfig, EthtoolSource, FabricConfigSource, InfinibandSource, NvmlSource, Sources
+from .tree import NodeTree
+
+# Deadlines are wall-clock: generous, because many simulated agents share one machine's CPUs.
+SIM_SOURCE_TIMEOUT = 10.0
+
+
+def sim_agent_config(tree: NodeTree, interval: float = 1.0) -> AgentConfig:
+    """The AgentConfig a real ``fabricmon agent`` would run with over this tree."""
+    t = SIM_SOURCE_TIMEOUT
+    return AgentConfig(
+        sysfs_root=tree.sys, ethtool_dir=tree.ethtool_dir, node_name=tree.name, interval=interval,
+        nvml=f"fake:{tree.nvml_file}", listen="127.0.0.1:0",
+        sources=Sources(infiniband=InfinibandSource(timeout=t), ethtool=EthtoolSource(timeout=t),
+                        nvml=NvmlSource(timeout=t), fabric_config=FabricConfigSource(timeout=t)),
+    )
+
+
+def make_sim_agent(tree: NodeTree, clock: Callable[[], float], interval: float = 1.0):
+    """An ``agent.runtime.Agent`` (``.poller``, ``.start_http()``, ``.stop()``) polling ``tree`` on the
+    simulated clock.  The host source is left out by the runtime (the tree is not ``/sys``)."""
+    from ..agent.runtime import build_agent
+
+    return build_agent(sim_agent_config(tree, interval), clock=clock)
