@@ -81,6 +81,7 @@ def _install_signals(stop: threading.Event, reload: threading.Event | None = Non
 def cmd_agent(args: argparse.Namespace) -> int:
     from .agent.exporter import exposition
     from .agent.runtime import build_agent
+    from .agent.wiring import build_live_agent
     from .config import load_agent_config
     from .logs import configure_logging
 
@@ -89,22 +90,20 @@ def cmd_agent(args: argparse.Namespace) -> int:
     cfg = load_agent_config(args.config, overrides)
     configure_logging(args.log_format or cfg.log.format, args.log_level or cfg.log.level)
     log = structlog.get_logger("fabricmon.agent")
-    agent = build_agent(cfg)
     if args.once:
+        agent = build_agent(cfg)
         snap = agent.poller.poll_once()
         sys.stdout.buffer.write(exposition(snap))
         sys.stdout.flush()
         agent.poller.close()
         return 0
-    from .agent.wiring import attach_stream_and_intake
-
     stop = threading.Event()
     _install_signals(stop)
-    attach_stream_and_intake(agent)
+    agent = build_live_agent(cfg)
     port = agent.start_http()
     agent.start_polling()
     log.info("agent_started", node=agent.node, listen=cfg.listen, port=port, interval=cfg.interval,
-             sources=[s.name for s in agent.poller.source_names], aggregator=cfg.aggregator)
+             sources=agent.poller.source_names, aggregator=cfg.aggregator)
     stop.wait()
     log.info("agent_stopping")
     agent.stop()

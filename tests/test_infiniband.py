@@ -232,7 +232,8 @@ def expected_series(sys_root: Path, manifest: dict, rails: dict[str, str] | None
         out[key("fabricmon_ib_port_rate_bytes_per_second", **dp)] = float(m[1]) * 1e9 / 8
         out[key("fabricmon_ib_port_width_lanes", **dp)] = float(m[2])
         if (p / "hw_counters" / "lifespan").exists():
-            out[key("fabricmon_rdma_hw_counter_lifespan_seconds", **dp)] = int(_read(p / "hw_counters" / "lifespan")) / 1000
+            lifespan_ms = int(_read(p / "hw_counters" / "lifespan"))
+            out[key("fabricmon_rdma_hw_counter_lifespan_seconds", **dp)] = lifespan_ms / 1000
         for (fam, counter), (src, v) in counter_files(p).items():
             out[counter_key(dev, port, fam, counter)] = float(v)
             if fam == "fabricmon_ib_port_errors_total":
@@ -474,7 +475,8 @@ def test_legacy_kernel_prefers_counters_ext(make_fixture, layout: str) -> None:
     legacy32 = int(_read(p / "counters" / "port_rcv_data"))
     assert ext != legacy32  # the fixture pins the 32-bit twin, so the choice is visible
     assert m[key("fabricmon_ib_port_receive_bytes_total", device="mlx5_3", port="1")] == float(ext * 4)
-    assert key("fabricmon_ib_port_counter_total", device="mlx5_3", port="1", counter="port_unicast_rcv_packets") not in m
+    ext_name = key("fabricmon_ib_port_counter_total", device="mlx5_3", port="1", counter="port_unicast_rcv_packets")
+    assert ext_name not in m  # exported under the modern name unicast_rcv_packets
 
 
 def _poll_snapshots(root: Path, n: int) -> list[dict[Key, float]]:
@@ -521,7 +523,9 @@ def test_32bit_hw_counter_wrap_is_unwrapped(make_fixture) -> None:
     assert collector(scrapes[-1], "fabricmon_collector_errors_total") == 0.0
 
 
-def _assert_totals_follow(scrapes: list[dict[Key, float]], raws: list[dict[Key, int]], steps: list[tuple[int, int]]) -> int:
+def _assert_totals_follow(
+    scrapes: list[dict[Key, float]], raws: list[dict[Key, int]], steps: list[tuple[int, int]],
+) -> int:
     """Totals move by new-old, or by new after a decrease (reset); never back, never a spike.
 
     Returns how many series were reset, so callers can check the reset happened.

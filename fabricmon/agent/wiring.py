@@ -1,13 +1,58 @@
-"""Connects the optional parts of a running agent: aggregator stream, rank intake, NCCL Inspector."""
+"""Builds a long-running agent: sources plus rank intake, NCCL Inspector tail and aggregator stream."""
 
 from __future__ import annotations
 
+import os
+import time
+from collections.abc import Callable
+
 import structlog
 
-from .runtime import Agent
+from ..config import AgentConfig
+from .runtime import Agent, build_agent, build_sources, resolve_node_name
 
 log = structlog.get_logger("fabricmon.agent")
 
 
-def attach_stream_and_intake(agent: Agent) -> None:
-    """Filled in once the stream client and intake exist."""
+def build_live_agent(cfg: AgentConfig, clock: Callable[[], float] = time.time) -> Agent:
+    """The agent as ``fabricmon agent`` runs it (``--once`` uses ``build_agent`` alone)."""
+    from .intake import RankIntake
+    from .nccl_inspector import NcclInspectorSource
+
+    node = resolve_node_name(cfg)
+    sources = build_sources(cfg)
+    extras: list = []
+    intake = None
+    if cfg.intake.listen or cfg.intake.socket:
+        intake = RankIntake(node, socket_path=cfg.intake.socket, listen=cfg.intake.listen, clock=clock)
+        try:
+            intake.start()
+            sources.append(intake)
+            extras.append(intake)
+        except OSError as exc:  # e.g. the port is taken: the agent still exports fabric metrics
+            log.error("rank_intake_unavailable", error=str(exc), socket=cfg.intake.socket, listen=cfg.intake.listen)
+            intake = None
+    if cfg.nccl_inspector_dir:
+        sources.append(NcclInspectorSource(cfg.nccl_inspector_dir, timeout=0.5))
+    agent = build_agent(cfg, clock=clock, sources=sources)
+    agent.extras.extend(extras)
+    if cfg.aggregator:
+        from .spool import MemorySpool, Spool
+        from .stream import StreamClient, TlsFiles
+
+        try:
+            os.makedirs(cfg.stream.spool_dir, exist_ok=True)
+            spool = Spool(cfg.stream.spool_dir, cfg.stream.spool_max_bytes)
+        except OSError as exc:
+            log.error("spool_dir_unusable_using_memory", spool_dir=cfg.stream.spool_dir, error=str(exc))
+            spool = MemorySpool(cfg.stream.spool_max_bytes)
+        tls = None
+        if cfg.stream.tls_ca or cfg.stream.tls_cert:
+            tls = TlsFiles(ca=cfg.stream.tls_ca, cert=cfg.stream.tls_cert, key=cfg.stream.tls_key)
+        client = StreamClient(cfg.aggregator, node, spool=spool, token_file=cfg.stream.token_file, tls=tls,
+                              intake=intake, interval_seconds=cfg.interval)
+        client.attach(agent.poller)
+        client.start()
+        # Stop the stream before the intake so unacked batches reach the spool.
+        agent.extras.append(client)
+    return agent

@@ -212,6 +212,7 @@ class Engine:
         pending: list = []
         resets: set[str] = set()
         links = ns.links
+        retry_floor = 0.1 * s.retries_min * min(1.0, iv / s.window_s)
         for d in batch.deltas:
             if d.reset:
                 resets.add(d.labels[0][1] if d.labels else "")
@@ -239,7 +240,8 @@ class Engine:
                 if link is not None:
                     pending.append((link, (ts, kind, v, 0)))
             elif code == _F_RETRY:
-                if lab[2][1] not in RETRY_COUNTERS:
+                # a few retries now and then are normal: keep only what could reach the threshold
+                if v < retry_floor or lab[2][1] not in RETRY_COUNTERS:
                     continue
                 link = links.get((lab[0][1], lab[1][1]), _MISSING)
                 if link is _MISSING:

@@ -216,7 +216,7 @@ class CounterPlan:
 
     semantics: Semantics
     width: int
-    scale: float  # raw value is multiplied by this before it is emitted
+    scale: float  # Reading.scale: raw unit -> exported base unit (words -> bytes, ms -> s)
     families: tuple[tuple[str, bool], ...]  # (family, labelled with counter=<name>)
     counter: str  # value of the ``counter`` label (the modern sysfs name)
     legacy_32: bool = False  # on a legacy kernel: a 32-bit PortCounter that saturates
@@ -225,10 +225,10 @@ class CounterPlan:
 def classify(subdir: str, name: str, legacy: bool = False) -> CounterPlan:
     """Classify a file of ``counters``, ``counters_ext`` or ``hw_counters``.
 
-    Data counters are scaled by 4 *before* they reach the tracker: scaling
-    keeps a monotonic sequence monotonic, so reset detection still works, and
-    totals stay exact integers.  Their width is given as 66 (64-bit words x 4)
-    for honesty; MONOTONIC semantics never use the width.
+    Data counters keep their raw 4-octet-word value and carry ``scale=4`` in
+    the Reading: the tracker unwraps and reset-checks the integer the hardware
+    counts (width 64, in words) and applies the x4 to the exported total and
+    delta only.  ``lifespan`` (ms) is a gauge with ``scale=0.001``.
     """
     if subdir == "hw_counters":
         sem, width = hw_counter_semantics(name)
@@ -247,8 +247,7 @@ def classify(subdir: str, name: str, legacy: bool = False) -> CounterPlan:
         raise ValueError(f"unknown counter directory {subdir!r}")
     if name in _PORT_FAMILIES:
         family, scale = _PORT_FAMILIES[name]
-        return CounterPlan(Semantics.MONOTONIC, 66 if scale == 4 else 64, scale, ((family, False),), name,
-                           legacy_32=legacy)
+        return CounterPlan(Semantics.MONOTONIC, 64, scale, ((family, False),), name, legacy_32=legacy)
     width = PMA_ERROR_WIDTHS.get(name)
     if width is not None:
         return CounterPlan(Semantics.SATURATING, width, 1, (("fabricmon_ib_port_errors_total", True),), name)
@@ -295,15 +294,14 @@ class _FileSlot:
     are reused: building a frozen dataclass costs more than reading the file.
     """
 
-    __slots__ = ("name", "emits", "scale", "legacy_32", "labels", "last_raw", "last")
+    __slots__ = ("name", "emits", "legacy_32", "labels", "last_raw", "last")
 
     def __init__(self, name: str, plan: CounterPlan, dp: Labels, group: str) -> None:
         self.name = name
-        self.scale = plan.scale
         self.legacy_32 = plan.legacy_32
         self.labels: Labels = dp + (("counter", plan.counter),)
         self.emits = tuple(
-            (family, self.labels if labelled else dp, plan.semantics, plan.width, group)
+            (family, self.labels if labelled else dp, plan.semantics, plan.width, group, plan.scale)
             for family, labelled in plan.families
         )
         self.last_raw = -1
@@ -312,8 +310,7 @@ class _FileSlot:
     def readings(self, raw: int) -> tuple[Reading, ...]:
         if raw == self.last_raw:
             return self.last
-        value = raw * self.scale if self.scale != 1 else raw
-        out = [Reading(fam, lab, value, sem, width, group) for fam, lab, sem, width, group in self.emits]
+        out = [Reading(fam, lab, raw, sem, width, group, scale) for fam, lab, sem, width, group, scale in self.emits]
         if self.legacy_32:
             out.append(Reading("fabricmon_ib_counter_saturated", self.labels, 1 if raw >= _LEGACY_32_MAX else 0))
         self.last_raw = raw

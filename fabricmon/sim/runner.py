@@ -1,0 +1,306 @@
+"""SimulatedCluster: topology + scenario + cluster state + synthetic job + per-node agents, on a simulated clock.
+
+Two modes:
+
+* ``tree`` (small runs, the demo, the agent's integration tests): every node
+  gets a tree (``tree.NodeTree``, on /dev/shm when it exists) rewritten
+  incrementally each interval, and a real agent (``agent.runtime.build_agent``
+  with ``clock`` = the simulated clock) polls it; each snapshot, with the
+  node's rank timings, goes to ``on_snapshot`` and, converted with the stream
+  client's gauge rule, to ``on_batch``.
+* ``memory`` (large or long runs, benchmarks): no files; ``inmemory.BatchBuilder``
+  produces the NodeBatch each agent would stream, to ``on_batch``.
+
+Time: ``t`` is simulated seconds since the scenario started; sample times are
+``epoch + t``.  ``step()`` advances by one agent interval (simulated seconds);
+``run(speed=...)`` paces steps at ``speed`` simulated seconds per wall second
+(None: as fast as possible).  Everything is bounded: the scenario's duration,
+``max_tree_nodes`` in tree mode, and an optional wall-clock ``deadline``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import shutil
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from ..batch import NodeBatch, NodeHello
+from ..model import Snapshot
+from ..rank_timing import RankTiming
+from ..topology import Topology, generate_topology
+from .cluster import EPOCH, ClusterState
+from .hw import NRAILS, NGPU
+from .job import JobSpec, SyntheticJob
+from .scenario import Scenario
+
+log = structlog.get_logger("fabricmon.sim")
+
+MAX_TREE_NODES = 256
+
+
+@dataclass
+class StepStats:
+    t: float
+    advance_s: float = 0.0
+    job_s: float = 0.0
+    render_s: float = 0.0
+    poll_s: float = 0.0
+    batch_s: float = 0.0
+    files_written: int = 0
+    rank_timings: int = 0
+    batches: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def total_s(self) -> float:
+        return self.advance_s + self.job_s + self.render_s + self.poll_s + self.batch_s
+
+
+class SimulatedCluster:
+    def __init__(
+        self,
+        scenario: Scenario,
+        *,
+        mode: str = "tree",
+        interval: float = 1.0,
+        base_dir: str | Path | None = None,
+        job: JobSpec | None = JobSpec(),
+        epoch: float = EPOCH,
+        http: bool = False,
+        on_snapshot: Callable[[str, Snapshot, list[RankTiming]], None] | None = None,
+        on_batch: Callable[[NodeBatch], None] | None = None,
+        progress: Callable[[StepStats], None] | None = None,
+        poll_workers: int | None = None,
+        max_tree_nodes: int = MAX_TREE_NODES,
+        keep_trees: bool = False,
+    ) -> None:
+        if mode not in ("tree", "memory"):
+            raise ValueError(f"mode must be tree or memory, got {mode!r}")
+        if not interval > 0:
+            raise ValueError(f"interval must be > 0, got {interval}")
+        c = scenario.cluster
+        if mode == "tree" and c.nodes > max_tree_nodes:
+            raise ValueError(f"{c.nodes} nodes is too many for tree mode (at most {max_tree_nodes}); "
+                             "use mode='memory'")
+        self.scenario = scenario
+        self.mode = mode
+        self.interval = float(interval)
+        self.on_snapshot = on_snapshot
+        self.on_batch = on_batch
+        self.progress = progress
+        self.http = http
+        self.keep_trees = keep_trees
+        self.topology: Topology = generate_topology(c.nodes, layout=c.layout, nodes_per_unit=c.nodes_per_unit,
+                                                    rails=NRAILS, gpus_per_node=NGPU, cluster="sim")
+        self.cluster = ClusterState(scenario, epoch=epoch)
+        self.job = SyntheticJob(self.cluster.names, job, seed=c.seed, epoch=epoch) if job is not None else None
+        self.trees: list = []
+        self.agents: list = []
+        self.http_ports: dict[str, int] = {}
+        self._own_base = False
+        self.base_dir: str | None = None
+        self._builder = None
+        self._filters: list = []
+        self._seq: list[int] = []
+        self._pool: cf.ThreadPoolExecutor | None = None
+        self._poll_workers = poll_workers or min(8, max(1, c.nodes))
+        self._started = False
+        self._closed = False
+        self.steps = 0
+        if mode == "tree":
+            if base_dir is None:
+                from .tree import default_base_dir
+
+                base_dir = default_base_dir()
+                self._own_base = True
+            self.base_dir = str(base_dir)
+
+    # ------------------------------------------------------------------ setup
+    @property
+    def t(self) -> float:
+        return self.cluster.t
+
+    def now(self) -> float:
+        """The simulated clock (epoch seconds): what every agent and sample uses."""
+        return self.cluster.ts()
+
+    def write_topology(self, path: str | Path) -> None:
+        self.topology.write_yaml(path)
+
+    def node_root(self, node: str) -> str:
+        assert self.base_dir is not None
+        return os.path.join(self.base_dir, node)
+
+    def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        c = self.cluster
+        if self.mode == "memory":
+            from .inmemory import BatchBuilder
+
+            self._builder = BatchBuilder(c, self.interval)
+            self._emit_memory([])
+            return
+        from .agents import make_sim_agent
+        from .inmemory import GaugeFilter
+        from .tree import NodeTree
+
+        os.makedirs(self.base_dir, exist_ok=True)
+        for i, name in enumerate(c.names):
+            tree = NodeTree(c, i, self.node_root(name))
+            tree.render()
+            self.trees.append(tree)
+            agent = make_sim_agent(tree, self.now, self.interval)
+            self.agents.append(agent)
+            if self.http:
+                self.http_ports[name] = agent.start_http("127.0.0.1:0")
+            self._filters.append(GaugeFilter())
+            self._seq.append(0)
+        self._pool = cf.ThreadPoolExecutor(max_workers=self._poll_workers, thread_name_prefix="sim-poll")
+        log.info("sim_started", nodes=c.n, mode=self.mode, base_dir=self.base_dir, interval=self.interval)
+        self._poll_all([])
+
+    def hellos(self) -> list[NodeHello]:
+        """The hello each node's agent sends when it connects."""
+        if self.mode == "memory":
+            self.start()
+            return self._builder.hellos()
+        from ..agent.stream import hello_from_snapshot
+
+        return [hello_from_snapshot(a.node, a.poller.latest, self.interval, boot_id=f"sim-{a.node}")
+                for a in self.agents]
+
+    # ------------------------------------------------------------------ stepping
+    def step(self) -> StepStats:
+        """Advance one interval: cluster + job, then render and poll (tree) or build batches (memory)."""
+        if self._closed:
+            raise RuntimeError("simulation closed")
+        self.start()
+        c = self.cluster
+        t_new = c.t + self.interval
+        st = StepStats(t=t_new)
+        t0 = time.perf_counter()
+        timings: list[RankTiming] = []
+        if self.job is not None:
+            eff = c.effects(t_new)
+            timings = self.job.advance_to(t_new, eff)
+        t1 = time.perf_counter()
+        if self.job is not None:
+            c.advance(self.interval, self.job.rail_bytes_per_second(), self.job.nvlink_activity())
+        else:
+            c.advance(self.interval)
+        t2 = time.perf_counter()
+        st.job_s, st.advance_s = t1 - t0, t2 - t1
+        st.rank_timings = len(timings)
+        if self.mode == "memory":
+            st.batches = self._emit_memory(timings)
+            st.batch_s = time.perf_counter() - t2
+        else:
+            st.files_written = sum(tree.render() for tree in self.trees)
+            t3 = time.perf_counter()
+            st.render_s = t3 - t2
+            st.batches = self._poll_all(timings)
+            st.poll_s = time.perf_counter() - t3
+        self.steps += 1
+        if self.progress is not None:
+            self.progress(st)
+        return st
+
+    def _by_node(self, timings: list[RankTiming]) -> dict[str, list[RankTiming]]:
+        out: dict[str, list[RankTiming]] = defaultdict(list)
+        for r in timings:
+            out[r.node].append(r)
+        return out
+
+    def _emit_memory(self, timings: list[RankTiming]) -> int:
+        layouts = (self.job.layout,) if self.job is not None else ()
+        batches = self._builder.build(self._by_node(timings), layouts)
+        if self.on_batch is not None:
+            for b in batches:
+                self.on_batch(b)
+        return len(batches)
+
+    def _poll_all(self, timings: list[RankTiming]) -> int:
+        from .inmemory import batch_from_snapshot
+
+        by_node = self._by_node(timings)
+        snaps = list(self._pool.map(lambda a: a.poller.poll_once(), self.agents))
+        for i, snap in enumerate(snaps):
+            name = self.cluster.names[i]
+            ranks = by_node.get(name, [])
+            if self.on_snapshot is not None:
+                self.on_snapshot(name, snap, ranks)
+            if self.on_batch is not None:
+                self._seq[i] += 1
+                b = batch_from_snapshot(snap, self._filters[i], self._seq[i], tuple(ranks))
+                if self._seq[i] == 1 and self.job is not None:
+                    b = NodeBatch(b.node, b.seq, b.ts, b.interval_seconds, b.deltas, b.gauges, b.ranks,
+                                  (self.job.layout,))
+                self.on_batch(b)
+        return len(snaps)
+
+    def run(self, until: float | None = None, *, speed: float | None = None, stop: threading.Event | None = None,
+            deadline: float | None = None) -> int:
+        """Step until simulated time ``until`` (default: the scenario's duration); returns the steps taken.
+
+        ``speed``: simulated seconds per wall second (None or 0: as fast as possible).  ``deadline``:
+        wall seconds after which the run stops early (logged).
+        """
+        end = self.scenario.duration if until is None else min(until, self.scenario.duration)
+        wall0 = time.monotonic()
+        sim0 = self.t
+        steps = 0
+        while self.t + self.interval <= end + 1e-9:
+            if stop is not None and stop.is_set():
+                break
+            if deadline is not None and time.monotonic() - wall0 > deadline:
+                log.warning("sim_deadline", t=self.t, deadline=deadline)
+                break
+            st = self.step()
+            steps += 1
+            if steps % 60 == 0:
+                log.info("sim_progress", t=st.t, duration=self.scenario.duration, step_ms=round(st.total_s * 1e3, 1))
+            if speed:
+                due = wall0 + (self.t - sim0) / speed
+                delay = due - time.monotonic()
+                if delay > 0:
+                    if stop is not None:
+                        stop.wait(delay)
+                    else:
+                        time.sleep(delay)
+        return steps
+
+    # ------------------------------------------------------------------ teardown
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for a in self.agents:
+            try:
+                a.stop()
+            except Exception as exc:  # pragma: no cover - best effort
+                log.warning("sim_agent_stop_failed", node=a.node, error=str(exc))
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        if self._own_base and not self.keep_trees and self.base_dir and os.path.isdir(self.base_dir):
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def __enter__(self) -> SimulatedCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ ground truth
+    def ground_truth(self) -> list[dict]:
+        return [g.to_dict() for g in self.scenario.ground_truth()]
