@@ -54,7 +54,7 @@ def node_deltas(rng: random.Random, nics: int = 8, gpus: int = 8) -> tuple[Count
             out.append(CounterDelta(fam, port, rng.uniform(1e9, 2e10)))
         out.append(CounterDelta("fabricmon_ib_port_transmit_wait_total", port, float(rng.randint(0, 2000))))
         out += [CounterDelta("fabricmon_ib_port_errors_total", port + (("counter", c),), 0.0) for c in PMA]
-        out += [CounterDelta("fabricmon_rdma_hw_counter_total", port + (("counter", c),),
+        out += [CounterDelta("fabricmon_rdma_hw_stat_total", port + (("counter", c),),
                              float(rng.randint(0, 10**6)) if i < 3 else 0.0) for i, c in enumerate(HW)]
         out += [CounterDelta("fabricmon_rdma_transport_retries_total", port + (("counter", c),),
                              float(rng.choice((0, 0, 0, 1)))) for c in RETRY]
@@ -69,8 +69,8 @@ def node_deltas(rng: random.Random, nics: int = 8, gpus: int = 8) -> tuple[Count
                 out.append(CounterDelta("fabricmon_pfc_pause_seconds_total", lab, rng.randint(0, 20) * 1e-6 if bg else 0))
         out += [CounterDelta("fabricmon_netdev_phy_errors_total", (("interface", iface), ("counter", c)), 0.0)
                 for c in PHY]
-        out.append(CounterDelta("fabricmon_netdev_phy_received_bits_total", (("interface", iface),), 1e11))
-        out.append(CounterDelta("fabricmon_netdev_phy_corrected_bits_total", (("interface", iface),),
+        out.append(CounterDelta("fabricmon_netdev_phy_received_bit_total", (("interface", iface),), 1e11))
+        out.append(CounterDelta("fabricmon_netdev_phy_corrected_bit_total", (("interface", iface),),
                                 float(rng.randint(0, 3))))
     for g in range(gpus):
         for link in range(18):

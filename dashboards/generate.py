@@ -257,7 +257,7 @@ def node() -> Board:
     b.ts("Link width", [(f"fabricmon_ib_port_width_lanes{{{N}}}", "{{node}} {{device}}/{{port}}")], "none", min_val=0)
     b.ts("PMA error counters", [(f"sum by (node, device, port, counter) (rate(fabricmon_ib_port_errors_total{{{N}}}[{RATE}]))",
                                  "{{node}} {{device}}/{{port}} {{counter}}")], "cps", min_val=0)
-    b.ts("Saturated counters (rate unknown)", [(f"fabricmon_ib_counter_saturated{{{N}}} == 1",
+    b.ts("Saturated counters (rate unknown)", [(f"fabricmon_ib_port_error_saturated{{{N}}} == 1",
                                                  "{{node}} {{device}}/{{port}} {{counter}}")], "none",
          description="A narrow PMA counter pinned at its maximum: clear it (perfquery -x -R).")
     b.ts("RDMA transport retries", [(f"sum by (node, device, counter) (rate(fabricmon_rdma_transport_retries_total{{{N}}}[{RATE}]))",

@@ -108,7 +108,7 @@ class CounterTracker:
             # seconds) applies to what is exported only.
             samples.append(Sample(r.family, r.labels, float(st.total) * scale))
             if sem is Semantics.SATURATING:
-                saturation.append(Sample("fabricmon_ib_counter_saturated", r.labels, 1.0 if saturated else 0.0))
+                saturation.append(Sample("fabricmon_ib_port_error_saturated", r.labels, 1.0 if saturated else 0.0))
         self._evict(ts)
         return samples, deltas, saturation
 

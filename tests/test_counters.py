@@ -13,7 +13,7 @@ def _track(values, semantics, width, group="dev/1"):
     t = CounterTracker()
     totals, deltas = [], []
     for i, v in enumerate(values):
-        samples, ds, sat = t.process([reading("fabricmon_rdma_hw_counter_total", v, semantics=semantics,
+        samples, ds, sat = t.process([reading("fabricmon_rdma_hw_stat_total", v, semantics=semantics,
                                               width=width, group=group, device="mlx5_0", port="1", counter="x")], float(i))
         totals.append(samples[0].value)
         deltas.append(sum(d.delta for d in ds))
@@ -89,13 +89,13 @@ def test_device_reset_detected_through_its_64bit_counters(base, small):
         return t.process([
             reading("fabricmon_ib_port_receive_bytes_total", data, semantics=Semantics.MONOTONIC, group="mlx5_0/1",
                     device="mlx5_0", port="1"),
-            reading("fabricmon_rdma_hw_counter_total", hw, semantics=Semantics.WRAPPING, width=32, group="mlx5_0/1",
+            reading("fabricmon_rdma_hw_stat_total", hw, semantics=Semantics.WRAPPING, width=32, group="mlx5_0/1",
                     device="mlx5_0", port="1", counter="out_of_sequence"),
         ], ts)
 
     poll(0.0, 10**15, base)
     samples, deltas, _ = poll(1.0, 5000, small)
-    hw_delta = [d for d in deltas if d.family == "fabricmon_rdma_hw_counter_total"]
+    hw_delta = [d for d in deltas if d.family == "fabricmon_rdma_hw_stat_total"]
     assert sum(d.delta for d in hw_delta) == small
     assert hw_delta and all(d.reset for d in hw_delta)
 
@@ -105,14 +105,14 @@ def test_wrap_without_reset_evidence_is_a_wrap():
     mk = lambda ts, data, hw: t.process([  # noqa: E731
         reading("fabricmon_ib_port_receive_bytes_total", data, semantics=Semantics.MONOTONIC, group="g",
                 device="mlx5_0", port="1"),
-        reading("fabricmon_rdma_hw_counter_total", hw, semantics=Semantics.WRAPPING, width=32, group="g",
+        reading("fabricmon_rdma_hw_stat_total", hw, semantics=Semantics.WRAPPING, width=32, group="g",
                 device="mlx5_0", port="1", counter="c"),
     ], ts)
     mk(0.0, 1000, 2**32 - 10)
     samples, deltas, _ = mk(1.0, 2000, 5)
-    hw = [d for d in deltas if d.family == "fabricmon_rdma_hw_counter_total"][0]
+    hw = [d for d in deltas if d.family == "fabricmon_rdma_hw_stat_total"][0]
     assert hw.delta == 15 and not hw.reset
-    assert [s.value for s in samples if s.family == "fabricmon_rdma_hw_counter_total"] == [2**32 - 10 + 15]
+    assert [s.value for s in samples if s.family == "fabricmon_rdma_hw_stat_total"] == [2**32 - 10 + 15]
 
 
 def test_vanished_series_state_is_evicted_after_a_while():

@@ -139,7 +139,9 @@ class TreePoller:
     def __init__(self, sys_root: Path, discover_fn: Callable[[], Inventory] | None = None) -> None:
         self.sys = sys_root
         self.source = InfinibandSource(timeout=5.0)  # generous: CI machines can be slow
-        self.poller = Poller("node-000", [self.source], discover_fn or (lambda: discover(str(self.sys))))
+        rail_memory: dict[str, str] = {}  # sticky rails across polls, as the agent keeps them
+        self.poller = Poller("node-000", [self.source],
+                             discover_fn or (lambda: discover(str(self.sys), rail_memory=rail_memory)))
 
     def poll(self) -> tuple[Snapshot, dict[Key, float]]:
         snap = self.poller.poll_once()
@@ -185,14 +187,14 @@ def counter_files(port: Path, legacy_aware: bool = True) -> dict[tuple[str, str]
         elif n in ERROR_WIDTHS:
             out[("fabricmon_ib_port_errors_total", n)] = (src, v)
         else:
-            out[("fabricmon_ib_port_counter_total", n)] = (src, v)
+            out[("fabricmon_ib_port_pma_total", n)] = (src, v)
     hdir = port / "hw_counters"
     if hdir.is_dir():
         for n in os.listdir(hdir):
             if n == "lifespan":
                 continue
             v = int(_read(hdir / n))
-            out[("fabricmon_rdma_hw_counter_total", n)] = (f"hw_counters/{n}", v)
+            out[("fabricmon_rdma_hw_stat_total", n)] = (f"hw_counters/{n}", v)
             if n in CURATED:
                 out[(CURATED[n], "")] = (f"hw_counters/{n}", v)
             if n in RETRIES:
@@ -233,15 +235,15 @@ def expected_series(sys_root: Path, manifest: dict, rails: dict[str, str] | None
         out[key("fabricmon_ib_port_width_lanes", **dp)] = float(m[2])
         if (p / "hw_counters" / "lifespan").exists():
             lifespan_ms = int(_read(p / "hw_counters" / "lifespan"))
-            out[key("fabricmon_rdma_hw_counter_lifespan_seconds", **dp)] = lifespan_ms / 1000
+            out[key("fabricmon_rdma_hw_stat_lifespan_seconds", **dp)] = lifespan_ms / 1000
         for (fam, counter), (src, v) in counter_files(p).items():
             out[counter_key(dev, port, fam, counter)] = float(v)
             if fam == "fabricmon_ib_port_errors_total":
                 pinned = v >= (1 << ERROR_WIDTHS[counter]) - 1
-                out[key("fabricmon_ib_counter_saturated", **dp, counter=counter)] = 1.0 if pinned else 0.0
+                out[key("fabricmon_ib_port_error_saturated", **dp, counter=counter)] = 1.0 if pinned else 0.0
             elif src.startswith("counters/") and (p / "counters_ext").is_dir():
                 # legacy kernel: a 32-bit PortCounter read from counters/ can pin
-                out[key("fabricmon_ib_counter_saturated", **dp, counter=src.split("/")[1])] = (
+                out[key("fabricmon_ib_port_error_saturated", **dp, counter=src.split("/")[1])] = (
                     1.0 if v // OWN_FAMILY.get(src.split("/")[1], ("", 1))[1] >= (1 << 32) - 1 else 0.0)
     return out
 
@@ -340,7 +342,7 @@ def test_hw_counter_semantics() -> None:
         assert hw_counter_semantics(name) == (Semantics.MONOTONIC, 64), name
     assert hw_counter_semantics("lifespan")[0] is Semantics.GAUGE
     lifespan = classify("hw_counters", "lifespan")
-    assert lifespan.families == (("fabricmon_rdma_hw_counter_lifespan_seconds", False),)
+    assert lifespan.families == (("fabricmon_rdma_hw_stat_lifespan_seconds", False),)
 
 
 def test_classifier() -> None:
@@ -348,19 +350,19 @@ def test_classifier() -> None:
     assert (rcv.semantics, rcv.scale, rcv.families) == (
         Semantics.MONOTONIC, 4, (("fabricmon_ib_port_receive_bytes_total", False),))
     assert classify("counters", "port_xmit_wait").semantics is Semantics.MONOTONIC
-    assert classify("counters", "unicast_xmit_packets").families == (("fabricmon_ib_port_counter_total", True),)
+    assert classify("counters", "unicast_xmit_packets").families == (("fabricmon_ib_port_pma_total", True),)
     ext = classify("counters_ext", "port_xmit_data_64")
     assert (ext.counter, ext.scale, ext.families) == (
         "port_xmit_data", 4, (("fabricmon_ib_port_transmit_bytes_total", False),))
     assert classify("counters_ext", "port_unicast_rcv_packets").counter == "unicast_rcv_packets"
     for name, fam in CURATED.items():
         fams = dict(classify("hw_counters", name).families)
-        assert fams == {"fabricmon_rdma_hw_counter_total": True, fam: False}
+        assert fams == {"fabricmon_rdma_hw_stat_total": True, fam: False}
     for name in RETRIES:
         plan = classify("hw_counters", name)
         assert ("fabricmon_rdma_transport_retries_total", True) in plan.families
         assert (plan.semantics, plan.width) == (Semantics.WRAPPING, 32)
-    assert classify("hw_counters", "out_of_buffer").families == (("fabricmon_rdma_hw_counter_total", True),)
+    assert classify("hw_counters", "out_of_buffer").families == (("fabricmon_rdma_hw_stat_total", True),)
     with pytest.raises(ValueError):
         classify("stats", "x")
 
@@ -390,9 +392,9 @@ def test_every_counter_file_is_exported(fault_trees, layout: str, fault: str) ->
     assert collector(m, "fabricmon_collector_errors_total") == 0.0, snap.sources
     rails = manifest_rails(manifest)
     if fault == "hot_unplug":
-        # Rails come from discovery, which renumbers them after an unplug: a
-        # bug of inventory.assign_rails pinned by test_rails_survive_hot_unplug;
-        # this test checks the source, so it takes discovery's rails as given.
+        # An agent that starts with mlx5_3 already gone cannot know its rail
+        # (no config): derived rails then number the NICs present.  This test
+        # checks the source, so it takes discovery's rails as given.
         rails = {p.device: p.rail for p in snap.facts["inventory"].ports}
     want = expected_series(root / "sys", manifest, rails)
     assert len(want) > 400  # 9 NICs, every file: guards against an empty tree
@@ -403,7 +405,7 @@ def test_every_counter_file_is_exported(fault_trees, layout: str, fault: str) ->
         spec = SPECS.get(s.family) or SELF_SPECS[s.family]
         assert tuple(k for k, _ in s.labels) == spec.labels, s
 
-    saturated = {k: v for k, v in m.items() if k[0] == "fabricmon_ib_counter_saturated"}
+    saturated = {k: v for k, v in m.items() if k[0] == "fabricmon_ib_port_error_saturated"}
     if fault == "counter_saturation":
         pinned = {dict(k[1])["counter"] for k, v in saturated.items() if v == 1.0}
         assert {"symbol_error", "port_rcv_errors", "link_error_recovery"} <= pinned
@@ -430,15 +432,18 @@ def test_every_counter_file_is_exported(fault_trees, layout: str, fault: str) ->
             assert f["netdev"] == next(d["ifname"] for d in manifest["devices"] if d["name"] == dev)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "inventory.assign_rails numbers rail NICs by position, so unplugging mlx5_3 moves mlx5_4..mlx5_7 to "
-    "rails 3..6 (series relabelled, faults blamed on the wrong rail); rails should come from config, "
-    "PCI/GPU affinity, or stay sticky"))
 def test_rails_survive_hot_unplug(make_fixture) -> None:
-    root = make_fixture(layout="ib", fault="hot_unplug", snapshots=1)
+    """Derived rails are sticky: unplugging mlx5_3 must not renumber mlx5_4..7, and its re-probe gets rail 3 back."""
+    root = make_fixture(layout="ib", fault="hot_unplug", snapshots=3, fault_start=1, fault_end=2)
     manifest = manifest_of(root)
-    want = {k: v for k, v in manifest_rails(manifest).items() if k != manifest["fault_device"]}
-    assert {p.device: p.rail for p in discover(str(root / "sys")).ports} == want
+    memory: dict[str, str] = {}
+    before = {p.device: p.rail for p in discover(str(root / "t0" / "sys"), rail_memory=memory).ports}
+    during = {p.device: p.rail for p in discover(str(root / "t1" / "sys"), rail_memory=memory).ports}
+    after = {p.device: p.rail for p in discover(str(root / "t2" / "sys"), rail_memory=memory).ports}
+    assert before == manifest_rails(manifest)
+    assert manifest["fault_device"] not in during
+    assert during == {k: v for k, v in before.items() if k != manifest["fault_device"]}
+    assert after == before
 
 
 def test_fixture_tool_matrix_is_current(make_fixture, tmp_path: Path) -> None:
@@ -475,7 +480,7 @@ def test_legacy_kernel_prefers_counters_ext(make_fixture, layout: str) -> None:
     legacy32 = int(_read(p / "counters" / "port_rcv_data"))
     assert ext != legacy32  # the fixture pins the 32-bit twin, so the choice is visible
     assert m[key("fabricmon_ib_port_receive_bytes_total", device="mlx5_3", port="1")] == float(ext * 4)
-    ext_name = key("fabricmon_ib_port_counter_total", device="mlx5_3", port="1", counter="port_unicast_rcv_packets")
+    ext_name = key("fabricmon_ib_port_pma_total", device="mlx5_3", port="1", counter="port_unicast_rcv_packets")
     assert ext_name not in m  # exported under the modern name unicast_rcv_packets
 
 
@@ -507,7 +512,7 @@ def test_32bit_hw_counter_wrap_is_unwrapped(make_fixture) -> None:
     wrapped = 0
     for k, v0 in raws[0].items():
         counter = dict(k[1]).get("counter", "")
-        if k[0] not in ("fabricmon_rdma_hw_counter_total", "fabricmon_rdma_transport_retries_total"):
+        if k[0] not in ("fabricmon_rdma_hw_stat_total", "fabricmon_rdma_transport_retries_total"):
             continue
         total = v0
         for i in (1, 2):
@@ -566,9 +571,8 @@ def test_hot_unplug_and_reprobe_with_one_poller(make_fixture) -> None:
     assert devices_in(scrapes[1]) == all_devices - {gone}
     assert collector(scrapes[1], "fabricmon_collector_up") == 1.0
     assert collector(scrapes[1], "fabricmon_collector_errors_total") == 0.0
-    # (port_info is left out: its rail label moves, see test_rails_survive_hot_unplug)
-    others = {k for k in scrapes[0] if k[0].startswith(IB_PREFIXES) and k[0] != "fabricmon_ib_port_info"
-              and dict(k[1]).get("device") != gone}
+    # Rails are sticky, so even port_info keeps its labels (see test_rails_survive_hot_unplug).
+    others = {k for k in scrapes[0] if k[0].startswith(IB_PREFIXES) and dict(k[1]).get("device") != gone}
     assert others <= set(scrapes[1])
     # Re-probed with restarted counters: totals continue from before the unplug.
     assert devices_in(scrapes[2]) == all_devices
@@ -647,7 +651,7 @@ def test_counters_dir_vanishing_costs_its_series_only(make_fixture) -> None:
     assert collector(after, "fabricmon_collector_errors_total") == 1.0
     assert any("mlx5_3/1/counters" in msg for st in snap.sources for msg in st.last_messages)
     lost = {k for k in ib_series(before) if dict(k[1]).get("device") == "mlx5_3" and k[0] in (
-        "fabricmon_ib_port_errors_total", "fabricmon_ib_counter_saturated", "fabricmon_ib_port_counter_total",
+        "fabricmon_ib_port_errors_total", "fabricmon_ib_port_error_saturated", "fabricmon_ib_port_pma_total",
         "fabricmon_ib_port_receive_bytes_total", "fabricmon_ib_port_transmit_bytes_total",
         "fabricmon_ib_port_receive_packets_total", "fabricmon_ib_port_transmit_packets_total",
         "fabricmon_ib_port_transmit_wait_total")}
@@ -686,11 +690,11 @@ def test_garbage_and_unreadable_files_cost_only_their_series(make_fixture, monke
 
     lost = {
         key("fabricmon_ib_port_errors_total", device="mlx5_3", port="1", counter="symbol_error"),
-        key("fabricmon_ib_counter_saturated", device="mlx5_3", port="1", counter="symbol_error"),
-        key("fabricmon_rdma_hw_counter_total", device="mlx5_4", port="1", counter="out_of_sequence"),
+        key("fabricmon_ib_port_error_saturated", device="mlx5_3", port="1", counter="symbol_error"),
+        key("fabricmon_rdma_hw_stat_total", device="mlx5_4", port="1", counter="out_of_sequence"),
         key("fabricmon_rdma_transport_retries_total", device="mlx5_4", port="1", counter="out_of_sequence"),
         key("fabricmon_ib_port_transmit_bytes_total", device="mlx5_5", port="1"),
-        key("fabricmon_rdma_hw_counter_total", device="mlx5_6", port="1", counter="np_cnp_sent"),
+        key("fabricmon_rdma_hw_stat_total", device="mlx5_6", port="1", counter="np_cnp_sent"),
         key("fabricmon_roce_cnp_sent_total", device="mlx5_6", port="1"),
         key("fabricmon_ib_port_rate_bytes_per_second", device="mlx5_7", port="1"),
         key("fabricmon_ib_port_width_lanes", device="mlx5_7", port="1"),
@@ -739,11 +743,6 @@ needs_promtool = pytest.mark.skipif(
 # Contract names (DESIGN.md / metrics.SPECS) that promtool's linter flags with
 # "metric name should not include type 'counter'": a conflict inside the
 # contract ("every name passes promtool check metrics"), left to its owner.
-CONTRACT_LINT = {
-    "fabricmon_ib_counter_saturated", "fabricmon_ib_port_counter_total",
-    "fabricmon_rdma_hw_counter_total", "fabricmon_rdma_hw_counter_lifespan_seconds",
-}
-
 
 def _promtool_problems(layout: str, fault: str, legacy: bool, make_fixture) -> list[str]:
     root = make_fixture(layout=layout, fault=fault, legacy_ext=legacy)
@@ -761,16 +760,7 @@ def _promtool_problems(layout: str, fault: str, legacy: bool, make_fixture) -> l
 @needs_promtool
 @pytest.mark.parametrize("layout,fault,legacy", [("roce", "counter_saturation", False), ("ib", "none", True)])
 def test_promtool_check_metrics(make_fixture, layout: str, fault: str, legacy: bool) -> None:
-    problems = _promtool_problems(layout, fault, legacy, make_fixture)
-    unexpected = [p for p in problems
-                  if not (p.split(" ", 1)[0] in CONTRACT_LINT and p.endswith("should not include type 'counter'"))]
-    assert not unexpected
-
-
-@needs_promtool
-@pytest.mark.xfail(strict=True, reason="contract names contain 'counter' (see CONTRACT_LINT); rename in the contract")
-def test_promtool_check_metrics_fully_clean(make_fixture) -> None:
-    assert not _promtool_problems("roce", "counter_saturation", False, make_fixture)
+    assert not _promtool_problems(layout, fault, legacy, make_fixture)
 
 
 def test_poll_cpu_cost_of_a_9_nic_node(make_fixture) -> None:

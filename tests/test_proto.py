@@ -18,7 +18,7 @@ def _batch(seq: int = 7) -> NodeBatch:
         node="node-017", seq=seq, ts=1764000000.5, interval_seconds=1.0,
         deltas=(CounterDelta("fabricmon_ib_port_errors_total", P + (("counter", "symbol_error"),), 12.0, saturated=True),
                 CounterDelta("fabricmon_ib_port_receive_bytes_total", P, 4.0e9),
-                CounterDelta("fabricmon_rdma_hw_counter_total", P + (("counter", "out_of_sequence"),), 3.0, reset=True)),
+                CounterDelta("fabricmon_rdma_hw_stat_total", P + (("counter", "out_of_sequence"),), 3.0, reset=True)),
         gauges=(Sample("fabricmon_ib_port_state", P, 4.0), Sample("fabricmon_host_load1", (), 0.25)),
         ranks=(RankTiming("llm-7b", 17, 1, 1200, 1.82, 0.41, 1764000000.5, node="node-017", gpu=-1,
                           group=(("tp", 0), ("pp", 2), ("dp", 5))),),

@@ -60,9 +60,11 @@ def test_design_example_loads_with_ground_truth(tmp_path):
 def test_errors_name_file_and_field(tmp_path, fault, message):
     text = DESIGN_EXAMPLE.split("faults:")[0] + "faults:\n  - {kind: slow_gpu, node: node-040, gpu: 2, start: 1}\n" \
         + f"  - {fault}\n"
+    path = write(tmp_path, text)
     with pytest.raises(ConfigError) as ei:
-        load_scenario(write(tmp_path, text))
-    assert str(ei.value).startswith(message), str(ei.value)
+        load_scenario(path)
+    # the message names the file as given, then the key path
+    assert str(ei.value).startswith(message.replace("scn.yaml", str(path), 1)), str(ei.value)
 
 
 def test_cluster_errors(tmp_path):
@@ -70,7 +72,7 @@ def test_cluster_errors(tmp_path):
         load_scenario(write(tmp_path, "cluster: {nodes: 4, layout: eth}\nduration: 10\n"))
     with pytest.raises(ConfigError, match=r"scn.yaml: duration: must be > 0"):
         load_scenario(write(tmp_path, "cluster: {nodes: 4}\nduration: 0\n"))
-    with pytest.raises(ConfigError, match=r"scn.yaml: line 1: invalid YAML"):
+    with pytest.raises(ConfigError, match=r"scn.yaml: line 2: invalid YAML"):
         load_scenario(write(tmp_path, "cluster: {nodes: 4\n"))
 
 

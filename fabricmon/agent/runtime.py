@@ -65,9 +65,10 @@ def build_sources(cfg: AgentConfig) -> list[Source]:
 def make_discover(cfg: AgentConfig) -> Callable[[], Inventory]:
     ib = cfg.sources.infiniband
     extra = cfg.sources.ethtool.interfaces
+    rail_memory: dict[str, str] = {}
 
     def _discover() -> Inventory:
-        return discover(cfg.sysfs_root, ib.include, ib.exclude, dict(cfg.rails), extra)
+        return discover(cfg.sysfs_root, ib.include, ib.exclude, dict(cfg.rails), extra, rail_memory)
 
     return _discover
 

@@ -163,6 +163,8 @@ def correlate(
                 ent["jobs"].add(job)
                 continue
             net = [c for c in cands if component_type_of(c) in NETWORK_TYPES and llr.get(c, 0.0) > 0]
+            if members[0].kind == "comm" and (net or best_v > 0):
+                continue  # weak evidence explains it (congestion): hurt ranks ride on that finding
             nodes = {m.node for m in members}
             lab = _labels(topo, kind, comp, members, cluster)
             lab["job"] = job
@@ -222,6 +224,25 @@ def _path(topo: Topology, node: str, gpu: int) -> list[str]:
 def _group(topo: Topology, lst: list) -> list[tuple[str, str, list]]:
     """Split one job's persistent stragglers into (kind, component, members)."""
     groups: list[tuple[str, str, list]] = []
+    # comm-late ranks of one rail on several hosts: a ring slowed by one component on that rail
+    # (the rings of a rail-optimized job span units, so every rank of the rail waits for it)
+    by_rail: dict[int, list] = defaultdict(list)
+    compute = []
+    for st in lst:
+        nic = topo.nic_for_gpu(st.node, st.gpu) if st.node in topo.nodes else None
+        if st.kind == "comm" and nic is not None:
+            by_rail[nic.rail].append(st)
+        else:
+            compute.append(st)
+    for rail, members in by_rail.items():
+        leaves = {topo.leaf_of(m.node, rail) for m in members}
+        if len({m.node for m in members}) < 2:
+            compute.extend(members)
+        elif len(leaves) == 1:
+            groups.append(("leaf", next(iter(leaves)), members))
+        else:
+            groups.append(("rail", f"rail{rail}", members))
+    lst = compute
     by_node: dict[str, list] = defaultdict(list)
     for st in lst:
         by_node[st.node].append(st)
@@ -261,6 +282,13 @@ def _candidates(topo: Topology, kind: str, comp: str, members: list) -> list[str
             if k in p and p[k] not in cands:
                 cands.append(p[k])
         # NVLinks of the GPU carry their evidence on the GPU id (see correlate)
+    if kind == "rail":
+        for m in members:
+            if m.node in topo.nodes:
+                for k in ("leaf",):
+                    c = topo.path_of_gpu(m.node, m.gpu).get(k)
+                    if c and c not in cands:
+                        cands.append(c)
     if kind == "node" and comp in topo.nodes:
         for nic in topo.nodes[comp].nics:
             for c in (link_id(comp, nic.device, nic.port), nic_id(comp, nic.device)):
@@ -278,9 +306,10 @@ def _labels(topo: Topology, kind: str, comp: str, members: list, cluster: str) -
     if kind == "gpu":
         lab["gpu"] = str(m.gpu)
     nic = topo.nic_for_gpu(m.node, m.gpu) if m.node in topo.nodes else None
-    if nic is not None and kind in ("gpu", "leaf"):
+    if nic is not None and kind in ("gpu", "leaf", "rail"):
         lab["rail"] = str(nic.rail)
-        lab["leaf"] = topo.leaf_of(m.node, nic.rail)
+        if kind != "rail":
+            lab["leaf"] = topo.leaf_of(m.node, nic.rail)
     if cluster:
         lab["cluster"] = cluster
     return lab

@@ -367,6 +367,9 @@ def build_link_state(topo: Topology, node: str, device: str, port: str, netdev: 
         except ValueError:
             return None
         gpu, exp_gbps, exp_width = rail, None, None
+    elif hello_rail == "":
+        # a NIC on no rail (frontend), announced in the hello: state and PFC only, no leaf
+        return LinkState(node, device, str(port), netdev, None, unit, "", -1, None, None, cluster)
     else:
         return None
     leaf = topo.leaf_of(node, rail) if unit is not None else ""

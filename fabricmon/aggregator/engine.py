@@ -158,7 +158,9 @@ class Engine:
                 ns.interval = hello.interval_seconds
             ns.connected = True
             for nic in hello.nics:
-                link = self._link(ns, nic.device, str(nic.port), nic.rail or None, nic.netdev)
+                if ns.links.get((nic.device, str(nic.port)), _MISSING) is None:
+                    del ns.links[(nic.device, str(nic.port))]  # seen in a batch before its hello
+                link = self._link(ns, nic.device, str(nic.port), nic.rail, nic.netdev)
                 if link is not None and nic.netdev:
                     link.netdev = nic.netdev
                     ns.by_netdev[nic.netdev] = link

@@ -129,7 +129,7 @@ class Catalog:
                 self.counters.append(_Counter(family, lab, plan.semantics, plan.width, 1.0, key,
                                               ("C", K[kname], d.index, xform, int(plan.scale))))
                 if plan.semantics is Semantics.SATURATING:
-                    G.append(_Gauge("fabricmon_ib_counter_saturated", lab, ("sat", len(self.counters) - 1)))
+                    G.append(_Gauge("fabricmon_ib_port_error_saturated", lab, ("sat", len(self.counters) - 1)))
 
     # -- ethtool source ---------------------------------------------------------------------
     def _ethtool(self, d) -> None:

@@ -104,7 +104,7 @@ EXT_SUPERSEDES: dict[str, str] = {
 
 #: On a legacy kernel these counters/ files are 32-bit PortCounters that
 #: saturate; when one is read from counters/ (no counters_ext twin) a pinned
-#: value is exported as fabricmon_ib_counter_saturated instead of a flat rate.
+#: value is exported as fabricmon_ib_port_error_saturated instead of a flat rate.
 _LEGACY_32 = frozenset(_PORT_FAMILIES) | frozenset(EXT_SUPERSEDES.values())
 _LEGACY_32_MAX = (1 << 32) - 1
 
@@ -233,8 +233,8 @@ def classify(subdir: str, name: str, legacy: bool = False) -> CounterPlan:
     if subdir == "hw_counters":
         sem, width = hw_counter_semantics(name)
         if sem is Semantics.GAUGE:
-            return CounterPlan(sem, width, 0.001, (("fabricmon_rdma_hw_counter_lifespan_seconds", False),), name)
-        fams: list[tuple[str, bool]] = [("fabricmon_rdma_hw_counter_total", True)]
+            return CounterPlan(sem, width, 0.001, (("fabricmon_rdma_hw_stat_lifespan_seconds", False),), name)
+        fams: list[tuple[str, bool]] = [("fabricmon_rdma_hw_stat_total", True)]
         if name in CONGESTION_FAMILIES:
             fams.append((CONGESTION_FAMILIES[name], False))
         if name in TRANSPORT_RETRY_COUNTERS:
@@ -251,7 +251,7 @@ def classify(subdir: str, name: str, legacy: bool = False) -> CounterPlan:
     width = PMA_ERROR_WIDTHS.get(name)
     if width is not None:
         return CounterPlan(Semantics.SATURATING, width, 1, (("fabricmon_ib_port_errors_total", True),), name)
-    return CounterPlan(Semantics.MONOTONIC, 64, 1, (("fabricmon_ib_port_counter_total", True),), name,
+    return CounterPlan(Semantics.MONOTONIC, 64, 1, (("fabricmon_ib_port_pma_total", True),), name,
                        legacy_32=legacy and name in _LEGACY_32)
 
 
@@ -312,7 +312,7 @@ class _FileSlot:
             return self.last
         out = [Reading(fam, lab, raw, sem, width, group, scale) for fam, lab, sem, width, group, scale in self.emits]
         if self.legacy_32:
-            out.append(Reading("fabricmon_ib_counter_saturated", self.labels, 1 if raw >= _LEGACY_32_MAX else 0))
+            out.append(Reading("fabricmon_ib_port_error_saturated", self.labels, 1 if raw >= _LEGACY_32_MAX else 0))
         self.last_raw = raw
         self.last = tuple(out)
         return self.last

@@ -76,28 +76,36 @@ def _read_or(path: str, default: str = "") -> str:
         return default
 
 
-def assign_rails(devices: list[tuple[str, str]], configured: dict[str, int]) -> dict[str, str]:
+def assign_rails(
+    devices: list[tuple[str, str]], configured: dict[str, int], memory: dict[str, str] | None = None
+) -> dict[str, str]:
     """Map device name -> rail string.
 
     ``devices`` is (name, hca_type) in natural order.  Configured rails win.
     Otherwise the rail NICs are the devices of the most common HCA type (a
     DGX-style node has eight identical rail NICs and a different frontend
     NIC), numbered in device order; any other device serves no rail.
+
+    ``memory`` (kept by the caller across polls) makes the derived rails
+    sticky: when mlx5_3 is hot-unplugged, mlx5_4..7 keep rails 4..7 instead of
+    being renumbered, and a re-probed device gets its old rail back.
     """
     if configured:
         return {name: str(configured[name]) if name in configured else "" for name, _ in devices}
     counts = Counter(h for _, h in devices if h)
-    if not counts:
-        return {name: str(i) for i, (name, _) in enumerate(devices)}
-    common, _ = counts.most_common(1)[0]
+    common = counts.most_common(1)[0][0] if counts else None
+    memory = {} if memory is None else memory
+    taken = {r for r in memory.values() if r}
     rails: dict[str, str] = {}
-    i = 0
     for name, hca in devices:
-        if hca == common:
-            rails[name] = str(i)
-            i += 1
+        if name in memory:
+            rails[name] = memory[name]
+        elif common is not None and hca != common:
+            rails[name] = memory[name] = ""
         else:
-            rails[name] = ""
+            free = next(i for i in range(len(taken) + 1) if str(i) not in taken)
+            rails[name] = memory[name] = str(free)
+            taken.add(str(free))
     return rails
 
 
@@ -107,6 +115,7 @@ def discover(
     exclude: tuple[str, ...] = (),
     rails: dict[str, int] | None = None,
     extra_netdevs: tuple[str, ...] = (),
+    rail_memory: dict[str, str] | None = None,
 ) -> Inventory:
     base = os.path.join(sysfs_root, "class", "infiniband")
     inc = [re.compile(p) for p in include]
@@ -120,7 +129,7 @@ def discover(
     for name in names:
         dpath = os.path.join(base, name)
         raw.append((name, dpath, _read_or(os.path.join(dpath, "hca_type"))))
-    rail_of = assign_rails([(n, h) for n, _, h in raw], rails or {})
+    rail_of = assign_rails([(n, h) for n, _, h in raw], rails or {}, rail_memory)
 
     devices: list[DeviceInfo] = []
     ports: list[PortInfo] = []
