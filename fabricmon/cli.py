@@ -124,7 +124,7 @@ def cmd_aggregator(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from .logs import configure_logging
-    from .sim.demo import run_demo
+    from .demo.run import run_demo
 
     configure_logging(args.log_format or "console", args.log_level or "warning")
     return run_demo(args)

@@ -85,15 +85,22 @@ def correlate(
     throttled: dict[str, set[str]],
     fresh_nodes: set[str],
     cluster: str,
+    open_incidents: list | None = None,
 ) -> CorrelationResult:
     """``throttled``: gpu id -> active slow-down reasons; ``fresh_nodes``: nodes with recent counters."""
     s = settings
     llr: dict[str, float] = defaultdict(float)
     why: dict[str, list[str]] = defaultdict(list)
-    for f in findings:
-        v = ALERT_LLR.get(f.alertname)
-        if v is None or not (f.fire or f.keep):
+    # evidence of this tick, and of open incidents still in their hold time (evidence fades with them)
+    seen: set[tuple[str, str]] = set()
+    items = [(f.alertname, f.component_type, f.component) for f in findings if f.fire or f.keep]
+    items += [(i.alertname, i.component_type, i.component) for i in (open_incidents or ())]
+    for alertname, ctype, component in items:
+        v = ALERT_LLR.get(alertname)
+        if v is None or (alertname, component) in seen:
             continue
+        seen.add((alertname, component))
+        f = Finding(alertname, ctype, component, {}, [])
         comps = [f.component]
         if f.component_type == "link":
             node, dev, _ = f.component.split("/", 2)
@@ -103,6 +110,7 @@ def correlate(
         for c in comps:
             llr[c] += v
             why[c].append(f.alertname)
+    fabric = dict(llr)  # fabric evidence only: what SlowRanksSharedComponent may blame
     for gid, reasons in throttled.items():
         if reasons:
             llr[gid] += THROTTLE_LLR
@@ -133,6 +141,10 @@ def correlate(
     by_job: dict[str, list] = defaultdict(list)
     for st in report.stragglers:
         by_job[st.job].append(st)
+    persistent = {(st.job, st.rank) for st in report.stragglers}
+    for st in report.early:  # a throttled GPU's rank needs less persistence: the clock reason is evidence
+        if (st.job, st.rank) not in persistent and throttled.get(gpu_id(st.node, st.gpu)):
+            by_job[st.job].append(st)
     for job, lst in by_job.items():
         groups = _group(topo, lst)
         node_groups = [g for g in groups if g[0] == "node"]
@@ -150,14 +162,16 @@ def correlate(
                                            "imbalance, not a fabric fault"))
             groups = [g for g in groups if g[0] != "node"]
         for kind, comp, members in groups:
-            cands = _candidates(topo, kind, comp, members)
+            cands = _candidates(topo, kind, comp, members, fabric)
             best, best_v = None, 0.0
             for c in cands:
-                v = llr.get(c, 0.0)
+                v = fabric.get(c, 0.0)
                 if v > best_v:
                     best, best_v = c, v
             ranks = tuple(sorted(m.rank for m in members))
             if best is not None and best_v >= s.medium_evidence:
+                if not any(m.current for m in members):
+                    continue
                 ent = shared.setdefault(best, {"ranks": set(), "jobs": set(), "why": why[best], "v": best_v})
                 ent["ranks"].update(ranks)
                 ent["jobs"].add(job)
@@ -166,6 +180,8 @@ def correlate(
             if members[0].kind == "comm" and (net or best_v > 0):
                 continue  # weak evidence explains it (congestion): hurt ranks ride on that finding
             nodes = {m.node for m in members}
+            if kind == "rail" and len(members) == 1:
+                kind, comp = "gpu", gpu_id(members[0].node, members[0].gpu)
             lab = _labels(topo, kind, comp, members, cluster)
             lab["job"] = job
             late = max(m.late_frac for m in members)
@@ -183,7 +199,9 @@ def correlate(
                 desc += "; likely a compute straggler (GPU, host or input pipeline)"
             else:
                 desc = "weak fabric evidence only: " + ", ".join(f"{c} ({'+'.join(why[c])})" for c in net[:4])
+            current = any(m.current for m in members)  # a straggler that already stopped opens nothing
             out.append(Finding("StragglerRank", kind if kind != "rank" else "gpu", comp, lab, ev,
+                               fire=current, keep=current,
                                hold_s=s.straggler_hold_s, ranks=ranks, jobs=(job,), description=desc))
     for comp, ent in shared.items():
         ctype = component_type_of(comp)
@@ -236,9 +254,7 @@ def _group(topo: Topology, lst: list) -> list[tuple[str, str, list]]:
             compute.append(st)
     for rail, members in by_rail.items():
         leaves = {topo.leaf_of(m.node, rail) for m in members}
-        if len({m.node for m in members}) < 2:
-            compute.extend(members)
-        elif len(leaves) == 1:
+        if len(leaves) == 1 and len({m.node for m in members}) >= 2:
             groups.append(("leaf", next(iter(leaves)), members))
         else:
             groups.append(("rail", f"rail{rail}", members))
@@ -272,7 +288,7 @@ def _group(topo: Topology, lst: list) -> list[tuple[str, str, list]]:
     return groups
 
 
-def _candidates(topo: Topology, kind: str, comp: str, members: list) -> list[str]:
+def _candidates(topo: Topology, kind: str, comp: str, members: list, evidence: dict | None = None) -> list[str]:
     cands: list[str] = [comp]
     for m in members:
         if m.node not in topo.nodes:
@@ -282,19 +298,29 @@ def _candidates(topo: Topology, kind: str, comp: str, members: list) -> list[str
             if k in p and p[k] not in cands:
                 cands.append(p[k])
         # NVLinks of the GPU carry their evidence on the GPU id (see correlate)
-    if kind == "rail":
-        for m in members:
-            if m.node in topo.nodes:
-                for k in ("leaf",):
-                    c = topo.path_of_gpu(m.node, m.gpu).get(k)
-                    if c and c not in cands:
-                        cands.append(c)
+    if kind in ("rail", "leaf") and members and members[0].kind == "comm" and evidence:
+        # a ring is as slow as its slowest link: any component of the rail with evidence explains it
+        rail = comp[4:] if kind == "rail" else comp.rsplit("-r", 1)[-1]
+        for c in evidence:
+            if c not in cands and _rail_of(topo, c) == rail:
+                cands.append(c)
     if kind == "node" and comp in topo.nodes:
         for nic in topo.nodes[comp].nics:
             for c in (link_id(comp, nic.device, nic.port), nic_id(comp, nic.device)):
                 if c not in cands:
                     cands.append(c)
     return cands
+
+
+def _rail_of(topo: Topology, comp: str) -> str:
+    if comp.startswith("leaf-"):
+        return comp.rsplit("-r", 1)[-1]
+    parts = comp.split("/")
+    if len(parts) >= 2 and parts[0] in topo.nodes and not parts[1].startswith("gpu"):
+        nic = topo.nic(parts[0], parts[1])
+        if nic is not None:
+            return str(nic.rail)
+    return ""
 
 
 def _labels(topo: Topology, kind: str, comp: str, members: list, cluster: str) -> dict[str, str]:

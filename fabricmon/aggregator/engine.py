@@ -403,7 +403,8 @@ class Engine:
             report = self.stragglers.evaluate(now)
             throttled = {g.id: set(g.throttle) for g in self.active_gpus if g.throttle}
             fresh = {n for n, ns in self.nodes.items() if now - ns.last_ts <= self.settings.agent_down_s}
-            corr = correlate(self.topology, self.settings, findings, report, throttled, fresh, self.cluster)
+            corr = correlate(self.topology, self.settings, findings, report, throttled, fresh, self.cluster,
+                             self.manager.open_incidents())
             findings.extend(corr.findings)
             self.suspicion = corr.suspicion
             self.lateness = self.stragglers.lateness_scores()

@@ -72,6 +72,7 @@ class Straggler:
     kind: str  # "compute" or "comm"
     score: float
     late_frac: float
+    current: bool = True  # flagged in the newest scored step
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +88,7 @@ class StragglerReport:
     stragglers: list[Straggler]
     stages: list[StageLate]
     slowish: dict[tuple[str, int], tuple[str, int]]  # (job, rank) -> (node, gpu) flagged in >= clear of window
+    early: list[Straggler] = field(default_factory=list)  # compute-late in >= clear steps incl. the newest
 
 
 def _popcount(x: int) -> int:
@@ -136,6 +138,7 @@ class StragglerTracker:
         stragglers: list[Straggler] = []
         stages: list[StageLate] = []
         slowish: dict[tuple[str, int], tuple[str, int]] = {}
+        early: list[Straggler] = []
         for name in list(self.jobs):
             job = self.jobs[name]
             if job.last_ts and now - job.last_ts > 600.0:
@@ -150,8 +153,12 @@ class StragglerTracker:
                         self._score_step(job, reports)
             for rank, info in job.ranks.items():
                 if info.persistent:
+                    h = info.hist_c if info.persistent == "compute" else info.hist_m
                     stragglers.append(Straggler(name, rank, info.node, info.gpu, info.persistent, info.score,
-                                                info.late_ewma))
+                                                info.late_ewma, bool(h & 3)))
+                elif info.hist_c & 1 and _popcount(info.hist_c) >= self.s.straggler_clear:
+                    early.append(Straggler(name, rank, info.node, info.gpu, "compute", info.score,
+                                           info.late_ewma, True))
                 if _popcount(info.hist_c | info.hist_m) >= self.s.straggler_clear:
                     slowish[(name, rank)] = (info.node, info.gpu)
             for stage in sorted(job.stage_persistent):
@@ -159,7 +166,7 @@ class StragglerTracker:
                 stages.append(StageLate(name, stage, job.stage_late.get(stage, 0.0), ranks))
             if job.mass_persistent:
                 stages.append(StageLate(name, -1, 0.0, ()))
-        return StragglerReport(stragglers, stages, slowish)
+        return StragglerReport(stragglers, stages, slowish, early)
 
     def _score_step(self, job: JobState, reports: dict[int, tuple[float, float]]) -> None:
         s = self.s

@@ -1,0 +1,186 @@
+"""`fabricmon demo`: run a simulated rail-optimized cluster end to end and report what was found.
+
+Every node runs the real agent code (sources, poller, counter tracker) on a
+generated sysfs/ethtool/NVML tree that the simulator rewrites each simulated
+second; each snapshot becomes the same NodeBatch the stream client sends, and
+the real aggregator engine ingests it, detects, localizes and opens incidents.
+When the Debian Alertmanager is installed, incidents go to a local
+Alertmanager and a webhook receiver, as they would in production.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import structlog
+
+from ..aggregator.alertmanager import AlertmanagerClient
+from ..aggregator.engine import Engine
+from ..aggregator.http_api import HttpApi
+from ..atomic import atomic_write_text
+from ..configload import ConfigError
+from ..sim.runner import SimulatedCluster
+from ..sim.scenario import Scenario, default_scenario, load_scenario
+from .scoring import score
+
+log = structlog.get_logger("fabricmon.demo")
+
+
+def _fault_line(g: dict, t0: float = 0.0) -> str:
+    end = f"{g['end']:.0f}" if g.get("end") is not None else "end"
+    what = g.get("component") or "(no component: must raise nothing)"
+    return f"{g['kind']:<16} {what:<26} t={g['start']:.0f}..{end}s  expect {g.get('alertname') or 'nothing'}"
+
+
+def _scenario(args: argparse.Namespace) -> Scenario:
+    if args.scenario:
+        return load_scenario(args.scenario)
+    return default_scenario(nodes=args.nodes, duration=args.duration, layout=args.layout, seed=args.seed)
+
+
+def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
+    try:
+        scenario = _scenario(args)
+    except ConfigError as exc:
+        print(f"fabricmon: error: {exc}", file=sys.stderr)
+        return 2
+    if args.speed <= 0 or args.interval <= 0:
+        print("fabricmon: error: --speed and --interval must be > 0", file=sys.stderr)
+        return 2
+    epoch = float(int(time.time()))  # sample times = epoch + simulated seconds: Alertmanager sees real dates
+    sim = SimulatedCluster(scenario, mode="tree", interval=args.interval, base_dir=args.workdir, epoch=epoch)
+    engine = Engine(sim.topology, cluster=sim.topology.cluster)
+    am = receiver = None
+    if not args.no_alertmanager:
+        from .local_alertmanager import LocalAlertmanager, WebhookReceiver
+
+        try:
+            receiver = WebhookReceiver()
+            receiver.start()
+            am = LocalAlertmanager(receiver.url)
+            am.wait_ready()
+        except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
+            print(f"  (no Alertmanager: {exc}; showing the aggregator's incidents only)", file=out)
+            if am is not None:
+                am.stop()
+            am = None
+    sender = AlertmanagerClient([am.url] if am else [], cluster=sim.topology.cluster, resend_seconds=30.0)
+    sender.start()
+    ready = threading.Event()
+    http = HttpApi(engine, ("127.0.0.1", 0), sender, ready=ready.is_set)
+    http.start()
+    c = scenario.cluster
+    ground = sim.ground_truth()
+    p = lambda *a: print(*a, file=out, flush=True)  # noqa: E731
+    p(f"fabricmon demo: {c.nodes} nodes ({c.layout}, {c.nodes_per_unit} per unit, 8 GPUs and 8 rail NICs each), "
+      f"{scenario.duration:.0f} s simulated at {args.speed:g}x, agent interval {args.interval:g} s")
+    p(f"  aggregator: http://127.0.0.1:{http.port}/api/incidents"
+      + (f"   alertmanager: {am.url}" if am else ""))
+    p("  injected faults:")
+    for g in ground:
+        p(f"    {_fault_line(g)}")
+    wall0 = time.monotonic()
+    try:
+        sim.start()
+        for h in sim.hellos():
+            engine.hello(h)
+        sim.on_batch = engine.ingest
+        ready.set()
+        next_progress = 0.0
+        steps = 0
+        shown: dict[str, bool] = {}
+        while sim.t + sim.interval <= scenario.duration + 1e-9:
+            st = sim.step()
+            steps += 1
+            now = sim.now()
+            changed = engine.tick(now)
+            if changed:
+                sender.submit(changed, now)
+                for inc in changed:
+                    if inc.folded_into or shown.get(inc.id) == inc.open:
+                        continue  # an update of an incident already shown in this state
+                    shown[inc.id] = inc.open
+                    state = "OPEN    " if inc.open else "RESOLVED"
+                    detail = (inc.evidence[0] if inc.evidence else inc.description)[:90]
+                    p(f"  [t={sim.t:6.0f}s] {state} {inc.alertname:<24} {inc.component_type:<5} "
+                      f"{inc.component:<24} {detail}")
+            if sim.t >= next_progress:
+                p(f"  [t={sim.t:6.0f}s] {len(sim.agents)} agents polled, {st.rank_timings} rank timings, "
+                  f"{len(engine.open_incidents())} open incident(s), step {st.total_s * 1e3:.0f} ms "
+                  f"(render {st.render_s * 1e3:.0f}, poll {st.poll_s * 1e3:.0f})")
+                next_progress += max(scenario.duration / 10, args.interval)
+            due = wall0 + sim.t / args.speed
+            delay = due - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+        wall = time.monotonic() - wall0
+        sender.flush(timeout=3.0)
+        if am is not None:
+            # Alertmanager delivers within group_interval (1 s): wait for the last notifications.
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline and sender.pending():
+                time.sleep(0.1)
+            time.sleep(1.5)
+        incidents = [_rel(i.to_dict(), epoch) for i in engine.incidents()]
+        scores = score(ground, incidents, duration=scenario.duration)
+        _report(p, ground, incidents, scores, receiver, wall, steps, args)
+        if args.report_json:
+            report = {"scenario": scenario.to_dict() if hasattr(scenario, "to_dict") else None,
+                      "faults": ground, "incidents": incidents, "scores": scores,
+                      "alertmanager_notifications": len(receiver.alerts()) if receiver and am else None,
+                      "wall_seconds": round(wall, 2)}
+            atomic_write_text(args.report_json, json.dumps(report, indent=2, default=str) + "\n")
+            p(f"  report written to {args.report_json}")
+        return 0
+    finally:
+        ready.clear()
+        sender.stop(flush_timeout=1.0)
+        http.stop()
+        sim.close()
+        if am is not None:
+            am.stop()
+        if receiver is not None:
+            receiver.stop()
+
+
+def _rel(d: dict, epoch: float) -> dict:
+    out = {k: d[k] for k in ("id", "alertname", "component_type", "component", "evidence", "ranks", "jobs")}
+    out["severity"] = d.get("severity")
+    out["description"] = d.get("description")
+    for k in ("first_seen", "last_seen", "resolved_at"):
+        out[k] = None if d[k] is None else round(d[k] - epoch, 3)
+    return out
+
+
+def _report(p, ground, incidents, scores, receiver, wall, steps, args) -> None:
+    p("")
+    p(f"Report ({steps} steps in {wall:.1f} s wall)")
+    p("  injected fault                             detected as                                   delay  resolved")
+    for fi, g in enumerate(ground):
+        hits = [i for i in incidents if g.get("component") and i["component"] == g["component"]]
+        if not g.get("component"):
+            p(f"  {g['kind']:<16} (not a fault)              {'nothing raised, as expected' if not incidents else ''}")
+            continue
+        if not hits:
+            p(f"  {g['kind']:<16} {g['component']:<26} MISSED")
+            continue
+        h = min(hits, key=lambda i: i["first_seen"])
+        res = f"{h['resolved_at']:.0f}s" if h["resolved_at"] is not None else "open"
+        p(f"  {g['kind']:<16} {g['component']:<26} {h['alertname']:<24} {h['component_type']:<6} "
+          f"{h['first_seen'] - g['start']:+6.1f}s  {res}")
+    extra = [i for i in incidents if i["id"] in scores["unmatched_incidents"]]
+    for i in extra:
+        p(f"  (unexpected) {i['alertname']} {i['component_type']} {i['component']} at t={i['first_seen']:.0f}s")
+    p(f"  precision {scores['precision']:.2f}  recall {scores['recall']:.2f}  "
+      f"median detection delay {scores['median_detection_delay_s']} s (simulated)")
+    if receiver is not None:
+        alerts = receiver.alerts()
+        if alerts:
+            firing = sum(1 for _, s, _ in alerts if s == "firing")
+            resolved = sum(1 for _, s, _ in alerts if s == "resolved")
+            p(f"  Alertmanager webhook: {firing} firing and {resolved} resolved notifications received")

@@ -1,0 +1,59 @@
+"""Score detected incidents against a scenario's injected ground truth.
+
+An incident matches a fault when it names the fault's component and was first
+seen while the fault was active (from ``start - slack`` to ``end + slack``).
+Precision counts incidents; recall counts faults that have a component
+(``counter_reset`` has none: anything raised during it is a false positive).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Match:
+    fault_index: int
+    incident_id: str
+    delay_s: float  # first_seen - fault start, simulated seconds
+    alertname_ok: bool
+
+
+def score(faults: list[dict], incidents: list[dict], *, duration: float, slack: float = 30.0) -> dict:
+    """``faults`` and ``incidents`` carry times in seconds since the scenario started."""
+    matches: list[Match] = []
+    matched_incidents: set[str] = set()
+    detected: set[int] = set()
+    for inc in sorted(incidents, key=lambda i: i["first_seen"]):
+        for fi, f in enumerate(faults):
+            if not f.get("component"):
+                continue
+            end = f["end"] if f.get("end") is not None else duration
+            if inc["component"] == f["component"] and f["start"] - slack <= inc["first_seen"] <= end + slack:
+                matches.append(Match(fi, inc["id"], inc["first_seen"] - f["start"],
+                                     inc["alertname"] == f.get("alertname")))
+                matched_incidents.add(inc["id"])
+                detected.add(fi)
+                break
+    scored_faults = [i for i, f in enumerate(faults) if f.get("component")]
+    tp = len(matched_incidents)
+    fp = len(incidents) - tp
+    precision = tp / len(incidents) if incidents else 1.0
+    recall = len(detected & set(scored_faults)) / len(scored_faults) if scored_faults else 1.0
+    first_delay: dict[int, float] = {}
+    for m in matches:
+        first_delay[m.fault_index] = min(first_delay.get(m.fault_index, m.delay_s), m.delay_s)
+    delays = list(first_delay.values())
+    return {
+        "true_positives": tp,
+        "false_positives": fp,
+        "faults": len(scored_faults),
+        "faults_detected": len(detected),
+        "precision": round(precision, 4),
+        "recall": round(recall, 4),
+        "median_detection_delay_s": round(statistics.median(delays), 3) if delays else None,
+        "detection_delay_s": {str(k): round(v, 3) for k, v in sorted(first_delay.items())},
+        "alertname_agreement": round(sum(m.alertname_ok for m in matches) / len(matches), 4) if matches else None,
+        "unmatched_incidents": sorted(i["id"] for i in incidents if i["id"] not in matched_incidents),
+    }
