@@ -9,7 +9,7 @@ import pytest
 
 from fabricmon.sim.cluster import ClusterState
 from fabricmon.sim.hw import HW_Q32, HW_ROCE_ACCL32, K, NDEV, PMA_ERR_WIDTH
-from fabricmon.sim.scenario import ClusterSpec, Fault, Scenario
+from fabricmon.sim.scenario import ClusterSpec, Scenario
 from fabricmon.sim.tree import NodeTree
 
 ERRORS = [f"pma:{n}" for n in PMA_ERR_WIDTH if n != "port_xmit_wait"]

@@ -59,6 +59,22 @@ def test_own_tree_dir_is_removed_and_http_serves_metrics():
     assert not os.path.exists(base)
 
 
+@pytest.mark.parametrize("mode", ["tree", "memory"])
+def test_sink_set_after_start_still_gets_the_first_full_batch(mode):
+    sim = SimulatedCluster(Scenario(ClusterSpec(2, "roce", 2), 10), mode=mode)
+    try:
+        sim.start()
+        assert len(sim.hellos()) == 2
+        got = []
+        sim.on_batch = got.append
+        sim.step()
+    finally:
+        sim.close()
+    assert [(b.node, b.seq) for b in got] == [("node-000", 1), ("node-001", 1), ("node-000", 2), ("node-001", 2)]
+    assert len(got[0].gauges) > 400 and got[0].layouts  # every gauge, and the job layout, come first
+    assert got[2].deltas and len(got[2].gauges) < 100
+
+
 def test_memory_mode_runs_a_scenario_to_its_end():
     scn = default_scenario(64, 12)
     got = []

@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 
 from fabricmon.sim.agents import make_sim_agent
-from fabricmon.sources.infiniband import classify as ib_classify
 from fabricmon.sim.cluster import ClusterState
-from fabricmon.sim.hw import K
 from fabricmon.sim.scenario import ClusterSpec, Scenario
 from fabricmon.sim.tree import NodeTree
+from fabricmon.sources.infiniband import classify as ib_classify
 
 FIXTURE_TOOL = Path(__file__).resolve().parents[2] / "shared" / "tools" / "make-sysfs-fixture"
 

@@ -207,7 +207,8 @@ def evaluate_link(link: LinkState, now: float, w: float, s: DetectionSettings) -
     if flaps >= s.flap_min_transitions:
         recent = (link.trans and now - link.trans[-1] <= 3 * w) or downs[0] > 0 or downs[1] > 0
         out.append(Finding("FabricLinkFlapping", "link", link.id, lab,
-                           [f"{flaps} down transitions in {s.flap_window_s:.0f}s"], fire=True, keep=bool(recent)))
+                           [f"{flaps} down transitions in {s.flap_window_s:.0f}s"], fire=bool(recent),
+                           keep=bool(recent)))
     if sums is None:
         deg, why = link.is_degraded(s.degraded_rate_ratio)
         if deg and link.degraded_since is not None and now - link.degraded_since >= s.degraded_persist_s:

@@ -439,7 +439,7 @@ class Engine:
                 findings.extend(fold)
                 link.cand_since = None
             findings.extend(other)
-            if cong is not None:
+            if cong is not None and not (link.leaf and self.manager.get_open("FabricLeafDegraded", link.leaf)):
                 congested.setdefault(link.leaf or link.id, []).append((link, cong))
             if not link.ev and not link.trans and link.down_since is None and link.degraded_since is None:
                 self.active_links.discard(link)

@@ -120,7 +120,7 @@ class SyntheticJob:
             res = self.simulate_step(eff)
             step_s = float(res["step_seconds"])
             if self.t + step_s > t + 1e-9:
-                self._pending = res  # not finished yet: re-simulated next time (state may change)
+                # not finished by t: simulated again next time, with the faults active then
                 break
             self.t += step_s
             self.step += 1

@@ -114,6 +114,8 @@ class SimulatedCluster:
         self._poll_workers = poll_workers or min(8, max(1, c.nodes))
         self._started = False
         self._closed = False
+        # batches of the initial poll made by start() before anyone set on_batch: delivered first
+        self._undelivered: list[NodeBatch] = []
         self.steps = 0
         if mode == "tree":
             if base_dir is None:
@@ -221,12 +223,22 @@ class SimulatedCluster:
             out[r.node].append(r)
         return out
 
+    def _deliver(self, batch: NodeBatch) -> None:
+        if self.on_batch is None:
+            if not self.steps:
+                self._undelivered.append(batch)  # the initial poll: kept for a sink set after start()
+            return
+        if self._undelivered:
+            pending, self._undelivered = self._undelivered, []
+            for b in pending:
+                self.on_batch(b)
+        self.on_batch(batch)
+
     def _emit_memory(self, timings: list[RankTiming]) -> int:
         layouts = (self.job.layout,) if self.job is not None else ()
         batches = self._builder.build(self._by_node(timings), layouts)
-        if self.on_batch is not None:
-            for b in batches:
-                self.on_batch(b)
+        for b in batches:
+            self._deliver(b)
         return len(batches)
 
     def _poll_all(self, timings: list[RankTiming]) -> int:
@@ -239,13 +251,13 @@ class SimulatedCluster:
             ranks = by_node.get(name, [])
             if self.on_snapshot is not None:
                 self.on_snapshot(name, snap, ranks)
-            if self.on_batch is not None:
+            if self.on_batch is not None or not self.steps:
                 self._seq[i] += 1
                 b = batch_from_snapshot(snap, self._filters[i], self._seq[i], tuple(ranks))
                 if self._seq[i] == 1 and self.job is not None:
                     b = NodeBatch(b.node, b.seq, b.ts, b.interval_seconds, b.deltas, b.gauges, b.ranks,
                                   (self.job.layout,))
-                self.on_batch(b)
+                self._deliver(b)
         return len(snaps)
 
     def run(self, until: float | None = None, *, speed: float | None = None, stop: threading.Event | None = None,
