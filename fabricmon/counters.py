@@ -55,6 +55,7 @@ class CounterTracker:
     def __init__(self, evict_after_seconds: float = 600.0) -> None:
         self._state: dict[tuple[str, Labels], _State] = {}
         self._evict_after = evict_after_seconds
+        self._next_evict = float("-inf")
         self.resets_total = 0
         self.wraps_total = 0
 
@@ -124,7 +125,11 @@ class CounterTracker:
 
     def _evict(self, ts: float) -> None:
         # A device that vanished keeps its state for a while, so that a quick
-        # re-probe continues its totals instead of restarting them.
+        # re-probe continues its totals instead of restarting them.  Scanning
+        # every series costs as much as a poll, so do it a few times per window.
+        if ts < self._next_evict:
+            return
+        self._next_evict = ts + self._evict_after / 10
         limit = ts - self._evict_after
         stale = [k for k, st in self._state.items() if st.last_seen < limit]
         for k in stale:

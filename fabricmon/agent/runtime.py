@@ -66,9 +66,10 @@ def make_discover(cfg: AgentConfig) -> Callable[[], Inventory]:
     ib = cfg.sources.infiniband
     extra = cfg.sources.ethtool.interfaces
     rail_memory: dict[str, str] = {}
+    cache: dict = {}
 
     def _discover() -> Inventory:
-        return discover(cfg.sysfs_root, ib.include, ib.exclude, dict(cfg.rails), extra, rail_memory)
+        return discover(cfg.sysfs_root, ib.include, ib.exclude, dict(cfg.rails), extra, rail_memory, cache)
 
     return _discover
 

@@ -116,7 +116,11 @@ def discover(
     rails: dict[str, int] | None = None,
     extra_netdevs: tuple[str, ...] = (),
     rail_memory: dict[str, str] | None = None,
+    cache: dict | None = None,
 ) -> Inventory:
+    """Discover RDMA devices.  ``cache`` (kept by the caller across polls) skips
+    re-reading a device whose sysfs entry is the same one as last time (same
+    inode and ctime: a re-probed device gets a new entry and is read afresh)."""
     base = os.path.join(sysfs_root, "class", "infiniband")
     inc = [re.compile(p) for p in include]
     exc = [re.compile(p) for p in exclude]
@@ -126,16 +130,33 @@ def discover(
     ]
     errors: list[str] = []
     raw: list[tuple[str, str, str]] = []  # name, path, hca_type
+    identity: dict[str, tuple[int, int]] = {}
     for name in names:
         dpath = os.path.join(base, name)
+        if cache is not None:
+            try:
+                st = os.lstat(dpath)
+                identity[name] = (st.st_ino, st.st_ctime_ns)
+            except OSError:
+                continue  # vanished between listing and now
+            hit = cache.get(name)
+            if hit is not None and hit[0] == identity[name]:
+                raw.append((name, dpath, hit[1].hca_type))
+                continue
         raw.append((name, dpath, _read_or(os.path.join(dpath, "hca_type"))))
     rail_of = assign_rails([(n, h) for n, _, h in raw], rails or {}, rail_memory)
 
     devices: list[DeviceInfo] = []
     ports: list[PortInfo] = []
     for name, dpath, hca in raw:
+        hit = cache.get(name) if cache is not None else None
+        if hit is not None and hit[0] == identity.get(name) and hit[1].rail == rail_of.get(name, ""):
+            devices.append(hit[1])
+            ports.extend(hit[2])
+            continue
         if not os.path.isdir(dpath):
             continue  # vanished between listing and now
+        first_port = len(ports)
         # class/infiniband/<dev>/device links to the PCI function; resolving one
         # link is safe (walking the tree is what loops).
         real = os.path.realpath(os.path.join(dpath, "device"))
@@ -162,4 +183,9 @@ def discover(
                 if not netdev and len(netdevs) == 1:
                     netdev = netdevs[0]
             ports.append(PortInfo(name, port, ppath, link_layer, netdev, info.rail))
+        if cache is not None and name in identity:
+            cache[name] = (identity[name], info, tuple(ports[first_port:]))
+    if cache is not None:
+        for gone in set(cache) - set(identity):
+            del cache[gone]
     return Inventory(sysfs_root, tuple(devices), tuple(ports), tuple(errors), tuple(extra_netdevs))
