@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 from ..metrics import SELF_SPECS, SPECS, MetricSpec
 from ..model import Snapshot
@@ -80,9 +81,104 @@ def make_registry(get_snapshot: Callable[[], Snapshot | None], clock: Callable[[
     return registry
 
 
-def exposition(snapshot: Snapshot) -> bytes:
+def _escape_help(text: str) -> str:
+    return text.replace("\\", r"\\").replace("\n", r"\n")
+
+
+def _escape_value(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+
+
+def render_snapshot(snapshot: Snapshot, prefixes: dict | None = None) -> bytes:
+    """The classic text exposition of a snapshot, without the per-scrape ``snapshot_age`` line.
+
+    Same bytes as prometheus_client's ``generate_latest`` over ``SnapshotCollector``
+    (a test holds them equal), but about ten times faster; it runs once per poll,
+    so a scrape only copies bytes.  ``prefixes`` caches each series' ``name{labels} ``
+    across snapshots (series rarely change between polls).
+    """
+    if prefixes is None:
+        prefixes = {}
+    node_value = _escape_value(snapshot.node)
+    node = f'node="{node_value}"'
+    by_family: dict[str, list] = defaultdict(list)
+    for smp in snapshot.samples:
+        by_family[smp.family].append(smp)
+    out: list[str] = []
+    fmt = floatToGoString
+    for name, samples in by_family.items():
+        spec = ALL_SPECS.get(name)
+        if spec is None:
+            continue
+        out.append(f"# HELP {name} {_escape_help(spec.help)}\n# TYPE {name} {'counter' if spec.kind == 'counter' else 'gauge'}\n")
+        for smp in samples:
+            key = (name, smp.labels, snapshot.node)
+            prefix = prefixes.get(key)
+            if prefix is None:
+                # Sorted label names, as prometheus_client writes them.
+                pairs = sorted((*smp.labels, ("node", snapshot.node)))
+                prefix = name + "{" + ",".join(f'{k}="{_escape_value(v)}"' for k, v in pairs) + "} "
+                prefixes[key] = prefix
+            out.append(prefix + fmt(smp.value) + "\n")
+    rows = [st for st in snapshot.sources if st.present]
+    for key, getter in (("fabricmon_collector_up", lambda st: 1.0 if st.up else 0.0),
+                        ("fabricmon_collector_duration_seconds", lambda st: st.duration_seconds),
+                        ("fabricmon_collector_errors_total", lambda st: float(st.errors_total))):
+        spec = SELF_SPECS[key]
+        out.append(f"# HELP {key} {_escape_help(spec.help)}\n# TYPE {key} {spec.kind}\n")
+        for st in rows:
+            out.append(f'{key}{{collector="{_escape_value(st.source)}",{node}}} {fmt(getter(st))}\n')
+    spec = SELF_SPECS["fabricmon_snapshot_timestamp_seconds"]
+    out.append(f"# HELP {spec.name} {_escape_help(spec.help)}\n# TYPE {spec.name} gauge\n"
+               f"{spec.name}{{{node}}} {fmt(snapshot.ts)}\n")
+    return "".join(out).encode()
+
+
+def _age_lines(snapshot: Snapshot, now: float) -> bytes:
+    spec = SELF_SPECS["fabricmon_snapshot_age_seconds"]
+    node = f'node="{_escape_value(snapshot.node)}"'
+    return (f"# HELP {spec.name} {_escape_help(spec.help)}\n# TYPE {spec.name} gauge\n"
+            f"{spec.name}{{{node}}} {floatToGoString(max(0.0, now - snapshot.ts))}\n").encode()
+
+
+class RenderedSnapshot:
+    """Keeps the rendered exposition of the latest snapshot; renders each snapshot once."""
+
+    def __init__(self, get_snapshot: Callable[[], Snapshot | None], clock: Callable[[], float] = time.time) -> None:
+        self._get = get_snapshot
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._key: tuple[str, int, float] | None = None
+        self._body = b""
+        self._prefixes: dict = {}
+
+    def refresh(self, snapshot: Snapshot | None = None) -> None:
+        """Render ``snapshot`` (or the latest) unless already rendered; the poller calls it after each poll."""
+        snap = snapshot if snapshot is not None else self._get()
+        if snap is None:
+            return
+        key = (snap.node, snap.seq, snap.ts)
+        if key == self._key:
+            return
+        if len(self._prefixes) > 4 * max(len(snap.samples), 1000):
+            self._prefixes.clear()  # series churned (devices came and went): start over
+        body = render_snapshot(snap, self._prefixes)
+        with self._lock:
+            self._key, self._body = key, body
+
+    def body(self) -> bytes:
+        snap = self._get()
+        if snap is None:
+            return b""
+        self.refresh(snap)
+        with self._lock:
+            body = self._body
+        return body + _age_lines(snap, self._clock())
+
+
+def exposition(snapshot: Snapshot, now: float | None = None) -> bytes:
     """The classic text exposition of one snapshot (what ``--once`` prints)."""
-    return generate_latest(make_registry(lambda: snapshot))
+    return render_snapshot(snapshot) + _age_lines(snapshot, snapshot.ts if now is None else now)
 
 
 class AgentHTTPServer:
@@ -92,17 +188,16 @@ class AgentHTTPServer:
         self,
         host: str,
         port: int,
-        registry: CollectorRegistry,
+        metrics: Callable[[], bytes],
         ready: Callable[[], bool],
         alive: Callable[[], bool] = lambda: True,
     ) -> None:
-        registry_ref = registry
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server API)
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
-                    body = generate_latest(registry_ref)
+                    body = metrics()
                     self._send(200, body, "text/plain; version=0.0.4; charset=utf-8")
                 elif path == "/healthz":
                     ok = alive()

@@ -15,7 +15,7 @@ from ..config import AgentConfig
 from ..configload import split_hostport
 from ..sources.base import Source
 from ..sources.inventory import Inventory, discover
-from .exporter import AgentHTTPServer, make_registry
+from .exporter import AgentHTTPServer, RenderedSnapshot
 from .poller import Poller
 
 log = structlog.get_logger("fabricmon.agent")
@@ -87,8 +87,10 @@ class Agent:
 
     def start_http(self, listen: str | None = None) -> int:
         host, port = split_hostport(listen or self.cfg.listen)
-        registry = make_registry(lambda: self.poller.latest, self.clock)
-        self.http = AgentHTTPServer(host, port, registry, ready=self.ready, alive=self.alive)
+        rendered = RenderedSnapshot(lambda: self.poller.latest, self.clock)
+        # Render in the poll thread right after each poll, so a scrape only copies bytes.
+        self.poller.add_listener(rendered.refresh)
+        self.http = AgentHTTPServer(host, port, rendered.body, ready=self.ready, alive=self.alive)
         self.http.start()
         return self.http.port
 
