@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -116,6 +117,8 @@ def cmd_aggregator(args: argparse.Namespace) -> int:
     from .logs import configure_logging
 
     cfg = load_aggregator_config(args.config)
+    if not os.path.isfile(cfg.topology):
+        raise ConfigError(f"{args.config}: topology: no such file {cfg.topology}")
     configure_logging(args.log_format or "auto", args.log_level or "info")
     stop = threading.Event()
     _install_signals(stop)

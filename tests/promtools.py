@@ -280,3 +280,153 @@ def promtool(*args: str | Path, timeout: float = 120.0, cwd: Path | None = None)
 
 def amtool(*args: str | Path, timeout: float = 60.0, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return run_tool(AMTOOL, *args, timeout=timeout, cwd=cwd)
+
+
+# ---------------------------------------------------------------- live fabric (simulated cluster + Prometheus)
+
+@dataclass
+class LiveFabric:
+    """A simulated cluster whose real agents Prometheus scrapes, paced at wall-clock speed.
+
+    ``epoch`` is the wall time of simulated t=0, so every agent's sample time (``sim.now()``) is
+    within a step of ``time.time()`` and Prometheus' scrape timestamps, windows and ``for:`` line
+    up with the scenario's fault times (injection of a fault = ``epoch + fault.start``).
+    """
+
+    sim: Any
+    prom: Prometheus
+    engine: Any
+    epoch: float
+    probe_node: str
+    stop_event: Any
+    thread: Any
+    errors: list = field(default_factory=list)
+
+    def injected_at(self, fault) -> float:
+        return self.epoch + fault.start
+
+    def sim_t(self) -> float:
+        return self.sim.t
+
+
+def _rank_line(r) -> str:
+    return json.dumps({"job": r.job, "rank": r.rank, "local_rank": r.local_rank, "step": r.step,
+                       "step_seconds": r.step_seconds, "comm_seconds": r.comm_seconds, "ts": r.ts},
+                      separators=(",", ":"))
+
+
+def _nccl_line(rank: int, sn: int, now: float) -> str:
+    """One NCCL Inspector v4.0 record (the format fabricmon/agent/nccl_inspector.py tails)."""
+    return json.dumps({
+        "header": {"id": "0x5eed", "rank": rank, "n_ranks": 8, "nnodes": 1},
+        "metadata": {"inspector_output_format_version": "v4.0", "dump_timestamp_us": int(now * 1e6),
+                     "hostname": "probe", "pid": 1},
+        "coll_perf": {"coll": "AllReduce", "coll_sn": sn, "coll_msg_size_bytes": 1 << 26, "coll_exec_time_us": 2500.0,
+                      "coll_timing_source": "kernel_gpu", "coll_algobw_gbs": 26.8, "coll_busbw_gbs": 47.0},
+    }, separators=(",", ":")) + "\n"
+
+
+@contextlib.contextmanager
+def live_fabric(scenario: Any, workdir: Path, *, rule_files: Sequence[str | Path] = (),
+                scrape_interval: str = "1s", evaluation_interval: str | None = None,
+                aggregator: bool = True, probe: bool = True, deadline: float = 20.0) -> Iterator[LiveFabric]:
+    """Start ``scenario`` in tree mode with HTTP agents, optionally the aggregator engine's HTTP API
+    (fed the same batches) and a probe agent on the first node (host source, rank intake fed the
+    synthetic job's timings, NCCL Inspector tail), and a real Prometheus scraping all of them with
+    the deploy/README.md settings (honor_labels, `unit` target label, `cluster` external label).
+    A background thread steps the simulation at 1 simulated second per wall second until the
+    scenario ends or the context exits."""
+    import threading
+
+    from fabricmon.aggregator.engine import Engine
+    from fabricmon.aggregator.http_api import HttpApi
+    from fabricmon.agent.intake import RankIntake
+    from fabricmon.agent.nccl_inspector import NcclInspectorSource
+    from fabricmon.agent.runtime import build_agent
+    from fabricmon.config import AgentConfig
+    from fabricmon.sim.runner import SimulatedCluster
+    from fabricmon.sources.host import HostSource
+
+    require_binary(PROMETHEUS)
+    workdir.mkdir(parents=True, exist_ok=True)
+    epoch = time.time()
+    sim = SimulatedCluster(scenario, mode="tree", interval=1.0, http=True, epoch=epoch)
+    engine = http_api = probe_agent = None
+    nccl_dir = workdir / "nccl"
+    prom: Prometheus | None = None
+    stop = threading.Event()
+    thread: threading.Thread | None = None
+    errors: list[BaseException] = []
+    try:
+        sim.start()
+        names = sim.cluster.names
+        probe_node = names[0]
+        if aggregator:
+            engine = Engine(sim.topology, cluster=sim.topology.cluster)
+            for h in sim.hellos():
+                engine.hello(h)
+            sim.on_batch = engine.ingest
+            http_api = HttpApi(engine, ("127.0.0.1", 0))
+            http_api.start()
+        if probe:
+            nccl_dir.mkdir(exist_ok=True)
+            intake = RankIntake(probe_node)
+            cfg = AgentConfig(node_name=probe_node, nvml="off", interval=1.0, listen="127.0.0.1:0")
+            probe_agent = build_agent(cfg, sources=[HostSource(cfg), intake,
+                                                    NcclInspectorSource(str(nccl_dir), timeout=0.5)])
+            probe_agent.start_http("127.0.0.1:0")
+            probe_agent.start_polling()
+            nccl_file = nccl_dir / "probe-pid1.log"
+            sn = [0]
+
+            def on_snapshot(name, snap, ranks) -> None:
+                if name != probe_node:
+                    return
+                if ranks:
+                    intake.submit_lines("\n".join(_rank_line(r) for r in ranks))
+                sn[0] += 1
+                with open(nccl_file, "a") as fh:
+                    fh.write("".join(_nccl_line(rank, sn[0], time.time()) for rank in range(8)))
+
+            sim.on_snapshot = on_snapshot
+        npu = scenario.cluster.nodes_per_unit
+        statics = [{"targets": [f"127.0.0.1:{sim.http_ports[n]}"], "labels": {"unit": str(i // npu)}}
+                   for i, n in enumerate(names)]
+        if probe_agent is not None:
+            statics.append({"targets": [f"127.0.0.1:{probe_agent.http.port}"], "labels": {"unit": "0"}})
+        scrape = [{"job_name": "fabricmon-agent", "honor_labels": True, "static_configs": statics}]
+        if http_api is not None:
+            scrape.append({"job_name": "fabricmon-aggregator", "honor_labels": True,
+                           "static_configs": [{"targets": [f"127.0.0.1:{http_api.port}"]}]})
+        config = prometheus_config(scrape_interval=scrape_interval,
+                                   evaluation_interval=evaluation_interval or scrape_interval,
+                                   rule_files=rule_files, external_labels={"cluster": sim.topology.cluster},
+                                   extra_scrape_configs=scrape)
+        prom = start_prometheus(workdir / "prometheus", config, deadline)
+
+        def pump() -> None:
+            try:
+                while not stop.is_set() and sim.t + sim.interval <= scenario.duration + 1e-9:
+                    # sample time epoch + t lands on wall time epoch + t
+                    if stop.wait(max(0.0, epoch + sim.t + sim.interval - time.time())):
+                        break
+                    sim.step()
+                    if engine is not None:
+                        engine.tick(sim.now())
+            except BaseException as exc:  # surfaced by the caller through LiveFabric.errors
+                errors.append(exc)
+
+        thread = threading.Thread(target=pump, name="live-fabric-pump", daemon=True)
+        thread.start()
+        yield LiveFabric(sim, prom, engine, epoch, probe_node, stop, thread, errors)
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join(timeout=10)
+        if prom is not None:
+            prom.stop()
+        if probe_agent is not None:
+            probe_agent.stop()
+        if http_api is not None:
+            http_api.stop()
+        sim.close()
