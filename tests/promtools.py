@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -300,6 +301,7 @@ class LiveFabric:
     probe_node: str
     stop_event: Any
     thread: Any
+    watcher: Any
     errors: list = field(default_factory=list)
 
     def injected_at(self, fault) -> float:
@@ -326,6 +328,16 @@ def _nccl_line(rank: int, sn: int, now: float) -> str:
     }, separators=(",", ":")) + "\n"
 
 
+def _write_probe_nvml(path: Path, n: int) -> None:
+    """The probe's fake NVML: GPU 0 with what the simulator's NVML leaves out (PCIe replays, an XID;
+    13 is a non-fatal graphics exception, so GPUXidFatal stays quiet).  Replaced atomically."""
+    doc = {"gpus": [{"index": 0, "uuid": "GPU-probe-0", "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": "00000000:18:00.0",
+                     "pcie_replay": n // 4, "xid": [13] * (1 + n // 30), "links": []}]}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, path)
+
+
 @contextlib.contextmanager
 def live_fabric(scenario: Any, workdir: Path, *, rule_files: Sequence[str | Path] = (),
                 scrape_interval: str = "1s", evaluation_interval: str | None = None,
@@ -346,6 +358,7 @@ def live_fabric(scenario: Any, workdir: Path, *, rule_files: Sequence[str | Path
     from fabricmon.config import AgentConfig
     from fabricmon.sim.runner import SimulatedCluster
     from fabricmon.sources.host import HostSource
+    from fabricmon.sources.nvlink import make_nvml_source
 
     require_binary(PROMETHEUS)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -356,6 +369,7 @@ def live_fabric(scenario: Any, workdir: Path, *, rule_files: Sequence[str | Path
     prom: Prometheus | None = None
     stop = threading.Event()
     thread: threading.Thread | None = None
+    watcher: AlertWatcher | None = None
     errors: list[BaseException] = []
     try:
         sim.start()
@@ -370,9 +384,11 @@ def live_fabric(scenario: Any, workdir: Path, *, rule_files: Sequence[str | Path
             http_api.start()
         if probe:
             nccl_dir.mkdir(exist_ok=True)
+            nvml_file = workdir / "probe-nvml.json"
+            _write_probe_nvml(nvml_file, 0)
             intake = RankIntake(probe_node)
-            cfg = AgentConfig(node_name=probe_node, nvml="off", interval=1.0, listen="127.0.0.1:0")
-            probe_agent = build_agent(cfg, sources=[HostSource(cfg), intake,
+            cfg = AgentConfig(node_name=probe_node, nvml=f"fake:{nvml_file}", interval=1.0, listen="127.0.0.1:0")
+            probe_agent = build_agent(cfg, sources=[HostSource(cfg), intake, make_nvml_source(cfg),
                                                     NcclInspectorSource(str(nccl_dir), timeout=0.5)])
             probe_agent.start_http("127.0.0.1:0")
             probe_agent.start_polling()
@@ -385,6 +401,7 @@ def live_fabric(scenario: Any, workdir: Path, *, rule_files: Sequence[str | Path
                 if ranks:
                     intake.submit_lines("\n".join(_rank_line(r) for r in ranks))
                 sn[0] += 1
+                _write_probe_nvml(nvml_file, sn[0])
                 with open(nccl_file, "a") as fh:
                     fh.write("".join(_nccl_line(rank, sn[0], time.time()) for rank in range(8)))
 
@@ -403,6 +420,7 @@ def live_fabric(scenario: Any, workdir: Path, *, rule_files: Sequence[str | Path
                                    rule_files=rule_files, external_labels={"cluster": sim.topology.cluster},
                                    extra_scrape_configs=scrape)
         prom = start_prometheus(workdir / "prometheus", config, deadline)
+        watcher = AlertWatcher(prom).start()
 
         def pump() -> None:
             try:
@@ -418,9 +436,11 @@ def live_fabric(scenario: Any, workdir: Path, *, rule_files: Sequence[str | Path
 
         thread = threading.Thread(target=pump, name="live-fabric-pump", daemon=True)
         thread.start()
-        yield LiveFabric(sim, prom, engine, epoch, probe_node, stop, thread, errors)
+        yield LiveFabric(sim, prom, engine, epoch, probe_node, stop, thread, watcher, errors)
     finally:
         stop.set()
+        if watcher is not None:
+            watcher.stop()
         if thread is not None:
             thread.join(timeout=10)
         if prom is not None:
@@ -430,3 +450,63 @@ def live_fabric(scenario: Any, workdir: Path, *, rule_files: Sequence[str | Path
         if http_api is not None:
             http_api.stop()
         sim.close()
+
+
+def parse_rfc3339(s: str) -> float:
+    """Prometheus' RFC 3339 times (nanosecond fractions, Z or offset) as epoch seconds."""
+    import datetime as dt
+
+    m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", s)
+    if not m:
+        raise ValueError(f"not an RFC 3339 time: {s!r}")
+    base = dt.datetime.fromisoformat(m.group(1) + ("+00:00" if m.group(3) == "Z" else m.group(3)))
+    return base.timestamp() + (float("0." + m.group(2)) if m.group(2) else 0.0)
+
+
+class AlertWatcher:
+    """Polls a Prometheus' /api/v1/alerts in a thread and keeps, per (alertname, component), when the
+    alert went pending (its ``activeAt``, exact to the evaluation) and when it was first seen firing
+    (wall time of the poll that saw it: at most ``interval`` late)."""
+
+    def __init__(self, prom: Prometheus, interval: float = 0.2) -> None:
+        import threading
+
+        self.prom = prom
+        self.interval = interval
+        self.active_at: dict[tuple[str, str], float] = {}
+        self.firing_at: dict[tuple[str, str], float] = {}
+        self.seen: dict[tuple[str, str], dict] = {}
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="alert-watcher", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                alerts = self.prom.alerts()
+            except (OSError, RuntimeError, ValueError) as exc:  # Prometheus stopping: keep the last state
+                self.errors.append(str(exc))
+                alerts = []
+            now = time.time()
+            with self._lock:
+                for a in alerts:
+                    key = (a["labels"]["alertname"], a["labels"].get("component", ""))
+                    self.seen.setdefault(key, a["labels"])
+                    if key not in self.active_at and a.get("activeAt"):
+                        self.active_at[key] = parse_rfc3339(a["activeAt"])
+                    if a["state"] == "firing":
+                        self.firing_at.setdefault(key, now)
+            self._stop.wait(self.interval)
+
+    def start(self) -> AlertWatcher:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def snapshot(self) -> tuple[dict, dict, dict]:
+        with self._lock:
+            return dict(self.active_at), dict(self.firing_at), dict(self.seen)
