@@ -60,6 +60,46 @@ def reading(
     return Reading(family, tuple(labels.items()), value, semantics, width, group, scale)
 
 
+class ReadingMemo:
+    """Hands a source back the very same ``Reading`` for a series whose value did not change.
+
+    Building a frozen dataclass costs more than reading a sysfs file, and the
+    counter tracker recognises a Reading it saw last poll by identity (nothing
+    to unwrap, the previous Sample is reused), so a source that polls the same
+    series every interval keeps one memo and brackets each poll with
+    ``begin()`` / ``commit()``.  Series not produced by the last committed
+    poll are forgotten, so the memo is bounded by one poll's series.
+
+    The key is ``(family, labels)``; semantics, width, group and scale must be
+    a function of the series (they are for every source).  Not thread-safe:
+    one source poll at a time, as the poller guarantees.
+    """
+
+    __slots__ = ("_prev", "_cur")
+
+    def __init__(self) -> None:
+        self._prev: dict[tuple[str, Labels], Reading] = {}
+        self._cur: dict[tuple[str, Labels], Reading] = {}
+
+    def begin(self) -> None:
+        self._cur = {}
+
+    def commit(self) -> None:
+        self._prev, self._cur = self._cur, {}
+
+    def get(
+        self, family: str, labels: Labels, value: float, semantics: Semantics = Semantics.GAUGE,
+        width: int = 64, group: str = "", scale: float = 1.0,
+    ) -> Reading:
+        key = (family, labels)
+        r = self._prev.get(key)
+        # ``is`` on the type too: 1 == 1.0, but a Reading keeps the type it was read with.
+        if r is None or r.value != value or type(r.value) is not type(value):
+            r = Reading(family, labels, value, semantics, width, group, scale)
+        self._cur[key] = r
+        return r
+
+
 @dataclass(slots=True)
 class SourceResult:
     """What one poll of one source produced.
@@ -110,6 +150,39 @@ class SourceStatus:
     duration_seconds: float
     errors_total: int
     last_messages: tuple[str, ...] = ()
+
+
+def _fast_frozen_init(cls: type) -> None:
+    """Replace a frozen slots dataclass's generated ``__init__`` with one that
+    stores through the slot descriptors directly.
+
+    The generated one calls ``object.__setattr__`` per field (frozen classes
+    block plain assignment) and costs about twice as much; millions of these
+    are built per hour per node.  Same signature, defaults, and the instances
+    stay frozen, hashable and equal exactly as before.
+    """
+    import inspect
+
+    names = [f for f in cls.__dataclass_fields__]  # type: ignore[attr-defined]
+    sig = inspect.signature(cls.__init__)
+    params = []
+    for p in list(sig.parameters.values())[1:]:
+        params.append(p.name if p.default is inspect.Parameter.empty else f"{p.name}=_d_{p.name}")
+    ns: dict = {f"_s_{n}": getattr(cls, n).__set__ for n in names}
+    ns.update({f"_d_{p.name}": p.default for p in sig.parameters.values() if p.default is not inspect.Parameter.empty})
+    body = "\n".join(f"    _s_{n}(self, {n})" for n in names)
+    src = f"def __init__(self, {', '.join(params)}):\n{body}\n"
+    # Bind the setters and defaults as closure-free globals of the new function.
+    exec(src, ns)  # noqa: S102 - generated from the dataclass's own field names
+    init = ns["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__doc__ = cls.__init__.__doc__
+    cls.__init__ = init
+
+
+for _cls in (Reading, Sample, CounterDelta):
+    _fast_frozen_init(_cls)
+del _cls
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,11 @@ class Source(Protocol):
     ``result.error(...)`` and keep going, so one bad file costs one series.
     Raising (or overrunning the deadline) marks the whole source down for this
     poll; the poller then serves nothing from it rather than stale values.
+
+    Optional class attribute ``self_bounded = True``: ``poll`` itself never
+    blocks longer than ``timeout`` (it makes its blocking calls on a thread of
+    its own and waits with a deadline, like NvmlSource), so the poller runs it
+    inline in the poll thread instead of handing it to a worker.
     """
 
     name: str

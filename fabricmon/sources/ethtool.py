@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ..config import AgentConfig
 from ..config import EthtoolSource as EthtoolConfig
-from ..model import Reading, Semantics, SourceResult, reading
+from ..model import Labels, Reading, ReadingMemo, Semantics, SourceResult
 from .inventory import Inventory
 
 # --- SIOCETHTOOL ioctl (include/uapi/linux/ethtool.h, sockios.h) ---------------
@@ -322,18 +322,37 @@ def stat_readings(
     interface: str,
     stats: list[tuple[str, int]],
     classify: Callable[[str], StatClass | None],
+    memo: ReadingMemo | None = None,
+    labels: dict[tuple[str, str], Labels] | None = None,
 ) -> list[Reading]:
     """Readings for one interface's stats.  Counters share ``group=interface`` so a
-    driver reload (every counter restarting) is recognised as one reset."""
+    driver reload (every counter restarting) is recognised as one reset.
+
+    ``memo`` and ``labels`` (kept by the source across polls) reuse the label
+    tuples and, for an unchanged value, the Reading itself."""
     out: list[Reading] = []
+    if memo is None:
+        for name, value in stats:
+            cls = classify(name)
+            if cls is None:
+                continue
+            out.append(Reading(
+                cls.family, (("interface", interface), *cls.labels), value,
+                cls.semantics, 64, interface if cls.semantics is not Semantics.GAUGE else "", cls.scale,
+            ))
+        return out
+    if labels is None:
+        labels = {}
+    mk = memo.get
     for name, value in stats:
         cls = classify(name)
         if cls is None:
             continue
-        out.append(Reading(
-            cls.family, (("interface", interface), *cls.labels), value,
-            cls.semantics, 64, interface if cls.semantics is not Semantics.GAUGE else "", cls.scale,
-        ))
+        lab = labels.get((interface, name))
+        if lab is None:
+            lab = labels[(interface, name)] = (("interface", interface), *cls.labels)
+        out.append(mk(cls.family, lab, value, cls.semantics, 64,
+                      interface if cls.semantics is not Semantics.GAUGE else "", cls.scale))
     return out
 
 
@@ -363,6 +382,8 @@ class EthtoolSource:
         # Classification is pure in (name, allowlist): memoised, since the same
         # few hundred names come back every second.
         self._classes: dict[str, StatClass | None] = {}
+        self._memo = ReadingMemo()
+        self._labels: dict[tuple[str, str], Labels] = {}
 
     def _classify(self, name: str) -> StatClass | None:
         try:
@@ -390,17 +411,22 @@ class EthtoolSource:
     def poll(self, inventory: Inventory) -> SourceResult:
         result = SourceResult(self.name)
         ifaces = self.interfaces(inventory)
+        memo = self._memo
+        memo.begin()
+        if len(self._labels) > 4096:  # interfaces come and go (renames): keep the cache bounded
+            self._labels.clear()
         for iface in ifaces:
             try:
                 stats = self._read(iface)
             except OSError as exc:  # EthtoolError included: costs this interface only
                 result.error(str(exc) if isinstance(exc, EthtoolError) else f"{iface}: {exc}")
-                result.readings.append(reading(ETHTOOL_UP, 0.0, interface=iface))
+                result.readings.append(memo.get(ETHTOOL_UP, (("interface", iface),), 0.0))
                 continue
             if stats is None:
                 continue
-            result.readings.extend(stat_readings(iface, stats, self._classify))
-            result.readings.append(reading(ETHTOOL_UP, 1.0, interface=iface))
+            result.readings.extend(stat_readings(iface, stats, self._classify, memo, self._labels))
+            result.readings.append(memo.get(ETHTOOL_UP, (("interface", iface),), 1.0))
+        memo.commit()
         self._ioctl.forget(set(ifaces))
         return result
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from ..config import AgentConfig
 from ..config import FabricConfigSource as FabricConfigConfig
 from ..config import Profile
-from ..model import SourceResult, reading
+from ..model import ReadingMemo, SourceResult
 from .base_io import read_text
 from .ethtool import PfcInfo, parse_pfc_summary
 from .infiniband import parse_rate, parse_state
@@ -259,6 +259,8 @@ class FabricConfigSource:
         self._dcb_cache_seconds = dcb_cache_seconds
         self._dcb_cache: dict[str, tuple[float, PfcInfo | None]] = {}
         self._clock = clock
+        self._memo = ReadingMemo()
+        self._labels: dict[tuple[str, str, str], tuple] = {}
 
     def _pfc_info(self, interface: str) -> PfcInfo | None:
         if self.ethtool_dir is not None:
@@ -334,6 +336,11 @@ class FabricConfigSource:
 
     def poll(self, inventory: Inventory) -> SourceResult:
         result = SourceResult(self.name)
+        memo = self._memo
+        memo.begin()
+        labels = self._labels
+        if len(labels) > 4096:  # devices and netdevs come and go: keep the cache bounded
+            labels.clear()
         for port in inventory.ports:
             if not port.rail:
                 continue  # the profile is for rail NICs; a frontend NIC has its own settings
@@ -341,9 +348,12 @@ class FabricConfigSource:
                 continue
             facts = self.port_facts(port, inventory.sysfs_root, result)
             for check, ok in evaluate(facts, self.profile).items():
-                result.readings.append(reading(
-                    FAMILY, 1.0 if ok else 0.0, device=port.device, interface=port.netdev, check=check,
-                ))
+                key = (port.device, port.netdev, check)
+                lab = labels.get(key)
+                if lab is None:
+                    lab = labels[key] = (("device", port.device), ("interface", port.netdev), ("check", check))
+                result.readings.append(memo.get(FAMILY, lab, 1.0 if ok else 0.0))
+        memo.commit()
         return result
 
     def close(self) -> None:

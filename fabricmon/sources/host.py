@@ -13,7 +13,7 @@ import psutil
 
 from ..config import AgentConfig
 from ..config import HostSource as HostConfig
-from ..model import Semantics, SourceResult, reading
+from ..model import ReadingMemo, Semantics, SourceResult, reading
 from .inventory import Inventory
 
 EXCLUDED_INTERFACES = frozenset({"lo"})
@@ -56,6 +56,8 @@ class HostSource:
         self.timeout = timeout
         self._cpu_times = cpu_times
         self._last_cpu: tuple[float, float] | None = None
+        self._memo = ReadingMemo()  # same Reading object while a value does not change
+        self._nic_labels: dict[str, tuple] = {}
 
     def poll(self, inventory: Inventory) -> SourceResult:
         res = SourceResult(self.name)
@@ -91,25 +93,30 @@ class HostSource:
             res.error(f"host: net_io_counters: {exc}")
             nics = {}
         mono = Semantics.MONOTONIC
+        memo = self._memo
+        memo.begin()
+        mk = memo.get
+        if len(self._nic_labels) > 1024:  # veths come and go: keep the cache bounded
+            self._nic_labels.clear()
         for ifname in sorted(nics):
             if ifname in EXCLUDED_INTERFACES:
                 continue
             c = nics[ifname]
-            grp = f"net/{ifname}"
+            lab = self._nic_labels.get(ifname)
+            if lab is None:
+                i = ("interface", ifname)
+                lab = self._nic_labels[ifname] = (
+                    f"net/{ifname}", (i,), (i, ("direction", "rx")), (i, ("direction", "tx")))
+            grp, li, rx, tx = lab
             res.readings += [
-                reading("fabricmon_host_network_receive_bytes_total", c.bytes_recv, semantics=mono, group=grp,
-                        interface=ifname),
-                reading("fabricmon_host_network_transmit_bytes_total", c.bytes_sent, semantics=mono, group=grp,
-                        interface=ifname),
-                reading("fabricmon_host_network_drops_total", c.dropin, semantics=mono, group=grp,
-                        interface=ifname, direction="rx"),
-                reading("fabricmon_host_network_drops_total", c.dropout, semantics=mono, group=grp,
-                        interface=ifname, direction="tx"),
-                reading("fabricmon_host_network_errors_total", c.errin, semantics=mono, group=grp,
-                        interface=ifname, direction="rx"),
-                reading("fabricmon_host_network_errors_total", c.errout, semantics=mono, group=grp,
-                        interface=ifname, direction="tx"),
+                mk("fabricmon_host_network_receive_bytes_total", li, c.bytes_recv, mono, 64, grp),
+                mk("fabricmon_host_network_transmit_bytes_total", li, c.bytes_sent, mono, 64, grp),
+                mk("fabricmon_host_network_drops_total", rx, c.dropin, mono, 64, grp),
+                mk("fabricmon_host_network_drops_total", tx, c.dropout, mono, 64, grp),
+                mk("fabricmon_host_network_errors_total", rx, c.errin, mono, 64, grp),
+                mk("fabricmon_host_network_errors_total", tx, c.errout, mono, 64, grp),
             ]
+        memo.commit()
         return res
 
     def close(self) -> None:

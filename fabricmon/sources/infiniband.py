@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..model import Labels, Reading, Semantics, SourceResult
+from ..model import Labels, Reading, ReadingMemo, Semantics, SourceResult
 from .inventory import DeviceInfo, Inventory, PortInfo
 
 if TYPE_CHECKING:
@@ -359,6 +359,8 @@ class InfinibandSource:
         self._seen_dirs: set[tuple[str, str]] = set()
         # (port key, subdir, legacy) -> (listing, slots); rebuilt when the listing changes.
         self._slots: dict[tuple[str, str, bool], tuple[list[str], list[_FileSlot]]] = {}
+        # Per-port attribute Readings (state, rate, info, up): same object while unchanged.
+        self._memo = ReadingMemo()
 
     def close(self) -> None:
         pass  # no handles kept between polls
@@ -369,6 +371,7 @@ class InfinibandSource:
         result = SourceResult(self.name, present=bool(inventory.ports))
         devices = {d.name: d for d in inventory.devices}
         ports_facts: dict[str, dict] = {}
+        self._memo.begin()
         for port in inventory.ports:
             key = f"{port.device}/{port.port}"
             try:
@@ -379,6 +382,7 @@ class InfinibandSource:
             result.readings.extend(pp.readings)
             for msg in pp.errors:
                 result.error(msg)
+        self._memo.commit()
         result.facts["ports"] = ports_facts
         if len(self._slots) > 3 * len(inventory.ports) + 3:
             # Forget ports that are gone (unplugged, renamed) so the cache stays bounded.
@@ -413,6 +417,7 @@ class InfinibandSource:
     def _read_attributes(self, pfd: int, port: PortInfo, dev: DeviceInfo | None, pp: _PortPoll) -> dict:
         dp: Labels = (("device", port.device), ("port", port.port))
         add = pp.readings.append
+        mk = self._memo.get
         fact: dict = {
             "state": None, "state_id": None, "phys_state": None, "phys_state_id": None,
             "rate_gbps": None, "width": None, "speed": None,
@@ -428,15 +433,15 @@ class InfinibandSource:
                 pp.fail(attr, exc)
                 continue
             fact[attr], fact[attr + "_id"] = sname, sid
-            add(Reading(family, dp, sid))
+            add(mk(family, dp, sid))
         try:
             rate = parse_rate(_read_at(pfd, "rate").decode("ascii", "replace"))
         except (OSError, ValueError) as exc:
             pp.fail("rate", exc)
         else:
             fact.update(rate_gbps=rate.gbps, width=rate.width_lanes, speed=rate.speed)
-            add(Reading("fabricmon_ib_port_rate_bytes_per_second", dp, rate.bytes_per_second))
-            add(Reading("fabricmon_ib_port_width_lanes", dp, rate.width_lanes))
+            add(mk("fabricmon_ib_port_rate_bytes_per_second", dp, rate.bytes_per_second))
+            add(mk("fabricmon_ib_port_width_lanes", dp, rate.width_lanes))
         link_layer = port.link_layer
         if not link_layer:  # discovery could not read it; try once more, count it if it fails
             try:
@@ -444,12 +449,12 @@ class InfinibandSource:
                 fact["link_layer"] = link_layer
             except OSError as exc:
                 pp.fail("link_layer", exc)
-        add(Reading("fabricmon_ib_port_info", dp + (
+        add(mk("fabricmon_ib_port_info", dp + (
             ("rail", port.rail), ("link_layer", link_layer), ("interface", port.netdev),
             ("hca_type", dev.hca_type if dev else ""), ("fw_ver", dev.fw_ver if dev else ""),
             ("node_guid", dev.node_guid if dev else ""), ("board_id", dev.board_id if dev else ""),
         ), 1))
-        add(Reading("fabricmon_ib_port_up", dp, 1))
+        add(mk("fabricmon_ib_port_up", dp, 1))
         return fact
 
     def _read_counters(self, pfd: int, port: PortInfo, pp: _PortPoll) -> None:

@@ -31,7 +31,7 @@ from typing import Any, Protocol, TypeVar
 
 import structlog
 
-from ..model import Reading, Semantics, SourceResult, reading
+from ..model import Labels, Reading, ReadingMemo, Semantics, SourceResult, reading
 from .inventory import Inventory
 
 log = structlog.get_logger("fabricmon.nvml")
@@ -484,8 +484,9 @@ class PynvmlBackend:
 # --------------------------------------------------------------------------- fake backend
 
 
-def _load_fake(path: Path) -> dict:
-    text = path.read_text()
+def _load_fake(path: Path, text: str | None = None) -> dict:
+    if text is None:
+        text = path.read_text()
     if path.suffix in (".yaml", ".yml"):
         import yaml
 
@@ -533,6 +534,10 @@ class FakeNvmlBackend:
         self.path = Path(path)
         self._gpus: dict[int, dict] = {}
         self._count = 0
+        # The file's last content and the GpuReadings built from it: a file that
+        # did not change is neither parsed nor converted again.
+        self._text: str | None = None
+        self._parsed: dict[int, GpuReading] = {}
 
     def init(self) -> None:
         if not self.path.exists():
@@ -541,17 +546,25 @@ class FakeNvmlBackend:
 
     def shutdown(self) -> None:
         self._gpus = {}
+        self._text = None
+        self._parsed = {}
 
     def begin_poll(self) -> None:
         self._reload()
 
     def _reload(self) -> None:
         try:
-            data = _load_fake(self.path)
+            text = self.path.read_text()
+            if text == self._text:
+                return  # same content (compared, not mtime: writes within one clock tick are common)
+            data = _load_fake(self.path, text)
             gpus = {int(g["index"]): g for g in data["gpus"]}
         except (OSError, ValueError, KeyError, TypeError) as exc:
+            self._text = None
             raise NvmlCallError(f"fake NVML file {self.path}: {exc}") from exc
         self._gpus = gpus
+        self._text = text
+        self._parsed = {}
         if gpus:
             self._count = max(self._count, max(gpus) + 1)
 
@@ -564,6 +577,13 @@ class FakeNvmlBackend:
             raise GpuLost(index, "GPU is lost (missing from the fake NVML file)")
         if g.get("lost"):
             raise GpuLost(index)
+        hit = self._parsed.get(index)
+        if hit is not None:
+            return hit
+        self._parsed[index] = parsed = self._parse_gpu(index, g)
+        return parsed
+
+    def _parse_gpu(self, index: int, g: dict) -> GpuReading:
         try:
             ecc = g.get("ecc") or {}
             links = [
@@ -632,44 +652,82 @@ class _NvmlWorker:
 # --------------------------------------------------------------------------- source
 
 
-def _gpu_readings(g: GpuReading) -> list[Reading]:
-    gpu = str(g.index)
-    grp = f"gpu{g.index}"
-    mono = Semantics.MONOTONIC
-    out: list[Reading] = [
-        reading("fabricmon_gpu_info", 1.0, gpu=gpu, uuid=g.uuid, name=g.name, pci_bus_id=g.pci_bus_id),
-        reading("fabricmon_gpu_up", 1.0, gpu=gpu),
-    ]
+class _GpuLabels:
+    """Label tuples of one GPU's series, built once (per GPU identity), not per poll."""
+
+    __slots__ = ("ident", "gpu", "group", "info", "throttle", "ecc", "links", "xid", "remote")
+
+    def __init__(self, g: GpuReading) -> None:
+        gpu = str(g.index)
+        self.ident = (g.index, g.uuid, g.name, g.pci_bus_id)
+        self.gpu: Labels = (("gpu", gpu),)
+        self.group = f"gpu{g.index}"
+        self.info: Labels = (("gpu", gpu), ("uuid", g.uuid), ("name", g.name), ("pci_bus_id", g.pci_bus_id))
+        self.throttle = tuple((bit, (("gpu", gpu), ("reason", reason))) for reason, bit in THROTTLE_REASONS)
+        self.ecc = {t: (("gpu", gpu), ("type", t)) for t in ("corrected", "uncorrected")}
+        # per link: (link labels, ((error type, labels), ...))
+        self.links: list[tuple[Labels, tuple[tuple[str, Labels], ...]]] = []
+        self.xid: dict[int, Labels] = {}
+        self.remote: dict[tuple[int, str], Labels] = {}
+
+    def link(self, j: int) -> tuple[Labels, tuple[tuple[str, Labels], ...]]:
+        links = self.links
+        while len(links) <= j:
+            lab = (self.gpu[0], ("link", str(len(links))))
+            links.append((lab, tuple((t, lab + (("type", t),)) for t in NVLINK_ERROR_TYPES)))
+        return links[j]
+
+
+_GAUGE = Semantics.GAUGE
+_MONO = Semantics.MONOTONIC
+
+
+def _gpu_readings(g: GpuReading, labels: _GpuLabels | None = None, memo: ReadingMemo | None = None) -> list[Reading]:
+    """The Readings of one GPU.  ``labels`` and ``memo`` (kept by the source across
+    polls) make a poll whose values did not change return the same objects."""
+    if labels is None or labels.ident != (g.index, g.uuid, g.name, g.pci_bus_id):
+        labels = _GpuLabels(g)
+    if memo is None:
+        memo = ReadingMemo()
+    mk = memo.get
+    grp = labels.group
+    gl = labels.gpu
+    out: list[Reading] = [mk("fabricmon_gpu_info", labels.info, 1.0), mk("fabricmon_gpu_up", gl, 1.0)]
+    add = out.append
     if g.utilization is not None:
-        out.append(reading("fabricmon_gpu_utilization_ratio", min(max(g.utilization / 100.0, 0.0), 1.0), gpu=gpu))
+        add(mk("fabricmon_gpu_utilization_ratio", gl, min(max(g.utilization / 100.0, 0.0), 1.0)))
     if g.throttle_reasons is not None:
-        for reason, bit in THROTTLE_REASONS:
-            out.append(reading("fabricmon_gpu_throttle_reason", 1.0 if g.throttle_reasons & bit else 0.0,
-                               gpu=gpu, reason=reason))
+        tr = g.throttle_reasons
+        for bit, lab in labels.throttle:
+            add(mk("fabricmon_gpu_throttle_reason", lab, 1.0 if tr & bit else 0.0))
     for xid, count in sorted(g.xid_counts.items()):
-        out.append(reading("fabricmon_gpu_xid_errors_total", count, semantics=mono, group=grp, gpu=gpu, xid=str(xid)))
+        lab = labels.xid.get(xid)
+        if lab is None:
+            lab = labels.xid[xid] = (gl[0], ("xid", str(xid)))
+        add(mk("fabricmon_gpu_xid_errors_total", lab, count, _MONO, 64, grp))
     for etype, value in (("corrected", g.ecc_corrected), ("uncorrected", g.ecc_uncorrected)):
         if value is not None:
-            out.append(reading("fabricmon_gpu_ecc_errors_total", value, semantics=mono, group=grp, gpu=gpu, type=etype))
+            add(mk("fabricmon_gpu_ecc_errors_total", labels.ecc[etype], value, _MONO, 64, grp))
     if g.pcie_replay is not None:
-        out.append(reading("fabricmon_gpu_pcie_replay_total", g.pcie_replay, semantics=mono, group=grp, gpu=gpu))
+        add(mk("fabricmon_gpu_pcie_replay_total", gl, g.pcie_replay, _MONO, 64, grp))
+    link_labels = labels.link
     for j, lk in enumerate(g.links):
-        link = str(j)
-        out.append(reading("fabricmon_nvlink_up", 1.0 if lk.state else 0.0, gpu=gpu, link=link))
-        if lk.remote_pci_bus_id:
-            out.append(reading("fabricmon_nvlink_remote_info", 1.0, gpu=gpu, link=link,
-                               remote_pci_bus_id=lk.remote_pci_bus_id))
+        ll, errs = link_labels(j)
+        add(mk("fabricmon_nvlink_up", ll, 1.0 if lk.state else 0.0))
+        remote = lk.remote_pci_bus_id
+        if remote:
+            rl = labels.remote.get((j, remote))
+            if rl is None:
+                rl = labels.remote[(j, remote)] = ll + (("remote_pci_bus_id", remote),)
+            add(mk("fabricmon_nvlink_remote_info", rl, 1.0))
         # NVML throughput fields count KiB; export bytes (base units).
         if lk.tx_kib is not None:
-            out.append(reading("fabricmon_nvlink_transmit_bytes_total", lk.tx_kib * 1024, semantics=mono, group=grp,
-                               gpu=gpu, link=link))
+            add(mk("fabricmon_nvlink_transmit_bytes_total", ll, lk.tx_kib * 1024, _MONO, 64, grp))
         if lk.rx_kib is not None:
-            out.append(reading("fabricmon_nvlink_receive_bytes_total", lk.rx_kib * 1024, semantics=mono, group=grp,
-                               gpu=gpu, link=link))
-        for etype, value in lk.error_counts().items():
+            add(mk("fabricmon_nvlink_receive_bytes_total", ll, lk.rx_kib * 1024, _MONO, 64, grp))
+        for (etype, lab), value in zip(errs, (lk.replay, lk.recovery, lk.crc_flit, lk.crc_data)):
             if value is not None:
-                out.append(reading("fabricmon_nvlink_errors_total", value, semantics=mono, group=grp,
-                                   gpu=gpu, link=link, type=etype))
+                add(mk("fabricmon_nvlink_errors_total", lab, value, _MONO, 64, grp))
     return out
 
 
@@ -683,6 +741,9 @@ class NvmlSource:
     """
 
     name = "nvml"
+    # poll() never blocks longer than ``call_deadline``: every NVML call runs on
+    # the private worker thread.  The poller may therefore run it inline.
+    self_bounded = True
 
     def __init__(self, backend: NvmlBackend, timeout: float = 2.0, call_deadline: float | None = None) -> None:
         self.backend = backend
@@ -696,6 +757,9 @@ class NvmlSource:
         self._absent = False
         self._closed = False
         self._lock = threading.Lock()
+        # Worker-thread only: per-GPU label tuples and the last poll's Readings.
+        self._labels: dict[int, _GpuLabels] = {}
+        self._memo = ReadingMemo()
 
     # -- what runs on the NVML thread
 
@@ -725,6 +789,8 @@ class NvmlSource:
             res.error(f"nvml: {exc}")
             return res
         gpus: dict[int, dict] = {}
+        memo = self._memo
+        memo.begin()
         for index in range(count):
             try:
                 g = self.backend.read_gpu(index)
@@ -734,7 +800,10 @@ class NvmlSource:
                 res.error(f"nvml: {exc}" if isinstance(exc, GpuLost) else f"nvml: gpu {index}: {exc}")
                 gpus[index] = {"up": False, "lost": isinstance(exc, GpuLost)}
                 continue
-            res.readings.extend(_gpu_readings(g))
+            lab = self._labels.get(index)
+            if lab is None or lab.ident != (g.index, g.uuid, g.name, g.pci_bus_id):
+                lab = self._labels[index] = _GpuLabels(g)
+            res.readings.extend(_gpu_readings(g, lab, memo))
             for problem in g.problems:
                 res.error(f"nvml: gpu {index}: {problem}")
             gpus[index] = {
@@ -744,6 +813,7 @@ class NvmlSource:
                 "throttle_reasons": g.throttle_reasons,
                 "links_down": [j for j, lk in enumerate(g.links) if not lk.state],
             }
+        memo.commit()
         res.facts["gpus"] = gpus
         return res
 
