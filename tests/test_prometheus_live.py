@@ -177,7 +177,9 @@ def test_dashboards_and_alerts_on_live_data(tmp_path: Path) -> None:
             hi = 1.0 if defaults["unit"] == "percentunit" else defaults.get("max")
             for r in res:
                 v = float(r["value"][1])
-                if (lo is not None and v < lo - 1e-9) or (hi is not None and v > hi * 1.05):
+                # A 4 s rate() over 1 s scrapes of a 1 s poll sees 3 or 5 polls' worth of counter in
+                # a 4 s window when scrape and poll phases drift (busy 2-core CI): allow that jitter.
+                if (lo is not None and v < lo - 1e-9) or (hi is not None and v > hi * 1.5):
                     out_of_range.append(f"{dash} / {title}: {r['metric']} = {v} (axis {lo}..{hi})")
         for (dash, title), n in counts.items():
             if n == 0 and title not in MAY_BE_EMPTY:

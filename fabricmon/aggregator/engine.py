@@ -439,7 +439,7 @@ class Engine:
                 findings.extend(fold)
                 link.cand_since = None
             findings.extend(other)
-            if cong is not None and not (link.leaf and self.manager.get_open("FabricLeafDegraded", link.leaf)):
+            if cong is not None:
                 congested.setdefault(link.leaf or link.id, []).append((link, cong))
             if not link.ev and not link.trans and link.down_since is None and link.degraded_since is None:
                 self.active_links.discard(link)
@@ -479,7 +479,12 @@ class Engine:
                             f.fire = False
                 findings.extend(fl)
         # --- congestion: weak evidence; a leaf when several of its ports congest ---
+        # A degraded leaf explains the congestion on its ports: that includes a leaf finding made in
+        # this very tick (the incident opens only in manager.update below), not only an open incident.
+        degraded = {f.component for f in findings if f.alertname == "FabricLeafDegraded"}
         for leaf, entries in congested.items():
+            if leaf in degraded or (leaf.startswith("leaf-") and self.manager.get_open("FabricLeafDegraded", leaf)):
+                continue
             if leaf.startswith("leaf-") and len(entries) >= s.congestion_leaf_min_ports:
                 fire = sum(1 for _, f in entries if f.fire) >= s.congestion_leaf_min_ports
                 lab = {"leaf": leaf}
@@ -524,7 +529,8 @@ class Engine:
                 continue
             if not bad:
                 continue
-            rail_devs = [d for (d, _p), link in ns.links.items() if link is not None]
+            # the node's rail NICs (a frontend NIC has no rail and no lossless profile to drift from)
+            rail_devs = [d for (d, _p), link in ns.links.items() if link is not None and link.rail is not None]
             lab = {"node": name}
             if self.cluster:
                 lab["cluster"] = self.cluster
