@@ -54,6 +54,8 @@ def _demo_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--report-json", dest="report_json", help="write the report (faults, incidents, scores) here")
     p.add_argument("--workdir", help="where to write node trees (default: a temporary directory)")
     p.add_argument("--no-alertmanager", action="store_true", help="do not start Alertmanager even if installed")
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes that render and poll the simulated nodes (default: CPU count, at most 4)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -24,6 +25,7 @@ from ..aggregator.engine import Engine
 from ..aggregator.http_api import HttpApi
 from ..atomic import atomic_write_text
 from ..configload import ConfigError
+from ..sim.parallel import ParallelTreeCluster
 from ..sim.runner import SimulatedCluster
 from ..sim.scenario import Scenario, default_scenario, load_scenario
 from .scoring import score
@@ -53,7 +55,12 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
         print("fabricmon: error: --speed and --interval must be > 0", file=sys.stderr)
         return 2
     epoch = float(int(time.time()))  # sample times = epoch + simulated seconds: Alertmanager sees real dates
-    sim = SimulatedCluster(scenario, mode="tree", interval=args.interval, base_dir=args.workdir, epoch=epoch)
+    workers = args.workers if args.workers is not None else min(os.cpu_count() or 1, 4)
+    if workers > 1:
+        sim = ParallelTreeCluster(scenario, interval=args.interval, base_dir=args.workdir, epoch=epoch,
+                                  workers=workers)
+    else:
+        sim = SimulatedCluster(scenario, mode="tree", interval=args.interval, base_dir=args.workdir, epoch=epoch)
     engine = Engine(sim.topology, cluster=sim.topology.cluster)
     am = receiver = None
     if not args.no_alertmanager:
@@ -110,7 +117,7 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
                     p(f"  [t={sim.t:6.0f}s] {state} {inc.alertname:<24} {inc.component_type:<5} "
                       f"{inc.component:<24} {detail}")
             if sim.t >= next_progress:
-                p(f"  [t={sim.t:6.0f}s] {len(sim.agents)} agents polled, {st.rank_timings} rank timings, "
+                p(f"  [t={sim.t:6.0f}s] {c.nodes} agents polled, {st.rank_timings} rank timings, "
                   f"{len(engine.open_incidents())} open incident(s), step {st.total_s * 1e3:.0f} ms "
                   f"(render {st.render_s * 1e3:.0f}, poll {st.poll_s * 1e3:.0f})")
                 next_progress += max(scenario.duration / 10, args.interval)

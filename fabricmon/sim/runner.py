@@ -81,6 +81,7 @@ class SimulatedCluster:
         poll_workers: int | None = None,
         max_tree_nodes: int = MAX_TREE_NODES,
         keep_trees: bool = False,
+        nodes: list[int] | None = None,
     ) -> None:
         if mode not in ("tree", "memory"):
             raise ValueError(f"mode must be tree or memory, got {mode!r}")
@@ -117,6 +118,10 @@ class SimulatedCluster:
         # batches of the initial poll made by start() before anyone set on_batch: delivered first
         self._undelivered: list[NodeBatch] = []
         self.steps = 0
+        # Tree mode: the node indexes this instance renders and polls (all by default).  The whole
+        # cluster state and job still advance here: the simulation is deterministic, so parallel
+        # workers (sim/parallel.py) each advance all of it and render and poll their own nodes.
+        self._node_index: list[int] = list(range(c.nodes)) if nodes is None else sorted(nodes)
         if mode == "tree":
             if base_dir is None:
                 from .tree import default_base_dir
@@ -157,7 +162,8 @@ class SimulatedCluster:
         from .tree import NodeTree
 
         os.makedirs(self.base_dir, exist_ok=True)
-        for i, name in enumerate(c.names):
+        for i in self._node_index:
+            name = c.names[i]
             tree = NodeTree(c, i, self.node_root(name))
             tree.render()
             self.trees.append(tree)
@@ -210,7 +216,7 @@ class SimulatedCluster:
             st.files_written = sum(tree.render() for tree in self.trees)
             t3 = time.perf_counter()
             st.render_s = t3 - t2
-            st.batches = self._poll_all(timings)
+            st.batches = self._poll_all(timings) if self.agents else 0
             st.poll_s = time.perf_counter() - t3
         self.steps += 1
         if self.progress is not None:
@@ -247,7 +253,7 @@ class SimulatedCluster:
         by_node = self._by_node(timings)
         snaps = list(self._pool.map(lambda a: a.poller.poll_once(), self.agents))
         for i, snap in enumerate(snaps):
-            name = self.cluster.names[i]
+            name = self.cluster.names[self._node_index[i]]
             ranks = by_node.get(name, [])
             if self.on_snapshot is not None:
                 self.on_snapshot(name, snap, ranks)

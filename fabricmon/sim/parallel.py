@@ -1,0 +1,172 @@
+"""Tree-mode simulation spread over worker processes, one share of the nodes each.
+
+Rendering trees and polling real agents is CPU-bound Python, so one process
+is limited to one core.  The simulation is deterministic (seeded), so every
+worker advances the whole cluster state and job (cheap, vectorized) and renders
+and polls only its own nodes; the parent advances its own copy for the clock,
+topology and ground truth and receives the NodeBatches each worker's agents
+produced.  Workers are started with ``spawn`` (no threads or locks inherited)
+and always told to stop; a worker that dies ends the run with its error.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+
+from ..batch import NodeBatch, NodeHello
+from .runner import SimulatedCluster, StepStats
+from .scenario import Scenario
+
+STEP_TIMEOUT_S = 120.0
+
+
+def _worker(conn: Connection, scenario: Scenario, interval: float, base_dir: str, epoch: float,
+            nodes: list[int]) -> None:
+    batches: list[NodeBatch] = []
+    sim = SimulatedCluster(scenario, mode="tree", interval=interval, base_dir=base_dir, epoch=epoch,
+                           nodes=nodes, poll_workers=1, on_batch=batches.append)
+    try:
+        sim.start()
+        conn.send(("started", sim.hellos(), list(batches)))
+        batches.clear()
+        while True:
+            cmd = conn.recv()
+            if cmd != "step":
+                break
+            st = sim.step()
+            conn.send(("step", st, list(batches)))
+            batches.clear()
+    except (EOFError, KeyboardInterrupt):
+        pass
+    except Exception as exc:  # report, then exit: the parent raises it
+        try:
+            conn.send(("error", f"{type(exc).__name__}: {exc}", []))
+        except OSError:
+            pass
+    finally:
+        sim.close()
+        conn.close()
+
+
+class ParallelTreeCluster:
+    """The part of SimulatedCluster's interface the demo uses, over ``workers`` processes."""
+
+    def __init__(self, scenario: Scenario, *, interval: float = 1.0, base_dir: str | None = None,
+                 epoch: float, workers: int = 2, on_batch: Callable[[NodeBatch], None] | None = None) -> None:
+        from .tree import default_base_dir
+
+        self.scenario = scenario
+        self.interval = float(interval)
+        self.on_batch = on_batch
+        self._own_base = base_dir is None
+        self.base_dir = str(base_dir or default_base_dir())
+        self.driver = SimulatedCluster(scenario, mode="tree", interval=interval, base_dir=self.base_dir,
+                                       epoch=epoch, nodes=[])
+        self.topology = self.driver.topology
+        n = scenario.cluster.nodes
+        workers = max(1, min(workers, n))
+        self._shares = [list(range(w, n, workers)) for w in range(workers)]
+        self._ctx = mp.get_context("spawn")
+        self._conns: list[Connection] = []
+        self._procs: list = []
+        self._hellos: list[NodeHello] = []
+        self._pending: list[NodeBatch] = []
+        self.agents_count = n
+        self.steps = 0
+        self._inflight = False  # the workers are already computing the next step
+
+    # -- the SimulatedCluster surface the demo uses
+    @property
+    def t(self) -> float:
+        return self.driver.t
+
+    def now(self) -> float:
+        return self.driver.now()
+
+    def ground_truth(self) -> list[dict]:
+        return self.driver.ground_truth()
+
+    def hellos(self) -> list[NodeHello]:
+        return list(self._hellos)
+
+    def start(self) -> None:
+        os.makedirs(self.base_dir, exist_ok=True)
+        self.driver.start()
+        for share in self._shares:
+            parent, child = self._ctx.Pipe()
+            proc = self._ctx.Process(target=_worker, args=(child, self.scenario, self.interval, self.base_dir,
+                                                           self.driver.cluster.ts() - self.driver.t, share),
+                                     daemon=True, name=f"sim-worker-{share[0]}")
+            proc.start()
+            child.close()
+            self._conns.append(parent)
+            self._procs.append(proc)
+        for conn in self._conns:
+            _, hellos, batches = self._recv(conn)
+            self._hellos.extend(hellos)
+            self._pending.extend(batches)
+
+    def step(self) -> StepStats:
+        if not self._inflight:
+            for conn in self._conns:
+                conn.send("step")
+        st = self.driver.step()  # clock, job and state of the parent, while the workers work
+        results = [self._recv(conn) for conn in self._conns]
+        self._inflight = False
+        if self.driver.t + self.interval <= self.scenario.duration + 1e-9:
+            # Let the workers render and poll the next interval while the caller ingests this one.
+            for conn in self._conns:
+                conn.send("step")
+            self._inflight = True
+        stats = [r[1] for r in results]
+        st.render_s = max(s.render_s for s in stats)
+        st.poll_s = max(s.poll_s for s in stats)
+        st.files_written = sum(s.files_written for s in stats)
+        st.rank_timings = sum(s.rank_timings for s in stats) // max(len(stats), 1)
+        batches = [b for r in results for b in r[2]]
+        st.batches = len(batches)
+        if self.on_batch is not None:
+            pending, self._pending = self._pending, []
+            for b in pending + batches:
+                self.on_batch(b)
+        self.steps += 1
+        return st
+
+    def _recv(self, conn: Connection):
+        if not conn.poll(STEP_TIMEOUT_S):
+            raise TimeoutError(f"simulation worker gave no answer in {STEP_TIMEOUT_S:.0f} s")
+        msg = conn.recv()
+        if msg[0] == "error":
+            raise RuntimeError(f"simulation worker failed: {msg[1]}")
+        return msg
+
+    def close(self) -> None:
+        if self._inflight:
+            for conn in self._conns:  # collect the step nobody will use, so the workers are idle
+                try:
+                    if conn.poll(STEP_TIMEOUT_S):
+                        conn.recv()
+                except (EOFError, OSError):
+                    pass
+            self._inflight = False
+        for conn in self._conns:
+            try:
+                conn.send("stop")
+            except OSError:
+                pass
+        deadline = time.monotonic() + 10.0
+        for proc in self._procs:
+            proc.join(max(0.1, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(2.0)
+        for conn in self._conns:
+            conn.close()
+        self.driver.close()
+        if self._own_base:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
