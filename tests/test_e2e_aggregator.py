@@ -334,13 +334,12 @@ def test_degraded_leaf_is_one_alert_not_one_per_port(deploy_rig):
     scn = Scenario(_cluster(8, 4), 30.0).with_fault("leaf_degraded", unit=1, rail=2, start=8, end=25)
     eng, epoch, _ = _drive_memory(scn, rig)
     leaf = "leaf-u1-r2"
-    # The per-port evidence is folded into the leaf.  The slow-rank correlator also raises its
-    # job-impact alert, SlowRanksSharedComponent, on the same leaf (a separate alert name in the
-    # DESIGN contract; tests/test_engine.py expects the same pair for a link): allowed, nothing else.
+    # The per-port evidence is folded into the leaf, and the ranks it slows ride on the leaf's
+    # own alert (no separate SlowRanksSharedComponent): one fault, one alert.
     got_inc = sorted((i.alertname, i.component_type, i.component) for i in eng.incidents())
     assert ("FabricLeafDegraded", "leaf", leaf) in got_inc, \
         [(i.alertname, i.component, i.folded_into) for i in eng.manager.all_incidents(include_folded=True)]
-    assert set(got_inc) <= {("FabricLeafDegraded", "leaf", leaf), ("SlowRanksSharedComponent", "leaf", leaf)}, got_inc
+    assert got_inc == [("FabricLeafDegraded", "leaf", leaf)], got_inc
     folded = [i for i in eng.manager.all_incidents(include_folded=True) if i.folded_into]
     assert all(i.folded_into == leaf for i in folded)
     leaf_inc = eng.manager.get_open("FabricLeafDegraded", leaf) or next(
@@ -352,7 +351,7 @@ def test_degraded_leaf_is_one_alert_not_one_per_port(deploy_rig):
     got = [(a["labels"]["alertname"], a["labels"]["component_type"], a["labels"]["component"])
            for _, _, a in rig.hook("firing")]
     assert got.count(("FabricLeafDegraded", "leaf", leaf)) >= 1
-    assert {g for g in got if g[0] != "SlowRanksSharedComponent"} == {("FabricLeafDegraded", "leaf", leaf)}, got
+    assert set(got) == {("FabricLeafDegraded", "leaf", leaf)}, got
     assert not [g for g in got if g[1] == "link"], got
     # Alertmanager holds exactly one FabricLeafDegraded and no un-inhibited link alert
     act = rig.active()

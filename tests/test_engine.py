@@ -384,14 +384,13 @@ def test_slow_gpu_with_clean_fabric_is_a_gpu_straggler_without_fabric_blame():
     assert c.engine.metrics_snapshot()["lateness"]
 
 
-def test_slow_rank_on_flaky_link_is_shared_component_not_gpu():
+def test_slow_rank_on_flaky_link_rides_on_the_link_alert_not_gpu():
+    """One fault, one alert: the slow ranks are attached to the link's own incident."""
     c = Cluster(nodes=8, nodes_per_unit=4)
     c.ranks_fn = synced_ranks(lambda step, n, g: 0.3 if (n, g) == ("node-005", 4) else 0.0)
     c.run(30, flaky("node-005", "mlx5_4"))
     got = {(i.alertname, i.component) for i in c.engine.incidents()}
-    assert ("FabricLinkErrors", "node-005/mlx5_4/1") in got
-    assert ("SlowRanksSharedComponent", "node-005/mlx5_4/1") in got
-    assert not any(a == "StragglerRank" for a, _ in got), got
+    assert got == {("FabricLinkErrors", "node-005/mlx5_4/1")}, got
     link = c.incidents(alertname="FabricLinkErrors")[0]
     assert link.jobs == ["llm"] and 5 * 8 + 4 in link.ranks
 

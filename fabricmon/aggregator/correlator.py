@@ -13,9 +13,10 @@ stragglers of each job:
 * ranks on several hosts of one (unit, rail) -> their leaf;
 * one (host, GPU) -> its GPU, NIC, link or NVLinks, whichever carries evidence.
 
-A group whose best component carries at least medium evidence becomes
-``SlowRanksSharedComponent`` on that component (the hurt jobs and ranks are
-also attached to the component's own fabric incidents).  A group with clean
+A group whose best component carries at least medium evidence is blamed on
+that component: when the component already has its own evidence alert (a
+flaky link, a degraded leaf) the hurt jobs and ranks are attached to it (one
+fault, one alert); otherwise it becomes ``SlowRanksSharedComponent``.  A group with clean
 counters on every network component of its path becomes ``StragglerRank``
 on the GPU (or node / leaf) with "no fabric evidence found" in the description:
 a compute straggler, not a fabric fault.  A whole pipeline stage late becomes
@@ -203,6 +204,26 @@ def correlate(
             out.append(Finding("StragglerRank", kind if kind != "rank" else "gpu", comp, lab, ev,
                                fire=current, keep=current,
                                hold_s=s.straggler_hold_s, ranks=ranks, jobs=(job,), description=desc))
+    # One fault, one alert: where the shared component (or, for a NIC, its link) already has its
+    # own evidence finding or open incident, the hurt ranks and jobs ride on that alert instead.
+    own: dict[str, list] = defaultdict(list)
+    for f in findings:
+        if f.alertname in EVIDENCE_ALERTS and (f.fire or f.keep):
+            own[f.component].append(f)
+            if f.component_type == "link":
+                own[f.component.rsplit("/", 1)[0]].append(f)
+    owned_by_incident = set()
+    for inc in open_incidents or ():
+        if inc.alertname in EVIDENCE_ALERTS:
+            owned_by_incident.add(inc.component)
+            if inc.component_type == "link":
+                owned_by_incident.add(inc.component.rsplit("/", 1)[0])
+    for comp in list(shared):
+        if comp in own or comp in owned_by_incident:
+            ent = shared.pop(comp)
+            for f in own.get(comp, ()):
+                f.ranks = tuple(sorted(set(f.ranks) | ent["ranks"]))
+                f.jobs = tuple(sorted(set(f.jobs) | ent["jobs"]))
     for comp, ent in shared.items():
         ctype = component_type_of(comp)
         lab = _labels_for_component(topo, comp, ctype, cluster)
