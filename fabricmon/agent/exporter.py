@@ -11,12 +11,12 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
+from ..httpserve import RoutedHTTPServer, probe
 from ..metrics import SELF_SPECS, SPECS, MetricSpec
 from ..model import Snapshot
 
@@ -181,7 +181,7 @@ def exposition(snapshot: Snapshot, now: float | None = None) -> bytes:
     return render_snapshot(snapshot) + _age_lines(snapshot, snapshot.ts if now is None else now)
 
 
-class AgentHTTPServer:
+class AgentHTTPServer(RoutedHTTPServer):
     """/metrics, /healthz (liveness: never touches NVML) and /readyz (a fresh snapshot exists)."""
 
     def __init__(
@@ -192,43 +192,8 @@ class AgentHTTPServer:
         ready: Callable[[], bool],
         alive: Callable[[], bool] = lambda: True,
     ) -> None:
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server API)
-                path = self.path.split("?", 1)[0]
-                if path == "/metrics":
-                    body = metrics()
-                    self._send(200, body, "text/plain; version=0.0.4; charset=utf-8")
-                elif path == "/healthz":
-                    ok = alive()
-                    self._send(200 if ok else 503, b"ok\n" if ok else b"poller stopped\n")
-                elif path == "/readyz":
-                    ok = ready()
-                    self._send(200 if ok else 503, b"ready\n" if ok else b"no fresh snapshot\n")
-                else:
-                    self._send(404, b"not found\n")
-
-            def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args) -> None:
-                pass  # scrapes every second would flood the log
-
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
-
-    @property
-    def port(self) -> int:
-        return self._server.server_address[1]
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        super().__init__(host, port, {
+            "/metrics": lambda q: (200, metrics(), "text/plain; version=0.0.4; charset=utf-8"),
+            "/healthz": probe(alive, b"ok\n", b"poller stopped\n"),
+            "/readyz": probe(ready, b"ready\n", b"no fresh snapshot\n"),
+        })

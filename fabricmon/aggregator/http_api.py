@@ -9,14 +9,12 @@ default is ``all``), ``?id=`` selects one.
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlparse
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from ..httpserve import TEXT, RoutedHTTPServer, probe
 from .alertmanager import rfc3339
 from .engine import Engine
 
@@ -86,63 +84,27 @@ def incident_json(inc) -> dict:
     return d
 
 
-class HttpApi:
+class HttpApi(RoutedHTTPServer):
+    """/metrics, /api/incidents (?state=open|all, ?id=...), /healthz, /readyz."""
+
     def __init__(self, engine: Engine, listen: tuple[str, int], sender=None,
                  ready=lambda: True) -> None:
         self.engine = engine
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(AggregatorCollector(engine, sender))
         self.ready = ready
-        api = self
+        super().__init__(listen[0], listen[1], {
+            "/metrics": lambda q: (200, generate_latest(self.registry), CONTENT_TYPE_LATEST),
+            "/healthz": lambda q: (200, b"ok\n", TEXT),
+            "/readyz": probe(lambda: self.ready(), b"ready\n", b"not ready\n"),
+            "/api/incidents": self._incidents,
+        }, name="aggregator-http")
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):  # quiet: structlog is the log
-                pass
-
-            def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_GET(self):  # noqa: N802
-                u = urlparse(self.path)
-                if u.path == "/metrics":
-                    self._send(200, generate_latest(api.registry), CONTENT_TYPE_LATEST)
-                elif u.path == "/healthz":
-                    self._send(200, b"ok\n")
-                elif u.path == "/readyz":
-                    ok = api.ready()
-                    self._send(200 if ok else 503, b"ready\n" if ok else b"not ready\n")
-                elif u.path == "/api/incidents":
-                    q = parse_qs(u.query)
-                    state = q.get("state", ["all"])[0]
-                    if state not in ("open", "all"):
-                        self._send(400, b"state must be open or all\n")
-                        return
-                    incs = api.engine.incidents(include_resolved=state == "all")
-                    if "id" in q:
-                        incs = [i for i in incs if i.id in q["id"]]
-                    body = json.dumps([incident_json(i) for i in incs], indent=1).encode()
-                    self._send(200, body, "application/json")
-                else:
-                    self._send(404, b"not found\n")
-
-        self.server = ThreadingHTTPServer(listen, Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, name="aggregator-http", daemon=True)
-
-    @property
-    def port(self) -> int:
-        return self.server.server_address[1]
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=5)
+    def _incidents(self, q: dict[str, list[str]]) -> tuple[int, bytes, str]:
+        state = q.get("state", ["all"])[0]
+        if state not in ("open", "all"):
+            return 400, b"state must be open or all\n", TEXT
+        incs = self.engine.incidents(include_resolved=state == "all")
+        if "id" in q:
+            incs = [i for i in incs if i.id in q["id"]]
+        return 200, json.dumps([incident_json(i) for i in incs], indent=1).encode(), "application/json"
