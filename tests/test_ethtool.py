@@ -37,17 +37,9 @@ from fabricmon.sources.ethtool import (
 )
 from fabricmon.sources.inventory import discover
 
+from fixturegen import gen_fixture
+
 REPO = Path(__file__).resolve().parents[1]
-FIXTURE_TOOL = REPO.parent / "shared" / "tools" / "make-sysfs-fixture"
-
-
-def gen_fixture(root: Path, *args: str) -> Path:
-    """Run the shared fixture generator (tests/conftest.py may offer the same as ``make_fixture``)."""
-    if not FIXTURE_TOOL.exists():
-        pytest.skip(f"fixture generator not found at ../shared/tools (looked in {FIXTURE_TOOL.parent.name})")
-    subprocess.run([sys.executable, str(FIXTURE_TOOL), "--root", str(root), "--force", *args],
-                   check=True, capture_output=True, text=True, timeout=120)
-    return root
 
 
 # --- parsers ---------------------------------------------------------------------------------

@@ -27,18 +27,10 @@ from fabricmon.sources.fabric_config import (
 )
 from fabricmon.sources.inventory import discover
 
+from fixturegen import gen_fixture
+
 REPO = Path(__file__).resolve().parents[1]
-FIXTURE_TOOL = REPO.parent / "shared" / "tools" / "make-sysfs-fixture"
 RAILS = [f"mlx5_{i}" for i in range(8)]
-
-
-def gen_fixture(root: Path, *args: str) -> Path:
-    """Run the shared fixture generator (tests/conftest.py may offer the same as ``make_fixture``)."""
-    if not FIXTURE_TOOL.exists():
-        pytest.skip("fixture generator not found at ../shared/tools")
-    subprocess.run([sys.executable, str(FIXTURE_TOOL), "--root", str(root), "--force", *args],
-                   check=True, capture_output=True, text=True, timeout=120)
-    return root
 
 
 def checks(root: Path, **kw) -> tuple[dict[tuple[str, str], float], FabricConfigSource, object]:
