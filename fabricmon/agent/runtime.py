@@ -126,8 +126,9 @@ def build_agent(
     cfg: AgentConfig,
     clock: Callable[[], float] = time.time,
     sources: list[Source] | None = None,
+    inline_sources: bool = False,
 ) -> Agent:
     node = resolve_node_name(cfg)
     srcs = build_sources(cfg) if sources is None else sources
-    poller = Poller(node, srcs, make_discover(cfg), clock=clock)
+    poller = Poller(node, srcs, make_discover(cfg), clock=clock, inline_all=inline_sources)
     return Agent(cfg=cfg, node=node, poller=poller, clock=clock)

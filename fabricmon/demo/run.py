@@ -62,6 +62,7 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
     else:
         sim = SimulatedCluster(scenario, mode="tree", interval=args.interval, base_dir=args.workdir, epoch=epoch)
     engine = Engine(sim.topology, cluster=sim.topology.cluster)
+    sim.start()  # worker processes build their node trees while Alertmanager starts
     am = receiver = None
     if not args.no_alertmanager:
         from .local_alertmanager import LocalAlertmanager, WebhookReceiver

@@ -107,9 +107,13 @@ class ParallelTreeCluster:
         return self.driver.ground_truth()
 
     def hellos(self) -> list[NodeHello]:
+        self._await_started()
         return list(self._hellos)
 
     def start(self) -> None:
+        """Spawn the workers and return; they build their trees while the caller sets up."""
+        if self._procs:
+            return
         os.makedirs(self.base_dir, exist_ok=True)
         self.driver.start()
         for share in self._shares:
@@ -121,12 +125,19 @@ class ParallelTreeCluster:
             child.close()
             self._conns.append(parent)
             self._procs.append(proc)
+        self._started = False
+
+    def _await_started(self) -> None:
+        if getattr(self, "_started", True):
+            return
         for conn in self._conns:
             _, hellos, batches = self._recv(conn)
             self._hellos.extend(hellos)
             self._pending.extend(_unpack(b) for b in batches)
+        self._started = True
 
     def step(self) -> StepStats:
+        self._await_started()
         if not self._inflight:
             for conn in self._conns:
                 conn.send("step")
@@ -164,6 +175,11 @@ class ParallelTreeCluster:
         return msg
 
     def close(self) -> None:
+        if self._procs and not getattr(self, "_started", True):
+            try:
+                self._await_started()
+            except (RuntimeError, TimeoutError):
+                pass
         if self._inflight:
             for conn in self._conns:  # collect the step nobody will use, so the workers are idle
                 try:
