@@ -79,6 +79,38 @@ def _same(a: float, b: float) -> bool:
     return a == b or (math.isnan(a) and math.isnan(b))
 
 
+_IS_COUNTER: dict[str, bool] = {}
+
+
+def changed_gauges(samples, base: dict | None) -> tuple[list[Sample], dict]:
+    """The stream's gauge rule: all gauges when ``base`` is None (first batch of a run), then only
+    those whose value changed or that (re)appeared.  Returns (gauges to send, the new base).
+
+    Runs over every sample of every poll, so it is kept cheap: the family's kind is looked up once,
+    and the counter tracker hands back the same Sample object while a value is unchanged, so an
+    identity check settles most series.
+    """
+    new: dict = {}
+    out: list[Sample] = []
+    is_counter = _IS_COUNTER
+    for s in samples:
+        fam = s.family
+        c = is_counter.get(fam)
+        if c is None:
+            c = is_counter[fam] = _kind(fam) == "counter"
+        if c:
+            continue  # totals are not streamed: deltas are
+        key = (fam, s.labels)
+        new[key] = s
+        if base is None:
+            out.append(s)
+            continue
+        old = base.get(key)
+        if old is None or (old is not s and not _same(old.value, s.value)):
+            out.append(s)
+    return out, new  # series that vanished are forgotten: sent again if they return
+
+
 def hello_from_snapshot(node: str, snap: Snapshot | None, interval_seconds: float,
                         agent_version: str = __version__, boot_id: str | None = None) -> NodeHello:
     """Build the connection hello from the latest snapshot's inventory and facts."""
@@ -250,21 +282,7 @@ class StreamClient:
     # ------------------------------------------------------------ conversion
 
     def _changed_gauges(self, samples) -> list[Sample]:
-        base = self._gauge_base
-        new: dict = {}
-        out: list[Sample] = []
-        for s in samples:
-            if _kind(s.family) == "counter":
-                continue  # totals are not streamed: deltas are
-            key = (s.family, s.labels)
-            new[key] = s.value
-            if base is None:
-                out.append(s)
-                continue
-            old = base.get(key)
-            if old is None or not _same(old, s.value):
-                out.append(s)
-        self._gauge_base = new  # series that vanished are forgotten: sent again if they return
+        out, self._gauge_base = changed_gauges(samples, self._gauge_base)
         return out
 
     def _drain_intake(self) -> tuple[list[RankTiming], list[JobLayout]]:

@@ -28,7 +28,6 @@ import numpy as np
 
 from .. import __version__
 from ..batch import NicHello, NodeBatch, NodeHello
-from ..metrics import SELF_SPECS, SPECS
 from ..model import CounterDelta, Labels, Sample, Semantics, Snapshot
 from ..rank_timing import JobLayout, RankTiming
 from ..sources.ethtool import ETHTOOL_UP, classify_stat
@@ -41,13 +40,6 @@ from .hw import (
 )
 
 _LANE = np.array([LANE_DGBPS[s] for s in SPEEDS], dtype=np.float64)
-
-
-def _kind(family: str) -> str:
-    spec = SPECS.get(family) or SELF_SPECS.get(family)
-    if spec is not None:
-        return spec.kind
-    return "counter" if family.endswith("_total") else "gauge"
 
 
 @dataclass
@@ -434,17 +426,9 @@ class GaugeFilter:
         self.base: dict | None = None
 
     def __call__(self, samples) -> list[Sample]:
-        new: dict = {}
-        out: list[Sample] = []
-        base = self.base
-        for s in samples:
-            if _kind(s.family) == "counter":
-                continue
-            key = (s.family, s.labels)
-            new[key] = s.value
-            if base is None or base.get(key) != s.value:
-                out.append(s)
-        self.base = new
+        from ..agent.stream import changed_gauges
+
+        out, self.base = changed_gauges(samples, self.base)
         return out
 
 
