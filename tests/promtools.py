@@ -492,7 +492,11 @@ class AlertWatcher:
             with self._lock:
                 for a in alerts:
                     key = (a["labels"]["alertname"], a["labels"].get("component", ""))
-                    self.seen.setdefault(key, a["labels"])
+                    # Latest labels win, a firing instance's over a pending one: at Prometheus
+                    # start an alert can evaluate once before the recording rule it joins has
+                    # data, go pending without the joined labels, and be replaced a second later.
+                    if a["state"] == "firing" or key not in self.firing_at:
+                        self.seen[key] = a["labels"]
                     if key not in self.active_at and a.get("activeAt"):
                         self.active_at[key] = parse_rfc3339(a["activeAt"])
                     if a["state"] == "firing":
