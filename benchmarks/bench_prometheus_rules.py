@@ -32,12 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-import yaml  # noqa: E402
 
 from fabricmon.sim.scenario import KINDS, ClusterSpec, Scenario  # noqa: E402
-from promtools import PROMETHEUS, find_binary, live_fabric  # noqa: E402
+from promtools import PROMETHEUS, RULE_FILES, alert_for_seconds, find_binary, live_fabric  # noqa: E402
 
-RULE_FILES = sorted((ROOT / "deploy" / "prometheus").glob("*.rules.yml"))
 DEFAULT_KINDS = ("flaky_cable", "link_down", "pfc_storm", "nvlink_errors", "config_drift")
 # Where each kind is injected (node index is the kind's position; rails/GPUs spread out).
 FAULT_ARGS = {
@@ -53,17 +51,6 @@ FAULT_ARGS = {
 }
 
 
-def for_seconds() -> dict[str, float]:
-    out = {}
-    for f in RULE_FILES:
-        for g in yaml.safe_load(f.read_text())["groups"]:
-            for r in g["rules"]:
-                if "alert" in r:
-                    d = r.get("for", "0s")
-                    out[r["alert"]] = float(d[:-1]) * {"s": 1, "m": 60, "h": 3600}[d[-1]]
-    return out
-
-
 def build_scenario(kinds: list[str], fault_at: float, cap: float, nodes_per_unit: int = 4) -> Scenario:
     nodes = max(8, len(kinds))
     nodes += (-nodes) % nodes_per_unit
@@ -75,7 +62,7 @@ def build_scenario(kinds: list[str], fault_at: float, cap: float, nodes_per_unit
 
 def run(kinds: list[str], *, scrape: str, fault_at: float, cap: float, workdir: Path) -> tuple[list[dict], float]:
     scn = build_scenario(kinds, fault_at, cap)
-    for_s = for_seconds()
+    for_s = alert_for_seconds()
     truth = [g for g in scn.ground_truth() if g.alertname]
     t0 = time.monotonic()
     with live_fabric(scn, workdir, rule_files=RULE_FILES, scrape_interval=scrape, probe=False) as lf:

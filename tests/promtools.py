@@ -514,3 +514,18 @@ class AlertWatcher:
     def snapshot(self) -> tuple[dict, dict, dict]:
         with self._lock:
             return dict(self.active_at), dict(self.firing_at), dict(self.seen)
+
+
+RULE_FILES = sorted((REPO / "deploy" / "prometheus").glob("*.rules.yml"))
+
+
+def alert_for_seconds(rule_files: Sequence[Path] = RULE_FILES) -> dict[str, float]:
+    """Each alert rule's ``for:`` in seconds."""
+    out = {}
+    for f in rule_files:
+        for g in yaml.safe_load(f.read_text())["groups"]:
+            for r in g["rules"]:
+                if "alert" in r:
+                    d = r.get("for", "0s")
+                    out[r["alert"]] = float(d[:-1]) * {"s": 1, "m": 60, "h": 3600}[d[-1]]
+    return out

@@ -33,14 +33,12 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
-import yaml
 
-from promtools import REPO, http, live_fabric, wait_until
+from promtools import REPO, RULE_FILES, alert_for_seconds, http, live_fabric, wait_until
 from test_dashboards import _panels, metric_names
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
-RULE_FILES = sorted((REPO / "deploy" / "prometheus").glob("*.rules.yml"))
 DASHBOARDS = sorted((REPO / "dashboards" / "json").glob("*.json"))
 FAULT_START = 5.0
 ACTIVE_BOUND_S = 30.0   # injection -> alert pending (expression true) on the faulted component
@@ -69,17 +67,6 @@ def _scenario():
     scn = scn.with_fault("pfc_storm", node="node-003", rail=2, start=FAULT_START)
     scn = scn.with_fault("nvlink_down", node="node-007", gpu=1, link=2, start=FAULT_START)
     return scn.with_fault("slow_gpu", node="node-001", gpu=2, start=FAULT_START)
-
-
-def _for_seconds() -> dict[str, float]:
-    out = {}
-    for f in RULE_FILES:
-        for g in yaml.safe_load(f.read_text())["groups"]:
-            for r in g["rules"]:
-                if "alert" in r:
-                    d = r.get("for", "0s")
-                    out[r["alert"]] = float(d[:-1]) * {"s": 1, "m": 60, "h": 3600}[d[-1]]
-    return out
 
 
 def substitute(expr: str) -> str:
@@ -141,7 +128,7 @@ def wait_for_alerts(lf, want: dict[tuple[str, str], dict], injected: dict[tuple[
 def test_dashboards_and_alerts_on_live_data(tmp_path: Path) -> None:
     scn = _scenario()
     truth = [g for g in scn.ground_truth() if g.alertname and g.kind != "slow_gpu"]
-    for_s = _for_seconds()
+    for_s = alert_for_seconds()
     t0 = time.monotonic()
     with live_fabric(scn, tmp_path, rule_files=RULE_FILES) as lf:
         prom = lf.prom
