@@ -128,12 +128,8 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
                 time.sleep(delay)
         wall = time.monotonic() - wall0
         sender.flush(timeout=3.0)
-        if am is not None:
-            # Alertmanager delivers within group_interval (1 s): wait for the last notifications.
-            deadline = time.monotonic() + 3.0
-            while time.monotonic() < deadline and sender.pending():
-                time.sleep(0.1)
-            time.sleep(1.5)
+        if am is not None and receiver is not None:
+            _await_webhook(engine, sender, receiver, deadline_s=3.0)
         incidents = [_rel(i.to_dict(), epoch) for i in engine.incidents()]
         scores = score(ground, incidents, duration=scenario.duration)
         _report(p, ground, incidents, scores, receiver, wall, steps, args)
@@ -154,6 +150,26 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
             am.stop()
         if receiver is not None:
             receiver.stop()
+
+
+def _await_webhook(engine: Engine, sender: AlertmanagerClient, receiver, deadline_s: float) -> None:
+    """Wait (bounded) until the webhook has heard the last state of every incident sent.
+
+    Alertmanager notifies within its group_interval (1 s here); waiting for exactly what is
+    expected ends the demo as soon as the report is complete.
+    """
+    want = {(i.alertname, i.component): "firing" if i.open else "resolved"
+            for i in engine.incidents() if not i.folded_into}
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if not sender.pending():
+            last: dict = {}
+            for _, status, alert in receiver.alerts():
+                lab = alert.get("labels", {})
+                last[(lab.get("alertname"), lab.get("component"))] = status
+            if all(last.get(k) == v for k, v in want.items()):
+                return
+        time.sleep(0.05)
 
 
 def _rel(d: dict, epoch: float) -> dict:

@@ -24,6 +24,7 @@ from .runner import SimulatedCluster, StepStats
 from .scenario import Scenario
 
 STEP_TIMEOUT_S = 120.0
+AHEAD = 3  # steps a worker may run ahead of the caller
 
 
 # Pickling frozen slotted dataclasses goes through dataclasses' generic __setstate__, which cost
@@ -65,6 +66,8 @@ def _worker(conn: Connection, scenario: Scenario, interval: float, base_dir: str
             pass
     finally:
         sim.close()
+        for i in nodes:  # each worker removes its own trees: in parallel, and before the parent's rmtree
+            shutil.rmtree(sim.node_root(sim.cluster.names[i]), ignore_errors=True)
         conn.close()
 
 
@@ -93,7 +96,8 @@ class ParallelTreeCluster:
         self._pending: list[NodeBatch] = []
         self.agents_count = n
         self.steps = 0
-        self._inflight = False  # the workers are already computing the next step
+        self._inflight = 0  # steps already asked of the workers and not yet collected
+        self._asked_until = 0.0  # simulated time the last asked step reaches
 
     # -- the SimulatedCluster surface the demo uses
     @property
@@ -136,19 +140,24 @@ class ParallelTreeCluster:
             self._pending.extend(_unpack(b) for b in batches)
         self._started = True
 
+    def _ask_ahead(self) -> None:
+        # Keep up to AHEAD steps queued at every worker, so a worker that finishes early goes
+        # straight on instead of waiting at a barrier for the slowest one and for the caller.
+        while self._inflight < AHEAD and self._asked_until + self.interval <= self.scenario.duration + 1e-9:
+            for conn in self._conns:
+                conn.send("step")
+            self._inflight += 1
+            self._asked_until += self.interval
+
     def step(self) -> StepStats:
         self._await_started()
-        if not self._inflight:
-            for conn in self._conns:
-                conn.send("step")
+        if self._inflight == 0:
+            self._asked_until = self.driver.t
+        self._ask_ahead()
         st = self.driver.step()  # clock, job and state of the parent, while the workers work
         results = [self._recv(conn) for conn in self._conns]
-        self._inflight = False
-        if self.driver.t + self.interval <= self.scenario.duration + 1e-9:
-            # Let the workers render and poll the next interval while the caller ingests this one.
-            for conn in self._conns:
-                conn.send("step")
-            self._inflight = True
+        self._inflight -= 1
+        self._ask_ahead()
         stats = [r[1] for r in results]
         st.render_s = max(s.render_s for s in stats)
         st.poll_s = max(s.poll_s for s in stats)
@@ -180,14 +189,14 @@ class ParallelTreeCluster:
                 self._await_started()
             except (RuntimeError, TimeoutError):
                 pass
-        if self._inflight:
-            for conn in self._conns:  # collect the step nobody will use, so the workers are idle
+        for _ in range(self._inflight):
+            for conn in self._conns:  # collect the steps nobody will use, so the workers are idle
                 try:
                     if conn.poll(STEP_TIMEOUT_S):
                         conn.recv()
                 except (EOFError, OSError):
                     pass
-            self._inflight = False
+        self._inflight = 0
         for conn in self._conns:
             try:
                 conn.send("stop")
