@@ -58,7 +58,7 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
     workers = args.workers if args.workers is not None else min(os.cpu_count() or 1, 4)
     if workers > 1:
         sim = ParallelTreeCluster(scenario, interval=args.interval, base_dir=args.workdir, epoch=epoch,
-                                  workers=workers)
+                                  workers=workers, log_level=args.log_level or "warning")
     else:
         sim = SimulatedCluster(scenario, mode="tree", interval=args.interval, base_dir=args.workdir, epoch=epoch)
     engine = Engine(sim.topology, cluster=sim.topology.cluster)
@@ -194,7 +194,12 @@ def _report(p, ground, incidents, scores, receiver, wall, steps, args) -> None:
             p(f"  {g['kind']:<16} {g['component']:<26} MISSED")
             continue
         h = min(hits, key=lambda i: i["first_seen"])
-        res = f"{h['resolved_at']:.0f}s" if h["resolved_at"] is not None else "open"
+        if h["resolved_at"] is not None:
+            res = f"{h['resolved_at']:.0f}s"
+        elif g.get("end") is not None:
+            res = "open (clears after 10-15 s of clean counters)"  # the hold that keeps alerts from flapping
+        else:
+            res = "open"
         p(f"  {g['kind']:<16} {g['component']:<26} {h['alertname']:<24} {h['component_type']:<6} "
           f"{h['first_seen'] - g['start']:+6.1f}s  {res}")
     extra = [i for i in incidents if i["id"] in scores["unmatched_incidents"]]

@@ -43,7 +43,10 @@ def _unpack(t: tuple) -> NodeBatch:
 
 
 def _worker(conn: Connection, scenario: Scenario, interval: float, base_dir: str, epoch: float,
-            nodes: list[int]) -> None:
+            nodes: list[int], log_level: str) -> None:
+    from ..logs import configure_logging
+
+    configure_logging("auto", log_level)  # a spawned interpreter starts with structlog's defaults
     batches: list[NodeBatch] = []
     sim = SimulatedCluster(scenario, mode="tree", interval=interval, base_dir=base_dir, epoch=epoch,
                            nodes=nodes, poll_workers=1, on_batch=batches.append)
@@ -82,12 +85,14 @@ class ParallelTreeCluster:
     """The part of SimulatedCluster's interface the demo uses, over ``workers`` processes."""
 
     def __init__(self, scenario: Scenario, *, interval: float = 1.0, base_dir: str | None = None,
-                 epoch: float, workers: int = 2, on_batch: Callable[[NodeBatch], None] | None = None) -> None:
+                 epoch: float, workers: int = 2, on_batch: Callable[[NodeBatch], None] | None = None,
+                 log_level: str = "warning") -> None:
         from .tree import default_base_dir
 
         self.scenario = scenario
         self.interval = float(interval)
         self.on_batch = on_batch
+        self.log_level = log_level
         self._own_base = base_dir is None
         self.base_dir = str(base_dir or default_base_dir())
         self.driver = SimulatedCluster(scenario, mode="tree", interval=interval, base_dir=self.base_dir,
@@ -130,7 +135,8 @@ class ParallelTreeCluster:
         for share in self._shares:
             parent, child = self._ctx.Pipe()
             proc = self._ctx.Process(target=_worker, args=(child, self.scenario, self.interval, self.base_dir,
-                                                           self.driver.cluster.ts() - self.driver.t, share),
+                                                           self.driver.cluster.ts() - self.driver.t, share,
+                                                           self.log_level),
                                      daemon=True, name=f"sim-worker-{share[0]}")
             proc.start()
             child.close()
