@@ -92,3 +92,13 @@ def test_real_prometheus_loads_and_evaluates_the_rules(tmp_path) -> None:
         bad = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
         if bad:
             pytest.fail(f"rules failing in Prometheus: {bad}")
+
+
+def test_fatal_xid_list_is_the_aggregators():
+    """GPUXidFatal means the same XIDs whether Prometheus or the aggregator raises it."""
+    from fabricmon.aggregator.config import DetectionSettings
+
+    text = (REPO / "deploy" / "prometheus" / "fabricmon-alerts.rules.yml").read_text()
+    lists = set(re.findall(r'fabricmon_gpu_xid_errors_total\{xid=~"([0-9|]+)"\}', text))
+    assert len(lists) == 1, lists
+    assert sorted(int(x) for x in lists.pop().split("|")) == sorted(DetectionSettings().xid_fatal)

@@ -61,7 +61,8 @@ class DetectionSettings:
     nvlink_errors_min: float = 10.0  # replay + crc in one window
     nvlink_recovery_min: float = 1.0
     nvlink_down_persist_s: float = 0.0
-    xid_fatal: tuple[int, ...] = (48, 74, 79, 92, 94, 95, 119, 120)
+    # The same list as the GPUXidFatal Prometheus rule (tests hold them equal).
+    xid_fatal: tuple[int, ...] = (48, 61, 62, 64, 74, 79, 94, 95, 119, 120, 140)
     xid_hold_s: float = 60.0
     # --- leaf folding ---
     leaf_fold_min_links: int = 3
