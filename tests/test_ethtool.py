@@ -6,7 +6,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +37,7 @@ from fabricmon.sources.ethtool import (
 from fabricmon.sources.inventory import discover
 
 from fixturegen import gen_fixture
+from netns import need_netns
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -295,31 +295,13 @@ def test_counter_reset_fixture_never_goes_backwards(tmp_path: Path) -> None:
 # --- the real ioctl against veth in a private network namespace -------------------------------
 
 
-def _has_cap_net_admin() -> bool:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("CapEff:"):
-                return bool(int(line.split()[1], 16) & (1 << 12))
-    except OSError:
-        pass
-    return False
-
-
-def _need_netns() -> None:
-    missing = [b for b in ("ip", "ethtool") if shutil.which(b) is None]
-    if missing:
-        pytest.skip(f"needs the {' and '.join(missing)} binary (apt-get install iproute2 ethtool)")
-    if not _has_cap_net_admin():
-        pytest.skip("needs CAP_NET_ADMIN to create a network namespace")
-
-
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=20)
 
 
 @pytest.fixture
 def veth_ns():
-    _need_netns()
+    need_netns("ip", "ethtool")
     ns = f"fm-test-{secrets.token_hex(4)}"
     _ip("netns", "add", ns)
     try:

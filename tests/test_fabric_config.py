@@ -28,6 +28,7 @@ from fabricmon.sources.fabric_config import (
 from fabricmon.sources.inventory import discover
 
 from fixturegen import gen_fixture
+from netns import need_netns
 
 REPO = Path(__file__).resolve().parents[1]
 RAILS = [f"mlx5_{i}" for i in range(8)]
@@ -224,16 +225,6 @@ def test_dcbnl_mode_uses_reader_and_caches(tmp_path: Path) -> None:
 # --- dcbnl on a real veth in a private namespace ----------------------------------------------
 
 
-def _has_cap_net_admin() -> bool:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("CapEff:"):
-                return bool(int(line.split()[1], 16) & (1 << 12))
-    except OSError:
-        pass
-    return False
-
-
 _NS_SCRIPT = r"""
 import json
 from fabricmon.sources.fabric_config import FabricConfigSource, DcbUnavailable, read_dcb
@@ -256,10 +247,7 @@ print(json.dumps(out))
 
 @pytest.mark.netns
 def test_dcbnl_not_available_on_veth_means_no_pfc_checks() -> None:
-    if shutil.which("ip") is None:
-        pytest.skip("needs the ip binary (apt-get install iproute2)")
-    if not _has_cap_net_admin():
-        pytest.skip("needs CAP_NET_ADMIN to create a network namespace")
+    need_netns("ip")
     ns = f"fm-test-{secrets.token_hex(4)}"
     run = lambda *a: subprocess.run(["ip", *a], check=True, capture_output=True, text=True, timeout=20)  # noqa: E731
     run("netns", "add", ns)
