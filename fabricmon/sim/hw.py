@@ -1,8 +1,8 @@
 """Static facts of the simulated DGX-H100-like node: devices, counter names and widths, formats.
 
-Copied from ``../shared/tools/make-sysfs-fixture`` (stdlib-only fixture generator)
-so that the simulator renders trees identical in layout and format to the
-fixture trees the sources are tested against.  Keep the two in agreement.
+Shared by the two tree writers, ``sim.tree`` (a node of a simulated cluster over
+time) and ``sim.fixture`` (one node as fault snapshots, the trees the sources are
+tested against), so both render identical layouts and formats.
 """
 
 from __future__ import annotations
