@@ -78,10 +78,10 @@ written masked to 32 bits); congestion and PPCNT hw_counters are 64-bit.  NVML p
 format ("00000000:1B:00.0"); nvml.json tx_kib/rx_kib are cumulative KiB per link.
 
 Usage:
-  python -m fabricmon.sim.fixture --root /tmp/fx --layout ib --fault none --seed 1
-  python -m fabricmon.sim.fixture --root /tmp/fx --layout roce --fault pfc_storm --snapshots 4 --interval 15
-  python -m fabricmon.sim.fixture --root /tmp/fx --layout ib --fault link_down --snapshots 5 --fault-start 1 --fault-end 3
-  python -m fabricmon.sim.fixture --root /tmp/fx --layout roce --fault nvlink_errors --fault-gpu 3 --snapshots 3
+  python -m fabricmon.sim.fixture --root FX --layout ib --fault none --seed 1
+  python -m fabricmon.sim.fixture --root FX --layout roce --fault pfc_storm --snapshots 4 --interval 15
+  python -m fabricmon.sim.fixture --root FX --layout ib --fault link_down --snapshots 5 --fault-start 1 --fault-end 3
+  python -m fabricmon.sim.fixture --root FX --layout roce --fault nvlink_errors --fault-gpu 3 --snapshots 3
 """
 from __future__ import annotations
 
