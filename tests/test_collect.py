@@ -206,3 +206,21 @@ def test_truncated_capture_is_refused(tmp_path: Path) -> None:
     out.write_bytes(data[: len(data) // 2])
     with pytest.raises(ConfigError, match="damaged archive|cannot extract"):
         extract_capture(str(out), str(tmp_path / "x"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/sys/class/net/lo"), reason="no sysfs mounted at /sys")
+def test_walker_on_this_hosts_real_sysfs_netdev(tmp_path: Path) -> None:
+    """Real sysfs, not a fixture: attributes that answer EINVAL/EOPNOTSUPP, the subsystem loop, queues/."""
+    from fabricmon.collect import _Archive, _SysfsCapture
+
+    ar = _Archive(Limits())
+    cap = _SysfsCapture("/sys", ar)
+    cap.netdev_entry("lo")
+    names = set(ar.members)
+    assert {"node/sys/class/net/lo", "node/sys/devices/virtual/net/lo/mtu",
+            "node/sys/devices/virtual/net/lo/statistics/rx_bytes"} <= names
+    assert ar.members["node/sys/class/net/lo"][0].issym()
+    assert ar.members["node/sys/devices/virtual/net/lo/subsystem"][0].issym()  # the loop back to class/net
+    assert not [n for n in names if "/queues/" in n or "/power/" in n or "/subsystem/" in n]
+    assert len(names) < 500
+    assert ar.members["node/sys/devices/virtual/net/lo/mtu"][1].strip().isdigit()

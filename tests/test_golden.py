@@ -97,3 +97,10 @@ def test_golden_time_lines_are_the_fixed_clock() -> None:
         lines = dict(ln.rsplit(" ", 1) for ln in path.read_text().splitlines() if not ln.startswith("#"))
         assert float(lines['fabricmon_snapshot_timestamp_seconds{node="node-000"}']) == TS, path.name
         assert float(lines['fabricmon_snapshot_age_seconds{node="node-000"}']) == 0.0, path.name
+
+
+def test_dual_port_golden_has_both_ports_with_their_netdevs() -> None:
+    text = (GOLDEN / "ib-dual-port.prom").read_text()
+    for port, ifname in (("1", "enp170s0f0np0"), ("2", "enp170s0f1np1")):
+        assert f'device="mlx5_8",fw_ver="32.39.2048",hca_type="MT41692",interface="{ifname}",' in text
+        assert f'fabricmon_ib_port_state{{device="mlx5_8",node="node-000",port="{port}"}} 4.0' in text
