@@ -1,7 +1,8 @@
 """The inputs of the golden expositions (tests/test_golden.py), one ``Case`` per fixture kind.
 
-To add a kind, add one ``Case`` to ``CASES`` (a tree written by ``fabricmon.sim.fixture`` or a directory
-committed under ``tests/fixtures/``) and run ``FABRICMON_UPDATE_GOLDEN=1 pytest tests/test_golden.py``
+To add a kind, add one ``Case`` to ``CASES`` (a tree written by ``fabricmon.sim.fixture``, a node directory
+or a bare sysfs tree committed under ``tests/fixtures/``, e.g.
+``Case("realformat-mlx4-counters-ext", committed_sysfs("realformat/sysfs/mlx4-ofed-counters-ext"))``) and run ``FABRICMON_UPDATE_GOLDEN=1 pytest tests/test_golden.py``
 to write ``tests/golden/<name>.prom``; review that file like code.
 """
 
@@ -64,6 +65,15 @@ def committed(rel: str) -> Callable[[Path], NodeInput]:
     """A node directory committed under tests/fixtures/ (copied, so a test never writes into the checkout)."""
     def build(tmp: Path) -> NodeInput:
         shutil.copytree(FIXTURES / rel, tmp / "node", symlinks=True)
+        return NodeInput(tmp / "node")
+    return build
+
+
+def committed_sysfs(rel: str) -> Callable[[Path], NodeInput]:
+    """A bare sysfs tree committed under tests/fixtures/ (``<rel>/class/infiniband/...``, as the real-format
+    corpus keeps them), used as the node's ``sys/``; no ethtool dumps, no GPUs."""
+    def build(tmp: Path) -> NodeInput:
+        shutil.copytree(FIXTURES / rel, tmp / "node" / "sys", symlinks=True)
         return NodeInput(tmp / "node")
     return build
 

@@ -123,7 +123,7 @@ class DeviceSpec:
 
 
 def device_specs(layout: str) -> tuple[DeviceSpec, ...]:
-    """The node's 9 HCAs for a layout (identical to make-sysfs-fixture's device_specs)."""
+    """The node's 9 HCAs for a layout (sim.fixture builds its devices from these)."""
     roce = layout == "roce"
     devs = [DeviceSpec(i, f"mlx5_{i}", bdf, RAIL_NUMA[i], i, i, "compute",
                        f"enp{int(bdf[5:7], 16)}s0np0" if roce else f"ibp{int(bdf[5:7], 16)}s0",
