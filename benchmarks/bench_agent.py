@@ -26,7 +26,6 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURE_TOOL = REPO.parent / "shared" / "tools" / "make-sysfs-fixture"
 
 
 def free_port() -> int:
@@ -89,8 +88,9 @@ def main() -> int:
     procs: list[subprocess.Popen] = []
     try:
         root = tmp / "node"
-        subprocess.run([sys.executable, str(FIXTURE_TOOL), "--root", str(root), "--layout", "ib", "--seed", "1"],
-                       check=True, capture_output=True)
+        sys.path.insert(0, str(REPO))
+        from fabricmon.sim.fixture import write_fixture
+        write_fixture(root, layout="ib", seed=1)
         ap_port = free_port()
         agent = subprocess.Popen(
             [sys.executable, "-m", "fabricmon", "--log-format", "json", "--log-level", "warning", "agent",

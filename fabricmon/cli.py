@@ -28,6 +28,19 @@ def _agent_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--aggregator", help="HOST:PORT of the aggregator stream")
     p.add_argument("--nccl-inspector-dir", dest="nccl_inspector_dir", help="tail NCCL Inspector logs in this directory")
     p.add_argument("--once", action="store_true", help="poll once, print the Prometheus exposition, exit")
+    p.add_argument("--capture", help="with --once: read the node from a 'fabricmon collect' archive")
+
+
+def _collect_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("collect", help="capture this node's RDMA sysfs, ethtool and NVML readings into an archive")
+    p.add_argument("--sysfs-root", dest="sysfs_root", default="/sys", help="sysfs mount (default /sys)")
+    p.add_argument("--ethtool-dir", dest="ethtool_dir", help="take <if>.txt dumps from here instead of the ioctl")
+    p.add_argument("--nvml", default="auto", help="auto, off or fake:FILE (default auto)")
+    p.add_argument("--node-name", dest="node_name", help="node name to record (default: hostname)")
+    p.add_argument("--out", required=True, help="archive to write (.tar.gz)")
+    p.add_argument("--max-files", type=int, default=50_000)
+    p.add_argument("--max-file-bytes", type=int, default=1 << 20)
+    p.add_argument("--max-total-bytes", type=int, default=64 << 20)
 
 
 def _check_parser(sub: argparse._SubParsersAction) -> None:
@@ -68,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     _aggregator_parser(sub)
     _demo_parser(sub)
     _check_parser(sub)
+    _collect_parser(sub)
     return parser
 
 
@@ -90,6 +104,18 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
     overrides = {k: getattr(args, k) for k in (
         "sysfs_root", "ethtool_dir", "node_name", "listen", "interval", "nvml", "aggregator", "nccl_inspector_dir")}
+    if args.capture:
+        if not args.once or args.sysfs_root or args.ethtool_dir or args.nvml:
+            raise ConfigError("--capture: only with --once, and instead of --sysfs-root, --ethtool-dir, --nvml")
+        import tempfile
+
+        from .collect import extract_capture
+
+        with tempfile.TemporaryDirectory(prefix="fabricmon-capture-") as tmp:
+            found = extract_capture(args.capture, tmp)
+            args.capture = None
+            args.sysfs_root, args.ethtool_dir, args.nvml = found["sysfs_root"], found["ethtool_dir"], found["nvml"]
+            return cmd_agent(args)
     cfg = load_agent_config(args.config, overrides)
     configure_logging(args.log_format or cfg.log.format, args.log_level or cfg.log.level)
     log = structlog.get_logger("fabricmon.agent")
@@ -169,7 +195,18 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_collect(args: argparse.Namespace) -> int:
+    from .collect import Limits, collect
+    from .logs import configure_logging
+
+    configure_logging(args.log_format or "auto", args.log_level or "info")
+    collect(args.sysfs_root, args.out, ethtool_dir=args.ethtool_dir, nvml=args.nvml, node_name=args.node_name,
+            limits=Limits(args.max_files, args.max_file_bytes, args.max_total_bytes))
+    return 0
+
+
 COMMANDS = {"agent": cmd_agent, "aggregator": cmd_aggregator, "demo": cmd_demo, "check-config": cmd_check_config}
+COMMANDS["collect"] = cmd_collect
 
 
 def main(argv: list[str] | None = None) -> int:

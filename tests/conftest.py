@@ -1,7 +1,7 @@
 """Shared pytest fixtures.
 
-``make_fixture`` runs the shared sysfs fixture generator, which lives beside
-the repository in ``../shared/tools/make-sysfs-fixture``.
+``make_fixture`` writes fixture nodes with the repository's own writer,
+``fabricmon.sim.fixture`` (in-process; nothing outside the repository).
 """
 
 from __future__ import annotations
@@ -9,8 +9,6 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +17,7 @@ from typing import Any
 
 import pytest
 
-FIXTURE_TOOL = Path(__file__).resolve().parents[1] / ".." / "shared" / "tools" / "make-sysfs-fixture"
+from fabricmon.sim import fixture as fixture_writer
 
 
 class FixtureMaker:
@@ -27,14 +25,15 @@ class FixtureMaker:
 
     ``make_fixture(layout="roce", fault="counter_reset", snapshots=3)`` returns
     the tree's ROOT (``ROOT/t0..`` when ``snapshots > 1``).  Keyword options map
-    to the tool's flags (``fault_dev="mlx5_3"`` -> ``--fault-dev mlx5_3``,
+    to ``python -m fabricmon.sim.fixture``'s flags (``fault_dev="mlx5_3"`` -> ``--fault-dev mlx5_3``,
     ``legacy_ext=True`` -> ``--legacy-ext``).  Cached trees are shared: a test
     that modifies its tree must ask for ``fresh=True`` (a private, uncached
     copy).  ``prefetch`` generates many trees in parallel, since one 9-NIC
     tree takes about 0.3 s.
     """
 
-    tool = FIXTURE_TOOL
+    # The writer as a script, for tests of its command line (``python <tool> --help``).
+    tool = Path(fixture_writer.__file__)
 
     def __init__(self, base: Path) -> None:
         self._base = base
@@ -45,26 +44,12 @@ class FixtureMaker:
     def _key(options: Mapping[str, Any]) -> tuple:
         return tuple(sorted((k, str(v)) for k, v in options.items()))
 
-    def _args(self, root: Path, options: Mapping[str, Any]) -> list[str]:
-        args = [sys.executable, str(self.tool), "--root", str(root)]
-        for k, v in sorted(options.items()):
-            flag = "--" + k.replace("_", "-")
-            if v is True:
-                args.append(flag)
-            elif v is not False and v is not None:
-                args += [flag, str(v)]
-        return args
-
     def _generate(self, options: Mapping[str, Any]) -> Path:
         root = self._base / f"tree{next(self._n)}"
-        proc = subprocess.run(self._args(root, options), capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"make-sysfs-fixture {dict(options)} exited {proc.returncode}: {proc.stderr[-800:]}")
+        fixture_writer.write_fixture(root, **options)
         return root
 
     def __call__(self, *, fresh: bool = False, **options: Any) -> Path:
-        if not self.tool.exists():
-            pytest.skip(f"fixture tool not found at {self.tool} (expected ../shared beside the repository)")
         options.setdefault("layout", "ib")
         options.setdefault("fault", "none")
         if fresh:
@@ -75,13 +60,13 @@ class FixtureMaker:
         return self._cache[key]
 
     def prefetch(self, option_sets: Iterable[Mapping[str, Any]], workers: int = 4) -> None:
-        """Generate (and cache) many trees concurrently; the tool is I/O- and startup-bound."""
+        """Generate (and cache) many trees concurrently; writing a tree is mostly file-system calls."""
         todo = []
         for options in option_sets:
             options = {"layout": "ib", "fault": "none", **options}
             if self._key(options) not in self._cache:
                 todo.append(options)
-        if not todo or not self.tool.exists():
+        if not todo:
             return
         with ThreadPoolExecutor(max_workers=workers) as pool:
             for options, root in zip(todo, pool.map(self._generate, todo)):
@@ -90,7 +75,7 @@ class FixtureMaker:
 
 @pytest.fixture(scope="session")
 def make_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FixtureMaker]:
-    # The tool writes every file atomically (temp file + rename): on a loaded
+    # The writer writes every file atomically (temp file + rename): on a loaded
     # ext4 /tmp a 3-snapshot tree took 4 s against 0.4 s on tmpfs, and real
     # sysfs is in memory too.  Fall back to pytest's tmp dir without /dev/shm.
     shm = Path("/dev/shm")

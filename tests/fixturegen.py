@@ -1,20 +1,13 @@
-"""Runs the shared fixture generator (``../shared/tools/make-sysfs-fixture`` beside the repository)."""
+"""Fixture nodes from the repository's own writer (``fabricmon.sim.fixture``), by its command-line flags."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-
-FIXTURE_TOOL = Path(__file__).resolve().parents[1].parent / "shared" / "tools" / "make-sysfs-fixture"
+from fabricmon.sim.fixture import write_fixture_argv
 
 
 def gen_fixture(root: Path, *args: str) -> Path:
-    """Write a fresh tree at ``root`` with the tool's own flags (``--layout roce --fault pfc_storm ...``)."""
-    if not FIXTURE_TOOL.exists():
-        pytest.skip("fixture generator not found at ../shared/tools/make-sysfs-fixture")
-    subprocess.run([sys.executable, str(FIXTURE_TOOL), "--root", str(root), "--force", *args],
-                   check=True, capture_output=True, text=True, timeout=120)
+    """Write a fresh tree at ``root`` with the writer's own flags (``--layout roce --fault pfc_storm ...``)."""
+    write_fixture_argv(["--root", str(root), "--force", *args])
     return root

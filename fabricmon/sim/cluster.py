@@ -1,7 +1,7 @@
 """The simulated cluster's hardware state in memory, vectorized over nodes with numpy.
 
 Per node, per NIC (8 rail NICs ``mlx5_0..7`` + frontend ``mlx5_8``) the raw
-counters of ``make-sysfs-fixture`` (PMA counters, mlx5 hw_counters, ``ethtool
+counters of ``sim.fixture`` (PMA counters, mlx5 hw_counters, ``ethtool
 -S`` stats; netdev statistics are derived from them at render time), the link
 state (up, lanes, speed, carrier down events) and the lossless config (PFC,
 ECN per priority); per GPU the fake-NVML state (utilization, throttle
@@ -278,7 +278,7 @@ class ClusterState:
     def _traffic(self, dt: np.ndarray, offered: np.ndarray, rx_scale: np.ndarray | None = None,
                  baseline: bool = False) -> None:
         """Add dt seconds of traffic at the offered load, capped by the current link rate (vectorized
-        Port.advance of make-sysfs-fixture)."""
+        Port.advance of sim.fixture)."""
         C, rng, eth = self.C, self.rng, self.eth_mask[None, :]
         n = self.n
         cap = self.gbps() * 1e9 / 8 * 0.97

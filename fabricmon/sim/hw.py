@@ -1,8 +1,8 @@
 """Static facts of the simulated DGX-H100-like node: devices, counter names and widths, formats.
 
-Copied from ``../shared/tools/make-sysfs-fixture`` (stdlib-only fixture generator)
-so that the simulator renders trees identical in layout and format to the
-fixture trees the sources are tested against.  Keep the two in agreement.
+Shared by the two tree writers, ``sim.tree`` (a node of a simulated cluster over
+time) and ``sim.fixture`` (one node as fault snapshots, the trees the sources are
+tested against), so both render identical layouts and formats.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ class DeviceSpec:
 
 
 def device_specs(layout: str) -> tuple[DeviceSpec, ...]:
-    """The node's 9 HCAs for a layout (identical to make-sysfs-fixture's device_specs)."""
+    """The node's 9 HCAs for a layout (sim.fixture builds its devices from these)."""
     roce = layout == "roce"
     devs = [DeviceSpec(i, f"mlx5_{i}", bdf, RAIL_NUMA[i], i, i, "compute",
                        f"enp{int(bdf[5:7], 16)}s0np0" if roce else f"ibp{int(bdf[5:7], 16)}s0",

@@ -1,4 +1,4 @@
-"""Render one simulated node into a tree identical in layout and format to make-sysfs-fixture's.
+"""Render one simulated node into a tree identical in layout and format to ``sim.fixture``'s.
 
 ```
 <root>/hostname
@@ -14,8 +14,8 @@ writes only the files whose content changed (traffic counters, ``nvml.json``,
 ``ethtool/<if>.txt``, state files on a transition), each atomically.  The
 temporary file is made in ``<root>/.sim-tmp/`` and renamed into place (same
 file system), so a reader that lists a counter directory never sees a
-temporary name in it (``make-sysfs-fixture`` puts its ``.<name>.<pid>.tmp``
-beside the target, where a concurrent ``listdir`` can catch it).
+temporary name in it (``sim.fixture`` puts its ``.<name>.<pid>.tmp`` beside
+the target, where a concurrent ``listdir`` can catch it).
 """
 
 from __future__ import annotations
@@ -261,7 +261,7 @@ class NodeTree:
         return {"gpus": gpus}
 
     def nvml_text(self) -> str:
-        # one GPU per line, as make-sysfs-fixture writes it
+        # one GPU per line, as sim.fixture writes it
         return '{"gpus": [\n' + ",\n".join(json.dumps(g) for g in self.nvml_document()["gpus"]) + "\n]}"
 
     # ------------------------------------------------------------------ render
