@@ -164,8 +164,8 @@ def test_slow_unix_clients_are_bounded_and_a_legit_rank_is_served(tmp_path):
     try:
         for _ in range(300):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(it.socket_path)  # blocking: waits for backlog room instead of EAGAIN
             s.settimeout(5)
-            s.connect(it.socket_path)
             s.sendall(b'{"job":')  # never finishes its line
             slow.append(s)
         assert wait_until(lambda: it.stats()["connections"] <= 32 and it.stats()["connections_closed"] >= 268)
