@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from fabricmon.agent.intake import RankIntake
@@ -16,12 +16,15 @@ from fabricmon.rank_timing import REJECT_REASONS, JobLayout, RankTiming, RankTim
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
+# Raw lines: arbitrary bytes, and arbitrary text (lone surrogates included, as UTF-8-encoded surrogates).
+any_line = st.one_of(st.binary(max_size=300), st.text(max_size=200).map(lambda t: t.encode("utf-8", "surrogatepass")))
+
 # Values that sit on and beyond every wire boundary, plus the usual JSON suspects.
 edge_numbers = st.sampled_from([0, 1, -1, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**53, 2**63, 2**64, 10**400,
                                 0.5, -0.0, 1e308, -1e308, 1e-320, 1.5, 7.0])
 edge_strings = st.sampled_from(["", "j", "a" * 128, "a" * 129, "\ud800", "x\udfffy", "\x00", "tab\t", "é", "AllReduce",
                                 "nan", "inf", "1e308", "0x7f"])
-scalar = st.one_of(st.none(), st.booleans(), edge_numbers, st.integers(), st.floats(allow_nan=False),
+scalar = st.one_of(st.none(), st.booleans(), edge_numbers, st.integers(), st.floats(allow_nan=False, allow_infinity=False),
                    edge_strings, st.text(max_size=20))
 value = st.recursive(scalar, lambda c: st.one_of(st.lists(c, max_size=3), st.dictionaries(edge_strings, c, max_size=3)),
                      max_leaves=8)
@@ -61,27 +64,57 @@ def parse_rank(raw: bytes) -> None:
         item = parse_line(raw, node="n", now=1.0)
     except RankTimingError as exc:
         assert exc.reason in REJECT_REASONS
+        event(f"rejected: {exc.reason}")
         return
+    event("accepted")
     check_rank_result(item)
 
 
 @SETTINGS
-@given(st.binary(max_size=300))
+@given(any_line)
 def test_rank_parser_any_bytes(raw):
     parse_rank(raw)
 
 
+DELETE = object()
+mutant = st.one_of(edge_numbers, edge_strings, value, st.just(DELETE))
+names = st.one_of(st.text(min_size=1, max_size=24), st.from_regex(r"[a-z0-9._-]{1,24}", fullmatch=True))
+valid_rank_line = st.fixed_dictionaries({
+    "job": names, "rank": st.integers(0, 2**32 - 1), "step": st.integers(0, 2**53),
+    "step_seconds": st.floats(0, 1e6),
+}, optional={
+    "local_rank": st.integers(0, 2**16 - 1), "comm_seconds": st.floats(0, 1e6), "ts": st.floats(0, 1e11),
+    "gpu": st.integers(-1, 1023), "node": names,
+    "group": st.dictionaries(st.sampled_from(["tp", "pp", "dp"]), st.integers(0, 2**31 - 1)),
+})
+valid_layout_line = st.fixed_dictionaries({
+    "job": names, "layout": st.dictionaries(st.sampled_from(["tp", "pp", "dp"]), st.integers(1, 2**31 - 1), min_size=1),
+})
+
+
+def mutate(obj: dict, mutations: list) -> dict:
+    """Replace or delete fields (a path of keys) of an otherwise valid record."""
+    for path, new in mutations:
+        target = obj
+        for k in path[:-1]:
+            target = target.get(k) if isinstance(target, dict) else None
+        if not isinstance(target, dict):
+            continue
+        if new is DELETE:
+            target.pop(path[-1], None)
+        else:
+            target[path[-1]] = new
+    return obj
+
+
+RANK_PATHS = st.sampled_from([(k,) for k in ("job", "rank", "local_rank", "step", "step_seconds", "comm_seconds",
+                                             "ts", "gpu", "node", "group", "layout")] + [("group", "tp"), ("layout", "tp")])
+
+
 @SETTINGS
-@given(st.fixed_dictionaries({}, optional={
-    "job": st.one_of(edge_strings, value), "rank": st.one_of(edge_numbers, value),
-    "local_rank": st.one_of(edge_numbers, value), "step": st.one_of(edge_numbers, value),
-    "step_seconds": st.one_of(edge_numbers, value), "comm_seconds": st.one_of(edge_numbers, value),
-    "ts": st.one_of(edge_numbers, value), "gpu": st.one_of(edge_numbers, value), "node": value,
-    "group": st.one_of(st.dictionaries(edge_strings, edge_numbers, max_size=4), value),
-    "layout": st.one_of(st.dictionaries(edge_strings, edge_numbers, max_size=4), value),
-}))
-def test_rank_parser_structured(obj):
-    parse_rank(dumps(obj))
+@given(st.one_of(valid_rank_line, valid_layout_line), st.lists(st.tuples(RANK_PATHS, mutant), max_size=2))
+def test_rank_parser_structured(obj, mutations):
+    parse_rank(dumps(mutate(obj, mutations)))
 
 
 @SETTINGS
@@ -101,7 +134,9 @@ def check_nccl(raw: bytes) -> None:
         r = parse_record(raw)
     except NcclRecordError as exc:
         assert exc.reason in NCCL_REASONS
+        event(f"rejected: {exc.reason}")
         return
+    event("accepted")
     assert isinstance(r, NcclRecord)
     check_string(r.comm, 64)
     check_string(r.coll, 64)
@@ -111,19 +146,25 @@ def check_nccl(raw: bytes) -> None:
 
 
 @SETTINGS
-@given(st.binary(max_size=300))
+@given(any_line)
 def test_nccl_parser_any_bytes(raw):
     check_nccl(raw)
 
 
+valid_nccl_record = st.fixed_dictionaries({
+    "header": st.fixed_dictionaries({"id": st.one_of(names, st.integers(0, 2**64 - 1)), "rank": st.integers(0, 2**32 - 1),
+                                     "n_ranks": st.integers(1, 8)}),
+    "coll_perf": st.fixed_dictionaries({"coll": names}, optional={
+        "coll_sn": st.integers(0, 2**40), "coll_msg_size_bytes": st.integers(0, 2**48),
+        "coll_exec_time_us": st.one_of(st.floats(0, 1e12), st.just("nan")),
+        "coll_busbw_gbs": st.one_of(st.floats(0, 1e6), st.just("nan")), "coll_timing_source": st.just("kernel_gpu")}),
+})
+NCCL_PATHS = st.sampled_from([("header",), ("coll_perf",), ("header", "id"), ("header", "rank"), ("coll_perf", "coll"),
+                              ("coll_perf", "coll_msg_size_bytes"), ("coll_perf", "coll_exec_time_us"),
+                              ("coll_perf", "coll_busbw_gbs")])
+
+
 @SETTINGS
-@given(st.fixed_dictionaries({}, optional={
-    "header": st.one_of(st.fixed_dictionaries({}, optional={"id": st.one_of(edge_strings, value),
-                                                            "rank": st.one_of(edge_numbers, value)}), value),
-    "coll_perf": st.one_of(st.fixed_dictionaries({}, optional={
-        "coll": st.one_of(edge_strings, value), "coll_msg_size_bytes": st.one_of(edge_numbers, edge_strings, value),
-        "coll_exec_time_us": st.one_of(edge_numbers, edge_strings, value),
-        "coll_busbw_gbs": st.one_of(edge_numbers, edge_strings, value)}), value),
-}))
-def test_nccl_parser_structured(obj):
-    check_nccl(dumps(obj))
+@given(valid_nccl_record, st.lists(st.tuples(NCCL_PATHS, mutant), max_size=2))
+def test_nccl_parser_structured(obj, mutations):
+    check_nccl(dumps(mutate(obj, mutations)))
