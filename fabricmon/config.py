@@ -129,7 +129,7 @@ class Intake:
     max_series: int = 4096            # (job, rank) series
     series_ttl: float = 600.0         # seconds of silence before a series or job is forgotten
     max_connections: int = 64         # per listener (Unix socket, HTTP)
-    idle_timeout: float = 30.0        # seconds without a byte before a client is cut off
+    idle_timeout: float = 300.0       # seconds without a byte before a Unix socket client is cut off
     nccl_max_series: int = 8192       # (rank, comm, collective) series
     nccl_series_ttl: float = 3600.0
 

@@ -18,10 +18,11 @@ wire range (``rank_timing.parse_line``); at most ``max_jobs`` jobs and
 ``max_series`` (job, rank) series are held (a line that would add one more is
 rejected as ``job_limit`` or ``series_limit``), and both expire after
 ``latest_ttl`` seconds of silence; at most ``max_connections`` Unix clients
-(the least recently active one makes room for a new one) and as many HTTP
-connections, each closed after ``idle_timeout`` seconds without a byte.  The
-counts are exported as ``fabricmon_intake_*`` self-metrics with fixed label
-sets.
+(the least recently active one makes room for a new one), each closed after
+``idle_timeout`` seconds without a byte (long: a rank may keep one connection
+and send a line per step), and as many HTTP connections, whose request headers
+must arrive within ``HTTP_HEADER_TIMEOUT`` (see ``httpserve``).  The counts
+are exported as ``fabricmon_intake_*`` self-metrics with fixed label sets.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from ..rank_timing import MAX_LINE_BYTES, REJECT_REASONS, JobLayout, RankTiming,
 log = structlog.get_logger("fabricmon.intake")
 
 MAX_HTTP_BODY = 4 * 1024 * 1024
+HTTP_HEADER_TIMEOUT = 10.0
 # Every (result, reason) pair the intake counts: fixed, so input cannot add series.
 LINE_RESULTS = (("accepted", "ok"), *(("rejected", r) for r in (*REJECT_REASONS, "job_limit", "series_limit")))
 
@@ -77,7 +79,7 @@ class RankIntake:
         max_series: int = 4096,
         latest_ttl: float = 600.0,
         max_connections: int = 64,
-        idle_timeout: float = 30.0,
+        idle_timeout: float = 300.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if min(max_buffer, max_jobs, max_series, max_connections) < 1 or latest_ttl <= 0 or idle_timeout <= 0:
@@ -471,8 +473,8 @@ class RankIntake:
         class Server(GuardedHTTPServer):
             address_family = family
 
-        self._http = Server(addr, Handler, max_connections=self._max_conns, header_timeout=self._idle,
-                            request_timeout=max(self._idle, 60.0))
+        self._http = Server(addr, Handler, max_connections=self._max_conns,
+                            header_timeout=min(self._idle, HTTP_HEADER_TIMEOUT), request_timeout=60.0)
         t = threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": 0.2},
                              name="fabricmon-intake-http", daemon=True)
         self._threads.append(t)
