@@ -130,7 +130,7 @@ class Intake:
     series_ttl: float = 600.0         # seconds of silence before a series or job is forgotten
     max_connections: int = 64         # per listener (Unix socket, HTTP)
     idle_timeout: float = 300.0       # seconds without a byte before a Unix socket client is cut off
-    nccl_max_series: int = 8192       # (rank, comm, collective) series
+    nccl_max_series: int = 2048       # (rank, comm, collective) series
     nccl_series_ttl: float = 3600.0
 
     def validate(self, path: str, source: str) -> None:

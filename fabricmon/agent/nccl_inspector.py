@@ -176,7 +176,7 @@ class NcclInspectorSource:
         timeout: float = 0.5,
         max_bytes_per_poll: int = 64 << 20,
         series_ttl: float = 3600.0,
-        max_series: int = 8192,
+        max_series: int = 2048,
         clock=time.monotonic,
     ) -> None:
         if max_series < 1 or series_ttl <= 0 or max_bytes_per_poll < 1:
