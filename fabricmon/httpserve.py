@@ -173,7 +173,7 @@ class RoutedHTTPServer:
 
         self._server = GuardedHTTPServer((host, port), Handler, max_connections=max_connections,
                                          header_timeout=header_timeout, request_timeout=request_timeout)
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
                                         name=name, daemon=True)
 
     @property
