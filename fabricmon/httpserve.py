@@ -13,11 +13,16 @@ connection is counted by reason.
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
+
+import structlog
+
+log = structlog.get_logger("fabricmon.http")
 
 TEXT = "text/plain; charset=utf-8"
 
@@ -114,7 +119,10 @@ class GuardedHTTPServer(ThreadingHTTPServer):
                     self._kill(c, "timeout")
 
     def handle_error(self, request, client_address) -> None:
-        pass  # a client that went away mid-request, or was cut off (counted), is routine: no traceback on stderr
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):
+            return  # a client that went away mid-request, or was cut off (counted), is routine
+        log.error("http_handler_failed", error=f"{type(exc).__name__}: {exc}")
 
     def stats(self) -> dict[str, int]:
         with self._guard:
