@@ -40,6 +40,16 @@ def test_a_bad_label_value_costs_its_series_not_the_scrape():
         assert fams["fabricmon_host_load1"].samples[0].value == 0.5
 
 
+def test_a_label_value_that_is_not_a_string_costs_its_series():
+    snap = snapshot("good")
+    snap = Snapshot(node="n1", ts=5.0, seq=1, samples=(*snap.samples,
+                    Sample("fabricmon_rank_step_seconds", (("job", None), ("rank", 3)), 1.0)),
+                    deltas=(), interval_seconds=0.0, sources=())
+    for body in (exposition(snap, now=5.0), generate_latest(make_registry(lambda: snap, clock=lambda: 5.0))):
+        fams = {f.name: f for f in text_string_to_metric_families(body.decode("utf-8"))}
+        assert [s.labels["job"] for s in fams["fabricmon_rank_step_seconds"].samples] == ["good"]
+
+
 def test_a_bad_node_name_does_not_break_the_scrape():
     snap = Snapshot(node="n\ud800", ts=5.0, seq=1, samples=(Sample("fabricmon_host_load1", (), 0.5),), deltas=(),
                     interval_seconds=0.0, sources=())

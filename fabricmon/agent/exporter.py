@@ -24,7 +24,10 @@ ALL_SPECS = {**SPECS, **SELF_SPECS}
 
 
 def _encodable(value: str) -> bool:
-    """False for a label value UTF-8 cannot carry (a lone surrogate): it costs its series, not the scrape."""
+    """False for a label value UTF-8 cannot carry (a lone surrogate) or not a string at all (a source's bug):
+    it costs its series, not the scrape."""
+    if type(value) is not str:
+        return False
     if value.isascii():
         return True
     try:
@@ -136,9 +139,10 @@ def render_snapshot(snapshot: Snapshot, prefixes: dict | None = None) -> bytes:
             prefix = prefixes.get(key)
             if prefix is None:
                 # Sorted label names, as prometheus_client writes them.
-                pairs = sorted((*smp.labels, ("node", _safe(snapshot.node))))
-                prefix = name + "{" + ",".join(f'{k}="{_escape_value(v)}"' for k, v in pairs) + "} "
-                if not _encodable(prefix):
+                if all(_encodable(v) for _, v in smp.labels):
+                    pairs = sorted((*smp.labels, ("node", _safe(snapshot.node))))
+                    prefix = name + "{" + ",".join(f'{k}="{_escape_value(v)}"' for k, v in pairs) + "} "
+                else:
                     prefix = ""  # cached too: the bad series is skipped at no cost on later polls
                 prefixes[key] = prefix
             if not prefix:
