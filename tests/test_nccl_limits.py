@@ -148,3 +148,17 @@ def test_overlong_line_is_dropped_and_counted(tmp_path):
     (tmp_path / "r0.log").write_text('{"x":"' + "a" * (200 * 1024) + '"}\n' + rec())
     res = src.poll()
     assert count(res) == 1 and src.rejected["too_long"] == 1
+
+
+def test_only_the_newest_files_of_an_overfull_directory_are_tailed(tmp_path, monkeypatch):
+    import fabricmon.agent.nccl_inspector as ni
+
+    monkeypatch.setattr(ni, "MAX_FILES", 3)
+    src = NcclInspectorSource(str(tmp_path))
+    for i in range(6):
+        f = tmp_path / f"old-{i}.log"
+        f.write_text(rec(rank=i))
+        os.utime(f, ns=(10**18 + i, 10**18 + i))  # old-3, old-4 and old-5 are the newest
+    res = src.poll()
+    ranks = {dict(r.labels)["rank"] for r in res.readings if r.family == "fabricmon_nccl_collectives_total"}
+    assert ranks == {"3", "4", "5"}

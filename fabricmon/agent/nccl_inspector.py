@@ -35,6 +35,7 @@ collectives seen this poll as ``fabricmon_nccl_bus_bandwidth_bytes_per_second``.
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import os
@@ -50,8 +51,11 @@ from ..textcheck import label_text_ok
 log = structlog.get_logger("fabricmon.nccl_inspector")
 
 CHUNK = 1 << 20
-MAX_LINE = 128 << 10  # records are ~1 KiB (more with NCCL_INSPECTOR_DUMP_VERBOSE); longer is garbage
-MAX_FILES = 4096
+MAX_LINE = 64 << 10  # records are ~1 KiB (more with NCCL_INSPECTOR_DUMP_VERBOSE); longer is garbage
+# A dump dir collects the files of every past job: the most recently modified MAX_FILES are tailed,
+# so at most MAX_FILES * MAX_LINE bytes of incomplete lines are held.
+MAX_FILES = 1024
+MAX_ENTRIES = 65536  # directory entries looked at per poll
 SKIP_SUFFIXES = (".prom", ".tmp", ".gz", ".parquet")
 MAX_NAME = 64
 MAX_RANK = 2**32 - 1
@@ -193,6 +197,7 @@ class NcclInspectorSource:
         self.bad_lines_total = 0
         self.rejected = dict.fromkeys(REJECT_REASONS, 0)
         self.expired_total = 0
+        self._overfull_logged = False
         # Files present now are read from their current end.
         for path, st in self._scan([]):
             self._files.setdefault((st.st_dev, st.st_ino), _File(
@@ -211,32 +216,46 @@ class NcclInspectorSource:
             return True
 
     def _scan(self, errors: list[str]) -> list[tuple[str, os.stat_result]]:
-        """Regular files in the directory and its direct subdirectories (per-job dirs); no links followed."""
+        """Regular files in the directory and its direct subdirectories (per-job dirs); no links followed.
+
+        At most MAX_ENTRIES entries are looked at and the MAX_FILES most recently modified files
+        kept (in path order), so a directory of a million stale files costs a bounded scan."""
         out: list[tuple[str, os.stat_result]] = []
+        budget = [MAX_ENTRIES]
 
         def walk(d: str, subdirs: bool) -> None:
             try:
-                entries = list(os.scandir(d))
+                it = os.scandir(d)
             except FileNotFoundError:
                 return
             except OSError as exc:
                 errors.append(f"{d}: {exc.strerror or exc}")
                 return
-            for e in entries:
-                if e.name.startswith(".") or e.name.endswith(SKIP_SUFFIXES):
-                    continue
-                try:
-                    st = e.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    out.append((e.path, st))
-                elif subdirs and stat.S_ISDIR(st.st_mode):
-                    walk(e.path, False)
+            with it:
+                for e in it:
+                    budget[0] -= 1
+                    if budget[0] < 0:
+                        return
+                    if e.name.startswith(".") or e.name.endswith(SKIP_SUFFIXES):
+                        continue
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if stat.S_ISREG(st.st_mode):
+                        out.append((e.path, st))
+                    elif subdirs and stat.S_ISDIR(st.st_mode):
+                        walk(e.path, False)
 
         walk(self.directory, True)
+        if budget[0] < 0 or len(out) > MAX_FILES:
+            if not self._overfull_logged:
+                log.warning("nccl_inspector_dir_overfull", directory=self.directory, files=len(out),
+                            tailed=MAX_FILES, entries_looked_at=MAX_ENTRIES)
+                self._overfull_logged = True
+            out = heapq.nlargest(MAX_FILES, out, key=lambda f: f[1].st_mtime_ns)
         out.sort()
-        return out[:MAX_FILES]
+        return out
 
     # ------------------------------------------------------------ the poll
 
