@@ -124,8 +124,19 @@ class Intake:
 
     listen: str | None = "127.0.0.1:9723"
     socket: str | None = "/run/fabricmon/ranks.sock"
+    # Bounds on what clients and NCCL Inspector files can make the agent hold (series drops are counted).
+    max_jobs: int = 64
+    max_series: int = 4096            # (job, rank) series
+    series_ttl: float = 600.0         # seconds of silence before a series or job is forgotten
+    max_connections: int = 64         # per listener (Unix socket, HTTP)
+    idle_timeout: float = 300.0       # seconds without a byte before a Unix socket client is cut off
+    nccl_max_series: int = 2048       # (rank, comm, collective) series
+    nccl_series_ttl: float = 3600.0
 
     def validate(self, path: str, source: str) -> None:
+        for key in ("max_jobs", "max_series", "series_ttl", "max_connections", "idle_timeout", "nccl_max_series",
+                    "nccl_series_ttl"):
+            _positive(getattr(self, key), f"{path}.{key}", source)
         check_hostport(self.listen, f"{path}.listen", source)
         if self.listen is not None:
             host = self.listen.rpartition(":")[0].strip("[]")

@@ -93,6 +93,14 @@ SPECS: dict[str, MetricSpec] = _specs(
     ("fabricmon_nccl_bus_bandwidth_bytes_per_second", "gauge", "Mean bus bandwidth over the last interval.", ("rank", "comm", "collective")),
     ("fabricmon_rank_step_seconds", "gauge", "Last reported step time per rank.", ("job", "rank")),
     ("fabricmon_rank_comm_seconds", "gauge", "Last reported communication time per rank.", ("job", "rank")),
+    # --- intake self-metrics (agent/intake.py, agent/nccl_inspector.py); reasons are fixed enums ---
+    ("fabricmon_intake_lines_total", "counter", "Rank-timing lines and NCCL Inspector records read, by result and reason.",
+     ("source", "result", "reason")),
+    ("fabricmon_intake_series", "gauge", "Series the intake source holds.", ("source",)),
+    ("fabricmon_intake_series_dropped_total", "counter", "Series refused at the limit, expired, or timings dropped unsent.",
+     ("source", "reason")),
+    ("fabricmon_intake_connections_closed_total", "counter", "Rank intake connections closed at the limit or timeout.",
+     ("listener", "reason")),
 )
 
 # Self-instrumentation, emitted by the exporter for every source.

@@ -13,9 +13,35 @@ import json
 import math
 from dataclasses import dataclass, field
 
+from .textcheck import label_text_ok
+
+
+# Why a line was rejected: a fixed set, so the self-metric label stays bounded.
+REJECT_REASONS = ("too_long", "not_utf8", "not_json", "not_object", "missing_field", "bad_type", "out_of_range",
+                  "bad_string")
+
+MAX_LINE_BYTES = 64 * 1024
+MAX_JOB_CHARS = 128
+MAX_KEY_CHARS = 32
+MAX_GROUP_KEYS = 8
+# Bounds are those of the wire fields (fabricmon.proto RankTiming) where a wider
+# value would make the stream's encoder raise, tighter where the wire's range is
+# not a sane value: 2**53 steps keep a float round trip exact, a step or
+# communication time over 10**6 s (11.6 days) or a ts past 10**11 (year 5138, a
+# timestamp sent in milliseconds) is a unit error, not a measurement.
+MAX_RANK = 2**32 - 1          # uint32
+MAX_LOCAL_RANK = 2**16 - 1
+MAX_STEP = 2**53
+MAX_GPU = 1023                # sint32 on the wire; -1 means "same as local_rank"
+MAX_GROUP_VALUE = 2**31 - 1   # int64 on the wire
+MAX_SECONDS = 1e6
+MAX_TS = 1e11
+
 
 class RankTimingError(ValueError):
-    pass
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,59 +68,105 @@ class JobLayout:
     layout: tuple[tuple[str, int], ...] = field(default=())
 
 
-def _num(obj: dict, key: str, kind: type, required: bool = True, default=None):
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _int(obj: dict, key: str, lo: int, hi: int, default: int | None = None) -> int:
     if key not in obj:
-        if required:
-            raise RankTimingError(f"{key}: required")
+        if default is None:
+            raise RankTimingError("missing_field", f"{key}: required")
+        return default
+    v = obj[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+        raise RankTimingError("bad_type", f"{key}: expected an integer, got {_short(v)}")
+    if not lo <= v <= hi:
+        raise RankTimingError("out_of_range", f"{key}: must be in [{lo}, {hi}], got {_short(v)}")
+    return int(v)
+
+
+def _seconds(obj: dict, key: str, hi: float, default: float | None = None) -> float:
+    if key not in obj:
+        if default is None:
+            raise RankTimingError("missing_field", f"{key}: required")
         return default
     v = obj[key]
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise RankTimingError(f"{key}: expected a number, got {v!r}")
-    if kind is int:
-        if isinstance(v, float) and not v.is_integer():
-            raise RankTimingError(f"{key}: expected an integer, got {v!r}")
-        v = int(v)
-        if v < 0:
-            raise RankTimingError(f"{key}: must be >= 0, got {v}")
-        return v
-    v = float(v)
-    if not math.isfinite(v) or v < 0:
-        raise RankTimingError(f"{key}: must be a finite number >= 0, got {v!r}")
+        raise RankTimingError("bad_type", f"{key}: expected a number, got {_short(v)}")
+    try:
+        f = float(v)
+    except OverflowError:  # an integer literal beyond any double
+        f = math.inf
+    if not (math.isfinite(f) and 0.0 <= f <= hi):
+        raise RankTimingError("out_of_range", f"{key}: must be a finite number in [0, {hi:g}], got {_short(v)}")
+    return f
+
+
+def _short(v) -> str:
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+def _text(v, key: str, max_len: int) -> str:
+    if not isinstance(v, str):
+        raise RankTimingError("missing_field" if v is None else "bad_type", f"{key}: required, a string")
+    if not label_text_ok(v, max_len):
+        raise RankTimingError("bad_string", f"{key}: must be 1 to {max_len} printable characters (no control "
+                                            "characters or lone surrogates)")
     return v
 
 
+def _pairs(v, key: str, lo: int) -> tuple[tuple[str, int], ...]:
+    if not isinstance(v, dict):
+        raise RankTimingError("bad_type", f"{key}: expected a mapping of integers")
+    if len(v) > MAX_GROUP_KEYS:
+        raise RankTimingError("out_of_range", f"{key}: at most {MAX_GROUP_KEYS} entries")
+    out = []
+    for k in v:
+        _text(k, f"{key} key", MAX_KEY_CHARS)
+        out.append((k, _int(v, k, lo, MAX_GROUP_VALUE)))
+    return tuple(out)
+
+
 def parse_line(line: str | bytes, *, node: str = "", now: float | None = None) -> RankTiming | JobLayout:
-    """Parse one JSON line; raises RankTimingError naming the field on bad input."""
+    """Parse one JSON line; raises RankTimingError (with a ``reason`` of REJECT_REASONS) naming the field.
+
+    Every value that comes back fits its wire field, and every string is a
+    valid label value.
+    """
+    if len(line) > MAX_LINE_BYTES:
+        raise RankTimingError("too_long", f"line longer than {MAX_LINE_BYTES} bytes")
+    if isinstance(line, (bytes, bytearray)):
+        try:
+            line = bytes(line).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RankTimingError("not_utf8", f"not UTF-8 at byte {exc.start}") from None
     try:
-        obj = json.loads(line)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RankTimingError(f"not JSON: {exc}") from None
+        obj = json.loads(line, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the stack
+        raise RankTimingError("not_json", f"not JSON: {str(exc)[:80]}") from None
     if not isinstance(obj, dict):
-        raise RankTimingError("expected a JSON object")
-    job = obj.get("job")
-    if not isinstance(job, str) or not job or len(job) > 128:
-        raise RankTimingError("job: required, a non-empty string of at most 128 characters")
+        raise RankTimingError("not_object", "expected a JSON object")
+    job = _text(obj.get("job"), "job", MAX_JOB_CHARS)
     if "layout" in obj:
-        lay = obj["layout"]
-        if not isinstance(lay, dict) or not all(isinstance(v, int) and v > 0 for v in lay.values()):
-            raise RankTimingError("layout: expected a mapping of positive integers")
-        return JobLayout(job, tuple((str(k), int(v)) for k, v in lay.items()))
-    group = obj.get("group") or {}
-    if not isinstance(group, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in group.values()):
-        raise RankTimingError("group: expected a mapping of integers")
-    ts = _num(obj, "ts", float, required=now is None, default=now)
-    local_rank = _num(obj, "local_rank", int, required=False, default=0)
+        layout = _pairs(obj["layout"], "layout", 1)
+        if not layout:
+            raise RankTimingError("out_of_range", "layout: at least one entry")
+        return JobLayout(job, layout)
+    group = _pairs(obj["group"], "group", 0) if obj.get("group") is not None else ()
+    if not node and "node" in obj:
+        node = _text(obj["node"], "node", 253)
     return RankTiming(
         job=job,
-        rank=_num(obj, "rank", int),
-        local_rank=local_rank,
-        step=_num(obj, "step", int),
-        step_seconds=_num(obj, "step_seconds", float),
-        comm_seconds=_num(obj, "comm_seconds", float, required=False, default=0.0),
-        ts=ts,
-        node=node or str(obj.get("node", "")),
-        gpu=_num(obj, "gpu", int, required=False, default=-1),
-        group=tuple((str(k), int(v)) for k, v in group.items()),
+        rank=_int(obj, "rank", 0, MAX_RANK),
+        local_rank=_int(obj, "local_rank", 0, MAX_LOCAL_RANK, default=0),
+        step=_int(obj, "step", 0, MAX_STEP),
+        step_seconds=_seconds(obj, "step_seconds", MAX_SECONDS),
+        comm_seconds=_seconds(obj, "comm_seconds", MAX_SECONDS, default=0.0),
+        ts=_seconds(obj, "ts", MAX_TS, default=now),
+        node=node,
+        gpu=_int(obj, "gpu", -1, MAX_GPU, default=-1),
+        group=group,
     )
 
 

@@ -23,6 +23,25 @@ from ..model import Snapshot
 ALL_SPECS = {**SPECS, **SELF_SPECS}
 
 
+def _encodable(value: str) -> bool:
+    """False for a label value UTF-8 cannot carry (a lone surrogate) or not a string at all (a source's bug):
+    it costs its series, not the scrape."""
+    if type(value) is not str:
+        return False
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _safe(value: str) -> str:
+    """A value every series carries (the node name): replaced, since dropping it would drop everything."""
+    return value if _encodable(value) else value.encode("utf-8", "replace").decode("utf-8")
+
+
 def _family(spec: MetricSpec, labels: list[str]) -> Metric:
     if spec.kind == "counter":
         return CounterMetricFamily(spec.name, spec.help, labels=labels)
@@ -43,7 +62,7 @@ class SnapshotCollector:
         snap = self._get()
         if snap is None:
             return
-        node = snap.node
+        node = _safe(snap.node)
         by_family: dict[str, list] = defaultdict(list)
         for s in snap.samples:
             by_family[s.family].append(s)
@@ -53,7 +72,9 @@ class SnapshotCollector:
                 continue  # a reading without a spec is a programming error caught by tests
             fam = _family(spec, ["node", *spec.labels])
             for s in samples:
-                fam.add_metric([node, *(v for _, v in s.labels)], s.value)
+                values = [v for _, v in s.labels]
+                if all(map(_encodable, values)):
+                    fam.add_metric([node, *values], s.value)
             yield fam
         up = _family(SELF_SPECS["fabricmon_collector_up"], ["node", "collector"])
         dur = _family(SELF_SPECS["fabricmon_collector_duration_seconds"], ["node", "collector"])
@@ -61,6 +82,8 @@ class SnapshotCollector:
         for st in snap.sources:
             if not st.present:
                 continue  # absent hardware (no GPU) is not a failing collector
+            if not _encodable(st.source):
+                continue
             up.add_metric([node, st.source], 1.0 if st.up else 0.0)
             dur.add_metric([node, st.source], st.duration_seconds)
             err.add_metric([node, st.source], float(st.errors_total))
@@ -99,7 +122,7 @@ def render_snapshot(snapshot: Snapshot, prefixes: dict | None = None) -> bytes:
     """
     if prefixes is None:
         prefixes = {}
-    node_value = _escape_value(snapshot.node)
+    node_value = _escape_value(_safe(snapshot.node))
     node = f'node="{node_value}"'
     by_family: dict[str, list] = defaultdict(list)
     for smp in snapshot.samples:
@@ -116,11 +139,16 @@ def render_snapshot(snapshot: Snapshot, prefixes: dict | None = None) -> bytes:
             prefix = prefixes.get(key)
             if prefix is None:
                 # Sorted label names, as prometheus_client writes them.
-                pairs = sorted((*smp.labels, ("node", snapshot.node)))
-                prefix = name + "{" + ",".join(f'{k}="{_escape_value(v)}"' for k, v in pairs) + "} "
+                if all(_encodable(v) for _, v in smp.labels):
+                    pairs = sorted((*smp.labels, ("node", _safe(snapshot.node))))
+                    prefix = name + "{" + ",".join(f'{k}="{_escape_value(v)}"' for k, v in pairs) + "} "
+                else:
+                    prefix = ""  # cached too: the bad series is skipped at no cost on later polls
                 prefixes[key] = prefix
+            if not prefix:
+                continue
             out.append(prefix + fmt(smp.value) + "\n")
-    rows = [st for st in snapshot.sources if st.present]
+    rows = [st for st in snapshot.sources if st.present and _encodable(st.source)]
     for key, getter in (("fabricmon_collector_up", lambda st: 1.0 if st.up else 0.0),
                         ("fabricmon_collector_duration_seconds", lambda st: st.duration_seconds),
                         ("fabricmon_collector_errors_total", lambda st: float(st.errors_total))):
@@ -131,12 +159,12 @@ def render_snapshot(snapshot: Snapshot, prefixes: dict | None = None) -> bytes:
     spec = SELF_SPECS["fabricmon_snapshot_timestamp_seconds"]
     out.append(f"# HELP {spec.name} {_escape_help(spec.help)}\n# TYPE {spec.name} gauge\n"
                f"{spec.name}{{{node}}} {fmt(snapshot.ts)}\n")
-    return "".join(out).encode()
+    return "".join(out).encode("utf-8", "replace")
 
 
 def _age_lines(snapshot: Snapshot, now: float) -> bytes:
     spec = SELF_SPECS["fabricmon_snapshot_age_seconds"]
-    node = f'node="{_escape_value(snapshot.node)}"'
+    node = f'node="{_escape_value(_safe(snapshot.node))}"'
     return (f"# HELP {spec.name} {_escape_help(spec.help)}\n# TYPE {spec.name} gauge\n"
             f"{spec.name}{{{node}}} {floatToGoString(max(0.0, now - snapshot.ts))}\n").encode()
 

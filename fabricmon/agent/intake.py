@@ -12,6 +12,17 @@ are kept for the agent's ``fabricmon_rank_step_seconds`` and
 ``fabricmon_rank_comm_seconds`` gauges (``readings()``, or use the intake as a
 poller Source named ``rank_intake``).  Bad lines are counted and logged (rate
 limited) with their reason; nothing a client sends can stop the intake.
+
+Bounds, so no client can grow the agent: every field is checked against its
+wire range (``rank_timing.parse_line``); at most ``max_jobs`` jobs and
+``max_series`` (job, rank) series are held (a line that would add one more is
+rejected as ``job_limit`` or ``series_limit``), and both expire after
+``latest_ttl`` seconds of silence; at most ``max_connections`` Unix clients
+(the least recently active one makes room for a new one), each closed after
+``idle_timeout`` seconds without a byte (long: a rank may keep one connection
+and send a line per step), and as many HTTP connections, whose request headers
+must arrive within ``HTTP_HEADER_TIMEOUT`` (see ``httpserve``).  The counts
+are exported as ``fabricmon_intake_*`` self-metrics with fixed label sets.
 """
 
 from __future__ import annotations
@@ -26,18 +37,19 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import structlog
 
-from ..model import Reading, SourceResult
-from ..rank_timing import JobLayout, RankTiming, RankTimingError, parse_line
+from ..httpserve import CLOSE_REASONS, GuardedHandler, GuardedHTTPServer
+from ..model import Reading, Semantics, SourceResult
+from ..rank_timing import MAX_LINE_BYTES, REJECT_REASONS, JobLayout, RankTiming, RankTimingError, parse_line
 
 log = structlog.get_logger("fabricmon.intake")
 
-MAX_LINE_BYTES = 64 * 1024
 MAX_HTTP_BODY = 4 * 1024 * 1024
-MAX_UNIX_CLIENTS = 256
+HTTP_HEADER_TIMEOUT = 10.0
+# Every (result, reason) pair the intake counts: fixed, so input cannot add series.
+LINE_RESULTS = (("accepted", "ok"), *(("rejected", r) for r in (*REJECT_REASONS, "job_limit", "series_limit")))
 
 
 def _is_loopback(host: str) -> bool:
@@ -63,11 +75,15 @@ class RankIntake:
         socket_path: str | None = None,
         listen: str | None = None,
         max_buffer: int = 10_000,
-        max_jobs_layouts: int = 1_000,
-        max_latest: int = 100_000,
+        max_jobs: int = 64,
+        max_series: int = 4096,
         latest_ttl: float = 600.0,
+        max_connections: int = 64,
+        idle_timeout: float = 300.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        if min(max_buffer, max_jobs, max_series, max_connections) < 1 or latest_ttl <= 0 or idle_timeout <= 0:
+            raise ValueError("rank intake limits must be positive")
         if listen is not None:
             host, _, port = listen.rpartition(":")
             if not _is_loopback(host):
@@ -78,31 +94,39 @@ class RankIntake:
         self.node = node
         self.socket_path = socket_path
         self._max_buffer = max_buffer
-        self._max_layouts = max_jobs_layouts
-        self._max_latest = max_latest
+        self._max_jobs = max_jobs
+        self._max_series = max_series
         self._ttl = latest_ttl
+        self._max_conns = max_connections
+        self._idle = idle_timeout
         self._clock = clock
         self._lock = threading.Lock()
         self._ranks: deque[RankTiming] = deque()
         self._new_layouts: list[JobLayout] = []
         self._layouts: dict[str, JobLayout] = {}
         self._latest: dict[tuple[str, int], tuple[float, float, float]] = {}  # -> (step_s, comm_s, seen)
+        self._jobs: dict[str, float] = {}  # job -> last seen
+        self._next_expiry = float("-inf")
+        self._lines = dict.fromkeys(LINE_RESULTS, 0)
         self.accepted_total = 0
         self.rejected_total = 0
-        self.dropped_total = 0
+        self.dropped_total = 0  # accepted timings the stream did not drain in time
+        self.expired_total = 0  # (job, rank) series forgotten after latest_ttl
+        self.unix_closed = dict.fromkeys(CLOSE_REASONS, 0)
+        self._unix_clients = 0
         self._last_log = 0.0
         self._suppressed = 0
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._unix: socket.socket | None = None
-        self._http: ThreadingHTTPServer | None = None
+        self._http: GuardedHTTPServer | None = None
 
     # ------------------------------------------------------------ core
 
     def submit_lines(self, data: bytes | str, *, origin: str = "api") -> tuple[int, int, list[str]]:
         """Parse a block of JSON lines; returns (accepted, rejected, first few reasons)."""
         if isinstance(data, str):
-            data = data.encode()
+            data = data.encode("utf-8", "surrogatepass")  # a lone surrogate is then rejected as not UTF-8
         acc = rej = 0
         reasons: list[str] = []
         for raw in data.split(b"\n"):
@@ -118,46 +142,75 @@ class RankIntake:
         return acc, rej, reasons
 
     def submit_line(self, raw: bytes | str, *, origin: str = "api") -> tuple[bool, str]:
-        if len(raw) > MAX_LINE_BYTES:
-            return self._bad(f"line longer than {MAX_LINE_BYTES} bytes", origin)
         now = self._clock()
         try:
             item = parse_line(raw, node=self.node, now=now)
         except RankTimingError as exc:
-            return self._bad(str(exc), origin)
+            return self._bad(exc.reason, str(exc), origin)
         except Exception as exc:  # parse_line is ours, but never let a line stop the intake
-            return self._bad(f"{type(exc).__name__}: {exc}", origin)
+            return self._bad("not_json", f"{type(exc).__name__}: {exc}", origin)
         with self._lock:
-            self.accepted_total += 1
+            if item.job not in self._jobs and len(self._jobs) >= self._max_jobs:
+                self._expire(now)
+                if len(self._jobs) >= self._max_jobs:
+                    return self._bad_locked("job_limit", f"job: more than {self._max_jobs} jobs active", origin)
             if isinstance(item, JobLayout):
-                if item.job not in self._layouts and len(self._layouts) >= self._max_layouts:
-                    self._layouts.pop(next(iter(self._layouts)))
+                self._jobs[item.job] = now
                 self._layouts[item.job] = item
                 self._new_layouts.append(item)
-                if len(self._new_layouts) > self._max_layouts:
+                if len(self._new_layouts) > self._max_jobs:
                     del self._new_layouts[0]
+                self._accepted()
                 return True, ""
+            key = (item.job, item.rank)
+            if key not in self._latest and len(self._latest) >= self._max_series:
+                self._expire(now)
+                if len(self._latest) >= self._max_series:
+                    return self._bad_locked("series_limit",
+                                            f"rank: more than {self._max_series} (job, rank) series active", origin)
+            self._jobs[item.job] = now
             if len(self._ranks) >= self._max_buffer:
                 self._ranks.popleft()
                 self.dropped_total += 1
             self._ranks.append(item)
-            key = (item.job, item.rank)
-            if key not in self._latest and len(self._latest) >= self._max_latest:
-                self._latest.pop(next(iter(self._latest)))
             self._latest[key] = (item.step_seconds, item.comm_seconds, now)
+            self._accepted()
         return True, ""
 
-    def _bad(self, reason: str, origin: str) -> tuple[bool, str]:
+    def _accepted(self) -> None:
+        self.accepted_total += 1
+        self._lines[("accepted", "ok")] += 1
+
+    def _expire(self, now: float, force: bool = False) -> None:
+        """Under the lock: forget series and jobs silent for ``latest_ttl`` (at most once a second unless forced,
+        so a flood of lines over the limit does not rescan every series per line)."""
+        if not force and now < self._next_expiry:
+            return
+        self._next_expiry = now + 1.0
+        old = now - self._ttl
+        gone = [k for k, v in self._latest.items() if v[2] < old]
+        for k in gone:
+            del self._latest[k]
+        self.expired_total += len(gone)
+        for job in [j for j, seen in self._jobs.items() if seen < old]:
+            del self._jobs[job]
+            self._layouts.pop(job, None)
+
+    def _bad(self, reason: str, message: str, origin: str) -> tuple[bool, str]:
         with self._lock:
-            self.rejected_total += 1
-            now = time.monotonic()
-            if now - self._last_log < 1.0:
-                self._suppressed += 1
-                return False, reason
-            suppressed, self._suppressed, self._last_log = self._suppressed, 0, now
-        log.warning("rank_line_rejected", origin=origin, reason=reason, suppressed_since_last=suppressed,
-                    rejected_total=self.rejected_total)
-        return False, reason
+            return self._bad_locked(reason, message, origin)
+
+    def _bad_locked(self, reason: str, message: str, origin: str) -> tuple[bool, str]:
+        self.rejected_total += 1
+        self._lines[("rejected", reason)] += 1
+        now = time.monotonic()
+        if now - self._last_log < 1.0:
+            self._suppressed += 1
+            return False, message
+        suppressed, self._suppressed, self._last_log = self._suppressed, 0, now
+        log.warning("rank_line_rejected", origin=origin, reason=reason, error=message,
+                    suppressed_since_last=suppressed, rejected_total=self.rejected_total)
+        return False, message
 
     def drain(self) -> tuple[list[RankTiming], list[JobLayout]]:
         """Everything received since the last drain (the stream client calls this each poll)."""
@@ -174,25 +227,50 @@ class RankIntake:
 
     def readings(self) -> list[Reading]:
         """Latest step and communication time per (job, rank), forgetting ranks silent for ``latest_ttl``."""
-        now = self._clock()
         out: list[Reading] = []
         with self._lock:
-            for key in [k for k, v in self._latest.items() if now - v[2] > self._ttl]:
-                del self._latest[key]
+            self._expire(self._clock(), force=True)
             for (job, rank), (step_s, comm_s, _) in self._latest.items():
                 labels = (("job", job), ("rank", str(rank)))
                 out.append(Reading("fabricmon_rank_step_seconds", labels, step_s))
                 out.append(Reading("fabricmon_rank_comm_seconds", labels, comm_s))
         return out
 
+    def self_readings(self) -> list[Reading]:
+        """The intake's own counters, every label set always present (a rate over them needs no guessing)."""
+        src = ("source", self.name)
+        out = []
+        with self._lock:
+            for (result, reason), n in self._lines.items():
+                out.append(Reading("fabricmon_intake_lines_total", (src, ("result", result), ("reason", reason)), n,
+                                   Semantics.MONOTONIC))
+            out.append(Reading("fabricmon_intake_series", (src,), len(self._latest)))
+            limit = self._lines[("rejected", "job_limit")] + self._lines[("rejected", "series_limit")]
+            for reason, n in (("limit", limit), ("expired", self.expired_total), ("buffer_full", self.dropped_total)):
+                out.append(Reading("fabricmon_intake_series_dropped_total", (src, ("reason", reason)), n,
+                                   Semantics.MONOTONIC))
+        http = self._http.closed_total if self._http is not None else dict.fromkeys(CLOSE_REASONS, 0)
+        for listener, closed in (("unix", self.unix_closed), ("http", http)):
+            for reason in CLOSE_REASONS:
+                out.append(Reading("fabricmon_intake_connections_closed_total",
+                                   (("listener", listener), ("reason", reason)), closed[reason], Semantics.MONOTONIC))
+        return out
+
     def stats(self) -> dict[str, int]:
         with self._lock:
-            return {"accepted_total": self.accepted_total, "rejected_total": self.rejected_total,
-                    "dropped_total": self.dropped_total, "buffered": len(self._ranks)}
+            out = {"accepted_total": self.accepted_total, "rejected_total": self.rejected_total,
+                   "dropped_total": self.dropped_total, "buffered": len(self._ranks), "jobs": len(self._jobs),
+                   "series": len(self._latest), "connections": self._unix_clients,
+                   "connections_closed": sum(self.unix_closed.values())}
+        if self._http is not None:
+            h = self._http.stats()
+            out["connections"] += h["connections"]
+            out["connections_closed"] += h["closed_total"]
+        return out
 
-    # Source protocol (poller): the gauges of the latest timings.
+    # Source protocol (poller): the gauges of the latest timings and the intake's own counters.
     def poll(self, inventory) -> SourceResult:
-        return SourceResult(self.name, readings=self.readings())
+        return SourceResult(self.name, readings=self.readings() + self.self_readings())
 
     def close(self) -> None:
         self.stop()
@@ -253,7 +331,7 @@ class RankIntake:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.bind(path)
         os.chmod(path, 0o660)
-        s.listen(64)
+        s.listen(128)
         s.setblocking(False)
         self._unix = s
         t = threading.Thread(target=self._unix_loop, args=(s,), name="fabricmon-intake-uds", daemon=True)
@@ -265,32 +343,51 @@ class RankIntake:
         sel = selectors.DefaultSelector()
         sel.register(lsock, selectors.EVENT_READ, None)
         bufs: dict[socket.socket, bytearray] = {}
+        active: dict[socket.socket, float] = {}  # -> last byte received (monotonic); insertion order = LRU
         skipping: set[socket.socket] = set()
 
-        def close(c: socket.socket) -> None:
+        def close(c: socket.socket, reason: str | None = None) -> None:
             sel.unregister(c)
             bufs.pop(c, None)
+            active.pop(c, None)
             skipping.discard(c)
             c.close()
+            with self._lock:
+                self._unix_clients = len(bufs)
+                if reason:
+                    self.unix_closed[reason] += 1
 
+        def touch(c: socket.socket, now: float) -> None:
+            active.pop(c, None)
+            active[c] = now
+
+        next_sweep = 0.0
         try:
             while not self._stop.is_set():
-                for key, _ in sel.select(timeout=0.2):
+                now = time.monotonic()
+                if now >= next_sweep:  # idle clients (a slowloris or a hung rank) give their slot back
+                    next_sweep = now + min(0.2, self._idle / 4)
+                    for c in [c for c, t in active.items() if now - t > self._idle]:
+                        close(c, "timeout")
+                for key, _ in sel.select(timeout=min(0.2, self._idle / 4)):
                     try:
                         if key.data is None:
                             try:
                                 conn, _ = lsock.accept()
                             except OSError:
                                 continue
-                            if len(bufs) >= MAX_UNIX_CLIENTS:
-                                conn.close()
-                                self._bad("too many intake connections", "unix")
-                                continue
+                            if len(bufs) >= self._max_conns:
+                                close(next(iter(active)), "limit")  # the least recently active one
                             conn.setblocking(False)
                             sel.register(conn, selectors.EVENT_READ, "c")
                             bufs[conn] = bytearray()
+                            touch(conn, time.monotonic())
+                            with self._lock:
+                                self._unix_clients = len(bufs)
                             continue
                         c = key.fileobj
+                        if c not in bufs:
+                            continue  # closed earlier in this round
                         try:
                             chunk = c.recv(65536)
                         except BlockingIOError:
@@ -303,6 +400,7 @@ class RankIntake:
                                 self.submit_line(bytes(buf), origin="unix")  # last line without newline
                             close(c)
                             continue
+                        touch(c, time.monotonic())
                         buf += chunk
                         while True:
                             nl = buf.find(b"\n")
@@ -317,12 +415,12 @@ class RankIntake:
                                 self.submit_line(line, origin="unix")
                         if len(buf) > MAX_LINE_BYTES:
                             if c not in skipping:
-                                self._bad(f"line longer than {MAX_LINE_BYTES} bytes", "unix")
+                                self._bad("too_long", f"line longer than {MAX_LINE_BYTES} bytes", "unix")
                             skipping.add(c)
                             buf.clear()
                     except Exception as exc:  # never let one client stop the loop
                         log.error("rank_intake_error", error=f"{type(exc).__name__}: {exc}")
-                        if key.data is not None:
+                        if key.data is not None and key.fileobj in bufs:
                             try:
                                 close(key.fileobj)
                             except Exception:
@@ -335,13 +433,8 @@ class RankIntake:
     def _start_http(self, addr: tuple[str, int]) -> None:
         intake = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(GuardedHandler):
             server_version = "fabricmon-intake"
-            timeout = 5  # a stalled client costs one thread for at most this long
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, fmt, *args):  # structlog instead of stderr lines
-                pass
 
             def _reply(self, code: int, obj: dict) -> None:
                 body = (json.dumps(obj) + "\n").encode()
@@ -351,13 +444,14 @@ class RankIntake:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def do_POST(self):
+            def do_POST(self):  # noqa: N802 (http.server API)
                 if self.path.split("?")[0] != "/v1/ranks":
                     self._reply(404, {"error": "not found; POST /v1/ranks"})
                     return
                 try:
                     n = int(self.headers.get("Content-Length", ""))
                 except ValueError:
+                    self.close_connection = True
                     self._reply(411, {"error": "Content-Length required"})
                     return
                 if n < 0 or n > MAX_HTTP_BODY:
@@ -368,7 +462,7 @@ class RankIntake:
                 acc, rej, reasons = intake.submit_lines(body, origin="http")
                 self._reply(200 if acc or not rej else 400, {"accepted": acc, "rejected": rej, "errors": reasons})
 
-            def do_GET(self):
+            def do_GET(self):  # noqa: N802
                 if self.path == "/healthz":
                     self._reply(200, {"status": "ok"})
                 else:
@@ -376,12 +470,11 @@ class RankIntake:
 
         family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
 
-        class Server(ThreadingHTTPServer):
+        class Server(GuardedHTTPServer):
             address_family = family
-            daemon_threads = True
 
-        self._http = Server(addr, Handler)
-        self._http.timeout = 5
+        self._http = Server(addr, Handler, max_connections=self._max_conns,
+                            header_timeout=min(self._idle, HTTP_HEADER_TIMEOUT), request_timeout=60.0)
         t = threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": 0.2},
                              name="fabricmon-intake-http", daemon=True)
         self._threads.append(t)

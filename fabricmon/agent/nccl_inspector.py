@@ -8,11 +8,22 @@ offset per file and, each poll:
 * reads only what was appended, in chunks, up to a byte budget per poll (a
   backlog is finished on later polls); a file is never loaded whole;
 * keeps an incomplete last line until its newline arrives;
-* restarts a file at 0 when it shrank (truncation) and treats a changed inode
-  as a new file (rotation);
+* knows a file by (st_dev, st_ino), not by name: a renamed file (logrotate's
+  ``mv r0.log r0.log.1``, NCCL still appending to it) goes on at its offset, a
+  new file under the old name is read from its beginning, a hard link is read
+  once, a file that shrank (truncation) restarts at 0;
 * reads files present when it starts from their current end, files that appear
   later from their beginning;
 * reads ``"nan"`` strings (a NaN double) as missing values.
+
+Every record is validated (``parse_record``: names printable and bounded, rank
+in uint32, times, sizes and bandwidths finite, non-negative and within a
+physical bound) or rejected with a reason of ``REJECT_REASONS``, counted in
+``fabricmon_intake_lines_total``.  At most ``max_series`` (rank, comm,
+collective) series are held; a record that would add one more is refused
+(``series_limit``) and series silent for ``series_ttl`` expire.  Running sums
+restart from the new value before they leave the range a double holds
+exactly (the tracker sees a counter reset), so no sum can overflow.
 
 Output, labelled ``{rank, comm, collective}`` (``comm`` the header id, ``rank``
 the header rank): running sums as MONOTONIC counters (the poller's tracker turns
@@ -24,6 +35,7 @@ collectives seen this poll as ``fabricmon_nccl_bus_bandwidth_bytes_per_second``.
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import os
@@ -34,13 +46,43 @@ from dataclasses import dataclass, field
 import structlog
 
 from ..model import Reading, Semantics, SourceResult
+from ..textcheck import label_text_ok
 
 log = structlog.get_logger("fabricmon.nccl_inspector")
 
 CHUNK = 1 << 20
-MAX_LINE = 1 << 20  # a "line" longer than this is garbage: dropped
-MAX_FILES = 4096
+MAX_LINE = 64 << 10  # records are ~1 KiB (more with NCCL_INSPECTOR_DUMP_VERBOSE); longer is garbage
+# A dump dir collects the files of every past job: the most recently modified MAX_FILES are tailed,
+# so at most MAX_FILES * MAX_LINE bytes of incomplete lines are held.
+MAX_FILES = 1024
+MAX_ENTRIES = 65536  # directory entries looked at per poll
 SKIP_SUFFIXES = (".prom", ".tmp", ".gz", ".parquet")
+MAX_NAME = 64
+MAX_RANK = 2**32 - 1
+MAX_EXEC_US = 1e12        # 11.6 days for one collective
+MAX_MSG_BYTES = 2**48     # 256 TiB in one collective
+MAX_BUSBW_GBS = 1e6       # 1 PB/s
+SUM_LIMIT = 2**52         # a running sum restarts before a double loses integer precision
+
+# Why a record was rejected: a fixed set (the self-metric label).
+REJECT_REASONS = ("too_long", "not_utf8", "not_json", "not_object", "missing_field", "bad_type", "out_of_range",
+                  "bad_string", "series_limit")
+
+
+class NcclRecordError(ValueError):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class NcclRecord:
+    rank: int
+    comm: str
+    coll: str
+    exec_us: float | None
+    size_bytes: int | None
+    busbw_gbs: float | None
 
 
 @dataclass
@@ -48,6 +90,7 @@ class _File:
     ino: int
     dev: int
     offset: int
+    path: str = ""
     partial: bytearray = field(default_factory=bytearray)
     skip_first: bool = False  # started mid-file: the first fragment is not a whole line
 
@@ -60,19 +103,71 @@ class _Series:
     last_seen: float = 0.0
 
 
-def _num(v) -> float | None:
-    """A finite float, or None ("nan" strings, missing, garbage)."""
-    if isinstance(v, bool) or v is None:
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _measure(perf: dict, key: str, hi: float) -> float | None:
+    """A finite value in [0, hi]; None when missing or "nan" (NCCL's NaN)."""
+    v = perf.get(key)
+    if v is None:
         return None
     if isinstance(v, str):
+        if v.strip().lower() == "nan":
+            return None
         try:
             v = float(v)
         except ValueError:
-            return None
-    if not isinstance(v, (int, float)):
+            raise NcclRecordError("bad_type", f"coll_perf.{key}: not a number") from None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise NcclRecordError("bad_type", f"coll_perf.{key}: not a number")
+    try:
+        f = float(v)
+    except OverflowError:
+        f = math.inf
+    if math.isnan(f):
         return None
-    v = float(v)
-    return v if math.isfinite(v) else None
+    if not 0.0 <= f <= hi:
+        raise NcclRecordError("out_of_range", f"coll_perf.{key}: must be in [0, {hi:g}], got {str(v)[:40]}")
+    return f
+
+
+def parse_record(line: bytes) -> NcclRecord:
+    """One NCCL Inspector JSON line; raises NcclRecordError with a reason of REJECT_REASONS."""
+    if len(line) > MAX_LINE:
+        raise NcclRecordError("too_long", f"line over {MAX_LINE} bytes")
+    try:
+        text = bytes(line).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise NcclRecordError("not_utf8", f"not UTF-8 at byte {exc.start}") from None
+    try:
+        obj = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise NcclRecordError("not_json", f"not JSON: {str(exc)[:80]}") from None
+    if not isinstance(obj, dict):
+        raise NcclRecordError("not_object", "expected a JSON object")
+    header, perf = obj.get("header"), obj.get("coll_perf")
+    if header is None or perf is None:
+        raise NcclRecordError("missing_field", "header and coll_perf: required")
+    if not isinstance(header, dict) or not isinstance(perf, dict):
+        raise NcclRecordError("bad_type", "header and coll_perf: expected objects")
+    rank, comm, coll = header.get("rank"), header.get("id"), perf.get("coll")
+    if rank is None or comm is None or coll is None:
+        raise NcclRecordError("missing_field", "header.rank, header.id and coll_perf.coll: required")
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        raise NcclRecordError("bad_type", "header.rank: expected an integer")
+    if not 0 <= rank <= MAX_RANK:
+        raise NcclRecordError("out_of_range", f"header.rank: must be in [0, {MAX_RANK}]")
+    if isinstance(comm, int) and not isinstance(comm, bool) and 0 <= comm < 2**64:
+        comm = f"0x{comm:x}"
+    for key, v in (("header.id", comm), ("coll_perf.coll", coll)):
+        if not isinstance(v, str):
+            raise NcclRecordError("bad_type", f"{key}: expected a string")
+        if not label_text_ok(v, MAX_NAME):
+            raise NcclRecordError("bad_string", f"{key}: must be 1 to {MAX_NAME} printable characters")
+    size = _measure(perf, "coll_msg_size_bytes", MAX_MSG_BYTES)
+    return NcclRecord(rank, comm, coll, _measure(perf, "coll_exec_time_us", MAX_EXEC_US),
+                      None if size is None else int(size), _measure(perf, "coll_busbw_gbs", MAX_BUSBW_GBS))
 
 
 class NcclInspectorSource:
@@ -85,20 +180,29 @@ class NcclInspectorSource:
         timeout: float = 0.5,
         max_bytes_per_poll: int = 64 << 20,
         series_ttl: float = 3600.0,
+        max_series: int = 2048,
         clock=time.monotonic,
     ) -> None:
+        if max_series < 1 or series_ttl <= 0 or max_bytes_per_poll < 1:
+            raise ValueError("nccl inspector limits must be positive")
         self.directory = directory
         self.timeout = timeout
         self._budget = max_bytes_per_poll
         self._ttl = series_ttl
+        self._max_series = max_series
         self._clock = clock
-        self._files: dict[str, _File] = {}
+        self._files: dict[tuple[int, int], _File] = {}  # (st_dev, st_ino) -> read state
         self._series: dict[tuple[str, str, str], _Series] = {}
         self.records_total = 0
         self.bad_lines_total = 0
+        self.rejected = dict.fromkeys(REJECT_REASONS, 0)
+        self.expired_total = 0
+        self._overfull_logged = False
         # Files present now are read from their current end.
         for path, st in self._scan([]):
-            self._files[path] = _File(st.st_ino, st.st_dev, st.st_size, skip_first=not self._ends_with_newline(path, st.st_size))
+            self._files.setdefault((st.st_dev, st.st_ino), _File(
+                st.st_ino, st.st_dev, st.st_size, path,
+                skip_first=not self._ends_with_newline(path, st.st_size)))
 
     @staticmethod
     def _ends_with_newline(path: str, size: int) -> bool:
@@ -112,32 +216,46 @@ class NcclInspectorSource:
             return True
 
     def _scan(self, errors: list[str]) -> list[tuple[str, os.stat_result]]:
-        """Regular files in the directory and its direct subdirectories (per-job dirs); no links followed."""
+        """Regular files in the directory and its direct subdirectories (per-job dirs); no links followed.
+
+        At most MAX_ENTRIES entries are looked at and the MAX_FILES most recently modified files
+        kept (in path order), so a directory of a million stale files costs a bounded scan."""
         out: list[tuple[str, os.stat_result]] = []
+        budget = [MAX_ENTRIES]
 
         def walk(d: str, subdirs: bool) -> None:
             try:
-                entries = list(os.scandir(d))
+                it = os.scandir(d)
             except FileNotFoundError:
                 return
             except OSError as exc:
                 errors.append(f"{d}: {exc.strerror or exc}")
                 return
-            for e in entries:
-                if e.name.startswith(".") or e.name.endswith(SKIP_SUFFIXES):
-                    continue
-                try:
-                    st = e.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    out.append((e.path, st))
-                elif subdirs and stat.S_ISDIR(st.st_mode):
-                    walk(e.path, False)
+            with it:
+                for e in it:
+                    budget[0] -= 1
+                    if budget[0] < 0:
+                        return
+                    if e.name.startswith(".") or e.name.endswith(SKIP_SUFFIXES):
+                        continue
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if stat.S_ISREG(st.st_mode):
+                        out.append((e.path, st))
+                    elif subdirs and stat.S_ISDIR(st.st_mode):
+                        walk(e.path, False)
 
         walk(self.directory, True)
+        if budget[0] < 0 or len(out) > MAX_FILES:
+            if not self._overfull_logged:
+                log.warning("nccl_inspector_dir_overfull", directory=self.directory, files=len(out),
+                            tailed=MAX_FILES, entries_looked_at=MAX_ENTRIES)
+                self._overfull_logged = True
+            out = heapq.nlargest(MAX_FILES, out, key=lambda f: f[1].st_mtime_ns)
         out.sort()
-        return out[:MAX_FILES]
+        return out
 
     # ------------------------------------------------------------ the poll
 
@@ -151,30 +269,36 @@ class NcclInspectorSource:
         now = self._clock()
         interval_bw: dict[tuple[str, str, str], list[float]] = {}
         errors: list[str] = []
-        seen: set[str] = set()
+        seen: set[tuple[int, int]] = set()
+        # Evict series silent for a long time (each job brings new comm ids) before reading,
+        # so their slots are free for this poll's records.
+        expired = [k for k, s in self._series.items() if now - s.last_seen > self._ttl]
+        for key in expired:
+            del self._series[key]
+        self.expired_total += len(expired)
         for path, st in self._scan(errors):
-            seen.add(path)
-            f = self._files.get(path)
-            if f is None or f.ino != st.st_ino or f.dev != st.st_dev:
-                f = _File(st.st_ino, st.st_dev, 0)  # new (or rotated) file: from its beginning
-                self._files[path] = f
+            key = (st.st_dev, st.st_ino)
+            if key in seen:
+                continue  # a hard link to a file already read this poll
+            seen.add(key)
+            f = self._files.get(key)
+            if f is None:
+                f = self._files[key] = _File(st.st_ino, st.st_dev, 0, path)  # new file: from its beginning
             elif st.st_size < f.offset:
                 log.info("nccl_inspector_truncated", file=path, size=st.st_size, offset=f.offset)
                 f.offset = 0
                 f.partial.clear()
                 f.skip_first = False
+            f.path = path  # the current name, for messages (a rename keeps the offset)
             if st.st_size == f.offset or budget <= 0 or time.monotonic() > deadline:
                 continue
             budget -= self._read_file(path, f, st.st_size, budget, deadline, now, interval_bw, errors)
-        for gone in [p for p in self._files if p not in seen]:
+        for gone in [k for k in self._files if k not in seen]:
             del self._files[gone]
         for msg in errors[:20]:
             res.error(msg)
         if len(errors) > 20:
             res.error(f"... and {len(errors) - 20} more")
-        # evict series silent for a long time (each job brings new comm ids)
-        for key in [k for k, s in self._series.items() if now - s.last_seen > self._ttl]:
-            del self._series[key]
         for (rank, comm, coll), s in self._series.items():
             labels = (("rank", rank), ("comm", comm), ("collective", coll))
             res.readings.append(Reading("fabricmon_nccl_collectives_total", labels, s.count, Semantics.MONOTONIC))
@@ -185,7 +309,21 @@ class NcclInspectorSource:
             labels = (("rank", rank), ("comm", comm), ("collective", coll))
             res.readings.append(Reading("fabricmon_nccl_bus_bandwidth_bytes_per_second", labels,
                                         sum(vals) / len(vals) * 1e9))
+        res.readings.extend(self.self_readings())
         return res
+
+    def self_readings(self) -> list[Reading]:
+        src = ("source", self.name)
+        out = [Reading("fabricmon_intake_lines_total", (src, ("result", "accepted"), ("reason", "ok")),
+                       self.records_total, Semantics.MONOTONIC)]
+        for reason, n in self.rejected.items():
+            out.append(Reading("fabricmon_intake_lines_total", (src, ("result", "rejected"), ("reason", reason)), n,
+                               Semantics.MONOTONIC))
+        out.append(Reading("fabricmon_intake_series", (src,), len(self._series)))
+        for reason, n in (("limit", self.rejected["series_limit"]), ("expired", self.expired_total)):
+            out.append(Reading("fabricmon_intake_series_dropped_total", (src, ("reason", reason)), n,
+                               Semantics.MONOTONIC))
+        return out
 
     def _read_file(self, path: str, f: _File, size: int, budget: int, deadline: float, now: float,
                    bw: dict, errors: list[str]) -> int:
@@ -204,6 +342,12 @@ class NcclInspectorSource:
             errors.append(f"{path}: {exc.strerror or exc}")
         return used
 
+    def _reject(self, reason: str, message: str, errors: list[str], path: str) -> None:
+        self.bad_lines_total += 1
+        self.rejected[reason] += 1
+        if len(errors) < 100:
+            errors.append(f"{os.path.basename(path)}: bad record: {reason}: {message[:100]}")
+
     def _consume(self, f: _File, chunk: bytes, now: float, bw: dict, errors: list[str], path: str) -> None:
         start = 0
         while True:
@@ -211,8 +355,8 @@ class NcclInspectorSource:
             if nl < 0:
                 f.partial += chunk[start:]
                 if len(f.partial) > MAX_LINE:
-                    errors.append(f"{path}: line over {MAX_LINE} bytes dropped")
-                    self.bad_lines_total += 1
+                    if not f.skip_first:
+                        self._reject("too_long", f"line over {MAX_LINE} bytes dropped", errors, path)
                     f.partial.clear()
                     f.skip_first = True  # drop the rest of it too
                 return
@@ -229,34 +373,27 @@ class NcclInspectorSource:
 
     def _record(self, line: bytes, now: float, bw: dict, errors: list[str], path: str) -> None:
         try:
-            obj = json.loads(line)
-            header = obj["header"]
-            perf = obj["coll_perf"]
-            rank = header["rank"]
-            comm = header["id"]
-            coll = perf["coll"]
-            if not isinstance(coll, str) or not coll or isinstance(rank, bool) or not isinstance(rank, int):
-                raise ValueError("bad coll or rank")
-        except (ValueError, KeyError, TypeError) as exc:
-            self.bad_lines_total += 1
-            if len(errors) < 100:
-                errors.append(f"{os.path.basename(path)}: bad record: {type(exc).__name__}: {str(exc)[:80]}")
+            r = parse_record(line)
+        except NcclRecordError as exc:
+            self._reject(exc.reason, str(exc), errors, path)
             return
-        key = (str(rank), str(comm), coll)
+        key = (str(r.rank), r.comm, r.coll)
         s = self._series.get(key)
         if s is None:
+            if len(self._series) >= self._max_series:
+                self._reject("series_limit", f"more than {self._max_series} series", errors, path)
+                return
             s = self._series[key] = _Series()
-        s.count += 1
+        # Each term is bounded (parse_record), so a sum grows by at most that; restarting it
+        # before SUM_LIMIT reads as a counter reset to the tracker, never as an overflow.
+        s.count = s.count + 1 if s.count < SUM_LIMIT else 1
         s.last_seen = now
-        t = _num(perf.get("coll_exec_time_us"))
-        if t is not None and t >= 0:
-            s.exec_us += t
-        b = _num(perf.get("coll_msg_size_bytes"))
-        if b is not None and b >= 0:
-            s.bytes += int(b)
-        busbw = _num(perf.get("coll_busbw_gbs"))
-        if busbw is not None and busbw >= 0:
-            bw.setdefault(key, []).append(busbw)
+        if r.exec_us is not None:
+            s.exec_us = s.exec_us + r.exec_us if s.exec_us < SUM_LIMIT else r.exec_us
+        if r.size_bytes is not None:
+            s.bytes = s.bytes + r.size_bytes if s.bytes < SUM_LIMIT else r.size_bytes
+        if r.busbw_gbs is not None:
+            bw.setdefault(key, []).append(r.busbw_gbs)
         self.records_total += 1
 
     def close(self) -> None:

@@ -9,15 +9,16 @@ call costs one worker thread, never the poll loop.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import structlog
 
 from ..counters import CounterTracker
-from ..model import Reading, Snapshot, SourceResult, SourceStatus
+from ..model import Reading, Semantics, Snapshot, SourceResult, SourceStatus
 from ..sources.base import Source
 from ..sources.inventory import Inventory
 
@@ -97,7 +98,11 @@ class Poller:
                 ))
             if inv_errors:
                 statuses.append(SourceStatus("discovery", False, True, 0.0, inv_errors))
-            samples, deltas, saturation = self._tracker.process(readings, ts)
+            try:
+                samples, deltas, saturation = self._tracker.process(readings, ts)
+            except (OverflowError, ValueError, TypeError) as exc:  # one source's impossible value
+                readings, statuses = self._drop_unusable(readings, results, statuses, exc)
+                samples, deltas, saturation = self._tracker.process(readings, ts)
             interval = 0.0 if self._last_ts is None else ts - self._last_ts
             self._last_ts = ts
             self._seq += 1
@@ -113,6 +118,29 @@ class Poller:
             except Exception as exc:  # a listener bug must not stop polling
                 log.error("snapshot_listener_failed", error=str(exc))
         return snap
+
+    def _drop_unusable(self, readings, results, statuses, exc):
+        """Drop readings the tracker cannot take (an infinite counter, an int past any double), counted as
+        errors of their source, so one source's bad value never fails the poll of every source.  Only runs
+        after the tracker raised: the normal poll pays nothing for it.  The readings the failed pass had
+        already taken keep their totals; only their deltas of this one poll are lost."""
+        def usable(r: Reading) -> bool:
+            try:
+                v = float(r.value)
+            except (OverflowError, TypeError, ValueError):
+                return False
+            return r.semantics is Semantics.GAUGE or math.isfinite(v)
+
+        statuses = list(statuses)
+        for i, (st, (result, _)) in enumerate(zip(self._states, results)):
+            bad = sum(1 for r in result.readings if not usable(r))
+            if bad:
+                st.errors_total += bad
+                st.last_error = f"{st.source.name}: {bad} readings with unusable values dropped"
+                statuses[i] = replace(statuses[i], up=False, errors_total=st.errors_total,
+                                      last_messages=(*statuses[i].last_messages[-4:], st.last_error))
+        log.error("readings_dropped", error=f"{type(exc).__name__}: {exc}")
+        return [r for r in readings if usable(r)], statuses
 
     def _run_sources(self, inventory: Inventory) -> list[tuple[SourceResult, float]]:
         """Poll every source; each result comes back within its source's deadline.

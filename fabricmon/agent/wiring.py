@@ -24,7 +24,10 @@ def build_live_agent(cfg: AgentConfig, clock: Callable[[], float] = time.time) -
     extras: list = []
     intake = None
     if cfg.intake.listen or cfg.intake.socket:
-        intake = RankIntake(node, socket_path=cfg.intake.socket, listen=cfg.intake.listen, clock=clock)
+        ic = cfg.intake
+        intake = RankIntake(node, socket_path=ic.socket, listen=ic.listen, max_jobs=ic.max_jobs,
+                            max_series=ic.max_series, latest_ttl=ic.series_ttl, max_connections=ic.max_connections,
+                            idle_timeout=ic.idle_timeout, clock=clock)
         try:
             intake.start()
             sources.append(intake)
@@ -33,7 +36,8 @@ def build_live_agent(cfg: AgentConfig, clock: Callable[[], float] = time.time) -
             log.error("rank_intake_unavailable", error=str(exc), socket=cfg.intake.socket, listen=cfg.intake.listen)
             intake = None
     if cfg.nccl_inspector_dir:
-        sources.append(NcclInspectorSource(cfg.nccl_inspector_dir, timeout=0.5))
+        sources.append(NcclInspectorSource(cfg.nccl_inspector_dir, timeout=0.5, max_series=cfg.intake.nccl_max_series,
+                                           series_ttl=cfg.intake.nccl_series_ttl))
     agent = build_agent(cfg, clock=clock, sources=sources)
     agent.extras.extend(extras)
     if cfg.aggregator:
