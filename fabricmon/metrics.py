@@ -91,6 +91,13 @@ SPECS: dict[str, MetricSpec] = _specs(
     ("fabricmon_nccl_collective_seconds_total", "counter", "Sum of collective execution time.", ("rank", "comm", "collective")),
     ("fabricmon_nccl_collective_bytes_total", "counter", "Sum of collective message sizes.", ("rank", "comm", "collective")),
     ("fabricmon_nccl_bus_bandwidth_bytes_per_second", "gauge", "Mean bus bandwidth over the last interval.", ("rank", "comm", "collective")),
+    ("fabricmon_nccl_p2p_operations_total", "counter", "Point-to-point operations (Send tx, Recv rx) completed, per peer rank.",
+     ("rank", "comm", "direction", "peer")),
+    ("fabricmon_nccl_p2p_seconds_total", "counter", "Sum of point-to-point execution time.", ("rank", "comm", "direction", "peer")),
+    ("fabricmon_nccl_p2p_bytes_total", "counter", "Sum of point-to-point message sizes.", ("rank", "comm", "direction", "peer")),
+    ("fabricmon_nccl_p2p_bus_bandwidth_bytes_per_second", "gauge", "Mean point-to-point bus bandwidth over the last interval.",
+     ("rank", "comm", "direction", "peer")),
+    ("fabricmon_nccl_comm_info", "info", "NCCL communicator name (header comm_name, NCCL 2.30+); value 1.", ("rank", "comm", "comm_name")),
     ("fabricmon_rank_step_seconds", "gauge", "Last reported step time per rank.", ("job", "rank")),
     ("fabricmon_rank_comm_seconds", "gauge", "Last reported communication time per rank.", ("job", "rank")),
 )

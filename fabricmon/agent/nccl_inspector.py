@@ -12,7 +12,10 @@ offset per file and, each poll:
   as a new file (rotation);
 * reads files present when it starts from their current end, files that appear
   later from their beginning;
-* reads ``"nan"`` strings (a NaN double) as missing values.
+* reads ``"nan"`` strings (a NaN double) as missing values;
+* parses each line with ``nccl_records.parse_object``: ``coll_perf`` and
+  ``p2p_perf`` records, and the v4.3 ``dump_stats`` marker whose header the
+  following header-less lines of the same file belong to.
 
 Output, labelled ``{rank, comm, collective}`` (``comm`` the header id, ``rank``
 the header rank): running sums as MONOTONIC counters (the poller's tracker turns
@@ -20,12 +23,15 @@ them into deltas) for ``fabricmon_nccl_collectives_total``,
 ``fabricmon_nccl_collective_seconds_total`` (microseconds, scale 1e-6) and
 ``fabricmon_nccl_collective_bytes_total``, and the mean bus bandwidth of the
 collectives seen this poll as ``fabricmon_nccl_bus_bandwidth_bytes_per_second``.
+Send/Recv (``p2p_perf``, on by default from NCCL 2.30: pipeline-parallel traffic)
+go to the same four measures under ``fabricmon_nccl_p2p_*{rank, comm, direction,
+peer}`` (``direction`` tx for Send, rx for Recv; ``peer`` bounded, see
+``_p2p_peer``), and the header's ``comm_name`` to ``fabricmon_nccl_comm_info``.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import stat
 import time
@@ -34,12 +40,14 @@ from dataclasses import dataclass, field
 import structlog
 
 from ..model import Reading, Semantics, SourceResult
+from .nccl_records import Header, Ignored, Marker, parse_object
 
 log = structlog.get_logger("fabricmon.nccl_inspector")
 
 CHUNK = 1 << 20
 MAX_LINE = 1 << 20  # a "line" longer than this is garbage: dropped
 MAX_FILES = 4096
+MAX_P2P_PEERS = 8  # per (rank, comm, direction); further peers share peer="other"
 SKIP_SUFFIXES = (".prom", ".tmp", ".gz", ".parquet")
 
 
@@ -58,21 +66,6 @@ class _Series:
     exec_us: float = 0.0
     bytes: int = 0
     last_seen: float = 0.0
-
-
-def _num(v) -> float | None:
-    """A finite float, or None ("nan" strings, missing, garbage)."""
-    if isinstance(v, bool) or v is None:
-        return None
-    if isinstance(v, str):
-        try:
-            v = float(v)
-        except ValueError:
-            return None
-    if not isinstance(v, (int, float)):
-        return None
-    v = float(v)
-    return v if math.isfinite(v) else None
 
 
 class NcclInspectorSource:
@@ -94,6 +87,10 @@ class NcclInspectorSource:
         self._clock = clock
         self._files: dict[str, _File] = {}
         self._series: dict[tuple[str, str, str], _Series] = {}
+        self._p2p: dict[tuple[str, str, str, str], _Series] = {}  # (rank, comm, direction, peer)
+        self._peers: dict[tuple[str, str, str], set[str]] = {}
+        self._comms: dict[tuple[str, str, str], float] = {}  # (rank, comm, comm_name) -> last seen
+        self._context: dict[str, Header] = {}  # per file: header of the last v4.3 dump_stats marker
         self.records_total = 0
         self.bad_lines_total = 0
         # Files present now are read from their current end.
@@ -149,7 +146,7 @@ class NcclInspectorSource:
         deadline = t0 + 0.8 * self.timeout
         budget = self._budget
         now = self._clock()
-        interval_bw: dict[tuple[str, str, str], list[float]] = {}
+        interval_bw: dict[tuple[str, ...], list[float]] = {}
         errors: list[str] = []
         seen: set[str] = set()
         for path, st in self._scan(errors):
@@ -158,11 +155,13 @@ class NcclInspectorSource:
             if f is None or f.ino != st.st_ino or f.dev != st.st_dev:
                 f = _File(st.st_ino, st.st_dev, 0)  # new (or rotated) file: from its beginning
                 self._files[path] = f
+                self._context.pop(path, None)
             elif st.st_size < f.offset:
                 log.info("nccl_inspector_truncated", file=path, size=st.st_size, offset=f.offset)
                 f.offset = 0
                 f.partial.clear()
                 f.skip_first = False
+                self._context.pop(path, None)
             if st.st_size == f.offset or budget <= 0 or time.monotonic() > deadline:
                 continue
             budget -= self._read_file(path, f, st.st_size, budget, deadline, now, interval_bw, errors)
@@ -173,18 +172,36 @@ class NcclInspectorSource:
         if len(errors) > 20:
             res.error(f"... and {len(errors) - 20} more")
         # evict series silent for a long time (each job brings new comm ids)
-        for key in [k for k, s in self._series.items() if now - s.last_seen > self._ttl]:
-            del self._series[key]
+        for table in (self._series, self._p2p, self._comms):
+            for key in [k for k, v in table.items() if now - (v if isinstance(v, float) else v.last_seen) > self._ttl]:
+                del table[key]
+        live = {k[:3] for k in self._p2p}
+        for key in [k for k in self._peers if k not in live]:
+            del self._peers[key]
+        for path in [p for p in self._context if p not in self._files]:
+            del self._context[path]
         for (rank, comm, coll), s in self._series.items():
             labels = (("rank", rank), ("comm", comm), ("collective", coll))
             res.readings.append(Reading("fabricmon_nccl_collectives_total", labels, s.count, Semantics.MONOTONIC))
             res.readings.append(Reading("fabricmon_nccl_collective_seconds_total", labels, int(s.exec_us),
                                         Semantics.MONOTONIC, scale=1e-6))
             res.readings.append(Reading("fabricmon_nccl_collective_bytes_total", labels, s.bytes, Semantics.MONOTONIC))
-        for (rank, comm, coll), vals in interval_bw.items():
-            labels = (("rank", rank), ("comm", comm), ("collective", coll))
-            res.readings.append(Reading("fabricmon_nccl_bus_bandwidth_bytes_per_second", labels,
-                                        sum(vals) / len(vals) * 1e9))
+        for (rank, comm, direction, peer), s in self._p2p.items():
+            labels = (("rank", rank), ("comm", comm), ("direction", direction), ("peer", peer))
+            res.readings.append(Reading("fabricmon_nccl_p2p_operations_total", labels, s.count, Semantics.MONOTONIC))
+            res.readings.append(Reading("fabricmon_nccl_p2p_seconds_total", labels, int(s.exec_us),
+                                        Semantics.MONOTONIC, scale=1e-6))
+            res.readings.append(Reading("fabricmon_nccl_p2p_bytes_total", labels, s.bytes, Semantics.MONOTONIC))
+        for rank, comm, name in self._comms:
+            res.readings.append(Reading("fabricmon_nccl_comm_info", (("rank", rank), ("comm", comm), ("comm_name", name)), 1))
+        for (kind, rank, comm, *rest), vals in interval_bw.items():
+            if kind == "coll":
+                family = "fabricmon_nccl_bus_bandwidth_bytes_per_second"
+                labels = (("rank", rank), ("comm", comm), ("collective", rest[0]))
+            else:
+                family = "fabricmon_nccl_p2p_bus_bandwidth_bytes_per_second"
+                labels = (("rank", rank), ("comm", comm), ("direction", rest[0]), ("peer", rest[1]))
+            res.readings.append(Reading(family, labels, sum(vals) / len(vals) * 1e9))
         return res
 
     def _read_file(self, path: str, f: _File, size: int, budget: int, deadline: float, now: float,
@@ -229,35 +246,55 @@ class NcclInspectorSource:
 
     def _record(self, line: bytes, now: float, bw: dict, errors: list[str], path: str) -> None:
         try:
-            obj = json.loads(line)
-            header = obj["header"]
-            perf = obj["coll_perf"]
-            rank = header["rank"]
-            comm = header["id"]
-            coll = perf["coll"]
-            if not isinstance(coll, str) or not coll or isinstance(rank, bool) or not isinstance(rank, int):
-                raise ValueError("bad coll or rank")
+            rec = parse_object(json.loads(line), self._context.get(path))
         except (ValueError, KeyError, TypeError) as exc:
             self.bad_lines_total += 1
             if len(errors) < 100:
                 errors.append(f"{os.path.basename(path)}: bad record: {type(exc).__name__}: {str(exc)[:80]}")
             return
-        key = (str(rank), str(comm), coll)
-        s = self._series.get(key)
-        if s is None:
-            s = self._series[key] = _Series()
+        if isinstance(rec, Marker):
+            self._context[path] = rec.header
+            self._note_comm(rec.header, now)
+            return
+        if isinstance(rec, Ignored):
+            return
+        self._note_comm(rec.header, now)
+        h = rec.header
+        if rec.kind == "coll":
+            key = (h.rank, h.comm, rec.name)
+            s = self._series.get(key)
+            if s is None:
+                s = self._series[key] = _Series()
+        else:
+            key = (h.rank, h.comm, rec.name, self._p2p_peer(h, rec.name, rec.peer))
+            s = self._p2p.get(key)
+            if s is None:
+                s = self._p2p[key] = _Series()
         s.count += 1
         s.last_seen = now
-        t = _num(perf.get("coll_exec_time_us"))
-        if t is not None and t >= 0:
-            s.exec_us += t
-        b = _num(perf.get("coll_msg_size_bytes"))
-        if b is not None and b >= 0:
-            s.bytes += int(b)
-        busbw = _num(perf.get("coll_busbw_gbs"))
-        if busbw is not None and busbw >= 0:
-            bw.setdefault(key, []).append(busbw)
+        if rec.exec_us is not None and rec.exec_us >= 0:
+            s.exec_us += rec.exec_us
+        if rec.size_bytes is not None and rec.size_bytes >= 0:
+            s.bytes += int(rec.size_bytes)
+        if rec.busbw_gbs is not None and rec.busbw_gbs >= 0:
+            bw.setdefault((rec.kind,) + key, []).append(rec.busbw_gbs)
         self.records_total += 1
+
+    def _p2p_peer(self, h: Header, direction: str, peer: str) -> str:
+        """The peer label, bounded: a rank's first MAX_P2P_PEERS peers per comm and
+        direction by name (pipeline stages talk to one or two), the rest as "other"
+        (all-to-all over send/recv would otherwise make one series per rank)."""
+        peers = self._peers.setdefault((h.rank, h.comm, direction), set())
+        if peer in peers:
+            return peer
+        if len(peers) < MAX_P2P_PEERS:
+            peers.add(peer)
+            return peer
+        return "other"
+
+    def _note_comm(self, h: Header, now: float) -> None:
+        if h.comm_name:
+            self._comms[(h.rank, h.comm, h.comm_name)] = now
 
     def close(self) -> None:
         self._files.clear()
