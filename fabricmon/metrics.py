@@ -32,6 +32,8 @@ SPECS: dict[str, MetricSpec] = _specs(
     ("fabricmon_ib_port_state", "gauge", "IB logical port state id (1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER).", _PORT),
     ("fabricmon_ib_port_physical_state", "gauge", "IB physical port state id (5 LinkUp, 2 Polling, 3 Disabled, ...).", _PORT),
     ("fabricmon_ib_port_rate_bytes_per_second", "gauge", "Port signalling rate in bytes per second.", _PORT),
+    ("fabricmon_ib_port_data_rate_bytes_per_second", "gauge",
+     "Port data rate in bytes per second: the rate less line coding (8b/10b for SDR/DDR/QDR, 64b/66b for FDR).", _PORT),
     ("fabricmon_ib_port_width_lanes", "gauge", "Port link width in lanes (1, 2, 4, 8, 12).", _PORT),
     ("fabricmon_ib_port_receive_bytes_total", "counter", "Bytes received (port_rcv_data x 4).", _PORT),
     ("fabricmon_ib_port_transmit_bytes_total", "counter", "Bytes transmitted (port_xmit_data x 4).", _PORT),
