@@ -277,8 +277,11 @@ def node() -> Board:
                                "{{node}} {{interface}} prio {{priority}} {{direction}}")], "pps", min_val=0)
     b.ts("PHY errors and discards", [(f"sum by (node, interface, counter) (rate(fabricmon_netdev_phy_errors_total{{{N}}}[{RATE}]))",
                                       "{{node}} {{interface}} {{counter}}")], "cps", min_val=0)
-    b.ts("Lossless config checks failing", [(f"fabricmon_fabric_config_ok{{{N}}} == 0", "{{node}} {{interface}} {{check}}")],
-         "none", description="Present only while a check fails.")
+    b.ts("Lossless config checks failing", [(f"fabricmon_fabric_config_ok{{{N}}} == 0",
+                                             "{{node}} {{device}}/{{port}} {{interface}} {{check}}"),
+                                            (f"fabricmon_fabric_config_unknown{{{N}}} == 1",
+                                             "{{node}} {{device}}/{{port}} {{interface}} {{check}} unknown")],
+         "none", description="Present only while a check fails, or cannot be told (a VF's empty DCB APP table).")
     b.row("GPUs and NVLink")
     b.ts("NVLink transmit per GPU", [(f"sum by (node, gpu) (rate(fabricmon_nvlink_transmit_bytes_total{{{N}}}[{RATE}]))",
                                       "{{node}} gpu{{gpu}}")], "Bps", min_val=0)

@@ -73,7 +73,10 @@ SPECS: dict[str, MetricSpec] = _specs(
     ("fabricmon_ethtool_up", "gauge", "1 when the ethtool stats of the interface were read this poll.", ("interface",)),
     # --- lossless config (sources/fabric_config.py) ---
     ("fabricmon_fabric_config_ok", "gauge", "1 when the interface matches the expected lossless profile for the check.",
-     ("device", "interface", "check")),
+     ("device", "interface", "check", "port")),
+    ("fabricmon_fabric_config_unknown", "gauge",
+     "1 when the host answers but cannot tell the setting (a VF's empty DCB APP table): unknown, not drift.",
+     ("device", "interface", "check", "port")),
     # --- NVML (sources/nvlink.py) ---
     ("fabricmon_gpu_info", "info", "GPU identity; value 1.", ("gpu", "uuid", "name", "pci_bus_id")),
     ("fabricmon_gpu_up", "gauge", "1 while NVML answers for the GPU.", ("gpu",)),
