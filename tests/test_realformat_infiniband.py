@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fabricmon.sources.infiniband import InfinibandSource, parse_rate
+from fabricmon.sources.infiniband import InfinibandSource, data_rate_gbps, parse_rate
 from fabricmon.sources.inventory import Inventory, PortInfo
 from realformat import fixture
 
