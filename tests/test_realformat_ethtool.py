@@ -75,7 +75,8 @@ def test_switchdev_vport_q_counter_wraps_not_resets():
     assert d["rx_vport_out_of_buffer"] == 16
 
 
-@pytest.mark.parametrize("name", ["rx_out_of_buffer", "rx_if_down_packets", "rx_vport_out_of_buffer"])
+@pytest.mark.parametrize("name", ["rx_out_of_buffer", "rx_if_down_packets", "rx_vport_out_of_buffer",
+                                  "dev_internal_queue_oob", "dev_out_of_buffer"])
 def test_q_counters_are_32_bit(name):
     c = classify_stat(name)
     assert c is not None and c.width == 32 and c.semantics.value == "wrapping"

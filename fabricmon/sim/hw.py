@@ -71,7 +71,7 @@ ETH_STATS = (
     "module_high_temp", "module_bad_shorted",
 ) + tuple(name for p in range(8) for name in (f"rx_prio{p}_bytes", f"rx_prio{p}_packets", f"tx_prio{p}_bytes",
                                               f"tx_prio{p}_packets") + (PFC_STATS if p == 3 else ()))
-ETH_Q32 = frozenset({"rx_out_of_buffer"})  # QUERY_Q_COUNTER out_of_buffer: 32-bit, wraps
+ETH_Q32 = frozenset({"rx_out_of_buffer", "dev_internal_queue_oob"})  # 32-bit in firmware: they wrap
 ETH_GAUGES = frozenset({"outbound_pci_stalled_rd", "outbound_pci_stalled_wr"})
 PRIO_SHARE = (0.08, 0.0025, 0.0025, 0.9, 0.0025, 0.0025, 0.0025, 0.0025)  # RoCE on 3, TCP on 0
 ROCE_PRIORITY = 3

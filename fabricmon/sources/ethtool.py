@@ -300,9 +300,10 @@ LEGACY_NAMES: dict[str, str] = {
     "pause_ctrl_tx": "tx_pause_ctrl_phy",
     "dev_out_of_buffer": "dev_internal_queue_oob",
 }
-# Q counters (QUERY_Q_COUNTER out_of_buffer and friends) are 32-bit in firmware
-# and WRAP; in switchdev mode the representor's rx_vport_out_of_buffer is one.
-_Q32 = frozenset({"rx_out_of_buffer", "rx_if_down_packets", "rx_vport_out_of_buffer"})
+# 32-bit in firmware, read with MLX5E_READ_CTR32_*, so they WRAP: the Q counters
+# (QUERY_Q_COUNTER out_of_buffer and friends; in switchdev mode the representor's
+# rx_vport_out_of_buffer) and the vNIC env dev_internal_queue_oob.
+_Q32 = frozenset({"rx_out_of_buffer", "rx_if_down_packets", "rx_vport_out_of_buffer", "dev_internal_queue_oob"})
 # Physical-layer errors and drops worth a series on every netdev (mlx5 counters.rst).
 _PHY_ERROR_NAMES = frozenset({
     "rx_crc_errors_phy", "rx_symbol_err_phy", "rx_pcs_symbol_err_phy", "rx_discards_phy", "tx_discards_phy",
