@@ -172,9 +172,11 @@ class NcclInspectorSource:
         if len(errors) > 20:
             res.error(f"... and {len(errors) - 20} more")
         # evict series silent for a long time (each job brings new comm ids)
-        for table in (self._series, self._p2p, self._comms):
-            for key in [k for k, v in table.items() if now - (v if isinstance(v, float) else v.last_seen) > self._ttl]:
+        for table in (self._series, self._p2p):
+            for key in [k for k, v in table.items() if now - v.last_seen > self._ttl]:
                 del table[key]
+        for key in [k for k, seen in self._comms.items() if now - seen > self._ttl]:
+            del self._comms[key]
         live = {k[:3] for k in self._p2p}
         for key in [k for k in self._peers if k not in live]:
             del self._peers[key]
@@ -281,9 +283,9 @@ class NcclInspectorSource:
         self.records_total += 1
 
     def _p2p_peer(self, h: Header, direction: str, peer: str) -> str:
-        """The peer label, bounded: a rank's first MAX_P2P_PEERS peers per comm and
-        direction by name (pipeline stages talk to one or two), the rest as "other"
-        (all-to-all over send/recv would otherwise make one series per rank)."""
+        """The peer label, bounded: the first MAX_P2P_PEERS peers seen per (rank, comm,
+        direction) keep their rank (pipeline stages talk to one or two), later ones
+        share "other" (all-to-all over send/recv would make one series per rank)."""
         peers = self._peers.setdefault((h.rank, h.comm, direction), set())
         if peer in peers:
             return peer
