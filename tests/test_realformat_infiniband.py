@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from fabricmon.sources.infiniband import InfinibandSource, data_rate_gbps, parse_rate
 from fabricmon.sources.inventory import Inventory, PortInfo
@@ -53,3 +58,27 @@ def test_fdr_port_exports_data_rate():
     m = poll_mlx4()
     assert m[("fabricmon_ib_port_rate_bytes_per_second", ())].value == 56e9 / 8
     assert m[("fabricmon_ib_port_data_rate_bytes_per_second", ())].value == pytest.approx(56e9 * 64 / 66 * 14.0625 / 14 / 8)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 1 << 20)), min_size=2, max_size=6),
+       st.integers(0, 1 << 33), st.integers(0, 1 << 33))
+def test_switching_between_twins_never_goes_backwards(tmp_path, steps, a0, b0):
+    # counters/ and counters_ext/ each grow on their own (one may be dead, one pinned): the exported
+    # value must never decrease, or the tracker would see a reset.
+    port = Path(tempfile.mkdtemp(dir=tmp_path)) / "ports" / "1"
+    for d in ("counters", "counters_ext"):
+        (port / d).mkdir(parents=True)
+    for f, v in (("state", "4: ACTIVE"), ("phys_state", "5: LinkUp"), ("rate", "56 Gb/sec (4X FDR)"),
+                 ("link_layer", "InfiniBand")):
+        (port / f).write_text(v + "\n")
+    src = InfinibandSource(timeout=1.0)
+    inv = Inventory(str(tmp_path), ports=(PortInfo("mlx4_0", "1", str(port), "InfiniBand", "", ""),))
+    a, b, last = a0, b0, -1
+    for da, db in steps:
+        a, b = a + da, b + db
+        (port / "counters" / "port_rcv_packets").write_text(f"{min(a, (1 << 32) - 1)}\n")
+        (port / "counters_ext" / "port_rcv_packets_64").write_text(f"{b}\n")
+        got = [r.value for r in src.poll(inv).readings if r.family == "fabricmon_ib_port_receive_packets_total"]
+        assert len(got) == 1 and got[0] >= last
+        last = got[0]
