@@ -56,6 +56,13 @@ def test_v43_lines_take_the_header_of_their_dump_stats_marker(tmp_path):
     assert v[("fabricmon_nccl_p2p_bytes_total", lab(rank="2", comm="0x7f8c496ae9f661", direction="rx", peer="1"))] == 4194304
 
 
+def test_v43_dump_stats_report_dropped_records(tmp_path):
+    src, res = run(tmp_path, "inspector-v4.3-marker.jsonl")
+    v = by_family(res)
+    assert v[("fabricmon_nccl_dropped_records_total", lab(rank="5", comm="0xe62dedaa97644a", kind="coll"))] == 4096
+    assert v[("fabricmon_nccl_dropped_records_total", lab(rank="2", comm="0x7f8c496ae9f661", kind="p2p"))] == 0
+
+
 def test_headerless_line_without_a_marker_is_a_bad_line(tmp_path):
     src = NcclInspectorSource(str(tmp_path))
     body = fixture("nccl", "inspector-v4.3-marker.jsonl").read_text().splitlines()[1]

@@ -27,6 +27,8 @@ Send/Recv (``p2p_perf``, on by default from NCCL 2.30: pipeline-parallel traffic
 go to the same four measures under ``fabricmon_nccl_p2p_*{rank, comm, direction,
 peer}`` (``direction`` tx for Send, rx for Recv; ``peer`` bounded, see
 ``_p2p_peer``), and the header's ``comm_name`` to ``fabricmon_nccl_comm_info``.
+v4.3 ``dump_stats`` markers also give ``fabricmon_nccl_dropped_records_total{rank,
+comm, kind}``: records the Inspector's rings overwrote before it could dump them.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class NcclInspectorSource:
         self._peers: dict[tuple[str, str, str], set[str]] = {}
         self._comms: dict[tuple[str, str, str], float] = {}  # (rank, comm, comm_name) -> last seen
         self._context: dict[str, Header] = {}  # per file: header of the last v4.3 dump_stats marker
+        self._dropped: dict[tuple[str, str, str], tuple[int, float]] = {}  # (rank, comm, kind) -> (total, seen)
         self.records_total = 0
         self.bad_lines_total = 0
         # Files present now are read from their current end.
@@ -177,6 +180,8 @@ class NcclInspectorSource:
                 del table[key]
         for key in [k for k, seen in self._comms.items() if now - seen > self._ttl]:
             del self._comms[key]
+        for key in [k for k, (_, seen) in self._dropped.items() if now - seen > self._ttl]:
+            del self._dropped[key]
         live = {k[:3] for k in self._p2p}
         for key in [k for k in self._peers if k not in live]:
             del self._peers[key]
@@ -194,6 +199,11 @@ class NcclInspectorSource:
             res.readings.append(Reading("fabricmon_nccl_p2p_seconds_total", labels, int(s.exec_us),
                                         Semantics.MONOTONIC, scale=1e-6))
             res.readings.append(Reading("fabricmon_nccl_p2p_bytes_total", labels, s.bytes, Semantics.MONOTONIC))
+        for (rank, comm, kind), (total, _) in self._dropped.items():
+            # The Inspector's own cumulative count: its rings overwrote these before a dump,
+            # so the sums above undercount by as much.
+            res.readings.append(Reading("fabricmon_nccl_dropped_records_total",
+                                        (("rank", rank), ("comm", comm), ("kind", kind)), total, Semantics.MONOTONIC))
         for rank, comm, name in self._comms:
             res.readings.append(Reading("fabricmon_nccl_comm_info", (("rank", rank), ("comm", comm), ("comm_name", name)), 1))
         for (kind, rank, comm, *rest), vals in interval_bw.items():
@@ -257,6 +267,8 @@ class NcclInspectorSource:
         if isinstance(rec, Marker):
             self._context[path] = rec.header
             self._note_comm(rec.header, now)
+            for kind, total in rec.dropped:
+                self._dropped[(rec.header.rank, rec.header.comm, kind)] = (total, now)
             return
         if isinstance(rec, Ignored):
             return

@@ -51,9 +51,12 @@ class Op:
 
 @dataclass(frozen=True, slots=True)
 class Marker:
-    """A v4.3 ``dump_stats`` marker: the header of the lines that follow it."""
+    """A v4.3 ``dump_stats`` marker: the header of the lines that follow it, and the
+    communicator's cumulative count of records its rings overwrote before a dump
+    (``coll_dropped_total``/``p2p_dropped_total``; absent counts are not there)."""
 
     header: Header
+    dropped: tuple[tuple[str, int], ...] = ()  # (kind "coll" | "p2p", cumulative count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +104,12 @@ def parse_object(obj, context: Header | None) -> Op | Marker | Ignored:
     if "dump_stats" in obj:
         if header is None:
             raise ValueError("dump_stats without a header")
-        return Marker(header)
+        stats = obj["dump_stats"]
+        if not isinstance(stats, dict):
+            raise ValueError("dump_stats is not an object")
+        dropped = tuple((kind, v) for kind in ("coll", "p2p")
+                        if isinstance(v := stats.get(f"{kind}_dropped_total"), int) and not isinstance(v, bool) and v >= 0)
+        return Marker(header, dropped)
     if header is None:
         raise KeyError("header")
     if "coll_perf" in obj:
