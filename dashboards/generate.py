@@ -244,9 +244,9 @@ def node() -> Board:
                                  "{{node}} {{device}}/{{port}}")], "Bps", min_val=0)
     b.ts("Transmit throughput", [(f"sum by (node, device, port) ({_by_port(f'rate(fabricmon_ib_port_transmit_bytes_total{{{N}}}[{RATE}])')})",
                                   "{{node}} {{device}}/{{port}}")], "Bps", min_val=0)
-    b.ts("Transmit utilization (of link rate)",
+    b.ts("Transmit utilization (of link data rate)",
          [(f"sum by (node, device, port) ({_by_port(f'rate(fabricmon_ib_port_transmit_bytes_total{{{N}}}[{RATE}])')})"
-           f" / on (node, device, port) max by (node, device, port) (fabricmon_ib_port_rate_bytes_per_second{{{N}}} > 0)",
+           f" / on (node, device, port) max by (node, device, port) (fabricmon_ib_port_data_rate_bytes_per_second{{{N}}} > 0)",
            "{{node}} {{device}}/{{port}}")], "percentunit", min_val=0, max_val=1)
     b.ts("Port state / physical state",
          [(f"fabricmon_ib_port_state{{{N}}}", "{{node}} {{device}}/{{port}} state"),
@@ -277,8 +277,10 @@ def node() -> Board:
                                "{{node}} {{interface}} prio {{priority}} {{direction}}")], "pps", min_val=0)
     b.ts("PHY errors and discards", [(f"sum by (node, interface, counter) (rate(fabricmon_netdev_phy_errors_total{{{N}}}[{RATE}]))",
                                       "{{node}} {{interface}} {{counter}}")], "cps", min_val=0)
-    b.ts("Lossless config checks failing", [(f"fabricmon_fabric_config_ok{{{N}}} == 0", "{{node}} {{interface}} {{check}}")],
-         "none", description="Present only while a check fails.")
+    b.ts("Lossless config checks failing", [(f"fabricmon_fabric_config_ok{{{N}}} == 0",
+                                             "{{node}} {{device}}/{{port}} {{interface}} {{check}}")],
+         "none", description="Present only while a check fails. A check the host cannot answer (a VF's empty "
+                             "DCB APP table) is fabricmon_fabric_config_unknown, not a failure.")
     b.row("GPUs and NVLink")
     b.ts("NVLink transmit per GPU", [(f"sum by (node, gpu) (rate(fabricmon_nvlink_transmit_bytes_total{{{N}}}[{RATE}]))",
                                       "{{node}} gpu{{gpu}}")], "Bps", min_val=0)

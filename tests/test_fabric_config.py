@@ -55,7 +55,7 @@ P = Profile()
 
 def test_evaluate_roce_all_ok_and_each_drift() -> None:
     good = PortFacts("Ethernet", 4, 400.0, 4, 9000, True, True, PfcInfo("dscp", frozenset({3})))
-    assert evaluate(good, P) == dict.fromkeys(("pfc", "trust", "ecn_np", "ecn_rp", "mtu", "rate", "width"), True)
+    assert evaluate(good, P) == dict.fromkeys(("pfc", "trust", "ecn_np", "ecn_rp", "mtu", "rate"), True)
     from dataclasses import replace
     assert not evaluate(replace(good, pfc=PfcInfo("dscp", frozenset())), P)["pfc"]
     # exact set: PFC on an extra, lossy priority is drift too
@@ -65,7 +65,7 @@ def test_evaluate_roce_all_ok_and_each_drift() -> None:
     assert evaluate(replace(good, mtu=9216), P)["mtu"]  # larger is fine
     assert not evaluate(replace(good, ecn_np=False), P)["ecn_np"]
     assert not evaluate(replace(good, rate_gbps=200.0), P)["rate"]
-    assert not evaluate(replace(good, width=2), P)["width"]
+    assert "width" not in evaluate(replace(good, width=2), P)  # RoCE: mlx5 prints lane modes as IB widths
 
 
 def test_evaluate_skips_what_is_unknown() -> None:
@@ -116,7 +116,7 @@ def test_none_all_ok_and_frontend_unchecked(tmp_path: Path) -> None:
     root = gen_fixture(tmp_path / "fx", "--layout", "roce", "--fault", "none", "--seed", "2")
     got, _, res = checks(root)
     assert res.errors == 0, res.messages
-    assert set(got) == {(d, c) for d in RAILS for c in ("pfc", "trust", "ecn_np", "ecn_rp", "mtu", "rate", "width")}
+    assert set(got) == {(d, c) for d in RAILS for c in ("pfc", "trust", "ecn_np", "ecn_rp", "mtu", "rate")}
     assert set(got.values()) == {1.0}
     assert not any(d == "mlx5_8" for d, _ in got)  # the frontend NIC serves no rail
 
@@ -129,7 +129,7 @@ def test_config_drift_fails_pfc_and_ecn_on_the_drifted_nic_only(tmp_path: Path) 
     assert res.errors == 0
     bad = {k for k, v in got.items() if v == 0.0}
     assert bad == {("mlx5_5", "pfc"), ("mlx5_5", "ecn_np"), ("mlx5_5", "ecn_rp")}
-    assert len(got) == 8 * 7
+    assert len(got) == 8 * 6
 
 
 def test_config_drift_over_snapshots(tmp_path: Path) -> None:
@@ -142,7 +142,7 @@ def test_config_drift_over_snapshots(tmp_path: Path) -> None:
     assert series == [1.0, 0.0, 1.0]
 
 
-@pytest.mark.parametrize("degrade,failing", [("width", {"rate", "width"}), ("speed", {"rate"})])
+@pytest.mark.parametrize("degrade,failing", [("width", {"rate"}), ("speed", {"rate"})])
 def test_link_degraded(tmp_path: Path, degrade: str, failing: set[str]) -> None:
     root = gen_fixture(tmp_path / "fx", "--layout", "roce", "--fault", "link_degraded", "--degrade", degrade,
                        "--seed", "6")
@@ -175,8 +175,8 @@ def test_unavailable_facts_emit_nothing_and_count_no_error(tmp_path: Path) -> No
     shutil.rmtree(os.path.realpath(root / "sys" / "class" / "net" / ifname["mlx5_2"] / "ecn"))
     got, _, res = checks(root)
     assert res.errors == 0
-    assert {c for d, c in got if d == "mlx5_1"} == {"ecn_np", "ecn_rp", "mtu", "rate", "width"}
-    assert {c for d, c in got if d == "mlx5_2"} == {"pfc", "trust", "mtu", "rate", "width"}
+    assert {c for d, c in got if d == "mlx5_1"} == {"ecn_np", "ecn_rp", "mtu", "rate"}
+    assert {c for d, c in got if d == "mlx5_2"} == {"pfc", "trust", "mtu", "rate"}
     assert set(got.values()) == {1.0}
 
 
@@ -192,7 +192,7 @@ def test_garbage_costs_one_error_and_only_its_check(tmp_path: Path) -> None:
     assert res.errors == 3 and res.up
     assert ("mlx5_4", "mtu") not in got and ("mlx5_6", "rate") not in got and ("mlx5_6", "width") not in got
     assert ("mlx5_7", "pfc") not in got and ("mlx5_7", "trust") not in got
-    assert len(got) == 8 * 7 - 5 and set(got.values()) == {1.0}
+    assert len(got) == 8 * 6 - 4 and set(got.values()) == {1.0}
 
 
 def test_dcbnl_mode_uses_reader_and_caches(tmp_path: Path) -> None:

@@ -178,8 +178,12 @@ def counter_files(port: Path, legacy_aware: bool = True) -> dict[tuple[str, str]
     if cdir.is_dir():
         for n in os.listdir(cdir):
             values[n] = (f"counters/{n}", int(_read(cdir / n)))
-    for n, v in ext.items():  # a counters_ext file wins over its 32-bit twin
-        values[EXT_TO_MODERN.get(n, n)] = (f"counters_ext/{n}", v)
+    for n, v in ext.items():  # the larger of a counters_ext file and its counters/ twin
+        modern = EXT_TO_MODERN.get(n, n)
+        if modern in values:
+            values[modern] = (values[modern][0], max(values[modern][1], v))
+        else:
+            values[modern] = (f"counters_ext/{n}", v)
     for n, (src, v) in values.items():
         if n in OWN_FAMILY:
             fam, mult = OWN_FAMILY[n]
@@ -229,9 +233,11 @@ def expected_series(sys_root: Path, manifest: dict, rails: dict[str, str] | None
         out[key("fabricmon_ib_port_up", **dp)] = 1.0
         out[key("fabricmon_ib_port_state", **dp)] = float(_read(p / "state").split(":")[0])
         out[key("fabricmon_ib_port_physical_state", **dp)] = float(_read(p / "phys_state").split(":")[0])
-        m = re.fullmatch(r"([\d.]+) Gb/sec \((\d+)X \w+\)", _read(p / "rate"))
+        m = re.fullmatch(r"([\d.]+) Gb/sec \((\d+)X (\w+)\)", _read(p / "rate"))
         assert m, _read(p / "rate")
         out[key("fabricmon_ib_port_rate_bytes_per_second", **dp)] = float(m[1]) * 1e9 / 8
+        coding = 1.0 if link_layer == "Ethernet" else {"SDR": 0.8, "DDR": 0.8, "QDR": 0.8, "FDR": 64 / 66 * 14.0625 / 14}.get(m[3], 1.0)
+        out[key("fabricmon_ib_port_data_rate_bytes_per_second", **dp)] = float(m[1]) * coding * 1e9 / 8
         out[key("fabricmon_ib_port_width_lanes", **dp)] = float(m[2])
         if (p / "hw_counters" / "lifespan").exists():
             lifespan_ms = int(_read(p / "hw_counters" / "lifespan"))
@@ -244,7 +250,7 @@ def expected_series(sys_root: Path, manifest: dict, rails: dict[str, str] | None
             elif src.startswith("counters/") and (p / "counters_ext").is_dir():
                 # legacy kernel: a 32-bit PortCounter read from counters/ can pin
                 out[key("fabricmon_ib_port_error_saturated", **dp, counter=src.split("/")[1])] = (
-                    1.0 if v // OWN_FAMILY.get(src.split("/")[1], ("", 1))[1] >= (1 << 32) - 1 else 0.0)
+                    1.0 if v // OWN_FAMILY.get(src.split("/")[1], ("", 1))[1] == (1 << 32) - 1 else 0.0)
     return out
 
 
@@ -697,6 +703,7 @@ def test_garbage_and_unreadable_files_cost_only_their_series(make_fixture, monke
         key("fabricmon_rdma_hw_stat_total", device="mlx5_6", port="1", counter="np_cnp_sent"),
         key("fabricmon_roce_cnp_sent_total", device="mlx5_6", port="1"),
         key("fabricmon_ib_port_rate_bytes_per_second", device="mlx5_7", port="1"),
+        key("fabricmon_ib_port_data_rate_bytes_per_second", device="mlx5_7", port="1"),
         key("fabricmon_ib_port_width_lanes", device="mlx5_7", port="1"),
     }
     assert lost <= set(before)

@@ -9,8 +9,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from fabricmon.agent.intake import RankIntake
-from fabricmon.agent.nccl_inspector import REJECT_REASONS as NCCL_REASONS
-from fabricmon.agent.nccl_inspector import NcclRecord, NcclRecordError, parse_record
+from fabricmon.agent.nccl_records import REJECT_REASONS as NCCL_REASONS
+from fabricmon.agent.nccl_records import Ignored, Marker, NcclRecordError, Op
+from fabricmon.agent.nccl_records import parse_line as parse_nccl_line
 from fabricmon.proto import fabricmon_pb2 as pb
 from fabricmon.rank_timing import REJECT_REASONS, JobLayout, RankTiming, RankTimingError, parse_line
 
@@ -131,18 +132,24 @@ def test_intake_counts_every_line(chunks):
 
 def check_nccl(raw: bytes) -> None:
     try:
-        r = parse_record(raw)
+        r = parse_nccl_line(raw)
     except NcclRecordError as exc:
         assert exc.reason in NCCL_REASONS
         event(f"rejected: {exc.reason}")
         return
     event("accepted")
-    assert isinstance(r, NcclRecord)
-    check_string(r.comm, 64)
-    check_string(r.coll, 64)
-    assert 0 <= r.rank < 2**32
-    for v in (r.exec_us, r.size_bytes, r.busbw_gbs):
-        assert v is None or (math.isfinite(v) and v >= 0)
+    assert isinstance(r, (Op, Marker, Ignored))
+    if isinstance(r, Ignored):
+        return
+    check_string(r.header.comm, 64)
+    assert 0 <= int(r.header.rank) < 2**32
+    if r.header.comm_name:
+        check_string(r.header.comm_name, 128)
+    if isinstance(r, Op):
+        check_string(r.name, 64)
+        assert r.peer == "" or 0 <= int(r.peer) < 2**32
+        for v in (r.exec_us, r.size_bytes, r.busbw_gbs):
+            assert v is None or (math.isfinite(v) and v >= 0)
 
 
 @SETTINGS

@@ -14,13 +14,15 @@ offset per file and, each poll:
   once, a file that shrank (truncation) restarts at 0;
 * reads files present when it starts from their current end, files that appear
   later from their beginning;
-* reads ``"nan"`` strings (a NaN double) as missing values.
+* reads ``"nan"`` strings (a NaN double) as missing values;
+* follows the v4.3 ``dump_stats`` marker whose header the following header-less
+  lines of the same file belong to.
 
-Every record is validated (``parse_record``: names printable and bounded, rank
-in uint32, times, sizes and bandwidths finite, non-negative and within a
-physical bound) or rejected with a reason of ``REJECT_REASONS``, counted in
-``fabricmon_intake_lines_total``.  At most ``max_series`` (rank, comm,
-collective) series are held; a record that would add one more is refused
+Every line is validated (``nccl_records.parse_line``: names printable and
+bounded, ranks in uint32, times, sizes and bandwidths finite, non-negative and
+within a physical bound) or rejected with a reason of ``REJECT_REASONS``, counted
+in ``fabricmon_intake_lines_total``.  At most ``max_series`` (rank, comm,
+collective) and as many (rank, comm, direction, peer) series are held; a record that would add one more is refused
 (``series_limit``) and series silent for ``series_ttl`` expire.  Running sums
 restart from the new value before they leave the range a double holds
 exactly (the tracker sees a counter reset), so no sum can overflow.
@@ -31,13 +33,17 @@ them into deltas) for ``fabricmon_nccl_collectives_total``,
 ``fabricmon_nccl_collective_seconds_total`` (microseconds, scale 1e-6) and
 ``fabricmon_nccl_collective_bytes_total``, and the mean bus bandwidth of the
 collectives seen this poll as ``fabricmon_nccl_bus_bandwidth_bytes_per_second``.
+Send/Recv (``p2p_perf``, on by default from NCCL 2.30: pipeline-parallel traffic)
+go to the same four measures under ``fabricmon_nccl_p2p_*{rank, comm, direction,
+peer}`` (``direction`` tx for Send, rx for Recv; ``peer`` bounded, see
+``_p2p_peer``), and the header's ``comm_name`` to ``fabricmon_nccl_comm_info``.
+v4.3 ``dump_stats`` markers also give ``fabricmon_nccl_dropped_records_total{rank,
+comm, kind}``: records the Inspector's rings overwrote before it could dump them.
 """
 
 from __future__ import annotations
 
 import heapq
-import json
-import math
 import os
 import stat
 import time
@@ -46,43 +52,18 @@ from dataclasses import dataclass, field
 import structlog
 
 from ..model import Reading, Semantics, SourceResult
-from ..textcheck import label_text_ok
+from .nccl_records import MAX_LINE, REJECT_REASONS, Header, Ignored, Marker, NcclRecordError, parse_line
 
 log = structlog.get_logger("fabricmon.nccl_inspector")
 
 CHUNK = 1 << 20
-MAX_LINE = 64 << 10  # records are ~1 KiB (more with NCCL_INSPECTOR_DUMP_VERBOSE); longer is garbage
 # A dump dir collects the files of every past job: the most recently modified MAX_FILES are tailed,
 # so at most MAX_FILES * MAX_LINE bytes of incomplete lines are held.
 MAX_FILES = 1024
 MAX_ENTRIES = 65536  # directory entries looked at per poll
 SKIP_SUFFIXES = (".prom", ".tmp", ".gz", ".parquet")
-MAX_NAME = 64
-MAX_RANK = 2**32 - 1
-MAX_EXEC_US = 1e12        # 11.6 days for one collective
-MAX_MSG_BYTES = 2**48     # 256 TiB in one collective
-MAX_BUSBW_GBS = 1e6       # 1 PB/s
-SUM_LIMIT = 2**52         # a running sum restarts before a double loses integer precision
-
-# Why a record was rejected: a fixed set (the self-metric label).
-REJECT_REASONS = ("too_long", "not_utf8", "not_json", "not_object", "missing_field", "bad_type", "out_of_range",
-                  "bad_string", "series_limit")
-
-
-class NcclRecordError(ValueError):
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-@dataclass(frozen=True, slots=True)
-class NcclRecord:
-    rank: int
-    comm: str
-    coll: str
-    exec_us: float | None
-    size_bytes: int | None
-    busbw_gbs: float | None
+MAX_P2P_PEERS = 8  # per (rank, comm, direction); further peers share peer="other"
+SUM_LIMIT = 2**52  # a running sum restarts before a double loses integer precision
 
 
 @dataclass
@@ -92,6 +73,7 @@ class _File:
     offset: int
     path: str = ""
     partial: bytearray = field(default_factory=bytearray)
+    context: Header | None = None  # header of the last v4.3 dump_stats marker in this file
     skip_first: bool = False  # started mid-file: the first fragment is not a whole line
 
 
@@ -101,73 +83,6 @@ class _Series:
     exec_us: float = 0.0
     bytes: int = 0
     last_seen: float = 0.0
-
-
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not JSON")
-
-
-def _measure(perf: dict, key: str, hi: float) -> float | None:
-    """A finite value in [0, hi]; None when missing or "nan" (NCCL's NaN)."""
-    v = perf.get(key)
-    if v is None:
-        return None
-    if isinstance(v, str):
-        if v.strip().lower() == "nan":
-            return None
-        try:
-            v = float(v)
-        except ValueError:
-            raise NcclRecordError("bad_type", f"coll_perf.{key}: not a number") from None
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise NcclRecordError("bad_type", f"coll_perf.{key}: not a number")
-    try:
-        f = float(v)
-    except OverflowError:
-        f = math.inf
-    if math.isnan(f):
-        return None
-    if not 0.0 <= f <= hi:
-        raise NcclRecordError("out_of_range", f"coll_perf.{key}: must be in [0, {hi:g}], got {str(v)[:40]}")
-    return f
-
-
-def parse_record(line: bytes) -> NcclRecord:
-    """One NCCL Inspector JSON line; raises NcclRecordError with a reason of REJECT_REASONS."""
-    if len(line) > MAX_LINE:
-        raise NcclRecordError("too_long", f"line over {MAX_LINE} bytes")
-    try:
-        text = bytes(line).decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise NcclRecordError("not_utf8", f"not UTF-8 at byte {exc.start}") from None
-    try:
-        obj = json.loads(text, parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as exc:
-        raise NcclRecordError("not_json", f"not JSON: {str(exc)[:80]}") from None
-    if not isinstance(obj, dict):
-        raise NcclRecordError("not_object", "expected a JSON object")
-    header, perf = obj.get("header"), obj.get("coll_perf")
-    if header is None or perf is None:
-        raise NcclRecordError("missing_field", "header and coll_perf: required")
-    if not isinstance(header, dict) or not isinstance(perf, dict):
-        raise NcclRecordError("bad_type", "header and coll_perf: expected objects")
-    rank, comm, coll = header.get("rank"), header.get("id"), perf.get("coll")
-    if rank is None or comm is None or coll is None:
-        raise NcclRecordError("missing_field", "header.rank, header.id and coll_perf.coll: required")
-    if isinstance(rank, bool) or not isinstance(rank, int):
-        raise NcclRecordError("bad_type", "header.rank: expected an integer")
-    if not 0 <= rank <= MAX_RANK:
-        raise NcclRecordError("out_of_range", f"header.rank: must be in [0, {MAX_RANK}]")
-    if isinstance(comm, int) and not isinstance(comm, bool) and 0 <= comm < 2**64:
-        comm = f"0x{comm:x}"
-    for key, v in (("header.id", comm), ("coll_perf.coll", coll)):
-        if not isinstance(v, str):
-            raise NcclRecordError("bad_type", f"{key}: expected a string")
-        if not label_text_ok(v, MAX_NAME):
-            raise NcclRecordError("bad_string", f"{key}: must be 1 to {MAX_NAME} printable characters")
-    size = _measure(perf, "coll_msg_size_bytes", MAX_MSG_BYTES)
-    return NcclRecord(rank, comm, coll, _measure(perf, "coll_exec_time_us", MAX_EXEC_US),
-                      None if size is None else int(size), _measure(perf, "coll_busbw_gbs", MAX_BUSBW_GBS))
 
 
 class NcclInspectorSource:
@@ -193,6 +108,10 @@ class NcclInspectorSource:
         self._clock = clock
         self._files: dict[tuple[int, int], _File] = {}  # (st_dev, st_ino) -> read state
         self._series: dict[tuple[str, str, str], _Series] = {}
+        self._p2p: dict[tuple[str, str, str, str], _Series] = {}  # (rank, comm, direction, peer)
+        self._peers: dict[tuple[str, str, str], set[str]] = {}
+        self._comms: dict[tuple[str, str, str], float] = {}  # (rank, comm, comm_name) -> last seen
+        self._dropped: dict[tuple[str, str, str], tuple[int, float]] = {}  # (rank, comm, kind) -> (total, seen)
         self.records_total = 0
         self.bad_lines_total = 0
         self.rejected = dict.fromkeys(REJECT_REASONS, 0)
@@ -267,15 +186,23 @@ class NcclInspectorSource:
         deadline = t0 + 0.8 * self.timeout
         budget = self._budget
         now = self._clock()
-        interval_bw: dict[tuple[str, str, str], list[float]] = {}
+        interval_bw: dict[tuple[str, ...], list[float]] = {}
         errors: list[str] = []
         seen: set[tuple[int, int]] = set()
         # Evict series silent for a long time (each job brings new comm ids) before reading,
         # so their slots are free for this poll's records.
-        expired = [k for k, s in self._series.items() if now - s.last_seen > self._ttl]
-        for key in expired:
-            del self._series[key]
-        self.expired_total += len(expired)
+        for table in (self._series, self._p2p):
+            expired = [k for k, s in table.items() if now - s.last_seen > self._ttl]
+            for key in expired:
+                del table[key]
+            self.expired_total += len(expired)
+        for key in [k for k, seen in self._comms.items() if now - seen > self._ttl]:
+            del self._comms[key]
+        for key in [k for k, (_, seen) in self._dropped.items() if now - seen > self._ttl]:
+            del self._dropped[key]
+        live = {k[:3] for k in self._p2p}
+        for key in [k for k in self._peers if k not in live]:
+            del self._peers[key]
         for path, st in self._scan(errors):
             key = (st.st_dev, st.st_ino)
             if key in seen:
@@ -289,6 +216,7 @@ class NcclInspectorSource:
                 f.offset = 0
                 f.partial.clear()
                 f.skip_first = False
+                f.context = None
             f.path = path  # the current name, for messages (a rename keeps the offset)
             if st.st_size == f.offset or budget <= 0 or time.monotonic() > deadline:
                 continue
@@ -305,10 +233,27 @@ class NcclInspectorSource:
             res.readings.append(Reading("fabricmon_nccl_collective_seconds_total", labels, int(s.exec_us),
                                         Semantics.MONOTONIC, scale=1e-6))
             res.readings.append(Reading("fabricmon_nccl_collective_bytes_total", labels, s.bytes, Semantics.MONOTONIC))
-        for (rank, comm, coll), vals in interval_bw.items():
-            labels = (("rank", rank), ("comm", comm), ("collective", coll))
-            res.readings.append(Reading("fabricmon_nccl_bus_bandwidth_bytes_per_second", labels,
-                                        sum(vals) / len(vals) * 1e9))
+        for (rank, comm, direction, peer), s in self._p2p.items():
+            labels = (("rank", rank), ("comm", comm), ("direction", direction), ("peer", peer))
+            res.readings.append(Reading("fabricmon_nccl_p2p_operations_total", labels, s.count, Semantics.MONOTONIC))
+            res.readings.append(Reading("fabricmon_nccl_p2p_seconds_total", labels, int(s.exec_us),
+                                        Semantics.MONOTONIC, scale=1e-6))
+            res.readings.append(Reading("fabricmon_nccl_p2p_bytes_total", labels, s.bytes, Semantics.MONOTONIC))
+        for (rank, comm, kind), (total, _) in self._dropped.items():
+            # The Inspector's own cumulative count: its rings overwrote these before a dump,
+            # so the sums above undercount by as much.
+            res.readings.append(Reading("fabricmon_nccl_dropped_records_total",
+                                        (("rank", rank), ("comm", comm), ("kind", kind)), total, Semantics.MONOTONIC))
+        for rank, comm, name in self._comms:
+            res.readings.append(Reading("fabricmon_nccl_comm_info", (("rank", rank), ("comm", comm), ("comm_name", name)), 1))
+        for (kind, rank, comm, *rest), vals in interval_bw.items():
+            if kind == "coll":
+                family = "fabricmon_nccl_bus_bandwidth_bytes_per_second"
+                labels = (("rank", rank), ("comm", comm), ("collective", rest[0]))
+            else:
+                family = "fabricmon_nccl_p2p_bus_bandwidth_bytes_per_second"
+                labels = (("rank", rank), ("comm", comm), ("direction", rest[0]), ("peer", rest[1]))
+            res.readings.append(Reading(family, labels, sum(vals) / len(vals) * 1e9))
         res.readings.extend(self.self_readings())
         return res
 
@@ -319,7 +264,7 @@ class NcclInspectorSource:
         for reason, n in self.rejected.items():
             out.append(Reading("fabricmon_intake_lines_total", (src, ("result", "rejected"), ("reason", reason)), n,
                                Semantics.MONOTONIC))
-        out.append(Reading("fabricmon_intake_series", (src,), len(self._series)))
+        out.append(Reading("fabricmon_intake_series", (src,), len(self._series) + len(self._p2p)))
         for reason, n in (("limit", self.rejected["series_limit"]), ("expired", self.expired_total)):
             out.append(Reading("fabricmon_intake_series_dropped_total", (src, ("reason", reason)), n,
                                Semantics.MONOTONIC))
@@ -369,32 +314,65 @@ class NcclInspectorSource:
                 f.skip_first = False
                 continue
             if piece.strip():
-                self._record(piece, now, bw, errors, path)
+                self._record(piece, f, now, bw, errors, path)
 
-    def _record(self, line: bytes, now: float, bw: dict, errors: list[str], path: str) -> None:
+    def _record(self, line: bytes, f: _File, now: float, bw: dict, errors: list[str], path: str) -> None:
         try:
-            r = parse_record(line)
+            rec = parse_line(line, f.context)
         except NcclRecordError as exc:
             self._reject(exc.reason, str(exc), errors, path)
             return
-        key = (str(r.rank), r.comm, r.coll)
-        s = self._series.get(key)
+        if isinstance(rec, Ignored):
+            return
+        h = rec.header
+        if isinstance(rec, Marker):
+            f.context = h
+            self._note_comm(h, now)
+            for kind, total in rec.dropped:
+                if (h.rank, h.comm, kind) in self._dropped or len(self._dropped) < self._max_series:
+                    self._dropped[(h.rank, h.comm, kind)] = (total, now)
+            return
+        if rec.kind == "coll":
+            key: tuple[str, ...] = (h.rank, h.comm, rec.name)
+            table: dict = self._series
+        else:
+            key = (h.rank, h.comm, rec.name, self._p2p_peer(h, rec.name, rec.peer))
+            table = self._p2p
+        s = table.get(key)
         if s is None:
-            if len(self._series) >= self._max_series:
+            if len(table) >= self._max_series:
                 self._reject("series_limit", f"more than {self._max_series} series", errors, path)
                 return
-            s = self._series[key] = _Series()
-        # Each term is bounded (parse_record), so a sum grows by at most that; restarting it
+            s = table[key] = _Series()
+        self._note_comm(h, now)
+        # Each term is bounded (parse_line), so a sum grows by at most that; restarting it
         # before SUM_LIMIT reads as a counter reset to the tracker, never as an overflow.
         s.count = s.count + 1 if s.count < SUM_LIMIT else 1
         s.last_seen = now
-        if r.exec_us is not None:
-            s.exec_us = s.exec_us + r.exec_us if s.exec_us < SUM_LIMIT else r.exec_us
-        if r.size_bytes is not None:
-            s.bytes = s.bytes + r.size_bytes if s.bytes < SUM_LIMIT else r.size_bytes
-        if r.busbw_gbs is not None:
-            bw.setdefault(key, []).append(r.busbw_gbs)
+        if rec.exec_us is not None:
+            s.exec_us = s.exec_us + rec.exec_us if s.exec_us < SUM_LIMIT else rec.exec_us
+        if rec.size_bytes is not None:
+            s.bytes = s.bytes + rec.size_bytes if s.bytes < SUM_LIMIT else rec.size_bytes
+        if rec.busbw_gbs is not None:
+            bw.setdefault((rec.kind, *key), []).append(rec.busbw_gbs)
         self.records_total += 1
+
+    def _p2p_peer(self, h: Header, direction: str, peer: str) -> str:
+        """The peer label, bounded: the first MAX_P2P_PEERS peers seen per (rank, comm,
+        direction) keep their rank (pipeline stages talk to one or two), later ones
+        share "other" (all-to-all over send/recv would make one series per rank)."""
+        peers = self._peers.setdefault((h.rank, h.comm, direction), set())
+        if peer in peers:
+            return peer
+        if len(peers) < MAX_P2P_PEERS:
+            peers.add(peer)
+            return peer
+        return "other"
+
+    def _note_comm(self, h: Header, now: float) -> None:
+        key = (h.rank, h.comm, h.comm_name)
+        if h.comm_name and (key in self._comms or len(self._comms) < self._max_series):
+            self._comms[key] = now
 
     def close(self) -> None:
         self._files.clear()

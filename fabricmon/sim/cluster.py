@@ -305,7 +305,7 @@ class ClusterState:
         etx, erx = tx * eth, rx * eth
         etxp, erxp = txp * eth, rxp * eth
         for k, v in (("rx_bytes_phy", erx), ("tx_bytes_phy", etx), ("rx_packets_phy", erxp),
-                     ("tx_packets_phy", etxp), ("rx_bits_phy", erx * 8),
+                     ("tx_packets_phy", etxp),
                      ("rx_vport_rdma_unicast_bytes", erx), ("tx_vport_rdma_unicast_bytes", etx),
                      ("rx_vport_rdma_unicast_packets", erxp), ("tx_vport_rdma_unicast_packets", etxp),
                      ("rx_bytes", erx // 50), ("tx_bytes", etx // 50),  # netdev (non-RDMA) share
@@ -413,7 +413,7 @@ class ClusterState:
             add("eth:rx_buffer_passed_thres_phy", nodes, devs, 100, 1000)
             add("eth:outbound_pci_stalled_wr_events", nodes, devs, 50, 500)
             add("eth:rx_out_of_buffer", nodes, devs, 1e3, 1e5)
-            add("eth:dev_out_of_buffer", nodes, devs, 10, 1000)
+            add("eth:dev_internal_queue_oob", nodes, devs, 10, 1000)
         elif k == "ecn_congestion":
             add("pma:port_xmit_wait", nodes, devs, 2e5, 4e5)
             if eth:  # RoCE only: IB ports have no ECN/CNP hw_counters

@@ -49,7 +49,7 @@ rdma_retries = rdma_retransmits are still accepted; fixture.json records the can
                      --degrade speed "200 Gb/sec (4X HDR)"; netdev speed follows; traffic capped
   pfc_storm          slow receiver (Ethernet NIC): it EMITS pauses (tx_prio3_pause_duration ~85% of each
                      interval, tx_pause_storm_* events), receives only background pauses, and shows the host-
-                     side cause (outbound_pci_stalled_wr, rx_out_of_buffer, dev_out_of_buffer); config unchanged
+                     side cause (outbound_pci_stalled_wr, rx_out_of_buffer, dev_internal_queue_oob); config unchanged
   ecn_congestion     RoCE: ECN marks and CNPs (np_ecn_marked_roce_packets, np_cnp_sent, rp_cnp_handled) and
                      port_xmit_wait rise; IB: only port_xmit_wait rises (IB ports have no ECN/CNP counters)
   rdma_retransmits   transport retries: local_ack_timeout_err, packet_seq_err, out_of_sequence, ... rise
@@ -218,7 +218,7 @@ class Port:
         hw["rx_atomic_requests"] += rxp // 100000
         if e:
             for k, v in (("rx_bytes_phy", rx), ("tx_bytes_phy", tx), ("rx_packets_phy", rxp),
-                         ("tx_packets_phy", txp), ("rx_bits_phy", rx * 8),
+                         ("tx_packets_phy", txp),
                          ("rx_vport_rdma_unicast_bytes", rx), ("tx_vport_rdma_unicast_bytes", tx),
                          ("rx_vport_rdma_unicast_packets", rxp), ("tx_vport_rdma_unicast_packets", txp),
                          ("rx_bytes", rx // 50), ("tx_bytes", tx // 50),  # netdev (non-RDMA) share
@@ -366,7 +366,7 @@ class Node:
             e["outbound_pci_stalled_wr"] = rng.randint(60, 95)  # host side: PCIe writes to memory stall
             e["outbound_pci_stalled_wr_events"] += rng.randint(500, 5000)
             e["rx_out_of_buffer"] += rng.randint(10**4, 10**6)
-            e["dev_out_of_buffer"] += rng.randint(100, 10000)
+            e["dev_internal_queue_oob"] += rng.randint(100, 10000)
         elif f == "ecn_congestion":
             pma["port_xmit_wait"] += int(s * 3e5)
             if e:  # RoCE only: IB ports have no ECN/CNP hw_counters
@@ -575,7 +575,7 @@ class Node:
                           f"tx_pause_storm_warning_events rising, tx_pause_storm_error_events {then}",
                           "rx_prio3_pause stays at its background rate (it receives no storm); rx bytes ~15%",
                           "host-side cause: outbound_pci_stalled_wr (gauge, %) high, outbound_pci_stalled_wr_events,"
-                          " rx_out_of_buffer, dev_out_of_buffer rising", "PFC/ECN config unchanged (no drift)"],
+                          " rx_out_of_buffer, dev_internal_queue_oob rising", "PFC/ECN config unchanged (no drift)"],
             "ecn_congestion": ([f"{port} {when}: np_ecn_marked_roce_packets, np_cnp_sent, rp_cnp_handled, "
                                 "rx_prio3_marked and port_xmit_wait rising",
                                 "rp_cnp_ignored flat (congestion control is on): congestion, not a config fault"]

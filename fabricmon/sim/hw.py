@@ -53,6 +53,7 @@ HW_PPCNT64 = ("rx_icrc_encapsulated",)
 HW_LIFESPAN_MS = 10
 
 # `ethtool -S` names of an mlx5 Ethernet netdev, in print order; outbound_pci_stalled_{rd,wr} are gauges (%).
+# No rx_bits_phy: the inbox driver (en_stats.c) has none, so the simulator must not invent it.
 # mlx5 lists the pause counters only for PFC-enabled priorities: priority 3 on every Ethernet NIC here.
 PFC_STATS = ("rx_prio3_pause", "rx_prio3_pause_duration", "rx_prio3_pause_transition", "tx_prio3_pause",
              "tx_prio3_pause_duration", "rx_prio3_buf_discard", "rx_prio3_cong_discard", "rx_prio3_marked",
@@ -61,15 +62,16 @@ ETH_STATS = (
     "rx_packets", "tx_packets", "rx_bytes", "tx_bytes", "rx_packets_phy", "tx_packets_phy", "rx_bytes_phy",
     "tx_bytes_phy", "rx_crc_errors_phy", "rx_symbol_err_phy", "rx_discards_phy", "tx_discards_phy",
     "rx_pause_ctrl_phy", "tx_pause_ctrl_phy", "rx_out_of_buffer", "link_down_events_phy",
-    "rx_buffer_passed_thres_phy", "tx_pause_storm_warning_events", "tx_pause_storm_error_events", "rx_bits_phy",
+    "rx_buffer_passed_thres_phy", "tx_pause_storm_warning_events", "tx_pause_storm_error_events",
     "rx_pcs_symbol_err_phy", "rx_corrected_bits_phy", "rx_err_lane_0_phy", "rx_err_lane_1_phy",
     "rx_err_lane_2_phy", "rx_err_lane_3_phy", "rx_vport_rdma_unicast_packets", "rx_vport_rdma_unicast_bytes",
     "tx_vport_rdma_unicast_packets", "tx_vport_rdma_unicast_bytes", "outbound_pci_buffer_overflow",
     "outbound_pci_stalled_rd", "outbound_pci_stalled_wr", "outbound_pci_stalled_rd_events",
-    "outbound_pci_stalled_wr_events", "dev_out_of_buffer", "module_unplug", "module_bus_stuck",
+    "outbound_pci_stalled_wr_events", "dev_internal_queue_oob", "module_unplug", "module_bus_stuck",
     "module_high_temp", "module_bad_shorted",
 ) + tuple(name for p in range(8) for name in (f"rx_prio{p}_bytes", f"rx_prio{p}_packets", f"tx_prio{p}_bytes",
                                               f"tx_prio{p}_packets") + (PFC_STATS if p == 3 else ()))
+ETH_Q32 = frozenset({"rx_out_of_buffer", "dev_internal_queue_oob"})  # 32-bit in firmware: they wrap
 ETH_GAUGES = frozenset({"outbound_pci_stalled_rd", "outbound_pci_stalled_wr"})
 PRIO_SHARE = (0.08, 0.0025, 0.0025, 0.9, 0.0025, 0.0025, 0.0025, 0.0025)  # RoCE on 3, TCP on 0
 ROCE_PRIORITY = 3

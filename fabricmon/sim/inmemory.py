@@ -31,6 +31,7 @@ from ..batch import NicHello, NodeBatch, NodeHello
 from ..model import CounterDelta, Labels, Sample, Semantics, Snapshot
 from ..rank_timing import JobLayout, RankTiming
 from ..sources.ethtool import ETHTOOL_UP, classify_stat
+from ..sources.infiniband import DATA_PER_NOMINAL
 from ..sources.infiniband import classify as ib_classify
 from ..sources.nvlink import NVLINK_ERROR_TYPES, THROTTLE_REASONS
 from .cluster import ClusterState
@@ -40,6 +41,7 @@ from .hw import (
 )
 
 _LANE = np.array([LANE_DGBPS[s] for s in SPEEDS], dtype=np.float64)
+_CODING = np.array([DATA_PER_NOMINAL[s] for s in SPEEDS], dtype=np.float64)
 
 
 @dataclass
@@ -88,6 +90,7 @@ class Catalog:
         G.append(_Gauge("fabricmon_ib_port_state", dp, ("state", d.index)))
         G.append(_Gauge("fabricmon_ib_port_physical_state", dp, ("phys", d.index)))
         G.append(_Gauge("fabricmon_ib_port_rate_bytes_per_second", dp, ("rate_Bps", d.index)))
+        G.append(_Gauge("fabricmon_ib_port_data_rate_bytes_per_second", dp, ("data_Bps", d.index)))
         G.append(_Gauge("fabricmon_ib_port_width_lanes", dp, ("width", d.index)))
         rail = "" if d.rail is None else str(d.rail)
         iface = d.ifname if d.ethernet else ""  # discovery names the netdev of RoCE ports only (GID table)
@@ -133,17 +136,18 @@ class Catalog:
             if cls.semantics is Semantics.GAUGE:
                 self.gauges.append(_Gauge(cls.family, labels, ("eth_gauge", K["eth:" + name], d.index, cls.scale)))
             else:
-                self.counters.append(_Counter(cls.family, labels, cls.semantics, 64, cls.scale, d.ifname,
-                                              ("C", K["eth:" + name], d.index, ("mask", 64), 1)))
+                self.counters.append(_Counter(cls.family, labels, cls.semantics, cls.width, cls.scale, d.ifname,
+                                              ("C", K["eth:" + name], d.index, ("mask", cls.width), 1)))
         self.gauges.append(_Gauge(ETHTOOL_UP, (("interface", d.ifname),), ("const", 1.0)))
 
     # -- fabric_config source -------------------------------------------------------------------
     def _fabric_config(self, d) -> None:
         iface = d.ifname if d.ethernet else ""
-        checks = ("pfc", "trust", "ecn_np", "ecn_rp", "mtu", "rate", "width") if d.ethernet else ("rate", "width")
+        # Ethernet ports get no width check: mlx5 prints their lane mode in IB terms.
+        checks = ("pfc", "trust", "ecn_np", "ecn_rp", "mtu", "rate") if d.ethernet else ("rate", "width")
         for check in checks:
             self.gauges.append(_Gauge("fabricmon_fabric_config_ok",
-                                      (("device", d.name), ("interface", iface), ("check", check)),
+                                      (("device", d.name), ("interface", iface), ("check", check), ("port", "1")),
                                       ("cfg", check, d.index)))
 
     # -- nvml source ------------------------------------------------------------------------------
@@ -248,11 +252,14 @@ class BatchBuilder:
             elif kind == "phys":
                 d = c.devs[gg.getter[1]]
                 vals[i] = np.where(c.up[:, d.index], 5, 2 if d.link_layer == "InfiniBand" else 3)
-            elif kind == "rate_Bps":
+            elif kind in ("rate_Bps", "data_Bps"):
                 d = c.devs[gg.getter[1]]
                 lanes, speed = DOWN_RATE[d.link_layer]
                 down = LANE_DGBPS[speed] * lanes / 10
                 vals[i] = np.where(c.up[:, d.index], gbps[:, d.index], down) * 1e9 / 8
+                if kind == "data_Bps" and not d.ethernet:  # the agent's data_rate_gbps: less IB line coding
+                    coding = np.where(c.up[:, d.index], _CODING[c.speed[:, d.index]], DATA_PER_NOMINAL[speed])
+                    vals[i] = vals[i] * coding
             elif kind == "width":
                 d = c.devs[gg.getter[1]]
                 vals[i] = np.where(c.up[:, d.index], c.lanes[:, d.index], DOWN_RATE[d.link_layer][0])

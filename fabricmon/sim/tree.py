@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .cluster import ClusterState
 from .hw import (
-    DOWN_RATE, ETH_STATS, HW_CONG64, HW_LIFESPAN_MS, HW_PPCNT64, HW_Q32, HW_ROCE_ACCL32, LANE_DGBPS, NGPU,
+    DOWN_RATE, ETH_Q32, ETH_STATS, HW_CONG64, HW_LIFESPAN_MS, HW_PPCNT64, HW_Q32, HW_ROCE_ACCL32, LANE_DGBPS, NGPU,
     NVLINKS, PMA_ERR_WIDTH, PMA_TRAFFIC, SPEEDS, GPU_NAME, K, gpu_pci_bus_id, mac_from_guid, rate_str,
 )
 
@@ -225,7 +225,9 @@ class NodeTree:
                         out.append("1" if row[prio] else "0")
                         if ap:
                             ap(os.path.join(nd, "ecn", side, "enable", str(prio)))
-                out.append("\n".join(["NIC statistics:"] + [f"     {k}: {v[kx['eth:' + k]]}" for k in ETH_STATS]))
+                # Q counters (rx_out_of_buffer) are 32-bit in firmware and wrap (see sources/ethtool.py).
+                out.append("\n".join(["NIC statistics:"] + [
+                    f"     {k}: {v[kx['eth:' + k]] & (_M32 if k in ETH_Q32 else _M64)}" for k in ETH_STATS]))
                 enabled = ["1" if pfc3[i][prio] else "0" for prio in range(8)]
                 out.append("\n".join([
                     "DCBX mode: OS controlled",

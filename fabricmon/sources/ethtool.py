@@ -252,6 +252,11 @@ STORM_EVENTS = "fabricmon_pfc_pause_storm_events_total"
 PHY_ERRORS = "fabricmon_netdev_phy_errors_total"
 PHY_BITS = "fabricmon_netdev_phy_received_bit_total"
 PHY_CORRECTED = "fabricmon_netdev_phy_corrected_bit_total"
+GLOBAL_PAUSE_FRAMES = "fabricmon_global_pause_frames_total"
+GLOBAL_PAUSE_SECONDS = "fabricmon_global_pause_seconds_total"
+GLOBAL_PAUSE_TRANSITIONS = "fabricmon_global_pause_transitions_total"
+PAUSE_CONTROL_FRAMES = "fabricmon_netdev_pause_control_frames_total"
+ECN_MARKED = "fabricmon_netdev_ecn_marked_packets_total"
 PCI_STALLED = "fabricmon_netdev_pci_stalled_ratio"
 ETHTOOL_STAT = "fabricmon_ethtool_stat"
 ETHTOOL_UP = "fabricmon_ethtool_up"
@@ -265,19 +270,49 @@ class StatClass:
     labels: tuple[tuple[str, str], ...]
     semantics: Semantics = Semantics.MONOTONIC
     scale: float = 1.0
+    width: int = 64
 
 
 _PRIO = re.compile(r"(rx|tx)_prio([0-7])_pause(_duration|_transition)?")
+# 802.3x (global, non-PFC) pause: mlx5 counts it in the priority-0 slot of the
+# per-priority register and names it apart (kernel commit e989d5a532ce); a port
+# running global pause has no prioN_pause counters moving at all.
+_GLOBAL = re.compile(r"(rx|tx)_global_pause(_duration|_transition)?")
+_PAUSE_CTRL = re.compile(r"(rx|tx)_pause_ctrl_phy")
+_MARKED = re.compile(r"rx_prio([0-7])_marked")
 _STORM = re.compile(r"tx_pause_storm_(warning|error)_events")
 _STALLED = re.compile(r"outbound_pci_stalled_(rd|wr)")
+# Names of older drivers, mapped to the current en_stats.c name so a kernel
+# upgrade does not split a series: mlx5 before kernel 4.8 (pport_802_3/2863
+# strings, renamed in "net/mlx5e: Reorganize ethtool statistics") and
+# dev_out_of_buffer (renamed dev_internal_queue_oob before it was merged, 2019).
+LEGACY_NAMES: dict[str, str] = {
+    "check_seq_err": "rx_crc_errors_phy",
+    "symbol_err": "rx_symbol_err_phy",
+    "too_long_errors": "rx_oversize_pkts_phy",
+    "in_range_len_errors": "rx_in_range_len_errors_phy",
+    "out_of_range_len": "rx_out_of_range_len_phy",
+    "unsupported_op_rx": "rx_unsupported_op_phy",
+    "in_discards": "rx_discards_phy",
+    "out_discards": "tx_discards_phy",
+    "out_errors": "tx_errors_phy",
+    "pause_ctrl_rx": "rx_pause_ctrl_phy",
+    "pause_ctrl_tx": "tx_pause_ctrl_phy",
+    "dev_out_of_buffer": "dev_internal_queue_oob",
+}
+# 32-bit in firmware, read with MLX5E_READ_CTR32_*, so they WRAP: the Q counters
+# (QUERY_Q_COUNTER out_of_buffer and friends; in switchdev mode the representor's
+# rx_vport_out_of_buffer) and the vNIC env dev_internal_queue_oob.
+_Q32 = frozenset({"rx_out_of_buffer", "rx_if_down_packets", "rx_vport_out_of_buffer", "dev_internal_queue_oob"})
 # Physical-layer errors and drops worth a series on every netdev (mlx5 counters.rst).
 _PHY_ERROR_NAMES = frozenset({
     "rx_crc_errors_phy", "rx_symbol_err_phy", "rx_pcs_symbol_err_phy", "rx_discards_phy", "tx_discards_phy",
-    "rx_out_of_buffer", "dev_out_of_buffer", "link_down_events_phy", "rx_buffer_passed_thres_phy",
+    "rx_out_of_buffer", "dev_internal_queue_oob", "link_down_events_phy", "rx_buffer_passed_thres_phy",
     "outbound_pci_stalled_rd_events", "outbound_pci_stalled_wr_events", "outbound_pci_buffer_overflow",
     "rx_pci_signal_integrity", "tx_pci_signal_integrity", "tx_errors_phy",
     "rx_in_range_len_errors_phy", "rx_out_of_range_len_phy", "rx_oversize_pkts_phy", "rx_undersize_pkts_phy",
-    "rx_fragments_phy", "rx_jabbers_phy", "rx_too_long_errors_phy", "rx_unsupported_op_phy",
+    "rx_fragments_phy", "rx_jabbers_phy", "rx_unsupported_op_phy",
+    "total_success_recovery_phy", "rx_if_down_packets", "rx_vport_out_of_buffer",
 })
 _PHY_ERROR_RE = re.compile(
     r"rx_prio[0-7]_(buf_discard|cong_discard|discards)|rx_err_lane_[0-9]+_phy|module_[a-z_]+"
@@ -300,9 +335,28 @@ def classify_stat(name: str, allow: tuple[re.Pattern[str], ...] = ()) -> StatCla
             return StatClass(PAUSE_SECONDS, (("priority", prio), ("direction", direction)), scale=1e-6)
         if direction == "rx":  # transitions are counted on receive only; a tx_ one falls to the allowlist
             return StatClass(PAUSE_TRANSITIONS, (("priority", prio),))
+    m = _GLOBAL.fullmatch(name)
+    if m:
+        direction, kind = m.groups()
+        if kind is None:
+            return StatClass(GLOBAL_PAUSE_FRAMES, (("direction", direction),))
+        if kind == "_duration":
+            return StatClass(GLOBAL_PAUSE_SECONDS, (("direction", direction),), scale=1e-6)
+        if direction == "rx":
+            return StatClass(GLOBAL_PAUSE_TRANSITIONS, ())
+    name = LEGACY_NAMES.get(name, name)
+    m = _PAUSE_CTRL.fullmatch(name)
+    if m:
+        return StatClass(PAUSE_CONTROL_FRAMES, (("direction", m.group(1)),))
+    m = _MARKED.fullmatch(name)
+    if m:
+        return StatClass(ECN_MARKED, (("priority", m.group(1)),))
     m = _STORM.fullmatch(name)
     if m:
         return StatClass(STORM_EVENTS, (("level", m.group(1)),))
+    # rx_bits_phy is exported where a driver has it, but the inbox mlx5 driver
+    # (en_stats.c) has none: nothing may depend on it.  The bit-error ratio's
+    # denominator is the data rate x time (fabricmon_ib_port_data_rate_bytes_per_second).
     if name == "rx_bits_phy":
         return StatClass(PHY_BITS, ())
     if name == "rx_corrected_bits_phy":
@@ -311,6 +365,8 @@ def classify_stat(name: str, allow: tuple[re.Pattern[str], ...] = ()) -> StatCla
     if m:
         return StatClass(PCI_STALLED, (("direction", m.group(1)),), Semantics.GAUGE, 0.01)
     if name in _PHY_ERROR_NAMES or _PHY_ERROR_RE.fullmatch(name):
+        if name in _Q32:
+            return StatClass(PHY_ERRORS, (("counter", name),), Semantics.WRAPPING, width=32)
         return StatClass(PHY_ERRORS, (("counter", name),))
     if any(p.search(name) for p in allow):
         # Unknown semantics (some are gauges, some counters): exported as read.
@@ -338,7 +394,7 @@ def stat_readings(
                 continue
             out.append(Reading(
                 cls.family, (("interface", interface), *cls.labels), value,
-                cls.semantics, 64, interface if cls.semantics is not Semantics.GAUGE else "", cls.scale,
+                cls.semantics, cls.width, interface if cls.semantics is not Semantics.GAUGE else "", cls.scale,
             ))
         return out
     if labels is None:
@@ -351,7 +407,7 @@ def stat_readings(
         lab = labels.get((interface, name))
         if lab is None:
             lab = labels[(interface, name)] = (("interface", interface), *cls.labels)
-        out.append(mk(cls.family, lab, value, cls.semantics, 64,
+        out.append(mk(cls.family, lab, value, cls.semantics, cls.width,
                       interface if cls.semantics is not Semantics.GAUGE else "", cls.scale))
     return out
 

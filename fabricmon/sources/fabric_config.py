@@ -1,7 +1,11 @@
 """Lossless-fabric configuration checks of rail NICs against the expected profile.
 
 For every rail port (a NIC with a rail; the frontend NIC has none) the source
-emits ``fabricmon_fabric_config_ok{device,interface,check}`` = 1 or 0:
+emits ``fabricmon_fabric_config_ok{device,interface,check,port}`` = 1 or 0, or
+``fabricmon_fabric_config_unknown{...}`` = 1 where the host answers but cannot
+tell (see trust below).  ``port`` keeps the two ports of a dual-port HCA apart
+(an IB port without IPoIB has no interface to do it); it comes last in the
+label tuple because the aggregator reads ``check`` at position 2.
 
 =========  ====================================================================
 check      passes when
@@ -10,12 +14,17 @@ pfc        PFC is enabled on *exactly* ``profile.pfc_priorities`` (RoCE only).
            Exact, not "at least the RoCE priority": PFC on an extra (lossy)
            class lets pauses spread to traffic that was meant to drop, which
            is a drift as real as PFC missing.
-trust      the trust mode (dscp or pcp) is ``profile.trust`` (RoCE only)
+trust      the trust mode (dscp or pcp) is ``profile.trust`` (RoCE only);
+           unknown when dcbnl's IEEE APP table is empty: that is what a VF,
+           or a port without DSCP support, answers, and it reads like pcp
 ecn_np     ``class/net/<if>/ecn/roce_np/enable/<roce_priority>`` is 1 (RoCE)
 ecn_rp     ``class/net/<if>/ecn/roce_rp/enable/<roce_priority>`` is 1 (RoCE)
 mtu        ``class/net/<if>/mtu`` >= ``profile.mtu`` (RoCE)
 rate       the port rate in Gb/s equals ``profile.rate_gbps``, ACTIVE ports only
-width      the port width in lanes equals ``profile.width``, ACTIVE ports only
+width      the port width in lanes equals ``profile.width``, ACTIVE InfiniBand
+           ports only: mlx5 prints an Ethernet port's lane mode in IB terms
+           (400GAUI-8 as "8X HDR", 200GAUI-2 as "2X NDR"), so a healthy RoCE
+           link's "width" is whatever its PHY mode is; the rate says it all
 =========  ====================================================================
 
 InfiniBand rail ports get rate and width only.  A check whose input does not
@@ -51,6 +60,8 @@ from .infiniband import parse_rate, parse_state
 from .inventory import Inventory, PortInfo
 
 FAMILY = "fabricmon_fabric_config_ok"
+UNKNOWN_FAMILY = "fabricmon_fabric_config_unknown"
+TRUST_UNKNOWN = "unknown"  # PfcInfo.trust when the host answered without saying
 _ACTIVE_STATES = (4, 5)  # ACTIVE, ACTIVE_DEFER: the link is up and reports its real rate
 
 
@@ -71,15 +82,16 @@ class PortFacts:
     pfc: PfcInfo | None = None
 
 
-def evaluate(facts: PortFacts, profile: Profile) -> dict[str, bool]:
-    """Check results for one rail port; a check without its facts is absent."""
-    out: dict[str, bool] = {}
+def evaluate(facts: PortFacts, profile: Profile) -> dict[str, bool | None]:
+    """Check results for one rail port: True/False, None when the host cannot
+    tell (unknown, not drift); a check without its facts is absent."""
+    out: dict[str, bool | None] = {}
     roce = facts.link_layer == "Ethernet"
     if roce:
         if facts.pfc is not None and facts.pfc.pfc_enabled is not None:
             out["pfc"] = facts.pfc.pfc_enabled == frozenset(profile.pfc_priorities)
         if facts.pfc is not None and facts.pfc.trust is not None:
-            out["trust"] = facts.pfc.trust == profile.trust
+            out["trust"] = None if facts.pfc.trust == TRUST_UNKNOWN else facts.pfc.trust == profile.trust
         if facts.ecn_np is not None:
             out["ecn_np"] = facts.ecn_np
         if facts.ecn_rp is not None:
@@ -90,7 +102,7 @@ def evaluate(facts: PortFacts, profile: Profile) -> dict[str, bool]:
     if facts.state in _ACTIVE_STATES:
         if facts.rate_gbps is not None:
             out["rate"] = abs(facts.rate_gbps - profile.rate_gbps) < 1e-6
-        if facts.width is not None:
+        if facts.width is not None and not roce:
             out["width"] = facts.width == profile.width
     return out
 
@@ -146,7 +158,9 @@ def parse_dcb_ieee(payload: bytes) -> PfcInfo:
     PFC: ``struct ieee_pfc.pfc_en`` bitmap.  Trust: dcbnl has no trust
     attribute on most kernels; mlx5 keeps the DSCP-to-priority map in the
     IEEE APP table (selector 5) exactly while trust is dscp, so any DSCP
-    entry means dscp and an APP table without one means pcp.
+    entry means dscp and a table with other entries but none for DSCP means
+    pcp.  An empty table is what a VF or a port without DSCP support answers
+    (dcbnl_ieee_fill always nests the table): that is "unknown", not pcp.
     """
     ieee = _attrs(payload).get(DCB_ATTR_IEEE)
     if ieee is None:
@@ -160,7 +174,7 @@ def parse_dcb_ieee(payload: bytes) -> PfcInfo:
     trust: str | None = None
     table = nested.get(DCB_ATTR_IEEE_APP_TABLE)
     if table is not None:
-        trust = "pcp"
+        trust = "pcp" if _attr_list(table) else TRUST_UNKNOWN
         for atype, app in _attr_list(table):
             if atype == DCB_ATTR_IEEE_APP and len(app) >= 1 and app[0] == IEEE_8021QAZ_APP_SEL_DSCP:
                 trust = "dscp"
@@ -260,7 +274,7 @@ class FabricConfigSource:
         self._dcb_cache: dict[str, tuple[float, PfcInfo | None]] = {}
         self._clock = clock
         self._memo = ReadingMemo()
-        self._labels: dict[tuple[str, str, str], tuple] = {}
+        self._labels: dict[tuple[str, str, str, str], tuple] = {}
 
     def _pfc_info(self, interface: str) -> PfcInfo | None:
         if self.ethtool_dir is not None:
@@ -348,11 +362,15 @@ class FabricConfigSource:
                 continue
             facts = self.port_facts(port, inventory.sysfs_root, result)
             for check, ok in evaluate(facts, self.profile).items():
-                key = (port.device, port.netdev, check)
+                key = (port.device, port.port, port.netdev, check)
                 lab = labels.get(key)
                 if lab is None:
-                    lab = labels[key] = (("device", port.device), ("interface", port.netdev), ("check", check))
-                result.readings.append(memo.get(FAMILY, lab, 1.0 if ok else 0.0))
+                    lab = labels[key] = (("device", port.device), ("interface", port.netdev), ("check", check),
+                                         ("port", port.port))
+                if ok is None:
+                    result.readings.append(memo.get(UNKNOWN_FAMILY, lab, 1.0))
+                else:
+                    result.readings.append(memo.get(FAMILY, lab, 1.0 if ok else 0.0))
         memo.commit()
         return result
 

@@ -1,7 +1,7 @@
 """InfiniBand / RoCE port state and counters from ``/sys/class/infiniband``.
 
 Per discovered port this reads ``state``, ``phys_state``, ``rate``, and every
-file of ``counters/``, ``counters_ext/`` (pre-4.5 kernels) and
+file of ``counters/``, ``counters_ext/`` (MLNX_OFED, pre-4.5 kernels) and
 ``hw_counters/``, and turns them into raw ``Reading``s; ``counters.py`` makes
 them monotonic.  Three facts drive the shape of this module:
 
@@ -50,8 +50,10 @@ __all__ = [
     "TRANSPORT_RETRY_COUNTERS",
     "CounterPlan",
     "InfinibandSource",
+    "DATA_PER_NOMINAL",
     "Rate",
     "classify",
+    "data_rate_gbps",
     "hw_counter_semantics",
     "parse_counter",
     "parse_phys_state",
@@ -89,8 +91,8 @@ _PORT_FAMILIES: dict[str, tuple[str, int]] = {
     "port_xmit_wait": ("fabricmon_ib_port_transmit_wait_total", 1),
 }
 
-#: Pre-4.5 kernels: counters_ext/ file -> the counters/ name it supersedes.
-#: The series keeps the modern name, so upgrading a kernel does not split it.
+#: counters_ext/ file -> the counters/ name it doubles.  The series keeps the
+#: modern name, so upgrading a kernel does not split it.
 EXT_SUPERSEDES: dict[str, str] = {
     "port_xmit_data_64": "port_xmit_data",
     "port_rcv_data_64": "port_rcv_data",
@@ -102,9 +104,15 @@ EXT_SUPERSEDES: dict[str, str] = {
     "port_multicast_rcv_packets": "multicast_rcv_packets",
 }
 
-#: On a legacy kernel these counters/ files are 32-bit PortCounters that
-#: saturate; when one is read from counters/ (no counters_ext twin) a pinned
-#: value is exported as fabricmon_ib_port_error_saturated instead of a flat rate.
+#: Where a port has counters_ext/ (MLNX_OFED and pre-4.5 kernels with mlx4),
+#: neither copy can be trusted alone: before kernel 4.5 ("IB/core: Display
+#: extended counter set if available") counters/ held the 32-bit PortCounters,
+#: which pin at 2^32 - 1, while on a real mlx4 HCA counters_ext/port_rcv_packets_64
+#: and port_xmit_packets_64 read 0 for good while counters/port_rcv_packets
+#: holds billions.  Both copies only ever grow, so the exported value is the
+#: larger of the two: the live 64-bit one wins over a pinned 32-bit twin, the
+#: live counters/ one over a dead _64, and the maximum of two monotonic
+#: sequences is itself monotonic, so switching between them never looks like a reset.
 _LEGACY_32 = frozenset(_PORT_FAMILIES) | frozenset(EXT_SUPERSEDES.values())
 _LEGACY_32_MAX = (1 << 32) - 1
 
@@ -193,6 +201,30 @@ def parse_rate(text: str) -> Rate:
     return Rate(gbps * 1e9 / 8, width, m[3] or "SDR", gbps)
 
 
+#: Data bits per signalled bit of an InfiniBand lane.  rate_show() prints
+#: 2.5/5/10 Gb/s per lane for SDR/DDR/QDR, which are 8b/10b encoded (80% data);
+#: FDR10 prints 10 for 10.3125 GBd at 64b/66b (10 Gb/s of data); FDR prints 14
+#: for 14.0625 GBd at 64b/66b (13.64 Gb/s of data); EDR and later print the
+#: data rate (25.78125 GBd at 64b/66b is 25 Gb/s; HDR/NDR/XDR PAM4 with FEC
+#: likewise).  IBTA Vol 2 and drivers/infiniband/core/verbs.c ib_rate_to_mbps().
+DATA_PER_NOMINAL: dict[str, float] = {
+    "SDR": 0.8, "DDR": 0.8, "QDR": 0.8,
+    "FDR10": 1.0, "FDR": 14.0625 * 64 / 66 / 14,
+    "EDR": 1.0, "HDR": 1.0, "NDR": 1.0, "XDR": 1.0,
+}
+
+
+def data_rate_gbps(rate: Rate, link_layer: str) -> float:
+    """The rate data can flow at: rate_show's number less the line coding.
+
+    An Ethernet (RoCE) port's rate is its Ethernet speed, a data rate already
+    (mlx5 only dresses it in IB speed names: 40GbE shows as "4X QDR").
+    """
+    if link_layer == "Ethernet":
+        return rate.gbps
+    return rate.gbps * DATA_PER_NOMINAL.get(rate.speed, 1.0)
+
+
 def parse_counter(data: bytes) -> int:
     """A counter file's content -> int.  Raises ValueError on anything but decimal digits.
 
@@ -219,7 +251,7 @@ class CounterPlan:
     scale: float  # Reading.scale: raw unit -> exported base unit (words -> bytes, ms -> s)
     families: tuple[tuple[str, bool], ...]  # (family, labelled with counter=<name>)
     counter: str  # value of the ``counter`` label (the modern sysfs name)
-    legacy_32: bool = False  # on a legacy kernel: a 32-bit PortCounter that saturates
+    legacy_32: bool = False  # beside counters_ext/: may be a 32-bit PortCounter that pins
 
 
 def classify(subdir: str, name: str, legacy: bool = False) -> CounterPlan:
@@ -312,7 +344,8 @@ class _FileSlot:
             return self.last
         out = [Reading(fam, lab, raw, sem, width, group, scale) for fam, lab, sem, width, group, scale in self.emits]
         if self.legacy_32:
-            out.append(Reading("fabricmon_ib_port_error_saturated", self.labels, 1 if raw >= _LEGACY_32_MAX else 0))
+            # Pinned means exactly 2^32 - 1: a 64-bit count past it is not pinned.
+            out.append(Reading("fabricmon_ib_port_error_saturated", self.labels, 1 if raw == _LEGACY_32_MAX else 0))
         self.last_raw = raw
         self.last = tuple(out)
         return self.last
@@ -449,6 +482,10 @@ class InfinibandSource:
                 fact["link_layer"] = link_layer
             except OSError as exc:
                 pp.fail("link_layer", exc)
+        if fact["rate_gbps"] is not None:
+            data = data_rate_gbps(Rate(0.0, fact["width"], fact["speed"], fact["rate_gbps"]), link_layer)
+            fact["data_rate_gbps"] = data
+            add(mk("fabricmon_ib_port_data_rate_bytes_per_second", dp, data * 1e9 / 8))
         add(mk("fabricmon_ib_port_info", dp + (
             ("rail", port.rail), ("link_layer", link_layer), ("interface", port.netdev),
             ("hca_type", dev.hca_type if dev else ""), ("fw_ver", dev.fw_ver if dev else ""),
@@ -459,13 +496,47 @@ class InfinibandSource:
 
     def _read_counters(self, pfd: int, port: PortInfo, pp: _PortPoll) -> None:
         dp: Labels = (("device", port.device), ("port", port.port))
-        # counters_ext first: on a legacy kernel its 64-bit files replace the
-        # saturating 32-bit twins in counters/, which are then not even read.
-        ext = self._read_dir(pfd, "counters_ext", False, frozenset(), dp, pp)
+        ext = self._read_ext(pfd, pp)
         legacy = ext is not None
-        superseded = frozenset(EXT_SUPERSEDES[n] for n in ext if n in EXT_SUPERSEDES) if ext else frozenset()
-        self._read_dir(pfd, "counters", legacy, superseded, dp, pp)
-        self._read_dir(pfd, "hw_counters", False, frozenset(), dp, pp)
+        names = self._read_dir(pfd, "counters", legacy, dp, pp, merge=ext)
+        if ext:
+            # counters_ext files without a counters/ twin are series of their own.
+            have = frozenset(names or ())
+            alone = [n for n in ext if EXT_SUPERSEDES.get(n, n) not in have]
+            if alone:
+                slots = self._file_slots("counters_ext", alone, False, dp, pp.key)
+                for slot in slots:
+                    pp.readings.extend(slot.readings(ext[slot.name]))
+        self._read_dir(pfd, "hw_counters", False, dp, pp)
+
+    def _read_ext(self, pfd: int, pp: _PortPoll) -> dict[str, int] | None:
+        """Raw values of counters_ext/ by file name; None when the port has no such dir."""
+        try:
+            sfd = os.open("counters_ext", _O_SUBDIR, dir_fd=pfd)
+        except FileNotFoundError as exc:
+            pp.enoent = True  # lets _poll_port notice a port that vanished
+            if (pp.key, "counters_ext") in self._seen_dirs:
+                pp.fail("counters_ext", exc)
+            return None
+        except OSError as exc:
+            pp.fail("counters_ext", exc)
+            return None
+        out: dict[str, int] = {}
+        try:
+            try:
+                names = sorted(os.listdir(sfd))
+            except OSError as exc:
+                pp.fail("counters_ext", exc)
+                return None
+            self._seen_dirs.add((pp.key, "counters_ext"))
+            for name in names:
+                try:
+                    out[name] = parse_counter(_read_at(sfd, name))
+                except (OSError, ValueError) as exc:
+                    pp.fail(f"counters_ext/{name}", exc)
+        finally:
+            os.close(sfd)
+        return out
 
     def _file_slots(self, subdir: str, names: list[str], legacy: bool, dp: Labels, key: str) -> list[_FileSlot]:
         ckey = (key, subdir, legacy)
@@ -478,13 +549,17 @@ class InfinibandSource:
         return slots
 
     def _read_dir(
-        self, pfd: int, subdir: str, legacy: bool, skip: frozenset[str], dp: Labels, pp: _PortPoll,
+        self, pfd: int, subdir: str, legacy: bool, dp: Labels, pp: _PortPoll,
+        merge: dict[str, int] | None = None,
     ) -> list[str] | None:
         """Read every file of one counter dir; return its names, None when the dir does not exist.
 
         A dir that never existed (bnxt_re has no counters/) is not an error;
-        one that existed on an earlier poll and is gone now is.
+        one that existed on an earlier poll and is gone now is.  ``merge``:
+        counters_ext values by file name; a counters/ file with a twin there
+        exports the larger of the two (see EXT_SUPERSEDES).
         """
+        twins = {EXT_SUPERSEDES[n]: v for n, v in merge.items() if n in EXT_SUPERSEDES} if merge else None
         key = pp.key
         try:
             sfd = os.open(subdir, _O_SUBDIR, dir_fd=pfd)
@@ -504,9 +579,8 @@ class InfinibandSource:
                 return None
             self._seen_dirs.add((key, subdir))
             names.sort()  # stable series order in the exposition
-            wanted = [n for n in names if n not in skip] if skip else names
             extend = pp.readings.extend
-            for slot in self._file_slots(subdir, wanted, legacy, dp, key):
+            for slot in self._file_slots(subdir, names, legacy, dp, key):
                 # Inlined _read_at and parse_counter: this loop runs ~500 times a poll.
                 try:
                     fd = os.open(slot.name, _O_FILE, dir_fd=sfd)
@@ -520,7 +594,12 @@ class InfinibandSource:
                 if not data.isdigit():
                     pp.fail(f"{subdir}/{slot.name}", ValueError(f"not an integer: {data[:40]!r}"))
                     continue
-                extend(slot.readings(int(data)))
+                raw = int(data)
+                if twins is not None:
+                    twin = twins.get(slot.name)
+                    if twin is not None and twin > raw:
+                        raw = twin
+                extend(slot.readings(raw))
             return names
         finally:
             os.close(sfd)
