@@ -93,6 +93,11 @@ SPECS: dict[str, MetricSpec] = _specs(
     ("fabricmon_nccl_bus_bandwidth_bytes_per_second", "gauge", "Mean bus bandwidth over the last interval.", ("rank", "comm", "collective")),
     ("fabricmon_rank_step_seconds", "gauge", "Last reported step time per rank.", ("job", "rank")),
     ("fabricmon_rank_comm_seconds", "gauge", "Last reported communication time per rank.", ("job", "rank")),
+    # --- input validation and discovery (sources/bounds.py, sources/inventory.py) ---
+    ("fabricmon_source_values_rejected_total", "counter",
+     "Values from hardware files, dumps or NVML refused at the validation boundary, by reason.", ("collector", "reason")),
+    ("fabricmon_devices_discovered", "gauge",
+     "Devices found by discovery, by kind (rdma_device, ib_port, roce_port, roce_netdev, netdev, gpu).", ("kind",)),
 )
 
 # Self-instrumentation, emitted by the exporter for every source.

@@ -30,12 +30,15 @@ dirs); nothing is walked recursively and counter files are opened with
 from __future__ import annotations
 
 import errno
+import math
 import os
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..model import Labels, Reading, ReadingMemo, Semantics, SourceResult
+from .bounds import Rejected, RejectCounts, counter_from_bytes
+from .errorlog import ErrorLog
 from .inventory import DeviceInfo, Inventory, PortInfo
 
 if TYPE_CHECKING:
@@ -154,7 +157,9 @@ def _parse_id_name(text: str, what: str) -> tuple[int, str]:
     num, sep, name = text.strip().partition(":")
     num = num.strip()
     if not sep or not num.isdigit():
-        raise ValueError(f"not a {what}: {text[:40]!r}")
+        raise Rejected("malformed", f"not a {what}: {text[:40]!r}")
+    if len(num) > 3 or int(num) > 255:  # IB state ids are u8 enums
+        raise Rejected("out_of_range", f"{what} id {num[:20]} beyond 255")
     return int(num), name.strip()
 
 
@@ -179,30 +184,30 @@ class Rate(NamedTuple):
 # empty speed name ("10 Gb/sec (4X)"), so the name is optional.
 _RATE_RE = re.compile(r"(\d+(?:\.\d+)?) Gb/sec \((\d+)X(?: ([A-Z][A-Z0-9]*))?\)")
 _WIDTHS = frozenset({1, 2, 4, 8, 12})
+_MAX_GBPS = 10_000.0  # 12X XDR is 2400 Gb/s; anything past this is a garbled file
 
 
 def parse_rate(text: str) -> Rate:
     """``"400 Gb/sec (4X NDR)"`` -> ``Rate(50e9, 4, "NDR", 400.0)``.  Raises ValueError."""
     m = _RATE_RE.fullmatch(text.strip())
     if m is None:
-        raise ValueError(f"not a port rate: {text[:40]!r}")
-    gbps = float(m[1])
-    width = int(m[2])
+        raise Rejected("malformed", f"not a port rate: {text[:40]!r}")
+    gbps = float(m[1]) if len(m[1]) <= 12 else math.inf
+    width = int(m[2]) if len(m[2]) <= 2 else 0
+    if not 0 <= gbps <= _MAX_GBPS:
+        raise Rejected("out_of_range", f"port rate {m[1][:20]} Gb/s outside 0..{_MAX_GBPS:g}")
     if width not in _WIDTHS:
-        raise ValueError(f"not a port width: {width}X in {text[:40]!r}")
+        raise Rejected("out_of_range", f"not a port width: {m[2][:20]}X in {text[:40]!r}")
     return Rate(gbps * 1e9 / 8, width, m[3] or "SDR", gbps)
 
 
-def parse_counter(data: bytes) -> int:
-    """A counter file's content -> int.  Raises ValueError on anything but decimal digits.
+def parse_counter(data: bytes, width: int = 64) -> int:
+    """A counter file's content -> int within ``width`` bits.  Raises ``bounds.Rejected`` (a ValueError).
 
     Stricter than ``int()``, which would take ``-5``, ``+5`` or ``1_000``;
     drivers put ``N/A (no PMA)`` or NUL-padded junk in these files.
     """
-    text = data.strip()
-    if not text.isdigit():  # bytes.isdigit is ASCII-only
-        raise ValueError(f"not an integer: {text[:40]!r}")
-    return int(text)
+    return counter_from_bytes(data, width)
 
 
 # --------------------------------------------------------------------------
@@ -282,6 +287,16 @@ def _read_at(dfd: int, name: str) -> bytes:
         os.close(fd)
 
 
+def _sysfs_path(subject: str, paths: dict[str, str]) -> str:
+    """``mlx5_0/1/counters/x`` (an error's subject) -> the file's sysfs path, for the log."""
+    dev, _, rest = subject.partition("/")
+    port, _, rel = rest.partition("/")
+    base = paths.get(f"{dev}/{port}")
+    if base is None:
+        return subject
+    return os.path.join(base, rel) if rel else base
+
+
 def _oserror_text(exc: OSError) -> str:
     return f"{type(exc).__name__}: {exc.strerror or exc}"
 
@@ -294,10 +309,11 @@ class _FileSlot:
     are reused: building a frozen dataclass costs more than reading the file.
     """
 
-    __slots__ = ("name", "emits", "legacy_32", "labels", "last_raw", "last")
+    __slots__ = ("name", "emits", "legacy_32", "labels", "last_raw", "last", "width")
 
     def __init__(self, name: str, plan: CounterPlan, dp: Labels, group: str) -> None:
         self.name = name
+        self.width = plan.width
         self.legacy_32 = plan.legacy_32
         self.labels: Labels = dp + (("counter", plan.counter),)
         self.emits = tuple(
@@ -325,15 +341,18 @@ class _PortPoll:
     instead of one per file, and drop its half-read series.
     """
 
-    __slots__ = ("key", "readings", "errors", "enoent")
+    __slots__ = ("key", "readings", "errors", "enoent", "rejected")
 
     def __init__(self, key: str) -> None:
         self.key = key
         self.readings: list[Reading] = []
         self.errors: list[str] = []
         self.enoent = False
+        self.rejected: list[str] = []  # reasons of values refused by bounds
 
     def fail(self, what: str, exc: Exception) -> None:
+        if isinstance(exc, Rejected):
+            self.rejected.append(exc.reason)
         if isinstance(exc, OSError):
             if exc.errno == errno.ENOENT:
                 self.enoent = True
@@ -361,6 +380,9 @@ class InfinibandSource:
         self._slots: dict[tuple[str, str, bool], tuple[list[str], list[_FileSlot]]] = {}
         # Per-port attribute Readings (state, rate, info, up): same object while unchanged.
         self._memo = ReadingMemo()
+        self._rejects = RejectCounts(self.name)
+        self._errlog = ErrorLog(self.name)
+        self._missing_log = ErrorLog(self.name, every=600.0)
 
     def close(self) -> None:
         pass  # no handles kept between polls
@@ -371,6 +393,7 @@ class InfinibandSource:
         result = SourceResult(self.name, present=bool(inventory.ports))
         devices = {d.name: d for d in inventory.devices}
         ports_facts: dict[str, dict] = {}
+        paths = {f"{p.device}/{p.port}": p.path for p in inventory.ports}
         self._memo.begin()
         for port in inventory.ports:
             key = f"{port.device}/{port.port}"
@@ -382,7 +405,19 @@ class InfinibandSource:
             result.readings.extend(pp.readings)
             for msg in pp.errors:
                 result.error(msg)
+            for reason in pp.rejected:
+                self._rejects.add(reason)
         self._memo.commit()
+        result.readings.extend(self._rejects.readings())
+        result.readings.extend(
+            self._memo.get("fabricmon_devices_discovered", (("kind", kind),), n)
+            for kind, n in inventory.discovered_counts().items()
+        )
+        if result.messages:
+            self._errlog.report(result.messages, lambda subject: _sysfs_path(subject, paths))
+        missing = inventory.expected_but_missing
+        if missing:
+            self._missing_log.report([f"discovery: {missing}"])
         result.facts["ports"] = ports_facts
         if len(self._slots) > 3 * len(inventory.ports) + 3:
             # Forget ports that are gone (unplugged, renamed) so the cache stays bounded.
@@ -511,16 +546,20 @@ class InfinibandSource:
                 try:
                     fd = os.open(slot.name, _O_FILE, dir_fd=sfd)
                     try:
-                        data = os.read(fd, _READ_SIZE).strip()
+                        data = os.read(fd, _READ_SIZE)
                     finally:
                         os.close(fd)
                 except OSError as exc:
                     pp.fail(f"{subdir}/{slot.name}", exc)
                     continue
-                if not data.isdigit():
-                    pp.fail(f"{subdir}/{slot.name}", ValueError(f"not an integer: {data[:40]!r}"))
+                try:
+                    if len(data) >= _READ_SIZE:  # a counter is <= 20 digits: this file is something else
+                        raise Rejected("too_long", f"file holds {_READ_SIZE} bytes or more")
+                    value = counter_from_bytes(data, slot.width)
+                except Rejected as exc:
+                    pp.fail(f"{subdir}/{slot.name}", exc)
                     continue
-                extend(slot.readings(int(data)))
+                extend(slot.readings(value))
             return names
         finally:
             os.close(sfd)

@@ -47,6 +47,38 @@ class Inventory:
     ports: tuple[PortInfo, ...] = ()
     errors: tuple[str, ...] = ()  # discovery problems (unreadable device attributes)
     extra_netdevs: tuple[str, ...] = field(default=())  # configured netdevs without an RDMA port
+    expected_ports: int = 0  # the config expects at least this many RDMA ports (0: no expectation)
+
+    def discovered_counts(self) -> dict[str, int]:
+        """``fabricmon_devices_discovered{kind}``: what discovery found, by kind.
+
+        An empty or wrong ``--sysfs-root`` shows as zeros here instead of as
+        silently missing series.
+        """
+        return {
+            "rdma_device": len(self.devices),
+            "ib_port": sum(1 for p in self.ports if p.link_layer == "InfiniBand"),
+            "roce_port": sum(1 for p in self.ports if p.link_layer == "Ethernet"),
+            "roce_netdev": len({p.netdev for p in self.ports if p.link_layer == "Ethernet" and p.netdev}),
+        }
+
+    @property
+    def expected_but_missing(self) -> str:
+        """Why the RDMA ports the config expects are not there; "" when they are (or none are expected).
+
+        For readiness and logs: a wrong ``--sysfs-root`` otherwise looks
+        exactly like a healthy node without RDMA hardware.
+        """
+        if self.expected_ports <= 0 or len(self.ports) >= self.expected_ports:
+            return ""
+        base = os.path.join(self.sysfs_root, "class", "infiniband")
+        if not os.path.isdir(base):
+            where = f"{base} does not exist (is the sysfs root right?)"
+        elif not self.devices:
+            where = f"no RDMA device under {base}"
+        else:
+            where = f"{len(self.devices)} RDMA device(s) under {base}"
+        return f"expected at least {self.expected_ports} RDMA port(s), found {len(self.ports)}: {where}"
 
     def netdevs(self) -> list[str]:
         """Every netdev to read ethtool stats from: those backing RDMA ports, then configured extras."""
@@ -117,6 +149,7 @@ def discover(
     extra_netdevs: tuple[str, ...] = (),
     rail_memory: dict[str, str] | None = None,
     cache: dict | None = None,
+    expected_ports: int = 0,
 ) -> Inventory:
     """Discover RDMA devices.  ``cache`` (kept by the caller across polls) skips
     re-reading a device whose sysfs entry is the same one as last time (same
@@ -188,4 +221,4 @@ def discover(
     if cache is not None:
         for gone in set(cache) - set(identity):
             del cache[gone]
-    return Inventory(sysfs_root, tuple(devices), tuple(ports), tuple(errors), tuple(extra_netdevs))
+    return Inventory(sysfs_root, tuple(devices), tuple(ports), tuple(errors), tuple(extra_netdevs), expected_ports)
