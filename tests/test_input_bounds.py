@@ -9,7 +9,6 @@ non-finite or out-of-width number in the snapshot.
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 from pathlib import Path
@@ -301,16 +300,13 @@ def test_error_log_remembers_a_bounded_number_of_files() -> None:
     assert len(cap.events) == 10 and len(el._seen) == 10
 
 
-def test_error_log_goes_through_structlog(tmp_path: Path, capsys) -> None:
-    from fabricmon.logs import configure_logging
+def test_error_log_goes_through_structlog() -> None:
+    from structlog.testing import capture_logs
 
-    configure_logging("json", "info", stream=__import__("sys").stdout)
-    try:
+    with capture_logs() as logs:
         ErrorLog("ethtool").report(["eth9: bad dump"])
-    finally:
-        logging.getLogger().handlers.clear()
-    out = capsys.readouterr().out
-    assert '"event": "source_file_error"' in out and '"path": "eth9"' in out
+    assert logs == [{"event": "source_file_error", "log_level": "warning", "collector": "ethtool", "path": "eth9",
+                     "error": "bad dump", "suppressed_since_last": 0}]
 
 
 # --------------------------------------------------------------------------- case 9: empty or wrong sysfs root
@@ -354,3 +350,98 @@ def test_agent_config_expectation_reaches_discovery(tmp_path: Path) -> None:
     (tmp_path / "a.yaml").write_text("sources:\n  infiniband:\n    expected_ports: 0\n")
     cfg = load_agent_config(tmp_path / "a.yaml", {"sysfs_root": str(tmp_path)})
     assert make_discover(cfg)().expected_but_missing == ""
+
+
+# --------------------------------------------------------------------------- ethtool, fuzzed
+
+from fabricmon.sources import ethtool as eth  # noqa: E402
+
+_stat_line = st.tuples(
+    st.one_of(st.sampled_from(["rx_prio3_pause", "tx_prio3_pause_duration", "rx_discards_phy", "rx_bits_phy",
+                               "outbound_pci_stalled_rd", "tx_pause_storm_error_events", "x" * 80]),
+              st.text(max_size=12)),
+    st.one_of(st.integers(min_value=-(2**70), max_value=2**70).map(str), st.text(max_size=12),
+              st.sampled_from(["1e38", "nan", "inf", "18446744073709551615", "18446744073709551616", "0x10"])),
+).map(lambda t: f"     {t[0]}: {t[1]}")
+
+
+@FUZZ
+@given(st.one_of(st.lists(_stat_line, max_size=20).map("\n".join), st.text(max_size=300)))
+def test_parse_ethtool_dump_any_text(text: str) -> None:
+    dump = eth.parse_ethtool_dump(text)
+    names = [n for n, _ in dump.stats]
+    assert len(names) == len(set(names))
+    for name, v in dump.stats:
+        assert type(v) is int and 0 <= v <= U64_MAX and len(name) <= eth.MAX_NAME_LEN
+    for _, rej in dump.rejected:
+        assert rej.reason in REASONS
+
+
+@FUZZ
+@given(st.binary(max_size=600), st.integers(min_value=0, max_value=40))
+def test_parse_gstats_and_gstrings_any_buffer(raw: bytes, room: int) -> None:
+    try:
+        values = eth.parse_gstats(raw, room)
+    except Rejected as exc:
+        assert exc.reason == "too_long"
+    else:
+        assert len(values) <= room and all(0 <= v <= U64_MAX for v in values)
+    try:
+        names = eth.parse_gstrings(raw, room)
+    except Rejected as exc:
+        assert exc.reason == "too_long"
+    else:
+        assert len(names) <= room and all(len(n) < eth.ETH_GSTRING_LEN for n in names)
+
+
+def test_gstats_round_trip() -> None:
+    import struct
+
+    vals = [0, 1, U64_MAX]
+    raw = struct.pack("=II3Q", eth.ETHTOOL_GSTATS, 3, *vals) + b"\0" * 16
+    assert eth.parse_gstats(raw, 5) == vals
+    with pytest.raises(Rejected):
+        eth.parse_gstats(raw, 2)  # the kernel wrote more than the room we gave it
+
+
+def test_absurd_stat_count_from_the_driver_is_refused() -> None:
+    class Fake(eth.EthtoolIoctl):
+        def _ioctl(self, interface, op, buf):  # GSSET_INFO answers 2^32 - 1 stats
+            import struct
+
+            struct.pack_into("=IIQI", buf, 0, eth.ETHTOOL_GSSET_INFO, 0, 1 << eth.ETH_SS_STATS, 2**32 - 1)
+
+    with pytest.raises(eth.EthtoolError) as exc:
+        Fake().read("eth0")
+    assert exc.value.errno == __import__("errno").E2BIG
+
+
+@FUZZ
+@given(files=st.dictionaries(st.sampled_from(["eth0", "eth1", "eth2"]),
+                             st.one_of(st.binary(max_size=200),
+                                       st.lists(_stat_line, max_size=10).map(lambda ls: "\n".join(ls).encode())),
+                             min_size=1, max_size=3))
+def test_ethtool_source_any_dump(tmp_path_factory, files) -> None:
+    d = tmp_path_factory.mktemp("eth")
+    for name, data in files.items():
+        (d / f"{name}.txt").write_bytes(data)
+
+    class Inv:
+        def netdevs(self):
+            return list(files)
+
+    from fabricmon.config import EthtoolSource as C
+
+    src = eth.EthtoolSource(config=C(allow=(".",)), ethtool_dir=str(d))
+    poller = Poller("n", [src], lambda: Inv(), inline_all=True)  # type: ignore[arg-type,return-value]
+    try:
+        poller.poll_once()
+        snap = poller.poll_once()
+    finally:
+        poller.close()
+    assert_snapshot_in_bounds(snap)
+    keys = [(s.family, s.labels) for s in snap.samples]
+    assert len(keys) == len(set(keys))  # no duplicate series in the exposition
+    up = {dict(s.labels)["interface"]: s.value for s in snap.samples if s.family == "fabricmon_ethtool_up"}
+    assert set(up) == set(files)
+    exposition(snap)
