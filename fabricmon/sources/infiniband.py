@@ -407,12 +407,12 @@ class InfinibandSource:
                 result.error(msg)
             for reason in pp.rejected:
                 self._rejects.add(reason)
-        self._memo.commit()
-        result.readings.extend(self._rejects.readings())
         result.readings.extend(
             self._memo.get("fabricmon_devices_discovered", (("kind", kind),), n)
             for kind, n in inventory.discovered_counts().items()
         )
+        self._memo.commit()
+        result.readings.extend(self._rejects.readings())
         if result.messages:
             self._errlog.report(result.messages, lambda subject: _sysfs_path(subject, paths))
         missing = inventory.expected_but_missing
