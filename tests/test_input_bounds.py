@@ -319,7 +319,7 @@ def test_wrong_sysfs_root_is_visible_in_metrics_and_inventory(tmp_path: Path) ->
     assert discover(str(tmp_path / "empty")).expected_but_missing == ""  # nothing expected: nothing missing
     cap = _Capture()
     src = InfinibandSource(timeout=5.0)
-    src._missing_log = ErrorLog("infiniband", every=600.0, clock=lambda: 0.0, logger=cap)
+    src._missing_log = ErrorLog("infiniband", every=600.0, clock=lambda: 0.0, logger=cap, event="missing")
     poller = Poller("n", [src], lambda: discover(str(tmp_path / "empty"), expected_ports=1), inline_all=True)
     try:
         for _ in range(3):
@@ -330,6 +330,7 @@ def test_wrong_sysfs_root_is_visible_in_metrics_and_inventory(tmp_path: Path) ->
     for kind in ("rdma_device", "ib_port", "roce_port", "roce_netdev"):
         assert s[("fabricmon_devices_discovered", (("kind", kind),))] == 0
     assert len(cap.events) == 1 and "expected at least 1 RDMA port(s), found 0" in cap.events[0]["error"]
+    assert cap.events[0]["path"] == str(tmp_path / "empty") and cap.events[0]["event"] == "missing"
 
 
 def test_devices_discovered_counts_a_real_tree(tmp_path: Path) -> None:

@@ -33,8 +33,10 @@ class ErrorLog:
         max_subjects: int = 1024,
         clock: Callable[[], float] = time.monotonic,
         logger=None,
+        event: str = "source_file_error",
     ) -> None:
         self.collector = collector
+        self.event = event
         self.every = every
         self.max_subjects = max_subjects
         self._clock = clock
@@ -63,7 +65,7 @@ class ErrorLog:
             suppressed = entry[1] if entry is not None else 0
             self._seen[subject] = [now, 0]
             self._log.warning(
-                "source_file_error", collector=self.collector,
+                self.event, collector=self.collector,
                 path=path_of(subject) if path_of is not None else subject,
                 error=message[len(subject) + 2:] if len(message) > len(subject) else message,
                 suppressed_since_last=suppressed,

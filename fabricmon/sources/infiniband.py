@@ -382,7 +382,7 @@ class InfinibandSource:
         self._memo = ReadingMemo()
         self._rejects = RejectCounts(self.name)
         self._errlog = ErrorLog(self.name)
-        self._missing_log = ErrorLog(self.name, every=600.0)
+        self._missing_log = ErrorLog(self.name, every=600.0, event="expected_devices_missing")
 
     def close(self) -> None:
         pass  # no handles kept between polls
@@ -417,7 +417,7 @@ class InfinibandSource:
             self._errlog.report(result.messages, lambda subject: _sysfs_path(subject, paths))
         missing = inventory.expected_but_missing
         if missing:
-            self._missing_log.report([f"discovery: {missing}"])
+            self._missing_log.report([f"{inventory.sysfs_root}: {missing}"])
         result.facts["ports"] = ports_facts
         if len(self._slots) > 3 * len(inventory.ports) + 3:
             # Forget ports that are gone (unplugged, renamed) so the cache stays bounded.
