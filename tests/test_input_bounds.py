@@ -446,3 +446,20 @@ def test_ethtool_source_any_dump(tmp_path_factory, files) -> None:
     up = {dict(s.labels)["interface"]: s.value for s in snap.samples if s.family == "fabricmon_ethtool_up"}
     assert set(up) == set(files)
     exposition(snap)
+
+
+@FUZZ
+@given(st.one_of(st.integers(min_value=-(2**70), max_value=2**70), st.floats()),
+       st.sampled_from(list(Semantics)), st.sampled_from([8, 32, 64]))
+def test_screen_readings_passes_only_finite_in_width(value, sem: Semantics, width: int) -> None:
+    from fabricmon.model import Reading
+
+    rc = RejectCounts("x")
+    errors: list[str] = []
+    out = bounds.screen_readings([Reading("f", (), value, sem, width)], rc, errors)
+    if out:
+        assert math.isfinite(value)
+        if sem is not Semantics.GAUGE:
+            assert 0 <= value < 2**width
+    else:
+        assert rc.count() == 1 and len(errors) == 1

@@ -168,14 +168,30 @@ def screen_readings(readings: Iterable[Reading], rejects: RejectCounts, errors: 
     ``rejects`` and described in ``errors``.
     """
     out: list[Reading] = []
+    gauge = Semantics.GAUGE
     for r in readings:
         v = r.value
+        t = type(v)
+        # Fast paths (this runs over every Reading of a poll): a plain int
+        # within its width, or a finite float gauge (inf - inf and nan - nan are nan).
+        if t is int and 0 <= v and not v >> r.width:
+            out.append(r)
+            continue
+        if t is float and r.semantics is gauge and v - v == 0.0:
+            out.append(r)
+            continue
         try:
             if r.semantics is Semantics.GAUGE:
                 if isinstance(v, float):
                     check_finite(v, r.family)
                 elif not isinstance(v, int):
                     raise Rejected("not_integer", f"{r.family} is a {type(v).__name__}")
+            elif isinstance(v, float):
+                # A counter from a double field: the tracker truncates it, so
+                # only finiteness and range matter here.
+                check_finite(v, r.family)
+                if not 0.0 <= v < float(1 << min(r.width, 64)):
+                    raise Rejected("out_of_range", f"{r.family} {v:g} outside its {r.width}-bit width")
             else:
                 counter_value(v, r.width, r.family)
         except Rejected as exc:
