@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .configload import ConfigError, build, check_hostport, check_range, check_regexes, load_yaml_file
+from .sources.bounds import valid_ifname
 
 __all__ = ["AgentConfig", "ConfigError", "load_agent_config"]
 
@@ -68,6 +69,10 @@ class EthtoolSource:
 
     def validate(self, path: str, source: str) -> None:
         check_regexes(self.allow, f"{path}.allow", source)
+        for i, name in enumerate(self.interfaces):
+            if not valid_ifname(name):
+                raise ConfigError(f"{source}: {path}.interfaces[{i}]: not a netdev name "
+                                  f"(1-15 characters, no '/', ':' or spaces), got {name!r}")
         _timeout(self.timeout, f"{path}.timeout", source)
 
 

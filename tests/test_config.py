@@ -109,6 +109,8 @@ def test_check_config_ok(tmp_path):
         ("sources:\n  ethtool:\n    timeout: 1\n    timeout: 2\n",
          "agent.yaml: sources.ethtool.timeout: duplicate key (lines 3 and 4)"),
         ("rails: {mlx5_0: 0, mlx5_0: 1}\n", "agent.yaml: rails.mlx5_0: duplicate key"),
+        ("sources:\n  ethtool:\n    interfaces: [eth0, ../../etc/x]\n",
+         "agent.yaml: sources.ethtool.interfaces[1]: not a netdev name"),
     ],
 )
 def test_numeric_fields_are_finite_and_in_range_and_keys_unique(tmp_path, text, expected):

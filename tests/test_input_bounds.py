@@ -463,3 +463,32 @@ def test_screen_readings_passes_only_finite_in_width(value, sem: Semantics, widt
             assert 0 <= value < 2**width
     else:
         assert rc.count() == 1 and len(errors) == 1
+
+
+# --------------------------------------------------------------------------- discovery attributes
+
+
+def test_junk_device_attributes_and_netdev_names_are_refused(tmp_path: Path) -> None:
+    port = make_port(tmp_path, attrs={"link_layer": b"Ethernet\n"})
+    dev = port.parent.parent
+    (dev / "fw_ver").write_bytes(b"9" * 4000)
+    (dev / "board_id").write_bytes(b"MT_0000000838\n")
+    (port / "gid_attrs" / "ndevs").mkdir(parents=True)
+    (port / "gid_attrs" / "ndevs" / "0").write_text("../../../etc/passwd\n")
+    inv = discover(str(tmp_path))
+    (d,) = inv.devices
+    assert d.fw_ver == "" and d.board_id == "MT_0000000838"
+    assert inv.ports[0].netdev == ""  # never joined onto --ethtool-dir
+    assert len(inv.errors) == 2
+    snap = poll_tree(tmp_path)
+    s = samples(snap)
+    assert s[(REJECTED, (("collector", "infiniband"), ("reason", "too_long")))] == 1
+    assert s[(REJECTED, (("collector", "infiniband"), ("reason", "malformed")))] == 1
+
+
+@FUZZ
+@given(st.text(max_size=40))
+def test_valid_ifname_never_lets_a_path_through(name: str) -> None:
+    if bounds.valid_ifname(name):
+        assert os.path.basename(os.path.join("/d", f"{name}.txt")) == f"{name}.txt"
+        assert len(name.encode()) < 16

@@ -40,6 +40,8 @@ __all__ = [
     "counter_value",
     "read_bounded",
     "screen_readings",
+    "valid_ifname",
+    "valid_label_text",
 ]
 
 U64_MAX = (1 << 64) - 1
@@ -134,6 +136,21 @@ def check_gauge(value: object, lo: float, hi: float, what: str = "value") -> flo
     if not lo <= v <= hi:
         raise Rejected("out_of_range", f"{what} {v:g} outside {lo:g}..{hi:g}")
     return v
+
+
+# Linux netdev names: at most IFNAMSIZ - 1 = 15 bytes, no "/", no whitespace, not "." or ".."
+# (net/core/dev.c dev_valid_name).  A name is also a file name under --ethtool-dir.
+def valid_ifname(name: str) -> bool:
+    return (0 < len(name) < 16 and name not in (".", "..") and name.isprintable()
+            and not any(c in name for c in "/: \t") and name.isascii())
+
+
+MAX_LABEL_TEXT = 128  # device attributes used as label values (fw_ver, board_id, node_guid, hca_type)
+
+
+def valid_label_text(text: str) -> bool:
+    """A short printable attribute: a 4 KiB sysfs page of junk must not become a label value."""
+    return len(text) <= MAX_LABEL_TEXT and text.isprintable()
 
 
 def read_bounded(path: str, limit: int, flags: int = os.O_RDONLY | os.O_CLOEXEC) -> bytes:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from ..config import AgentConfig
 from ..config import EthtoolSource as EthtoolConfig
 from ..model import Labels, Reading, ReadingMemo, Semantics, SourceResult
-from .bounds import Rejected, RejectCounts, counter_from_text, read_bounded
+from .bounds import Rejected, RejectCounts, counter_from_text, read_bounded, valid_ifname
 from .errorlog import ErrorLog
 from .inventory import Inventory
 
@@ -487,6 +487,8 @@ class EthtoolSource:
                     kept.setdefault(n, v)
                 return EthtoolDump(list(kept.items()), dups)
             return EthtoolDump(stats, [])
+        if not valid_ifname(interface):  # the name becomes a path: "../x" must not reach open()
+            raise Rejected("malformed", f"not a netdev name: {interface[:40]!r}")
         path = os.path.join(self.ethtool_dir, f"{interface}.txt")
         try:
             data = read_bounded(path, MAX_DUMP_BYTES)

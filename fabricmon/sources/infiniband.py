@@ -287,6 +287,9 @@ def _read_at(dfd: int, name: str) -> bytes:
         os.close(fd)
 
 
+_REJECT_REASON = re.compile(r": rejected \((\w+)\)")
+
+
 def _sysfs_path(subject: str, paths: dict[str, str]) -> str:
     """``mlx5_0/1/counters/x`` (an error's subject) -> the file's sysfs path, for the log."""
     dev, _, rest = subject.partition("/")
@@ -395,6 +398,11 @@ class InfinibandSource:
         ports_facts: dict[str, dict] = {}
         paths = {f"{p.device}/{p.port}": p.path for p in inventory.ports}
         self._memo.begin()
+        for msg in inventory.errors:  # attributes discovery refused (a junk fw_ver, a "../x" netdev)
+            result.error(msg)
+            m = _REJECT_REASON.search(msg)
+            if m:
+                self._rejects.add(m.group(1))
         for port in inventory.ports:
             key = f"{port.device}/{port.port}"
             try:

@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from .base_io import list_dir, read_text
+from .bounds import valid_ifname, valid_label_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +109,22 @@ def _read_or(path: str, default: str = "") -> str:
         return default
 
 
+def _read_label(path: str, errors: list[str]) -> str:
+    """A device attribute that becomes a label value; "" (and a discovery error) when it is not short text."""
+    text = _read_or(path)
+    if text and not valid_label_text(text):
+        errors.append(f"{path}: rejected (too_long): not a short printable attribute ({len(text)} characters)")
+        return ""
+    return text
+
+
+def _numa(text: str) -> int:
+    # -1 (no NUMA) up to a generous node count; anything else is unknown.
+    if text.lstrip("-").isdigit() and len(text) <= 5 and -1 <= int(text) <= 4095:
+        return int(text)
+    return -1
+
+
 def assign_rails(
     devices: list[tuple[str, str]], configured: dict[str, int], memory: dict[str, str] | None = None
 ) -> dict[str, str]:
@@ -176,7 +193,7 @@ def discover(
             if hit is not None and hit[0] == identity[name]:
                 raw.append((name, dpath, hit[1].hca_type))
                 continue
-        raw.append((name, dpath, _read_or(os.path.join(dpath, "hca_type"))))
+        raw.append((name, dpath, _read_label(os.path.join(dpath, "hca_type"), errors)))
     rail_of = assign_rails([(n, h) for n, _, h in raw], rails or {}, rail_memory)
 
     devices: list[DeviceInfo] = []
@@ -196,13 +213,13 @@ def discover(
         pci_bdf = os.path.basename(real) if os.path.isdir(real) else ""
         dev_dir = os.path.join(dpath, "device")
         numa_text = _read_or(os.path.join(dev_dir, "numa_node"), "-1")
-        numa = int(numa_text) if numa_text.lstrip("-").isdigit() else -1
-        netdevs = tuple(list_dir(os.path.join(dev_dir, "net")))
+        numa = _numa(numa_text)
+        netdevs = tuple(n for n in list_dir(os.path.join(dev_dir, "net")) if valid_ifname(n))
         info = DeviceInfo(
             name=name, path=dpath, pci_bdf=pci_bdf, numa_node=numa, hca_type=hca,
-            fw_ver=_read_or(os.path.join(dpath, "fw_ver")),
-            node_guid=_read_or(os.path.join(dpath, "node_guid")),
-            board_id=_read_or(os.path.join(dpath, "board_id")),
+            fw_ver=_read_label(os.path.join(dpath, "fw_ver"), errors),
+            node_guid=_read_label(os.path.join(dpath, "node_guid"), errors),
+            board_id=_read_label(os.path.join(dpath, "board_id"), errors),
             rail=rail_of.get(name, ""), netdevs=netdevs,
         )
         devices.append(info)
@@ -213,6 +230,10 @@ def discover(
             if link_layer == "Ethernet":
                 # RoCE: the GID table names the netdev; fall back to the PCI function's netdev.
                 netdev = _read_or(os.path.join(ppath, "gid_attrs", "ndevs", "0"))
+                if netdev and not valid_ifname(netdev):
+                    # It names a file under --ethtool-dir: "../x" must not reach open().
+                    errors.append(f"{ppath}/gid_attrs/ndevs/0: rejected (malformed): not a netdev name {netdev[:40]!r}")
+                    netdev = ""
                 if not netdev and len(netdevs) == 1:
                     netdev = netdevs[0]
             ports.append(PortInfo(name, port, ppath, link_layer, netdev, info.rail))
