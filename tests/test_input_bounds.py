@@ -492,3 +492,48 @@ def test_valid_ifname_never_lets_a_path_through(name: str) -> None:
     if bounds.valid_ifname(name):
         assert os.path.basename(os.path.join("/d", f"{name}.txt")) == f"{name}.txt"
         assert len(name.encode()) < 16
+
+
+# --------------------------------------------------------------------------- end to end: the agent command
+
+
+def test_agent_once_over_a_hostile_tree_exports_only_bounded_values(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sysfs = tmp_path / "sys"
+    make_port(sysfs, counters={"port_xmit_data": b"7" * (10 * 1024 * 1024), "port_rcv_data": str(2**70).encode(),
+                               "symbol_error": b"70000\n", "port_xmit_packets": b"12\n"},
+              attrs={"rate": b"1" * 60 + b" Gb/sec (4X NDR)\n", "link_layer": b"Ethernet\n"})
+    ndevs = sysfs / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "gid_attrs" / "ndevs"
+    ndevs.mkdir(parents=True)
+    (ndevs / "0").write_text("eth0\n")
+    eth = tmp_path / "ethtool"
+    eth.mkdir()
+    (eth / "eth0.txt").write_bytes(b"     rx_prio3_pause: " + b"1" * 39 + b"\n     rx_prio0_pause: 4\n")
+    proc = subprocess.run([sys.executable, "-m", "fabricmon", "--log-format", "json", "agent", "--sysfs-root",
+                           str(sysfs), "--ethtool-dir", str(eth), "--nvml", "off", "--node-name", "n", "--once"],
+                          capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    values = {}
+    for fam in text_string_to_metric_families(proc.stdout.decode()):
+        for s in fam.samples:
+            assert math.isfinite(s.value) and abs(s.value) < 4 * 2.0**64, s
+            values[(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "node")))] = s.value
+    rej = {(dict(k[1])["collector"], dict(k[1])["reason"]): v for k, v in values.items() if k[0] == REJECTED}
+    assert rej == {("infiniband", "too_long"): 2.0,  # the 10 MB file and 2^70 (22 digits)
+                   ("infiniband", "out_of_range"): 2.0,  # symbol_error beyond 16 bits and the 60-digit rate
+                   ("ethtool", "too_long"): 1.0}  # a 39-digit (1e38) ethtool value
+    assert values[("fabricmon_pfc_pause_frames_total",
+                   (("direction", "rx"), ("interface", "eth0"), ("priority", "0")))] == 4
+    assert values[("fabricmon_ib_port_transmit_packets_total", (("device", "mlx5_0"), ("port", "1")))] == 12
+    assert values[("fabricmon_collector_errors_total", (("collector", "infiniband"),))] == 4
+    logged = [line for line in proc.stderr.decode().splitlines() if "source_file_error" in line]
+    assert any("port_xmit_data" in line for line in logged), proc.stderr.decode()[-2000:]
+    promtool = shutil.which("promtool")
+    if promtool:
+        lint = subprocess.run([promtool, "check", "metrics"], input=proc.stdout, capture_output=True, timeout=60)
+        assert lint.returncode == 0, (lint.stdout + lint.stderr).decode()

@@ -163,3 +163,15 @@ def test_fake_nvml_any_values(tmp_path_factory, gpus) -> None:
         if fam == REJECTED:
             assert dict(lab)["reason"] in REASONS
     exposition(snap)
+
+
+def test_refused_values_are_logged_once_per_gpu(tmp_path: Path) -> None:
+    from structlog.testing import capture_logs
+
+    g = gpu()
+    g["links"][0]["tx_kib"] = -1
+    g["links"][1]["rx_kib"] = -1
+    with capture_logs() as logs:
+        poll_file(write(tmp_path / "nvml.json", [g]), polls=3)
+    events = [e for e in logs if e["event"] == "source_file_error"]
+    assert len(events) == 1 and events[0]["path"] == "gpu 0" and "links[0].tx_kib" in events[0]["error"]

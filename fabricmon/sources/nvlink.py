@@ -33,6 +33,7 @@ import structlog
 
 from ..model import Labels, Reading, ReadingMemo, Semantics, SourceResult, reading
 from .bounds import Rejected, RejectCounts, check_gauge, counter_value, read_bounded, screen_readings
+from .errorlog import ErrorLog
 from .inventory import Inventory
 
 log = structlog.get_logger("fabricmon.nvml")
@@ -843,6 +844,7 @@ class NvmlSource:
         self._labels: dict[int, _GpuLabels] = {}
         self._memo = ReadingMemo()
         self._rejects = RejectCounts(self.name)
+        self._errlog = ErrorLog(self.name)
 
     # -- what runs on the NVML thread
 
@@ -908,6 +910,8 @@ class NvmlSource:
             res.error(f"nvml: {problem}")
         res.readings.extend(self._rejects.readings())
         res.facts["gpus"] = gpus
+        if res.messages:  # per GPU (or per fake file), rate-limited: the subject is what follows "nvml: "
+            self._errlog.report(m.removeprefix("nvml: ") for m in res.messages)
         return res
 
     def _shutdown(self) -> None:
