@@ -195,6 +195,8 @@ def parse_yaml(text: str, source: str) -> Any:
         where = f"line {mark.line + 1}" if mark is not None else "<top>"
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{source}: {where}: invalid YAML ({problem})") from exc
+    except RecursionError:  # PyYAML composes recursively: "[[[[..." thousands deep
+        raise ConfigError(f"{source}: <top>: invalid YAML (nested too deeply)") from None
 
 
 def load_yaml_file(path: str | Path) -> dict:

@@ -163,3 +163,71 @@ def test_cli_interval_flag_nan_exits_2():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert "command line: interval: must be a finite number" in proc.stderr
+
+
+# --- any file: a config or one ConfigError line, never a traceback -------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_scalar = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70), st.floats(),
+                    st.text(max_size=10))
+_yaml_value = st.recursive(_scalar, lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8)
+_KEYS = ["interval", "listen", "nvml", "rails", "sysfs_root", "profile", "stream", "sources", "log", "bogus"]
+_SUB = {"sources": ["infiniband", "ethtool", "nvml", "host"], "profile": ["mtu", "rate_gbps", "roce_priority", "width"],
+        "stream": ["spool_max_bytes", "spool_dir"]}
+
+
+def _doc():
+    sub = st.sampled_from(sorted(_SUB)).flatmap(lambda k: st.tuples(st.just(k), st.dictionaries(
+        st.sampled_from(_SUB[k]), st.one_of(_yaml_value, st.dictionaries(
+            st.sampled_from(["timeout", "expected_ports", "enabled", "interfaces"]), _yaml_value, max_size=2)),
+        max_size=3)))
+    return st.lists(st.one_of(st.tuples(st.sampled_from(_KEYS), _yaml_value), sub), max_size=5)
+
+
+def _check_config_or_error(p) -> None:
+    import math
+
+    try:
+        cfg = load_agent_config(p)
+    except ConfigError as exc:
+        assert "\n" not in str(exc) and str(exc).startswith(str(p))
+        return
+    assert math.isfinite(cfg.interval) and 0.01 <= cfg.interval <= 3600
+    for src in (cfg.sources.infiniband, cfg.sources.ethtool, cfg.sources.nvml, cfg.sources.host):
+        assert math.isfinite(src.timeout) and 0 < src.timeout <= 600
+    assert math.isfinite(cfg.profile.rate_gbps) and cfg.profile.rate_gbps > 0
+    assert 68 <= cfg.profile.mtu <= 65535
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_doc())
+def test_any_structured_config_is_valid_or_one_error_line(tmp_path_factory, items):
+    import yaml
+
+    p = tmp_path_factory.mktemp("cfg") / "agent.yaml"
+    p.write_text("\n".join(yaml.safe_dump({k: v}, default_flow_style=True).strip() for k, v in items) + "\n")
+    _check_config_or_error(p)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.one_of(st.text(max_size=200), st.binary(max_size=200).map(lambda b: b.decode("latin-1"))))
+def test_any_text_is_a_config_or_one_error_line(tmp_path_factory, text):
+    p = tmp_path_factory.mktemp("cfg") / "agent.yaml"
+    p.write_text(text)
+    _check_config_or_error(p)
+
+
+def test_deeply_nested_yaml_is_an_error_not_a_traceback(tmp_path):
+    p = _write(tmp_path, "rails: " + "[" * 20000 + "]" * 20000 + "\n")
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_agent_config(p)
+
+
+def test_non_utf8_file_is_one_error_line(tmp_path):
+    p = tmp_path / "agent.yaml"
+    p.write_bytes(b"interval: \xff\xfe\n")
+    with pytest.raises(ConfigError, match=r"agent\.yaml: <top>: not UTF-8 text"):
+        load_agent_config(p)
