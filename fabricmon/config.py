@@ -2,18 +2,39 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .configload import ConfigError, build, check_hostport, check_regexes, load_yaml_file
+from .configload import ConfigError, build, check_hostport, check_range, check_regexes, load_yaml_file
+from .sources.bounds import valid_ifname
 
 __all__ = ["AgentConfig", "ConfigError", "load_agent_config"]
 
+# Documented ranges of the agent's numeric settings (README "Configuration").
+# Every bound is finite: NaN and infinities are refused already when the YAML
+# value is converted, and a command-line value is checked against these again.
+INTERVAL_RANGE = (0.01, 3600.0)  # seconds; .inf would poll once and look ready forever
+TIMEOUT_RANGE = (0.001, 600.0)  # seconds, per source poll
+SPOOL_BYTES_RANGE = (4096, 1 << 40)
+MTU_RANGE = (68, 65535)
+RATE_GBPS_RANGE = (0.001, 10_000.0)  # 12X XDR is 2400 Gb/s
+RAIL_RANGE = (0, 1023)
+EXPECTED_PORTS_RANGE = (0, 4096)
+
 
 def _positive(value: float, path: str, source: str) -> None:
+    """> 0 and finite (NaN fails every comparison, so ``value <= 0`` alone lets it through)."""
+    if not math.isfinite(value):
+        raise ConfigError(f"{source}: {path}: must be a finite number, got {value}")
     if value <= 0:
         raise ConfigError(f"{source}: {path}: must be > 0, got {value}")
+
+
+def _timeout(value: float, path: str, source: str) -> None:
+    _positive(value, path, source)
+    check_range(value, *TIMEOUT_RANGE, path, source, "s")
 
 
 @dataclass(frozen=True)
@@ -22,11 +43,21 @@ class InfinibandSource:
     include: tuple[str, ...] = ()  # device-name regexes; empty means all
     exclude: tuple[str, ...] = ()  # filtered before any read: reads cost firmware commands
     timeout: float = 0.5
+    # RDMA ports this node must have.  None: at least one, since the source is
+    # enabled; 0: none expected (a node without RDMA, no warning).  Fewer found
+    # is logged and exposed as Inventory.expected_but_missing.
+    expected_ports: int | None = None
+
+    @property
+    def min_ports(self) -> int:
+        return 1 if self.expected_ports is None else self.expected_ports
 
     def validate(self, path: str, source: str) -> None:
         check_regexes(self.include, f"{path}.include", source)
         check_regexes(self.exclude, f"{path}.exclude", source)
-        _positive(self.timeout, f"{path}.timeout", source)
+        if self.expected_ports is not None:
+            check_range(self.expected_ports, *EXPECTED_PORTS_RANGE, f"{path}.expected_ports", source)
+        _timeout(self.timeout, f"{path}.timeout", source)
 
 
 @dataclass(frozen=True)
@@ -38,7 +69,11 @@ class EthtoolSource:
 
     def validate(self, path: str, source: str) -> None:
         check_regexes(self.allow, f"{path}.allow", source)
-        _positive(self.timeout, f"{path}.timeout", source)
+        for i, name in enumerate(self.interfaces):
+            if not valid_ifname(name):
+                raise ConfigError(f"{source}: {path}.interfaces[{i}]: not a netdev name "
+                                  f"(1-15 characters, no '/', ':' or spaces), got {name!r}")
+        _timeout(self.timeout, f"{path}.timeout", source)
 
 
 @dataclass(frozen=True)
@@ -46,7 +81,7 @@ class NvmlSource:
     timeout: float = 2.0
 
     def validate(self, path: str, source: str) -> None:
-        _positive(self.timeout, f"{path}.timeout", source)
+        _timeout(self.timeout, f"{path}.timeout", source)
 
 
 @dataclass(frozen=True)
@@ -55,7 +90,7 @@ class HostSource:
     timeout: float = 0.5
 
     def validate(self, path: str, source: str) -> None:
-        _positive(self.timeout, f"{path}.timeout", source)
+        _timeout(self.timeout, f"{path}.timeout", source)
 
 
 @dataclass(frozen=True)
@@ -64,7 +99,7 @@ class FabricConfigSource:
     timeout: float = 0.5
 
     def validate(self, path: str, source: str) -> None:
-        _positive(self.timeout, f"{path}.timeout", source)
+        _timeout(self.timeout, f"{path}.timeout", source)
 
 
 @dataclass(frozen=True)
@@ -98,7 +133,8 @@ class Profile:
         if self.width not in (1, 2, 4, 8, 12):
             raise ConfigError(f"{source}: {path}.width: must be 1, 2, 4, 8 or 12, got {self.width}")
         _positive(self.rate_gbps, f"{path}.rate_gbps", source)
-        _positive(self.mtu, f"{path}.mtu", source)
+        check_range(self.rate_gbps, *RATE_GBPS_RANGE, f"{path}.rate_gbps", source, "Gb/s")
+        check_range(self.mtu, *MTU_RANGE, f"{path}.mtu", source, "bytes")
 
 
 @dataclass(frozen=True)
@@ -115,7 +151,7 @@ class Stream:
     def validate(self, path: str, source: str) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError(f"{source}: {path}.tls_key: tls_cert and tls_key must be given together")
-        _positive(self.spool_max_bytes, f"{path}.spool_max_bytes", source)
+        check_range(self.spool_max_bytes, *SPOOL_BYTES_RANGE, f"{path}.spool_max_bytes", source, "bytes")
 
 
 @dataclass(frozen=True)
@@ -177,11 +213,11 @@ class AgentConfig:
         check_hostport(self.listen, "listen", source)
         check_hostport(self.aggregator, "aggregator", source)
         _positive(self.interval, "interval", source)
+        check_range(self.interval, *INTERVAL_RANGE, "interval", source, "s")
         if not (self.nvml in ("auto", "off") or (self.nvml.startswith("fake:") and len(self.nvml) > 5)):
             raise ConfigError(f"{source}: nvml: must be auto, off or fake:FILE, got {self.nvml!r}")
         for dev, rail in self.rails.items():
-            if rail < 0:
-                raise ConfigError(f"{source}: rails.{dev}: must be >= 0, got {rail}")
+            check_range(rail, *RAIL_RANGE, f"rails.{dev}", source)
 
     @property
     def nvml_fake_file(self) -> str | None:

@@ -7,6 +7,7 @@ Every error names the file, the key path and the problem on one line, e.g.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -91,7 +92,14 @@ def convert(tp: Any, value: Any, path: str, source: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise fail(f"expected a number, got {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            raise fail(f"number too large ({len(str(value))} digits)") from None
+        # NaN compares false with every bound, so a later "> 0" check would let it through.
+        if not math.isfinite(number):
+            raise fail(f"must be a finite number, got {value!r}")
+        return number
     if tp is str:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
@@ -128,19 +136,78 @@ def build(cls: type[T], data: dict, path: str, source: str) -> T:
     return obj
 
 
+def check_range(value: float, lo: float | None, hi: float | None, path: str, source: str, unit: str = "") -> None:
+    """``value`` finite and within ``[lo, hi]`` (either bound may be None), or a ConfigError naming ``path``."""
+    u = f" {unit}" if unit else ""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{source}: {path}: must be a finite number, got {value}")
+    if lo is not None and value < lo:
+        raise ConfigError(f"{source}: {path}: must be >= {lo:g}{u}, got {value}")
+    if hi is not None and value > hi:
+        raise ConfigError(f"{source}: {path}: must be <= {hi:g}{u}, got {value}")
+
+
+def find_duplicate_keys(node: yaml.Node, path: str = "") -> tuple[str, int, int] | None:
+    """The first mapping key written twice in a composed YAML document: (key path, first line, second line).
+
+    PyYAML keeps the last of duplicate keys silently, so ``interval: 1`` and a
+    forgotten ``interval: 0.01`` further down would quietly win.
+    """
+    stack: list[tuple[yaml.Node, str]] = [(node, path)]
+    seen_nodes: set[int] = set()
+    while stack:
+        cur, where = stack.pop()
+        if id(cur) in seen_nodes:  # an alias shares its node: check it once
+            continue
+        seen_nodes.add(id(cur))
+        if isinstance(cur, yaml.MappingNode):
+            first: dict[str, int] = {}
+            for key_node, value_node in cur.value:
+                if isinstance(key_node, yaml.ScalarNode):
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    key = key_node.value
+                    line = key_node.start_mark.line + 1
+                    if key in first:
+                        return _join(where, key), first[key], line
+                    first[key] = line
+                    stack.append((value_node, _join(where, key)))
+                else:
+                    stack.append((value_node, where))
+        elif isinstance(cur, yaml.SequenceNode):
+            stack.extend((item, _join(where, i)) for i, item in enumerate(cur.value))
+    return None
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """``yaml.safe_load`` that also rejects duplicate mapping keys, with ``source: path: problem`` errors."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        if node is None:
+            return None
+        dup = find_duplicate_keys(node)
+        if dup is not None:
+            key, a, b = dup
+            raise ConfigError(f"{source}: {key}: duplicate key (lines {a} and {b})")
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "<top>"
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{source}: {where}: invalid YAML ({problem})") from exc
+    except RecursionError:  # PyYAML composes recursively: "[[[[..." thousands deep
+        raise ConfigError(f"{source}: <top>: invalid YAML (nested too deeply)") from None
+
+
 def load_yaml_file(path: str | Path) -> dict:
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "<top>"
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{p}: {where}: invalid YAML ({problem})") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: <top>: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    data = parse_yaml(text, str(p))
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -124,6 +124,11 @@ SPECS: dict[str, MetricSpec] = _specs(
      ("source", "reason")),
     ("fabricmon_intake_connections_closed_total", "counter", "Rank intake connections closed at the limit or timeout.",
      ("listener", "reason")),
+    # --- input validation and discovery (sources/bounds.py, sources/inventory.py) ---
+    ("fabricmon_source_values_rejected_total", "counter",
+     "Values from hardware files, dumps or NVML refused at the validation boundary, by reason.", ("collector", "reason")),
+    ("fabricmon_devices_discovered", "gauge",
+     "Devices found by discovery, by kind (rdma_device, ib_port, roce_port, roce_netdev, netdev, gpu).", ("kind",)),
 )
 
 # Self-instrumentation, emitted by the exporter for every source.

@@ -323,7 +323,9 @@ def _in_ns(ns: str, code: str) -> dict:
 
 
 _NS_SCRIPT = r"""
-import json, socket
+import json, socket, sys
+from fabricmon.logs import configure_logging
+configure_logging("json", "warning", stream=sys.stderr)  # stdout carries the JSON result
 from fabricmon.config import EthtoolSource as C
 from fabricmon.sources.ethtool import EthtoolIoctl, EthtoolError, EthtoolSource
 
@@ -401,3 +403,67 @@ def test_agent_config_supplies_allowlist_and_ethtool_dir(tmp_path: Path) -> None
     res = src.poll(_Inv([]))  # type: ignore[arg-type]
     stats = [(r.family, dict(r.labels), r.value) for r in res.readings if r.family == "fabricmon_ethtool_stat"]
     assert stats == [("fabricmon_ethtool_stat", {"interface": "eth0", "stat": "rx_vport_rdma_unicast_bytes"}, 42)]
+
+
+# --- issue #10 case 4: values that are not u64 integers, dumps that are not dumps ---------------
+
+
+def _poll_dir(tmp_path: Path, files: dict[str, bytes], polls: int = 1):
+    for name, data in files.items():
+        (tmp_path / f"{name}.txt").write_bytes(data)
+    src = EthtoolSource(config=EthtoolConfig(allow=(".",)), ethtool_dir=str(tmp_path))
+    for _ in range(polls):
+        res = src.poll(_Inv(list(files)))  # type: ignore[arg-type]
+    return res
+
+
+def _by(res, family: str) -> dict[tuple, float]:
+    return {r.labels: r.value for r in res.readings if r.family == family}
+
+
+def test_values_beyond_u64_are_rejected_not_exported(tmp_path: Path) -> None:
+    big = 10**38  # was exported as 1e38
+    res = _poll_dir(tmp_path, {"eth0": (
+        f"NIC statistics:\n     rx_prio3_pause: {big}\n     tx_prio3_pause: {2**64}\n"
+        f"     rx_discards_phy: -1\n     rx_crc_errors_phy: 1e38\n     rx_prio0_pause: 7\n").encode()})
+    assert _by(res, PAUSE_FRAMES) == {(("interface", "eth0"), ("priority", "0"), ("direction", "rx")): 7}
+    assert not any(r.value > 2**64 for r in res.readings)
+    rejected = _by(res, "fabricmon_source_values_rejected_total")
+    assert rejected == {(("collector", "ethtool"), ("reason", "too_long")): 1,
+                        (("collector", "ethtool"), ("reason", "out_of_range")): 1,
+                        (("collector", "ethtool"), ("reason", "not_integer")): 2}
+    assert res.errors == 1 and "eth0: 4 value(s) rejected" in res.messages[0]
+    assert _by(res, "fabricmon_ethtool_up") == {(("interface", "eth0"),): 1.0}
+
+
+@pytest.mark.parametrize("data", [
+    bytes(range(256)) * 40,  # binary junk
+    b"\xff\xfe\x00garbled" * 100,
+    b"no stats available\n",
+    b"",  # a truncated write
+])
+def test_garbled_or_empty_dump_makes_the_interface_down(tmp_path: Path, data: bytes) -> None:
+    res = _poll_dir(tmp_path, {"eth0": data, "eth1": b"     rx_prio3_pause: 5\n"})
+    assert _by(res, "fabricmon_ethtool_up") == {(("interface", "eth0"),): 0.0, (("interface", "eth1"),): 1.0}
+    assert res.errors == 1 and "no statistics" in res.messages[0]
+    assert _by(res, "fabricmon_source_values_rejected_total") == {(("collector", "ethtool"), ("reason", "malformed")): 1}
+
+
+def test_huge_dump_is_read_bounded_and_refused(tmp_path: Path) -> None:
+    from fabricmon.sources.ethtool import MAX_DUMP_BYTES
+
+    res = _poll_dir(tmp_path, {"eth0": b"     rx_prio3_pause: 5\n" * (MAX_DUMP_BYTES // 20)})
+    assert _by(res, "fabricmon_ethtool_up") == {(("interface", "eth0"),): 0.0}
+    assert _by(res, "fabricmon_source_values_rejected_total") == {(("collector", "ethtool"), ("reason", "too_long")): 1}
+
+
+def test_duplicate_stat_names_export_one_series(tmp_path: Path) -> None:
+    res = _poll_dir(tmp_path, {"eth0": b"     rx_prio3_pause: 5\n     rx_prio3_pause: 9\n"})
+    assert list(_by(res, PAUSE_FRAMES).values()) == [5]
+    assert res.errors == 0  # drivers do repeat names: counted, not an error
+    assert _by(res, "fabricmon_source_values_rejected_total") == {(("collector", "ethtool"), ("reason", "malformed")): 1}
+
+
+def test_devices_discovered_counts_read_netdevs(tmp_path: Path) -> None:
+    res = _poll_dir(tmp_path, {"eth0": b"     rx_prio3_pause: 5\n", "eth1": b"junk"})
+    assert _by(res, "fabricmon_devices_discovered") == {(("kind", "netdev"),): 1}

@@ -69,7 +69,8 @@ def make_discover(cfg: AgentConfig) -> Callable[[], Inventory]:
     cache: dict = {}
 
     def _discover() -> Inventory:
-        return discover(cfg.sysfs_root, ib.include, ib.exclude, dict(cfg.rails), extra, rail_memory, cache)
+        return discover(cfg.sysfs_root, ib.include, ib.exclude, dict(cfg.rails), extra, rail_memory, cache,
+                        ib.min_ports if ib.enabled else 0)
 
     return _discover
 

@@ -80,6 +80,15 @@ class Catalog:
                 self._fabric_config(d)
         for g in range(NGPU):
             self._gpu(g)
+        self._discovered()
+
+    # -- fabricmon_devices_discovered (infiniband, ethtool and nvml sources) ----------------
+    def _discovered(self) -> None:
+        devs = self.cluster.devs
+        eth = sum(1 for d in devs if d.ethernet)
+        for kind, n in (("rdma_device", len(devs)), ("ib_port", len(devs) - eth), ("roce_port", eth),
+                        ("roce_netdev", eth), ("netdev", eth), ("gpu", NGPU)):
+            self.gauges.append(_Gauge("fabricmon_devices_discovered", (("kind", kind),), ("const", float(n))))
 
     # -- infiniband source ----------------------------------------------------------------
     def _ib_port(self, d) -> None:

@@ -16,6 +16,15 @@ class Source(Protocol):
     Raising (or overrunning the deadline) marks the whole source down for this
     poll; the poller then serves nothing from it rather than stale values.
 
+    Every number taken from outside (a file, a dump, a driver call) passes
+    ``sources.bounds`` first: an integer within its counter's width, a finite
+    gauge within its documented range, a bounded read.  A refused value costs
+    its own series, one ``result.error`` and one count in the source's
+    ``RejectCounts`` (``fabricmon_source_values_rejected_total{collector,reason}``);
+    it never reaches the counter tracker, which would raise on a NaN counter.
+    Per-file errors go to an ``errorlog.ErrorLog`` so the failing path is logged,
+    rate-limited.
+
     Optional class attribute ``self_bounded = True``: ``poll`` itself never
     blocks longer than ``timeout`` (it makes its blocking calls on a thread of
     its own and waits with a deadline, like NvmlSource), so the poller runs it

@@ -13,20 +13,13 @@ def read_text(path: str) -> str:
 
     One ``os.read`` on a raw fd: a buffered file object costs several times
     the syscalls themselves, and sysfs attributes are read whole by one read.
+    At most 4096 bytes (a sysfs page) are read, whatever the file's size.
     """
     fd = os.open(path, _O_READ)
     try:
         return os.read(fd, 4096).decode("ascii", "replace").strip()
     finally:
         os.close(fd)
-
-
-def read_int(path: str) -> int:
-    text = read_text(path)
-    try:
-        return int(text, 0) if text.startswith("0x") else int(text)
-    except ValueError:
-        raise ValueError(f"{path}: not an integer: {text[:40]!r}") from None
 
 
 def list_dir(path: str) -> list[str]:

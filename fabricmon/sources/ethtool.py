@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from ..config import AgentConfig
 from ..config import EthtoolSource as EthtoolConfig
 from ..model import Labels, Reading, ReadingMemo, Semantics, SourceResult
+from .bounds import Rejected, RejectCounts, counter_from_text, read_bounded, valid_ifname
+from .errorlog import ErrorLog
 from .inventory import Inventory
 
 # --- SIOCETHTOOL ioctl (include/uapi/linux/ethtool.h, sockios.h) ---------------
@@ -40,6 +42,13 @@ ETH_SS_STATS = 1
 ETH_GSTRING_LEN = 32
 IFNAMSIZ = 16
 _IFREQ_SIZE = 40  # sizeof(struct ifreq) on LP64: 16-byte name + 24-byte union
+
+# Bounds on what a driver or a dump may hand us.  mlx5 with 256 channels has a
+# few thousand stats; past MAX_STATS the count is garbage, and honouring it
+# would size the GSTRINGS buffer from it (2 * 2^32 * 32 bytes).
+MAX_STATS = 65536
+MAX_DUMP_BYTES = 4 << 20  # an ethtool -S dump of MAX_STATS lines fits easily
+MAX_NAME_LEN = 64  # the ioctl caps names at ETH_GSTRING_LEN - 1 = 31; the text path gets some slack
 
 # struct ethtool_drvinfo: cmd, 5 x char[32], reserved2[12], then n_priv_flags, n_stats, ...
 _DRVINFO_SIZE = 196
@@ -112,11 +121,11 @@ class EthtoolIoctl:
         except EthtoolError as exc:
             if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                 raise
-            return self.drvinfo_n_stats(interface)
+            return _checked_count(interface, "GDRVINFO", self.drvinfo_n_stats(interface))
         (mask,) = struct.unpack_from("=Q", buf, 8)
         if not mask & (1 << ETH_SS_STATS):
             return 0  # the kernel clears the bit of a set the driver lacks
-        return struct.unpack_from("=I", buf, 16)[0]
+        return _checked_count(interface, "GSSET_INFO", struct.unpack_from("=I", buf, 16)[0])
 
     def drvinfo_n_stats(self, interface: str) -> int:
         buf = ctypes.create_string_buffer(_DRVINFO_SIZE)
@@ -132,15 +141,10 @@ class EthtoolIoctl:
         buf = ctypes.create_string_buffer(12 + room * ETH_GSTRING_LEN)
         struct.pack_into("=III", buf, 0, ETHTOOL_GSTRINGS, ETH_SS_STATS, count)
         self._ioctl(interface, "GSTRINGS", buf)
-        n = struct.unpack_from("=I", buf, 8)[0]
-        if n > room:
-            raise EthtoolError(interface, "GSTRINGS", errno.EOVERFLOW)
-        raw = buf.raw
-        names = []
-        for i in range(n):
-            off = 12 + i * ETH_GSTRING_LEN
-            names.append(raw[off: off + ETH_GSTRING_LEN].split(b"\0", 1)[0].decode("ascii", "replace"))
-        return names
+        try:
+            return parse_gstrings(buf.raw, room)
+        except Rejected:
+            raise EthtoolError(interface, "GSTRINGS", errno.EOVERFLOW) from None
 
     def stat_values(self, interface: str, count: int) -> list[int]:
         # struct ethtool_stats: u32 cmd, u32 n_stats, u64 data[n_stats]; same headroom reason.
@@ -148,10 +152,10 @@ class EthtoolIoctl:
         buf = ctypes.create_string_buffer(8 + room * 8)
         struct.pack_into("=II", buf, 0, ETHTOOL_GSTATS, count)
         self._ioctl(interface, "GSTATS", buf)
-        n = struct.unpack_from("=I", buf, 4)[0]
-        if n > room:
-            raise EthtoolError(interface, "GSTATS", errno.EOVERFLOW)
-        return list(struct.unpack_from(f"={n}Q", buf, 8))
+        try:
+            return parse_gstats(buf.raw, room)
+        except Rejected:
+            raise EthtoolError(interface, "GSTATS", errno.EOVERFLOW) from None
 
     def read(self, interface: str) -> list[tuple[str, int]]:
         """All ETH_SS_STATS of ``interface`` as (name, value), in driver order."""
@@ -178,6 +182,39 @@ def _headroom(count: int) -> int:
     return 2 * count + 64
 
 
+def _checked_count(interface: str, op: str, count: int) -> int:
+    if count > MAX_STATS:
+        raise EthtoolError(interface, op, errno.E2BIG)
+    return count
+
+
+def parse_gstrings(raw: bytes, room: int) -> list[str]:
+    """Names from a ``struct ethtool_gstrings`` buffer the kernel filled (room: strings it can hold).
+
+    Rejected(too_long) when the kernel's count exceeds the buffer (the set grew
+    past the headroom) or the buffer is shorter than the count says.
+    """
+    if len(raw) < 12:
+        raise Rejected("too_long", "gstrings buffer shorter than its header")
+    n = struct.unpack_from("=I", raw, 8)[0]
+    if n > room or 12 + n * ETH_GSTRING_LEN > len(raw):
+        raise Rejected("too_long", f"gstrings count {n} exceeds the buffer ({room})")
+    return [
+        raw[off: off + ETH_GSTRING_LEN].split(b"\0", 1)[0].decode("ascii", "replace")
+        for off in range(12, 12 + n * ETH_GSTRING_LEN, ETH_GSTRING_LEN)
+    ]
+
+
+def parse_gstats(raw: bytes, room: int) -> list[int]:
+    """u64 values from a ``struct ethtool_stats`` buffer; Rejected(too_long) as ``parse_gstrings``."""
+    if len(raw) < 8:
+        raise Rejected("too_long", "gstats buffer shorter than its header")
+    n = struct.unpack_from("=I", raw, 4)[0]
+    if n > room or 8 + 8 * n > len(raw):
+        raise Rejected("too_long", f"gstats count {n} exceeds the buffer ({room})")
+    return list(struct.unpack_from(f"={n}Q", raw, 8))  # "Q": u64 by construction
+
+
 def read_stats_ioctl(interface: str) -> list[tuple[str, int]]:
     """One-shot ioctl read (opens and closes its own socket)."""
     reader = EthtoolIoctl()
@@ -190,22 +227,54 @@ def read_stats_ioctl(interface: str) -> list[tuple[str, int]]:
 # --- text formats ----------------------------------------------------------------------
 
 
-def parse_ethtool_stats(text: str) -> list[tuple[str, int]]:
-    """Parse ``ethtool -S`` output into (name, value) pairs, in file order.
+@dataclass(slots=True)
+class EthtoolDump:
+    """One parsed ``ethtool -S`` dump: the stats kept and the values refused, with why."""
+
+    stats: list[tuple[str, int]]
+    rejected: list[tuple[str, Rejected]]
+
+
+def parse_ethtool_dump(text: str) -> EthtoolDump:
+    """Parse ``ethtool -S`` output into (name, u64) pairs in file order, plus what was refused.
 
     The value is the text after the *last* ``": "`` (a few drivers put colons
-    in names).  Headers (``NIC statistics:``) and lines without an integer
-    value are skipped rather than failing the interface.
+    in names).  Headers (``NIC statistics:``) have no value and are skipped.
+    A value that is not a u64 integer (``n/a``, ``-1``, ``1e38``, 21 digits), a
+    name longer than ``MAX_NAME_LEN`` or a name seen before is refused, not
+    exported: the ioctl only ever gives unique names and u64 values, and the
+    text path must not be looser.  Past ``MAX_STATS`` lines the rest are
+    refused as ``too_long``.
     """
     out: list[tuple[str, int]] = []
+    rejected: list[tuple[str, Rejected]] = []
+    seen: set[str] = set()
     for line in text.splitlines():
         name, sep, value = line.strip().rpartition(": ")
         if not sep or not name:
             continue
-        value = value.strip()
-        if value.isdigit():
-            out.append((name, int(value)))
-    return out
+        if len(out) >= MAX_STATS:
+            rejected.append((name[:MAX_NAME_LEN], Rejected("too_long", f"more than {MAX_STATS} stats")))
+            break
+        if len(name) > MAX_NAME_LEN:
+            rejected.append((name[:MAX_NAME_LEN], Rejected("too_long", f"stat name of {len(name)} characters")))
+            continue
+        try:
+            v = counter_from_text(value, 64, name)
+        except Rejected as exc:
+            rejected.append((name, exc))
+            continue
+        if name in seen:
+            rejected.append((name, Rejected("malformed", f"{name} appears twice")))
+            continue
+        seen.add(name)
+        out.append((name, v))
+    return EthtoolDump(out, rejected)
+
+
+def parse_ethtool_stats(text: str) -> list[tuple[str, int]]:
+    """The stats of ``parse_ethtool_dump`` (what was refused dropped)."""
+    return parse_ethtool_dump(text).stats
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,6 +509,8 @@ class EthtoolSource:
         self._classes: dict[str, StatClass | None] = {}
         self._memo = ReadingMemo()
         self._labels: dict[tuple[str, str], Labels] = {}
+        self._rejects = RejectCounts(self.name)
+        self._errlog = ErrorLog(self.name)
 
     def _classify(self, name: str) -> StatClass | None:
         try:
@@ -453,16 +524,38 @@ class EthtoolSource:
         seen.update(dict.fromkeys(self.config.interfaces))
         return list(seen)
 
-    def _read(self, interface: str) -> list[tuple[str, int]] | None:
-        """Stats of one interface; None when it has none to read (not an error)."""
+    def _read(self, interface: str) -> EthtoolDump | None:
+        """Stats of one interface; None when it has none to read (not an error).
+
+        Raises OSError (unreadable) or Rejected (a dump that is too large or
+        holds no statistics at all): either costs this interface its series
+        and sets its ``fabricmon_ethtool_up`` to 0.
+        """
         if self.ethtool_dir is None:
-            return self._ioctl.read(interface)
+            stats = self._ioctl.read(interface)
+            # The ioctl's values are u64 by construction; only repeated names
+            # (a driver bug) are dropped so the exposition has no duplicates.
+            seen: set[str] = set()
+            dups = [(n, Rejected("malformed", f"{n} appears twice")) for n, _ in stats if n in seen or seen.add(n)]
+            if dups:
+                kept: dict[str, int] = {}
+                for n, v in stats:
+                    kept.setdefault(n, v)
+                return EthtoolDump(list(kept.items()), dups)
+            return EthtoolDump(stats, [])
+        if not valid_ifname(interface):  # the name becomes a path: "../x" must not reach open()
+            raise Rejected("malformed", f"not a netdev name: {interface[:40]!r}")
+        path = os.path.join(self.ethtool_dir, f"{interface}.txt")
         try:
-            with open(os.path.join(self.ethtool_dir, f"{interface}.txt"), encoding="utf-8", errors="replace") as fh:
-                text = fh.read()
+            data = read_bounded(path, MAX_DUMP_BYTES)
         except FileNotFoundError:
             return None  # DESIGN: a missing file for one netdev is not an error (IB netdevs have none)
-        return parse_ethtool_stats(text)
+        dump = parse_ethtool_dump(data.decode("utf-8", "replace"))
+        if not dump.stats:
+            # A dump with no statistics in it (binary junk, a truncated write,
+            # the wrong file) is a failed read, not an interface with nothing to say.
+            raise Rejected("malformed", f"{path}: no statistics in {len(data)} bytes")
+        return dump
 
     def poll(self, inventory: Inventory) -> SourceResult:
         result = SourceResult(self.name)
@@ -471,20 +564,39 @@ class EthtoolSource:
         memo.begin()
         if len(self._labels) > 4096:  # interfaces come and go (renames): keep the cache bounded
             self._labels.clear()
+        read = 0
         for iface in ifaces:
             try:
-                stats = self._read(iface)
-            except OSError as exc:  # EthtoolError included: costs this interface only
+                dump = self._read(iface)
+            except (OSError, Rejected) as exc:  # EthtoolError included: costs this interface only
+                if isinstance(exc, Rejected):
+                    self._rejects.add(exc.reason)
                 result.error(str(exc) if isinstance(exc, EthtoolError) else f"{iface}: {exc}")
                 result.readings.append(memo.get(ETHTOOL_UP, (("interface", iface),), 0.0))
                 continue
-            if stats is None:
+            if dump is None:
                 continue
-            result.readings.extend(stat_readings(iface, stats, self._classify, memo, self._labels))
+            read += 1
+            if dump.rejected:
+                for _, rej in dump.rejected:
+                    self._rejects.add(rej.reason)
+                bad = [(n, r) for n, r in dump.rejected if r.reason != "malformed"]
+                if bad:  # not u64 integers: a garbled dump, one error per interface and poll
+                    result.error(f"{iface}: {len(bad)} value(s) rejected, first {bad[0][0]}: {bad[0][1]}")
+            result.readings.extend(stat_readings(iface, dump.stats, self._classify, memo, self._labels))
             result.readings.append(memo.get(ETHTOOL_UP, (("interface", iface),), 1.0))
+        result.readings.extend(self._rejects.readings())
+        result.readings.append(memo.get("fabricmon_devices_discovered", (("kind", "netdev"),), read))
         memo.commit()
         self._ioctl.forget(set(ifaces))
+        if result.messages:
+            self._errlog.report(result.messages, self._path_of)
         return result
+
+    def _path_of(self, subject: str) -> str:
+        if self.ethtool_dir is None or os.sep in subject:
+            return subject
+        return os.path.join(self.ethtool_dir, f"{subject}.txt")
 
     def close(self) -> None:
         self._ioctl.close()

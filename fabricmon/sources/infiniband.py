@@ -30,12 +30,15 @@ dirs); nothing is walked recursively and counter files are opened with
 from __future__ import annotations
 
 import errno
+import math
 import os
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..model import Labels, Reading, ReadingMemo, Semantics, SourceResult
+from .bounds import Rejected, RejectCounts, counter_from_bytes
+from .errorlog import ErrorLog
 from .inventory import DeviceInfo, Inventory, PortInfo
 
 if TYPE_CHECKING:
@@ -162,7 +165,9 @@ def _parse_id_name(text: str, what: str) -> tuple[int, str]:
     num, sep, name = text.strip().partition(":")
     num = num.strip()
     if not sep or not num.isdigit():
-        raise ValueError(f"not a {what}: {text[:40]!r}")
+        raise Rejected("malformed", f"not a {what}: {text[:40]!r}")
+    if len(num) > 3 or int(num) > 255:  # IB state ids are u8 enums
+        raise Rejected("out_of_range", f"{what} id {num[:20]} beyond 255")
     return int(num), name.strip()
 
 
@@ -187,17 +192,20 @@ class Rate(NamedTuple):
 # empty speed name ("10 Gb/sec (4X)"), so the name is optional.
 _RATE_RE = re.compile(r"(\d+(?:\.\d+)?) Gb/sec \((\d+)X(?: ([A-Z][A-Z0-9]*))?\)")
 _WIDTHS = frozenset({1, 2, 4, 8, 12})
+_MAX_GBPS = 10_000.0  # 12X XDR is 2400 Gb/s; anything past this is a garbled file
 
 
 def parse_rate(text: str) -> Rate:
     """``"400 Gb/sec (4X NDR)"`` -> ``Rate(50e9, 4, "NDR", 400.0)``.  Raises ValueError."""
     m = _RATE_RE.fullmatch(text.strip())
     if m is None:
-        raise ValueError(f"not a port rate: {text[:40]!r}")
-    gbps = float(m[1])
-    width = int(m[2])
+        raise Rejected("malformed", f"not a port rate: {text[:40]!r}")
+    gbps = float(m[1]) if len(m[1]) <= 12 else math.inf
+    width = int(m[2]) if len(m[2]) <= 2 else 0
+    if not 0 <= gbps <= _MAX_GBPS:
+        raise Rejected("out_of_range", f"port rate {m[1][:20]} Gb/s outside 0..{_MAX_GBPS:g}")
     if width not in _WIDTHS:
-        raise ValueError(f"not a port width: {width}X in {text[:40]!r}")
+        raise Rejected("out_of_range", f"not a port width: {m[2][:20]}X in {text[:40]!r}")
     return Rate(gbps * 1e9 / 8, width, m[3] or "SDR", gbps)
 
 
@@ -225,16 +233,13 @@ def data_rate_gbps(rate: Rate, link_layer: str) -> float:
     return rate.gbps * DATA_PER_NOMINAL.get(rate.speed, 1.0)
 
 
-def parse_counter(data: bytes) -> int:
-    """A counter file's content -> int.  Raises ValueError on anything but decimal digits.
+def parse_counter(data: bytes, width: int = 64) -> int:
+    """A counter file's content -> int within ``width`` bits.  Raises ``bounds.Rejected`` (a ValueError).
 
     Stricter than ``int()``, which would take ``-5``, ``+5`` or ``1_000``;
     drivers put ``N/A (no PMA)`` or NUL-padded junk in these files.
     """
-    text = data.strip()
-    if not text.isdigit():  # bytes.isdigit is ASCII-only
-        raise ValueError(f"not an integer: {text[:40]!r}")
-    return int(text)
+    return counter_from_bytes(data, width)
 
 
 # --------------------------------------------------------------------------
@@ -314,6 +319,19 @@ def _read_at(dfd: int, name: str) -> bytes:
         os.close(fd)
 
 
+_REJECT_REASON = re.compile(r": rejected \((\w+)\)")
+
+
+def _sysfs_path(subject: str, paths: dict[str, str]) -> str:
+    """``mlx5_0/1/counters/x`` (an error's subject) -> the file's sysfs path, for the log."""
+    dev, _, rest = subject.partition("/")
+    port, _, rel = rest.partition("/")
+    base = paths.get(f"{dev}/{port}")
+    if base is None:
+        return subject
+    return os.path.join(base, rel) if rel else base
+
+
 def _oserror_text(exc: OSError) -> str:
     return f"{type(exc).__name__}: {exc.strerror or exc}"
 
@@ -326,10 +344,11 @@ class _FileSlot:
     are reused: building a frozen dataclass costs more than reading the file.
     """
 
-    __slots__ = ("name", "emits", "legacy_32", "labels", "last_raw", "last")
+    __slots__ = ("name", "emits", "legacy_32", "labels", "last_raw", "last", "width")
 
     def __init__(self, name: str, plan: CounterPlan, dp: Labels, group: str) -> None:
         self.name = name
+        self.width = plan.width
         self.legacy_32 = plan.legacy_32
         self.labels: Labels = dp + (("counter", plan.counter),)
         self.emits = tuple(
@@ -358,15 +377,18 @@ class _PortPoll:
     instead of one per file, and drop its half-read series.
     """
 
-    __slots__ = ("key", "readings", "errors", "enoent")
+    __slots__ = ("key", "readings", "errors", "enoent", "rejected")
 
     def __init__(self, key: str) -> None:
         self.key = key
         self.readings: list[Reading] = []
         self.errors: list[str] = []
         self.enoent = False
+        self.rejected: list[str] = []  # reasons of values refused by bounds
 
     def fail(self, what: str, exc: Exception) -> None:
+        if isinstance(exc, Rejected):
+            self.rejected.append(exc.reason)
         if isinstance(exc, OSError):
             if exc.errno == errno.ENOENT:
                 self.enoent = True
@@ -394,6 +416,9 @@ class InfinibandSource:
         self._slots: dict[tuple[str, str, bool], tuple[list[str], list[_FileSlot]]] = {}
         # Per-port attribute Readings (state, rate, info, up): same object while unchanged.
         self._memo = ReadingMemo()
+        self._rejects = RejectCounts(self.name)
+        self._errlog = ErrorLog(self.name)
+        self._missing_log = ErrorLog(self.name, every=600.0, event="expected_devices_missing")
 
     def close(self) -> None:
         pass  # no handles kept between polls
@@ -404,7 +429,13 @@ class InfinibandSource:
         result = SourceResult(self.name, present=bool(inventory.ports))
         devices = {d.name: d for d in inventory.devices}
         ports_facts: dict[str, dict] = {}
+        paths = {f"{p.device}/{p.port}": p.path for p in inventory.ports}
         self._memo.begin()
+        for msg in inventory.errors:  # attributes discovery refused (a junk fw_ver, a "../x" netdev)
+            result.error(msg)
+            m = _REJECT_REASON.search(msg)
+            if m:
+                self._rejects.add(m.group(1))
         for port in inventory.ports:
             key = f"{port.device}/{port.port}"
             try:
@@ -415,7 +446,19 @@ class InfinibandSource:
             result.readings.extend(pp.readings)
             for msg in pp.errors:
                 result.error(msg)
+            for reason in pp.rejected:
+                self._rejects.add(reason)
+        result.readings.extend(
+            self._memo.get("fabricmon_devices_discovered", (("kind", kind),), n)
+            for kind, n in inventory.discovered_counts().items()
+        )
         self._memo.commit()
+        result.readings.extend(self._rejects.readings())
+        if result.messages:
+            self._errlog.report(result.messages, lambda subject: _sysfs_path(subject, paths))
+        missing = inventory.expected_but_missing
+        if missing:
+            self._missing_log.report([f"{inventory.sysfs_root}: {missing}"])
         result.facts["ports"] = ports_facts
         if len(self._slots) > 3 * len(inventory.ports) + 3:
             # Forget ports that are gone (unplugged, renamed) so the cache stays bounded.
@@ -585,21 +628,38 @@ class InfinibandSource:
                 try:
                     fd = os.open(slot.name, _O_FILE, dir_fd=sfd)
                     try:
-                        data = os.read(fd, _READ_SIZE).strip()
+                        data = os.read(fd, _READ_SIZE)
                     finally:
                         os.close(fd)
                 except OSError as exc:
                     pp.fail(f"{subdir}/{slot.name}", exc)
                     continue
-                if not data.isdigit():
-                    pp.fail(f"{subdir}/{slot.name}", ValueError(f"not an integer: {data[:40]!r}"))
+                # Fast path inline (this loop runs ~500 times a poll); anything
+                # else goes through bounds for its reason.  A counter is <= 20
+                # digits: a file filling the whole read is something else.
+                size = len(data)
+                data = data.strip()
+                if size < _READ_SIZE and len(data) <= 20 and data.isdigit():
+                    value = int(data)
+                    if not value >> slot.width:
+                        if twins is not None:
+                            twin = twins.get(slot.name)
+                            if twin is not None and twin > value:
+                                value = twin
+                        extend(slot.readings(value))
+                        continue
+                try:
+                    if size >= _READ_SIZE:
+                        raise Rejected("too_long", f"file holds {_READ_SIZE} bytes or more")
+                    value = counter_from_bytes(data, slot.width)
+                except Rejected as exc:
+                    pp.fail(f"{subdir}/{slot.name}", exc)
                     continue
-                raw = int(data)
                 if twins is not None:
                     twin = twins.get(slot.name)
-                    if twin is not None and twin > raw:
-                        raw = twin
-                extend(slot.readings(raw))
+                    if twin is not None and twin > value:
+                        value = twin
+                extend(slot.readings(value))
             return names
         finally:
             os.close(sfd)

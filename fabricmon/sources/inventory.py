@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from .base_io import list_dir, read_text
+from .bounds import valid_ifname, valid_label_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +48,38 @@ class Inventory:
     ports: tuple[PortInfo, ...] = ()
     errors: tuple[str, ...] = ()  # discovery problems (unreadable device attributes)
     extra_netdevs: tuple[str, ...] = field(default=())  # configured netdevs without an RDMA port
+    expected_ports: int = 0  # the config expects at least this many RDMA ports (0: no expectation)
+
+    def discovered_counts(self) -> dict[str, int]:
+        """``fabricmon_devices_discovered{kind}``: what discovery found, by kind.
+
+        An empty or wrong ``--sysfs-root`` shows as zeros here instead of as
+        silently missing series.
+        """
+        return {
+            "rdma_device": len(self.devices),
+            "ib_port": sum(1 for p in self.ports if p.link_layer == "InfiniBand"),
+            "roce_port": sum(1 for p in self.ports if p.link_layer == "Ethernet"),
+            "roce_netdev": len({p.netdev for p in self.ports if p.link_layer == "Ethernet" and p.netdev}),
+        }
+
+    @property
+    def expected_but_missing(self) -> str:
+        """Why the RDMA ports the config expects are not there; "" when they are (or none are expected).
+
+        For readiness and logs: a wrong ``--sysfs-root`` otherwise looks
+        exactly like a healthy node without RDMA hardware.
+        """
+        if self.expected_ports <= 0 or len(self.ports) >= self.expected_ports:
+            return ""
+        base = os.path.join(self.sysfs_root, "class", "infiniband")
+        if not os.path.isdir(base):
+            where = f"{base} does not exist (is the sysfs root right?)"
+        elif not self.devices:
+            where = f"no RDMA device under {base}"
+        else:
+            where = f"{len(self.devices)} RDMA device(s) under {base}"
+        return f"expected at least {self.expected_ports} RDMA port(s), found {len(self.ports)}: {where}"
 
     def netdevs(self) -> list[str]:
         """Every netdev to read ethtool stats from: those backing RDMA ports, then configured extras."""
@@ -74,6 +107,22 @@ def _read_or(path: str, default: str = "") -> str:
         return read_text(path)
     except (OSError, ValueError):
         return default
+
+
+def _read_label(path: str, errors: list[str]) -> str:
+    """A device attribute that becomes a label value; "" (and a discovery error) when it is not short text."""
+    text = _read_or(path)
+    if text and not valid_label_text(text):
+        errors.append(f"{path}: rejected (too_long): not a short printable attribute ({len(text)} characters)")
+        return ""
+    return text
+
+
+def _numa(text: str) -> int:
+    # -1 (no NUMA) up to a generous node count; anything else is unknown.
+    if text.lstrip("-").isdigit() and len(text) <= 5 and -1 <= int(text) <= 4095:
+        return int(text)
+    return -1
 
 
 def assign_rails(
@@ -117,6 +166,7 @@ def discover(
     extra_netdevs: tuple[str, ...] = (),
     rail_memory: dict[str, str] | None = None,
     cache: dict | None = None,
+    expected_ports: int = 0,
 ) -> Inventory:
     """Discover RDMA devices.  ``cache`` (kept by the caller across polls) skips
     re-reading a device whose sysfs entry is the same one as last time (same
@@ -143,7 +193,7 @@ def discover(
             if hit is not None and hit[0] == identity[name]:
                 raw.append((name, dpath, hit[1].hca_type))
                 continue
-        raw.append((name, dpath, _read_or(os.path.join(dpath, "hca_type"))))
+        raw.append((name, dpath, _read_label(os.path.join(dpath, "hca_type"), errors)))
     rail_of = assign_rails([(n, h) for n, _, h in raw], rails or {}, rail_memory)
 
     devices: list[DeviceInfo] = []
@@ -163,13 +213,13 @@ def discover(
         pci_bdf = os.path.basename(real) if os.path.isdir(real) else ""
         dev_dir = os.path.join(dpath, "device")
         numa_text = _read_or(os.path.join(dev_dir, "numa_node"), "-1")
-        numa = int(numa_text) if numa_text.lstrip("-").isdigit() else -1
-        netdevs = tuple(list_dir(os.path.join(dev_dir, "net")))
+        numa = _numa(numa_text)
+        netdevs = tuple(n for n in list_dir(os.path.join(dev_dir, "net")) if valid_ifname(n))
         info = DeviceInfo(
             name=name, path=dpath, pci_bdf=pci_bdf, numa_node=numa, hca_type=hca,
-            fw_ver=_read_or(os.path.join(dpath, "fw_ver")),
-            node_guid=_read_or(os.path.join(dpath, "node_guid")),
-            board_id=_read_or(os.path.join(dpath, "board_id")),
+            fw_ver=_read_label(os.path.join(dpath, "fw_ver"), errors),
+            node_guid=_read_label(os.path.join(dpath, "node_guid"), errors),
+            board_id=_read_label(os.path.join(dpath, "board_id"), errors),
             rail=rail_of.get(name, ""), netdevs=netdevs,
         )
         devices.append(info)
@@ -180,6 +230,10 @@ def discover(
             if link_layer == "Ethernet":
                 # RoCE: the GID table names the netdev; fall back to the PCI function's netdev.
                 netdev = _read_or(os.path.join(ppath, "gid_attrs", "ndevs", "0"))
+                if netdev and not valid_ifname(netdev):
+                    # It names a file under --ethtool-dir: "../x" must not reach open().
+                    errors.append(f"{ppath}/gid_attrs/ndevs/0: rejected (malformed): not a netdev name {netdev[:40]!r}")
+                    netdev = ""
                 if not netdev and len(netdevs) == 1:
                     netdev = netdevs[0]
             ports.append(PortInfo(name, port, ppath, link_layer, netdev, info.rail))
@@ -188,4 +242,4 @@ def discover(
     if cache is not None:
         for gone in set(cache) - set(identity):
             del cache[gone]
-    return Inventory(sysfs_root, tuple(devices), tuple(ports), tuple(errors), tuple(extra_netdevs))
+    return Inventory(sysfs_root, tuple(devices), tuple(ports), tuple(errors), tuple(extra_netdevs), expected_ports)

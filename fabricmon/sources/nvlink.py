@@ -32,6 +32,8 @@ from typing import Any, Protocol, TypeVar
 import structlog
 
 from ..model import Labels, Reading, ReadingMemo, Semantics, SourceResult, reading
+from .bounds import Rejected, RejectCounts, check_gauge, counter_value, read_bounded, screen_readings
+from .errorlog import ErrorLog
 from .inventory import Inventory
 
 log = structlog.get_logger("fabricmon.nvml")
@@ -122,6 +124,7 @@ class GpuReading:
     pcie_replay: int | None = None
     links: list[LinkReading] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # per-series failures (one series lost, not the GPU)
+    rejected: list[str] = field(default_factory=list)  # reasons of values refused by bounds (also in problems)
 
 
 class NvmlBackend(Protocol):
@@ -484,6 +487,16 @@ class PynvmlBackend:
 # --------------------------------------------------------------------------- fake backend
 
 
+# Bounds on the fake NVML file: NVML numbers devices with an unsigned int but no
+# node has more than a few dozen GPUs; NVML_NVLINK_MAX_LINKS is 18 (64 leaves room).
+_FAKE_MAX_GPUS = 256
+_FAKE_MAX_LINKS = 64
+_FAKE_MAX_XIDS = 256
+_FAKE_MAX_TEXT = 256  # uuid, name, pci bus id: label values
+_FAKE_MAX_BYTES = 16 << 20
+_KIB_WIDTH = 54  # KiB counters are exported x1024 as bytes: keep the product within u64
+
+
 def _load_fake(path: Path, text: str | None = None) -> dict:
     if text is None:
         text = path.read_text()
@@ -498,27 +511,74 @@ def _load_fake(path: Path, text: str | None = None) -> dict:
     return data
 
 
-def _opt_int(value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return int(value, 0)  # "0x60" as well as "96"
-    return int(value)
+def _link_state(c: _Checked, value: Any, j: int) -> bool:
+    if isinstance(value, bool):
+        return value
+    return bool(c.int(value, f"links[{j}].state", 8))
 
 
-def _xid_counts(value: Any) -> dict[int, int]:
-    """``xid`` is the list of XID codes seen so far (one entry per event), or a {code: count} mapping."""
-    if not value:
-        return {}
-    if isinstance(value, dict):
-        return {int(k): int(v) for k, v in value.items()}
-    counts: Counter[int] = Counter()
-    for item in value:
-        if isinstance(item, dict):
-            counts[int(item["xid"])] += int(item.get("count", 1))
+class _Checked:
+    """Bounds-checks the values of one fake GPU entry; a refused value costs its own series only."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.problems: list[str] = []
+        self.rejected: list[str] = []
+
+    def refuse(self, where: str, exc: Rejected) -> None:
+        self.problems.append(f"{where}: {exc}")
+        self.rejected.append(exc.reason)
+
+    def int(self, value: Any, where: str, width: int = 64) -> int | None:
+        """A counter or bitmask: decimal or "0x" text, an int or an integral float, within ``width`` bits."""
+        if value is None:
+            return None
+        try:
+            return counter_value(value, width, where)
+        except Rejected as exc:
+            self.refuse(where, exc)
+            return None
+
+    def gauge(self, value: Any, lo: float, hi: float, where: str) -> float | None:
+        if value is None:
+            return None
+        try:
+            return check_gauge(value, lo, hi, where)
+        except Rejected as exc:
+            self.refuse(where, exc)
+            return None
+
+    def text(self, value: Any, where: str) -> str:
+        text = "" if value is None else str(value) if isinstance(value, (str, int)) else None
+        if text is None:
+            self.refuse(where, Rejected("malformed", f"{where} is a {type(value).__name__}, not text"))
+            return ""
+        if len(text) > _FAKE_MAX_TEXT:
+            self.refuse(where, Rejected("too_long", f"{where} has {len(text)} characters"))
+            return ""
+        return text
+
+    def xid_counts(self, value: Any) -> dict[int, int]:
+        """``xid`` is the list of XID codes seen so far (one entry per event), or a {code: count} mapping."""
+        if not value:
+            return {}
+        counts: Counter[int] = Counter()
+        if isinstance(value, dict):
+            items = [(k, v) for k, v in value.items()]
+        elif isinstance(value, list):
+            items = [(it.get("xid"), it.get("count", 1)) if isinstance(it, dict) else (it, 1) for it in value]
         else:
-            counts[int(item)] += 1
-    return dict(counts)
+            self.refuse("xid", Rejected("malformed", f"xid is a {type(value).__name__}"))
+            return {}
+        for code, n in items:
+            c = self.int(code, "xid code", 16)
+            k = self.int(n, f"xid {code} count")
+            if c is not None and k is not None:
+                counts[c] += k
+        if len(counts) > _FAKE_MAX_XIDS:
+            self.refuse("xid", Rejected("too_long", f"{len(counts)} distinct XID codes"))
+            return {}
+        return {c: min(k, (1 << 64) - 1) for c, k in counts.items()}
 
 
 class FakeNvmlBackend:
@@ -554,12 +614,22 @@ class FakeNvmlBackend:
 
     def _reload(self) -> None:
         try:
-            text = self.path.read_text()
+            text = read_bounded(str(self.path), _FAKE_MAX_BYTES).decode("utf-8", "replace")
             if text == self._text:
                 return  # same content (compared, not mtime: writes within one clock tick are common)
             data = _load_fake(self.path, text)
-            gpus = {int(g["index"]): g for g in data["gpus"]}
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            gpus: dict[int, dict] = {}
+            for g in data["gpus"]:
+                if not isinstance(g, dict):
+                    raise ValueError(f"a gpus entry is a {type(g).__name__}, not a mapping")
+                # The index sizes the device count, and so the loop over GPUs: bounded.
+                index = counter_value(g.get("index"), 64, "gpu index")
+                if index >= _FAKE_MAX_GPUS:
+                    raise Rejected("out_of_range", f"gpu index {index} beyond {_FAKE_MAX_GPUS - 1}")
+                if index in gpus:
+                    raise Rejected("malformed", f"gpu index {index} appears twice")
+                gpus[index] = g
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:  # Rejected is a ValueError
             self._text = None
             raise NvmlCallError(f"fake NVML file {self.path}: {exc}") from exc
         self._gpus = gpus
@@ -584,29 +654,42 @@ class FakeNvmlBackend:
         return parsed
 
     def _parse_gpu(self, index: int, g: dict) -> GpuReading:
+        """One GPU entry.  A value that is not a number within its range (NaN, 1e400,
+        -5, 2^70, "lots") is refused and counted, and costs its own series only."""
+        c = _Checked(index)
         try:
             ecc = g.get("ecc") or {}
-            links = [
-                LinkReading(
-                    state=bool(lk.get("state", 0)),
-                    tx_kib=_opt_int(lk.get("tx_kib")), rx_kib=_opt_int(lk.get("rx_kib")),
-                    replay=_opt_int(lk.get("replay")), recovery=_opt_int(lk.get("recovery")),
-                    crc_flit=_opt_int(lk.get("crc_flit")), crc_data=_opt_int(lk.get("crc_data")),
-                    remote_pci_bus_id=lk.get("remote_pci_bus_id"),
-                )
-                for lk in g.get("links") or []
-            ]
-            util = g.get("utilization")
+            raw_links = g.get("links") or []
+            if not isinstance(raw_links, list):
+                raise TypeError(f"links is a {type(raw_links).__name__}, not a list")
+            if len(raw_links) > _FAKE_MAX_LINKS:
+                c.refuse("links", Rejected("too_long", f"{len(raw_links)} links, at most {_FAKE_MAX_LINKS}"))
+                raw_links = raw_links[:_FAKE_MAX_LINKS]
+            links = []
+            for j, lk in enumerate(raw_links):
+                if not isinstance(lk, dict):
+                    c.refuse(f"links[{j}]", Rejected("malformed", f"links[{j}] is not a mapping"))
+                    lk = {}
+                links.append(LinkReading(
+                    state=_link_state(c, lk.get("state", 0), j),
+                    tx_kib=c.int(lk.get("tx_kib"), f"links[{j}].tx_kib", _KIB_WIDTH),
+                    rx_kib=c.int(lk.get("rx_kib"), f"links[{j}].rx_kib", _KIB_WIDTH),
+                    replay=c.int(lk.get("replay"), f"links[{j}].replay"),
+                    recovery=c.int(lk.get("recovery"), f"links[{j}].recovery"),
+                    crc_flit=c.int(lk.get("crc_flit"), f"links[{j}].crc_flit"),
+                    crc_data=c.int(lk.get("crc_data"), f"links[{j}].crc_data"),
+                    remote_pci_bus_id=c.text(lk.get("remote_pci_bus_id"), f"links[{j}].remote_pci_bus_id") or None,
+                ))
             return GpuReading(
-                index=index, uuid=str(g.get("uuid", "")), name=str(g.get("name", "")),
-                pci_bus_id=str(g.get("pci_bus_id", "")),
-                utilization=float(util) if util is not None else None,
-                throttle_reasons=_opt_int(g.get("throttle_reasons")),
-                xid_counts=_xid_counts(g.get("xid")),
-                ecc_corrected=_opt_int(ecc.get("corrected", g.get("ecc_corrected"))),
-                ecc_uncorrected=_opt_int(ecc.get("uncorrected", g.get("ecc_uncorrected"))),
-                pcie_replay=_opt_int(g.get("pcie_replay")),
-                links=links,
+                index=index, uuid=c.text(g.get("uuid"), "uuid"), name=c.text(g.get("name"), "name"),
+                pci_bus_id=c.text(g.get("pci_bus_id"), "pci_bus_id"),
+                utilization=c.gauge(g.get("utilization"), 0.0, 100.0, "utilization"),
+                throttle_reasons=c.int(g.get("throttle_reasons"), "throttle_reasons"),
+                xid_counts=c.xid_counts(g.get("xid")),
+                ecc_corrected=c.int(ecc.get("corrected", g.get("ecc_corrected")), "ecc_corrected"),
+                ecc_uncorrected=c.int(ecc.get("uncorrected", g.get("ecc_uncorrected")), "ecc_uncorrected"),
+                pcie_replay=c.int(g.get("pcie_replay"), "pcie_replay"),
+                links=links, problems=c.problems, rejected=c.rejected,
             )
         except (ValueError, TypeError, AttributeError) as exc:
             raise NvmlCallError(f"gpu {index}: bad entry in {self.path}: {exc}") from exc
@@ -760,6 +843,8 @@ class NvmlSource:
         # Worker-thread only: per-GPU label tuples and the last poll's Readings.
         self._labels: dict[int, _GpuLabels] = {}
         self._memo = ReadingMemo()
+        self._rejects = RejectCounts(self.name)
+        self._errlog = ErrorLog(self.name)
 
     # -- what runs on the NVML thread
 
@@ -806,6 +891,8 @@ class NvmlSource:
             res.readings.extend(_gpu_readings(g, lab, memo))
             for problem in g.problems:
                 res.error(f"nvml: gpu {index}: {problem}")
+            for reason in g.rejected:
+                self._rejects.add(reason)
             gpus[index] = {
                 "up": True,
                 "uuid": g.uuid,
@@ -813,8 +900,18 @@ class NvmlSource:
                 "throttle_reasons": g.throttle_reasons,
                 "links_down": [j for j, lk in enumerate(g.links) if not lk.state],
             }
+        res.readings.append(memo.get("fabricmon_devices_discovered", (("kind", "gpu"),), len(gpus)))
         memo.commit()
+        # The last guard for any backend (a NaN double field from the driver):
+        # the tracker would raise on a non-finite counter and lose the snapshot.
+        problems: list[str] = []
+        res.readings = screen_readings(res.readings, self._rejects, problems)
+        for problem in problems:
+            res.error(f"nvml: {problem}")
+        res.readings.extend(self._rejects.readings())
         res.facts["gpus"] = gpus
+        if res.messages:  # per GPU (or per fake file), rate-limited: the subject is what follows "nvml: "
+            self._errlog.report(m.removeprefix("nvml: ") for m in res.messages)
         return res
 
     def _shutdown(self) -> None:
