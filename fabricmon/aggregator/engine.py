@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from ..batch import NodeBatch, NodeHello
 from ..topology import Topology
+from .admission import ClusterClock
 from .config import DetectionSettings
 from .correlator import correlate
 from .detectors import (
@@ -65,7 +66,7 @@ _MISSING = object()
 class Engine:
     def __init__(self, topology: Topology, settings: DetectionSettings | None = None,
                  clock: Callable[[], float] | None = None, *, cluster: str | None = None,
-                 shard_units: tuple[int, ...] | None = None) -> None:
+                 shard_units: tuple[int, ...] | None = None, cluster_clock: ClusterClock | None = None) -> None:
         self.topology = topology
         self.settings = s = settings or DetectionSettings()
         self.clock = clock or time.perf_counter
@@ -88,7 +89,9 @@ class Engine:
         self.ticks_total = 0
         self.tick_seconds_last = 0.0
         self.tick_seconds_sum = 0.0
-        self.newest_ts = 0.0
+        # what ``tick`` runs at and what every batch's time is judged against (admission.py)
+        self.cluster_clock = cluster_clock or ClusterClock("sample")
+        self.dropped_by_reason: dict[str, int] = {}
         self.last_tick = None
         self.suspicion: dict[tuple[str, str], float] = {}
         self.lateness: list[tuple[str, int, float]] = []
@@ -157,6 +160,7 @@ class Engine:
             if hello.interval_seconds > 0:
                 ns.interval = hello.interval_seconds
             ns.connected = True
+            self.cluster_clock.connected(hello.node)
             for nic in hello.nics:
                 if ns.links.get((nic.device, str(nic.port)), _MISSING) is None:
                     del ns.links[(nic.device, str(nic.port))]  # seen in a batch before its hello
@@ -170,9 +174,27 @@ class Engine:
             ns = self.nodes.get(node)
             if ns is not None:
                 ns.connected = False
+            self.cluster_clock.disconnected(node)
+
+    @property
+    def newest_ts(self) -> float:
+        """The cluster clock: the sample time ``tick`` should run at (0.0 before any batch in
+        sample mode).  One node cannot move it: see admission.py."""
+        with self.lock:
+            return self.cluster_clock.now()
+
+    def _drop(self, reason: str) -> bool:
+        self.batches_dropped_total += 1
+        self.dropped_by_reason[reason] = self.dropped_by_reason.get(reason, 0) + 1
+        return False
+
+    def admission_snapshot(self) -> dict[str, int]:
+        """Batches dropped before detection, by reason."""
+        with self.lock:
+            return dict(self.dropped_by_reason)
 
     def ingest(self, batch: NodeBatch) -> bool:
-        """Apply one batch; False when it was dropped (duplicate, replayed or not ours)."""
+        """Apply one batch; False when it was dropped (duplicate, time out of bounds, or not ours)."""
         with self.lock:
             ns = self.nodes.get(batch.node)
             if ns is None:
@@ -181,16 +203,16 @@ class Engine:
                 ns = self._node(batch.node)
             ts = batch.ts
             if batch.seq <= ns.last_seq and ts <= ns.last_ts:
-                self.batches_dropped_total += 1
-                return False
+                return self._drop("duplicate")
+            reason = self.cluster_clock.admit(batch.node, ts)
+            if reason is not None:
+                return self._drop(reason)
             ns.last_seq = batch.seq
             if ts > ns.last_ts:
                 ns.last_ts = ts
             ns.ever_seen = True
             if batch.interval_seconds > 0:
                 ns.interval = batch.interval_seconds
-            if ts > self.newest_ts:
-                self.newest_ts = ts
             self.batches_total += 1
             self.samples_total += len(batch.deltas) + len(batch.gauges) + len(batch.ranks)
             if batch.deltas:
