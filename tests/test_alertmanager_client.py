@@ -131,7 +131,8 @@ def test_alertmanager_down_first_then_up_delivers_once(tmp_path, hook):
         assert client.pending() == 1  # queued, not dropped
         am = _start_am(tmp_path / "am", hook.url, port=port)
         wait_until(lambda: hook.alerts("firing"), 40.0, "queued alert delivered once Alertmanager is up")
-        assert client.pending() == 0
+        # the webhook can hear of it before the sender thread has taken it off its queue
+        wait_until(lambda: client.pending() == 0, 5.0, "queue empty after delivery")
         time.sleep(2.5)  # group_interval 1s: a duplicate would have been notified by now
         firing = hook.alerts("firing")
         assert len({json.dumps(a["labels"], sort_keys=True) for a in firing}) == 1
@@ -174,3 +175,90 @@ def test_payload_times_and_queue_bound():
         f = Finding("FabricLinkDown", "link", f"n/{k}", {}, ["x"])
         client.submit(mgr.update([f], 1_764_000_010.0 + k), 0)
     assert client.pending() == 3 and client.sent_total["dropped"] >= 3
+
+
+class _BadLabelClient(AlertmanagerClient):
+    """Gives one incident a label name Alertmanager refuses (a hyphen is not allowed)."""
+
+    def _snapshot(self, inc):
+        snap = super()._snapshot(inc)
+        if inc.component == "node-009/mlx5_1/1":
+            snap["labels"]["bad-label"] = "x"
+        return snap
+
+
+def test_alert_rejected_with_400_is_dropped_and_counted_the_rest_delivered(tmp_path, hook):
+    am = _start_am(tmp_path / "am", hook.url)
+    client = _BadLabelClient([am.url], cluster="test", resend_seconds=0.5, timeout=2)
+    try:
+        mgr = IncidentManager()
+        now = time.time()
+        good = _incident(mgr, now)
+        bad = mgr.update([Finding("FabricLinkDown", "link", "node-009/mlx5_1/1", {"node": "node-009"}, ["down"])],
+                         now)
+        client.submit(good + bad, now)  # one POST with both: Alertmanager answers 400 for the batch
+        client.start()
+        wait_until(lambda: client.sent_total["rejected"] == 1 and client.pending() == 0, 10.0,
+                   "the bad alert rejected, the good one delivered")
+        firing = wait_until(lambda: hook.alerts("firing"), 10.0, "the valid alert at the webhook")
+        assert {a["labels"]["component"] for a in firing} == {"node-003/mlx5_3/1"}
+        assert client.sent_total["error"] == 0  # a 400 is not a transient failure
+        # not retried or re-sent: after several resend intervals only the good alert keeps going out
+        sent = client.sent_total["success"]
+        wait_until(lambda: client.sent_total["success"] >= sent + 2, 10.0, "resends of the good alert")
+        assert client.sent_total["rejected"] == 1 and client.pending() == 0
+        assert [a["labels"]["component"] for a in am.get_alerts()] == ["node-003/mlx5_3/1"]
+    finally:
+        client.stop(1.0)
+        am.stop()
+
+
+class _FlakyAlertmanager:
+    """Answers 503 to the first ``failures`` POSTs, then 200; records what it accepted."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures, self.posts, self.accepted = failures, 0, []
+        self.lock = threading.Lock()
+        me = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                with me.lock:
+                    me.posts += 1
+                    code = 503 if me.posts <= me.failures else 200
+                    if code == 200:
+                        me.accepted.extend(body)
+                self.send_response(code)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_503_is_transient_retried_until_delivered():
+    flaky = _FlakyAlertmanager(failures=2)
+    client = AlertmanagerClient([flaky.url], cluster="test", resend_seconds=60, timeout=2)
+    client.start()
+    try:
+        mgr = IncidentManager()
+        client.submit(_incident(mgr, time.time()), time.time())
+        wait_until(lambda: client.sent_total["success"] == 1, 15.0, "delivered after two 503s")
+        assert client.sent_total["error"] == 2 and client.sent_total["rejected"] == 0
+        assert [a["labels"]["component"] for a in flaky.accepted] == ["node-003/mlx5_3/1"]
+        assert client.pending() == 0
+    finally:
+        client.stop(0.5)
+        flaky.close()

@@ -299,7 +299,10 @@ class GrpcServer:
     def stats(self) -> dict[str, int]:
         s = dict(self.servicer.counters) if self.servicer else {}
         s["agents_connected"] = len(self.servicer.connected_nodes()) if self.servicer else 0
-        s["batches_duplicate_total"] = self.servicer.dropped[SEQ_DUPLICATE] if self.servicer else 0
+        drops = self.servicer.drop_counts() if self.servicer else {SEQ_DUPLICATE: 0, SEQ_AHEAD: 0}
+        s["batches_duplicate_total"] = drops[SEQ_DUPLICATE]
+        for reason, n in drops.items():
+            s[f"batches_dropped_{reason}_total"] = n
         return s
 
     async def aclose(self, grace: float = 2.0) -> None:

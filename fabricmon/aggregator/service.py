@@ -1,9 +1,10 @@
 """Wire the aggregator: Engine + gRPC intake + HTTP + Alertmanager sender + tick loop.
 
 The tick loop runs every ``tick_seconds`` of wall time and ticks the engine at
-the newest sample time it has seen (never at the wall clock), then hands the
-incidents that changed to the Alertmanager sender.  Shutdown order: readiness
-off, gRPC intake (with grace), last tick, Alertmanager flush, HTTP.
+the cluster clock (``clock.mode``: the aggregator's wall clock, or the median of
+the nodes' sample times; admission.py), then hands the incidents that changed
+to the Alertmanager sender.  Shutdown order: readiness off, gRPC intake (with
+grace), last tick, Alertmanager flush, HTTP.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import structlog
 
 from ..configload import split_hostport
 from ..topology import load_topology
+from .admission import ClusterClock
 from .alertmanager import AlertmanagerClient
-from .config import AggregatorConfig
+from .config import AggregatorConfig, load_node_tokens
 from .engine import Engine
 from .http_api import HttpApi
 
@@ -40,8 +42,20 @@ def _tls(cfg: AggregatorConfig):
 
 def build_engine(cfg: AggregatorConfig) -> Engine:
     topo = load_topology(cfg.topology)
+    clock = ClusterClock(cfg.clock.mode, max_skew_s=cfg.clock.max_skew_s, max_age_s=cfg.clock.max_age_s)
     return Engine(topo, cfg.detection, cluster=cfg.cluster or topo.cluster,
-                  shard_units=cfg.shard.units or None)
+                  shard_units=cfg.shard.units or None, cluster_clock=clock)
+
+
+def grpc_auth_kwargs(cfg: AggregatorConfig, source: str = "aggregator config") -> dict:
+    """The credentials ``start_grpc_server`` binds streams to, read from the files the config names."""
+    a = cfg.auth
+    if not a.authenticated:
+        log.warning("aggregator_insecure", reason="auth.insecure is set: any peer that reaches the gRPC port "
+                    "may speak for any node")
+    return {"token": _read_token(a.token_file), "tls": _tls(cfg),
+            "node_tokens": load_node_tokens(a.node_tokens_file, source) if a.node_tokens_file else None,
+            "max_skew_s": cfg.clock.max_skew_s}
 
 
 def run_aggregator(cfg: AggregatorConfig, stop_event: threading.Event) -> int:
@@ -51,15 +65,15 @@ def run_aggregator(cfg: AggregatorConfig, stop_event: threading.Event) -> int:
                                 timeout=am.timeout, queue_max=am.queue_max, generator_url=am.generator_url,
                                 runbook_base=am.runbook_base)
     ready = threading.Event()
-    http = HttpApi(engine, split_hostport(cfg.http_listen), sender, ready=ready.is_set)
+    grpc_server = None
+    http = HttpApi(engine, split_hostport(cfg.http_listen), sender, ready=ready.is_set,
+                   grpc_stats=lambda: grpc_server.stats() if grpc_server is not None else {})
     http.start()
     sender.start()
-    grpc_server = None
     try:
         from .server import start_grpc_server  # written beside this module; imported lazily
 
-        grpc_server = start_grpc_server(engine, cfg.grpc_listen, token=_read_token(cfg.auth.token_file),
-                                        tls=_tls(cfg))
+        grpc_server = start_grpc_server(engine, cfg.grpc_listen, **grpc_auth_kwargs(cfg))
     except Exception as exc:  # noqa: BLE001 - report and stop cleanly
         log.error("grpc_start_failed", error=str(exc))
         sender.stop(0.5)
