@@ -290,3 +290,42 @@ def test_shared_token_is_the_weaker_mode_any_holder_names_any_node(engine):
         assert engine.nodes["node-001"].last_seq == 7 and engine.nodes["node-002"].last_seq == 7
     finally:
         srv.stop(0.5)
+
+
+# ---------------------------------------------------------------- self-metrics
+
+
+def test_drops_and_refusals_are_exported_on_metrics():
+    import urllib.request
+
+    from fabricmon.aggregator.http_api import HttpApi
+
+    engine = Engine(generate_topology(4, nodes_per_unit=4, layout="roce", cluster="test"),
+                    cluster_clock=ClusterClock("wall"))
+    srv = start_grpc_server(engine, "127.0.0.1:0", node_tokens={"node-001": "tok-one"})
+    http = HttpApi(engine, ("127.0.0.1", 0), grpc_stats=srv.stats)
+    http.start()
+    try:
+        auth = [("authorization", "Bearer tok-one")]
+        now = time.time()
+        _raw_stream(srv.address, [_hello_msg("node-001"), _batch_msg("node-001", 5, now),
+                                  _batch_msg("node-001", 5, now),  # replayed
+                                  _batch_msg("node-001", 2**64 - 1, now),  # seq ahead
+                                  _batch_msg("node-001", 6, now + TEN_YEARS)],  # time ahead
+                    metadata=auth)
+        _raw_stream(srv.address, [_hello_msg("node-002")], metadata=auth)  # another node's name
+        _raw_stream(srv.address, [_hello_msg("node-001")])  # no token
+        with urllib.request.urlopen(f"http://127.0.0.1:{http.port}/metrics", timeout=5) as r:
+            body = r.read().decode()
+        for line in ('fabricmon_ingest_batches_dropped_total{reason="duplicate"} 1.0',
+                     'fabricmon_ingest_batches_dropped_total{reason="seq_ahead"} 1.0',
+                     'fabricmon_grpc_streams_refused_total{reason="identity"} 1.0',
+                     'fabricmon_grpc_streams_refused_total{reason="unauthenticated"} 1.0',
+                     'fabricmon_ingest_batches_dropped_total{reason="ts_ahead"} 1.0',
+                     "fabricmon_ingest_batches_total 1.0",
+                     "fabricmon_engine_errors_total 0.0"):
+            assert line in body, line
+        assert abs(engine.newest_ts - time.time()) < 60  # the wall clock, not the batch's
+    finally:
+        http.stop()
+        srv.stop(0.5)
