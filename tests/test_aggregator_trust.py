@@ -323,7 +323,7 @@ def test_drops_and_refusals_are_exported_on_metrics():
                      'fabricmon_grpc_streams_refused_total{reason="unauthenticated"} 1.0',
                      'fabricmon_ingest_batches_dropped_total{reason="ts_ahead"} 1.0',
                      "fabricmon_ingest_batches_total 1.0",
-                     "fabricmon_engine_errors_total 0.0"):
+                     'fabricmon_engine_errors_total{stage="intake"} 0.0', 'fabricmon_engine_errors_total{stage="tick"} 0.0'):
             assert line in body, line
         assert abs(engine.newest_ts - time.time()) < 60  # the wall clock, not the batch's
     finally:

@@ -64,8 +64,10 @@ class AggregatorCollector:
         for label, key in REFUSAL_KEYS:
             c.add_metric([label], grpc.get(key, 0))
         yield c
-        c = CounterMetricFamily("fabricmon_engine_errors", "Engine calls from the stream intake that raised.")
-        c.add_metric([], grpc.get("engine_errors_total", 0))
+        c = CounterMetricFamily("fabricmon_engine_errors", "Engine calls that raised, by stage (stream intake "
+                                "or detection tick).", labels=["stage"])
+        c.add_metric(["intake"], grpc.get("engine_errors_total", 0))
+        c.add_metric(["tick"], grpc.get("tick_errors_total", 0))
         yield c
         g = GaugeMetricFamily("fabricmon_component_suspicion",
                               "Fault probability per component from fused counter and slow-rank evidence.",
