@@ -117,10 +117,10 @@ class AggregatorRuntime:
             return []
         self.last_tick = now
         if changed:
+            if self.on_changed is not None:  # before the hand-off: delivery latencies start here
+                self.on_changed(changed, now)
             if self.sender is not None:
                 self.sender.submit(changed, now)
-            if self.on_changed is not None:
-                self.on_changed(changed, now)
         return changed
 
     def run(self, stop_event: threading.Event, log_incidents: bool = True) -> None:
