@@ -16,7 +16,6 @@ from promtools import PROMTOOL, free_port, require_binary, wait_until
 
 from fabricmon.aggregator.config import check_files, load_aggregator_config
 from fabricmon.cli import main
-from fabricmon.configload import ConfigError
 
 TOPOLOGY = {"cluster": "test", "layout": "roce", "nodes_per_unit": 4,
             "generate": {"nodes": 4, "gpus_per_node": 8, "rails": 8}}

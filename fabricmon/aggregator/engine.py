@@ -20,6 +20,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import structlog
+
 from ..batch import NodeBatch, NodeHello
 from ..topology import Topology
 from .admission import ClusterClock
@@ -61,6 +63,7 @@ GAUGE_FAMILIES: dict[str, int] = {
 }
 _NVL_KIND = {"replay": G_NVERR, "crc_flit": G_NVERR, "crc_data": G_NVERR, "recovery": G_NVRECOV}
 _MISSING = object()
+_log = structlog.get_logger("fabricmon.aggregator.engine")
 
 
 class Engine:
@@ -92,6 +95,7 @@ class Engine:
         # what ``tick`` runs at and what every batch's time is judged against (admission.py)
         self.cluster_clock = cluster_clock or ClusterClock("sample")
         self.dropped_by_reason: dict[str, int] = {}
+        self._drop_logged: set[tuple[str, str]] = set()
         self.last_tick = None
         self.suspicion: dict[tuple[str, str], float] = {}
         self.lateness: list[tuple[str, int, float]] = []
@@ -183,9 +187,15 @@ class Engine:
         with self.lock:
             return self.cluster_clock.now()
 
-    def _drop(self, reason: str) -> bool:
+    def _drop(self, reason: str, batch: NodeBatch) -> bool:
         self.batches_dropped_total += 1
-        self.dropped_by_reason[reason] = self.dropped_by_reason.get(reason, 0) + 1
+        n = self.dropped_by_reason.get(reason, 0)
+        self.dropped_by_reason[reason] = n + 1
+        if reason != "duplicate" and (batch.node, reason) not in self._drop_logged:
+            # once per node and reason: a node with a broken clock would otherwise log every second
+            self._drop_logged.add((batch.node, reason))
+            _log.warning("batch_rejected", node=batch.node, reason=reason, ts=batch.ts,
+                         cluster_clock=self.cluster_clock.now(), metric="fabricmon_ingest_batches_dropped_total")
         return False
 
     def admission_snapshot(self) -> dict[str, int]:
@@ -203,10 +213,10 @@ class Engine:
                 ns = self._node(batch.node)
             ts = batch.ts
             if batch.seq <= ns.last_seq and ts <= ns.last_ts:
-                return self._drop("duplicate")
+                return self._drop("duplicate", batch)
             reason = self.cluster_clock.admit(batch.node, ts)
             if reason is not None:
-                return self._drop(reason)
+                return self._drop(reason, batch)
             ns.last_seq = batch.seq
             if ts > ns.last_ts:
                 ns.last_ts = ts

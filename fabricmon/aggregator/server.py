@@ -226,6 +226,7 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
             self._engine(self.engine.hello, hello)
             # the session's floor: seqs at or below it were delivered before (replays after a lost ack)
             session_last = self._last_seq.get(node, 0)
+            warned_ahead = False
             yield _ack(session_last)
             decoder = SeriesDecoder()
             while True:
@@ -252,7 +253,9 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
                 if b.seq > self._seq_ceiling():
                     # acked so the agent does not resend it; never becomes anyone's floor
                     self.dropped[SEQ_AHEAD] += 1
-                    log.warning("batch_seq_ahead", peer=peer, node=node, seq=b.seq, ceiling=self._seq_ceiling())
+                    if not warned_ahead:  # once per session: every batch of a broken agent would repeat it
+                        warned_ahead = True
+                        log.warning("batch_seq_ahead", peer=peer, node=node, seq=b.seq, ceiling=self._seq_ceiling())
                     yield _ack(b.seq)
                     continue
                 self._engine(self.engine.ingest, nb)
