@@ -329,3 +329,27 @@ def test_drops_and_refusals_are_exported_on_metrics():
     finally:
         http.stop()
         srv.stop(0.5)
+
+
+# ---------------------------------------------------------------- property: one node cannot move the clock
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(honest=st.integers(min_value=2, max_value=6),
+       rogue=st.lists(st.one_of(st.floats(min_value=-1e12, max_value=1e12), st.just(T0 + TEN_YEARS)),
+                      min_size=1, max_size=40),
+       jitter=st.lists(st.floats(min_value=0.0, max_value=5.0), min_size=6, max_size=6))
+def test_property_one_rogue_node_never_moves_the_sample_clock_or_blinds_the_others(honest, rogue, jitter):
+    clock = ClusterClock("sample", max_skew_s=300.0, max_age_s=3600.0)
+    names = [f"node-{i:03d}" for i in range(honest)]
+    t = T0
+    for step, claim in enumerate(rogue):
+        t += 1.0
+        clock.admit("rogue", claim)
+        for i, n in enumerate(names):  # honest nodes a few seconds apart, never rejected
+            assert clock.admit(n, t + jitter[i]) is None, (step, n)
+        now = clock.now()
+        assert t <= now <= t + 5.0, (step, now - t)

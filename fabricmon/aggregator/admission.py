@@ -15,9 +15,11 @@ burst was new, no incident resolved.  Now time is per node and bounded:
 * ``admit`` rejects a sample time further than ``max_skew_s`` ahead of the
   clock, older than ``max_age_s`` behind it, or behind the node's own last
   admitted time.  Every rejection has a reason the caller counts and exports.
-  In sample mode the bounds apply once two nodes vote: the lower median of two
-  is the earlier, so a bad first batch cannot lock out the honest nodes (a
-  one-node cluster has only the per-node bound).
+  In sample mode the bounds apply once three nodes vote: one outlier, ahead or
+  behind, cannot be the median of three, so a bad first batch cannot lock out
+  the honest nodes.  Below three nodes only the per-node bound applies (and with
+  two, one node far behind holds the clock back): sample mode is for simulated
+  clusters; production runs ``wall``.
 
 The median is recomputed lazily (after a share of the nodes reported, or when
 the tick asks), so admission stays O(1) amortized on the ingest hot path.
@@ -36,6 +38,9 @@ CLOCK_MODES = ("wall", "sample")
 TS_AHEAD = "ts_ahead"
 TS_STALE = "ts_stale"
 TS_BEHIND = "ts_behind"
+
+# The median of three is the first that one outlier, ahead or behind, cannot pick.
+MIN_VOTERS = 3
 
 
 class ClusterClock:
@@ -72,9 +77,9 @@ class ClusterClock:
     def _reference(self) -> float | None:
         if self.mode == "wall":
             return self.wall()
-        if self._stale and (self._voters < 2 or self._stale * 8 >= len(self._live)):
+        if self._stale and (self._voters < MIN_VOTERS or self._stale * 8 >= len(self._live)):
             self._recompute()
-        return self._median if self._voters >= 2 else None
+        return self._median if self._voters >= MIN_VOTERS else None
 
     # ------------------------------------------------------------------ admission
     def admit(self, node: str, ts: float) -> str | None:
