@@ -195,6 +195,37 @@ def test_seq_two_to_the_64_cannot_poison_a_node(engine):
         srv.stop(0.5)
 
 
+def test_a_high_but_plausible_seq_from_another_session_does_not_silence_the_live_agent(engine):
+    srv = start_grpc_server(engine, "127.0.0.1:0")
+    real = _client(srv.address, "node-002")
+    real.start()
+    try:
+        real.offer(_snap("node-002", 1))
+        assert wait_until(lambda: engine.batches_total == 1)
+        # a second session for the same node, seq just under the ceiling (wall ms + skew)
+        high = int(time.time() * 1000) + 200_000
+        resp, code = _raw_stream(srv.address, [_hello_msg("node-002"), _batch_msg("node-002", high, time.time())])
+        assert code == grpc.StatusCode.OK and resp[-1].ack.seq == high
+        assert engine.batches_total == 2
+        # the live agent's session keeps its own floor: its next batches still count
+        for i in range(2, 5):
+            real.offer(_snap("node-002", i))
+        assert wait_until(lambda: engine.batches_total == 5)
+        assert srv.servicer.drop_counts()["duplicate"] == 0
+    finally:
+        real.stop()
+    # and after a reconnect the agent is told the high-water mark and numbers above it
+    again = _client(srv.address, "node-002")
+    again.start()
+    try:
+        again.offer(_snap("node-002", 9))
+        assert wait_until(lambda: engine.batches_total == 6)
+        assert engine.nodes["node-002"].last_seq > high
+    finally:
+        again.stop()
+        srv.stop(0.5)
+
+
 # ---------------------------------------------------------------- identity (real gRPC, real certs)
 
 
