@@ -74,6 +74,34 @@ def test_one_batch_ten_years_ahead_neither_moves_the_clock_nor_blinds_detection(
     assert eng.newest_ts == pytest.approx(T0 + 59)
 
 
+def test_wall_clock_mode_detects_and_resolves_with_batches_arriving_late_and_a_node_running_fast():
+    """Production mode: ticks at the aggregator's clock while batches arrive 0.4 s after their
+    sample time (and one node's clock runs 2 s fast); the burst opens within 5 s and resolves, the
+    node that stops sending is reported down, nobody else is."""
+    now = [T0]
+    topo = generate_topology(8, nodes_per_unit=8, layout="roce", cluster="test")
+    eng = Engine(topo, cluster_clock=ClusterClock("wall", wall=lambda: now[0]))
+    names = sorted(topo.nodes)
+    c = Nodes(eng, names)
+    burst, fast, dies = names[3], names[5], names[7]
+    for step in range(80):
+        for sub in range(4):  # ticks every 0.25 s of wall time, batches once a second
+            now[0] = T0 + step + sub * 0.25
+            if sub == 2:
+                for n in names:
+                    if n == dies and step >= 50:
+                        continue
+                    ts = T0 + step + (2.0 if n == fast else 0.0)
+                    assert c.send(n, ts, _errors("mlx5_2") if n == burst and 15 <= step < 25 else ()), (n, step)
+            eng.tick(eng.newest_ts)
+    incs = {(i.alertname, i.component): i for i in eng.incidents()}
+    assert set(incs) == {("FabricLinkErrors", f"{burst}/mlx5_2/1"), ("FabricmonAgentDown", dies)}, incs
+    link = incs[("FabricLinkErrors", f"{burst}/mlx5_2/1")]
+    assert link.first_seen - (T0 + 15) <= 5.0 and link.resolved_at is not None
+    down = incs[("FabricmonAgentDown", dies)]
+    assert down.open and down.first_seen - (T0 + 49) <= 20.0
+
+
 def test_sample_clock_is_robust_to_a_bad_first_batch_and_follows_the_majority():
     clock = ClusterClock("sample", max_skew_s=300.0)
     assert clock.admit("node-000", T0 + TEN_YEARS) is None  # alone: nothing to judge it against
