@@ -102,6 +102,19 @@ def test_wall_clock_mode_detects_and_resolves_with_batches_arriving_late_and_a_n
     assert down.open and down.first_seen - (T0 + 49) <= 20.0
 
 
+def test_rank_timing_from_the_future_is_not_scored():
+    from fabricmon.rank_timing import RankTiming
+
+    topo = generate_topology(4, nodes_per_unit=4, layout="roce", cluster="test")
+    eng = Engine(topo, cluster_clock=ClusterClock("wall", wall=lambda: T0))
+    ok = RankTiming("llm", 0, 0, 10, 1.0, 0.2, T0 - 1)
+    bad = RankTiming("llm", 1, 1, 10, 1.0, 0.2, T0 + TEN_YEARS)
+    assert eng.ingest(NodeBatch("node-000", 1, T0, 1.0, ranks=(ok, bad)))
+    assert eng.rank_admission_snapshot() == {"ts_ahead": 1}
+    assert list(eng.stragglers.jobs["llm"].ranks) == [0]
+    assert eng.stragglers.jobs["llm"].last_ts == T0 - 1
+
+
 def test_sample_clock_is_robust_to_a_bad_first_batch_and_follows_the_majority():
     clock = ClusterClock("sample", max_skew_s=300.0)
     assert clock.admit("node-000", T0 + TEN_YEARS) is None  # alone: nothing to judge it against
@@ -381,6 +394,7 @@ def test_drops_and_refusals_are_exported_on_metrics():
                      'fabricmon_grpc_streams_refused_total{reason="identity"} 1.0',
                      'fabricmon_grpc_streams_refused_total{reason="unauthenticated"} 1.0',
                      'fabricmon_ingest_batches_dropped_total{reason="ts_ahead"} 1.0',
+                     'fabricmon_ingest_rank_timings_dropped_total{reason="ts_ahead"} 0.0',
                      "fabricmon_ingest_batches_total 1.0",
                      'fabricmon_engine_errors_total{stage="intake"} 0.0', 'fabricmon_engine_errors_total{stage="tick"} 0.0'):
             assert line in body, line

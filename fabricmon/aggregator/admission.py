@@ -82,6 +82,19 @@ class ClusterClock:
         return self._median if self._voters >= MIN_VOTERS else None
 
     # ------------------------------------------------------------------ admission
+    def judge(self, ts: float) -> str | None:
+        """Bounds only, nothing recorded: for times carried inside a batch (rank timings)."""
+        if not math.isfinite(ts):
+            return TS_AHEAD
+        ref = self._reference()
+        if ref is None:
+            return None
+        if ts > ref + self.max_skew_s:
+            return TS_AHEAD
+        if ts < ref - self.max_age_s:
+            return TS_STALE
+        return None
+
     def admit(self, node: str, ts: float) -> str | None:
         """None when ``ts`` is believable for ``node`` (and recorded), else the reason it is not."""
         if not math.isfinite(ts):

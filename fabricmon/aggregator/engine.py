@@ -95,6 +95,7 @@ class Engine:
         # what ``tick`` runs at and what every batch's time is judged against (admission.py)
         self.cluster_clock = cluster_clock or ClusterClock("sample")
         self.dropped_by_reason: dict[str, int] = {}
+        self.rank_timings_dropped: dict[str, int] = {}
         self._drop_logged: set[tuple[str, str]] = set()
         self.last_tick = None
         self.suspicion: dict[tuple[str, str], float] = {}
@@ -203,6 +204,11 @@ class Engine:
         with self.lock:
             return dict(self.dropped_by_reason)
 
+    def rank_admission_snapshot(self) -> dict[str, int]:
+        """Rank timings dropped before straggler scoring (time out of bounds), by reason."""
+        with self.lock:
+            return dict(self.rank_timings_dropped)
+
     def ingest(self, batch: NodeBatch) -> bool:
         """Apply one batch; False when it was dropped (duplicate, time out of bounds, or not ours)."""
         with self.lock:
@@ -234,8 +240,15 @@ class Engine:
                     self.stragglers.layout(lay)
             if batch.ranks:
                 add = self.stragglers.add
+                judge = self.cluster_clock.judge
                 for rt in batch.ranks:
-                    add(rt, batch.node)
+                    # a job's own timestamps are bounded like the node's: one from the future would
+                    # keep its job alive for good
+                    why = judge(rt.ts)
+                    if why is None:
+                        add(rt, batch.node)
+                    else:
+                        self.rank_timings_dropped[why] = self.rank_timings_dropped.get(why, 0) + 1
             return True
 
     def _deltas(self, ns: NodeState, batch: NodeBatch) -> None:

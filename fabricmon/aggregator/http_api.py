@@ -54,6 +54,13 @@ class AggregatorCollector:
         for reason in DROP_REASONS:
             c.add_metric([reason], dropped.get(reason, 0) + grpc.get(f"batches_dropped_{reason}_total", 0))
         yield c
+        ranks = self.engine.rank_admission_snapshot()
+        c = CounterMetricFamily("fabricmon_ingest_rank_timings_dropped",
+                                "Rank timings not scored: their time too far ahead of or behind the cluster clock.",
+                                labels=["reason"])
+        for reason in (TS_AHEAD, TS_STALE):
+            c.add_metric([reason], ranks.get(reason, 0))
+        yield c
         c = CounterMetricFamily("fabricmon_grpc_streams", "Agent streams opened.")
         c.add_metric([], grpc.get("streams_total", 0))
         yield c
