@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fabricmon.aggregator.alertmanager import AlertmanagerClient  # noqa: E402
 from fabricmon.aggregator.engine import Engine  # noqa: E402
+from fabricmon.aggregator.runtime import AggregatorRuntime  # noqa: E402
 from fabricmon.demo.local_alertmanager import WebhookReceiver  # noqa: E402
 from fabricmon.demo.scoring import score  # noqa: E402
 from fabricmon.sim.runner import SimulatedCluster  # noqa: E402
@@ -104,11 +105,17 @@ def run_one(seed: int, args, rig: AmRig | None) -> dict:
     sim = SimulatedCluster(scn, mode="memory", interval=args.interval, epoch=epoch)
     cluster = f"bench-{seed}"
     engine = Engine(sim.topology, cluster=cluster)
-    sender = None
+    sender = AlertmanagerClient([rig.url], cluster=cluster, resend_seconds=300.0) if rig is not None else None
     submitted: dict[str, float] = {}
-    if rig is not None:
-        sender = AlertmanagerClient([rig.url], cluster=cluster, resend_seconds=300.0)
-        sender.start()
+
+    def on_changed(changed, now) -> None:
+        t_sub = time.time()
+        for inc in changed:
+            if inc.open and inc.id not in submitted:
+                submitted[inc.id] = t_sub
+
+    # the service's runtime without gRPC or HTTP: the simulator hands batches over in memory
+    rt = AggregatorRuntime(engine, sender=sender, on_changed=on_changed).start()
     wall0 = time.perf_counter()
     try:
         sim.start()
@@ -117,14 +124,7 @@ def run_one(seed: int, args, rig: AmRig | None) -> dict:
         sim.on_batch = engine.ingest
         while sim.t + sim.interval <= scn.duration + 1e-9:
             sim.step()
-            now = sim.now()
-            changed = engine.tick(now)
-            if changed and sender is not None:
-                t_sub = time.time()
-                sender.submit(changed, now)
-                for inc in changed:
-                    if inc.open and inc.id not in submitted:
-                        submitted[inc.id] = t_sub
+            rt.tick(sim.now())
         if sender is not None:
             sender.flush(5.0)
     finally:
@@ -144,7 +144,9 @@ def run_one(seed: int, args, rig: AmRig | None) -> dict:
             time.sleep(0.05)
         got = rig.arrivals()
         am_lat = {iid: got[iid] - t for iid, t in submitted.items() if iid in got}
-        sender.stop(1.0)
+    rt.stop(grace=0, flush=1.0, final_tick=False)
+    if rt.tick_errors_total:
+        raise RuntimeError(f"scenario seed {seed}: {rt.tick_errors_total} detection ticks raised")
     return {"seed": seed, "scenario": scn, "ground": ground, "incidents": incidents, "score": sc,
             "am_latency": am_lat, "wall": wall}
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import threading
@@ -140,13 +139,12 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 
 def cmd_aggregator(args: argparse.Namespace) -> int:
-    from .aggregator.config import load_aggregator_config
+    from .aggregator.config import check_files, load_aggregator_config
     from .aggregator.service import run_aggregator
     from .logs import configure_logging
 
     cfg = load_aggregator_config(args.config)
-    if not os.path.isfile(cfg.topology):
-        raise ConfigError(f"{args.config}: topology: no such file {cfg.topology}")
+    check_files(cfg, args.config)
     configure_logging(args.log_format or "auto", args.log_level or "info")
     stop = threading.Event()
     _install_signals(stop)
@@ -180,9 +178,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
         load_agent_config(args.file)
     elif kind == "aggregator":
-        from .aggregator.config import load_aggregator_config
+        from .aggregator.config import check_files, load_aggregator_config
 
-        load_aggregator_config(args.file)
+        check_files(load_aggregator_config(args.file), args.file)
     elif kind == "topology":
         from .topology import load_topology
 

@@ -24,7 +24,7 @@ from fabricmon.agent.spool import MemorySpool, Spool
 from fabricmon.agent.stream import StreamClient, hello_from_snapshot
 from fabricmon.aggregator.alertmanager import AlertmanagerClient
 from fabricmon.aggregator.engine import Engine
-from fabricmon.aggregator.server import start_grpc_server
+from fabricmon.aggregator.runtime import AggregatorRuntime
 from fabricmon.demo.local_alertmanager import WebhookReceiver
 from fabricmon.sim.runner import SimulatedCluster
 from fabricmon.sim.scenario import ClusterSpec, Scenario
@@ -147,7 +147,7 @@ class Pipeline:
                 spool, intake=self.intakes[n], interval_seconds=1.0, backoff_min=0.05, backoff_max=0.3,
                 hello_timeout=3.0)
         self.engine: Engine | None = None
-        self.server = None
+        self.runtime: AggregatorRuntime | None = None
         self.sender: AlertmanagerClient | None = None
         self.engines: list[Engine] = []
         self.ingested: list[list[tuple[str, int, float]]] = []  # per engine: (node, seq, ts)
@@ -177,15 +177,21 @@ class Pipeline:
         self.engines.append(eng)
         self.ingested.append(log)
         self.last_tick = 0.0
-        self.server = start_grpc_server(eng, self.address)
-        self.sender = AlertmanagerClient([self.rig.am.url], cluster=self.rig.cluster, resend_seconds=60.0)
-        self.sender.start()
+        sender = AlertmanagerClient([self.rig.am.url], cluster=self.rig.cluster, resend_seconds=60.0)
+        self.runtime = AggregatorRuntime(eng, grpc_listen=self.address, sender=sender,
+                                         on_changed=self._on_changed).start()
+        self.sender = sender
+
+    def _on_changed(self, changed, now) -> None:
+        t = time.time()
+        for inc in changed:
+            if inc.open and not inc.folded_into:
+                self.submitted.setdefault(inc.id, t)
 
     def kill_aggregator(self) -> None:
         """The aggregator process dies: gRPC goes away at once, nothing is flushed, state is lost."""
-        self.server.stop(0)
-        self.sender.stop(flush_timeout=0.0)
-        self.server = self.engine = self.sender = None
+        self.runtime.stop(grace=0, flush=0.0, final_tick=False)
+        self.runtime = self.engine = self.sender = None
 
     def start(self) -> None:
         self.start_aggregator()
@@ -211,14 +217,9 @@ class Pipeline:
             time.sleep(0.01)
 
     def tick(self, now: float) -> None:
-        changed = self.engine.tick(now)
+        self.runtime.tick(now)
+        assert self.runtime.tick_errors_total == 0
         self.last_tick = now
-        if changed:
-            t = time.time()
-            self.sender.submit(changed, now)
-            for inc in changed:
-                if inc.open and not inc.folded_into:
-                    self.submitted.setdefault(inc.id, t)
 
     def run_to(self, t_end: float) -> None:
         while self.sim.t + 1.0 <= t_end + 1e-9:
@@ -229,10 +230,8 @@ class Pipeline:
     def close(self) -> None:
         for c in self.clients.values():
             c.stop(2.0)
-        if self.server is not None:
-            self.server.stop(0.5)
-        if self.sender is not None:
-            self.sender.stop(1.0)
+        if self.runtime is not None:
+            self.runtime.stop(grace=0.5, flush=1.0, final_tick=False)
         self.sim.close()
 
 
@@ -250,8 +249,14 @@ def _drive_memory(scn: Scenario, rig: AmRig) -> tuple[Engine, float, dict[str, f
     sim = SimulatedCluster(scn, mode="memory", interval=1.0, epoch=epoch)
     eng = Engine(sim.topology, cluster=rig.cluster)
     sender = AlertmanagerClient([rig.am.url], cluster=rig.cluster, resend_seconds=60.0)
-    sender.start()
     submitted: dict[str, float] = {}
+
+    def on_changed(changed, now):
+        for inc in changed:
+            if inc.open:
+                submitted.setdefault(inc.id, time.time())
+
+    rt = AggregatorRuntime(eng, sender=sender, on_changed=on_changed).start()  # no gRPC: batches in memory
     try:
         sim.start()
         for h in sim.hellos():
@@ -259,15 +264,11 @@ def _drive_memory(scn: Scenario, rig: AmRig) -> tuple[Engine, float, dict[str, f
         sim.on_batch = eng.ingest
         while sim.t + 1.0 <= scn.duration + 1e-9:
             sim.step()
-            changed = eng.tick(sim.now())
-            if changed:
-                sender.submit(changed, sim.now())
-                for inc in changed:
-                    if inc.open:
-                        submitted.setdefault(inc.id, time.time())
+            rt.tick(sim.now())
+        assert rt.tick_errors_total == 0
         assert sender.flush(5.0), "Alertmanager client could not deliver"
     finally:
-        sender.stop(1.0)
+        rt.stop(grace=0, flush=1.0, final_tick=False)
         sim.close()
     return eng, epoch, submitted
 

@@ -9,6 +9,15 @@ a queue is full the oldest re-send goes first, and only if none is left the
 oldest transition (counted as ``result="dropped"``).  Alertmanager dedups
 on the label set, so an alert delivered twice after a retry is one alert.
 
+Failures: a 5xx, a timeout or a refused connection is transient: the batch
+stays queued and is retried with backoff.  A 4xx (other than 408 and 429) is
+permanent: resending the same alert gets the same answer, so retrying it would
+block that Alertmanager's queue forever.  Alertmanager stores the valid alerts
+of a batch and answers 400 for the rest, so a rejected batch is re-posted one
+alert at a time to find the bad ones; each is logged with Alertmanager's
+reason, counted as ``result="rejected"`` and not re-sent (a later transition of
+the same incident is tried afresh).
+
 Times: incidents run on sample time (the agents' clocks; in simulation the
 simulated clock, which starts at a real epoch).  ``startsAt`` is the sample
 time the incident opened, mapped to RFC3339 directly.  An active alert's
@@ -38,6 +47,8 @@ from .incidents import Incident
 log = structlog.get_logger("fabricmon.aggregator.alertmanager")
 
 LABEL_KEYS = ("node", "rail", "leaf", "gpu", "job", "cluster")
+RESULTS = ("success", "error", "rejected", "dropped")  # fabricmon_alerts_sent_total{result}
+OK, RETRY, REJECTED = "ok", "retry", "rejected"
 
 
 def rfc3339(ts: float) -> str:
@@ -71,7 +82,7 @@ class AlertmanagerClient:
         self.runbook_base = runbook_base
         self.wall = wall
         self.max_batch = max_batch
-        self.sent_total: dict[str, int] = {"success": 0, "error": 0, "dropped": 0}
+        self.sent_total: dict[str, int] = dict.fromkeys(RESULTS, 0)
         self._active: dict[str, dict] = {}  # id -> snapshot of an open incident
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -217,41 +228,70 @@ class AlertmanagerClient:
                     ids.add(e[1])
                     items.append(e)
                 body = [self.payload(e[2]) for e in items]
-            ok = self._post(u, body)
+            status = self._post(u, body)
+            if status == REJECTED and len(body) > 1:
+                # which alerts? Alertmanager kept the valid ones; re-posting those is harmless (dedup)
+                results = [(e, self._post(u, [b])) for e, b in zip(items, body)]
+            else:
+                results = [(e, status) for e in items]
             with self._lock:
-                if ok:
-                    for e in items:
-                        if u.queue and u.queue[0] is e:
-                            u.queue.popleft()
-                        else:  # the queue was trimmed meanwhile
-                            try:
-                                u.queue.remove(e)
-                            except ValueError:
-                                pass
-                        if e[0] == "resend":
-                            u.pending_resend.discard(e[1])
-                    u.backoff = 0.5
-                    u.next_try = 0.0
-                    self.sent_total["success"] += len(body)
-                else:
-                    self.sent_total["error"] += len(body)
+                for e, st in results:
+                    if st == RETRY:
+                        continue
+                    if u.queue and u.queue[0] is e:
+                        u.queue.popleft()
+                    else:  # the queue was trimmed or partly delivered meanwhile
+                        try:
+                            u.queue.remove(e)
+                        except ValueError:
+                            pass
+                    if e[0] == "resend":
+                        u.pending_resend.discard(e[1])
+                    if st == OK:
+                        self.sent_total["success"] += 1
+                    else:
+                        self.sent_total["rejected"] += 1
+                        self._active.pop(e[1], None)  # the same alert would be refused every resend
+                retry = sum(1 for _, st in results if st == RETRY)
+                if retry:
+                    self.sent_total["error"] += retry
                     u.next_try = now + u.backoff * random.uniform(0.8, 1.2)
                     u.backoff = min(u.backoff * 2, 30.0)
+                else:
+                    u.backoff = 0.5
+                    u.next_try = 0.0
 
-    def _post(self, u: _Url, body: list[dict]) -> bool:
+    def _post(self, u: _Url, body: list[dict]) -> str:
+        """OK, RETRY (5xx, 408, 429, timeout, connection) or REJECTED (any other 4xx)."""
         data = json.dumps(body).encode()
         req = urllib.request.Request(u.url, data=data, method="POST",
                                      headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 resp.read()
-                ok = 200 <= resp.status < 300
+                status = OK if 200 <= resp.status < 300 else RETRY
+        except urllib.error.HTTPError as exc:
+            try:
+                detail = exc.read(500).decode(errors="replace").strip()
+            except OSError:
+                detail = ""
+            if 400 <= exc.code < 500 and exc.code not in (408, 429):
+                if len(body) == 1:
+                    lab = body[0].get("labels", {})
+                    log.error("alertmanager_rejected_alert", url=u.url, status=exc.code, reason=detail[:300],
+                              alertname=lab.get("alertname"), component=lab.get("component"))
+                return REJECTED
+            error = f"HTTP {exc.code}: {detail[:200]}"
+            if error != u.last_error:
+                log.warning("alertmanager_post_failed", url=u.url, error=error)
+                u.last_error = error
+            return RETRY
         except (urllib.error.URLError, OSError, ValueError) as exc:
             if str(exc) != u.last_error:
                 log.warning("alertmanager_post_failed", url=u.url, error=str(exc))
                 u.last_error = str(exc)
-            return False
-        if ok and u.last_error:
+            return RETRY
+        if status == OK and u.last_error:
             log.info("alertmanager_post_recovered", url=u.url)
             u.last_error = ""
-        return ok
+        return status

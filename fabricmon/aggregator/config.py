@@ -8,18 +8,45 @@ All durations are seconds of *sample time* (see DESIGN.md "Time").
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..configload import ConfigError, build, check_hostport, load_yaml_file
 
-__all__ = ["AggregatorConfig", "AlertmanagerSettings", "AuthSettings", "ConfigError", "DetectionSettings",
-           "ShardSettings", "load_aggregator_config"]
+__all__ = ["AggregatorConfig", "AlertmanagerSettings", "AuthSettings", "ClockSettings", "ConfigError",
+           "DetectionSettings", "ShardSettings", "check_files", "load_aggregator_config", "load_node_tokens"]
 
 
 def _positive(value: float, path: str, source: str) -> None:
-    if value <= 0:
+    if not value > 0:  # NaN fails too
         raise ConfigError(f"{source}: {path}: must be > 0, got {value}")
+
+
+def _check_numbers(obj, path: str, source: str, *, positive: frozenset[str] = frozenset(),
+                   ratios: frozenset[str] = frozenset(), signed: frozenset[str] = frozenset()) -> None:
+    """Every number finite and >= 0 (``signed`` ones may be negative); ``positive`` > 0;
+    ``ratios`` within [0, 1].  YAML's ``.nan`` and ``.inf`` are numbers too: a NaN tick
+    interval spun the aggregator at full CPU and never let it see SIGTERM."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        values = value if isinstance(value, tuple) else (value,)
+        for i, v in enumerate(values):
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue
+            where = f"{path}.{f.name}" if path else f.name
+            if isinstance(value, tuple):
+                where += f"[{i}]"
+            if not math.isfinite(v):
+                raise ConfigError(f"{source}: {where}: must be a finite number, got {v}")
+            if f.name in positive and not v > 0:
+                raise ConfigError(f"{source}: {where}: must be > 0, got {v}")
+            if f.name not in signed and v < 0:
+                raise ConfigError(f"{source}: {where}: must be >= 0, got {v}")
+            if f.name in ratios and v > 1:
+                raise ConfigError(f"{source}: {where}: must be between 0 and 1, got {v}")
 
 
 @dataclass(frozen=True)
@@ -83,9 +110,20 @@ class DetectionSettings:
     medium_evidence: float = 2.5  # log-odds sum at which a component explains slow ranks
     prior_log_odds: float = -4.0
 
+    _POSITIVE = frozenset((
+        "window_s", "persist_windows", "of_windows", "hold_s", "state_hold_s", "history_s", "link_errors_min",
+        "link_recovery_min", "phy_errors_min", "link_errors_burst", "flap_window_s", "flap_min_transitions",
+        "degraded_rate_ratio", "pfc_pause_ratio", "pfc_victim_ratio", "cnp_rate_min", "xmit_wait_rate_min",
+        "congestion_persist_windows", "congestion_of_windows", "congestion_leaf_min_ports", "retries_min",
+        "nvlink_errors_min", "nvlink_recovery_min", "xid_hold_s", "leaf_fold_min_links", "leaf_fold_ratio",
+        "agent_down_s", "straggler_z", "straggler_mad_floor", "straggler_window", "straggler_persist",
+        "straggler_mass_ratio", "straggler_hold_s", "medium_evidence"))
+    _RATIOS = frozenset(("degraded_rate_ratio", "pfc_keep_ratio", "pfc_victim_ratio", "leaf_fold_ratio",
+                         "straggler_mass_ratio", "straggler_min_impact"))
+
     def validate(self, path: str, source: str) -> None:
-        for name in ("window_s", "hold_s", "state_hold_s", "history_s", "flap_window_s", "pfc_pause_ratio"):
-            _positive(getattr(self, name), f"{path}.{name}", source)
+        _check_numbers(self, path, source, positive=self._POSITIVE, ratios=self._RATIOS,
+                       signed=frozenset(("prior_log_odds",)))
         if not 1 <= self.persist_windows <= self.of_windows <= 16:
             raise ConfigError(f"{source}: {path}.persist_windows: need 1 <= persist_windows <= of_windows <= 16")
         if not 1 <= self.congestion_persist_windows <= self.congestion_of_windows <= 16:
@@ -104,9 +142,7 @@ class AlertmanagerSettings:
     runbook_base: str = "https://github.com/fabricmon/fabricmon/blob/main/docs/runbooks.md#"
 
     def validate(self, path: str, source: str) -> None:
-        _positive(self.resend_seconds, f"{path}.resend_seconds", source)
-        _positive(self.timeout, f"{path}.timeout", source)
-        _positive(self.queue_max, f"{path}.queue_max", source)
+        _check_numbers(self, path, source, positive=frozenset(("resend_seconds", "timeout", "queue_max")))
         for i, u in enumerate(self.urls):
             if not u.startswith(("http://", "https://")):
                 raise ConfigError(f"{source}: {path}.urls[{i}]: expected an http(s) URL, got {u!r}")
@@ -114,16 +150,52 @@ class AlertmanagerSettings:
 
 @dataclass(frozen=True)
 class AuthSettings:
+    """Who may speak for a node.  Strongest first: mTLS (``tls_client_ca``; the client
+    certificate's CN or a DNS SAN must be the node), per-node tokens (``node_tokens_file``,
+    a YAML mapping node -> token; a token speaks only for its node), one shared token
+    (``token_file``; any holder may speak for any node: the weaker mode).  Without any of
+    them the aggregator runs only with ``insecure: true`` and warns at start."""
+
     token_file: str | None = None
+    node_tokens_file: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None
+    insecure: bool = False
+
+    @property
+    def authenticated(self) -> bool:
+        return bool(self.token_file or self.node_tokens_file or self.tls_client_ca)
 
     def validate(self, path: str, source: str) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError(f"{source}: {path}.tls_key: tls_cert and tls_key must be given together")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ConfigError(f"{source}: {path}.tls_client_ca: needs tls_cert and tls_key")
+        if not self.authenticated and not self.insecure:
+            raise ConfigError(f"{source}: {path}: no agent authentication: set tls_client_ca (mTLS), "
+                              f"node_tokens_file or token_file, or insecure: true to accept any peer")
+
+    def files(self) -> list[tuple[str, str]]:
+        """(field, path) of every file this section names."""
+        return [(name, getattr(self, name)) for name in
+                ("token_file", "node_tokens_file", "tls_cert", "tls_key", "tls_client_ca") if getattr(self, name)]
+
+
+@dataclass(frozen=True)
+class ClockSettings:
+    """What the aggregator ticks at and how far a node's sample time may stray from it
+    (aggregator/admission.py).  ``wall``: the aggregator's wall clock (production).
+    ``sample``: the median of the nodes' latest sample times (simulated time)."""
+
+    mode: str = "wall"
+    max_skew_s: float = 300.0  # a sample further ahead than this is rejected (and counted)
+    max_age_s: float = 3600.0  # a sample older than this behind the clock is rejected (and counted)
+
+    def validate(self, path: str, source: str) -> None:
+        if self.mode not in ("wall", "sample"):
+            raise ConfigError(f"{source}: {path}.mode: must be wall or sample, got {self.mode!r}")
+        _check_numbers(self, path, source, positive=frozenset(("max_skew_s", "max_age_s")))
 
 
 @dataclass(frozen=True)
@@ -131,6 +203,9 @@ class ShardSettings:
     """The scalable units (leaf groups) this replica owns; empty: all of them."""
 
     units: tuple[int, ...] = ()
+
+    def validate(self, path: str, source: str) -> None:
+        _check_numbers(self, path, source)
 
 
 @dataclass(frozen=True)
@@ -142,6 +217,7 @@ class AggregatorConfig:
     tick_seconds: float = 0.25  # wall seconds between ticks
     alertmanager: AlertmanagerSettings = field(default_factory=AlertmanagerSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
+    clock: ClockSettings = field(default_factory=ClockSettings)
     detection: DetectionSettings = field(default_factory=DetectionSettings)
     shard: ShardSettings = field(default_factory=ShardSettings)
 
@@ -151,6 +227,62 @@ class AggregatorConfig:
         check_hostport(self.grpc_listen, "grpc_listen", source)
         check_hostport(self.http_listen, "http_listen", source)
         _positive(self.tick_seconds, "tick_seconds", source)
+        if not math.isfinite(self.tick_seconds) or self.tick_seconds > 60:
+            raise ConfigError(f"{source}: tick_seconds: must be at most 60, got {self.tick_seconds}")
+        self.auth.validate("auth", source)  # also when the file has no auth section at all
+
+
+def _readable(path: str) -> str | None:
+    """None when ``path`` is a readable regular file, else the problem."""
+    p = Path(path)
+    if not p.exists():
+        return f"no such file {path}"
+    if not p.is_file():
+        return f"not a regular file: {path}"
+    if not os.access(p, os.R_OK):
+        return f"not readable: {path}"
+    return None
+
+
+def check_files(cfg: AggregatorConfig, source: str) -> None:
+    """Every file the config names exists and is readable, and the ones the aggregator parses
+    parse: what ``check-config`` and the aggregator's start check alike."""
+    problem = _readable(cfg.topology)
+    if problem:
+        raise ConfigError(f"{source}: topology: {problem}")
+    for name, path in cfg.auth.files():
+        problem = _readable(path)
+        if problem:
+            raise ConfigError(f"{source}: auth.{name}: {problem}")
+    if cfg.auth.token_file and not Path(cfg.auth.token_file).read_text().strip():
+        raise ConfigError(f"{source}: auth.token_file: {cfg.auth.token_file} is empty")
+    if cfg.auth.node_tokens_file:
+        load_node_tokens(cfg.auth.node_tokens_file, source)
+    from ..topology import load_topology
+
+    load_topology(cfg.topology)
+
+
+def load_node_tokens(path: str, source: str) -> dict[str, str]:
+    """The per-node token file: a YAML mapping node -> token, every token distinct."""
+    where = f"{source}: auth.node_tokens_file"
+    try:
+        data = load_yaml_file(path)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    out: dict[str, str] = {}
+    seen: set[str] = set()
+    for node, token in data.items():
+        if not isinstance(token, str) or not token.strip():
+            raise ConfigError(f"{where}: {path}: {node}: token must be a non-empty string")
+        token = token.strip()
+        if token in seen:
+            raise ConfigError(f"{where}: {path}: {node}: token also used by another node")
+        seen.add(token)
+        out[str(node)] = token
+    if not out:
+        raise ConfigError(f"{where}: {path}: no node tokens")
+    return out
 
 
 def load_aggregator_config(path: str | Path) -> AggregatorConfig:

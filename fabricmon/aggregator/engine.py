@@ -20,8 +20,11 @@ import threading
 import time
 from collections.abc import Callable
 
+import structlog
+
 from ..batch import NodeBatch, NodeHello
 from ..topology import Topology
+from .admission import ClusterClock
 from .config import DetectionSettings
 from .correlator import correlate
 from .detectors import (
@@ -60,12 +63,13 @@ GAUGE_FAMILIES: dict[str, int] = {
 }
 _NVL_KIND = {"replay": G_NVERR, "crc_flit": G_NVERR, "crc_data": G_NVERR, "recovery": G_NVRECOV}
 _MISSING = object()
+_log = structlog.get_logger("fabricmon.aggregator.engine")
 
 
 class Engine:
     def __init__(self, topology: Topology, settings: DetectionSettings | None = None,
                  clock: Callable[[], float] | None = None, *, cluster: str | None = None,
-                 shard_units: tuple[int, ...] | None = None) -> None:
+                 shard_units: tuple[int, ...] | None = None, cluster_clock: ClusterClock | None = None) -> None:
         self.topology = topology
         self.settings = s = settings or DetectionSettings()
         self.clock = clock or time.perf_counter
@@ -88,7 +92,11 @@ class Engine:
         self.ticks_total = 0
         self.tick_seconds_last = 0.0
         self.tick_seconds_sum = 0.0
-        self.newest_ts = 0.0
+        # what ``tick`` runs at and what every batch's time is judged against (admission.py)
+        self.cluster_clock = cluster_clock or ClusterClock("sample")
+        self.dropped_by_reason: dict[str, int] = {}
+        self.rank_timings_dropped: dict[str, int] = {}
+        self._drop_logged: set[tuple[str, str]] = set()
         self.last_tick = None
         self.suspicion: dict[tuple[str, str], float] = {}
         self.lateness: list[tuple[str, int, float]] = []
@@ -157,6 +165,7 @@ class Engine:
             if hello.interval_seconds > 0:
                 ns.interval = hello.interval_seconds
             ns.connected = True
+            self.cluster_clock.connected(hello.node)
             for nic in hello.nics:
                 if ns.links.get((nic.device, str(nic.port)), _MISSING) is None:
                     del ns.links[(nic.device, str(nic.port))]  # seen in a batch before its hello
@@ -170,9 +179,38 @@ class Engine:
             ns = self.nodes.get(node)
             if ns is not None:
                 ns.connected = False
+            self.cluster_clock.disconnected(node)
+
+    @property
+    def newest_ts(self) -> float:
+        """The cluster clock: the sample time ``tick`` should run at (0.0 before any batch in
+        sample mode).  One node cannot move it: see admission.py."""
+        with self.lock:
+            return self.cluster_clock.now()
+
+    def _drop(self, reason: str, batch: NodeBatch) -> bool:
+        self.batches_dropped_total += 1
+        n = self.dropped_by_reason.get(reason, 0)
+        self.dropped_by_reason[reason] = n + 1
+        if reason != "duplicate" and (batch.node, reason) not in self._drop_logged:
+            # once per node and reason: a node with a broken clock would otherwise log every second
+            self._drop_logged.add((batch.node, reason))
+            _log.warning("batch_rejected", node=batch.node, reason=reason, ts=batch.ts,
+                         cluster_clock=self.cluster_clock.now(), metric="fabricmon_ingest_batches_dropped_total")
+        return False
+
+    def admission_snapshot(self) -> dict[str, int]:
+        """Batches dropped before detection, by reason."""
+        with self.lock:
+            return dict(self.dropped_by_reason)
+
+    def rank_admission_snapshot(self) -> dict[str, int]:
+        """Rank timings dropped before straggler scoring (time out of bounds), by reason."""
+        with self.lock:
+            return dict(self.rank_timings_dropped)
 
     def ingest(self, batch: NodeBatch) -> bool:
-        """Apply one batch; False when it was dropped (duplicate, replayed or not ours)."""
+        """Apply one batch; False when it was dropped (duplicate, time out of bounds, or not ours)."""
         with self.lock:
             ns = self.nodes.get(batch.node)
             if ns is None:
@@ -181,16 +219,16 @@ class Engine:
                 ns = self._node(batch.node)
             ts = batch.ts
             if batch.seq <= ns.last_seq and ts <= ns.last_ts:
-                self.batches_dropped_total += 1
-                return False
+                return self._drop("duplicate", batch)
+            reason = self.cluster_clock.admit(batch.node, ts)
+            if reason is not None:
+                return self._drop(reason, batch)
             ns.last_seq = batch.seq
             if ts > ns.last_ts:
                 ns.last_ts = ts
             ns.ever_seen = True
             if batch.interval_seconds > 0:
                 ns.interval = batch.interval_seconds
-            if ts > self.newest_ts:
-                self.newest_ts = ts
             self.batches_total += 1
             self.samples_total += len(batch.deltas) + len(batch.gauges) + len(batch.ranks)
             if batch.deltas:
@@ -202,8 +240,15 @@ class Engine:
                     self.stragglers.layout(lay)
             if batch.ranks:
                 add = self.stragglers.add
+                judge = self.cluster_clock.judge
                 for rt in batch.ranks:
-                    add(rt, batch.node)
+                    # a job's own timestamps are bounded like the node's: one from the future would
+                    # keep its job alive for good
+                    why = judge(rt.ts)
+                    if why is None:
+                        add(rt, batch.node)
+                    else:
+                        self.rank_timings_dropped[why] = self.rank_timings_dropped.get(why, 0) + 1
             return True
 
     def _deltas(self, ns: NodeState, batch: NodeBatch) -> None:

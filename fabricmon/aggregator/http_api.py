@@ -1,7 +1,9 @@
 """The aggregator's HTTP side: /metrics, /api/incidents, /healthz, /readyz.
 
 /metrics is a custom collector on a private registry that serializes what the
-engine and the Alertmanager client hold (nothing is computed at scrape time).
+engine, the gRPC servicer and the Alertmanager client hold (nothing is computed
+at scrape time).  Every label value a counter can take is exported from the
+start at 0, so ``rate()`` and ``increase()`` see the first event.
 /api/incidents lists incidents with RFC3339 UTC times; ``?state=open`` (the
 default is ``all``), ``?id=`` selects one.
 """
@@ -15,14 +17,22 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ..httpserve import TEXT, RoutedHTTPServer, probe
-from .alertmanager import rfc3339
+from .admission import TS_AHEAD, TS_BEHIND, TS_STALE
+from .alertmanager import RESULTS, rfc3339
 from .engine import Engine
+
+# Why a batch never reached the detectors: the servicer's seq checks and the engine's time admission.
+DROP_REASONS = ("duplicate", "seq_ahead", TS_AHEAD, TS_BEHIND, TS_STALE)
+# Streams ended before any batch was believed, by why.
+REFUSAL_KEYS = (("unauthenticated", "unauthenticated_total"), ("identity", "identity_refused_total"),
+                ("malformed", "rejected_total"))
 
 
 class AggregatorCollector:
-    def __init__(self, engine: Engine, sender=None) -> None:
+    def __init__(self, engine: Engine, sender=None, grpc_stats=None) -> None:
         self.engine = engine
         self.sender = sender
+        self.grpc_stats = grpc_stats or dict
 
     def collect(self):
         snap = self.engine.metrics_snapshot()
@@ -35,8 +45,36 @@ class AggregatorCollector:
         c = CounterMetricFamily("fabricmon_ingest_batches", "Agent batches ingested.")
         c.add_metric([], snap["batches_total"])
         yield c
-        c = CounterMetricFamily("fabricmon_ingest_batches_dropped", "Duplicate or replayed batches dropped.")
-        c.add_metric([], snap["batches_dropped_total"])
+        grpc = self.grpc_stats() or {}
+        dropped = self.engine.admission_snapshot()
+        c = CounterMetricFamily("fabricmon_ingest_batches_dropped",
+                                "Agent batches acknowledged but not believed, by reason (replayed seq, seq ahead "
+                                "of the aggregator's clock, sample time too far ahead, behind the node's last "
+                                "or too old).", labels=["reason"])
+        for reason in DROP_REASONS:
+            c.add_metric([reason], dropped.get(reason, 0) + grpc.get(f"batches_dropped_{reason}_total", 0))
+        yield c
+        ranks = self.engine.rank_admission_snapshot()
+        c = CounterMetricFamily("fabricmon_ingest_rank_timings_dropped",
+                                "Rank timings not scored: their time too far ahead of or behind the cluster clock.",
+                                labels=["reason"])
+        for reason in (TS_AHEAD, TS_STALE):
+            c.add_metric([reason], ranks.get(reason, 0))
+        yield c
+        c = CounterMetricFamily("fabricmon_grpc_streams", "Agent streams opened.")
+        c.add_metric([], grpc.get("streams_total", 0))
+        yield c
+        c = CounterMetricFamily("fabricmon_grpc_streams_refused",
+                                "Agent streams refused: no or wrong credential (unauthenticated), a credential "
+                                "naming another node (identity), or a malformed message (malformed).",
+                                labels=["reason"])
+        for label, key in REFUSAL_KEYS:
+            c.add_metric([label], grpc.get(key, 0))
+        yield c
+        c = CounterMetricFamily("fabricmon_engine_errors", "Engine calls that raised, by stage (stream intake "
+                                "or detection tick).", labels=["stage"])
+        c.add_metric(["intake"], grpc.get("engine_errors_total", 0))
+        c.add_metric(["tick"], grpc.get("tick_errors_total", 0))
         yield c
         g = GaugeMetricFamily("fabricmon_component_suspicion",
                               "Fault probability per component from fused counter and slow-rank evidence.",
@@ -56,7 +94,7 @@ class AggregatorCollector:
         c = CounterMetricFamily("fabricmon_alerts_sent", "Alerts posted to Alertmanager, by result.",
                                 labels=["result"])
         sent = dict(self.sender.sent_total) if self.sender is not None else {}
-        for result in ("success", "error", "dropped"):
+        for result in RESULTS:
             c.add_metric([result], sent.get(result, 0))
         yield c
         g = GaugeMetricFamily("fabricmon_alerts_queued", "Alert transitions waiting for delivery.")
@@ -71,7 +109,8 @@ class AggregatorCollector:
         c = CounterMetricFamily("fabricmon_ticks", "Detection ticks run.")
         c.add_metric([], snap["ticks_total"])
         yield c
-        g = GaugeMetricFamily("fabricmon_newest_sample_timestamp_seconds", "Newest sample time ingested.")
+        g = GaugeMetricFamily("fabricmon_cluster_clock_timestamp_seconds",
+                              "The cluster clock detection runs at (wall clock, or the nodes' median sample time).")
         g.add_metric([], snap["newest_ts"])
         yield g
 
@@ -88,10 +127,10 @@ class HttpApi(RoutedHTTPServer):
     """/metrics, /api/incidents (?state=open|all, ?id=...), /healthz, /readyz."""
 
     def __init__(self, engine: Engine, listen: tuple[str, int], sender=None,
-                 ready=lambda: True) -> None:
+                 ready=lambda: True, grpc_stats=None) -> None:
         self.engine = engine
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(AggregatorCollector(engine, sender))
+        self.registry.register(AggregatorCollector(engine, sender, grpc_stats))
         self.ready = ready
         super().__init__(listen[0], listen[1], {
             "/metrics": lambda q: (200, generate_latest(self.registry), CONTENT_TYPE_LATEST),

@@ -1,13 +1,29 @@
 """The aggregator's gRPC side: ``fabricmon.v1.FabricStream`` on a ``grpc.aio`` server.
 
 One long-lived bidirectional stream per agent, all on one event loop (no
-thread per stream).  Per stream: authenticate (bearer token, constant-time
-compare; mTLS is enforced by the TLS layer), require a Hello first, keep the
-connection's series table, decode each Batch into a ``NodeBatch``, drop any
-seq already handled for that node (replays after a lost ack), hand the rest to
-the engine and ack.  Acks are cumulative.  Malformed input is answered with a
-Reject naming the reason and the stream is closed (INVALID_ARGUMENT); other
-agents' streams are untouched.
+thread per stream).  Per stream: authenticate, require a Hello first, bind the
+node it names to the stream's credential, keep the connection's series table,
+decode each Batch into a ``NodeBatch``, validate its seq, hand it to the engine
+and ack.  Acks are cumulative.  Malformed input is answered with a Reject
+naming the reason and the stream is closed (INVALID_ARGUMENT); other agents'
+streams are untouched.
+
+Identity: a stream speaks for one node, and only for the node its credential
+names.  With mTLS (``tls.client_ca``) the client certificate's CN or one of its
+DNS SANs must equal the hello's node.  With per-node tokens (``node_tokens``:
+node -> token) the bearer token must be that node's.  A shared ``token`` lets
+any holder speak for any node: the weaker mode, for small or trusted fabrics.
+Refused identities end the stream with PERMISSION_DENIED and are counted.
+
+Seq: the agent numbers its batches; the aggregator drops a seq it already
+handled (a replay after a lost ack).  A seq is judged per session: a session's
+floor is what the node had delivered when its hello arrived, and within the
+session seqs only rise.  A seq further ahead than the aggregator's wall clock
+in milliseconds plus the allowed skew is dropped (the agent numbers from its
+wall clock in ms and counts up by one per poll, so an honest agent never gets
+there): one batch with seq 2**64-1 cannot make the node's real batches look
+like replays.  Every dropped batch is acked (so it is not resent forever) and
+counted by reason.
 
 Engine calls (``hello``, ``ingest``, ``disconnected``) run on the server's event
 loop thread, one at a time; pass ``lock`` (a ``threading.Lock``) if other
@@ -24,7 +40,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import threading
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +60,12 @@ log = structlog.get_logger("fabricmon.grpc")
 
 SERVICE_NAME = "fabricmon.v1.FabricStream"
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_SKEW_S = 300.0
+
+# Reasons a batch is dropped by the servicer (fabricmon_ingest_batches_dropped_total{reason}).
+SEQ_DUPLICATE = "duplicate"
+SEQ_AHEAD = "seq_ahead"
+_ANY_NODE = None  # a shared token: the stream may name any node
 
 
 class EngineLike(Protocol):
@@ -71,16 +94,23 @@ def _reject(reason: str, seq: int = 0) -> pb.AggregatorMessage:
 
 class FabricStreamServicer(pb_grpc.FabricStreamServicer):
     def __init__(self, engine: EngineLike, *, token: str | None = None, lock: Any = None,
-                 hello_timeout: float = 10.0) -> None:
+                 hello_timeout: float = 10.0, node_tokens: Mapping[str, str] | None = None,
+                 bind_tls_identity: bool = False, max_skew_s: float = DEFAULT_MAX_SKEW_S,
+                 wall: Callable[[], float] = time.time) -> None:
         self.engine = engine
         self._token = token.encode() if token else None
+        self._node_tokens = [(n, t.encode()) for n, t in (node_tokens or {}).items()]
+        self._bind_tls = bind_tls_identity
         self._lock = lock if lock is not None else nullcontext()
         self._hello_timeout = hello_timeout
+        self._max_skew_ms = int(max_skew_s * 1000)
+        self._wall = wall
         self._last_seq: dict[str, int] = {}  # node -> highest seq handled (survives reconnects)
         self._current: dict[str, int] = {}  # node -> generation of its live stream
         self._gen = 0
-        self.counters = dict(streams_total=0, unauthenticated_total=0, rejected_total=0,
-                             batches_ingested_total=0, batches_duplicate_total=0, engine_errors_total=0)
+        self.counters = dict(streams_total=0, unauthenticated_total=0, identity_refused_total=0,
+                             rejected_total=0, batches_ingested_total=0, engine_errors_total=0)
+        self.dropped: dict[str, int] = {SEQ_DUPLICATE: 0, SEQ_AHEAD: 0}
 
     # ------------------------------------------------------------ helpers
 
@@ -97,40 +127,57 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
             log.error("engine_call_failed", call=getattr(fn, "__name__", "?"), error=f"{type(exc).__name__}: {exc}")
             return False
 
-    def _check_token(self, context) -> str | None:
-        """None when authorized, else the reason."""
-        if self._token is None:
-            return None
+    @property
+    def auth_required(self) -> bool:
+        return self._token is not None or bool(self._node_tokens)
+
+    def _check_token(self, context) -> tuple[str | None, frozenset[str] | None]:
+        """(reason, None) when refused, else (None, the nodes this credential may speak for;
+        None meaning any node)."""
+        if not self.auth_required:
+            return None, _ANY_NODE
         auth = ""
         for key, value in context.invocation_metadata() or ():
             if key == "authorization":
                 auth = value if isinstance(value, str) else value.decode(errors="replace")
                 break
         if not auth:
-            return "missing bearer token"
+            return "missing bearer token", None
         scheme, _, presented = auth.partition(" ")
         if scheme.lower() != "bearer" or not presented:
-            return "authorization is not a bearer token"
-        if not hmac.compare_digest(presented.strip().encode(), self._token):
-            return "wrong bearer token"
-        return None
+            return "authorization is not a bearer token", None
+        got = presented.strip().encode()
+        if self._token is not None and hmac.compare_digest(got, self._token):
+            return None, _ANY_NODE
+        # every comparison runs, so the time taken does not tell which node's token was close
+        nodes = frozenset(n for n, t in self._node_tokens if hmac.compare_digest(got, t))
+        if nodes:
+            return None, nodes
+        return "wrong bearer token", None
 
     @staticmethod
-    def _identity(context) -> str:
+    def _identities(context) -> list[str]:
+        """The client certificate's CN and subject alternative names (empty without mTLS)."""
+        out: list[str] = []
         try:
             ac = context.auth_context() or {}
-            cn = ac.get("x509_common_name") or ac.get("x509_subject_alternative_name")
-            if cn:
-                return cn[0].decode(errors="replace")
-        except Exception:
+            for key in ("x509_common_name", "x509_subject_alternative_name"):
+                out.extend(v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in ac.get(key, ()))
+        except Exception:  # noqa: BLE001 - no TLS context: no identity
             pass
-        return ""
+        return out
+
+    def _seq_ceiling(self) -> int:
+        return int(self._wall() * 1000) + self._max_skew_ms
+
+    def drop_counts(self) -> dict[str, int]:
+        return dict(self.dropped)
 
     # ------------------------------------------------------------ the RPC
 
     async def Stream(self, request_iterator: AsyncIterator[pb.AgentMessage], context) -> AsyncIterator[pb.AggregatorMessage]:
         peer = context.peer()
-        reason = self._check_token(context)
+        reason, may_speak_for = self._check_token(context)
         if reason is not None:
             self.counters["unauthenticated_total"] += 1
             log.warning("stream_unauthenticated", peer=peer, reason=reason)
@@ -158,15 +205,29 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
                 yield m
             return
         node = hello.node
+        identities = self._identities(context)
+        refused = None
+        if may_speak_for is not _ANY_NODE and node not in may_speak_for:
+            refused = f"this token is not {node}'s"
+        elif self._bind_tls and node not in identities:
+            refused = f"client certificate names {identities or 'nothing'}, not {node}"
+        if refused is not None:
+            self.counters["identity_refused_total"] += 1
+            log.warning("stream_identity_refused", peer=peer, node=node[:200], reason=refused)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, refused)
+            return
         self._gen += 1
         gen = self._gen
         previous = self._current.get(node)
         self._current[node] = gen
-        log.info("stream_connected", peer=peer, node=node, identity=self._identity(context),
+        log.info("stream_connected", peer=peer, node=node, identity=identities[0] if identities else "",
                  agent_version=hello.agent_version, replaced_stream=previous is not None)
         try:
             self._engine(self.engine.hello, hello)
-            yield _ack(self._last_seq.get(node, 0))
+            # the session's floor: seqs at or below it were delivered before (replays after a lost ack)
+            session_last = self._last_seq.get(node, 0)
+            warned_ahead = False
+            yield _ack(session_last)
             decoder = SeriesDecoder()
             while True:
                 try:
@@ -179,10 +240,9 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
                         yield m
                     return
                 b = msg.batch
-                last = self._last_seq.get(node, 0)
-                if b.seq <= last:
-                    self.counters["batches_duplicate_total"] += 1
-                    yield _ack(last)
+                if b.seq <= session_last:
+                    self.dropped[SEQ_DUPLICATE] += 1
+                    yield _ack(session_last)
                     continue
                 try:
                     nb = decoder.decode(b, node)
@@ -190,9 +250,19 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
                     async for m in self._refuse(context, peer, node, str(exc), b.seq):
                         yield m
                     return
+                if b.seq > self._seq_ceiling():
+                    # acked so the agent does not resend it; never becomes anyone's floor
+                    self.dropped[SEQ_AHEAD] += 1
+                    if not warned_ahead:  # once per session: every batch of a broken agent would repeat it
+                        warned_ahead = True
+                        log.warning("batch_seq_ahead", peer=peer, node=node, seq=b.seq, ceiling=self._seq_ceiling())
+                    yield _ack(b.seq)
+                    continue
                 self._engine(self.engine.ingest, nb)
                 self.counters["batches_ingested_total"] += 1
-                self._last_seq[node] = b.seq
+                session_last = b.seq
+                if b.seq > self._last_seq.get(node, 0):
+                    self._last_seq[node] = b.seq
                 yield _ack(b.seq)
         finally:
             if self._current.get(node) == gen:
@@ -232,6 +302,10 @@ class GrpcServer:
     def stats(self) -> dict[str, int]:
         s = dict(self.servicer.counters) if self.servicer else {}
         s["agents_connected"] = len(self.servicer.connected_nodes()) if self.servicer else 0
+        drops = self.servicer.drop_counts() if self.servicer else {SEQ_DUPLICATE: 0, SEQ_AHEAD: 0}
+        s["batches_duplicate_total"] = drops[SEQ_DUPLICATE]
+        for reason, n in drops.items():
+            s[f"batches_dropped_{reason}_total"] = n
         return s
 
     async def aclose(self, grace: float = 2.0) -> None:
@@ -274,9 +348,15 @@ async def start_grpc_server_async(
     lock: Any = None,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     hello_timeout: float = 10.0,
+    node_tokens: Mapping[str, str] | None = None,
+    max_skew_s: float = DEFAULT_MAX_SKEW_S,
     _handle: GrpcServer | None = None,
 ) -> GrpcServer:
-    """Start on the running event loop; ``listen`` is HOST:PORT (port 0 picks one)."""
+    """Start on the running event loop; ``listen`` is HOST:PORT (port 0 picks one).
+
+    With neither ``token``, ``node_tokens`` nor mTLS (``tls.client_ca``) anyone who can
+    reach the port may speak for any node: a warning is logged (the service refuses to
+    start that way unless its config says ``insecure: true``)."""
     handle = _handle or GrpcServer()
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
@@ -289,7 +369,9 @@ async def start_grpc_server_async(
         ("grpc.so_reuseport", 0),
     ]
     server = grpc.aio.server(options=options)
-    servicer = FabricStreamServicer(engine, token=token, lock=lock, hello_timeout=hello_timeout)
+    mtls = bool(tls and tls.client_ca)
+    servicer = FabricStreamServicer(engine, token=token, lock=lock, hello_timeout=hello_timeout,
+                                    node_tokens=node_tokens, bind_tls_identity=mtls, max_skew_s=max_skew_s)
     pb_grpc.add_FabricStreamServicer_to_server(servicer, server)
     hs = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
@@ -310,8 +392,11 @@ async def start_grpc_server_async(
     handle.server, handle.servicer, handle.health = server, servicer, hs
     handle.port, handle.host = port, _split_listen(listen)
     handle.loop = asyncio.get_running_loop()
-    log.info("grpc_listening", address=handle.address, tls=tls is not None,
-             mtls=bool(tls and tls.client_ca), token=token is not None)
+    log.info("grpc_listening", address=handle.address, tls=tls is not None, mtls=mtls,
+             token="per-node" if node_tokens else "shared" if token else "none")
+    if not mtls and not servicer.auth_required:
+        log.warning("grpc_insecure", address=handle.address,
+                    reason="no token and no mTLS: anyone who reaches this port may speak for any node")
     return handle
 
 

@@ -1,9 +1,10 @@
-"""Wire the aggregator: Engine + gRPC intake + HTTP + Alertmanager sender + tick loop.
+"""Wire the aggregator from its config and run it until asked to stop.
 
-The tick loop runs every ``tick_seconds`` of wall time and ticks the engine at
-the newest sample time it has seen (never at the wall clock), then hands the
-incidents that changed to the Alertmanager sender.  Shutdown order: readiness
-off, gRPC intake (with grace), last tick, Alertmanager flush, HTTP.
+``AggregatorRuntime`` (runtime.py) does the work: engine + gRPC intake + HTTP +
+Alertmanager sender, ticked every ``tick_seconds`` of wall time at the cluster
+clock (``clock.mode``: the aggregator's wall clock, or the median of the nodes'
+sample times; admission.py).  This module turns the config into one: the
+topology, the clock, the credentials streams are bound to.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ import structlog
 
 from ..configload import split_hostport
 from ..topology import load_topology
+from .admission import ClusterClock
 from .alertmanager import AlertmanagerClient
-from .config import AggregatorConfig
+from .config import AggregatorConfig, load_node_tokens
 from .engine import Engine
-from .http_api import HttpApi
+from .runtime import AggregatorRuntime
 
 log = structlog.get_logger("fabricmon.aggregator")
 
@@ -40,65 +42,45 @@ def _tls(cfg: AggregatorConfig):
 
 def build_engine(cfg: AggregatorConfig) -> Engine:
     topo = load_topology(cfg.topology)
+    clock = ClusterClock(cfg.clock.mode, max_skew_s=cfg.clock.max_skew_s, max_age_s=cfg.clock.max_age_s)
     return Engine(topo, cfg.detection, cluster=cfg.cluster or topo.cluster,
-                  shard_units=cfg.shard.units or None)
+                  shard_units=cfg.shard.units or None, cluster_clock=clock)
 
 
-def run_aggregator(cfg: AggregatorConfig, stop_event: threading.Event) -> int:
+def grpc_auth_kwargs(cfg: AggregatorConfig, source: str = "aggregator config") -> dict:
+    """The credentials ``start_grpc_server`` binds streams to, read from the files the config names."""
+    a = cfg.auth
+    if not a.authenticated:
+        log.warning("aggregator_insecure", reason="auth.insecure is set: any peer that reaches the gRPC port "
+                    "may speak for any node")
+    return {"token": _read_token(a.token_file), "tls": _tls(cfg),
+            "node_tokens": load_node_tokens(a.node_tokens_file, source) if a.node_tokens_file else None,
+            "max_skew_s": cfg.clock.max_skew_s}
+
+
+def build_runtime(cfg: AggregatorConfig) -> AggregatorRuntime:
     engine = build_engine(cfg)
     am = cfg.alertmanager
     sender = AlertmanagerClient(am.urls, cluster=engine.cluster, resend_seconds=am.resend_seconds,
                                 timeout=am.timeout, queue_max=am.queue_max, generator_url=am.generator_url,
                                 runbook_base=am.runbook_base)
-    ready = threading.Event()
-    http = HttpApi(engine, split_hostport(cfg.http_listen), sender, ready=ready.is_set)
-    http.start()
-    sender.start()
-    grpc_server = None
-    try:
-        from .server import start_grpc_server  # written beside this module; imported lazily
+    return AggregatorRuntime(engine, grpc_listen=cfg.grpc_listen, grpc_kwargs=grpc_auth_kwargs(cfg),
+                             http_listen=split_hostport(cfg.http_listen), sender=sender,
+                             tick_seconds=cfg.tick_seconds)
 
-        grpc_server = start_grpc_server(engine, cfg.grpc_listen, token=_read_token(cfg.auth.token_file),
-                                        tls=_tls(cfg))
-    except Exception as exc:  # noqa: BLE001 - report and stop cleanly
-        log.error("grpc_start_failed", error=str(exc))
-        sender.stop(0.5)
-        http.stop()
-        return 1
-    ready.set()
-    log.info("aggregator_started", grpc=cfg.grpc_listen, http=cfg.http_listen, nodes=len(engine.topology.nodes),
-             alertmanagers=list(am.urls))
-    last = None
+
+def run_aggregator(cfg: AggregatorConfig, stop_event: threading.Event) -> int:
+    rt = build_runtime(cfg)
     try:
-        while not stop_event.wait(cfg.tick_seconds):
-            now = engine.newest_ts
-            if not now:
-                continue
-            try:
-                changed = engine.tick(now)
-            except Exception:  # noqa: BLE001 - one bad tick must not stop alerting
-                log.exception("tick_failed")
-                continue
-            if changed:
-                sender.submit(changed, now)
-                for inc in changed:
-                    log.info("incident", alertname=inc.alertname, component=inc.component,
-                             state="open" if inc.open else "resolved", severity=inc.severity)
-            last = now
+        rt.start()
+    except Exception as exc:  # noqa: BLE001 - report and stop cleanly
+        log.error("aggregator_start_failed", error=str(exc))
+        return 1
+    log.info("aggregator_started", grpc=rt.grpc_address, http=cfg.http_listen, nodes=len(rt.engine.topology.nodes),
+             alertmanagers=list(cfg.alertmanager.urls), clock=cfg.clock.mode)
+    try:
+        rt.run(stop_event)
     finally:
-        ready.clear()
-        stop = getattr(grpc_server, "stop", None)
-        if stop is not None:
-            try:
-                res = stop(5.0)
-                wait = getattr(res, "wait", None)
-                if wait is not None:
-                    wait(6.0)
-            except Exception:  # noqa: BLE001
-                log.exception("grpc_stop_failed")
-        if last is not None and engine.newest_ts > last:
-            sender.submit(engine.tick(engine.newest_ts), engine.newest_ts)
-        sender.stop(flush_timeout=2.0)
-        http.stop()
+        rt.stop()
         log.info("aggregator_stopped")
     return 0

@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import structlog
 
 from ..aggregator.alertmanager import AlertmanagerClient
 from ..aggregator.engine import Engine
-from ..aggregator.http_api import HttpApi
+from ..aggregator.runtime import AggregatorRuntime
 from ..atomic import atomic_write_text
 from ..configload import ConfigError
 from ..sim.parallel import ParallelTreeCluster
@@ -78,10 +77,8 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
                 am.stop()
             am = None
     sender = AlertmanagerClient([am.url] if am else [], cluster=sim.topology.cluster, resend_seconds=30.0)
-    sender.start()
-    ready = threading.Event()
-    http = HttpApi(engine, ("127.0.0.1", 0), sender, ready=ready.is_set)
-    http.start()
+    rt = AggregatorRuntime(engine, http_listen=("127.0.0.1", 0), sender=sender).start()
+    http = rt.http
     c = scenario.cluster
     ground = sim.ground_truth()
     p = lambda *a: print(*a, file=out, flush=True)  # noqa: E731
@@ -98,7 +95,6 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
         for h in sim.hellos():
             engine.hello(h)
         sim.on_batch = engine.ingest
-        ready.set()
         next_progress = 0.0
         steps = 0
         shown: dict[str, bool] = {}
@@ -106,9 +102,8 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
             st = sim.step()
             steps += 1
             now = sim.now()
-            changed = engine.tick(now)
+            changed = rt.tick(now)
             if changed:
-                sender.submit(changed, now)
                 for inc in changed:
                     if inc.folded_into or shown.get(inc.id) == inc.open:
                         continue  # an update of an incident already shown in this state
@@ -142,9 +137,7 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
             p(f"  report written to {args.report_json}")
         return 0
     finally:
-        ready.clear()
-        sender.stop(flush_timeout=1.0)
-        http.stop()
+        rt.stop(grace=0, flush=1.0, final_tick=False)
         sim.close()
         if am is not None:
             am.stop()
