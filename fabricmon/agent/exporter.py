@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from ..httpserve import RoutedHTTPServer, probe
+from ..httpserve import TEXT, RoutedHTTPServer, probe
 from ..metrics import SELF_SPECS, SPECS, MetricSpec
 from ..model import Snapshot
 
@@ -182,18 +182,42 @@ def exposition(snapshot: Snapshot, now: float | None = None) -> bytes:
 
 
 class AgentHTTPServer(RoutedHTTPServer):
-    """/metrics, /healthz (liveness: never touches NVML) and /readyz (a fresh snapshot exists)."""
+    """/metrics, /healthz (liveness: cheap, never touches NVML) and /readyz (the agent does its job).
+
+    ``not_ready()`` returns why the agent is not ready (fresh poll, stream delivering,
+    threads up); /readyz answers 503 with those reasons, one a line, or 200.
+    """
 
     def __init__(
         self,
         host: str,
         port: int,
         metrics: Callable[[], bytes],
-        ready: Callable[[], bool],
+        not_ready: Callable[[], list[str]],
         alive: Callable[[], bool] = lambda: True,
     ) -> None:
         super().__init__(host, port, {
             "/metrics": lambda q: (200, metrics(), "text/plain; version=0.0.4; charset=utf-8"),
             "/healthz": probe(alive, b"ok\n", b"poller stopped\n"),
-            "/readyz": probe(ready, b"ready\n", b"no fresh snapshot\n"),
+            "/readyz": lambda q: _readyz(not_ready),
         })
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def close_dead(self) -> None:
+        """Release the listening socket of a server whose thread died (``stop()`` would wait for it)."""
+        try:
+            self._server.server_close()
+        except OSError:
+            pass
+
+
+def _readyz(not_ready: Callable[[], list[str]]) -> tuple[int, bytes, str]:
+    try:
+        problems = not_ready()
+    except Exception as exc:  # a readiness check that fails is an answer, not a dead handler
+        problems = [f"readiness check failed: {type(exc).__name__}"]
+    if not problems:
+        return 200, b"ready\n", TEXT
+    return 503, ("".join(f"{p}\n" for p in problems)).encode(), TEXT

@@ -264,6 +264,13 @@ class StreamClient:
             self._thread.start()
         return self
 
+    def restart(self) -> None:
+        """Start the stream thread again if it died (the supervisor calls this)."""
+        if self._stop.is_set() or self.alive():
+            return
+        self._thread = threading.Thread(target=self._run, name="fabricmon-stream", daemon=True)
+        self._thread.start()
+
     def stop(self, timeout: float = 5.0) -> None:
         """Stop; whatever is unacknowledged or still queued is written to the spool."""
         self._stop.set()

@@ -36,6 +36,10 @@ def build_live_agent(cfg: AgentConfig, clock: Callable[[], float] = time.time) -
         sources.append(NcclInspectorSource(cfg.nccl_inspector_dir, timeout=0.5))
     agent = build_agent(cfg, clock=clock, sources=sources)
     agent.extras.extend(extras)
+    if intake is not None:
+        # The intake's listeners cannot be restarted from outside: a dead one is reported
+        # (log, thread_up 0, /readyz 503) so the orchestrator replaces the agent.
+        agent.supervisor.add("intake", lambda: _intake_alive(intake))
     if cfg.aggregator:
         from .spool import MemorySpool, Spool
         from .stream import StreamClient, TlsFiles
@@ -53,6 +57,16 @@ def build_live_agent(cfg: AgentConfig, clock: Callable[[], float] = time.time) -
                               intake=intake, interval_seconds=cfg.interval)
         client.attach(agent.poller)
         client.start()
+        agent.stream = client
+        agent.supervisor.add("stream", client.alive, client.restart)
         # Stop the stream before the intake so unacked batches reach the spool.
         agent.extras.append(client)
     return agent
+
+
+def _intake_alive(intake) -> bool:
+    alive = getattr(intake, "alive", None)
+    if callable(alive):
+        return bool(alive())
+    threads = list(getattr(intake, "_threads", ()))
+    return all(t.is_alive() for t in threads)
