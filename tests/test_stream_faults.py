@@ -247,3 +247,43 @@ def server(engine):
     srv = start_grpc_server(engine, "127.0.0.1:0")
     yield srv
     srv.stop(0.5)
+
+
+class KnownLayoutsIntake(ListIntake):
+    """An intake whose known layouts (resent on every connect) hold one the wire cannot carry."""
+
+    def layouts(self):
+        return [JobLayout("bad", (("tp", 2**63),)), JobLayout("ok", (("tp", 2),))]
+
+
+def test_unencodable_known_layout_resent_on_connect_costs_only_itself(engine, server):
+    intake = KnownLayoutsIntake()
+    c = client(server.address, intake=intake).start()
+    try:
+        assert wait_until(lambda: c.connected)
+        c.offer(snap(1))
+        c.offer(snap(2))
+        assert wait_until(lambda: len(engine.batches) == 2), c.stats()
+        st = c.stats()
+    finally:
+        c.stop()
+    assert st["connects_total"] == 1 and st["items_dropped"]["layout"] == 1, st
+    assert engine.batches[0].layouts == (JobLayout("ok", (("tp", 2),)),)
+    assert engine.batches[0].deltas == snap(1).deltas
+
+
+def test_encoder_backstop_keeps_the_deltas_when_the_guard_misses(tmp_path, monkeypatch):
+    """Were the guard to miss an item, the spooled batch still carries the poll's deltas."""
+    from fabricmon.agent import wire_guard
+
+    monkeypatch.setattr(wire_guard.WireGuard, "clean", lambda self, b: b)
+    intake = ListIntake()
+    c = client(f"127.0.0.1:{free_port()}", intake=intake, spool=Spool(tmp_path / "spool", 1 << 20))
+    intake.put([BAD_RANKS["rank_2^32"], GOOD])
+    c.offer(snap(1))
+    c.stop()  # not started: stop() spools the queue
+    assert len(c.spool) == 1
+    m = pb.Batch.FromString(c.spool.read(c.spool.seqs()[0]))
+    assert len(m.delta_values) == 1 and list(m.ranks) == []
+    assert c.stats()["items_dropped"]["rank"] == 2
+    assert c.stats()["batches_dropped"]["unencodable"] == 0

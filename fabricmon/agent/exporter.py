@@ -131,14 +131,16 @@ def render_snapshot(snapshot: Snapshot, prefixes: dict | None = None) -> bytes:
     spec = SELF_SPECS["fabricmon_snapshot_timestamp_seconds"]
     out.append(f"# HELP {spec.name} {_escape_help(spec.help)}\n# TYPE {spec.name} gauge\n"
                f"{spec.name}{{{node}}} {fmt(snapshot.ts)}\n")
-    return "".join(out).encode()
+    # A label value with a lone surrogate (a job name from a broken client) cannot be UTF-8:
+    # it is written as "?" rather than failing the whole exposition.
+    return "".join(out).encode("utf-8", "replace")
 
 
 def _age_lines(snapshot: Snapshot, now: float) -> bytes:
     spec = SELF_SPECS["fabricmon_snapshot_age_seconds"]
     node = f'node="{_escape_value(snapshot.node)}"'
     return (f"# HELP {spec.name} {_escape_help(spec.help)}\n# TYPE {spec.name} gauge\n"
-            f"{spec.name}{{{node}}} {floatToGoString(max(0.0, now - snapshot.ts))}\n").encode()
+            f"{spec.name}{{{node}}} {floatToGoString(max(0.0, now - snapshot.ts))}\n").encode("utf-8", "replace")
 
 
 class RenderedSnapshot:

@@ -346,13 +346,24 @@ class StreamClient:
             gauges=tuple(gauges), ranks=tuple(ranks), layouts=tuple(layouts)))
 
     def _self_contained(self, b: NodeBatch) -> bytes | None:
-        """Serialized self-contained batch; None (counted) in the unforeseen case it cannot be encoded."""
+        """Serialized self-contained batch; None (counted) in the unforeseen case it cannot be encoded.
+
+        Should the guard have missed something, the batch is tried again without its rank
+        timings and layouts (counted as dropped items) so the poll's deltas still go out."""
         try:
             return encode_self_contained(b).SerializeToString()
         except Exception as exc:
-            self._c["batches_unencodable_total"] += 1
             log.error("stream_batch_unencodable", seq=b.seq, error=f"{type(exc).__name__}: {exc}")
-            return None
+        if b.ranks or b.layouts:
+            self._guard.dropped["rank"] += len(b.ranks)
+            self._guard.dropped["layout"] += len(b.layouts)
+            try:
+                return encode_self_contained(NodeBatch(b.node, b.seq, b.ts, b.interval_seconds, b.deltas, b.gauges,
+                                                       (), ())).SerializeToString()
+            except Exception as exc:
+                log.error("stream_batch_unencodable", seq=b.seq, error=f"{type(exc).__name__}: {exc}")
+        self._c["batches_unencodable_total"] += 1
+        return None
 
     def _spool_batch(self, b: NodeBatch) -> None:
         data = self._self_contained(b)
@@ -620,8 +631,8 @@ class StreamClient:
                     try:
                         known = {lay.job: lay for lay in self._intake.layouts()}
                         known.update({lay.job: lay for lay in b.layouts})
-                        b = NodeBatch(b.node, b.seq, b.ts, b.interval_seconds, b.deltas, b.gauges, b.ranks,
-                                      tuple(known.values()))
+                        b = self._guard.clean(NodeBatch(b.node, b.seq, b.ts, b.interval_seconds, b.deltas,
+                                                        b.gauges, b.ranks, tuple(known.values())))
                     except Exception as exc:
                         log.error("intake_layouts_failed", error=str(exc))
                 first_live = False
