@@ -184,17 +184,20 @@ class LiveAgent:
     """The agent as ``fabricmon agent`` runs it, in process, supervised, on ``node``'s tree."""
 
     def __init__(self, node: SimNode, tmp: Path, aggregator: str, interval: float = 0.5,
-                 spool_max_bytes: int = 64 * 1024 * 1024) -> None:
+                 spool_max_bytes: int = 64 * 1024 * 1024, spool_dir: Path | None = None,
+                 supervise: bool = True) -> None:
         base = sim_agent_config(node.tree, interval)
         self.intake_port = free_port()
         cfg = dataclasses.replace(
             base, aggregator=aggregator,
-            stream=Stream(spool_dir=str(tmp / "spool"), spool_max_bytes=spool_max_bytes),
+            stream=Stream(spool_dir=str(spool_dir or tmp / "spool"), spool_max_bytes=spool_max_bytes),
             intake=Intake(listen=f"127.0.0.1:{self.intake_port}", socket=None))
         self.agent = build_live_agent(cfg, stream_backoff=(0.05, 0.5))
+        self.first_seq = self.agent.stream.stats()["next_seq"]  # before the first poll
         self.port = self.agent.start_http("127.0.0.1:0")
         self.agent.start_polling()
-        self.agent.start_supervisor(every=0.1)
+        if supervise:
+            self.agent.start_supervisor(every=0.1)
         self.stream = self.agent.stream
         self.spooled: list[int] = []  # every seq the spool accepted (observed, not altered)
         spool = self.stream.spool
