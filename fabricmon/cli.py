@@ -132,7 +132,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     agent.start_polling()
     log.info("agent_started", node=agent.node, listen=cfg.listen, port=port, interval=cfg.interval,
              sources=agent.poller.source_names, aggregator=cfg.aggregator)
-    stop.wait()
+    agent.supervise(stop)  # the main thread restarts dead agent threads until a signal
     log.info("agent_stopping")
     agent.stop()
     return 0

@@ -573,7 +573,9 @@ def test_pynvml_backend_with_stub_module() -> None:
     assert val(ser, "fabricmon_gpu_throttle_reason", gpu="1", reason="HwThermalSlowdown") == 1
     assert val(ser, "fabricmon_gpu_throttle_reason", gpu="0", reason="HwThermalSlowdown") == 0
     assert snap.facts["gpus"][1]["links_down"] == [3]
-    assert nv.calls["nvmlShutdown"] == 1 and nv.calls["nvmlEventSetFree"] == 1  # poller.close() shut NVML down
+    # poller.close() only queues the shutdown on the NVML thread: wait for it, with a deadline.
+    assert src.close(wait=10.0), "NVML shutdown did not run within 10 s of close()"
+    assert nv.calls["nvmlShutdown"] == 1 and nv.calls["nvmlEventSetFree"] == 1
 
 
 def test_pynvml_backend_maps_gpu_is_lost() -> None:

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from ..httpserve import RoutedHTTPServer, probe
+from ..httpserve import TEXT, RoutedHTTPServer, probe
 from ..metrics import SELF_SPECS, SPECS, MetricSpec
 from ..model import Snapshot
 
@@ -159,6 +159,7 @@ def render_snapshot(snapshot: Snapshot, prefixes: dict | None = None) -> bytes:
     spec = SELF_SPECS["fabricmon_snapshot_timestamp_seconds"]
     out.append(f"# HELP {spec.name} {_escape_help(spec.help)}\n# TYPE {spec.name} gauge\n"
                f"{spec.name}{{{node}}} {fmt(snapshot.ts)}\n")
+    # Defence in depth behind _safe(): an unencodable character becomes "?" rather than failing the scrape.
     return "".join(out).encode("utf-8", "replace")
 
 
@@ -166,7 +167,7 @@ def _age_lines(snapshot: Snapshot, now: float) -> bytes:
     spec = SELF_SPECS["fabricmon_snapshot_age_seconds"]
     node = f'node="{_escape_value(_safe(snapshot.node))}"'
     return (f"# HELP {spec.name} {_escape_help(spec.help)}\n# TYPE {spec.name} gauge\n"
-            f"{spec.name}{{{node}}} {floatToGoString(max(0.0, now - snapshot.ts))}\n").encode()
+            f"{spec.name}{{{node}}} {floatToGoString(max(0.0, now - snapshot.ts))}\n").encode("utf-8", "replace")
 
 
 class RenderedSnapshot:
@@ -210,18 +211,42 @@ def exposition(snapshot: Snapshot, now: float | None = None) -> bytes:
 
 
 class AgentHTTPServer(RoutedHTTPServer):
-    """/metrics, /healthz (liveness: never touches NVML) and /readyz (a fresh snapshot exists)."""
+    """/metrics, /healthz (liveness: cheap, never touches NVML) and /readyz (the agent does its job).
+
+    ``not_ready()`` returns why the agent is not ready (fresh poll, stream delivering,
+    threads up); /readyz answers 503 with those reasons, one a line, or 200.
+    """
 
     def __init__(
         self,
         host: str,
         port: int,
         metrics: Callable[[], bytes],
-        ready: Callable[[], bool],
+        not_ready: Callable[[], list[str]],
         alive: Callable[[], bool] = lambda: True,
     ) -> None:
         super().__init__(host, port, {
             "/metrics": lambda q: (200, metrics(), "text/plain; version=0.0.4; charset=utf-8"),
             "/healthz": probe(alive, b"ok\n", b"poller stopped\n"),
-            "/readyz": probe(ready, b"ready\n", b"no fresh snapshot\n"),
+            "/readyz": lambda q: _readyz(not_ready),
         })
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def close_dead(self) -> None:
+        """Release the listening socket of a server whose thread died (``stop()`` would wait for it)."""
+        try:
+            self._server.server_close()
+        except OSError:
+            pass
+
+
+def _readyz(not_ready: Callable[[], list[str]]) -> tuple[int, bytes, str]:
+    try:
+        problems = not_ready()
+    except Exception as exc:  # a readiness check that fails is an answer, not a dead handler
+        problems = [f"readiness check failed: {type(exc).__name__}"]
+    if not problems:
+        return 200, b"ready\n", TEXT
+    return 503, ("".join(f"{p}\n" for p in problems)).encode(), TEXT

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
@@ -17,6 +18,8 @@ from ..sources.base import Source
 from ..sources.inventory import Inventory, discover
 from .exporter import AgentHTTPServer, RenderedSnapshot
 from .poller import Poller
+from .selfmetrics import AgentSelfCollector, self_exposition
+from .supervise import Supervisor
 
 log = structlog.get_logger("fabricmon.agent")
 
@@ -83,34 +86,95 @@ class Agent:
     clock: Callable[[], float]
     http: AgentHTTPServer | None = None
     extras: list = field(default_factory=list)  # stream client, intake: things with stop()
+    stream: Any = None  # StreamClient when an aggregator is configured
+    supervisor: Supervisor = field(default_factory=Supervisor)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _rendered: RenderedSnapshot | None = None
+    _self_body: Callable[[], bytes] | None = None
+    _http_addr: tuple[str, int] | None = None
 
     def start_http(self, listen: str | None = None) -> int:
         host, port = split_hostport(listen or self.cfg.listen)
         rendered = RenderedSnapshot(lambda: self.poller.latest, self.clock)
+        self._rendered = rendered
         # Render in the poll thread right after each poll, so a scrape only copies bytes.
         self.poller.add_listener(rendered.refresh)
-        self.http = AgentHTTPServer(host, port, rendered.body, ready=self.ready, alive=self.alive)
-        self.http.start()
+        self._self_body = self_exposition(AgentSelfCollector(
+            self.node, self.stream.stats if self.stream is not None else None, self.supervisor.stats))
+        self.http = self._new_http(host, port)
+        self._http_addr = (host, self.http.port)
+        self.supervisor.add("exporter", lambda: self.http is not None and self.http.alive(), self._restart_http)
         return self.http.port
 
-    def ready(self) -> bool:
+    def _new_http(self, host: str, port: int) -> AgentHTTPServer:
+        http = AgentHTTPServer(host, port, self._metrics, not_ready=self.not_ready, alive=self.alive)
+        http.start()
+        return http
+
+    def _restart_http(self) -> None:
+        if self._stop.is_set() or self._http_addr is None:
+            return
+        old = self.http
+        if old is not None:
+            old.close_dead()
+        self.http = self._new_http(*self._http_addr)  # the same port: scrapers keep their target
+
+    def _metrics(self) -> bytes:
+        body = self._rendered.body() if self._rendered is not None else b""
+        return body + (self._self_body() if self._self_body is not None else b"")
+
+    def not_ready(self) -> list[str]:
+        """Why the agent does not do its job now; empty when ready (what /readyz answers)."""
+        problems: list[str] = []
         snap = self.poller.latest
-        return snap is not None and self.clock() - snap.ts <= max(3 * self.cfg.interval, 5.0)
+        limit = max(3 * self.cfg.interval, 5.0)
+        if snap is None:
+            problems.append("no snapshot yet")
+        elif self.clock() - snap.ts > limit:
+            problems.append(f"last poll {self.clock() - snap.ts:.1f}s ago (limit {limit:.1f}s)")
+        if self._thread is not None and not self._thread.is_alive():
+            problems.append("poller thread down")
+        if self.stream is not None and not self.stream.delivering():
+            problems.append("stream neither connected nor spooling" if self.stream.alive()
+                            else "stream thread down")
+        for name in self.supervisor.down():
+            if name not in ("poller", "stream"):
+                problems.append(f"{name} thread down")
+        return problems
+
+    def ready(self) -> bool:
+        return not self.not_ready()
 
     def alive(self) -> bool:
-        return self._thread is None or self._thread.is_alive()
+        """/healthz: cheap (no source, no NVML); false only when polling stopped for good."""
+        return self._thread is None or self._thread.is_alive() or self.supervisor.running()
 
     def start_polling(self) -> None:
+        self._start_poll_thread()
+        self.supervisor.add("poller", lambda: self._thread is not None and self._thread.is_alive(),
+                            self._start_poll_thread)
+
+    def _start_poll_thread(self) -> None:
+        if self._stop.is_set():
+            return
         self._thread = threading.Thread(
             target=self.poller.run, args=(self._stop, self.cfg.interval), name="poller", daemon=True
         )
         self._thread.start()
 
+    def supervise(self, stop: threading.Event, every: float = 0.5) -> None:
+        """Block, restarting dead threads, until ``stop`` (``fabricmon agent``'s main thread)."""
+        self.supervisor.run(stop, every)
+
+    def start_supervisor(self, every: float = 0.5) -> None:
+        """Supervise from a daemon thread (an agent run inside another program or a test)."""
+        self.supervisor.start(self._stop, every)
+
     def stop(self) -> None:
-        """Stop in order: stop polling, flush the stream, close sources, then HTTP."""
+        """Stop in order: stop supervising and polling, flush the stream, close sources, then HTTP."""
         self._stop.set()
+        self.supervisor.halt()
         if self._thread is not None:
             self._thread.join(timeout=max(2.0, self.cfg.interval * 2))
         for extra in reversed(self.extras):

@@ -66,7 +66,10 @@ class MemorySpool:
         self._items: OrderedDict[int, int] = OrderedDict()  # seq -> size (insertion is seq order)
         self._data: dict[int, bytes] = {}
         self._bytes = 0
-        self.dropped_total = 0
+        self.dropped_total = 0  # every batch lost here, whatever the reason (the three below, summed)
+        self.full_dropped_total = 0
+        self.write_failed_total = 0
+        self.too_large_total = 0
         self.corrupt_total = 0
         self.written_total = 0
 
@@ -105,6 +108,7 @@ class MemorySpool:
         if size > self.max_bytes:
             with self._lock:
                 self.dropped_total += 1
+                self.too_large_total += 1
             log.warning("spool_batch_too_large", seq=seq, size=size, max_bytes=self.max_bytes)
             return False
         with self._lock:
@@ -118,6 +122,7 @@ class MemorySpool:
                 old, osize = self._items.popitem(last=False)
                 self._bytes -= osize
                 self.dropped_total += 1
+                self.full_dropped_total += 1
                 dropped.append(old)
         for old in dropped:
             self._remove_quiet(old)
@@ -126,10 +131,11 @@ class MemorySpool:
                         last_seq=dropped[-1], max_bytes=self.max_bytes, dropped_total=self.dropped_total)
         try:
             self._store(seq, data)
-        except OSError as exc:
+        except Exception as exc:  # ENOSPC, EIO, a read-only remount: this batch is lost, counted
             with self._lock:
                 self.dropped_total += 1
-            log.error("spool_write_failed", seq=seq, error=str(exc))
+                self.write_failed_total += 1
+            log.error("spool_write_failed", seq=seq, error=f"{type(exc).__name__}: {exc}")
             return False
         with self._lock:
             self._items[seq] = size
@@ -193,7 +199,9 @@ class MemorySpool:
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            return {"entries": len(self._items), "bytes": self._bytes, "dropped_total": self.dropped_total,
+            return {"entries": len(self._items), "bytes": self._bytes, "max_bytes": self.max_bytes,
+                    "dropped_total": self.dropped_total, "full_dropped_total": self.full_dropped_total,
+                    "write_failed_total": self.write_failed_total, "too_large_total": self.too_large_total,
                     "corrupt_total": self.corrupt_total, "written_total": self.written_total}
 
 
@@ -245,6 +253,7 @@ class Spool(MemorySpool):
             dropped += 1
         if dropped:
             self.dropped_total += dropped
+            self.full_dropped_total += dropped
             log.warning("spool_full_dropped_oldest", dropped=dropped, max_bytes=self.max_bytes)
         if self._items:
             log.info("spool_reloaded", entries=len(self._items), bytes=self._bytes, directory=str(self.directory))

@@ -45,11 +45,19 @@ from ..proto import fabricmon_pb2 as pb
 from ..proto.codec import SeriesEncoder, agent_message_from_batch_bytes, encode_self_contained, hello_to_pb
 from ..rank_timing import JobLayout, RankTiming
 from .spool import MemorySpool
+from .wire_guard import U64, WireGuard
 
 log = structlog.get_logger("fabricmon.stream")
 
 METHOD = "/fabricmon.v1.FabricStream/Stream"
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# Seq is a uint64 on the wire.  An aggregator high-water mark this close to its end
+# would leave no seq to send above it: such an ack is refused, never adopted.
+SEQ_LIMIT = U64 - 2**32
+# Why whole batches (or the snapshots they come from) are lost: the fixed label
+# values of fabricmon_stream_batches_dropped_total.
+BATCH_DROP_REASONS = ("queue_full", "spool_full", "spool_write_failed", "too_large", "rejected", "corrupt",
+                      "unencodable")
 
 
 @dataclass(frozen=True)
@@ -150,6 +158,7 @@ class _Conn:
     dead: threading.Event = field(default_factory=threading.Event)
     server_hw: int = 0
     acked: int = 0
+    max_sent: int = 0
     error: str = ""
     reject: tuple[int, str] | None = None
 
@@ -185,7 +194,7 @@ class StreamClient:
         keepalive_seconds: float = 20.0,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         max_inflight: int = 64,
-        queue_max: int = 1000,
+        queue_max: int = 120,
         on_settings: Callable[[float], None] | None = None,
         rng: random.Random | None = None,
     ) -> None:
@@ -221,7 +230,10 @@ class StreamClient:
         self.requested_interval: float | None = None
         self._c = dict(snapshots_dropped_total=0, batches_sent_total=0, batches_replayed_total=0,
                        batches_acked_total=0, batches_rejected_total=0, batches_too_large_total=0,
-                       connects_total=0, connect_failures_total=0)
+                       batches_unencodable_total=0, connects_total=0, connect_failures_total=0,
+                       acks_refused_total=0, thread_restarts_total=0)
+        self._guard = WireGuard()
+        self.spool_ok = True  # the last batch that had to be spooled was stored
         self.last_error = ""
         if token is not None or token_file is not None:
             if tls is None:
@@ -252,6 +264,13 @@ class StreamClient:
             self._thread.start()
         return self
 
+    def restart(self) -> None:
+        """Start the stream thread again if it died (the supervisor calls this)."""
+        if self._stop.is_set() or self.alive():
+            return
+        self._thread = threading.Thread(target=self._run, name="fabricmon-stream", daemon=True)
+        self._thread.start()
+
     def stop(self, timeout: float = 5.0) -> None:
         """Stop; whatever is unacknowledged or still queued is written to the spool."""
         self._stop.set()
@@ -275,9 +294,30 @@ class StreamClient:
         s.update(
             batches_spooled_total=sp["written_total"], spool_dropped_total=sp["dropped_total"],
             spool_corrupt_total=sp["corrupt_total"], spool_entries=sp["entries"], spool_bytes=sp["bytes"],
-            queue_length=len(self._inq), connected=int(self._connected), next_seq=self._next_seq,
+            queue_length=len(self._inq), queue_max=self._queue_max, connected=int(self._connected),
+            next_seq=self._next_seq, spool_max_bytes=self.spool.max_bytes,
+            spool_write_failures_total=sp.get("write_failed_total", 0),
+            items_dropped=dict(self._guard.dropped), items_dropped_total=sum(self._guard.dropped.values()),
         )
+        s["batches_dropped"] = {
+            "queue_full": s["snapshots_dropped_total"],
+            "spool_full": sp.get("full_dropped_total", 0),
+            "spool_write_failed": sp.get("write_failed_total", 0),
+            "too_large": s["batches_too_large_total"] + sp.get("too_large_total", 0),
+            "rejected": s["batches_rejected_total"],
+            "corrupt": sp["corrupt_total"],
+            "unencodable": s["batches_unencodable_total"],
+        }
         return s
+
+    def alive(self) -> bool:
+        """The stream thread runs (started and not yet stopped)."""
+        t = self._thread
+        return t is not None and t.is_alive()
+
+    def delivering(self) -> bool:
+        """Doing its job: the thread runs and batches either stream or reach the spool."""
+        return self.alive() and (self._connected or self.spool_ok)
 
     # ------------------------------------------------------------ conversion
 
@@ -296,16 +336,42 @@ class StreamClient:
             return [], []
 
     def _convert(self, snap: Snapshot) -> NodeBatch:
+        """The snapshot as the next batch, without any item the wire cannot carry (counted)."""
         ranks, layouts = self._drain_intake()
         gauges = self._changed_gauges(snap.samples)
         seq = self._next_seq
         self._next_seq += 1
-        return NodeBatch(node=self.node, seq=seq, ts=snap.ts, interval_seconds=snap.interval_seconds,
-                         deltas=tuple(snap.deltas), gauges=tuple(gauges), ranks=tuple(ranks), layouts=tuple(layouts))
+        return self._guard.clean(NodeBatch(
+            node=self.node, seq=seq, ts=snap.ts, interval_seconds=snap.interval_seconds, deltas=tuple(snap.deltas),
+            gauges=tuple(gauges), ranks=tuple(ranks), layouts=tuple(layouts)))
+
+    def _self_contained(self, b: NodeBatch) -> bytes | None:
+        """Serialized self-contained batch; None (counted) in the unforeseen case it cannot be encoded.
+
+        Should the guard have missed something, the batch is tried again without its rank
+        timings and layouts (counted as dropped items) so the poll's deltas still go out."""
+        try:
+            return encode_self_contained(b).SerializeToString()
+        except Exception as exc:
+            log.error("stream_batch_unencodable", seq=b.seq, error=f"{type(exc).__name__}: {exc}")
+        if b.ranks or b.layouts:
+            self._guard.dropped["rank"] += len(b.ranks)
+            self._guard.dropped["layout"] += len(b.layouts)
+            try:
+                return encode_self_contained(NodeBatch(b.node, b.seq, b.ts, b.interval_seconds, b.deltas, b.gauges,
+                                                       (), ())).SerializeToString()
+            except Exception as exc:
+                log.error("stream_batch_unencodable", seq=b.seq, error=f"{type(exc).__name__}: {exc}")
+        self._c["batches_unencodable_total"] += 1
+        return None
+
+    def _spool_batch(self, b: NodeBatch) -> None:
+        data = self._self_contained(b)
+        if data is not None:
+            self.spool_ok = self.spool.append(b.seq, data)
 
     def _to_spool(self, snap: Snapshot) -> None:
-        b = self._convert(snap)
-        self.spool.append(b.seq, encode_self_contained(b).SerializeToString())
+        self._spool_batch(self._convert(snap))
 
     def _drain_to_spool(self) -> None:
         while self._inq:
@@ -349,22 +415,31 @@ class StreamClient:
 
     def _run(self) -> None:
         attempt = 0
-        try:
-            while not self._stop.is_set():
-                try:
-                    established = self._session()
-                except Exception as exc:  # never let the stream thread die
-                    log.error("stream_session_failed", error=f"{type(exc).__name__}: {exc}")
-                    established = False
-                if established:
-                    attempt = 0
-                if self._stop.is_set():
-                    break
-                delay = self._backoff(attempt)
-                attempt += 1
+        while not self._stop.is_set():
+            # Whatever fails in a session or while spooling costs that attempt, never the
+            # thread: it is logged, counted, and the loop goes on after the backoff.
+            try:
+                established = self._session()
+            except Exception as exc:
+                self._c["thread_restarts_total"] += 1
+                log.error("stream_session_failed", error=f"{type(exc).__name__}: {exc}")
+                established = False
+            if established:
+                attempt = 0
+            if self._stop.is_set():
+                break
+            delay = self._backoff(attempt)
+            attempt += 1
+            try:
                 self._spool_for(delay)
-        finally:
+            except Exception as exc:
+                self._c["thread_restarts_total"] += 1
+                log.error("stream_spooling_failed", error=f"{type(exc).__name__}: {exc}")
+                self._stop.wait(min(delay, 1.0))
+        try:
             self._drain_to_spool()
+        except Exception as exc:
+            log.error("stream_final_spool_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _spool_for(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -393,6 +468,7 @@ class StreamClient:
                     if not conn.hello_acked.is_set():
                         conn.server_hw = seq
                         conn.hello_acked.set()
+                        continue  # the high-water mark is checked and applied by the session
                     self._on_ack(conn, seq)
                 elif kind == "settings":
                     iv = msg.settings.interval_seconds
@@ -420,6 +496,12 @@ class StreamClient:
     def _on_ack(self, conn: _Conn, seq: int) -> None:
         n = 0
         with self._lock:
+            if seq > conn.max_sent:
+                # An ack for what was never sent would delete spooled batches not yet
+                # delivered: honour it only up to what this connection sent.
+                self._c["acks_refused_total"] += 1
+                log.warning("stream_ack_beyond_sent", seq=seq, max_sent=conn.max_sent)
+                seq = conn.max_sent
             if seq > conn.acked:
                 conn.acked = seq
             while conn.inflight and conn.inflight[0].seq <= seq:
@@ -437,6 +519,7 @@ class StreamClient:
             return False
         with self._lock:
             conn.inflight.append(_Pending(seq, batch, time.monotonic()))
+            conn.max_sent = max(conn.max_sent, seq)
         outq.put(data)
         self._c["batches_sent_total"] += 1
         if batch is None:
@@ -480,8 +563,16 @@ class StreamClient:
                     self.last_error = conn.error or (conn.reject[1] if conn.reject else "closed")
                     log.warning("stream_connect_failed", target=self.target, reason=self.last_error)
                 return False
+            if conn.server_hw >= SEQ_LIMIT:
+                self._c["acks_refused_total"] += 1
+                self._c["connect_failures_total"] += 1
+                self.last_error = f"aggregator's last seq {conn.server_hw} leaves no seq to send above it"
+                log.error("stream_seq_range_exhausted", target=self.target, server_acked_seq=conn.server_hw,
+                          hint="the aggregator holds a seq near 2^64 for this node; spooling until it forgets it")
+                return False
             self._connected = True
             self._c["connects_total"] += 1
+            conn.acked = conn.server_hw
             with self._lock:
                 self._next_seq = max(self._next_seq, conn.server_hw + 1)
             self.spool.ack(conn.server_hw)
@@ -540,12 +631,21 @@ class StreamClient:
                     try:
                         known = {lay.job: lay for lay in self._intake.layouts()}
                         known.update({lay.job: lay for lay in b.layouts})
-                        b = NodeBatch(b.node, b.seq, b.ts, b.interval_seconds, b.deltas, b.gauges, b.ranks,
-                                      tuple(known.values()))
+                        b = self._guard.clean(NodeBatch(b.node, b.seq, b.ts, b.interval_seconds, b.deltas,
+                                                        b.gauges, b.ranks, tuple(known.values())))
                     except Exception as exc:
                         log.error("intake_layouts_failed", error=str(exc))
                 first_live = False
-                msg = pb.AgentMessage(batch=encoder.encode(b)).SerializeToString()
+                try:
+                    msg = pb.AgentMessage(batch=encoder.encode(b)).SerializeToString()
+                except Exception as exc:
+                    # Unforeseen (the guard cleaned it): the connection's series table may now
+                    # hold ids never defined on the aggregator, so the session ends; the batch
+                    # is spooled self-contained if it can be, and counted if not.
+                    log.error("stream_encode_failed", seq=b.seq, error=f"{type(exc).__name__}: {exc}")
+                    self._spool_batch(b)
+                    conn.error = f"encode failed: {type(exc).__name__}"
+                    return
                 self._send(outq, conn, b.seq, msg, b)
             with self._lock:
                 oldest = conn.inflight[0].sent_at if conn.inflight else None
@@ -574,4 +674,4 @@ class StreamClient:
             conn.inflight.clear()
         for p in pending:
             if p.batch is not None and p.seq > conn.acked:
-                self.spool.append(p.seq, encode_self_contained(p.batch).SerializeToString())
+                self._spool_batch(p.batch)

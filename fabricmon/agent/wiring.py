@@ -14,8 +14,11 @@ from .runtime import Agent, build_agent, build_sources, resolve_node_name
 log = structlog.get_logger("fabricmon.agent")
 
 
-def build_live_agent(cfg: AgentConfig, clock: Callable[[], float] = time.time) -> Agent:
-    """The agent as ``fabricmon agent`` runs it (``--once`` uses ``build_agent`` alone)."""
+def build_live_agent(cfg: AgentConfig, clock: Callable[[], float] = time.time, *,
+                     stream_backoff: tuple[float, float] = (0.5, 30.0)) -> Agent:
+    """The agent as ``fabricmon agent`` runs it (``--once`` uses ``build_agent`` alone).
+
+    ``stream_backoff``: (min, max) seconds between reconnect attempts (tests shorten it)."""
     from .intake import RankIntake
     from .nccl_inspector import NcclInspectorSource
 
@@ -40,6 +43,10 @@ def build_live_agent(cfg: AgentConfig, clock: Callable[[], float] = time.time) -
                                            series_ttl=cfg.intake.nccl_series_ttl))
     agent = build_agent(cfg, clock=clock, sources=sources)
     agent.extras.extend(extras)
+    if intake is not None:
+        # The intake's listeners cannot be restarted from outside: a dead one is reported
+        # (log, thread_up 0, /readyz 503) so the orchestrator replaces the agent.
+        agent.supervisor.add("intake", lambda: _intake_alive(intake))
     if cfg.aggregator:
         from .spool import MemorySpool, Spool
         from .stream import StreamClient, TlsFiles
@@ -54,9 +61,20 @@ def build_live_agent(cfg: AgentConfig, clock: Callable[[], float] = time.time) -
         if cfg.stream.tls_ca or cfg.stream.tls_cert:
             tls = TlsFiles(ca=cfg.stream.tls_ca, cert=cfg.stream.tls_cert, key=cfg.stream.tls_key)
         client = StreamClient(cfg.aggregator, node, spool=spool, token_file=cfg.stream.token_file, tls=tls,
-                              intake=intake, interval_seconds=cfg.interval)
+                              intake=intake, interval_seconds=cfg.interval,
+                              backoff_min=stream_backoff[0], backoff_max=stream_backoff[1])
         client.attach(agent.poller)
         client.start()
+        agent.stream = client
+        agent.supervisor.add("stream", client.alive, client.restart)
         # Stop the stream before the intake so unacked batches reach the spool.
         agent.extras.append(client)
     return agent
+
+
+def _intake_alive(intake) -> bool:
+    alive = getattr(intake, "alive", None)
+    if callable(alive):
+        return bool(alive())
+    threads = list(getattr(intake, "_threads", ()))
+    return all(t.is_alive() for t in threads)

@@ -839,6 +839,7 @@ class NvmlSource:
         self._initialized = False  # touched only by the worker thread
         self._absent = False
         self._closed = False
+        self._shutdown_done: cf.Future | None = None
         self._lock = threading.Lock()
         # Worker-thread only: per-GPU label tuples and the last poll's Readings.
         self._labels: dict[int, _GpuLabels] = {}
@@ -952,16 +953,30 @@ class NvmlSource:
                     self._worker = None
         return res
 
-    def close(self) -> None:
-        """Never waits: a hung call keeps its daemon thread, which shuts NVML down if it ever returns."""
+    def close(self, wait: float = 0.0) -> bool:
+        """Queue the NVML shutdown on the worker; wait for it at most ``wait`` seconds.
+
+        By default it never waits: a hung call keeps its daemon thread, which shuts
+        NVML down if it ever returns.  Returns True when the shutdown has run (or
+        there was nothing to shut down), so a caller that must know can wait on it.
+        """
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            worker = self._worker
-        if worker is not None:
-            worker.submit(self._shutdown)
-            worker.stop()
+            if not self._closed:
+                self._closed = True
+                worker = self._worker
+                self._shutdown_done = worker.submit(self._shutdown) if worker is not None else None
+                if worker is not None:
+                    worker.stop()
+            done = self._shutdown_done
+        if done is None:
+            return True
+        try:
+            done.result(timeout=max(0.0, wait))
+        except cf.TimeoutError:
+            return False
+        except Exception:  # the shutdown's own failure is logged by _shutdown
+            pass
+        return True
 
 
 def make_nvml_source(cfg: Any) -> NvmlSource | None:
