@@ -68,7 +68,7 @@ def scrape(port: int) -> tuple[int, bytes]:
 
 def test_slowloris_on_metrics_is_bounded_and_a_scrape_still_succeeds():
     snap = snapshot("good")
-    srv = AgentHTTPServer("127.0.0.1", 0, metrics=lambda: exposition(snap), ready=lambda: True)
+    srv = AgentHTTPServer("127.0.0.1", 0, metrics=lambda: exposition(snap), not_ready=lambda: [])
     srv.start()
     slow: list[socket.socket] = []
     try:

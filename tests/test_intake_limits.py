@@ -64,7 +64,7 @@ def scrape_agent(sources) -> str:
     poller = Poller("node-017", sources, discover=lambda: Inventory(sysfs_root=""))
     rendered = RenderedSnapshot(lambda: poller.latest)
     poller.poll_once()
-    srv = AgentHTTPServer("127.0.0.1", 0, metrics=rendered.body, ready=lambda: True)
+    srv = AgentHTTPServer("127.0.0.1", 0, metrics=rendered.body, not_ready=lambda: [])
     srv.start()
     try:
         conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
