@@ -31,7 +31,7 @@ def build_live_agent(cfg: AgentConfig, clock: Callable[[], float] = time.time, *
         ic = cfg.intake
         intake = RankIntake(node, socket_path=ic.socket, listen=ic.listen, max_jobs=ic.max_jobs,
                             max_series=ic.max_series, latest_ttl=ic.series_ttl, max_connections=ic.max_connections,
-                            idle_timeout=ic.idle_timeout, clock=clock)
+                            idle_timeout=ic.idle_timeout, socket_mode=ic.socket_mode, clock=clock)
         try:
             intake.start()
             sources.append(intake)
