@@ -97,6 +97,7 @@ class Cluster:
             self.engine.hello(f.hello())
         self.first = True
         self.ranks_fn = None
+        self.reported: list[tuple[float, str, str, bool]] = []  # what tick() reported: (t, alert, comp, open)
 
     def step(self, inject=None) -> None:
         """Advance one second of sample time: every node sends a batch, then the engine ticks."""
@@ -107,7 +108,8 @@ class Cluster:
             ranks = self.ranks_fn(self, name) if self.ranks_fn else ()
             self.engine.ingest(f.batch(self.t, first=self.first, ranks=ranks))
         self.first = False
-        self.engine.tick(self.t)
+        for inc in self.engine.tick(self.t):
+            self.reported.append((self.t, inc.alertname, inc.component, inc.open))
 
     def run(self, seconds: int, inject=None) -> None:
         for _ in range(seconds):
@@ -184,6 +186,74 @@ def test_leaf_fold_with_staggered_onset():
     c.run(20, inject)
     names = [(i.alertname, i.component) for i in c.engine.incidents()]
     assert names == [("FabricLeafDegraded", "leaf-u1-r2")], names
+
+
+def _transitions(c: Cluster) -> dict[tuple[str, str], list[str]]:
+    """Per alert, the open/resolved transitions tick() reported (updates of an open alert dropped)."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for _, a, comp, is_open in c.reported:
+        seq = out.setdefault((a, comp), [])
+        state = "firing" if is_open else "resolved"
+        if not seq or seq[-1] != state:
+            seq.append(state)
+    return out
+
+
+def test_cable_failing_before_its_leaf_degrades_keeps_its_own_alert_and_resolves():
+    """The overlap defect: a flaky cable (from t=10) under a leaf that degrades later (t=40..70) was
+    folded into the leaf and its resolve never left tick(): Alertmanager kept it firing."""
+    c = Cluster(nodes=16, nodes_per_unit=8)
+    c.run(10)
+    unit0 = [n for n in c.topo.nodes if c.topo.unit_of(n) == 0]
+    cable = flaky("node-003", "mlx5_2")
+    t0 = c.t
+
+    def inject(cl):
+        t = cl.t - t0
+        if t < 50:
+            cable(cl)
+        if 30 <= t < 60:
+            for n in unit0:
+                if n != "node-003":
+                    flaky(n, "mlx5_2")(cl)
+
+    c.run(60, inject)
+    c.run(40)
+    got = _transitions(c)
+    assert got == {("FabricLinkErrors", "node-003/mlx5_2/1"): ["firing", "resolved"],
+                   ("FabricLeafDegraded", "leaf-u0-r2"): ["firing", "resolved"]}, got
+    cable_inc = c.incidents(alertname="FabricLinkErrors")[0]
+    leaf_inc = c.incidents(alertname="FabricLeafDegraded")[0]
+    assert cable_inc.first_seen - t0 <= 5 and 30 <= leaf_inc.first_seen - t0 <= 35
+    # each resolved only once its own evidence stopped (the cable at t=50, the leaf's links at t=60)
+    assert 50 < cable_inc.resolved_at - t0 <= 50 + 20 and 60 < leaf_inc.resolved_at - t0 <= 60 + 20
+    assert c.engine.open_incidents() == []
+    assert {i.component for i in c.engine.incidents()} == {"node-003/mlx5_2/1", "leaf-u0-r2"}
+
+
+def test_link_outliving_its_leaf_gets_its_own_alert_after_the_leaf_resolves():
+    c = Cluster(nodes=16, nodes_per_unit=8)
+    c.run(10)
+    unit1 = [n for n in c.topo.nodes if c.topo.unit_of(n) == 1]
+    t0 = c.t
+
+    def inject(cl):
+        t = cl.t - t0
+        for n in unit1:
+            if t < 30 or (n == "node-009" and t < 80):
+                flaky(n, "mlx5_5")(cl)
+
+    c.run(80, inject)
+    c.run(40)
+    got = _transitions(c)
+    assert got == {("FabricLeafDegraded", "leaf-u1-r5"): ["firing", "resolved"],
+                   ("FabricLinkErrors", "node-009/mlx5_5/1"): ["firing", "resolved"]}, got
+    leaf_inc = c.incidents(alertname="FabricLeafDegraded")[0]
+    link_inc = c.incidents(alertname="FabricLinkErrors")[0]
+    # while the leaf fired the link was its evidence; it outlived the leaf, so it is its own fault
+    assert link_inc.first_seen >= leaf_inc.resolved_at
+    assert "node-009/mlx5_5/1" in leaf_inc.absorbed
+    assert 80 < link_inc.resolved_at - t0 <= 80 + 20
 
 
 def test_counter_reset_and_quiet_30_minutes_raise_nothing():
