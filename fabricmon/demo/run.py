@@ -134,7 +134,7 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
         wall = time.monotonic() - wall0
         sender.flush(timeout=3.0)
         if am is not None and receiver is not None:
-            _await_webhook(engine, sender, receiver, deadline_s=3.0)
+            _await_webhook(engine, sender, receiver, deadline_s=10.0)
         incidents = [_rel(i.to_dict(), epoch) for i in engine.incidents()]
         scores = score(ground, incidents, duration=scenario.duration)
         notes = notifications(receiver, pace) if receiver is not None and am is not None else None
