@@ -256,6 +256,23 @@ def test_link_outliving_its_leaf_gets_its_own_alert_after_the_leaf_resolves():
     assert 80 < link_inc.resolved_at - t0 <= 80 + 20
 
 
+def test_leaf_links_failing_again_during_the_leaf_hold_stay_its_evidence():
+    """A degraded leaf's links pause, then two fail again while the leaf's alert holds: still the leaf."""
+    c = Cluster(nodes=16, nodes_per_unit=8)
+    c.run(10)
+    unit1 = [n for n in c.topo.nodes if c.topo.unit_of(n) == 1]
+    t0 = c.t
+
+    def inject(cl):
+        t = cl.t - t0
+        for n in unit1 if t < 20 else unit1[:2] if 24 <= t < 30 else ():
+            flaky(n, "mlx5_5")(cl)
+
+    c.run(40, inject)
+    c.run(40)
+    assert _transitions(c) == {("FabricLeafDegraded", "leaf-u1-r5"): ["firing", "resolved"]}, _transitions(c)
+
+
 def test_counter_reset_and_quiet_30_minutes_raise_nothing():
     c = Cluster(nodes=16, nodes_per_unit=8)
     c.run(30)

@@ -22,8 +22,8 @@ from collections.abc import Callable
 
 from ..batch import NodeBatch, NodeHello
 from ..topology import Topology
-from .config import DetectionSettings
 from .agents_down import agents_down
+from .config import DetectionSettings
 from .correlator import correlate
 from .detectors import (
     E_CNP, E_DOWNED, E_ERR, E_PHY, E_PRX, E_PTX, E_RECOV, E_RETRY, E_STORM, E_XWAIT, FOLDABLE, G_NVERR,

@@ -12,7 +12,10 @@ its own.  Congestion on a leaf's ports is folded the same way, and is the
 degraded leaf's evidence when that leaf is found.
 
 The folder never reads incident state: its memory is detection state only
-(when each leaf's episode began, when each link's evidence began).
+(when each leaf's episode began and last had its links failing together, when
+each link's evidence began).  An episode outlives its last fold-able tick by the
+hold time of the leaf's incident, so links failing again in that gap stay the
+leaf's evidence.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ class LeafFolder:
         self.settings = settings
         self.cluster = cluster
         self.links_by_leaf = links_by_leaf  # the engine's live map (links appear as agents announce them)
-        self.episodes: dict[str, float] = {}  # leaf -> first tick its links reached the fold threshold
+        # leaf -> [first tick its links reached the fold threshold, last such tick]
+        self.episodes: dict[str, list[float]] = {}
 
     def fold_links(self, candidates: dict[str, list[tuple[LinkState, list[Finding]]]],
                    now: float) -> tuple[list[Finding], list[Relation]]:
@@ -38,17 +42,20 @@ class LeafFolder:
         s = self.settings
         findings: list[Finding] = []
         relations: list[Relation] = []
-        for leaf in [x for x in self.episodes if x not in candidates]:
-            del self.episodes[leaf]  # no link of the leaf shows evidence: the episode is over
+        for leaf in [x for x, (_, last) in self.episodes.items() if now - last > s.hold_s]:
+            # the leaf's own evidence is gone for longer than its incident's hold: the episode is over
+            del self.episodes[leaf]
         for leaf, entries in candidates.items():
             for link, _ in entries:
                 _note_evidence(link, now, s.hold_s)
             n_links = len(self.links_by_leaf.get(leaf, ())) or len(entries)
-            since = self.episodes.get(leaf)
+            ep = self.episodes.get(leaf)
             if len(entries) >= leaf_fold_threshold(n_links, s):
-                if since is None:
-                    since = self.episodes[leaf] = now
+                if ep is None:
+                    ep = self.episodes[leaf] = [now, now]
+                ep[1] = now
                 findings.append(self._leaf_finding(leaf, entries, n_links))
+            since = ep[0] if ep is not None else None
             for link, fl in entries:
                 if since is not None and link.evidence_since >= since - s.fold_grace_s:
                     relations.extend(Relation((f.alertname, link.id), (LEAF, leaf)) for f in fl)
@@ -89,7 +96,9 @@ class LeafFolder:
               ", ".join(f"{a.removeprefix('Fabric')} x{c}" for a, c in sorted(counts.items())),
               "links: " + ", ".join(ids[:6]) + (f" (+{len(ids) - 6} more)" if len(ids) > 6 else "")]
         fire = any(f.fire for _, fl in entries for f in fl)
-        return Finding(LEAF, "leaf", leaf, self._leaf_labels(leaf, entries[0][0]), ev, fire=fire, keep=True)
+        # the incident's hold is the episode's tail (see fold_links): one number for both
+        return Finding(LEAF, "leaf", leaf, self._leaf_labels(leaf, entries[0][0]), ev, fire=fire, keep=True,
+                       hold_s=self.settings.hold_s)
 
     def _leaf_labels(self, leaf: str, link: LinkState) -> dict[str, str]:
         lab = {"leaf": leaf}
