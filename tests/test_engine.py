@@ -430,8 +430,9 @@ def test_agent_down_when_a_node_goes_silent():
 
 # ------------------------------------------------------------------ stragglers through the engine
 
-def synced_ranks(slow_extra, step_time=2.0, comm=0.5, noise=0.01, seed=3):
-    """Synchronous job: each rank's step = max compute + comm; comm = wait for the slowest + transfer."""
+def synced_ranks(slow_extra, step_time=2.0, comm=0.5, noise=0.01, seed=3, slow_transfer=None):
+    """Synchronous job: each rank's step = max compute + comm; comm = wait for the slowest + transfer.
+    ``slow_extra`` slows a GPU's compute, ``slow_transfer`` a rank's transfers (a bad link or NIC)."""
     rng = random.Random(seed)
     cache: dict = {}
 
@@ -449,7 +450,7 @@ def synced_ranks(slow_extra, step_time=2.0, comm=0.5, noise=0.01, seed=3):
         idx = list(c.topo.nodes).index(node)
         out = []
         for g in range(8):
-            transfer = comm + rng.gauss(0, noise / 2)
+            transfer = comm + rng.gauss(0, noise / 2) + (slow_transfer(step, node, g) if slow_transfer else 0.0)
             wait = slowest - comps[(node, g)]
             total = comps[(node, g)] + wait + transfer
             out.append(RankTiming("llm", idx * 8 + g, g, step, total, wait + transfer, c.t, node=node))
@@ -474,12 +475,24 @@ def test_slow_gpu_with_clean_fabric_is_a_gpu_straggler_without_fabric_blame():
 def test_slow_rank_on_flaky_link_rides_on_the_link_alert_not_gpu():
     """One fault, one alert: the slow ranks are attached to the link's own incident."""
     c = Cluster(nodes=8, nodes_per_unit=4)
-    c.ranks_fn = synced_ranks(lambda step, n, g: 0.3 if (n, g) == ("node-005", 4) else 0.0)
+    c.ranks_fn = synced_ranks(lambda step, n, g: 0.0,
+                              slow_transfer=lambda step, n, g: 0.3 if (n, g) == ("node-005", 4) else 0.0)
     c.run(30, flaky("node-005", "mlx5_4"))
     got = {(i.alertname, i.component) for i in c.engine.incidents()}
     assert got == {("FabricLinkErrors", "node-005/mlx5_4/1")}, got
     link = c.incidents(alertname="FabricLinkErrors")[0]
     assert link.jobs == ["llm"] and 5 * 8 + 4 in link.ranks
+
+
+def test_slow_gpu_on_a_node_with_a_bad_nic_on_its_rail_is_two_alerts():
+    """Late compute is not what a flaky link does: the GPU straggler is its own fault beside the link's."""
+    c = Cluster(nodes=8, nodes_per_unit=4)
+    c.ranks_fn = synced_ranks(lambda step, n, g: 0.3 if (n, g) == ("node-005", 4) else 0.0)
+    c.run(30, flaky("node-005", "mlx5_4"))
+    got = {(i.alertname, i.component) for i in c.engine.incidents()}
+    assert got == {("FabricLinkErrors", "node-005/mlx5_4/1"), ("StragglerRank", "node-005/gpu4")}, got
+    gpu = c.incidents(alertname="StragglerRank")[0]
+    assert "compute" in gpu.description and "node-005/mlx5_4/1" in gpu.description, gpu.description
 
 
 def test_random_rank_late_each_step_raises_nothing():

@@ -194,8 +194,12 @@ def localize_stragglers(topo: Topology, s: DetectionSettings, report: StragglerR
             groups = [g for g in groups if g[0] != "node"]
         for kind, comp, members in groups:
             cands = _candidates(topo, kind, comp, members, ev.fabric)
+            # late compute is not what a bad link or NIC does (that slows communication): a slow GPU on
+            # a node with a bad NIC is two faults, so compute-late ranks never ride on fabric evidence
+            blame = cands if members[0].kind == "comm" else [
+                c for c in cands if component_type_of(c) not in NETWORK_TYPES]
             best, best_v = None, 0.0
-            for c in cands:
+            for c in blame:
                 v = ev.fabric.get(c, 0.0)
                 if v > best_v:
                     best, best_v = c, v
@@ -248,8 +252,12 @@ def _straggler_finding(topo: Topology, s: DetectionSettings, job: str, kind: str
         if gpu_why:
             desc += "; " + "; ".join(sorted(set(gpu_why)))
         desc += "; likely a compute straggler (GPU, host or input pipeline)"
-    else:
+    elif members[0].kind == "comm":
         desc = "weak fabric evidence only: " + ", ".join(f"{c} ({'+'.join(ev.why[c])})" for c in net[:4])
+    else:
+        desc = ("compute time late, which fabric evidence on its path does not explain ("
+                + ", ".join(f"{c} ({'+'.join(ev.why[c])})" for c in net[:4])
+                + " slows communication); likely a compute straggler (GPU, host or input pipeline)")
     current = any(m.current for m in members)  # a straggler that already stopped opens nothing
     return Finding("StragglerRank", kind if kind != "rank" else "gpu", comp, lab, evidence,
                    fire=current, keep=current, hold_s=s.straggler_hold_s, ranks=ranks, jobs=(job,),
