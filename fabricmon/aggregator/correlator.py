@@ -19,7 +19,9 @@ flaky link, a degraded leaf) the hurt jobs and ranks are attached to it (one
 fault, one alert); otherwise it becomes ``SlowRanksSharedComponent``.  A group with clean
 counters on every network component of its path becomes ``StragglerRank``
 on the GPU (or node / leaf) with "no fabric evidence found" in the description:
-a compute straggler, not a fabric fault.  A whole pipeline stage late becomes
+a compute straggler, not a fabric fault.  Compute-late ranks are never blamed
+on fabric evidence (a bad link slows communication, not compute): a slow GPU on
+a node with a bad NIC is two faults.  A whole pipeline stage late becomes
 ``StageImbalance`` (info), never a fabric alert.
 """
 
