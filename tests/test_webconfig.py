@@ -217,3 +217,53 @@ def test_client_cert_required(tmp_path) -> None:
     finally:
         api.stop()
 
+
+
+@pytest.mark.skipif(find_binary(("prometheus",)) is None, reason="prometheus not installed")
+def test_real_prometheus_scrapes_over_tls_with_basic_auth(tmp_path) -> None:
+    """Prometheus (Go's TLS, basic auth and gzip reader: it sends Accept-Encoding: gzip) scrapes the
+    agent's multi-member gzip body and the aggregator; a job with the wrong password gets up == 0."""
+    import json
+    import urllib.parse
+
+    from promtools import http as prom_http
+    from promtools import prometheus_config, running_prometheus
+
+    from fabricmon.agent.runtime import build_agent
+    from fabricmon.sim.agents import sim_agent_config
+
+    web_path, ca = _web(tmp_path)
+    web = load_web_config(web_path)
+    tree = render_node(tmp_path / "node")
+    agent = build_agent(sim_agent_config(tree, 0.5), inline_sources=True)
+    agent.web = web
+    aport = agent.start_http("127.0.0.1:0")
+    agent.start_polling()
+    engine = Engine(load_topology(topology_yaml(tmp_path / "topology.yaml")))
+    api = HttpApi(engine, ("127.0.0.1", 0), web=web)
+    api.start()
+    (tmp_path / "pw").write_text(PASSWORD)
+    (tmp_path / "bad").write_text("wrong")
+
+    def job(name: str, port: int, pw: str) -> dict:
+        return {"job_name": name, "scheme": "https", "tls_config": {"ca_file": ca},
+                "basic_auth": {"username": USER, "password_file": str(tmp_path / pw)},
+                "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+
+    cfg = prometheus_config(extra_scrape_configs=[job("agent", aport, "pw"), job("aggregator", api.port, "pw"),
+                                                  job("badpw", api.port, "bad")])
+    try:
+        with running_prometheus(tmp_path / "prom", cfg) as prom:
+            def query(q: str) -> dict:
+                code, body = prom_http("GET", f"{prom.url}/api/v1/query?query={urllib.parse.quote(q)}")
+                data = body if isinstance(body, dict) else json.loads(body)
+                return {r["metric"].get("job"): float(r["value"][1]) for r in data["data"]["result"]}
+
+            assert wait_until(lambda: query("up") == {"agent": 1.0, "aggregator": 1.0, "badpw": 0.0}, 30), \
+                query("up")
+            assert wait_until(lambda: set(query("fabricmon_build_info")) == {"agent", "aggregator"}, 30)
+            assert wait_until(lambda: "agent" in query('fabricmon_collector_up{collector="infiniband"}'), 30)
+            assert wait_until(lambda: "agent" in query("process_resident_memory_bytes"), 30)
+    finally:
+        agent.stop()
+        api.stop()

@@ -97,7 +97,7 @@ class Agent:
     web: Any = None  # WebConfig: TLS and basic auth for /metrics (--web.config.file)
     reload_status: ReloadStatus = field(default_factory=ReloadStatus)
     _runtime_body: Callable[[], bytes] | None = None
-    _built: list = field(default_factory=list)  # the sources build_sources made (a reload rebuilds them)
+    _built: list | None = None  # the sources build_sources made (a reload rebuilds them); None: the caller's
 
     def start_http(self, listen: str | None = None) -> int:
         host, port = split_hostport(listen or self.cfg.listen)
@@ -148,6 +148,8 @@ class Agent:
                               f"{', '.join(self.RELOADABLE)})")
         changed = [f for f in self.RELOADABLE if getattr(old, f) != getattr(new, f)]
         if changed and changed != ["log"]:
+            if self._built is None:
+                raise ConfigError("sources were given by the program running the agent: cannot rebuild them")
             fresh = build_sources(new)
             old_built = self._built
             self.poller.swap_sources(old_built, fresh, make_discover(new))
@@ -232,4 +234,4 @@ def build_agent(
     node = resolve_node_name(cfg)
     srcs = build_sources(cfg) if sources is None else sources
     poller = Poller(node, srcs, make_discover(cfg), clock=clock, inline_all=inline_sources)
-    return Agent(cfg=cfg, node=node, poller=poller, clock=clock, _built=list(srcs) if sources is None else [])
+    return Agent(cfg=cfg, node=node, poller=poller, clock=clock, _built=list(srcs) if sources is None else None)
