@@ -222,13 +222,19 @@ def cmd_agent(args: argparse.Namespace) -> int:
 def _reload_agent(agent, args: argparse.Namespace, log) -> None:
     from .logs import configure_logging
 
+    from .webconfig import load_web_config
+
     try:
         new = _load_agent(args)
+        web = load_web_config(getattr(args, "web_config_file", None))
         changed = agent.reload(new)
     except ConfigError as exc:
         agent.reload_status.record(False)
         log.error("config_reload_failed", error=str(exc), detail="still running on the previous config")
         return
+    agent.web = web
+    if agent.http is not None:
+        agent.http.set_web(web)  # certificates and users re-read: rotation without a restart
     configure_logging(args.log_format or new.log.format, args.log_level or new.log.level)
     agent.reload_status.record(True)
     structlog.get_logger("fabricmon.agent").info("config_reloaded", changed=changed, sources=agent.poller.source_names,
@@ -254,7 +260,8 @@ def cmd_aggregator(args: argparse.Namespace) -> int:
     web = load_web_config(getattr(args, "web_config_file", None))
     configure_logging(args.log_format or "auto", args.log_level or "info")
     sig = Signals().install()
-    return run_aggregator(cfg, sig.stop, web=web, reload=sig.reload, load=lambda: _load_aggregator(args)) or 0
+    return run_aggregator(cfg, sig.stop, web=web, reload=sig.reload, load=lambda: _load_aggregator(args),
+                          load_web=lambda: load_web_config(getattr(args, "web_config_file", None))) or 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

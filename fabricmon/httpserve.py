@@ -94,6 +94,7 @@ class GuardedHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
     ssl_context = None  # set from a WebConfig: TLS per connection (GuardedHandler.setup)
+    web = None  # the WebConfig whose basic_auth_users RoutedHTTPServer checks
 
     def __init__(self, addr, handler, *, max_connections: int = 64, header_timeout: float = 10.0,
                  request_timeout: float = 60.0) -> None:
@@ -247,6 +248,7 @@ class RoutedHTTPServer:
                 self._serve(head=True)
 
             def _serve(self, head: bool) -> None:
+                web = self.server.web
                 if web is not None and not web.authorized(self.headers.get("Authorization")):
                     self._send(401, b"Unauthorized\n", TEXT, head, [("WWW-Authenticate", 'Basic realm="fabricmon"')])
                     return
@@ -281,9 +283,14 @@ class RoutedHTTPServer:
             why = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
             # Still an OSError (the rank intake carries on without its listener), with a message the CLI prints.
             raise OSError(exc.errno, f"{name}: cannot listen on {host}:{port}: {why}") from None
-        self._server.ssl_context = web.ssl_context if web is not None else None
+        self.set_web(web)
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
                                         name=name, daemon=True)
+
+    def set_web(self, web) -> None:
+        """TLS and basic auth for the connections accepted from now on (a reload rotates certificates)."""
+        self._server.web = web
+        self._server.ssl_context = web.ssl_context if web is not None else None
 
     @property
     def port(self) -> int:

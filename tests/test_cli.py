@@ -169,3 +169,12 @@ def test_check_config_ambiguous_asks_for_kind(tmp_path, capsys) -> None:
 def test_check_config_example_kinds(name, kind, capsys) -> None:
     assert main(["check-config", str(SYSTEMD / "etc" / "fabricmon" / name)]) == 0
     assert f"({kind} config)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value,ok", [("0660", True), ("0666", True), ('"0666"', False), ("01777", False)])
+def test_intake_socket_mode_validated(tmp_path, capsys, value, ok) -> None:
+    p = tmp_path / "agent.yaml"
+    p.write_text(f"intake:\n  socket_mode: {value}\n")
+    assert main(["check-config", "--kind", "agent", str(p)]) == (0 if ok else 2)
+    if not ok:
+        assert "intake.socket_mode" in capsys.readouterr().err

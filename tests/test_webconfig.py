@@ -267,3 +267,42 @@ def test_real_prometheus_scrapes_over_tls_with_basic_auth(tmp_path) -> None:
     finally:
         agent.stop()
         api.stop()
+
+
+def test_sighup_rereads_the_web_config(tmp_path) -> None:
+    """A new password (or certificate) takes effect on SIGHUP; an invalid web config is refused and
+    the listener keeps the one it had."""
+    web, ca = _web(tmp_path)
+    tree = render_node(tmp_path / "node")
+    sockdir = short_dir()
+    port = free_port()
+    cfg = agent_config(tree, listen=f"127.0.0.1:{port}", aggregator=None, spool=tmp_path / "spool",
+                       sock=f"{sockdir}/ranks.sock")
+    (tmp_path / "agent.yaml").write_text(yaml.safe_dump(cfg))
+    proc = Proc(["agent", "--config", str(tmp_path / "agent.yaml"), "--web.config.file", web], tmp_path / "a.log")
+
+    def status(password: str) -> int:
+        try:
+            return _get(port, tls_ca=ca, headers=_auth(password=password))[0]
+        except OSError:
+            return 0
+
+    try:
+        assert wait_until(lambda: status(PASSWORD) == 200, 30), proc.text()
+        doc = yaml.safe_load(open(web))
+        doc["basic_auth_users"][USER] = bcrypt.hashpw(b"rotated", bcrypt.gensalt(rounds=4)).decode()
+        with open(web, "w") as fh:
+            yaml.safe_dump(doc, fh)
+        proc.hup()
+        assert proc.wait_log('"config_reloaded"'), proc.text()
+        assert status("rotated") == 200 and status(PASSWORD) == 401
+        doc["basic_auth_users"][USER] = "not-a-hash"
+        with open(web, "w") as fh:
+            yaml.safe_dump(doc, fh)
+        proc.hup()
+        assert proc.wait_log('"config_reload_failed"'), proc.text()
+        assert "bcrypt hash" in proc.text()
+        assert proc.alive() and status("rotated") == 200
+    finally:
+        assert proc.stop() == 0
+        shutil.rmtree(sockdir, ignore_errors=True)

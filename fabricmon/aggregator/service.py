@@ -103,9 +103,9 @@ def reload_aggregator(rt: AggregatorRuntime, old: AggregatorConfig, new: Aggrega
 
 def run_aggregator(cfg: AggregatorConfig, stop_event: threading.Event, *, web=None,
                    reload: threading.Event | None = None,
-                   load: Callable[[], AggregatorConfig] | None = None) -> int:
-    """Run until ``stop_event``; when ``reload`` is set (SIGHUP), ``load()`` the config again and apply
-    it, or log why not and keep the running one."""
+                   load: Callable[[], AggregatorConfig] | None = None, load_web: Callable | None = None) -> int:
+    """Run until ``stop_event``; when ``reload`` is set (SIGHUP), ``load()`` the config (and
+    ``load_web()`` the web config) again and apply it, or log why not and keep the running one."""
     status = ReloadStatus()
     rt = build_runtime(cfg, web=web, reload_status=status)
     try:
@@ -128,12 +128,15 @@ def run_aggregator(cfg: AggregatorConfig, stop_event: threading.Event, *, web=No
         reload.clear()
         try:
             new = load()
+            new_web = load_web() if load_web is not None else web
             changed = reload_aggregator(rt, current[0], new)
         except ConfigError as exc:
             status.record(False)
             log.error("config_reload_failed", error=str(exc), detail="still running on the previous config")
             return
         current[0] = new
+        if rt.http is not None:
+            rt.http.set_web(new_web)  # certificates and users re-read: rotation without a restart
         status.record(True)
         log.info("config_reloaded", changed=changed)
 
