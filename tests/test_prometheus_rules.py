@@ -90,6 +90,8 @@ def test_mixin_config_reaches_every_rule() -> None:
         mixin.Config(for_windows={"hard": "soon"})
     with pytest.raises(ValueError, match="runbook_url"):
         mixin.Config(runbook_url="https://wiki.example/")
+    with pytest.raises(KeyError, match="FabricLinkDown: Config.for_windows has no window 'hard'"):
+        mixin.render(mixin.Config(for_windows={"rate": "1m"}))
     with pytest.raises(KeyError, match="nope"):
         mixin.rule_dict(mixin.Record("x:y", "up{${nope}}"), mixin.CONFIG)
 

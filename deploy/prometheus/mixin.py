@@ -124,7 +124,7 @@ def rule_dict(rule: Record | Alert, cfg: Config) -> dict:
     return {
         "alert": rule.alert,
         "expr": _substitute(rule.expr, cfg, rule.alert),
-        "for": cfg.for_windows[rule.for_],
+        "for": _window(cfg, rule),
         "labels": {"severity": rule.severity, "component_type": rule.component_type},
         "annotations": {
             "summary": rule.summary,
@@ -132,6 +132,13 @@ def rule_dict(rule: Record | Alert, cfg: Config) -> dict:
             "runbook_url": cfg.runbook_url.format(alert=rule.alert, anchor=rule.alert.lower()),
         },
     }
+
+
+def _window(cfg: Config, rule: Alert) -> str:
+    try:
+        return cfg.for_windows[rule.for_]
+    except KeyError:
+        raise KeyError(f"{rule.alert}: Config.for_windows has no window {rule.for_!r}") from None
 
 
 def _q(s: str) -> str:
