@@ -319,13 +319,17 @@ def test_aggregator_networkpolicy(rendered) -> None:
 def test_one_image_the_containerfile_builds(rendered) -> None:
     """Every container runs the image the Containerfile builds, tagged with the package version."""
     _, objs = rendered
-    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    version = project["version"]
     images = {c["image"] for o in objs if o["kind"] in ("DaemonSet", "Deployment")
               for c in o["spec"]["template"]["spec"]["containers"] + o["spec"]["template"]["spec"].get("initContainers", [])}
     assert images == {f"ghcr.io/fabricmon/fabricmon:{version}"}
     containerfile = (REPO / "Containerfile").read_text()
     assert f"ARG VERSION={version}" in containerfile
     assert 'ENTRYPOINT ["fabricmon"]' in containerfile
+    # The image runs the aggregator too: its default extra is the one that brings numpy.
+    assert "ARG EXTRAS=aggregator" in containerfile
+    assert any(r.startswith("numpy") for r in project["optional-dependencies"]["aggregator"])
     # The runtime stage installs the wheel the build stage made with `python -m build`.
     assert "python -m build --outdir /dist" in containerfile and "COPY --from=build /dist/*.whl" in containerfile
     # Whatever the build stage COPYs is let through .dockerignore.
