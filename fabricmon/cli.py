@@ -358,6 +358,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"fabricmon: error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    except ModuleNotFoundError as exc:
+        # numpy is an extra: agent nodes install plain `fabricmon` (no numpy).
+        if exc.name != "numpy":
+            raise
+        print(f"fabricmon: error: `fabricmon {args.command}` needs numpy: "
+              "pip install 'fabricmon[aggregator]'", file=sys.stderr)
+        return EXIT_CONFIG
     except OSError as exc:  # a busy port, a missing file: one line, not a traceback
         where = f"{exc.filename}: " if exc.filename else ""
         why = exc.strerror or str(exc)
