@@ -138,7 +138,7 @@ class Signals:
 
 
 # What the deploy examples ship in place of a secret (deploy/kubernetes/base/token-secret.yaml:
-# "change-me-before-deploying"): refused at start, so an unedited example never runs with a known token.
+# "CHANGE-ME"): refused at start, so an unedited example never runs with a known token.
 _PLACEHOLDER = re.compile(r"change[-_ ]?me|replace[-_ ]?me|placeholder", re.IGNORECASE)
 
 

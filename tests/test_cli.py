@@ -124,7 +124,7 @@ def test_missing_config_is_one_line_exit_2(tmp_path) -> None:
 
 
 def test_placeholder_token_refused(tmp_path) -> None:
-    """The Kubernetes example Secret ships 'change-me-before-deploying': a token file holding it is refused."""
+    """The Kubernetes example Secret ships CHANGE-ME: a token file holding it is refused."""
     secret = yaml.safe_load((REPO / "deploy/kubernetes/base/token-secret.yaml").read_text())
     placeholder = next(iter((secret.get("stringData") or secret.get("data")).values()))
     token = tmp_path / "token"
