@@ -92,6 +92,7 @@ class AggregatorCollector:
         for (a, t), n in sorted(snap["incidents_open"].items()):
             g.add_metric([a, t], n)
         yield g
+        yield from _incident_series(self.engine.open_incidents())
         c = CounterMetricFamily("fabricmon_alerts_sent", "Alerts posted to Alertmanager, by result.",
                                 labels=["result"])
         sent = dict(self.sender.sent_total) if self.sender is not None else {}
@@ -114,6 +115,24 @@ class AggregatorCollector:
                               "The cluster clock detection runs at (wall clock, or the nodes' median sample time).")
         g.add_metric([], snap["newest_ts"])
         yield g
+
+
+# One series per OPEN incident (resolved ones disappear): bounded by the open incidents, and what the
+# dashboards' incidents table and annotations read.  Labels are the DESIGN contract's routing labels.
+INCIDENT_LABELS = ("alertname", "severity", "component_type", "component", "node", "rail", "leaf")
+
+
+def _incident_series(open_incidents):
+    is_open = GaugeMetricFamily("fabricmon_incident_open", "1 per open incident.", labels=list(INCIDENT_LABELS))
+    started = GaugeMetricFamily("fabricmon_incident_started_timestamp_seconds",
+                                "When the open incident was first seen (cluster clock).", labels=list(INCIDENT_LABELS))
+    for inc in open_incidents:
+        values = [inc.alertname, inc.severity, inc.component_type, inc.component,
+                  *(str(inc.labels.get(k) or "") for k in ("node", "rail", "leaf"))]
+        is_open.add_metric(values, 1)
+        started.add_metric(values, inc.first_seen)
+    yield is_open
+    yield started
 
 
 def incident_json(inc) -> dict:
