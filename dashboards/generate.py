@@ -39,10 +39,48 @@ def _by_port(expr: str, labels: str = "") -> str:
     return f"{expr} * on (cluster, node, device, port) group_left{extra} {PORT_INFO}"
 
 
-def _by_iface(expr: str) -> str:
-    return (f"{expr} * on (cluster, node, interface) group_left "
+def _by_iface(expr: str, labels: str = "") -> str:
+    extra = f"({labels}) " if labels else ""
+    return (f"{expr} * on (cluster, node, interface) group_left {extra}"
             f'fabricmon:ib_port:info{{{C}, rail=~"$rail", leaf=~"$leaf", node=~"$node", interface!=""}}')
 
+
+# Incidents: the aggregator's one-series-per-open-incident gauge.  Severity ranks 3/2/1 so that
+# max() over a leaf/node/switch is its worst open incident; 0 (the `base` series) = nothing open.
+INCIDENT = "fabricmon_incident_open"
+SEVERITY_RANK = (("critical", 3), ("warning", 2), ("info", 1))
+WORST_MAPPINGS = [{"type": "value", "options": {
+    "0": {"text": "OK", "color": "green", "index": 0},
+    "1": {"text": "info", "color": "blue", "index": 1},
+    "2": {"text": "warning", "color": "orange", "index": 2},
+    "3": {"text": "critical", "color": "red", "index": 3}}}]
+WORST_THRESHOLDS = [(None, "green"), (1, "blue"), (2, "orange"), (3, "red")]
+
+
+def _worst(by: str, incident_sel: str, base: str = "") -> str:
+    """max by (`by`) of the severity rank of open incidents matching `incident_sel`, 0 for every `base` series."""
+    parts = [f'{rank} * {INCIDENT}{{{C}, severity="{sev}", {incident_sel}}}' for sev, rank in SEVERITY_RANK]
+    if base:
+        parts.append(f"0 * {base}")
+    return f"max by ({by}) ({' or '.join(parts)})"
+
+
+def _link(title: str, uid: str, params: str) -> dict:
+    """A data link into another fabricmon dashboard, keeping the time range and data source."""
+    return {"title": title, "targetBlank": False,
+            "url": f"/d/{uid}/?{params}&var-datasource=${{datasource}}&${{__url_time_range}}"}
+
+
+NODE_LINK = _link("Node drill-down: ${__field.labels.node}", "fabricmon-node", "var-node=${__field.labels.node}")
+LEAF_LINKS = [
+    _link("Nodes on ${__field.labels.leaf}", "fabricmon-node",
+          "var-rail=${__field.labels.rail}&var-leaf=${__field.labels.leaf}"),
+    _link("Overview, ${__field.labels.leaf}", "fabricmon-overview",
+          "var-rail=${__field.labels.rail}&var-leaf=${__field.labels.leaf}"),
+]
+FABRIC_LEAF_LINK = _link("Fabric view, ${__field.labels.leaf}", "fabricmon-fabric",
+                         "var-rail=${__field.labels.rail}&var-leaf=${__field.labels.leaf}")
+FABRIC_RAIL_LINK = _link("Fabric view, rail ${__field.labels.rail}", "fabricmon-fabric", "var-rail=${__field.labels.rail}")
 
 # ------------------------------------------------------------------ builders
 
@@ -73,8 +111,11 @@ class Board:
 
     def panel(self, kind: str, title: str, targets: list[tuple[str, str]], unit: str, *, w: int = 12, h: int = 8,
               description: str = "", min_val: float | None = None, max_val: float | None = None,
-              thresholds: list[tuple[float | None, str]] | None = None, legend: bool = True) -> None:
-        defaults: dict = {"unit": unit}
+              thresholds: list[tuple[float | None, str]] | None = None, legend: bool = True,
+              links: list[dict] | None = None, mappings: list[dict] | None = None, instant: bool = False,
+              table: bool = False, transformations: list[dict] | None = None,
+              overrides: list[dict] | None = None) -> None:
+        defaults: dict = {"unit": unit, "links": links or [], "mappings": mappings or []}
         if min_val is not None:
             defaults["min"] = min_val
         if max_val is not None:
@@ -88,6 +129,15 @@ class Board:
             options = {"legend": {"displayMode": "table" if legend else "hidden", "placement": "bottom",
                                   "showLegend": legend, "calcs": ["lastNotNull", "max"] if legend else []},
                        "tooltip": {"mode": "multi", "sort": "desc"}}
+        elif kind == "status-history":
+            defaults["custom"] = {"lineWidth": 0, "fillOpacity": 80}
+            options = {"showValue": "never", "rowHeight": 0.9, "colWidth": 0.9,
+                       "legend": {"displayMode": "list", "placement": "bottom", "showLegend": False},
+                       "tooltip": {"mode": "single", "sort": "none"}}
+        elif kind == "table":
+            defaults["custom"] = {"align": "auto", "cellOptions": {"type": "color-background", "mode": "basic"},
+                                  "inspect": False}
+            options = {"showHeader": True, "cellHeight": "sm", "footer": {"show": False, "reducer": ["sum"]}}
         else:  # stat
             options = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
                        "colorMode": "background", "graphMode": "none", "textMode": "auto", "justifyMode": "auto",
@@ -99,10 +149,12 @@ class Board:
             "id": len(self.panels) + 1,
             "datasource": DS,
             "gridPos": self._place(w, h),
-            "fieldConfig": {"defaults": defaults, "overrides": []},
+            "fieldConfig": {"defaults": defaults, "overrides": overrides or []},
             "options": options,
+            "transformations": transformations or [],
             "targets": [{"refId": chr(ord("A") + i), "datasource": DS, "expr": expr, "legendFormat": legend_fmt,
-                         "range": True, "instant": False, "editorMode": "code"}
+                         "range": not instant, "instant": instant, "editorMode": "code",
+                         "format": "table" if table else "time_series"}
                         for i, (expr, legend_fmt) in enumerate(targets)],
         })
 
@@ -138,10 +190,23 @@ class Board:
             "annotations": {"list": [{
                 "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
                 "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard",
-            }]},
+            }, INCIDENT_ANNOTATION]},
             "templating": {"list": variables()},
             "panels": self.panels,
         }
+
+
+# Every open incident as a region on every time panel: the aggregator's per-incident gauge is
+# present exactly while the incident is open.
+INCIDENT_ANNOTATION = {
+    "name": "Open incidents", "datasource": DS, "enable": True, "hide": False, "iconColor": "red",
+    "expr": f'max by (alertname, severity, component_type, component, node, rail, leaf) ({INCIDENT}{{{C}, rail=~"$rail|", '
+            f'leaf=~"$leaf|", node=~"$node|"}})',
+    "step": "15s", "refId": "Incidents", "useValueForTime": False,
+    "titleFormat": "{{alertname}} {{component}}",
+    "textFormat": "{{severity}}: {{component_type}} {{component}} (node {{node}}, rail {{rail}}, leaf {{leaf}})",
+    "tagKeys": "alertname,severity,component_type",
+}
 
 
 def _query_var(name: str, label: str, query: str, *, multi: bool = True) -> dict:
@@ -196,32 +261,32 @@ def overview() -> Board:
            description="RoCE rail NICs failing at least one lossless-profile check.")
     b.row("Rails and leaves")
     b.ts("Transmit throughput per rail", [(f'fabricmon:rail_transmit_bytes:rate1m{{{C}, rail=~"$rail"}}', "rail {{rail}}")],
-         "Bps", min_val=0)
+         "Bps", min_val=0, links=[FABRIC_RAIL_LINK])
     b.ts("Transmit utilization per rail", [(f'fabricmon:rail_transmit_utilization:ratio1m{{{C}, rail=~"$rail"}}', "rail {{rail}}")],
          "percentunit", min_val=0, max_val=1, description="Sum of port transmit rate over sum of link signalling rate.")
     b.ts("Transmit throughput per leaf",
          [(f'fabricmon:leaf_transmit_bytes:rate1m{{{C}, rail=~"$rail", leaf=~"$leaf"}}', "{{leaf}}")], "Bps", min_val=0,
-         description="Needs the `unit` target label (deploy/README.md).")
+         links=[FABRIC_LEAF_LINK, LEAF_LINKS[0]], description="Needs the `unit` target label (deploy/README.md).")
     b.ts("Transmit utilization per leaf",
          [(f'fabricmon:leaf_transmit_utilization:ratio1m{{{C}, rail=~"$rail", leaf=~"$leaf"}}', "{{leaf}}")],
-         "percentunit", min_val=0, max_val=1)
+         "percentunit", min_val=0, max_val=1, links=[FABRIC_LEAF_LINK, LEAF_LINKS[0]])
     b.row("Links")
     b.ts("Top 10 ports by link errors",
          [(f"topk(10, sum by (node, device, port) ({_by_port(f'rate(fabricmon_ib_port_errors_total{{{N}}}[{RATE}])')}))",
-           "{{node}}/{{device}}/{{port}}")], "cps", min_val=0)
+           "{{node}}/{{device}}/{{port}}")], "cps", min_val=0, links=[NODE_LINK])
     b.ts("Top 10 ports by RDMA transport retries",
          [(f"topk(10, sum by (node, device, port) ({_by_port(f'rate(fabricmon_rdma_transport_retries_total{{{N}}}[{RATE}])')}))",
-           "{{node}}/{{device}}/{{port}}")], "cps", min_val=0)
+           "{{node}}/{{device}}/{{port}}")], "cps", min_val=0, links=[NODE_LINK])
     b.ts("Lowest link rate per rail",
          [(f"min by (rail) ({_by_port(f'fabricmon_ib_port_rate_bytes_per_second{{{N}}}', 'rail')})", "rail {{rail}}")],
          "Bps", min_val=0, description="A rail whose minimum drops below its peers has a degraded link.")
     b.ts("Top 10 ports by transmit wait (IB congestion)",
          [(f"topk(10, sum by (node, device, port) ({_by_port(f'rate(fabricmon_ib_port_transmit_wait_total{{{N}}}[{RATE}])')}))",
-           "{{node}}/{{device}}/{{port}}")], "cps", min_val=0)
+           "{{node}}/{{device}}/{{port}}")], "cps", min_val=0, links=[NODE_LINK])
     b.row("Lossless Ethernet (RoCE)")
     b.ts("Top 10 PFC pause ratio (time paused)",
          [(f"topk(10, max by (node, interface, direction) ({_by_iface(f'rate(fabricmon_pfc_pause_seconds_total{{{N}}}[{RATE}])')}))",
-           "{{node}} {{interface}} {{direction}}")], "percentunit", min_val=0,
+           "{{node}} {{interface}} {{direction}}")], "percentunit", min_val=0, links=[NODE_LINK],
          description="tx: this port is pausing its peer (slow receiver); rx: this port is being paused (victim).")
     b.ts("CNP and ECN per rail",
          [(f"sum by (rail) ({_by_port(f'rate(fabricmon_roce_cnp_sent_total{{{N}}}[{RATE}])', 'rail')})", "CNP sent rail {{rail}}"),
@@ -279,7 +344,7 @@ def node() -> Board:
                                       "{{node}} {{interface}} {{counter}}")], "cps", min_val=0)
     b.ts("Lossless config checks failing", [(f"fabricmon_fabric_config_ok{{{N}}} == 0",
                                              "{{node}} {{device}}/{{port}} {{interface}} {{check}}")],
-         "none", description="Present only while a check fails. A check the host cannot answer (a VF's empty "
+         "none", links=[NODE_LINK], description="Present only while a check fails. A check the host cannot answer (a VF's empty "
                              "DCB APP table) is fabricmon_fabric_config_unknown, not a failure.")
     b.row("GPUs and NVLink")
     b.ts("NVLink transmit per GPU", [(f"sum by (node, gpu) (rate(fabricmon_nvlink_transmit_bytes_total{{{N}}}[{RATE}]))",
@@ -308,7 +373,7 @@ def job() -> Board:
               "A training job: per-rank step and communication time, lateness, NCCL collectives.", ["job"])
     b.row("Ranks")
     b.ts("Step time per rank", [(f'fabricmon_rank_step_seconds{{{N}, hpc_job=~"$hpc_job"}}', "{{hpc_job}} rank {{rank}}")], "s",
-         min_val=0, legend=False)
+         min_val=0, legend=False, links=[NODE_LINK])
     b.ts("Communication time per rank", [(f'fabricmon_rank_comm_seconds{{{N}, hpc_job=~"$hpc_job"}}', "{{hpc_job}} rank {{rank}}")],
          "s", min_val=0, legend=False)
     b.ts("Top 10 late ranks (lateness score)",
@@ -321,7 +386,8 @@ def job() -> Board:
     ], "s", min_val=0)
     b.row("NCCL collectives (NCCL Inspector)")
     b.ts("Bus bandwidth per rank", [(f"fabricmon_nccl_bus_bandwidth_bytes_per_second{{{N}}}",
-                                      "{{node}} rank {{rank}} {{collective}}")], "Bps", min_val=0, legend=False)
+                                      "{{node}} rank {{rank}} {{collective}}")], "Bps", min_val=0, legend=False,
+         links=[NODE_LINK])
     b.ts("Time in collectives (share of wall time)",
          [(f"sum by (node, rank) (rate(fabricmon_nccl_collective_seconds_total{{{N}}}[{RATE}]))", "{{node}} rank {{rank}}")],
          "percentunit", min_val=0, legend=False)
@@ -364,8 +430,86 @@ def self_monitoring() -> Board:
     return b
 
 
+def fabric() -> Board:
+    b = Board("fabricmon-fabric", "fabricmon / Fabric map",
+              "Rail x leaf and node grids coloured by the worst open incident and by error and pause rates; "
+              "open incidents from the aggregator. Click a leaf or node to drill down.", ["fabric", "incidents"])
+    info = f'fabricmon:ib_port:info{{{C}, rail=~"$rail", leaf=~"$leaf", node=~"$node", leaf!=""}}'
+    leaf_sel = 'rail=~"$rail", leaf=~"$leaf", leaf!=""'
+    worst_leaf = _worst("rail, leaf", leaf_sel, info)
+    b.row("Rail x leaf")
+    b.panel("table", "Worst open incident: scalable unit x rail",
+            [(f'label_replace({worst_leaf}, "unit", "$1", "leaf", "leaf-u(.+)-r.+")', "")], "none", w=12, h=8,
+            instant=True, table=True, mappings=WORST_MAPPINGS, thresholds=WORST_THRESHOLDS,
+            transformations=[{"id": "groupingToMatrix", "options": {
+                "rowField": "unit", "columnField": "rail", "valueField": "Value", "emptyValue": "null"}}],
+            overrides=[{"matcher": {"id": "byName", "options": "unit\\rail"},
+                        "properties": [{"id": "custom.cellOptions", "value": {"type": "auto"}},
+                                       {"id": "displayName", "value": "unit \\ rail"}]}],
+            links=[_link("Nodes on leaf-u${__data.fields[0]}-r${__field.name}", "fabricmon-node",
+                         "var-rail=${__field.name}&var-leaf=leaf-u${__data.fields[0]}-r${__field.name}"),
+                   _link("Overview, rail ${__field.name}", "fabricmon-overview", "var-rail=${__field.name}")],
+            description="One cell per leaf (leaf-u<unit>-r<rail>): its worst open incident (links on it, the leaf "
+                        "itself). Needs the `unit` target label (deploy/README.md).")
+    b.panel("status-history", "Leaves: worst open incident", [(worst_leaf, "{{leaf}}")], "none", w=12, h=8,
+            mappings=WORST_MAPPINGS, thresholds=WORST_THRESHOLDS, links=LEAF_LINKS,
+            description="Rows are leaves, sorted by unit then rail.")
+    b.panel("status-history", "Leaves: link error rate",
+            [(f"sum by (rail, leaf) ({_by_port(f'rate(fabricmon_ib_port_errors_total{{{N}}}[{RATE}])', 'rail, leaf')})",
+              "{{leaf}}")], "cps", w=12, h=8, min_val=0, links=LEAF_LINKS,
+            thresholds=[(None, "green"), (0.01, "orange"), (1, "red")],
+            description="PMA error counters of the leaf's node ports, per second.")
+    b.panel("status-history", "Leaves: worst PFC pause ratio",
+            [(f"max by (rail, leaf) ({_by_iface(f'rate(fabricmon_pfc_pause_seconds_total{{{N}}}[{RATE}])', 'rail, leaf')})",
+              "{{leaf}}")], "percentunit", w=12, h=8, min_val=0, links=LEAF_LINKS,
+            thresholds=[(None, "green"), (0.01, "orange"), (0.1, "red")],
+            description="Share of time the worst host port on the leaf was paused or pausing (RoCE).")
+    b.row("Nodes, spines and rails")
+    b.panel("status-history", "Nodes: worst open incident",
+            [(_worst("node", 'node=~"$node", node!=""', f'fabricmon:ib_port:info{{{C}, rail=~"$rail", leaf=~"$leaf", node=~"$node"}}'),
+              "{{node}}")], "none", w=12, h=8, mappings=WORST_MAPPINGS, thresholds=WORST_THRESHOLDS,
+            links=[NODE_LINK], description="Incidents on the node or on its NICs, links, GPUs and NVLinks.")
+    b.panel("status-history", "Spines and rails: worst open incident",
+            [(_worst("component_type, component", 'component_type=~"spine|rail"'), "{{component}}")], "none",
+            w=12, h=8, mappings=WORST_MAPPINGS, thresholds=WORST_THRESHOLDS,
+            links=[_link("Overview", "fabricmon-overview", "var-rail=${__field.labels.rail}")],
+            description="Present only while a spine or a whole rail has an open incident.")
+    b.row("Open incidents")
+    b.panel("table", "Open incidents",
+            [(f'{INCIDENT.replace("_open", "_started_timestamp_seconds")}{{{C}, rail=~"$rail|", leaf=~"$leaf|", '
+              f'node=~"$node|"}} * 1000', "")], "dateTimeAsIso", w=24, h=8, instant=True, table=True,
+            transformations=[{"id": "organize", "options": {
+                "excludeByName": {"Time": True, "__name__": True, "instance": True, "job": True, "cluster": False},
+                "indexByName": {"severity": 0, "alertname": 1, "component_type": 2, "component": 3, "node": 4,
+                                "rail": 5, "leaf": 6, "Value": 7},
+                "renameByName": {"Value": "open since"}}},
+                {"id": "sortBy", "options": {"sort": [{"field": "open since", "desc": True}]}}],
+            overrides=[
+                {"matcher": {"id": "byName", "options": "node"},
+                 "properties": [{"id": "links", "value": [_link("Node drill-down: ${__value.raw}", "fabricmon-node",
+                                                                "var-node=${__value.raw}")]}]},
+                {"matcher": {"id": "byName", "options": "leaf"},
+                 "properties": [{"id": "links", "value": [
+                     _link("Nodes on ${__value.raw}", "fabricmon-node", "var-leaf=${__value.raw}"),
+                     _link("Overview, ${__value.raw}", "fabricmon-overview", "var-leaf=${__value.raw}")]}]},
+                {"matcher": {"id": "byName", "options": "severity"},
+                 "properties": [{"id": "mappings", "value": [{"type": "value", "options": {
+                     "critical": {"color": "red", "index": 0}, "warning": {"color": "orange", "index": 1},
+                     "info": {"color": "blue", "index": 2}}}]}]},
+            ],
+            description="From the aggregator (fabricmon_incident_started_timestamp_seconds): one row per open "
+                        "incident; node and leaf cells link to the drill-downs.")
+    b.ts("Open incidents by severity",
+         [(f"sum by (severity) ({INCIDENT}{{{C}}})", "{{severity}}")], "none", min_val=0)
+    b.ts("Most suspected components",
+         [(f"topk(15, fabricmon_component_suspicion{{{C}}})", "{{component_type}} {{component}}")], "percentunit",
+         min_val=0, max_val=1)
+    return b
+
+
 DASHBOARDS = {"fabricmon-overview.json": overview, "fabricmon-node.json": node, "fabricmon-job.json": job,
-              "fabricmon-self.json": self_monitoring}
+              "fabricmon-self.json": self_monitoring,
+              "fabricmon-fabric.json": fabric}
 
 
 def render() -> dict[str, str]:

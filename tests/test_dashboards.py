@@ -17,7 +17,8 @@ DASH = REPO / "dashboards"
 JSON_DIR = DASH / "json"
 RECORDING_RULES = REPO / "deploy" / "prometheus" / "fabricmon-recording.rules.yml"
 AGGREGATOR_METRICS = {"fabricmon_agents_connected", "fabricmon_ingest_samples_total", "fabricmon_component_suspicion",
-                      "fabricmon_rank_lateness_score", "fabricmon_incidents_open", "fabricmon_alerts_sent_total"}
+                      "fabricmon_rank_lateness_score", "fabricmon_incidents_open", "fabricmon_alerts_sent_total",
+                      "fabricmon_incident_open", "fabricmon_incident_started_timestamp_seconds"}
 PROMETHEUS_BUILTIN = {"up"}  # per-target scrape health, written by Prometheus itself
 REQUIRED_VARS = ["datasource", "cluster", "hpc_job", "rail", "leaf", "node"]
 
@@ -54,8 +55,13 @@ def _panels(dash: dict):
         yield from p.get("panels", [])
 
 
+def _annotation_exprs(dash: dict) -> list[str]:
+    return [a["expr"] for a in dash["annotations"]["list"] if a.get("expr")]
+
+
 def _exprs(dash: dict) -> list[str]:
     out = [t["expr"] for p in _panels(dash) for t in p.get("targets", [])]
+    out += _annotation_exprs(dash)
     out += [v["definition"] for v in dash["templating"]["list"] if v["type"] == "query"]
     return out
 
@@ -115,10 +121,58 @@ def test_regeneration_is_identical(tmp_path: Path) -> None:
         assert generated[name] == committed[name], f"{name} is stale: run python dashboards/generate.py"
 
 
-def test_four_dashboards() -> None:
+def test_five_dashboards() -> None:
     titles = {d["title"] for d in _dashboards().values()}
     assert titles == {"fabricmon / Fabric overview", "fabricmon / Node drill-down", "fabricmon / Job view",
-                      "fabricmon / Self-monitoring"}
+                      "fabricmon / Self-monitoring", "fabricmon / Fabric map"}
+
+
+def _links(dash: dict):
+    for p in _panels(dash):
+        fc = p.get("fieldConfig", {})
+        for link in fc.get("defaults", {}).get("links", []):
+            yield p["title"], link
+        for o in fc.get("overrides", []):
+            for prop in o["properties"]:
+                if prop["id"] == "links":
+                    for link in prop["value"]:
+                        yield p["title"], link
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in JSON_DIR.glob("*.json")))
+def test_data_links_reach_existing_dashboards(name: str) -> None:
+    """Every data link opens a shipped dashboard by uid, names only its variables, keeps time and data source."""
+    boards = {d["uid"]: d for d in _dashboards().values()}
+    for title, link in _links(_dashboards()[name]):
+        m = re.fullmatch(r"/d/([\w-]+)/\?(.*)", link["url"])
+        assert m and m.group(1) in boards, f"{title}: {link['url']}"
+        target_vars = {v["name"] for v in boards[m.group(1)]["templating"]["list"]}
+        params = dict(kv.split("=", 1) for kv in m.group(2).split("&") if "=" in kv)
+        assert {k.removeprefix("var-") for k in params if k.startswith("var-")} <= target_vars, link
+        assert "${__url_time_range}" in link["url"] and params.get("var-datasource") == "${datasource}", link
+
+
+def test_fabric_map_points_at_the_fault() -> None:
+    """The fabric map colours leaves and nodes by the worst open incident and links them to the drill-downs;
+    every dashboard overlays open incidents as annotations; the existing views link nodes to the node view."""
+    d = _dashboards()["fabricmon-fabric.json"]
+    panels = {p["title"]: p for p in _panels(d)}
+    grid = panels["Worst open incident: scalable unit x rail"]
+    assert grid["type"] == "table" and grid["transformations"][0]["id"] == "groupingToMatrix"
+    assert "fabricmon_incident_open" in grid["targets"][0]["expr"] and grid["targets"][0]["instant"]
+    leaves = panels["Leaves: worst open incident"]
+    assert leaves["type"] == "status-history"
+    urls = [link["url"] for link in leaves["fieldConfig"]["defaults"]["links"]]
+    assert any(u.startswith("/d/fabricmon-node/") and "var-leaf=${__field.labels.leaf}" in u for u in urls)
+    assert any(u.startswith("/d/fabricmon-overview/") for u in urls)
+    nodes = panels["Nodes: worst open incident"]["fieldConfig"]["defaults"]["links"]
+    assert any(link["url"].startswith("/d/fabricmon-node/?var-node=${__field.labels.node}") for link in nodes)
+    table = panels["Open incidents"]
+    assert "fabricmon_incident_started_timestamp_seconds" in table["targets"][0]["expr"]
+    for name, dash in _dashboards().items():
+        assert any("fabricmon_incident_open" in e for e in _annotation_exprs(dash)), f"{name}: no incident annotations"
+    for name in ("fabricmon-overview.json", "fabricmon-job.json"):
+        assert any(link["url"].startswith("/d/fabricmon-node/?var-node=") for _, link in _links(_dashboards()[name])), name
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in JSON_DIR.glob("*.json")))
@@ -207,12 +261,12 @@ def test_queries_parse_with_promtool(tmp_path: Path) -> None:
     """Every query, with Grafana variables substituted, is valid PromQL (promtool check rules)."""
     rules = []
     for name, d in _dashboards().items():
-        for i, p in enumerate(_panels(d)):
-            for t in p.get("targets", []):
-                expr = t["expr"].replace("$__rate_interval", "1m")
-                expr = re.sub(r"\$\{?(\w+)\}?", ".*", expr)
-                rules.append({"record": f"dashboard:{name.split('.')[0].replace('-', '_')}:p{i}{t['refId']}",
-                              "expr": expr})
+        exprs = [(f"p{i}{t['refId']}", t["expr"]) for i, p in enumerate(_panels(d)) for t in p.get("targets", [])]
+        exprs += [(f"a{i}", e) for i, e in enumerate(_annotation_exprs(d))]
+        for key, expr in exprs:
+            expr = expr.replace("$__rate_interval", "1m")
+            expr = re.sub(r"\$\{?(\w+)\}?", ".*", expr)
+            rules.append({"record": f"dashboard:{name.split('.')[0].replace('-', '_')}:{key}", "expr": expr})
     f = tmp_path / "dashboard-queries.rules.yml"
     f.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}))
     res = promtool("check", "rules", f)
@@ -224,3 +278,52 @@ def test_provisioning() -> None:
     assert dash["apiVersion"] == 1 and dash["providers"][0]["type"] == "file"
     ds = yaml.safe_load((DASH / "provisioning" / "datasources.yaml").read_text())
     assert ds["apiVersion"] == 1 and ds["datasources"][0]["type"] == "prometheus"
+
+
+# ------------------------------------------------------------------ grafana-foundation-sdk decoder
+
+def _sdk_load(data: dict):
+    """Decode a dashboard with grafana-foundation-sdk (pinned in the test extra): typed panels, plugin
+    options and field configs, and a round trip back to JSON through its encoder."""
+    sdk = pytest.importorskip("grafana_foundation_sdk", reason="pip install -e .[test]")
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.cog.plugins import register_default_plugins
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    assert sdk
+    register_default_plugins()
+    model = Dashboard.from_json(data)
+    return model, json.loads(json.dumps(model, cls=JSONEncoder))
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in JSON_DIR.glob("*.json")))
+def test_dashboard_loads_with_grafana_foundation_sdk(name: str) -> None:
+    import importlib
+
+    d = _dashboards()[name]
+    model, back = _sdk_load(d)
+    assert model.uid == d["uid"] and model.title == d["title"] and model.schema_version == d["schemaVersion"]
+    assert back["templating"]["list"][0]["name"] == "datasource"
+    panels = [p for p in model.panels if p.type_val != "row"]
+    assert len(panels) == sum(1 for p in d["panels"] if p["type"] != "row")
+    for p in panels:
+        # the SDK decoded the panel's options with its plugin's own model (not a raw dict)
+        module = importlib.import_module("grafana_foundation_sdk.models." + p.type_val.replace("-", ""))
+        assert isinstance(p.options, module.Options), (name, p.title, type(p.options))
+    exprs = [t["expr"] for p in back["panels"] for t in p.get("targets", [])]
+    assert exprs == [t["expr"] for p in d["panels"] for t in p.get("targets", [])]
+    assert [a.get("expr") for a in back["annotations"]["list"]] == [a.get("expr") for a in d["annotations"]["list"]]
+
+
+@pytest.mark.parametrize("breakage", ["panel without type", "value mapping not an object", "panels not a list"])
+def test_broken_dashboard_fails_to_load_with_grafana_foundation_sdk(breakage: str) -> None:
+    d = _dashboards()["fabricmon-fabric.json"]
+    ts = next(p for p in d["panels"] if p["type"] == "timeseries")
+    if breakage == "panel without type":
+        del ts["type"]
+    elif breakage == "value mapping not an object":
+        ts["fieldConfig"]["defaults"]["mappings"] = [{"type": "value", "options": "OK"}]
+    else:
+        d["panels"] = "not a list"
+    with pytest.raises((KeyError, ValueError, TypeError, AttributeError)):
+        _sdk_load(d)
