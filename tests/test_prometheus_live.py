@@ -50,6 +50,7 @@ RATE_INTERVAL = "4s"
 MAY_BE_EMPTY = {
     "Saturated counters (rate unknown)": "no PMA counter pins at its maximum in 60 s of simulated errors",
     "Collectors up (nodes failing per collector)": "no collector fails (count of collectors == 0)",
+    "Spines and rails: worst open incident": "no spine or whole-rail fault in this scenario (present only while one is open)",
 }
 # Alerts a fault may legitimately raise besides its own (component ids are checked for those).
 SECONDARY = {"FabricCongestion"}  # a PFC storm pauses its partner: congestion there is the symptom
@@ -148,7 +149,8 @@ def test_dashboards_and_alerts_on_live_data(tmp_path: Path) -> None:
                    and prom.query("rate(fabricmon_pfc_pause_seconds_total[4s]) > 0")
                    and prom.query("fabricmon_rank_step_seconds")
                    and prom.query("fabricmon_nccl_bus_bandwidth_bytes_per_second")
-                   and prom.query("fabricmon_component_suspicion"),
+                   and prom.query("fabricmon_component_suspicion")
+                   and prom.query('fabricmon_incident_open{leaf!=""}'),
                    20.0, "fault data, rank timings, NCCL and aggregator series in Prometheus", interval=0.5)
 
         # 1) every dashboard query runs; panels outside MAY_BE_EMPTY have data.
@@ -175,6 +177,10 @@ def test_dashboards_and_alerts_on_live_data(tmp_path: Path) -> None:
         assert not errors, "dashboard queries failing in Prometheus:\n" + "\n".join(errors)
         assert not empty, "panels with no data on a live cluster:\n" + "\n".join(empty)
         assert not out_of_range, "panel values off their axis:\n" + "\n".join(out_of_range[:20])
+        for path in DASHBOARDS:  # incident annotations: run, and show the open incidents
+            for a in json.loads(path.read_text())["annotations"]["list"]:
+                if a.get("expr"):
+                    assert prom.query(substitute(a["expr"])), f"{path.stem}: annotation {a['name']!r} has no data"
         for title in MAY_BE_EMPTY:
             assert any(t == title for _, t in counts), f"MAY_BE_EMPTY names no panel: {title!r}"
         for dash, var, match, label in variable_queries():
