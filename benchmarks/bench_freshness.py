@@ -15,10 +15,10 @@ One run, three kinds of process:
 
 Measured for each central process over ``--seconds`` after ``--warmup``: CPU seconds per
 second (utime + stime from /proc/<pid>/stat), RSS (VmRSS), and freshness: the age of the
-newest data at a query (Prometheus: query time minus the newest scraped
-``fabricmon_snapshot_timestamp_seconds``, i.e. the node's own sample time; aggregator: wall
-time minus its ``fabricmon_cluster_clock_timestamp_seconds``, the newest sample time it
-ingested).  Extrapolation to 1,024 and 4,096 nodes is linear in the measured per-node
+newest data at a query, for the median node (Prometheus: query time minus the median of the
+scraped ``fabricmon_snapshot_timestamp_seconds``, the nodes' own sample times; aggregator, run
+with ``clock.mode: sample``: wall time minus ``fabricmon_cluster_clock_timestamp_seconds``,
+the median of the nodes' newest ingested sample times).  Extrapolation to 1,024 and 4,096 nodes is linear in the measured per-node
 cost.  The last line is ``central CPU ratio aggregator/prometheus = X``.
 
 ``--profile OUT`` runs the aggregator under cProfile instead (its gRPC event loop thread
@@ -244,7 +244,7 @@ def orchestrate(a: argparse.Namespace) -> int:
         ports = json.loads(ports_file.read_text())
         cfg = work / "aggregator.yaml"
         cfg.write_text(f"topology: {topo}\ngrpc_listen: 127.0.0.1:{grpc_port}\nhttp_listen: 127.0.0.1:{http_port}\n"
-                       "auth: {insecure: true}\n")
+                       "auth: {insecure: true}\nclock: {mode: sample}\n")
         if a.profile:
             agg_cmd = [sys.executable, __file__, "--role", "aggregator", "--config", str(cfg),
                        "--profile", str(Path(a.profile).resolve())]
@@ -271,7 +271,7 @@ def orchestrate(a: argparse.Namespace) -> int:
             time.sleep(min(1.37, max(0.0, end - time.monotonic())))  # off the 1 s grid on purpose
             now = time.time()
             try:
-                ages["prometheus"].append(now - prom_query(prom_port, "max(fabricmon_snapshot_timestamp_seconds)"))
+                ages["prometheus"].append(now - prom_query(prom_port, "quantile(0.5, fabricmon_snapshot_timestamp_seconds)"))
                 up.append(prom_query(prom_port, "sum(up)"))
             except Exception:  # noqa: BLE001 - a slow query is a missed reading, not a failure
                 pass
@@ -282,7 +282,8 @@ def orchestrate(a: argparse.Namespace) -> int:
         wall = time.monotonic() - t0
         c1 = {"aggregator": cpu_seconds(agg.pid), "prometheus": cpu_seconds(prom.pid), "nodes": cpu_seconds(nodes.pid)}
         rss = {"aggregator": rss_mib(agg.pid), "prometheus": rss_mib(prom.pid)}
-        series = prom_query(prom_port, "prometheus_tsdb_head_series")
+        series = next((float(line.split()[-1]) for line in http_get(f"http://127.0.0.1:{prom_port}/metrics")
+                       .decode().splitlines() if line.startswith("prometheus_tsdb_head_series ")), float("nan"))
     finally:
         for p in reversed(procs):
             if p.poll() is None:

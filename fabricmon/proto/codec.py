@@ -128,10 +128,17 @@ def _check_def(sd: pb.SeriesDef) -> SeriesKey:
 
 
 class SeriesDecoder:
-    """Aggregator side of one connection's series table."""
+    """Aggregator side of one connection's series table.
+
+    Per series id the table keeps the key and a ready ``CounterDelta`` of zero: on a healthy
+    fabric most counters do not move in an interval, and a zero delta of an unflagged series
+    is then that shared immutable object, not a new one (decode cost is per moving counter,
+    not per series).
+    """
 
     def __init__(self, max_series: int = MAX_SERIES_PER_CONNECTION) -> None:
         self._table: dict[int, SeriesKey] = {}
+        self._zero: dict[int, CounterDelta] = {}
         self._max = max_series
 
     def __len__(self) -> int:
@@ -143,11 +150,14 @@ class SeriesDecoder:
             raise MalformedBatch("seq: must be > 0")
         if not (math.isfinite(m.ts) and math.isfinite(m.interval_seconds)) or m.interval_seconds < 0:
             raise MalformedBatch("ts/interval_seconds: must be finite (interval >= 0)")
-        if len(m.delta_ids) != len(m.delta_values):
-            raise MalformedBatch(f"delta_ids ({len(m.delta_ids)}) and delta_values ({len(m.delta_values)}) differ in length")
+        ids = list(m.delta_ids)
+        vals = list(m.delta_values)
+        if len(ids) != len(vals):
+            raise MalformedBatch(f"delta_ids ({len(ids)}) and delta_values ({len(vals)}) differ in length")
         if len(m.gauge_ids) != len(m.gauge_values):
             raise MalformedBatch(f"gauge_ids ({len(m.gauge_ids)}) and gauge_values ({len(m.gauge_values)}) differ in length")
         table = {} if m.self_contained else self._table
+        zero = {} if m.self_contained else self._zero
         added: dict[int, SeriesKey] = {}
         for sd in m.new_series:
             if sd.id == 0:
@@ -159,26 +169,45 @@ class SeriesDecoder:
             added[sd.id] = key
         if not m.self_contained and len(table) + len(added) > self._max:
             raise MalformedBatch(f"series table over its limit of {self._max} series")
+        if added:
+            # the table (and the zero cache) change only once the whole batch is valid
+            table = {**table, **added}
+            zero = {**zero, **{sid: CounterDelta(k[0], k[1], 0.0) for sid, k in added.items() if sid not in zero}}
 
         def look(sid: int, what: str) -> SeriesKey:
-            key = added.get(sid) or table.get(sid)
+            key = table.get(sid)
             if key is None:
                 raise MalformedBatch(f"{what}: unknown series id {sid}")
             return key
 
-        delta_set = set(m.delta_ids)
-        for what, flagged in (("saturated_ids", m.saturated_ids), ("reset_ids", m.reset_ids)):
-            for sid in flagged:
-                if sid not in delta_set:
-                    raise MalformedBatch(f"{what}: id {sid} has no delta in this batch")
+        # One pass in C over all values: a NaN or an infinity makes the sum non-finite, a negative the
+        # minimum negative.  Only then (or on a sum that merely overflowed) is each value looked at.
+        if vals and (not math.isfinite(sum(vals)) or min(vals) < 0):
+            for sid, v in zip(ids, vals):
+                if not math.isfinite(v) or v < 0:
+                    raise MalformedBatch(f"delta_values: series {look(sid, 'delta_ids')[0]} has a bad delta {v!r}")
         sat = set(m.saturated_ids)
         rst = set(m.reset_ids)
-        deltas = []
-        for sid, v in zip(m.delta_ids, m.delta_values):
-            fam, labels = look(sid, "delta_ids")
-            if not math.isfinite(v) or v < 0:
-                raise MalformedBatch(f"delta_values: series {fam} has a bad delta {v!r}")
-            deltas.append(CounterDelta(fam, labels, v, sid in sat, sid in rst))
+        if sat or rst:
+            delta_set = set(ids)
+            for what, flagged in (("saturated_ids", sat), ("reset_ids", rst)):
+                for sid in flagged:
+                    if sid not in delta_set:
+                        raise MalformedBatch(f"{what}: id {sid} has no delta in this batch")
+        if not zero.keys() >= set(ids):
+            for sid in ids:
+                look(sid, "delta_ids")
+        deltas = list(map(zero.__getitem__, ids))
+        for i, v in enumerate(vals):
+            if v:
+                sid = ids[i]
+                fam, labels = table[sid]
+                deltas[i] = CounterDelta(fam, labels, v, sid in sat, sid in rst)
+            elif sat or rst:
+                sid = ids[i]
+                if sid in sat or sid in rst:
+                    fam, labels = table[sid]
+                    deltas[i] = CounterDelta(fam, labels, v, sid in sat, sid in rst)
         gauges = []
         for sid, v in zip(m.gauge_ids, m.gauge_values):
             fam, labels = look(sid, "gauge_ids")
@@ -198,8 +227,8 @@ class SeriesDecoder:
             if not lay.job or len(lay.job) > 128:
                 raise MalformedBatch("layouts.job: required, at most 128 characters")
             layouts.append(JobLayout(lay.job, tuple((p.key, p.value) for p in lay.layout)))
-        if not m.self_contained:
-            table.update(added)
+        if not m.self_contained and added:
+            self._table, self._zero = table, zero
         return NodeBatch(node=node, seq=m.seq, ts=m.ts, interval_seconds=m.interval_seconds,
                          deltas=tuple(deltas), gauges=tuple(gauges), ranks=tuple(ranks), layouts=tuple(layouts))
 
