@@ -45,7 +45,7 @@ def test_group_by_and_every_inhibition_has_equal() -> None:
         == ["cluster", "component"]
     assert pairs[(('alertname=~"NVLinkDown|GPUXidFatal"',), ('alertname=~"NVLinkErrors|StragglerRank"',))] \
         == ["cluster", "node", "gpu"]
-    assert pairs[(('alertname="SlowRanksSharedComponent"',), ('alertname="StragglerRank"',))] == ["cluster", "job"]
+    assert pairs[(('alertname="SlowRanksSharedComponent"',), ('alertname="StragglerRank"',))] == ["cluster", "hpc_job"]
     assert pairs[(('alertname="FabricmonAgentDown"',), ('alertname!="FabricmonAgentDown"', 'node=~".+"'))] \
         == ["cluster", "node"]
 

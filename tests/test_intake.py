@@ -68,8 +68,8 @@ def test_unix_socket_good_and_bad_lines(intake, tmp_path):
     assert intake.drain() == ([], [])
     assert intake.layouts() == [JobLayout("llm-7b", (("tp", 8),))]
     got = {(r.family, r.labels): r.value for r in intake.readings()}
-    assert got[("fabricmon_rank_step_seconds", (("job", "llm-7b"), ("rank", "18")))] == 2.5
-    assert got[("fabricmon_rank_comm_seconds", (("job", "llm-7b"), ("rank", "17")))] == 0.41
+    assert got[("fabricmon_rank_step_seconds", (("hpc_job", "llm-7b"), ("rank", "18")))] == 2.5
+    assert got[("fabricmon_rank_comm_seconds", (("hpc_job", "llm-7b"), ("rank", "17")))] == 0.41
 
 
 def test_overlong_line_is_rejected_and_the_connection_recovers(intake):

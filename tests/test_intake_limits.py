@@ -113,7 +113,7 @@ def test_invalid_strings_are_rejected_and_scrape_survives(intake, raw):
     post(intake.http_port, json.dumps(GOOD).encode())
     text = scrape_agent([intake])
     fams = {f.name: f for f in text_string_to_metric_families(text)}
-    assert fams["fabricmon_rank_step_seconds"].samples[0].labels["job"] == "llm-7b"
+    assert fams["fabricmon_rank_step_seconds"].samples[0].labels["hpc_job"] == "llm-7b"
 
 
 def test_series_are_bounded_and_drops_counted(tmp_path):
