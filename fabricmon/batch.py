@@ -45,3 +45,6 @@ class NodeBatch:
     gauges: tuple[Sample, ...] = ()  # gauges that changed (all of them in the first batch of a connection)
     ranks: tuple[RankTiming, ...] = ()
     layouts: tuple[JobLayout, ...] = ()
+    # counter deltas that came in but were not built into ``deltas`` because the consumer reads
+    # no series of their family (the aggregator's stream decoder); counted, never evidence
+    unread_deltas: int = 0

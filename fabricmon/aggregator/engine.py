@@ -53,6 +53,8 @@ DELTA_FAMILIES: dict[str, int] = {
     "fabricmon_nvlink_errors_total": _F_NVL,
     "fabricmon_gpu_xid_errors_total": _F_XID,
 }
+# what the stream decoder needs to build for this engine; other families are only counted
+READ_DELTA_FAMILIES = frozenset(DELTA_FAMILIES)
 _G_STATE, _G_PHYS, _G_RATE, _G_WIDTH, _G_CONFIG, _G_NVUP, _G_THROTTLE, _G_GPUUP = range(8)
 GAUGE_FAMILIES: dict[str, int] = {
     "fabricmon_ib_port_state": _G_STATE,
@@ -70,6 +72,8 @@ _log = structlog.get_logger("fabricmon.aggregator.engine")
 
 
 class Engine:
+    read_delta_families = READ_DELTA_FAMILIES  # the stream decoder builds only these (proto/codec.py)
+
     def __init__(self, topology: Topology, settings: DetectionSettings | None = None,
                  clock: Callable[[], float] | None = None, *, cluster: str | None = None,
                  shard_units: tuple[int, ...] | None = None, cluster_clock: ClusterClock | None = None) -> None:
@@ -234,7 +238,7 @@ class Engine:
             if batch.interval_seconds > 0:
                 ns.interval = batch.interval_seconds
             self.batches_total += 1
-            self.samples_total += len(batch.deltas) + len(batch.gauges) + len(batch.ranks)
+            self.samples_total += len(batch.deltas) + batch.unread_deltas + len(batch.gauges) + len(batch.ranks)
             if batch.deltas:
                 self._deltas(ns, batch)
             if batch.gauges:

@@ -132,13 +132,18 @@ class SeriesDecoder:
 
     Per series id the table keeps the key and a ready ``CounterDelta`` of zero: on a healthy
     fabric most counters do not move in an interval, and a zero delta of an unflagged series
-    is then that shared immutable object, not a new one (decode cost is per moving counter,
-    not per series).
+    is then that shared immutable object, not a new one.  With ``read_families`` (what the
+    consumer reads: the engine's delta families), an unflagged delta of any other family
+    (traffic bytes, packets, NVLink throughput: most of what moves) is validated and counted
+    in ``NodeBatch.unread_deltas`` but never built, so decode cost follows what is read.
     """
 
-    def __init__(self, max_series: int = MAX_SERIES_PER_CONNECTION) -> None:
+    def __init__(self, max_series: int = MAX_SERIES_PER_CONNECTION,
+                 read_families: frozenset[str] | None = None) -> None:
         self._table: dict[int, SeriesKey] = {}
         self._zero: dict[int, CounterDelta] = {}
+        self._unread: set[int] = set()
+        self._read = read_families
         self._max = max_series
 
     def __len__(self) -> int:
@@ -158,6 +163,7 @@ class SeriesDecoder:
             raise MalformedBatch(f"gauge_ids ({len(m.gauge_ids)}) and gauge_values ({len(m.gauge_values)}) differ in length")
         table = {} if m.self_contained else self._table
         zero = {} if m.self_contained else self._zero
+        unread = set() if m.self_contained else self._unread
         added: dict[int, SeriesKey] = {}
         for sd in m.new_series:
             if sd.id == 0:
@@ -173,6 +179,8 @@ class SeriesDecoder:
             # the table (and the zero cache) change only once the whole batch is valid
             table = {**table, **added}
             zero = {**zero, **{sid: CounterDelta(k[0], k[1], 0.0) for sid, k in added.items() if sid not in zero}}
+            if self._read is not None:
+                unread = unread | {sid for sid, k in added.items() if k[0] not in self._read}
 
         def look(sid: int, what: str) -> SeriesKey:
             key = table.get(sid)
@@ -197,17 +205,21 @@ class SeriesDecoder:
         if not zero.keys() >= set(ids):
             for sid in ids:
                 look(sid, "delta_ids")
-        deltas = list(map(zero.__getitem__, ids))
-        for i, v in enumerate(vals):
-            if v:
-                sid = ids[i]
+        flagged = sat | rst
+        deltas = []
+        append = deltas.append
+        skipped = 0
+        for sid, v in zip(ids, vals):
+            if sid in flagged:
                 fam, labels = table[sid]
-                deltas[i] = CounterDelta(fam, labels, v, sid in sat, sid in rst)
-            elif sat or rst:
-                sid = ids[i]
-                if sid in sat or sid in rst:
-                    fam, labels = table[sid]
-                    deltas[i] = CounterDelta(fam, labels, v, sid in sat, sid in rst)
+                append(CounterDelta(fam, labels, v, sid in sat, sid in rst))
+            elif sid in unread:
+                skipped += 1
+            elif v:
+                fam, labels = table[sid]
+                append(CounterDelta(fam, labels, v))
+            else:
+                append(zero[sid])
         gauges = []
         for sid, v in zip(m.gauge_ids, m.gauge_values):
             fam, labels = look(sid, "gauge_ids")
@@ -228,9 +240,10 @@ class SeriesDecoder:
                 raise MalformedBatch("layouts.job: required, at most 128 characters")
             layouts.append(JobLayout(lay.job, tuple((p.key, p.value) for p in lay.layout)))
         if not m.self_contained and added:
-            self._table, self._zero = table, zero
+            self._table, self._zero, self._unread = table, zero, unread
         return NodeBatch(node=node, seq=m.seq, ts=m.ts, interval_seconds=m.interval_seconds,
-                         deltas=tuple(deltas), gauges=tuple(gauges), ranks=tuple(ranks), layouts=tuple(layouts))
+                         deltas=tuple(deltas), gauges=tuple(gauges), ranks=tuple(ranks), layouts=tuple(layouts),
+                         unread_deltas=skipped)
 
 
 # --------------------------------------------------------------------- framing helpers
