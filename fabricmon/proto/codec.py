@@ -10,6 +10,7 @@ it never trusts lengths or ids from the wire.
 from __future__ import annotations
 
 import math
+from itertools import compress
 
 from ..batch import NicHello, NodeBatch, NodeHello
 from ..model import CounterDelta, Labels, Sample
@@ -142,7 +143,7 @@ class SeriesDecoder:
                  read_families: frozenset[str] | None = None) -> None:
         self._table: dict[int, SeriesKey] = {}
         self._zero: dict[int, CounterDelta] = {}
-        self._unread: set[int] = set()
+        self._read_ids: set[int] = set()
         self._read = read_families
         self._max = max_series
 
@@ -163,7 +164,7 @@ class SeriesDecoder:
             raise MalformedBatch(f"gauge_ids ({len(m.gauge_ids)}) and gauge_values ({len(m.gauge_values)}) differ in length")
         table = {} if m.self_contained else self._table
         zero = {} if m.self_contained else self._zero
-        unread = set() if m.self_contained else self._unread
+        read_ids = set() if m.self_contained else self._read_ids
         added: dict[int, SeriesKey] = {}
         for sd in m.new_series:
             if sd.id == 0:
@@ -179,8 +180,7 @@ class SeriesDecoder:
             # the table (and the zero cache) change only once the whole batch is valid
             table = {**table, **added}
             zero = {**zero, **{sid: CounterDelta(k[0], k[1], 0.0) for sid, k in added.items() if sid not in zero}}
-            if self._read is not None:
-                unread = unread | {sid for sid, k in added.items() if k[0] not in self._read}
+            read_ids = read_ids | {sid for sid, k in added.items() if self._read is None or k[0] in self._read}
 
         def look(sid: int, what: str) -> SeriesKey:
             key = table.get(sid)
@@ -208,18 +208,18 @@ class SeriesDecoder:
         flagged = sat | rst
         deltas = []
         append = deltas.append
-        skipped = 0
-        for sid, v in zip(ids, vals):
-            if sid in flagged:
-                fam, labels = table[sid]
-                append(CounterDelta(fam, labels, v, sid in sat, sid in rst))
-            elif sid in unread:
-                skipped += 1
-            elif v:
-                fam, labels = table[sid]
-                append(CounterDelta(fam, labels, v))
-            else:
-                append(zero[sid])
+        if flagged:
+            for sid, v in zip(ids, vals):
+                if sid in flagged:
+                    fam, labels = table[sid]
+                    append(CounterDelta(fam, labels, v, sid in sat, sid in rst))
+                elif sid in read_ids:
+                    append(CounterDelta(*table[sid], v) if v else zero[sid])
+        else:
+            # the unread majority is filtered out in C (compress/map), never touched in Python
+            for sid, v in compress(zip(ids, vals), map(read_ids.__contains__, ids)):
+                append(CounterDelta(*table[sid], v) if v else zero[sid])
+        skipped = len(ids) - len(deltas)
         gauges = []
         for sid, v in zip(m.gauge_ids, m.gauge_values):
             fam, labels = look(sid, "gauge_ids")
@@ -240,7 +240,7 @@ class SeriesDecoder:
                 raise MalformedBatch("layouts.job: required, at most 128 characters")
             layouts.append(JobLayout(lay.job, tuple((p.key, p.value) for p in lay.layout)))
         if not m.self_contained and added:
-            self._table, self._zero, self._unread = table, zero, unread
+            self._table, self._zero, self._read_ids = table, zero, read_ids
         return NodeBatch(node=node, seq=m.seq, ts=m.ts, interval_seconds=m.interval_seconds,
                          deltas=tuple(deltas), gauges=tuple(gauges), ranks=tuple(ranks), layouts=tuple(layouts),
                          unread_deltas=skipped)
