@@ -84,12 +84,12 @@ class SeriesEncoder:
 
     def encode(self, b: NodeBatch, *, self_contained: bool = False) -> pb.Batch:
         out = pb.Batch(seq=b.seq, ts=b.ts, interval_seconds=b.interval_seconds, self_contained=self_contained)
-        ids = out.delta_ids
-        vals = out.delta_values
-        for d in b.deltas:
-            sid = self._id((d.family, d.labels), out)
-            ids.append(sid)
-            vals.append(d.delta)
+        # built as lists and handed to protobuf once: one C call per field, not one per delta
+        get = self._ids.get
+        ids = [get((d.family, d.labels)) or self._id((d.family, d.labels), out) for d in b.deltas]
+        out.delta_ids.extend(ids)
+        out.delta_values.extend([d.delta for d in b.deltas])
+        for sid, d in zip(ids, b.deltas):
             if d.saturated:
                 out.saturated_ids.append(sid)
             if d.reset:
