@@ -45,8 +45,9 @@ def _collect_parser(sub: argparse._SubParsersAction) -> None:
 def _check_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("check-config", help="validate a config file and exit")
     p.add_argument("file")
-    p.add_argument("--kind", choices=["agent", "aggregator", "topology", "scenario"], default=None,
+    p.add_argument("--kind", choices=["agent", "aggregator", "topology", "scenario", "shardmap"], default=None,
                    help="what the file is (default: guessed from its keys)")
+    p.add_argument("--topology", help="shardmap: the topology whose units must each be owned once")
 
 
 def _aggregator_parser(sub: argparse._SubParsersAction) -> None:
@@ -168,7 +169,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     data = load_yaml_file(args.file)
     kind = args.kind
     if kind is None:
-        if "faults" in data or "duration" in data:
+        if "replicas" in data:
+            kind = "shardmap"
+        elif "faults" in data or "duration" in data:
             kind = "scenario"
         elif "nodes" in data or "generate" in data:
             kind = "topology"
@@ -188,6 +191,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         from .topology import load_topology
 
         load_topology(args.file)
+    elif kind == "shardmap":
+        from .shardmap import check_ownership, load_shard_map
+
+        check_ownership(load_shard_map(args.file), args.file, getattr(args, "topology", None))
     else:
         from .sim.scenario import load_scenario
 
