@@ -13,15 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fabricmon.agent.exporter import AgentHTTPServer, RenderedSnapshot, exposition, make_registry
 from fabricmon.httpserve import RoutedHTTPServer
 from fabricmon.model import Sample, Snapshot, SourceStatus
-
-
-def wait_until(pred, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return bool(pred())
+from waiting import wait_until
 
 
 def snapshot(*jobs: str) -> Snapshot:
