@@ -125,3 +125,26 @@ def test_reader_thread_publishes_a_snapshot_and_stops(tmp_path):
         assert reader.snapshot().readings["eth0"].spec == "cmis"
     finally:
         reader.stop()
+
+
+def test_agent_source_serves_module_gauges_from_fixture_files(tmp_path):
+    from fabricmon.metrics import SPECS
+    from fabricmon.sources.inventory import Inventory, PortInfo
+    from fabricmon.sources.transceiver import TransceiverSource
+
+    (tmp_path / "eth0.module.bin").write_bytes(_load("qsfp28_sff8636.bin"))
+    (tmp_path / "eth1.module.bin").write_bytes(b"\x03" * 300)
+    ports = tuple(PortInfo(dev, "1", "", "Ethernet", nd, "0") for dev, nd in
+                  (("mlx5_0", "eth0"), ("mlx5_1", "eth1"), ("mlx5_2", "eth2")))
+    src = TransceiverSource(ethtool_dir=str(tmp_path), clock=lambda: 5.0)
+    res = src.poll(Inventory(str(tmp_path), (), ports))
+    got = {(r.family, r.labels): r.value for r in res.readings}
+    dp = (("device", "mlx5_0"), ("port", "1"))
+    assert got[("fabricmon_transceiver_temperature_celsius", dp)] == 46.5
+    assert got[("fabricmon_transceiver_rx_power_watts", dp + (("lane", "1"),))] == pytest.approx(95.3e-6)
+    assert got[("fabricmon_transceiver_flag", dp + (("lane", "2"), ("flag", "rx_los")))] == 1.0
+    assert got[("fabricmon_transceiver_flag", dp + (("lane", ""), ("flag", "temperature_high_warning")))] == 1.0
+    assert not any(lab[0][1] != "mlx5_0" for _, lab in got)
+    assert res.errors == 1 and res.messages[0].startswith("eth1: module:")  # a bad module costs only itself
+    for fam, labels in got:
+        assert tuple(k for k, _ in labels) == SPECS[fam].labels, fam

@@ -48,8 +48,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from ..model import Reading, SourceResult
+from .errorlog import ErrorLog
 from .ethtool import SIOCETHTOOL, EthtoolError, _ifreq
+from .inventory import Inventory
+
+if TYPE_CHECKING:
+    from ..config import AgentConfig
 
 ETHTOOL_GMODULEINFO = 0x00000042
 ETHTOOL_GMODULEEEPROM = 0x00000043
@@ -323,3 +330,118 @@ class ModuleReader:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+
+
+# --- the agent source ------------------------------------------------------------------------
+
+
+def module_readings(device: str, port: str, m: ModuleReading, age_s: float) -> list[Reading]:
+    """Gauges of one port's module (metrics.SPECS fabricmon_transceiver_*)."""
+    dp = (("device", device), ("port", port))
+    out: list[Reading] = []
+    if m.temperature_c is not None:
+        out.append(Reading("fabricmon_transceiver_temperature_celsius", dp, m.temperature_c))
+    if m.vcc_v is not None:
+        out.append(Reading("fabricmon_transceiver_supply_voltage_volts", dp, m.vcc_v))
+    out.append(Reading("fabricmon_transceiver_reading_age_seconds", dp, max(0.0, age_s)))
+    for flag in m.flags:
+        out.append(Reading("fabricmon_transceiver_flag", dp + (("lane", ""), ("flag", flag)), 1.0))
+    for ln in m.lanes:
+        lab = dp + (("lane", str(ln.lane)),)
+        for fam, v in (("fabricmon_transceiver_rx_power_watts", ln.rx_power_w),
+                       ("fabricmon_transceiver_tx_power_watts", ln.tx_power_w),
+                       ("fabricmon_transceiver_tx_bias_amperes", ln.tx_bias_a)):
+            if v is not None:
+                out.append(Reading(fam, lab, v))
+        for flag in ln.flags:
+            out.append(Reading("fabricmon_transceiver_flag", lab + (("flag", flag),), 1.0))
+    return out
+
+
+def _module_netdev(port, inventory: Inventory) -> str:
+    """The netdev whose module EEPROM is this port's: the port's own (RoCE), else the PCI function's
+    only netdev (IPoIB on an IB port).  A port with neither has no readable module here."""
+    if port.netdev:
+        return port.netdev
+    for d in inventory.devices:
+        if d.name == port.device and len(d.netdevs) == 1:
+            return d.netdevs[0]
+    return ""
+
+
+class TransceiverSource:
+    """Serves the last module snapshot to the 1 s poll; never reads a module itself.
+
+    Real hosts: a ``ModuleReader`` thread reads every port's module through the ioctl every
+    ``sources.transceiver.interval`` seconds.  Fixtures and simulation (``ethtool_dir`` set): the
+    ``<if>.module.bin`` files are read on the poll (a small file read; the simulator rewrites
+    them at the module cadence), so simulated runs stay deterministic.
+    """
+
+    name = "transceiver"
+    self_bounded = True  # poll only copies a snapshot
+
+    def __init__(self, cfg: AgentConfig | None = None, *, ethtool_dir: str | None = None,
+                 ioctl: ModuleEepromIoctl | None = None, clock: Callable[[], float] = time.time) -> None:
+        conf = cfg.sources.transceiver if cfg is not None else None
+        self.interval = conf.interval if conf is not None else 60.0
+        self.timeout = 1.0
+        self.ethtool_dir = ethtool_dir if ethtool_dir is not None else (cfg.ethtool_dir if cfg is not None else None)
+        self._clock = clock
+        self._ports: list[tuple[str, str, str]] = []  # (device, port, netdev) of the last inventory
+        self._lock = threading.Lock()
+        self._ioctl = ioctl
+        self._reader: ModuleReader | None = None
+        self._errlog = ErrorLog(self.name)
+
+    def _netdevs(self) -> list[str]:
+        with self._lock:
+            return list(dict.fromkeys(n for _, _, n in self._ports if n))
+
+    def _read_ioctl(self, ifname: str) -> bytes | None:
+        if self._ioctl is None:
+            self._ioctl = ModuleEepromIoctl()
+        try:
+            return self._ioctl.read(ifname)
+        except EthtoolError as exc:
+            if exc.errno in (errno.EOPNOTSUPP, errno.ENODATA):
+                return None  # no pluggable module (a backplane port, a driver without module access)
+            raise
+
+    def poll(self, inventory: Inventory) -> SourceResult:
+        result = SourceResult(self.name)
+        ports = [(p.device, p.port, _module_netdev(p, inventory)) for p in inventory.ports]
+        with self._lock:
+            self._ports = ports
+        if self.ethtool_dir is not None:
+            snap = ModuleSnapshot(taken_at=self._clock())
+            for ifname in self._netdevs():
+                try:
+                    raw = read_module_file(self.ethtool_dir, ifname)
+                    if raw is not None:
+                        snap.readings[ifname] = parse_module(raw)
+                except (OSError, ModuleFormatError) as exc:
+                    snap.errors[ifname] = str(exc)
+            age = 0.0
+        else:
+            if self._reader is None:
+                self._reader = ModuleReader(self._netdevs, self._read_ioctl, self.interval, self._clock)
+                self._reader.start()
+            snap = self._reader.snapshot()
+            age = self._clock() - snap.taken_at
+        for ifname, msg in snap.errors.items():
+            result.error(f"{ifname}: module: {msg}")
+        self._errlog.report(result.messages)
+        for device, port, ifname in ports:
+            m = snap.readings.get(ifname)
+            if m is not None:
+                result.readings.extend(module_readings(device, port, m, age))
+        return result
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.stop()
+            self._reader = None
+        if self._ioctl is not None:
+            self._ioctl.close()
+            self._ioctl = None
