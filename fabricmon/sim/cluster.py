@@ -192,9 +192,9 @@ class ClusterState:
         self.bias_ma = self.bias_ma0.copy()
         self.temp_c = self.temp_c0.copy()
         self.lane_ber_log = np.repeat(self.ber_log[:, :, None], OPTIC_LANES, axis=2)
-        self.module_taken_at = -math.inf
         self.bad_lane = {id(f): self.frng.randrange(OPTIC_LANES) for f in self.scenario.faults
                          if f.kind == "cable_degrading"}
+        self._read_modules(0.0, self.rx_dbm0, self.temp_c0)
 
     def _optics(self, dt: float, t: float) -> None:
         """dt seconds of FEC-corrected bits (rx_corrected_bits_phy and per lane rx_err_lane_N_phy on
@@ -228,14 +228,18 @@ class ClusterState:
             self.C[K[f"eth:rx_err_lane_{lane}_phy"]] += lane_cnt[:, :, lane]
         self.C[K["eth:rx_corrected_bits_phy"]] += lane_cnt.sum(axis=2)
         if t - self.module_taken_at >= MODULE_INTERVAL_S:
-            self.module_taken_at = t
-            shape = self.rx_dbm0.shape
-            self.rx_dbm = rx + o.normal(0, 0.03, size=shape)
-            self.tx_dbm = self.tx_dbm0 + o.normal(0, 0.03, size=shape)
-            self.bias_ma = self.bias_ma0 + o.normal(0, 0.02, size=shape)
-            self.temp_c = temp + o.normal(0, 0.2, size=self.temp_c0.shape)
-            # a dark lane (link down at the far end or no light) reads 0 W
-            self.rx_dbm = np.where(self.up[:, :, None], self.rx_dbm, -40.0)
+            self._read_modules(t, rx, temp)
+
+    def _read_modules(self, t: float, rx: np.ndarray, temp: np.ndarray) -> None:
+        o = self.orng
+        self.module_taken_at = t
+        shape = self.rx_dbm0.shape
+        self.rx_dbm = rx + o.normal(0, 0.03, size=shape)
+        self.tx_dbm = self.tx_dbm0 + o.normal(0, 0.03, size=shape)
+        self.bias_ma = self.bias_ma0 + o.normal(0, 0.02, size=shape)
+        self.temp_c = temp + o.normal(0, 0.2, size=self.temp_c0.shape)
+        # a dark lane (link down: no light from the far end) reads about nothing
+        self.rx_dbm = np.where(self.up[:, :, None], self.rx_dbm, -40.0)
 
     def module_image(self, node: int, dev: int) -> bytes:
         """The module EEPROM (SFF-8636 lower + upper page 00h, QSFP28-style 4 lanes) of one port."""

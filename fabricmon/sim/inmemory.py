@@ -66,13 +66,13 @@ class _Gauge:
 class Catalog:
     """Every series one simulated node's agent exports (identical for all nodes of a layout)."""
 
-    def __init__(self, cluster: ClusterState, optics: bool = False) -> None:
+    def __init__(self, cluster: ClusterState, optics: bool = True) -> None:
         self.cluster = cluster
         self.counters: list[_Counter] = []
         self.gauges: list[_Gauge] = []
         for d in cluster.devs:
             self._ib_port(d)
-        if optics:  # the agent's transceiver source (sources.transceiver.enabled)
+        if optics:  # the agent's transceiver source (sources.transceiver.enabled, as sim.agents runs it)
             for d in cluster.devs:
                 if d.rail is not None:
                     self._transceiver(d)
@@ -146,7 +146,8 @@ class Catalog:
         dp: Labels = (("device", d.name), ("port", "1"))
         G = self.gauges
         G.append(_Gauge("fabricmon_transceiver_temperature_celsius", dp, ("optic", "temp", d.index, 0)))
-        G.append(_Gauge("fabricmon_transceiver_supply_voltage_volts", dp, ("const", 3.3)))
+        G.append(_Gauge("fabricmon_transceiver_supply_voltage_volts", dp, ("const", 33000 * 1e-4)))
+        G.append(_Gauge("fabricmon_transceiver_reading_age_seconds", dp, ("const", 0.0)))
         for lane in range(OPTIC_LANES):
             lab = dp + (("lane", str(lane)),)
             for fam, kind in (("fabricmon_transceiver_rx_power_watts", "rx"),
@@ -208,7 +209,7 @@ class Catalog:
 class BatchBuilder:
     """Turns successive ClusterState read-outs into one NodeBatch per node (vectorized)."""
 
-    def __init__(self, cluster: ClusterState, interval_seconds: float = 1.0, *, optics: bool = False) -> None:
+    def __init__(self, cluster: ClusterState, interval_seconds: float = 1.0, *, optics: bool = True) -> None:
         self.cluster = cluster
         self.interval_seconds = interval_seconds
         self.catalog = cat = Catalog(cluster, optics)
