@@ -1,10 +1,15 @@
 """Detection quality on randomized scenarios: precision, recall and time to detect, per fault kind.
 
-    .venv/bin/python benchmarks/bench_detection.py [--scenarios 60] [--nodes 32] [--duration 240]
-        [--am-subset 10] [--out results.md] [--json results.json]
+    .venv/bin/python benchmarks/bench_detection.py [--scenarios 60] [--overlap 30] [--nodes 32]
+        [--duration 240] [--am-subset 10] [--out results.md] [--json results.json]
 
 Each scenario comes from ``fabricmon.sim.scenario.random_scenario(seed)`` (fixed seeds
-``--seed0 .. --seed0 + scenarios - 1``).  The simulator runs in memory mode (the NodeBatches
+``--seed0 .. --seed0 + scenarios - 1``), followed by ``--overlap`` scenarios of overlapping
+faults (``overlap_scenario(seed)``, seeds after those): a fault on a link under a leaf that
+degrades later (the link fault ending while the leaf is degraded, or outliving it), or a slow GPU
+on a node whose NIC is bad (on the GPU's own rail or another).  Overlapping faults are where
+incident ownership goes wrong (a link alert folded into its leaf and never resolved, a compute
+straggler blamed on the bad NIC beside it): both faults must be found.  The simulator runs in memory mode (the NodeBatches
 the agents would stream), a fresh ``Engine`` ingests them and is ticked every interval at the
 newest sample time, and ``fabricmon.demo.scoring.score`` scores the incidents against the
 ground truth.  Precision and recall are micro-averaged over all scenarios (incidents and
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import tempfile
@@ -36,7 +42,12 @@ from fabricmon.aggregator.runtime import AggregatorRuntime  # noqa: E402
 from fabricmon.demo.local_alertmanager import WebhookReceiver  # noqa: E402
 from fabricmon.demo.scoring import score  # noqa: E402
 from fabricmon.sim.runner import SimulatedCluster  # noqa: E402
-from fabricmon.sim.scenario import random_scenario  # noqa: E402
+from fabricmon.sim.hw import NGPU, NRAILS  # noqa: E402
+from fabricmon.sim.scenario import ClusterSpec, Scenario, random_scenario  # noqa: E402
+from fabricmon.topology import node_name  # noqa: E402
+
+LINK_UNDER_LEAF = ("flaky_cable", "link_down", "link_flap", "link_degraded", "rdma_retransmits")
+BAD_NIC = ("flaky_cable", "rdma_retransmits", "link_degraded")
 
 
 def pct(xs: list[float], q: float) -> float | None:
@@ -98,8 +109,42 @@ class AmRig:
         self._dir.cleanup()
 
 
-def run_one(seed: int, args, rig: AmRig | None) -> dict:
-    scn = random_scenario(seed, nodes=args.nodes, duration=args.duration, nodes_per_unit=args.nodes_per_unit)
+def overlap_scenario(seed: int, nodes: int, duration: float, nodes_per_unit: int) -> Scenario:
+    """Two overlapping faults on one path: a link fault then its leaf degrading, or a slow GPU on a
+    node with a bad NIC (half the time the NIC of the GPU's own rail)."""
+    rng = random.Random(seed)
+    layout = rng.choice(("ib", "roce"))
+    scn = Scenario(ClusterSpec(nodes=nodes, layout=layout, nodes_per_unit=nodes_per_unit, seed=seed),
+                   float(duration))
+    idx = rng.randrange(nodes)
+    node, unit = node_name(idx, nodes), idx // nodes_per_unit
+    r = lambda lo, hi: float(round(rng.uniform(lo, hi) * duration))  # noqa: E731
+    if rng.random() < 0.5:
+        rail = rng.randrange(NRAILS)
+        link_start = r(0.08, 0.2)
+        leaf_start = link_start + r(0.12, 0.2)
+        leaf_end = leaf_start + r(0.2, 0.3)
+        # the link fault ends while its leaf is degraded, or outlives the leaf
+        link_end = leaf_start + r(0.08, 0.15) if rng.random() < 0.5 else leaf_end + r(0.08, 0.15)
+        kind = rng.choice(LINK_UNDER_LEAF)
+        return (scn.with_fault(kind, node=node, rail=rail, start=link_start, end=min(link_end, duration))
+                .with_fault("leaf_degraded", unit=unit, rail=rail, start=leaf_start, end=min(leaf_end, duration)))
+    gpu = rng.randrange(NGPU)
+    rail = gpu if rng.random() < 0.5 else rng.choice([x for x in range(NRAILS) if x != gpu])
+    nic_start, gpu_start = r(0.1, 0.3), r(0.1, 0.3)
+    return (scn.with_fault(rng.choice(BAD_NIC), node=node, rail=rail, start=nic_start,
+                           end=min(nic_start + r(0.3, 0.5), duration))
+            .with_fault("slow_gpu", node=node, gpu=gpu, start=gpu_start, end=min(gpu_start + r(0.3, 0.5), duration)))
+
+
+def make_scenario(i: int, args) -> Scenario:
+    seed = args.seed0 + i
+    if i < args.scenarios:
+        return random_scenario(seed, nodes=args.nodes, duration=args.duration, nodes_per_unit=args.nodes_per_unit)
+    return overlap_scenario(seed, args.nodes, args.duration, args.nodes_per_unit)
+
+
+def run_one(seed: int, scn: Scenario, args, rig: AmRig | None) -> dict:
     # sample time behind the wall clock (agents' clocks in the past, never in Alertmanager's future)
     epoch = float(int(time.time() - args.duration - 120)) if rig else 1764000000.0
     sim = SimulatedCluster(scn, mode="memory", interval=args.interval, epoch=epoch)
@@ -148,12 +193,13 @@ def run_one(seed: int, args, rig: AmRig | None) -> dict:
     if rt.tick_errors_total:
         raise RuntimeError(f"scenario seed {seed}: {rt.tick_errors_total} detection ticks raised")
     return {"seed": seed, "scenario": scn, "ground": ground, "incidents": incidents, "score": sc,
-            "am_latency": am_lat, "wall": wall}
+            "am_latency": am_lat, "wall": wall, "overlap": False}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenarios", type=int, default=60)
+    ap.add_argument("--overlap", type=int, default=30, help="extra scenarios of two overlapping faults")
     ap.add_argument("--seed0", type=int, default=1000)
     ap.add_argument("--nodes", type=int, default=32)
     ap.add_argument("--nodes-per-unit", type=int, default=8)
@@ -163,8 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="write the markdown table here")
     ap.add_argument("--json", help="write the raw numbers here")
     args = ap.parse_args(argv)
-    if args.scenarios < 1:
-        ap.error("--scenarios must be >= 1")
+    if args.scenarios < 0 or args.overlap < 0 or args.scenarios + args.overlap < 1:
+        ap.error("--scenarios and --overlap must be >= 0, together >= 1")
 
     rig = None
     am_note = ""
@@ -178,17 +224,17 @@ def main(argv: list[str] | None = None) -> int:
     am_done = 0
     t_all = time.perf_counter()
     try:
-        for i in range(args.scenarios):
+        for i in range(args.scenarios + args.overlap):
             seed = args.seed0 + i
-            probe = random_scenario(seed, nodes=args.nodes, duration=args.duration,
-                                    nodes_per_unit=args.nodes_per_unit)
+            scn = make_scenario(i, args)
             use_am = rig is not None and am_done < args.am_subset and any(
-                g.component for g in probe.ground_truth())
-            r = run_one(seed, args, rig if use_am else None)
+                g.component for g in scn.ground_truth())
+            r = run_one(seed, scn, args, rig if use_am else None)
+            r["overlap"] = i >= args.scenarios
             am_done += use_am
             results.append(r)
             sc = r["score"]
-            print(f"seed {seed}: {len(r['ground'])} fault(s) {[g['kind'] for g in r['ground']]} -> "
+            print(f"seed {seed}{' (overlap)' if r['overlap'] else ''}: {len(r['ground'])} fault(s) {[g['kind'] for g in r['ground']]} -> "
                   f"{len(r['incidents'])} incident(s), P {sc['precision']:.2f} R {sc['recall']:.2f}, "
                   f"{r['wall']:.1f} s", flush=True)
     finally:
@@ -203,6 +249,11 @@ def main(argv: list[str] | None = None) -> int:
     n_det = sum(r["score"]["faults_detected"] for r in results)
     precision = tp / n_inc if n_inc else 1.0
     recall = n_det / n_faults if n_faults else 1.0
+    ov = [r for r in results if r["overlap"]]
+    ov_tp = sum(r["score"]["true_positives"] for r in ov)
+    ov_inc = sum(len(r["incidents"]) for r in ov)
+    ov_faults = sum(r["score"]["faults"] for r in ov)
+    ov_det = sum(r["score"]["faults_detected"] for r in ov)
     per_kind: dict[str, dict] = defaultdict(lambda: {"faults": 0, "detected": 0, "delays": [], "am": [],
                                                      "alertname_ok": 0, "fp": 0})
     delays: list[float] = []
@@ -247,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"# fabricmon detection benchmark",
         "",
-        f"{len(results)} random scenarios (seeds {args.seed0}..{args.seed0 + len(results) - 1}), "
+        f"{len(results)} scenarios (seeds {args.seed0}..{args.seed0 + len(results) - 1}: {args.scenarios} random, "
+        f"{len(ov)} of two overlapping faults), "
         f"{args.nodes} nodes ({args.nodes_per_unit} per unit), {args.duration:.0f} s simulated each at a "
         f"{args.interval:g} s agent interval, in-memory simulator, fresh Engine per scenario ticked every interval; "
         f"{total_wall:.0f} s wall in all.",
@@ -256,6 +308,10 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|---|",
         f"| precision (localized incidents) | {precision:.3f} ({tp}/{n_inc}) | >= 0.95 |",
         f"| recall (faults localized) | {recall:.3f} ({n_det}/{n_faults}) | >= 0.95 |",
+        f"| precision, overlapping-fault scenarios | "
+        f"{(ov_tp / ov_inc if ov_inc else 1.0):.3f} ({ov_tp}/{ov_inc}) | >= 0.95 |",
+        f"| recall, overlapping-fault scenarios | "
+        f"{(ov_det / ov_faults if ov_faults else 1.0):.3f} ({ov_det}/{ov_faults}) | >= 0.95 |",
         f"| injection -> incident open, median (sample s) | {fmt(pct(delays, 0.5))} | |",
         f"| injection -> incident open, p90 (sample s) | {fmt(pct(delays, 0.9))} | |",
         f"| submit -> webhook (wall s), median, {len(am_only)} alerts in {am_done} scenarios | "

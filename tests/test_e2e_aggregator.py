@@ -185,7 +185,7 @@ class Pipeline:
     def _on_changed(self, changed, now) -> None:
         t = time.time()
         for inc in changed:
-            if inc.open and not inc.folded_into:
+            if inc.open:
                 self.submitted.setdefault(inc.id, t)
 
     def kill_aggregator(self) -> None:
@@ -335,14 +335,10 @@ def test_degraded_leaf_is_one_alert_not_one_per_port(deploy_rig):
     scn = Scenario(_cluster(8, 4), 30.0).with_fault("leaf_degraded", unit=1, rail=2, start=8, end=25)
     eng, epoch, _ = _drive_memory(scn, rig)
     leaf = "leaf-u1-r2"
-    # The per-port evidence is folded into the leaf, and the ranks it slows ride on the leaf's
+    # The per-port findings are the leaf's evidence (they open no incident of their own), and the ranks it slows ride on the leaf's
     # own alert (no separate SlowRanksSharedComponent): one fault, one alert.
     got_inc = sorted((i.alertname, i.component_type, i.component) for i in eng.incidents())
-    assert ("FabricLeafDegraded", "leaf", leaf) in got_inc, \
-        [(i.alertname, i.component, i.folded_into) for i in eng.manager.all_incidents(include_folded=True)]
     assert got_inc == [("FabricLeafDegraded", "leaf", leaf)], got_inc
-    folded = [i for i in eng.manager.all_incidents(include_folded=True) if i.folded_into]
-    assert all(i.folded_into == leaf for i in folded)
     leaf_inc = eng.manager.get_open("FabricLeafDegraded", leaf) or next(
         i for i in eng.incidents() if i.alertname == "FabricLeafDegraded")
     assert leaf_inc.first_seen - (epoch + 8) <= 5.0
@@ -386,7 +382,7 @@ def test_quiet_30_minutes_raise_nothing(rig):
     scn = Scenario(_cluster(16, 8), 1800.0)
     eng, _, _ = _drive_memory(scn, rig)
     assert eng.ticks_total == 1800
-    assert eng.manager.all_incidents(include_folded=True) == []
+    assert eng.manager.all_incidents() == []
     time.sleep(1.2)  # one group_interval
     assert rig.hook() == [] and rig.active() == []
 
@@ -408,7 +404,7 @@ def test_counter_reset_from_driver_reload_raises_nothing(rig, pipelines):
     p.run_to(scn.duration)
     assert seen_reset and 10 <= seen_reset[0] <= 12, seen_reset  # the agent saw the counters go back
     assert p.engine.ticks_total >= 29
-    assert p.engine.manager.all_incidents(include_folded=True) == []
+    assert p.engine.manager.all_incidents() == []
     assert p.sender.flush(3.0)
     time.sleep(1.2)  # one group_interval
     assert rig.hook() == [] and rig.active() == []

@@ -97,6 +97,7 @@ class Cluster:
             self.engine.hello(f.hello())
         self.first = True
         self.ranks_fn = None
+        self.reported: list[tuple[float, str, str, bool]] = []  # what tick() reported: (t, alert, comp, open)
 
     def step(self, inject=None) -> None:
         """Advance one second of sample time: every node sends a batch, then the engine ticks."""
@@ -107,7 +108,8 @@ class Cluster:
             ranks = self.ranks_fn(self, name) if self.ranks_fn else ()
             self.engine.ingest(f.batch(self.t, first=self.first, ranks=ranks))
         self.first = False
-        self.engine.tick(self.t)
+        for inc in self.engine.tick(self.t):
+            self.reported.append((self.t, inc.alertname, inc.component, inc.open))
 
     def run(self, seconds: int, inject=None) -> None:
         for _ in range(seconds):
@@ -184,6 +186,91 @@ def test_leaf_fold_with_staggered_onset():
     c.run(20, inject)
     names = [(i.alertname, i.component) for i in c.engine.incidents()]
     assert names == [("FabricLeafDegraded", "leaf-u1-r2")], names
+
+
+def _transitions(c: Cluster) -> dict[tuple[str, str], list[str]]:
+    """Per alert, the open/resolved transitions tick() reported (updates of an open alert dropped)."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for _, a, comp, is_open in c.reported:
+        seq = out.setdefault((a, comp), [])
+        state = "firing" if is_open else "resolved"
+        if not seq or seq[-1] != state:
+            seq.append(state)
+    return out
+
+
+def test_cable_failing_before_its_leaf_degrades_keeps_its_own_alert_and_resolves():
+    """The overlap defect: a flaky cable (from t=10) under a leaf that degrades later (t=40..70) was
+    folded into the leaf and its resolve never left tick(): Alertmanager kept it firing."""
+    c = Cluster(nodes=16, nodes_per_unit=8)
+    c.run(10)
+    unit0 = [n for n in c.topo.nodes if c.topo.unit_of(n) == 0]
+    cable = flaky("node-003", "mlx5_2")
+    t0 = c.t
+
+    def inject(cl):
+        t = cl.t - t0
+        if t < 50:
+            cable(cl)
+        if 30 <= t < 60:
+            for n in unit0:
+                if n != "node-003":
+                    flaky(n, "mlx5_2")(cl)
+
+    c.run(60, inject)
+    c.run(40)
+    got = _transitions(c)
+    assert got == {("FabricLinkErrors", "node-003/mlx5_2/1"): ["firing", "resolved"],
+                   ("FabricLeafDegraded", "leaf-u0-r2"): ["firing", "resolved"]}, got
+    cable_inc = c.incidents(alertname="FabricLinkErrors")[0]
+    leaf_inc = c.incidents(alertname="FabricLeafDegraded")[0]
+    assert cable_inc.first_seen - t0 <= 5 and 30 <= leaf_inc.first_seen - t0 <= 35
+    # each resolved only once its own evidence stopped (the cable at t=50, the leaf's links at t=60)
+    assert 50 < cable_inc.resolved_at - t0 <= 50 + 20 and 60 < leaf_inc.resolved_at - t0 <= 60 + 20
+    assert c.engine.open_incidents() == []
+    assert {i.component for i in c.engine.incidents()} == {"node-003/mlx5_2/1", "leaf-u0-r2"}
+
+
+def test_link_outliving_its_leaf_gets_its_own_alert_after_the_leaf_resolves():
+    c = Cluster(nodes=16, nodes_per_unit=8)
+    c.run(10)
+    unit1 = [n for n in c.topo.nodes if c.topo.unit_of(n) == 1]
+    t0 = c.t
+
+    def inject(cl):
+        t = cl.t - t0
+        for n in unit1:
+            if t < 30 or (n == "node-009" and t < 80):
+                flaky(n, "mlx5_5")(cl)
+
+    c.run(80, inject)
+    c.run(40)
+    got = _transitions(c)
+    assert got == {("FabricLeafDegraded", "leaf-u1-r5"): ["firing", "resolved"],
+                   ("FabricLinkErrors", "node-009/mlx5_5/1"): ["firing", "resolved"]}, got
+    leaf_inc = c.incidents(alertname="FabricLeafDegraded")[0]
+    link_inc = c.incidents(alertname="FabricLinkErrors")[0]
+    # while the leaf fired the link was its evidence; it outlived the leaf, so it is its own fault
+    assert link_inc.first_seen >= leaf_inc.resolved_at
+    assert "node-009/mlx5_5/1" in leaf_inc.absorbed
+    assert 80 < link_inc.resolved_at - t0 <= 80 + 20
+
+
+def test_leaf_links_failing_again_during_the_leaf_hold_stay_its_evidence():
+    """A degraded leaf's links pause, then two fail again while the leaf's alert holds: still the leaf."""
+    c = Cluster(nodes=16, nodes_per_unit=8)
+    c.run(10)
+    unit1 = [n for n in c.topo.nodes if c.topo.unit_of(n) == 1]
+    t0 = c.t
+
+    def inject(cl):
+        t = cl.t - t0
+        for n in unit1 if t < 20 else unit1[:2] if 24 <= t < 30 else ():
+            flaky(n, "mlx5_5")(cl)
+
+    c.run(40, inject)
+    c.run(40)
+    assert _transitions(c) == {("FabricLeafDegraded", "leaf-u1-r5"): ["firing", "resolved"]}, _transitions(c)
 
 
 def test_counter_reset_and_quiet_30_minutes_raise_nothing():
@@ -343,8 +430,9 @@ def test_agent_down_when_a_node_goes_silent():
 
 # ------------------------------------------------------------------ stragglers through the engine
 
-def synced_ranks(slow_extra, step_time=2.0, comm=0.5, noise=0.01, seed=3):
-    """Synchronous job: each rank's step = max compute + comm; comm = wait for the slowest + transfer."""
+def synced_ranks(slow_extra, step_time=2.0, comm=0.5, noise=0.01, seed=3, slow_transfer=None):
+    """Synchronous job: each rank's step = max compute + comm; comm = wait for the slowest + transfer.
+    ``slow_extra`` slows a GPU's compute, ``slow_transfer`` a rank's transfers (a bad link or NIC)."""
     rng = random.Random(seed)
     cache: dict = {}
 
@@ -362,7 +450,7 @@ def synced_ranks(slow_extra, step_time=2.0, comm=0.5, noise=0.01, seed=3):
         idx = list(c.topo.nodes).index(node)
         out = []
         for g in range(8):
-            transfer = comm + rng.gauss(0, noise / 2)
+            transfer = comm + rng.gauss(0, noise / 2) + (slow_transfer(step, node, g) if slow_transfer else 0.0)
             wait = slowest - comps[(node, g)]
             total = comps[(node, g)] + wait + transfer
             out.append(RankTiming("llm", idx * 8 + g, g, step, total, wait + transfer, c.t, node=node))
@@ -387,12 +475,24 @@ def test_slow_gpu_with_clean_fabric_is_a_gpu_straggler_without_fabric_blame():
 def test_slow_rank_on_flaky_link_rides_on_the_link_alert_not_gpu():
     """One fault, one alert: the slow ranks are attached to the link's own incident."""
     c = Cluster(nodes=8, nodes_per_unit=4)
-    c.ranks_fn = synced_ranks(lambda step, n, g: 0.3 if (n, g) == ("node-005", 4) else 0.0)
+    c.ranks_fn = synced_ranks(lambda step, n, g: 0.0,
+                              slow_transfer=lambda step, n, g: 0.3 if (n, g) == ("node-005", 4) else 0.0)
     c.run(30, flaky("node-005", "mlx5_4"))
     got = {(i.alertname, i.component) for i in c.engine.incidents()}
     assert got == {("FabricLinkErrors", "node-005/mlx5_4/1")}, got
     link = c.incidents(alertname="FabricLinkErrors")[0]
     assert link.jobs == ["llm"] and 5 * 8 + 4 in link.ranks
+
+
+def test_slow_gpu_on_a_node_with_a_bad_nic_on_its_rail_is_two_alerts():
+    """Late compute is not what a flaky link does: the GPU straggler is its own fault beside the link's."""
+    c = Cluster(nodes=8, nodes_per_unit=4)
+    c.ranks_fn = synced_ranks(lambda step, n, g: 0.3 if (n, g) == ("node-005", 4) else 0.0)
+    c.run(30, flaky("node-005", "mlx5_4"))
+    got = {(i.alertname, i.component) for i in c.engine.incidents()}
+    assert got == {("FabricLinkErrors", "node-005/mlx5_4/1"), ("StragglerRank", "node-005/gpu4")}, got
+    gpu = c.incidents(alertname="StragglerRank")[0]
+    assert "compute" in gpu.description and "node-005/mlx5_4/1" in gpu.description, gpu.description
 
 
 def test_random_rank_late_each_step_raises_nothing():

@@ -105,16 +105,11 @@ class AlertmanagerClient:
                     self._active[inc.id] = snap
                     kind = "open"
                 else:
-                    was_active = self._active.pop(inc.id, None) is not None
-                    if inc.folded_into and not was_active and not self._queued(inc.id):
-                        continue  # folded before anyone heard of it
+                    self._active.pop(inc.id, None)
                     kind = "resolve"
                 for u in self.urls:
                     self._enqueue(u, kind, inc.id, snap)
         self._wake.set()
-
-    def _queued(self, iid: str) -> bool:
-        return any(e[1] == iid for u in self.urls for e in u.queue)
 
     def _snapshot(self, inc: Incident) -> dict:
         labels = {"alertname": inc.alertname, "severity": inc.severity, "component_type": inc.component_type,

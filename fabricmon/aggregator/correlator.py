@@ -19,7 +19,9 @@ flaky link, a degraded leaf) the hurt jobs and ranks are attached to it (one
 fault, one alert); otherwise it becomes ``SlowRanksSharedComponent``.  A group with clean
 counters on every network component of its path becomes ``StragglerRank``
 on the GPU (or node / leaf) with "no fabric evidence found" in the description:
-a compute straggler, not a fabric fault.  A whole pipeline stage late becomes
+a compute straggler, not a fabric fault.  Compute-late ranks are never blamed
+on fabric evidence (a bad link slows communication, not compute): a slow GPU on
+a node with a bad NIC is two faults.  A whole pipeline stage late becomes
 ``StageImbalance`` (info), never a fabric alert.
 """
 
@@ -78,6 +80,25 @@ def component_type_of(component: str) -> str:
     return "gpu" if parts[1].startswith("gpu") else "nic"
 
 
+@dataclass
+class Evidence:
+    """Fused counter evidence of one tick: log-likelihood ratios per component, and why."""
+
+    llr: dict[str, float]  # fabric and GPU-throttle evidence
+    fabric: dict[str, float]  # fabric evidence only: what SlowRanksSharedComponent may blame
+    why: dict[str, list[str]]
+
+
+@dataclass
+class Shared:
+    """Slow ranks of one or more jobs localized to one component with at least medium evidence."""
+
+    ranks: set[int]
+    jobs: set[str]
+    why: list[str]
+    v: float
+
+
 def correlate(
     topo: Topology,
     settings: DetectionSettings,
@@ -86,59 +107,79 @@ def correlate(
     throttled: dict[str, set[str]],
     fresh_nodes: set[str],
     cluster: str,
-    open_incidents: list | None = None,
+    open_keys: frozenset[tuple[str, str, str]] = frozenset(),
 ) -> CorrelationResult:
-    """``throttled``: gpu id -> active slow-down reasons; ``fresh_nodes``: nodes with recent counters."""
-    s = settings
+    """``throttled``: gpu id -> active slow-down reasons; ``fresh_nodes``: nodes with recent counters;
+    ``open_keys``: (alertname, component_type, component) of the open incidents (read-only)."""
+    ev = fuse_evidence(findings, open_keys, throttled)
+    attach_hurt_ranks(topo, findings, report)
+    out, shared = localize_stragglers(topo, settings, report, throttled, ev, fresh_nodes, cluster)
+    ride_on_own_alerts(shared, findings, open_keys)
+    out.extend(shared_component_findings(topo, settings, shared, cluster))
+    out.extend(stage_findings(settings, report, cluster))
+    return CorrelationResult(out, suspicion_of(settings, ev, shared))
+
+
+def fuse_evidence(findings: list[Finding], open_keys: frozenset[tuple[str, str, str]],
+                  throttled: dict[str, set[str]]) -> Evidence:
+    """Sum the LLR of this tick's evidence, and of open incidents still in their hold time (evidence
+    fades with them); link evidence also counts for its NIC, NVLink evidence for its GPU."""
     llr: dict[str, float] = defaultdict(float)
     why: dict[str, list[str]] = defaultdict(list)
-    # evidence of this tick, and of open incidents still in their hold time (evidence fades with them)
     seen: set[tuple[str, str]] = set()
     items = [(f.alertname, f.component_type, f.component) for f in findings if f.fire or f.keep]
-    items += [(i.alertname, i.component_type, i.component) for i in (open_incidents or ())]
+    items += sorted(open_keys)
     for alertname, ctype, component in items:
         v = ALERT_LLR.get(alertname)
         if v is None or (alertname, component) in seen:
             continue
         seen.add((alertname, component))
-        f = Finding(alertname, ctype, component, {}, [])
-        comps = [f.component]
-        if f.component_type == "link":
-            node, dev, _ = f.component.split("/", 2)
+        comps = [component]
+        if ctype == "link":
+            node, dev, _ = component.split("/", 2)
             comps.append(nic_id(node, dev))
-        elif f.component_type == "nvlink":
-            comps.append(f.component.rsplit("/", 1)[0])
+        elif ctype == "nvlink":
+            comps.append(component.rsplit("/", 1)[0])
         for c in comps:
             llr[c] += v
-            why[c].append(f.alertname)
-    fabric = dict(llr)  # fabric evidence only: what SlowRanksSharedComponent may blame
+            why[c].append(alertname)
+    fabric = dict(llr)
     for gid, reasons in throttled.items():
         if reasons:
             llr[gid] += THROTTLE_LLR
             why[gid].append("GPU throttle " + "+".join(sorted(reasons)))
+    return Evidence(llr, fabric, why)
 
-    out: list[Finding] = []
-    # --- hurt ranks: attach flagged ranks to findings on their path ---
+
+def attach_hurt_ranks(topo: Topology, findings: list[Finding], report: StragglerReport) -> None:
+    """Flagged (slowish) ranks ride on the evidence findings on their path."""
     by_comp: dict[str, set[tuple[str, int]]] = defaultdict(set)
     for (job, rank), (node, gpu) in report.slowish.items():
         if node not in topo.nodes:
             continue
         for c in _path(topo, node, gpu):
             by_comp[c].add((job, rank))
-    if by_comp:
-        for f in findings:
-            if f.alertname not in EVIDENCE_ALERTS:
-                continue
-            comp = f.component
-            if f.component_type == "nvlink":
-                comp = comp.rsplit("/", 1)[0]
-            hurt = by_comp.get(comp)
-            if hurt:
-                f.ranks = tuple(sorted({r for _, r in hurt} | set(f.ranks)))
-                f.jobs = tuple(sorted({j for j, _ in hurt} | set(f.jobs)))
+    if not by_comp:
+        return
+    for f in findings:
+        if f.alertname not in EVIDENCE_ALERTS:
+            continue
+        comp = f.component
+        if f.component_type == "nvlink":
+            comp = comp.rsplit("/", 1)[0]
+        hurt = by_comp.get(comp)
+        if hurt:
+            f.ranks = tuple(sorted({r for _, r in hurt} | set(f.ranks)))
+            f.jobs = tuple(sorted({j for j, _ in hurt} | set(f.jobs)))
 
-    # --- localize persistent stragglers per job ---
-    shared: dict[str, dict] = {}
+
+def localize_stragglers(topo: Topology, s: DetectionSettings, report: StragglerReport,
+                        throttled: dict[str, set[str]], ev: Evidence, fresh_nodes: set[str],
+                        cluster: str) -> tuple[list[Finding], dict[str, Shared]]:
+    """Per job, group the persistent stragglers over the topology and blame each group: a component
+    with medium evidence (``Shared``), else a compute straggler or a load imbalance (findings)."""
+    out: list[Finding] = []
+    shared: dict[str, Shared] = {}
     by_job: dict[str, list] = defaultdict(list)
     for st in report.stragglers:
         by_job[st.job].append(st)
@@ -150,91 +191,125 @@ def correlate(
         groups = _group(topo, lst)
         node_groups = [g for g in groups if g[0] == "node"]
         if len(node_groups) >= 2 and not any(
-                llr.get(c, 0.0) > 0 for g in node_groups for c in _candidates(topo, *g)):
-            # several whole hosts late together with clean counters: load imbalance, not hardware
-            ranks = tuple(sorted(m.rank for g in node_groups for m in g[2]))
-            lab = {"job": job}
-            if cluster:
-                lab["cluster"] = cluster
-            out.append(Finding("StageImbalance", "job", job, lab,
-                               [f"{len(node_groups)} whole hosts ({len(ranks)} ranks) late together, counters clean"],
-                               hold_s=s.straggler_hold_s, ranks=ranks[:64], jobs=(job,), severity="info",
-                               description="many ranks late together with clean counters: a stage or load "
-                                           "imbalance, not a fabric fault"))
+                ev.llr.get(c, 0.0) > 0 for g in node_groups for c in _candidates(topo, *g)):
+            out.append(_hosts_imbalance(s, job, node_groups, cluster))
             groups = [g for g in groups if g[0] != "node"]
         for kind, comp, members in groups:
-            cands = _candidates(topo, kind, comp, members, fabric)
+            cands = _candidates(topo, kind, comp, members, ev.fabric)
+            # late compute is not what a bad link or NIC does (that slows communication): a slow GPU on
+            # a node with a bad NIC is two faults, so compute-late ranks never ride on fabric evidence
+            blame = cands if members[0].kind == "comm" else [
+                c for c in cands if component_type_of(c) not in NETWORK_TYPES]
             best, best_v = None, 0.0
-            for c in cands:
-                v = fabric.get(c, 0.0)
+            for c in blame:
+                v = ev.fabric.get(c, 0.0)
                 if v > best_v:
                     best, best_v = c, v
-            ranks = tuple(sorted(m.rank for m in members))
             if best is not None and best_v >= s.medium_evidence:
-                if not any(m.current for m in members):
-                    continue
-                ent = shared.setdefault(best, {"ranks": set(), "jobs": set(), "why": why[best], "v": best_v})
-                ent["ranks"].update(ranks)
-                ent["jobs"].add(job)
+                if any(m.current for m in members):
+                    ent = shared.setdefault(best, Shared(set(), set(), ev.why[best], best_v))
+                    ent.ranks.update(m.rank for m in members)
+                    ent.jobs.add(job)
                 continue
-            net = [c for c in cands if component_type_of(c) in NETWORK_TYPES and llr.get(c, 0.0) > 0]
+            net = [c for c in cands if component_type_of(c) in NETWORK_TYPES and ev.llr.get(c, 0.0) > 0]
             if members[0].kind == "comm" and (net or best_v > 0):
                 continue  # weak evidence explains it (congestion): hurt ranks ride on that finding
-            nodes = {m.node for m in members}
-            if kind == "rail" and len(members) == 1:
-                kind, comp = "gpu", gpu_id(members[0].node, members[0].gpu)
-            lab = _labels(topo, kind, comp, members, cluster)
-            lab["job"] = job
-            late = max(m.late_frac for m in members)
-            ev = [f"{len(ranks)} rank(s) late {late * 100:.1f}% of step in "
-                  f"{s.straggler_persist}+ of last {s.straggler_window} steps ({members[0].kind})"]
-            if not net:
-                if nodes <= fresh_nodes:
-                    desc = "no fabric evidence found: counters clean on " + ", ".join(
-                        sorted(c for c in cands if component_type_of(c) in NETWORK_TYPES)[:6])
-                else:
-                    desc = "no fabric evidence found (some nodes sent no recent counters)"
-                gpu_why = [w for c in cands for w in why.get(c, []) if w.startswith("GPU throttle")]
-                if gpu_why:
-                    desc += "; " + "; ".join(sorted(set(gpu_why)))
-                desc += "; likely a compute straggler (GPU, host or input pipeline)"
-            else:
-                desc = "weak fabric evidence only: " + ", ".join(f"{c} ({'+'.join(why[c])})" for c in net[:4])
-            current = any(m.current for m in members)  # a straggler that already stopped opens nothing
-            out.append(Finding("StragglerRank", kind if kind != "rank" else "gpu", comp, lab, ev,
-                               fire=current, keep=current,
-                               hold_s=s.straggler_hold_s, ranks=ranks, jobs=(job,), description=desc))
-    # One fault, one alert: where the shared component (or, for a NIC, its link) already has its
-    # own evidence finding or open incident, the hurt ranks and jobs ride on that alert instead.
-    own: dict[str, list] = defaultdict(list)
+            out.append(_straggler_finding(topo, s, job, kind, comp, members, cands, net, ev, fresh_nodes, cluster))
+    return out, shared
+
+
+def _hosts_imbalance(s: DetectionSettings, job: str, node_groups: list, cluster: str) -> Finding:
+    """Several whole hosts late together with clean counters: load imbalance, not hardware."""
+    ranks = tuple(sorted(m.rank for g in node_groups for m in g[2]))
+    lab = {"job": job}
+    if cluster:
+        lab["cluster"] = cluster
+    return Finding("StageImbalance", "job", job, lab,
+                   [f"{len(node_groups)} whole hosts ({len(ranks)} ranks) late together, counters clean"],
+                   hold_s=s.straggler_hold_s, ranks=ranks[:64], jobs=(job,), severity="info",
+                   description="many ranks late together with clean counters: a stage or load "
+                               "imbalance, not a fabric fault")
+
+
+def _straggler_finding(topo: Topology, s: DetectionSettings, job: str, kind: str, comp: str, members: list,
+                       cands: list[str], net: list[str], ev: Evidence, fresh_nodes: set[str],
+                       cluster: str) -> Finding:
+    """A straggler group no fabric component explains: StragglerRank, saying why the fabric is cleared."""
+    ranks = tuple(sorted(m.rank for m in members))
+    nodes = {m.node for m in members}
+    if kind == "rail" and len(members) == 1:
+        kind, comp = "gpu", gpu_id(members[0].node, members[0].gpu)
+    lab = _labels(topo, kind, comp, members, cluster)
+    lab["job"] = job
+    late = max(m.late_frac for m in members)
+    evidence = [f"{len(ranks)} rank(s) late {late * 100:.1f}% of step in "
+                f"{s.straggler_persist}+ of last {s.straggler_window} steps ({members[0].kind})"]
+    if not net:
+        if nodes <= fresh_nodes:
+            desc = "no fabric evidence found: counters clean on " + ", ".join(
+                sorted(c for c in cands if component_type_of(c) in NETWORK_TYPES)[:6])
+        else:
+            desc = "no fabric evidence found (some nodes sent no recent counters)"
+        gpu_why = [w for c in cands for w in ev.why.get(c, []) if w.startswith("GPU throttle")]
+        if gpu_why:
+            desc += "; " + "; ".join(sorted(set(gpu_why)))
+        desc += "; likely a compute straggler (GPU, host or input pipeline)"
+    elif members[0].kind == "comm":
+        desc = "weak fabric evidence only: " + ", ".join(f"{c} ({'+'.join(ev.why[c])})" for c in net[:4])
+    else:
+        desc = ("compute time late, which fabric evidence on its path does not explain ("
+                + ", ".join(f"{c} ({'+'.join(ev.why[c])})" for c in net[:4])
+                + " slows communication); likely a compute straggler (GPU, host or input pipeline)")
+    current = any(m.current for m in members)  # a straggler that already stopped opens nothing
+    return Finding("StragglerRank", kind if kind != "rank" else "gpu", comp, lab, evidence,
+                   fire=current, keep=current, hold_s=s.straggler_hold_s, ranks=ranks, jobs=(job,),
+                   description=desc)
+
+
+def ride_on_own_alerts(shared: dict[str, Shared], findings: list[Finding],
+                       open_keys: frozenset[tuple[str, str, str]]) -> None:
+    """One fault, one alert: where the shared component (or, for a NIC, its link) already has its
+    own evidence finding or open incident, the hurt ranks and jobs ride on that alert instead."""
+    own: dict[str, list[Finding]] = defaultdict(list)
     for f in findings:
         if f.alertname in EVIDENCE_ALERTS and (f.fire or f.keep):
             own[f.component].append(f)
             if f.component_type == "link":
                 own[f.component.rsplit("/", 1)[0]].append(f)
     owned_by_incident = set()
-    for inc in open_incidents or ():
-        if inc.alertname in EVIDENCE_ALERTS:
-            owned_by_incident.add(inc.component)
-            if inc.component_type == "link":
-                owned_by_incident.add(inc.component.rsplit("/", 1)[0])
+    for alertname, ctype, component in open_keys:
+        if alertname in EVIDENCE_ALERTS:
+            owned_by_incident.add(component)
+            if ctype == "link":
+                owned_by_incident.add(component.rsplit("/", 1)[0])
     for comp in list(shared):
         if comp in own or comp in owned_by_incident:
             ent = shared.pop(comp)
             for f in own.get(comp, ()):
-                f.ranks = tuple(sorted(set(f.ranks) | ent["ranks"]))
-                f.jobs = tuple(sorted(set(f.jobs) | ent["jobs"]))
+                f.ranks = tuple(sorted(set(f.ranks) | ent.ranks))
+                f.jobs = tuple(sorted(set(f.jobs) | ent.jobs))
+
+
+def shared_component_findings(topo: Topology, s: DetectionSettings, shared: dict[str, Shared],
+                              cluster: str) -> list[Finding]:
+    out = []
     for comp, ent in shared.items():
         ctype = component_type_of(comp)
         lab = _labels_for_component(topo, comp, ctype, cluster)
-        jobs = sorted(ent["jobs"])
+        jobs = sorted(ent.jobs)
         if len(jobs) == 1:
             lab["job"] = jobs[0]
         out.append(Finding(
             "SlowRanksSharedComponent", ctype, comp, lab,
-            [f"{len(ent['ranks'])} slow rank(s) share {comp}", "evidence: " + ", ".join(sorted(set(ent["why"])))],
-            hold_s=s.straggler_hold_s, ranks=tuple(sorted(ent["ranks"])), jobs=tuple(jobs),
-            description=f"slow ranks of {', '.join(jobs)} localized to {comp} (log-odds {ent['v']:.1f})"))
+            [f"{len(ent.ranks)} slow rank(s) share {comp}", "evidence: " + ", ".join(sorted(set(ent.why)))],
+            hold_s=s.straggler_hold_s, ranks=tuple(sorted(ent.ranks)), jobs=tuple(jobs),
+            description=f"slow ranks of {', '.join(jobs)} localized to {comp} (log-odds {ent.v:.1f})"))
+    return out
+
+
+def stage_findings(s: DetectionSettings, report: StragglerReport, cluster: str) -> list[Finding]:
+    """A whole pipeline stage (or a quarter of the ranks) late: StageImbalance (info), never a fabric alert."""
+    out = []
     for sl in report.stages:
         comp = sl.job if sl.stage < 0 else f"{sl.job}/stage{sl.stage}"
         lab = {"job": sl.job}
@@ -247,12 +322,15 @@ def correlate(
                            else ["more than a quarter of the ranks late together, persistently"],
                            hold_s=s.straggler_hold_s, ranks=sl.ranks[:64], jobs=(sl.job,), description=desc,
                            severity="info"))
+    return out
+
+
+def suspicion_of(s: DetectionSettings, ev: Evidence, shared: dict[str, Shared]) -> dict[tuple[str, str], float]:
     prior = s.prior_log_odds
-    suspicion = {(component_type_of(c), c): _sigmoid(prior + v) for c, v in llr.items() if v > 0}
+    suspicion = {(component_type_of(c), c): _sigmoid(prior + v) for c, v in ev.llr.items() if v > 0}
     for comp, ent in shared.items():
-        key = (component_type_of(comp), comp)
-        suspicion[key] = _sigmoid(prior + ent["v"] + 4.0)
-    return CorrelationResult(out, suspicion)
+        suspicion[(component_type_of(comp), comp)] = _sigmoid(prior + ent.v + 4.0)
+    return suspicion
 
 
 def _path(topo: Topology, node: str, gpu: int) -> list[str]:

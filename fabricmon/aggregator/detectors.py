@@ -56,7 +56,7 @@ PHYS_NAMES = {1: "Sleep", 2: "Polling", 3: "Disabled", 4: "PortConfigurationTrai
 class LinkState:
     __slots__ = ("id", "node", "device", "port", "netdev", "rail", "unit", "leaf", "nic", "gpu",
                  "exp_gbps", "exp_width", "state", "phys", "rate_bps", "width", "ev", "down_since",
-                 "trans", "degraded_since", "cand_since", "labels", "seen_up")
+                 "trans", "degraded_since", "evidence_since", "evidence_last", "labels", "seen_up")
 
     def __init__(self, node: str, device: str, port: str, netdev: str, rail: int | None, unit: int | None,
                  leaf: str, gpu: int, exp_gbps: float | None, exp_width: int | None, cluster: str) -> None:
@@ -73,7 +73,8 @@ class LinkState:
         self.down_since: float | None = None
         self.trans: deque = deque()  # sample times of up -> down transitions
         self.degraded_since: float | None = None
-        self.cand_since: float | None = None  # first tick this link was a fold candidate
+        self.evidence_since: float | None = None  # start of the current run of fold-able evidence
+        self.evidence_last = 0.0
         self.seen_up = False
         lab = {"node": node}
         if rail is not None:
@@ -159,15 +160,6 @@ def _fmt(x: float) -> str:
     if x >= 100 or x == int(x):
         return f"{x:.0f}"
     return f"{x:.3g}"
-
-
-@dataclass
-class LinkVerdicts:
-    """Per-link results of one tick, before leaf folding."""
-
-    findings: list[Finding]
-    candidates: dict[str, list[tuple[LinkState, list[Finding]]]]  # leaf -> links with fold-able evidence
-    congested: dict[str, list[tuple[LinkState, Finding]]]  # leaf -> congested links
 
 
 FOLDABLE = ("FabricLinkDown", "FabricLinkFlapping", "FabricLinkErrors", "FabricLinkDegraded")

@@ -25,15 +25,18 @@ import structlog
 from ..batch import NodeBatch, NodeHello
 from ..topology import Topology
 from .admission import ClusterClock
+from .agents_down import agents_down
 from .config import DetectionSettings
 from .cable_health import CableHealth
 from .correlator import correlate
 from .detectors import (
     E_CNP, E_DOWNED, E_ERR, E_PHY, E_PRX, E_PTX, E_RECOV, E_RETRY, E_STORM, E_XWAIT, FOLDABLE, G_NVERR,
     G_NVRECOV, G_XID, GPU_SLOW_REASONS, PHY_ERRORS, PMA_ERRORS, RETRY_COUNTERS, GpuState, LinkState, NodeState,
-    build_link_state, congestion_of, evaluate_gpu, evaluate_link, leaf_fold_threshold,
+    build_link_state, congestion_of, evaluate_gpu, evaluate_link,
 )
-from .incidents import Finding, Incident, IncidentManager
+from .drift import config_drift
+from .folding import LeafFolder
+from .incidents import Finding, Incident, IncidentManager, Relation
 from .stragglers import StragglerTracker
 
 # delta families the detectors use -> handler code
@@ -89,6 +92,7 @@ class Engine:
         self.stragglers = StragglerTracker(s)
         self.cable = CableHealth(s)
         self.manager = IncidentManager(default_hold_s=s.hold_s)
+        self.folder = LeafFolder(s, self.cluster, self.links_by_leaf)
         self._fatal_xids = frozenset(str(x) for x in s.xid_fatal)
         self._config_checks = frozenset(s.config_checks)
         # self-instrumentation (read by http_api)
@@ -480,22 +484,22 @@ class Engine:
 
     # ------------------------------------------------------------------ detection
     def tick(self, now: float) -> list[Incident]:
-        """Run detectors, correlator and the incident lifecycle at sample time ``now``."""
+        """Run detectors, folder and correlator at sample time ``now``; the incident manager applies
+        what they found and returns the incidents that changed (the only report of changes)."""
         t0 = self.clock()
         with self.lock:
-            findings = self._detect(now)
+            findings, relations = self._detect(now)
             report = self.stragglers.evaluate(now)
             throttled = {g.id: set(g.throttle) for g in self.active_gpus if g.throttle}
             fresh = {n for n, ns in self.nodes.items() if now - ns.last_ts <= self.settings.agent_down_s}
             corr = correlate(self.topology, self.settings, findings, report, throttled, fresh, self.cluster,
-                             self.manager.open_incidents())
+                             self.manager.open_keys())
             findings.extend(corr.findings)
             self.suspicion = corr.suspicion
             self.lateness = self.stragglers.lateness_scores()
-            self.manager.update(findings, now)
+            changed = self.manager.update(findings, now, relations)
             self.last_tick = now
             self.ticks_total += 1
-            changed = list(self.manager.changed)
         dt = self.clock() - t0
         self.tick_seconds_last = dt
         self.tick_seconds_sum += dt
@@ -506,7 +510,7 @@ class Engine:
         iv = ns.interval if ns is not None else 1.0
         return max(self.settings.window_s, iv)
 
-    def _detect(self, now: float) -> list[Finding]:
+    def _detect(self, now: float) -> tuple[list[Finding], list[Relation]]:
         s = self.settings
         findings: list[Finding] = []
         foldable: dict[str, list[tuple[LinkState, list[Finding]]]] = {}
@@ -516,13 +520,11 @@ class Engine:
             fs = evaluate_link(link, now, w, s)
             cong = congestion_of(link, now, w, s)
             fold = [f for f in fs if f.alertname in FOLDABLE and (f.fire or f.keep)]
-            other = [f for f in fs if f.alertname not in FOLDABLE]
             if fold and link.leaf:
                 foldable.setdefault(link.leaf, []).append((link, fold))
+                findings.extend(f for f in fs if f.alertname not in FOLDABLE)
             else:
-                findings.extend(fold)
-                link.cand_since = None
-            findings.extend(other)
+                findings.extend(fs)
             if cong is not None:
                 congested.setdefault(link.leaf or link.id, []).append((link, cong))
             if not link.ev and not link.trans and link.down_since is None and link.degraded_since is None:
@@ -531,126 +533,18 @@ class Engine:
         loud = {f.component for f in findings if f.component_type == "link" and f.fire
                 and f.alertname in ("FabricLinkDown", "FabricLinkFlapping", "FabricLinkErrors")}
         findings.extend(self.cable.evaluate(now, loud))
-        # --- leaf folding: many links of one leaf at once are one leaf incident ---
-        for leaf, entries in foldable.items():
-            n_links = len(self.links_by_leaf.get(leaf, ())) or len(entries)
-            k = leaf_fold_threshold(n_links, s)
-            leaf_open = self.manager.get_open("FabricLeafDegraded", leaf) is not None
-            if len(entries) >= k or leaf_open:
-                fire = len(entries) >= k and any(f.fire for _, fl in entries for f in fl)
-                counts: dict[str, int] = {}
-                for _, fl in entries:
-                    for f in fl:
-                        counts[f.alertname] = counts.get(f.alertname, 0) + 1
-                ids = sorted(link.id for link, _ in entries)
-                ev = [f"{len(entries)} of {n_links} links of {leaf} with evidence at once",
-                      ", ".join(f"{a.removeprefix('Fabric')} x{c}" for a, c in sorted(counts.items())),
-                      "links: " + ", ".join(ids[:6]) + (f" (+{len(ids) - 6} more)" if len(ids) > 6 else "")]
-                lab = {"leaf": leaf}
-                rail = entries[0][0].rail
-                if rail is not None:
-                    lab["rail"] = str(rail)
-                if self.cluster:
-                    lab["cluster"] = self.cluster
-                findings.append(Finding("FabricLeafDegraded", "leaf", leaf, lab, ev, fire=fire, keep=True))
-                if fire or leaf_open:
-                    for link, fl in entries:
-                        for a in FOLDABLE:
-                            self.manager.fold(a, link.id, leaf, now)
-                continue
-            for link, fl in entries:
-                if link.cand_since is None:
-                    link.cand_since = now
-                if len(entries) >= 2 and now - link.cand_since < s.fold_grace_s:
-                    for f in fl:  # a neighbour also shows evidence: wait a little for a leaf fold
-                        if self.manager.get_open(f.alertname, f.component) is None:
-                            f.fire = False
-                findings.extend(fl)
-        # --- congestion: weak evidence; a leaf when several of its ports congest ---
-        # A degraded leaf explains the congestion on its ports: that includes a leaf finding made in
-        # this very tick (the incident opens only in manager.update below), not only an open incident.
-        degraded = {f.component for f in findings if f.alertname == "FabricLeafDegraded"}
-        for leaf, entries in congested.items():
-            if leaf in degraded or (leaf.startswith("leaf-") and self.manager.get_open("FabricLeafDegraded", leaf)):
-                continue
-            if leaf.startswith("leaf-") and len(entries) >= s.congestion_leaf_min_ports:
-                fire = sum(1 for _, f in entries if f.fire) >= s.congestion_leaf_min_ports
-                lab = {"leaf": leaf}
-                if entries[0][0].rail is not None:
-                    lab["rail"] = str(entries[0][0].rail)
-                if self.cluster:
-                    lab["cluster"] = self.cluster
-                ids = sorted(link.id for link, _ in entries)
-                findings.append(Finding("FabricCongestion", "leaf", leaf, lab,
-                                        [f"{len(entries)} ports of {leaf} congested", "ports: " + ", ".join(ids[:6])],
-                                        fire=fire, keep=True))
-                for link, _ in entries:
-                    self.manager.fold("FabricCongestion", link.id, leaf, now)
-            else:
-                findings.extend(f for _, f in entries)
-        # --- GPUs ---
+        leaf_findings, relations = self.folder.fold_links(foldable, now)
+        findings.extend(leaf_findings)
+        cong_findings, cong_relations = self.folder.fold_congestion(congested)
+        findings.extend(cong_findings)
+        relations.extend(cong_relations)
         for g in list(self.active_gpus):
-            fs = evaluate_gpu(g, now, self._window(g.node), s)
-            findings.extend(fs)
+            findings.extend(evaluate_gpu(g, now, self._window(g.node), s))
             if not g.ev and not g.nvl_down and not g.throttle:
                 self.active_gpus.discard(g)
-        findings.extend(self._config_drift(now))
-        findings.extend(self._agents(now))
-        return findings
-
-    def _config_drift(self, now: float) -> list[Finding]:
-        s = self.settings
-        out: list[Finding] = []
-        for name in list(self.config_nodes):
-            ns = self.nodes[name]
-            bad: dict[str, list[str]] = {}
-            pending = False
-            for dev, fails in ns.config_fail.items():
-                if not fails:
-                    continue
-                pending = True
-                ready = sorted(c for c, since in fails.items() if now - since >= s.config_persist_s)
-                if ready:
-                    bad[dev] = ready
-            if not pending:
-                self.config_nodes.discard(name)
-                continue
-            if not bad:
-                continue
-            # the node's rail NICs (a frontend NIC has no rail and no lossless profile to drift from)
-            rail_devs = [d for (d, _p), link in ns.links.items() if link is not None and link.rail is not None]
-            lab = {"node": name}
-            if self.cluster:
-                lab["cluster"] = self.cluster
-            if len(rail_devs) >= 2 and all(d in bad for d in rail_devs):
-                checks = sorted({c for v in bad.values() for c in v})
-                out.append(Finding("FabricConfigDrift", "config", name, lab,
-                                   [f"all {len(rail_devs)} rail NICs fail: {', '.join(checks)}"],
-                                   hold_s=s.state_hold_s))
-                continue
-            for dev, checks in sorted(bad.items()):
-                link = ns.by_device.get(dev)
-                l2 = dict(lab)
-                if link is not None:
-                    l2.update(link.labels)
-                out.append(Finding("FabricConfigDrift", "config", f"{name}/{dev}", l2,
-                                   [f"{dev} fails lossless profile checks: {', '.join(checks)}"],
-                                   hold_s=s.state_hold_s))
-        return out
-
-    def _agents(self, now: float) -> list[Finding]:
-        s = self.settings
-        out = []
-        for ns in self.nodes.values():
-            if ns.ever_seen and now - ns.last_ts >= max(s.agent_down_s, 5 * ns.interval):
-                lab = {"node": ns.name}
-                if self.cluster:
-                    lab["cluster"] = self.cluster
-                out.append(Finding("FabricmonAgentDown", "node", ns.name, lab,
-                                   [f"no batch since t={ns.last_ts:.0f} ({now - ns.last_ts:.0f}s)"
-                                    + ("" if ns.connected else ", stream disconnected")],
-                                   hold_s=0.0))
-        return out
+        findings.extend(config_drift(self.nodes, self.config_nodes, s, self.cluster, now))
+        findings.extend(agents_down(self.nodes.values(), s, self.cluster, now))
+        return findings, relations
 
     # ------------------------------------------------------------------ read access
     def incidents(self, include_resolved: bool = True) -> list[Incident]:

@@ -1,11 +1,24 @@
-"""Incidents: one per (alertname, component), opened, updated and resolved on sample time.
+"""Incidents: one per (alertname, component), opened, related, updated and resolved on sample time.
 
-Detectors and the correlator hand the manager ``Finding``s every tick.  A
-finding carries two verdicts: ``fire`` (the raise condition, persistence
+The ``IncidentManager`` is the one owner of incident state.  Detectors, the
+leaf folder and the correlator only *return* what they saw: ``Finding``s and
+``Relation``s ("this link's finding is evidence of that leaf"); ``update`` is
+the only call that changes an incident, and its return value is the only
+report of what changed (the Alertmanager sender hears nothing else).
+
+A finding carries two verdicts: ``fire`` (the raise condition, persistence
 already applied by the detector) and ``keep`` (evidence still present, a weaker
 condition).  An incident opens on ``fire``, is refreshed by either, and
 resolves once neither was seen for the alert's hold time: the hysteresis that
 keeps a fault at the threshold from flapping.
+
+Relations decide only whether a finding may open an incident of its own: a
+finding whose parent (or an ancestor) is open, or present this tick, is that
+parent's evidence and opens nothing (one fault, one alert; its hurt ranks ride
+on the parent).  An incident already open lives by its own evidence alone: it
+is never resolved while that persists and never kept once it is gone, whatever
+its relations (a cable that failed before its leaf keeps its own alert, which
+Alertmanager's leaf inhibition hides while the leaf fires).
 """
 
 from __future__ import annotations
@@ -76,6 +89,14 @@ class Finding:
     severity: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class Relation:
+    """``child`` (alertname, component) is evidence of ``parent`` (alertname, component)."""
+
+    child: tuple[str, str]
+    parent: tuple[str, str]
+
+
 @dataclass
 class Incident:
     id: str
@@ -91,7 +112,8 @@ class Incident:
     ranks: list[int] = field(default_factory=list)
     jobs: list[str] = field(default_factory=list)
     description: str = ""
-    folded_into: str = ""  # set when a leaf incident absorbed this one
+    related_to: str = ""  # id of the incident this one's evidence also supports (a leaf over its link)
+    absorbed: list[str] = field(default_factory=list)  # components whose findings were this one's evidence
     version: int = 0  # bumped on every visible change (the Alertmanager sender watches it)
     hold_s: float = 15.0
 
@@ -124,11 +146,12 @@ class Incident:
             "labels": dict(self.labels), "evidence": list(self.evidence), "description": self.full_description(),
             "ranks": list(self.ranks), "jobs": list(self.jobs),
             "first_seen": self.first_seen, "last_seen": self.last_seen, "resolved_at": self.resolved_at,
+            "related_to": self.related_to, "absorbed": list(self.absorbed),
         }
 
 
 class IncidentManager:
-    """Open/update/resolve lifecycle with dedup on (alertname, component)."""
+    """Open/relate/update/resolve lifecycle with dedup on (alertname, component)."""
 
     def __init__(self, default_hold_s: float = 15.0, keep_resolved: int = 5000) -> None:
         self.default_hold_s = default_hold_s
@@ -137,13 +160,16 @@ class IncidentManager:
         self._resolved: list[Incident] = []
         self._recurrence: dict[str, int] = {}
         self._keep_resolved = keep_resolved
-        self.changed: list[Incident] = []  # incidents whose version changed in the last update
 
     def open_incidents(self) -> list[Incident]:
         return list(self._open.values())
 
-    def all_incidents(self, include_folded: bool = False) -> list[Incident]:
-        out = [i for i in self._resolved if include_folded or not i.folded_into]
+    def open_keys(self) -> frozenset[tuple[str, str, str]]:
+        """(alertname, component_type, component) of every open incident: a read-only view for the correlator."""
+        return frozenset((i.alertname, i.component_type, i.component) for i in self._open.values())
+
+    def all_incidents(self) -> list[Incident]:
+        out = list(self._resolved)
         out.extend(self._open.values())
         out.sort(key=lambda i: (i.first_seen, i.id))
         return out
@@ -151,88 +177,112 @@ class IncidentManager:
     def get_open(self, alertname: str, component: str) -> Incident | None:
         return self._open.get((alertname, component))
 
-    def update(self, findings: list[Finding], now: float) -> list[Incident]:
-        """Apply one tick's findings; returns the incidents that changed."""
+    def update(self, findings: list[Finding], now: float, relations: list[Relation] | tuple = ()) -> list[Incident]:
+        """Apply one tick's findings and relations; returns every incident that changed, and only those."""
         changed: dict[str, Incident] = {}
-        seen: set[tuple[str, str]] = set()
+        parent_of = {r.child: r.parent for r in relations}
+        by_key: dict[tuple[str, str], Finding] = {}
         for f in findings:
-            key = (f.alertname, f.component)
-            if key in seen:
-                continue
-            seen.add(key)
+            by_key.setdefault((f.alertname, f.component), f)
+        present = {k for k, f in by_key.items() if f.fire or f.keep}
+        # parents before their children: a parent opening in this tick already absorbs them
+        for key in sorted(by_key, key=lambda k: _depth(k, parent_of)):
+            f = by_key[key]
             inc = self._open.get(key)
             if inc is None:
-                if not f.fire:
+                owner = self._absorber(key, parent_of, present)
+                if owner is not None:
+                    if f.fire or f.keep:
+                        self._absorb(owner, f, changed)
                     continue
-                base = incident_id(f.alertname, f.component)
-                n = self._recurrence.get(base, 0) + 1
-                self._recurrence[base] = n
-                inc = Incident(
-                    id=base if n == 1 else f"{base}-{n}", alertname=f.alertname,
-                    severity=f.severity or SEVERITY.get(f.alertname, "warning"),
-                    component_type=f.component_type, component=f.component, labels=dict(f.labels),
-                    evidence=list(f.evidence), first_seen=now, last_seen=now,
-                    ranks=sorted(set(f.ranks)), jobs=sorted(set(f.jobs)), description=f.description,
-                    hold_s=f.hold_s if f.hold_s is not None else self.default_hold_s, version=1,
-                )
-                self._open[key] = inc
-                self._last_evidence[key] = now
-                changed[inc.id] = inc
+                if f.fire:
+                    inc = self._open_incident(f, now)
+                    self._relate(inc, key, parent_of)
+                    changed[inc.id] = inc
                 continue
-            if not (f.fire or f.keep):
-                continue
-            self._last_evidence[key] = now
-            inc.last_seen = now
-            if f.hold_s is not None:
-                inc.hold_s = f.hold_s
-            visible = False
-            if f.evidence and f.evidence != inc.evidence:
-                inc.evidence = list(f.evidence)
-            ranks = sorted(set(inc.ranks) | set(f.ranks))
-            jobs = sorted(set(inc.jobs) | set(f.jobs))
-            if ranks != inc.ranks or jobs != inc.jobs:
-                inc.ranks, inc.jobs = ranks, jobs
-                visible = True
-            if f.description and f.description != inc.description:
-                inc.description = f.description
-                visible = True
-            for k, v in f.labels.items():
-                if v and inc.labels.get(k) != v:
-                    inc.labels[k] = v
-                    visible = True
-            if visible:
-                inc.version += 1
+            self._relate(inc, key, parent_of)
+            if (f.fire or f.keep) and self._refresh(inc, f, now):
                 changed[inc.id] = inc
         for key, inc in list(self._open.items()):
             last = self._last_evidence.get(key, now)
             if last < now and now - last >= inc.hold_s:
                 self._resolve(key, now)
                 changed[inc.id] = inc
-        self.changed = list(changed.values())
-        return self.changed
+        return list(changed.values())
 
-    def fold(self, alertname: str, component: str, into: str, now: float) -> Incident | None:
-        """Resolve an open incident because a leaf incident absorbed it."""
-        key = (alertname, component)
-        inc = self._open.get(key)
-        if inc is None:
-            return None
-        inc.folded_into = into
-        self._resolve(key, now)
-        self.changed.append(inc)
+    # ------------------------------------------------------------------ internals of update
+    def _absorber(self, key: tuple[str, str], parent_of: dict, present: set) -> tuple[str, str] | None:
+        """The nearest ancestor open or found this tick: the finding is its evidence."""
+        p = parent_of.get(key)
+        for _ in range(8):  # relations are shallow (link -> leaf congestion -> leaf); bound a cycle
+            if p is None:
+                return None
+            if p in self._open or p in present:
+                return p
+            p = parent_of.get(p)
+        return None
+
+    def _absorb(self, owner_key: tuple[str, str], f: Finding, changed: dict[str, Incident]) -> None:
+        owner = self._open.get(owner_key)
+        if owner is None:  # the parent is found this tick but does not fire yet: nothing to attach to
+            return
+        if f.component not in owner.absorbed:
+            owner.absorbed.append(f.component)
+        if f.ranks or f.jobs:
+            ranks = sorted(set(owner.ranks) | set(f.ranks))
+            jobs = sorted(set(owner.jobs) | set(f.jobs))
+            if ranks != owner.ranks or jobs != owner.jobs:
+                owner.ranks, owner.jobs = ranks, jobs
+                owner.version += 1
+                changed[owner.id] = owner
+
+    def _relate(self, inc: Incident, key: tuple[str, str], parent_of: dict) -> None:
+        p = parent_of.get(key)
+        parent = self._open.get(p) if p is not None else None
+        if parent is not None and inc.related_to != parent.id:
+            inc.related_to = parent.id
+
+    def _open_incident(self, f: Finding, now: float) -> Incident:
+        key = (f.alertname, f.component)
+        base = incident_id(f.alertname, f.component)
+        n = self._recurrence.get(base, 0) + 1
+        self._recurrence[base] = n
+        inc = Incident(
+            id=base if n == 1 else f"{base}-{n}", alertname=f.alertname,
+            severity=f.severity or SEVERITY.get(f.alertname, "warning"),
+            component_type=f.component_type, component=f.component, labels=dict(f.labels),
+            evidence=list(f.evidence), first_seen=now, last_seen=now,
+            ranks=sorted(set(f.ranks)), jobs=sorted(set(f.jobs)), description=f.description,
+            hold_s=f.hold_s if f.hold_s is not None else self.default_hold_s, version=1,
+        )
+        self._open[key] = inc
+        self._last_evidence[key] = now
         return inc
 
-    def attach(self, alertname: str, component: str, ranks: list[int], jobs: list[str]) -> None:
-        inc = self._open.get((alertname, component))
-        if inc is None:
-            return
-        r = sorted(set(inc.ranks) | set(ranks))
-        j = sorted(set(inc.jobs) | set(jobs))
-        if r != inc.ranks or j != inc.jobs:
-            inc.ranks, inc.jobs = r, j
+    def _refresh(self, inc: Incident, f: Finding, now: float) -> bool:
+        """Evidence seen again; True when something an alert shows changed."""
+        self._last_evidence[(inc.alertname, inc.component)] = now
+        inc.last_seen = now
+        if f.hold_s is not None:
+            inc.hold_s = f.hold_s
+        visible = False
+        if f.evidence and f.evidence != inc.evidence:
+            inc.evidence = list(f.evidence)
+        ranks = sorted(set(inc.ranks) | set(f.ranks))
+        jobs = sorted(set(inc.jobs) | set(f.jobs))
+        if ranks != inc.ranks or jobs != inc.jobs:
+            inc.ranks, inc.jobs = ranks, jobs
+            visible = True
+        if f.description and f.description != inc.description:
+            inc.description = f.description
+            visible = True
+        for k, v in f.labels.items():
+            if v and inc.labels.get(k) != v:
+                inc.labels[k] = v
+                visible = True
+        if visible:
             inc.version += 1
-            if inc not in self.changed:
-                self.changed.append(inc)
+        return visible
 
     def _resolve(self, key: tuple[str, str], now: float) -> None:
         inc = self._open.pop(key)
@@ -242,3 +292,11 @@ class IncidentManager:
         self._resolved.append(inc)
         if len(self._resolved) > self._keep_resolved:
             del self._resolved[: len(self._resolved) - self._keep_resolved]
+
+
+def _depth(key: tuple[str, str], parent_of: dict) -> int:
+    d, p = 0, parent_of.get(key)
+    while p is not None and d < 8:
+        d += 1
+        p = parent_of.get(p)
+    return d

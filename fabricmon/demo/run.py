@@ -11,6 +11,7 @@ Alertmanager and a webhook receiver, as they would in production.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import sys
@@ -53,7 +54,9 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
     if args.speed <= 0 or args.interval <= 0:
         print("fabricmon: error: --speed and --interval must be > 0", file=sys.stderr)
         return 2
-    epoch = float(int(time.time()))  # sample times = epoch + simulated seconds: Alertmanager sees real dates
+    # sample times = epoch + simulated seconds, all in the wall clock's past even at --speed > 1:
+    # Alertmanager sees real dates and takes a resolve's endsAt (the sample time it resolved) as past
+    epoch = float(int(time.time() - scenario.duration - 60))
     workers = args.workers if args.workers is not None else min(os.cpu_count() or 1, 4)
     if workers > 1:
         sim = ParallelTreeCluster(scenario, interval=args.interval, base_dir=args.workdir, epoch=epoch,
@@ -98,14 +101,16 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
         next_progress = 0.0
         steps = 0
         shown: dict[str, bool] = {}
+        pace = SimPace(args.speed)
         while sim.t + sim.interval <= scenario.duration + 1e-9:
             st = sim.step()
+            pace.mark(sim.t)
             steps += 1
             now = sim.now()
             changed = rt.tick(now)
             if changed:
                 for inc in changed:
-                    if inc.folded_into or shown.get(inc.id) == inc.open:
+                    if shown.get(inc.id) == inc.open:
                         continue  # an update of an incident already shown in this state
                     shown[inc.id] = inc.open
                     state = "OPEN    " if inc.open else "RESOLVED"
@@ -124,14 +129,15 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
         wall = time.monotonic() - wall0
         sender.flush(timeout=3.0)
         if am is not None and receiver is not None:
-            _await_webhook(engine, sender, receiver, deadline_s=3.0)
+            _await_webhook(engine, sender, receiver, deadline_s=10.0)
         incidents = [_rel(i.to_dict(), epoch) for i in engine.incidents()]
         scores = score(ground, incidents, duration=scenario.duration)
-        _report(p, ground, incidents, scores, receiver, wall, steps, args)
+        notes = notifications(receiver, pace) if receiver is not None and am is not None else None
+        _report(p, ground, incidents, scores, notes, wall, steps)
         if args.report_json:
             report = {"scenario": scenario.to_dict() if hasattr(scenario, "to_dict") else None,
                       "faults": ground, "incidents": incidents, "scores": scores,
-                      "alertmanager_notifications": len(receiver.alerts()) if receiver and am else None,
+                      "alertmanager_notifications": notes,
                       "wall_seconds": round(wall, 2)}
             atomic_write_text(args.report_json, json.dumps(report, indent=2, default=str) + "\n")
             p(f"  report written to {args.report_json}")
@@ -151,8 +157,7 @@ def _await_webhook(engine: Engine, sender: AlertmanagerClient, receiver, deadlin
     Alertmanager notifies within its group_interval (1 s here); waiting for exactly what is
     expected ends the demo as soon as the report is complete.
     """
-    want = {(i.alertname, i.component): "firing" if i.open else "resolved"
-            for i in engine.incidents() if not i.folded_into}
+    want = {(i.alertname, i.component): "firing" if i.open else "resolved" for i in engine.incidents()}
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         if not sender.pending():
@@ -165,6 +170,44 @@ def _await_webhook(engine: Engine, sender: AlertmanagerClient, receiver, deadlin
         time.sleep(0.05)
 
 
+class SimPace:
+    """Wall time -> simulated seconds, from the wall time each simulated step finished."""
+
+    def __init__(self, speed: float) -> None:
+        self.speed = speed
+        self.walls: list[float] = []
+        self.sims: list[float] = []
+
+    def mark(self, sim_t: float) -> None:
+        self.walls.append(time.time())
+        self.sims.append(sim_t)
+
+    def sim_at(self, wall: float) -> float:
+        i = bisect.bisect_right(self.walls, wall) - 1
+        if i < 0:
+            return 0.0
+        t = self.sims[i] + (wall - self.walls[i]) * self.speed
+        return min(t, self.sims[i + 1]) if i + 1 < len(self.sims) else t
+
+
+def notifications(receiver, pace: SimPace) -> list[dict]:
+    """Every alert of every webhook notification, in arrival order, ``at`` in simulated seconds."""
+    out = []
+    for arrival, status, alert in sorted(receiver.alerts(), key=lambda x: x[0]):
+        lab = alert.get("labels", {})
+        out.append({"status": status, "alertname": lab.get("alertname"), "component": lab.get("component"),
+                    "at": round(pace.sim_at(arrival), 1)})
+    return out
+
+
+def still_firing(notes: list[dict]) -> list[tuple[str, str]]:
+    """Alerts whose last notification was firing: what Alertmanager still shows."""
+    last: dict[tuple[str, str], str] = {}
+    for n in notes:
+        last[(n["alertname"], n["component"])] = n["status"]
+    return sorted(k for k, v in last.items() if v == "firing")
+
+
 def _rel(d: dict, epoch: float) -> dict:
     out = {k: d[k] for k in ("id", "alertname", "component_type", "component", "evidence", "ranks", "jobs")}
     out["severity"] = d.get("severity")
@@ -174,7 +217,7 @@ def _rel(d: dict, epoch: float) -> dict:
     return out
 
 
-def _report(p, ground, incidents, scores, receiver, wall, steps, args) -> None:
+def _report(p, ground, incidents, scores, notes, wall, steps) -> None:
     p("")
     p(f"Report ({steps} steps in {wall:.1f} s wall)")
     p("  injected fault                             detected as                                   delay  resolved")
@@ -200,9 +243,12 @@ def _report(p, ground, incidents, scores, receiver, wall, steps, args) -> None:
         p(f"  (unexpected) {i['alertname']} {i['component_type']} {i['component']} at t={i['first_seen']:.0f}s")
     p(f"  precision {scores['precision']:.2f}  recall {scores['recall']:.2f}  "
       f"median detection delay {scores['median_detection_delay_s']} s (simulated)")
-    if receiver is not None:
-        alerts = receiver.alerts()
-        if alerts:
-            firing = sum(1 for _, s, _ in alerts if s == "firing")
-            resolved = sum(1 for _, s, _ in alerts if s == "resolved")
-            p(f"  Alertmanager webhook: {firing} firing and {resolved} resolved notifications received")
+    if notes:
+        firing = sum(1 for n in notes if n["status"] == "firing")
+        resolved = sum(1 for n in notes if n["status"] == "resolved")
+        p(f"  Alertmanager webhook: {firing} firing and {resolved} resolved notifications received")
+        for n in notes:
+            p(f"    [t={n['at']:6.0f}s] {n['status']:<8} {n['alertname']:<24} {n['component']}")
+        stuck = still_firing(notes)
+        if stuck:
+            p("  still firing at Alertmanager: " + ", ".join(f"{a} {c}" for a, c in stuck))

@@ -1,0 +1,49 @@
+"""Config drift: rail NICs failing the lossless profile checks, per NIC or per node."""
+
+from __future__ import annotations
+
+from .config import DetectionSettings
+from .detectors import NodeState
+from .incidents import Finding
+
+
+def config_drift(nodes: dict[str, NodeState], config_nodes: set[str], s: DetectionSettings, cluster: str,
+                 now: float) -> list[Finding]:
+    """Findings for the nodes in ``config_nodes``; a node with no failing check leaves that set."""
+    out: list[Finding] = []
+    for name in list(config_nodes):
+        ns = nodes[name]
+        bad: dict[str, list[str]] = {}
+        pending = False
+        for dev, fails in ns.config_fail.items():
+            if not fails:
+                continue
+            pending = True
+            ready = sorted(c for c, since in fails.items() if now - since >= s.config_persist_s)
+            if ready:
+                bad[dev] = ready
+        if not pending:
+            config_nodes.discard(name)
+            continue
+        if not bad:
+            continue
+        # the node's rail NICs (a frontend NIC has no rail and no lossless profile to drift from)
+        rail_devs = [d for (d, _p), link in ns.links.items() if link is not None and link.rail is not None]
+        lab = {"node": name}
+        if cluster:
+            lab["cluster"] = cluster
+        if len(rail_devs) >= 2 and all(d in bad for d in rail_devs):
+            checks = sorted({c for v in bad.values() for c in v})
+            out.append(Finding("FabricConfigDrift", "config", name, lab,
+                               [f"all {len(rail_devs)} rail NICs fail: {', '.join(checks)}"],
+                               hold_s=s.state_hold_s))
+            continue
+        for dev, checks in sorted(bad.items()):
+            link = ns.by_device.get(dev)
+            l2 = dict(lab)
+            if link is not None:
+                l2.update(link.labels)
+            out.append(Finding("FabricConfigDrift", "config", f"{name}/{dev}", l2,
+                               [f"{dev} fails lossless profile checks: {', '.join(checks)}"],
+                               hold_s=s.state_hold_s))
+    return out

@@ -1,0 +1,119 @@
+"""Leaf folding: which link findings are one leaf's evidence, returned as findings and relations.
+
+Many links of one leaf going bad at once are one fault of the leaf, not one
+per cable: the folder emits a ``FabricLeafDegraded`` finding and relates each
+link finding to it (``Relation``); the incident manager then lets those links
+open nothing while the leaf is found or open.  A link whose evidence began
+before the leaf's episode (more than ``fold_grace_s`` before it) is its own
+fault (a flaky cable under a leaf that degrades later): it gets no relation
+and keeps its own incident.  A link that outlives the leaf is related, but the
+relation only matters while the leaf's incident is open: after that it opens
+its own.  Congestion on a leaf's ports is folded the same way, and is the
+degraded leaf's evidence when that leaf is found.
+
+The folder never reads incident state: its memory is detection state only
+(when each leaf's episode began and last had its links failing together, when
+each link's evidence began).  An episode outlives its last fold-able tick by the
+hold time of the leaf's incident, so links failing again in that gap stay the
+leaf's evidence.
+"""
+
+from __future__ import annotations
+
+from .config import DetectionSettings
+from .detectors import LinkState, leaf_fold_threshold
+from .incidents import Finding, Relation
+
+LEAF = "FabricLeafDegraded"
+CONGESTION = "FabricCongestion"
+
+
+class LeafFolder:
+    def __init__(self, settings: DetectionSettings, cluster: str, links_by_leaf: dict[str, list[LinkState]]) -> None:
+        self.settings = settings
+        self.cluster = cluster
+        self.links_by_leaf = links_by_leaf  # the engine's live map (links appear as agents announce them)
+        # leaf -> [first tick its links reached the fold threshold, last such tick]
+        self.episodes: dict[str, list[float]] = {}
+
+    def fold_links(self, candidates: dict[str, list[tuple[LinkState, list[Finding]]]],
+                   now: float) -> tuple[list[Finding], list[Relation]]:
+        """``candidates``: leaf -> links with fold-able findings (raised or kept) at ``now``."""
+        s = self.settings
+        findings: list[Finding] = []
+        relations: list[Relation] = []
+        for leaf in [x for x, (_, last) in self.episodes.items() if now - last > s.hold_s]:
+            # the leaf's own evidence is gone for longer than its incident's hold: the episode is over
+            del self.episodes[leaf]
+        for leaf, entries in candidates.items():
+            for link, _ in entries:
+                _note_evidence(link, now, s.hold_s)
+            n_links = len(self.links_by_leaf.get(leaf, ())) or len(entries)
+            ep = self.episodes.get(leaf)
+            if len(entries) >= leaf_fold_threshold(n_links, s):
+                if ep is None:
+                    ep = self.episodes[leaf] = [now, now]
+                ep[1] = now
+                findings.append(self._leaf_finding(leaf, entries, n_links))
+            since = ep[0] if ep is not None else None
+            for link, fl in entries:
+                if since is not None and link.evidence_since < since - s.fold_grace_s:
+                    findings.extend(fl)  # failing before the leaf's episode began: its own fault
+                    continue
+                if since is not None:
+                    relations.extend(Relation((f.alertname, link.id), (LEAF, leaf)) for f in fl)
+                if (since is not None or len(entries) >= 2) and now - link.evidence_since < s.fold_grace_s:
+                    for f in fl:  # neighbours also show evidence: wait a little for the leaf to fire
+                        f.keep, f.fire = f.keep or f.fire, False
+                findings.extend(fl)
+        return findings, relations
+
+    def fold_congestion(self, congested: dict[str, list[tuple[LinkState, Finding]]]
+                        ) -> tuple[list[Finding], list[Relation]]:
+        """Several congested ports of one leaf are the leaf's congestion; all of it is a degraded leaf's."""
+        s = self.settings
+        findings: list[Finding] = []
+        relations: list[Relation] = []
+        for leaf, entries in congested.items():
+            is_leaf = leaf.startswith("leaf-")
+            if is_leaf and len(entries) >= s.congestion_leaf_min_ports:
+                fire = sum(1 for _, f in entries if f.fire) >= s.congestion_leaf_min_ports
+                ids = sorted(link.id for link, _ in entries)
+                findings.append(Finding(CONGESTION, "leaf", leaf, self._leaf_labels(leaf, entries[0][0]),
+                                        [f"{len(entries)} ports of {leaf} congested", "ports: " + ", ".join(ids[:6])],
+                                        fire=fire, keep=True))
+                relations.append(Relation((CONGESTION, leaf), (LEAF, leaf)))
+                relations.extend(Relation((CONGESTION, link.id), (CONGESTION, leaf)) for link, _ in entries)
+            elif is_leaf:
+                relations.extend(Relation((CONGESTION, link.id), (LEAF, leaf)) for link, _ in entries)
+            findings.extend(f for _, f in entries)
+        return findings, relations
+
+    def _leaf_finding(self, leaf: str, entries: list[tuple[LinkState, list[Finding]]], n_links: int) -> Finding:
+        counts: dict[str, int] = {}
+        for _, fl in entries:
+            for f in fl:
+                counts[f.alertname] = counts.get(f.alertname, 0) + 1
+        ids = sorted(link.id for link, _ in entries)
+        ev = [f"{len(entries)} of {n_links} links of {leaf} with evidence at once",
+              ", ".join(f"{a.removeprefix('Fabric')} x{c}" for a, c in sorted(counts.items())),
+              "links: " + ", ".join(ids[:6]) + (f" (+{len(ids) - 6} more)" if len(ids) > 6 else "")]
+        fire = any(f.fire for _, fl in entries for f in fl)
+        # the incident's hold is the episode's tail (see fold_links): one number for both
+        return Finding(LEAF, "leaf", leaf, self._leaf_labels(leaf, entries[0][0]), ev, fire=fire, keep=True,
+                       hold_s=self.settings.hold_s)
+
+    def _leaf_labels(self, leaf: str, link: LinkState) -> dict[str, str]:
+        lab = {"leaf": leaf}
+        if link.rail is not None:
+            lab["rail"] = str(link.rail)
+        if self.cluster:
+            lab["cluster"] = self.cluster
+        return lab
+
+
+def _note_evidence(link: LinkState, now: float, gap_s: float) -> None:
+    """When this link's current run of evidence began (a gap longer than ``gap_s`` starts a new run)."""
+    if link.evidence_since is None or now - link.evidence_last > gap_s:
+        link.evidence_since = now
+    link.evidence_last = now
