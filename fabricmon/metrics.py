@@ -61,6 +61,11 @@ SPECS: dict[str, MetricSpec] = _specs(
     ("fabricmon_netdev_phy_received_bit_total", "counter",
      "Bits received at the PHY (rx_bits_phy), where the driver has it; the inbox mlx5 driver does not.", ("interface",)),
     ("fabricmon_netdev_phy_corrected_bit_total", "counter", "FEC-corrected bits (rx_corrected_bits_phy).", ("interface",)),
+    ("fabricmon_netdev_phy_pre_fec_bit_error_ratio", "gauge",
+     "Pre-FEC bit error ratio of the last interval: corrected bits over data rate x interval (agent/margins.py).",
+     ("interface",)),
+    ("fabricmon_netdev_phy_lane_error_share_ratio", "gauge",
+     "Share of the last interval's raw (pre-FEC) errors on each lane (rx_err_lane_N_phy).", ("interface", "lane")),
     # --- transceiver modules (sources/transceiver.py; opt-in, needs CAP_NET_ADMIN) ---
     ("fabricmon_transceiver_temperature_celsius", "gauge", "Module temperature (SFF-8636 / CMIS monitor).", _PORT),
     ("fabricmon_transceiver_supply_voltage_volts", "gauge", "Module supply voltage (Vcc monitor).", _PORT),
