@@ -350,7 +350,8 @@ def random_scenario(seed: int, nodes: int = 64, duration: float = 300.0, *, layo
     rng = random.Random(seed)
     layout = layout or rng.choice(("ib", "roce"))
     cluster = ClusterSpec(nodes=nodes, layout=layout, nodes_per_unit=nodes_per_unit, seed=seed)
-    kinds = [k for k in KINDS if not (layout == "ib" and k == "config_drift")]
+    # cable_degrading needs minutes of trend before its warning: benchmarks/bench_cable_lead.py runs it
+    kinds = [k for k in KINDS if not (layout == "ib" and k == "config_drift") and k != "cable_degrading"]
     count = 0 if rng.random() < p_none else rng.randint(1, max_faults)
     faults = []
     for _ in range(count):
@@ -366,8 +367,6 @@ def random_scenario(seed: int, nodes: int = 64, duration: float = 300.0, *, layo
             kw["node"] = node
             if not (kind == "pfc_storm" and layout == "ib"):
                 kw["rail"] = rng.randrange(NRAILS)
-            if kind == "cable_degrading":
-                kw["fails_at"] = _round(start + 0.6 * (end - start))
         elif target == "leaf":
             kw.update(unit=rng.randrange(cluster.units), rail=rng.randrange(NRAILS))
         elif target == "nvlink":
