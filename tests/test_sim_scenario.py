@@ -148,7 +148,7 @@ def test_random_scenarios_are_valid_and_varied():
             assert g.kind == f.kind
             assert (g.component is None) == (f.kind == "counter_reset")
     assert counts == {0, 1, 2}
-    assert kinds == set(KINDS)
+    assert kinds == set(KINDS) - {"cable_degrading"}  # benchmarks/bench_cable_lead.py draws those
 
 
 def test_round_trip_to_dict(tmp_path):
