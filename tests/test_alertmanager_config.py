@@ -15,7 +15,7 @@ DESIGN_ALERTS = {
     "FabricLinkDown", "FabricLinkFlapping", "FabricLinkErrors", "FabricLinkDegraded", "FabricLeafDegraded",
     "FabricPFCStorm", "FabricCongestion", "RDMARetransmits", "FabricConfigDrift", "NVLinkDown", "NVLinkErrors",
     "GPUXidFatal", "StragglerRank", "SlowRanksSharedComponent", "StageImbalance", "FabricmonAgentDown",
-    "FabricmonCollectorFailing",
+    "FabricmonCollectorFailing", "FabricCableDegrading",
 }
 
 

@@ -15,7 +15,7 @@ TEST_FILES = sorted((PROM / "tests").glob("*.test.yml"))
 PROMETHEUS_ALERTS = {
     "FabricLinkDown", "FabricLinkFlapping", "FabricLinkErrors", "FabricLinkDegraded", "FabricPFCStorm",
     "FabricCongestion", "RDMARetransmits", "FabricConfigDrift", "NVLinkDown", "NVLinkErrors", "GPUXidFatal",
-    "FabricmonAgentDown", "FabricmonCollectorFailing",
+    "FabricmonAgentDown", "FabricmonCollectorFailing", "FabricCableDegrading",
 }
 CONTRACT_LABELS = {"severity", "component_type", "component", "node", "rail", "leaf", "gpu", "job", "cluster"}
 COMPONENT_TYPES = {"link", "nic", "gpu", "node", "rail", "leaf", "spine", "config", "nvlink"}
