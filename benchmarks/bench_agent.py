@@ -12,10 +12,8 @@ the fake NVML backend, ethtool and config checks) and its RSS.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile

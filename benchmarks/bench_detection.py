@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -296,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                        f"{[(g['kind'], g['component'], g['start'], g['end']) for g in ground]})")
 
     lines = [
-        f"# fabricmon detection benchmark",
+        "# fabricmon detection benchmark",
         "",
         f"{len(results)} scenarios (seeds {args.seed0}..{args.seed0 + len(results) - 1}: {args.scenarios} random, "
         f"{len(ov)} of two overlapping faults), "

@@ -10,7 +10,7 @@ model is what Grafana 10-13 provision from files.  tests/test_dashboards.py chec
 structure, that regeneration changes nothing, and that every metric queried exists
 (fabricmon/metrics.py, deploy/prometheus recording rules, aggregator metrics).
 
-Conventions: a ``${datasource}`` variable (no hard-coded uid); variables cluster, job,
+Conventions: a ``${datasource}`` variable (no hard-coded uid); variables cluster, hpc_job,
 rail, leaf, node (multi-value regexes, "All" = ``.*`` so an absent label still matches);
 ``rate(...[$__rate_interval])`` around every ``_total``; a unit on every panel.
 Per-rail and per-leaf views use the recording rules (cheap across thousands of nodes).
@@ -169,7 +169,7 @@ def variables() -> list[dict]:
         {"type": "datasource", "name": "datasource", "label": "Data source", "query": "prometheus",
          "current": {}, "options": [], "refresh": 1, "regex": "", "hide": 0, "multi": False, "includeAll": False},
         _query_var("cluster", "Cluster", "label_values(fabricmon_ib_port_info, cluster)"),
-        _query_var("job", "Training job", f"label_values(fabricmon_rank_step_seconds{{{C}}}, job)"),
+        _query_var("hpc_job", "Training job", f"label_values(fabricmon_rank_step_seconds{{{C}}}, hpc_job)"),
         _query_var("rail", "Rail", f"label_values(fabricmon_ib_port_info{{{C}}}, rail)"),
         _query_var("leaf", "Leaf", f'label_values(fabricmon:ib_port:info{{{C}, rail=~"$rail"}}, leaf)'),
         _query_var("node", "Node", f'label_values(fabricmon:ib_port:info{{{C}, rail=~"$rail", leaf=~"$leaf"}}, node)'),
@@ -307,17 +307,17 @@ def job() -> Board:
     b = Board("fabricmon-job", "fabricmon / Job view",
               "A training job: per-rank step and communication time, lateness, NCCL collectives.", ["job"])
     b.row("Ranks")
-    b.ts("Step time per rank", [(f'fabricmon_rank_step_seconds{{{N}, job=~"$job"}}', "{{job}} rank {{rank}}")], "s",
+    b.ts("Step time per rank", [(f'fabricmon_rank_step_seconds{{{N}, hpc_job=~"$hpc_job"}}', "{{hpc_job}} rank {{rank}}")], "s",
          min_val=0, legend=False)
-    b.ts("Communication time per rank", [(f'fabricmon_rank_comm_seconds{{{N}, job=~"$job"}}', "{{job}} rank {{rank}}")],
+    b.ts("Communication time per rank", [(f'fabricmon_rank_comm_seconds{{{N}, hpc_job=~"$hpc_job"}}', "{{hpc_job}} rank {{rank}}")],
          "s", min_val=0, legend=False)
     b.ts("Top 10 late ranks (lateness score)",
-         [(f'topk(10, fabricmon_rank_lateness_score{{{C}, job=~"$job"}})', "{{job}} rank {{rank}}")], "none",
+         [(f'topk(10, fabricmon_rank_lateness_score{{{C}, hpc_job=~"$hpc_job"}})', "{{hpc_job}} rank {{rank}}")], "none",
          description="Robust z-score of lateness against the rank's peers (aggregator).")
     b.ts("Step time spread", [
-        (f'max by (job) (fabricmon_rank_step_seconds{{{N}, job=~"$job"}})', "{{job}} max"),
-        (f'quantile by (job) (0.5, fabricmon_rank_step_seconds{{{N}, job=~"$job"}})', "{{job}} median"),
-        (f'min by (job) (fabricmon_rank_step_seconds{{{N}, job=~"$job"}})', "{{job}} min"),
+        (f'max by (hpc_job) (fabricmon_rank_step_seconds{{{N}, hpc_job=~"$hpc_job"}})', "{{hpc_job}} max"),
+        (f'quantile by (hpc_job) (0.5, fabricmon_rank_step_seconds{{{N}, hpc_job=~"$hpc_job"}})', "{{hpc_job}} median"),
+        (f'min by (hpc_job) (fabricmon_rank_step_seconds{{{N}, hpc_job=~"$hpc_job"}})', "{{hpc_job}} min"),
     ], "s", min_val=0)
     b.row("NCCL collectives (NCCL Inspector)")
     b.ts("Bus bandwidth per rank", [(f"fabricmon_nccl_bus_bandwidth_bytes_per_second{{{N}}}",

@@ -4,7 +4,26 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+
+@contextmanager
+def atomic_output(path: str | Path) -> Iterator[str]:
+    """Yield a temporary path beside ``path``; renamed over it when the block ends, removed on error."""
+    p = os.fspath(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(p)}.", suffix=".tmp", dir=os.path.dirname(p) or ".")
+    os.close(fd)
+    try:
+        yield tmp
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
 
 
 def atomic_write_bytes(path: str | Path, data: bytes, *, fsync: bool = False) -> None:
@@ -14,23 +33,13 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, fsync: bool = False) ->
     trees skip it because they only need atomicity against readers.
     """
     p = os.fspath(path)
-    directory = os.path.dirname(p) or "."
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(p)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            if fsync:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    with atomic_output(p) as tmp, open(tmp, "wb") as fh:
+        fh.write(data)
+        if fsync:
+            fh.flush()
+            os.fsync(fh.fileno())
     if fsync:
-        dfd = os.open(directory, os.O_RDONLY)
+        dfd = os.open(os.path.dirname(p) or ".", os.O_RDONLY)
         try:
             os.fsync(dfd)
         finally:

@@ -215,6 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"fabricmon: error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    except ModuleNotFoundError as exc:
+        # numpy is an extra: agent nodes install plain `fabricmon` (no numpy).
+        if exc.name != "numpy":
+            raise
+        print(f"fabricmon: error: `fabricmon {args.command}` needs numpy: "
+              "pip install 'fabricmon[aggregator]'", file=sys.stderr)
+        return EXIT_CONFIG
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from pathlib import Path
 import structlog
 
 from . import __version__
+from .atomic import atomic_output
 from .configload import ConfigError
 
 log = structlog.get_logger("fabricmon.collect")
@@ -116,19 +117,10 @@ class _Archive:
 
     def write(self, out: Path) -> None:
         """Write the archive next to ``out`` and rename it into place."""
-        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-        try:
-            with tarfile.open(tmp, "w:gz") as tar:
-                for rel in sorted(self.members):
-                    info, data = self.members[rel]
-                    tar.addfile(info, io.BytesIO(data) if data is not None else None)
-            os.replace(tmp, out)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+        with atomic_output(out) as tmp, tarfile.open(tmp, "w:gz") as tar:
+            for rel in sorted(self.members):
+                info, data = self.members[rel]
+                tar.addfile(info, io.BytesIO(data) if data is not None else None)
 
 
 def _read_bounded(path: str, limit: int) -> bytes:

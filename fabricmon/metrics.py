@@ -130,8 +130,8 @@ SPECS: dict[str, MetricSpec] = _specs(
      "Inspector records overwritten before a dump (v4.3 dump_stats *_dropped_total), by kind (coll, p2p).",
      ("rank", "comm", "kind")),
     ("fabricmon_nccl_comm_info", "info", "NCCL communicator name (header comm_name, NCCL 2.30+); value 1.", ("rank", "comm", "comm_name")),
-    ("fabricmon_rank_step_seconds", "gauge", "Last reported step time per rank.", ("job", "rank")),
-    ("fabricmon_rank_comm_seconds", "gauge", "Last reported communication time per rank.", ("job", "rank")),
+    ("fabricmon_rank_step_seconds", "gauge", "Last reported step time per rank.", ("hpc_job", "rank")),
+    ("fabricmon_rank_comm_seconds", "gauge", "Last reported communication time per rank.", ("hpc_job", "rank")),
     # --- intake self-metrics (agent/intake.py, agent/nccl_inspector.py); reasons are fixed enums ---
     ("fabricmon_intake_lines_total", "counter", "Rank-timing lines and NCCL Inspector records read, by result and reason.",
      ("source", "result", "reason")),

@@ -236,7 +236,7 @@ def prometheus_config(scrape_targets: Sequence[str] = (), *, job: str = "fabricm
         static: dict[str, Any] = {"targets": list(scrape_targets)}
         if target_labels:
             static["labels"] = dict(target_labels)
-        # honor_labels: the agent's own `node` and training-job `job` labels must win.
+        # honor_labels: the agent's own `node` label must win over the target's.
         cfg["scrape_configs"].append({"job_name": job, "honor_labels": True, "static_configs": [static]})
     cfg["scrape_configs"].extend(extra_scrape_configs)
     if alertmanagers:

@@ -156,15 +156,6 @@ def test_wall_clock_bounds_every_node_by_the_aggregators_clock():
 # ---------------------------------------------------------------- seq (real gRPC)
 
 
-def wait_until(pred, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return bool(pred())
-
-
 def _snap(node: str, i: int) -> Snapshot:
     return Snapshot(node=node, ts=time.time(), seq=i,
                     samples=(Sample("fabricmon_host_load1", (), float(i)),),
@@ -408,6 +399,7 @@ def test_drops_and_refusals_are_exported_on_metrics():
 
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from waiting import wait_until
 
 
 @settings(max_examples=200, deadline=None)

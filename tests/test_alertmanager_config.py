@@ -45,7 +45,7 @@ def test_group_by_and_every_inhibition_has_equal() -> None:
         == ["cluster", "component"]
     assert pairs[(('alertname=~"NVLinkDown|GPUXidFatal"',), ('alertname=~"NVLinkErrors|StragglerRank"',))] \
         == ["cluster", "node", "gpu"]
-    assert pairs[(('alertname="SlowRanksSharedComponent"',), ('alertname="StragglerRank"',))] == ["cluster", "job"]
+    assert pairs[(('alertname="SlowRanksSharedComponent"',), ('alertname="StragglerRank"',))] == ["cluster", "hpc_job"]
     assert pairs[(('alertname="FabricmonAgentDown"',), ('alertname!="FabricmonAgentDown"', 'node=~".+"'))] \
         == ["cluster", "node"]
 
@@ -57,6 +57,9 @@ def test_group_by_and_every_inhibition_has_equal() -> None:
     ({"alertname": "NVLinkErrors", "severity": "warning", "component_type": "nvlink"}, "compute-ticket"),
     ({"alertname": "FabricConfigDrift", "severity": "warning", "component_type": "config"}, "fabric-ticket"),
     ({"alertname": "StageImbalance", "severity": "info", "component_type": "node"}, "blackhole"),
+    ({"alertname": "FabricmonAggregatorDown", "severity": "critical", "component_type": "service"}, "monitoring-pager"),
+    ({"alertname": "FabricmonAgentsDisconnected", "severity": "warning", "component_type": "service"},
+     "monitoring-ticket"),
 ])
 def test_routes(labels: dict, receiver: str) -> None:
     res = amtool("config", "routes", "test", f"--config.file={CONFIG}", *(f"{k}={v}" for k, v in labels.items()))

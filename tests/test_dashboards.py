@@ -19,7 +19,7 @@ RECORDING_RULES = REPO / "deploy" / "prometheus" / "fabricmon-recording.rules.ym
 AGGREGATOR_METRICS = {"fabricmon_agents_connected", "fabricmon_ingest_samples_total", "fabricmon_component_suspicion",
                       "fabricmon_rank_lateness_score", "fabricmon_incidents_open", "fabricmon_alerts_sent_total"}
 PROMETHEUS_BUILTIN = {"up"}  # per-target scrape health, written by Prometheus itself
-REQUIRED_VARS = ["datasource", "cluster", "job", "rail", "leaf", "node"]
+REQUIRED_VARS = ["datasource", "cluster", "hpc_job", "rail", "leaf", "node"]
 
 PROMQL_FUNCTIONS = {
     "abs", "absent", "absent_over_time", "avg_over_time", "ceil", "changes", "clamp", "clamp_max", "clamp_min",

@@ -468,7 +468,7 @@ def test_slow_gpu_with_clean_fabric_is_a_gpu_straggler_without_fabric_blame():
     i = incs[0]
     assert "no fabric evidence" in i.full_description()
     assert i.ranks == [6 * 8 + 2] and i.jobs == ["llm"]
-    assert i.labels["gpu"] == "2" and i.labels["node"] == "node-006" and i.labels["job"] == "llm"
+    assert i.labels["gpu"] == "2" and i.labels["node"] == "node-006" and i.labels["hpc_job"] == "llm"
     assert c.engine.metrics_snapshot()["lateness"]
 
 

@@ -13,20 +13,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from fabricmon.agent.exporter import AgentHTTPServer, RenderedSnapshot, exposition, make_registry
 from fabricmon.httpserve import RoutedHTTPServer
 from fabricmon.model import Sample, Snapshot, SourceStatus
-
-
-def wait_until(pred, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return bool(pred())
+from waiting import wait_until
 
 
 def snapshot(*jobs: str) -> Snapshot:
     return Snapshot(node="n1", ts=5.0, seq=1, samples=tuple(
-        Sample("fabricmon_rank_step_seconds", (("job", j), ("rank", "0")), 1.0) for j in jobs
+        Sample("fabricmon_rank_step_seconds", (("hpc_job", j), ("rank", "0")), 1.0) for j in jobs
     ) + (Sample("fabricmon_host_load1", (), 0.5),), deltas=(), interval_seconds=0.0,
         sources=(SourceStatus("host", True, True, 0.001, 0),))
 
@@ -36,18 +28,18 @@ def test_a_bad_label_value_costs_its_series_not_the_scrape():
     for body in (exposition(snap, now=5.0), RenderedSnapshot(lambda: snap).body(),
                  generate_latest(make_registry(lambda: snap, clock=lambda: 5.0))):
         fams = {f.name: f for f in text_string_to_metric_families(body.decode("utf-8"))}
-        assert sorted(s.labels["job"] for s in fams["fabricmon_rank_step_seconds"].samples) == ["good", "ok\u00e9"]
+        assert sorted(s.labels["hpc_job"] for s in fams["fabricmon_rank_step_seconds"].samples) == ["good", "ok\u00e9"]
         assert fams["fabricmon_host_load1"].samples[0].value == 0.5
 
 
 def test_a_label_value_that_is_not_a_string_costs_its_series():
     snap = snapshot("good")
     snap = Snapshot(node="n1", ts=5.0, seq=1, samples=(*snap.samples,
-                    Sample("fabricmon_rank_step_seconds", (("job", None), ("rank", 3)), 1.0)),
+                    Sample("fabricmon_rank_step_seconds", (("hpc_job", None), ("rank", 3)), 1.0)),
                     deltas=(), interval_seconds=0.0, sources=())
     for body in (exposition(snap, now=5.0), generate_latest(make_registry(lambda: snap, clock=lambda: 5.0))):
         fams = {f.name: f for f in text_string_to_metric_families(body.decode("utf-8"))}
-        assert [s.labels["job"] for s in fams["fabricmon_rank_step_seconds"].samples] == ["good"]
+        assert [s.labels["hpc_job"] for s in fams["fabricmon_rank_step_seconds"].samples] == ["good"]
 
 
 def test_a_bad_node_name_does_not_break_the_scrape():

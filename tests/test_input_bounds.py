@@ -537,3 +537,27 @@ def test_agent_once_over_a_hostile_tree_exports_only_bounded_values(tmp_path: Pa
     if promtool:
         lint = subprocess.run([promtool, "check", "metrics"], input=proc.stdout, capture_output=True, timeout=60)
         assert lint.returncode == 0, (lint.stdout + lint.stderr).decode()
+
+
+def test_readyz_says_when_the_expected_rdma_ports_are_missing(tmp_path: Path) -> None:
+    from fabricmon.agent.runtime import build_agent
+    from fabricmon.config import load_agent_config
+
+    (tmp_path / "empty").mkdir()
+    cfg = load_agent_config(None, {"sysfs_root": str(tmp_path / "empty"), "nvml": "off", "listen": "127.0.0.1:0"})
+    agent = build_agent(cfg, inline_sources=True)
+    try:
+        agent.poller.poll_once()
+        reasons = agent.not_ready()
+        assert any("is the sysfs root right?" in r for r in reasons), reasons
+    finally:
+        agent.stop()
+    (tmp_path / "a.yaml").write_text("sources:\n  infiniband:\n    expected_ports: 0\n")
+    cfg = load_agent_config(tmp_path / "a.yaml", {"sysfs_root": str(tmp_path / "empty"), "nvml": "off",
+                                                  "listen": "127.0.0.1:0"})
+    agent = build_agent(cfg, inline_sources=True)
+    try:
+        agent.poller.poll_once()
+        assert agent.not_ready() == []  # a node without RDMA, said so in the config: ready
+    finally:
+        agent.stop()

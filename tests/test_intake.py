@@ -15,18 +15,10 @@ from structlog.testing import capture_logs
 from fabricmon import client as fm_client
 from fabricmon.agent.intake import RankIntake
 from fabricmon.rank_timing import JobLayout, RankTiming
+from waiting import wait_until
 
 GOOD = {"job": "llm-7b", "rank": 17, "local_rank": 1, "step": 1200, "step_seconds": 1.82, "comm_seconds": 0.41,
         "ts": 1764000000.5}
-
-
-def wait_until(pred, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return bool(pred())
 
 
 @pytest.fixture
@@ -68,8 +60,8 @@ def test_unix_socket_good_and_bad_lines(intake, tmp_path):
     assert intake.drain() == ([], [])
     assert intake.layouts() == [JobLayout("llm-7b", (("tp", 8),))]
     got = {(r.family, r.labels): r.value for r in intake.readings()}
-    assert got[("fabricmon_rank_step_seconds", (("job", "llm-7b"), ("rank", "18")))] == 2.5
-    assert got[("fabricmon_rank_comm_seconds", (("job", "llm-7b"), ("rank", "17")))] == 0.41
+    assert got[("fabricmon_rank_step_seconds", (("hpc_job", "llm-7b"), ("rank", "18")))] == 2.5
+    assert got[("fabricmon_rank_comm_seconds", (("hpc_job", "llm-7b"), ("rank", "17")))] == 0.41
 
 
 def test_overlong_line_is_rejected_and_the_connection_recovers(intake):

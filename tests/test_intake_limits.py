@@ -6,7 +6,6 @@ import http.client
 import json
 import socket
 import threading
-import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -16,18 +15,10 @@ from fabricmon.agent.intake import RankIntake
 from fabricmon.agent.poller import Poller
 from fabricmon.proto import fabricmon_pb2 as pb
 from fabricmon.sources.inventory import Inventory
+from waiting import wait_until
 
 GOOD = {"job": "llm-7b", "rank": 17, "local_rank": 1, "step": 1200, "step_seconds": 1.82, "comm_seconds": 0.41,
         "ts": 1764000000.5}
-
-
-def wait_until(pred, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return bool(pred())
 
 
 @pytest.fixture
@@ -113,7 +104,7 @@ def test_invalid_strings_are_rejected_and_scrape_survives(intake, raw):
     post(intake.http_port, json.dumps(GOOD).encode())
     text = scrape_agent([intake])
     fams = {f.name: f for f in text_string_to_metric_families(text)}
-    assert fams["fabricmon_rank_step_seconds"].samples[0].labels["job"] == "llm-7b"
+    assert fams["fabricmon_rank_step_seconds"].samples[0].labels["hpc_job"] == "llm-7b"
 
 
 def test_series_are_bounded_and_drops_counted(tmp_path):

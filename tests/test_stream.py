@@ -20,6 +20,7 @@ from fabricmon.model import CounterDelta, Sample, Snapshot
 from fabricmon.proto import codec
 from fabricmon.proto import fabricmon_pb2 as pb
 from fabricmon.rank_timing import JobLayout, RankTiming
+from waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -53,15 +54,6 @@ class RecordingEngine:
     def seqs(self) -> list[int]:
         with self.lock:
             return [b.seq for b in self.batches]
-
-
-def wait_until(pred, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return bool(pred())
 
 
 def free_port() -> int:

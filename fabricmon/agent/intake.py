@@ -231,7 +231,7 @@ class RankIntake:
         with self._lock:
             self._expire(self._clock(), force=True)
             for (job, rank), (step_s, comm_s, _) in self._latest.items():
-                labels = (("job", job), ("rank", str(rank)))
+                labels = (("hpc_job", job), ("rank", str(rank)))
                 out.append(Reading("fabricmon_rank_step_seconds", labels, step_s))
                 out.append(Reading("fabricmon_rank_comm_seconds", labels, comm_s))
         return out

@@ -139,6 +139,10 @@ class Agent:
             problems.append(f"last poll {self.clock() - snap.ts:.1f}s ago (limit {limit:.1f}s)")
         if self._thread is not None and not self._thread.is_alive():
             problems.append("poller thread down")
+        inventory = self.poller.inventory
+        missing = inventory.expected_but_missing if inventory is not None else ""
+        if missing:  # a wrong --sysfs-root looks exactly like a healthy node without RDMA otherwise
+            problems.append(missing)
         if self.stream is not None and not self.stream.delivering():
             problems.append("stream neither connected nor spooling" if self.stream.alive()
                             else "stream thread down")

@@ -221,7 +221,7 @@ def localize_stragglers(topo: Topology, s: DetectionSettings, report: StragglerR
 def _hosts_imbalance(s: DetectionSettings, job: str, node_groups: list, cluster: str) -> Finding:
     """Several whole hosts late together with clean counters: load imbalance, not hardware."""
     ranks = tuple(sorted(m.rank for g in node_groups for m in g[2]))
-    lab = {"job": job}
+    lab = {"hpc_job": job}
     if cluster:
         lab["cluster"] = cluster
     return Finding("StageImbalance", "job", job, lab,
@@ -240,7 +240,7 @@ def _straggler_finding(topo: Topology, s: DetectionSettings, job: str, kind: str
     if kind == "rail" and len(members) == 1:
         kind, comp = "gpu", gpu_id(members[0].node, members[0].gpu)
     lab = _labels(topo, kind, comp, members, cluster)
-    lab["job"] = job
+    lab["hpc_job"] = job
     late = max(m.late_frac for m in members)
     evidence = [f"{len(ranks)} rank(s) late {late * 100:.1f}% of step in "
                 f"{s.straggler_persist}+ of last {s.straggler_window} steps ({members[0].kind})"]
@@ -298,7 +298,7 @@ def shared_component_findings(topo: Topology, s: DetectionSettings, shared: dict
         lab = _labels_for_component(topo, comp, ctype, cluster)
         jobs = sorted(ent.jobs)
         if len(jobs) == 1:
-            lab["job"] = jobs[0]
+            lab["hpc_job"] = jobs[0]
         out.append(Finding(
             "SlowRanksSharedComponent", ctype, comp, lab,
             [f"{len(ent.ranks)} slow rank(s) share {comp}", "evidence: " + ", ".join(sorted(set(ent.why)))],
@@ -312,7 +312,7 @@ def stage_findings(s: DetectionSettings, report: StragglerReport, cluster: str) 
     out = []
     for sl in report.stages:
         comp = sl.job if sl.stage < 0 else f"{sl.job}/stage{sl.stage}"
-        lab = {"job": sl.job}
+        lab = {"hpc_job": sl.job}
         if cluster:
             lab["cluster"] = cluster
         desc = ("whole pipeline stage late with clean counters: a partition imbalance, not a fabric fault"

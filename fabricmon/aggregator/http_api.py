@@ -83,7 +83,7 @@ class AggregatorCollector:
             g.add_metric([ctype, comp], p)
         yield g
         g = GaugeMetricFamily("fabricmon_rank_lateness_score", "Robust lateness z-score of the rank's last step.",
-                              labels=["job", "rank"])
+                              labels=["hpc_job", "rank"])
         for job, rank, score in snap["lateness"]:
             g.add_metric([job, str(rank)], score)
         yield g
