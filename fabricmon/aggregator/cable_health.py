@@ -22,6 +22,7 @@ while the trend continues (half the slope suffices) and resolves after its hold 
 from __future__ import annotations
 
 import math
+import zlib
 from collections import deque
 from statistics import median
 
@@ -48,8 +49,8 @@ def thirds_rise(ys: list[float]) -> tuple[float, float]:
 
 
 class _Track:
-    __slots__ = ("link", "data_Bps", "cur", "cur_start", "buckets", "rx", "temp", "hits", "last_eval",
-                 "finding")
+    __slots__ = ("link", "data_Bps", "cur", "cur_start", "buckets", "rx", "temp", "hits", "last_slot",
+                 "finding", "phase", "rx_new", "rx_worst")
 
     def __init__(self, link) -> None:
         self.link = link
@@ -60,8 +61,12 @@ class _Track:
         self.rx: dict[int, deque] = {}  # lane -> (ts, dBm)
         self.temp: deque = deque()
         self.hits = 0
-        self.last_eval = -math.inf
+        self.rx_new = False  # a module reading arrived since the last judgement
+        self.rx_worst: tuple | None = None  # the last RX judgement
+        self.last_slot = -1
         self.finding: Finding | None = None
+        # judged once per bucket, each link at its own phase so the work spreads over the ticks
+        self.phase = (zlib.crc32(link.id.encode()) % 1000) / 1000.0
 
 
 class CableHealth:
@@ -110,6 +115,7 @@ class CableHealth:
         if dq and dq[-1][0] >= ts:
             return
         dq.append((ts, 10 * math.log10(max(watts, 1e-9) * 1e3)))
+        t.rx_new = True
         while dq and dq[0][0] < ts - self.s.cable_window_s:
             dq.popleft()
 
@@ -127,8 +133,9 @@ class CableHealth:
         for tr in self.tracks.values():
             if tr.cur is not None and now - tr.cur_start >= self.s.cable_bucket_s:
                 self._close(tr)
-            if now - tr.last_eval >= self.s.cable_bucket_s:
-                tr.last_eval = now
+            slot = int(now // self.s.cable_bucket_s + tr.phase)
+            if slot != tr.last_slot:
+                tr.last_slot = slot
                 tr.finding = self._judge(tr, now, suppressed or set())
             if tr.finding is not None:
                 out.append(tr.finding)
@@ -142,6 +149,9 @@ class CableHealth:
             return None  # a down link is FabricLinkDown's; its window of old data says nothing new
         ev: list[str] = []
         fire_any = keep_any = False
+        # A link with no evidence so far only needs the fire test, whose cheap part (three medians)
+        # comes first: the slopes (O(n^2) pairs) are computed for the few links that pass it.
+        warm = tr.finding is not None or tr.hits > 0
         # --- BER trend ---
         bk = [b for b in tr.buckets if b[0] > now - s.cable_window_s]
         rate = tr.data_Bps
@@ -149,9 +159,10 @@ class CableHealth:
             denom = rate * 8
             xs = [b[0] / 60.0 for b in bk]
             ys = [math.log10(max(b[1] / (denom * b[2]), BER_FLOOR)) for b in bk]
-            slope = theil_sen(xs, ys)
             r1, r2 = thirds_rise(ys)
-            fire = slope >= s.cable_ber_slope and min(r1, r2) >= s.cable_ber_step and r1 + r2 >= s.cable_ber_rise
+            climbs = min(r1, r2) >= s.cable_ber_step and r1 + r2 >= s.cable_ber_rise
+            slope = theil_sen(xs, ys) if climbs or warm else 0.0
+            fire = climbs and slope >= s.cable_ber_slope
             keep = slope >= s.cable_ber_slope / 2
             if fire or keep:
                 ev.append(f"pre-FEC BER rising {slope:.2f} decades/min over {(xs[-1] - xs[0]):.0f} min, "
@@ -159,7 +170,7 @@ class CableHealth:
             fire_any |= fire
             keep_any |= keep
             # --- lanes: who carries the errors, and is that lane climbing ---
-            lanes = [sum(b[3][i] for b in bk) for i in range(8)]
+            lanes = [sum(col) for col in zip(*[b[3] for b in bk])]
             total = sum(lanes)
             if total > 0:
                 top = max(range(8), key=lambda i: lanes[i])
@@ -168,30 +179,20 @@ class CableHealth:
                 if used >= 2 and share >= s.cable_lane_share:
                     # the lane's own BER, as if it carried 1/used of the bits
                     ly = [math.log10(max(b[3][top] * used / (denom * b[2]), BER_FLOOR)) for b in bk]
-                    lslope = theil_sen(xs, ly)
                     l1, l2 = thirds_rise(ly)
-                    lfire = lslope >= s.cable_ber_slope and min(l1, l2) >= s.cable_ber_step and \
-                        l1 + l2 >= s.cable_ber_rise
+                    lclimbs = min(l1, l2) >= s.cable_ber_step and l1 + l2 >= s.cable_ber_rise
+                    lslope = theil_sen(xs, ly) if lclimbs or warm else 0.0
+                    lfire = lclimbs and lslope >= s.cable_ber_slope
                     if lfire or lslope >= s.cable_ber_slope / 2:
                         ev.append(f"lane {top} carries {share * 100:.0f}% of the corrected bits, its BER rising "
                                   f"{lslope:.2f} decades/min")
                     fire_any |= lfire
                     keep_any |= lslope >= s.cable_ber_slope / 2
-        # --- RX power drift ---
-        worst = None
-        for lane, dq in tr.rx.items():
-            pts = [(ts, v) for ts, v in dq if ts > now - s.cable_window_s]
-            if len(pts) < s.cable_min_readings or pts[-1][1] < 10 * math.log10(DARK_W * 1e3):
-                continue
-            xs = [p[0] / 60.0 for p in pts]
-            ys = [p[1] for p in pts]
-            slope = theil_sen(xs, ys)
-            d1, d2 = thirds_rise(ys)
-            fire = slope <= -s.cable_rx_slope_db and max(d1, d2) <= -s.cable_rx_step_db and \
-                d1 + d2 <= -s.cable_rx_drop_db
-            keep = slope <= -s.cable_rx_slope_db / 2
-            if (fire or keep) and (worst is None or slope < worst[1]):
-                worst = (lane, slope, ys[0], ys[-1], fire, keep)
+        # --- RX power drift: judged again only when a module reading arrived (every 30-60 s) ---
+        worst = tr.rx_worst
+        if tr.rx_new or warm:
+            worst = tr.rx_worst = self._rx_drift(tr, now, warm)
+            tr.rx_new = False
         if worst is not None:
             lane, slope, first, last, fire, keep = worst
             ev.append(f"RX power lane {lane} falling {-slope:.2f} dB/min ({first:.1f} -> {last:.1f} dBm)")
@@ -207,3 +208,22 @@ class CableHealth:
             return None
         return Finding(ALERT, "link", link.id, link.labels, ev, fire=fire, keep=keep_any or fire,
                        hold_s=s.cable_hold_s, severity="warning")
+
+    def _rx_drift(self, tr: _Track, now: float, warm: bool) -> tuple | None:
+        """(lane, slope dB/min, first dBm, last dBm, fire, keep) of the lane falling fastest, or None."""
+        s = self.s
+        worst = None
+        for lane, dq in tr.rx.items():
+            pts = [(ts, v) for ts, v in dq if ts > now - s.cable_window_s]
+            if len(pts) < s.cable_min_readings or pts[-1][1] < 10 * math.log10(DARK_W * 1e3):
+                continue
+            xs = [p[0] / 60.0 for p in pts]
+            ys = [p[1] for p in pts]
+            d1, d2 = thirds_rise(ys)
+            falls = max(d1, d2) <= -s.cable_rx_step_db and d1 + d2 <= -s.cable_rx_drop_db
+            slope = theil_sen(xs, ys) if falls or warm else 0.0
+            fire = falls and slope <= -s.cable_rx_slope_db
+            keep = slope <= -s.cable_rx_slope_db / 2
+            if (fire or keep) and (worst is None or slope < worst[1]):
+                worst = (lane, slope, ys[0], ys[-1], fire, keep)
+        return worst
