@@ -46,7 +46,7 @@ def build_sources(cfg: AgentConfig) -> list[Source]:
     from ..sources.fabric_config import FabricConfigSource
     from ..sources.host import HostSource
     from ..sources.infiniband import InfinibandSource
-    from ..sources.nvlink import make_nvml_source
+    from ..sources.nvml.source import make_nvml_source
 
     sources: list[Source] = []
     s = cfg.sources

@@ -33,7 +33,7 @@ from ..rank_timing import JobLayout, RankTiming
 from ..sources.ethtool import ETHTOOL_UP, classify_stat
 from ..sources.infiniband import DATA_PER_NOMINAL
 from ..sources.infiniband import classify as ib_classify
-from ..sources.nvlink import NVLINK_ERROR_TYPES, THROTTLE_REASONS
+from ..sources.nvml.backend import NVLINK_ERROR_TYPES, THROTTLE_REASONS
 from .cluster import ClusterState
 from .hw import (
     DOWN_RATE, ETH_STATS, GPU_NAME, HW_CONG64, HW_LIFESPAN_MS, HW_PPCNT64, HW_Q32, HW_ROCE_ACCL32, LANE_DGBPS,
