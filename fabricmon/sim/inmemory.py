@@ -435,14 +435,14 @@ def _new_delta(family: str, labels: Labels, delta: float, saturated: bool, reset
 
 
 class GaugeFilter:
-    """The stream client's rule for gauges (``agent/stream.py``): every gauge in the first batch, then
+    """The stream client's rule for gauges (``agent/stream_batches.py``): every gauge in the first batch, then
     those that changed or reappeared.  Used to turn a real Snapshot into the batch it would stream."""
 
     def __init__(self) -> None:
         self.base: dict | None = None
 
     def __call__(self, samples) -> list[Sample]:
-        from ..agent.stream import changed_gauges
+        from ..agent.stream_batches import changed_gauges
 
         out, self.base = changed_gauges(samples, self.base)
         return out
