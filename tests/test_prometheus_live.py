@@ -54,7 +54,8 @@ MAY_BE_EMPTY = {
 # Alerts a fault may legitimately raise besides its own (component ids are checked for those).
 SECONDARY = {"FabricCongestion"}  # a PFC storm pauses its partner: congestion there is the symptom
 # May go pending (never fire) on a loaded test machine: one 1 s scrape that timed out is up == 0.
-TRANSIENT = {"FabricmonAgentDown"}
+# FabricmonAggregatorDown: pending from Prometheus' start until the aggregator's first scrape (no `up` yet).
+TRANSIENT = {"FabricmonAgentDown", "FabricmonAggregatorDown"}
 
 
 def _scenario():

@@ -1,0 +1,679 @@
+#!/usr/bin/env python3
+"""fabricmon's Prometheus rules as a mixin: one source, configured in one place.
+
+    python deploy/prometheus/mixin.py            # writes deploy/prometheus/*.rules.yml
+    python deploy/prometheus/mixin.py --check    # exit 1 if a written file differs (CI)
+    python deploy/prometheus/mixin.py --out DIR  # write somewhere else
+
+The rule files are generated: edit this file, not them.  To adapt the rules to a site
+(scrape job names, runbook location, how long a condition must hold before it pages),
+change ``CONFIG`` below, or import this module and call ``render(Config(...))``:
+
+    agent_selector       label matchers selecting the agents' scrape targets in `up`
+    aggregator_selector  label matchers selecting the aggregator's targets and series
+    runbook_url          runbook link; ``{alert}`` is the alert name, ``{anchor}`` its lower case
+    for_windows          the named ``for:`` windows every alert picks one of
+    agents_disconnected_ratio
+                         share of scraped agents allowed to have no stream to the aggregator
+
+Inside an expression ``${name}`` is replaced by the Config field of that name (PromQL itself
+never writes ``${``); an unknown name is an error.  tests/test_prometheus_rules.py checks that
+regeneration changes nothing, runs promtool on the output and every alert's unit tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Config:
+    agent_selector: str = 'job=~".*fabricmon-agent.*"'
+    aggregator_selector: str = 'job=~".*fabricmon-aggregator.*"'
+    runbook_url: str = "https://github.com/fabricmon/fabricmon/blob/main/deploy/prometheus/runbooks.md#{anchor}"
+    # `for:` choice.  The aggregator is the fast path (about 2 s from fault to Alertmanager);
+    # the fabric rules are the backstop and the record, so they favour few false pages at
+    # modest delay, assuming 15 s scrape and evaluation.  Worst case fault -> Alertmanager is
+    # about scrape + window + for + evaluation (15 s + 15 s + 15 s for a link down), against
+    # 114 s for the usual 1m/1m settings.
+    for_windows: dict[str, str] = field(default_factory=lambda: {
+        "hard": "15s",       # link down, NVLink down: one confirming evaluation
+        "window": "0s",      # fatal XID, flapping: the range window is the persistence
+        "sustained": "30s",  # PFC storm, agent down
+        "rate": "1m",        # error / retransmit / degraded / drift rates ([1m]-[2m] windows already smooth)
+        "bursty": "2m",      # congestion, collector failing: bursty by nature
+        "aggregator": "1m",  # aggregator down: the fast path is gone, the rules still work
+        "delivery": "5m",    # Alertmanager delivery failing: outlasts retries with backoff
+        "stream": "5m",      # agents scraped but not streaming: outlasts a rolling restart
+    })
+    agents_disconnected_ratio: float = 0.2
+
+    def __post_init__(self) -> None:
+        for name, value in self.for_windows.items():
+            if not re.fullmatch(r"\d+[smh]", value):
+                raise ValueError(f"Config.for_windows[{name!r}]: {value!r} is not a Prometheus duration like 30s")
+        if "{anchor}" not in self.runbook_url and "{alert}" not in self.runbook_url:
+            raise ValueError("Config.runbook_url: names neither {anchor} nor {alert}")
+        if not 0 < self.agents_disconnected_ratio < 1:
+            raise ValueError(f"Config.agents_disconnected_ratio: {self.agents_disconnected_ratio} not in (0, 1)")
+
+
+CONFIG = Config()
+
+
+@dataclass(frozen=True)
+class Record:
+    record: str
+    expr: str
+    comment: str = ""
+
+
+@dataclass(frozen=True)
+class Alert:
+    alert: str
+    for_: str  # a key of Config.for_windows
+    severity: str
+    component_type: str
+    summary: str
+    description: str
+    expr: str
+    comment: str = ""
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    rules: list
+
+
+@dataclass(frozen=True)
+class RuleFile:
+    name: str
+    header: str
+    groups: list
+
+
+def _substitute(expr: str, cfg: Config, where: str) -> str:
+    def one(m: re.Match) -> str:
+        key = m.group(1)
+        if key not in {f.name for f in dataclasses.fields(cfg)} or key == "for_windows":
+            raise KeyError(f"{where}: unknown ${{{key}}} in expr")
+        return str(getattr(cfg, key))
+
+    text = re.sub(r"\$\{(\w+)\}", one, expr.strip("\n"))
+    # One-line expressions stay plain scalars (no trailing newline), as YAML loads them back.
+    return text.strip() if _plain(text) else text + "\n"
+
+
+def _plain(text: str) -> bool:
+    return "\n" not in text.strip() and ": " not in text and " #" not in text and text.strip()[:1] not in "{[&*!|>'\"%@`#-?:,"
+
+
+def rule_dict(rule: Record | Alert, cfg: Config) -> dict:
+    """One rule as Prometheus' rule-file structure (what the YAML and the PrometheusRule hold)."""
+    if isinstance(rule, Record):
+        return {"record": rule.record, "expr": _substitute(rule.expr, cfg, rule.record)}
+    return {
+        "alert": rule.alert,
+        "expr": _substitute(rule.expr, cfg, rule.alert),
+        "for": _window(cfg, rule),
+        "labels": {"severity": rule.severity, "component_type": rule.component_type},
+        "annotations": {
+            "summary": rule.summary,
+            "description": rule.description,
+            "runbook_url": cfg.runbook_url.format(alert=rule.alert, anchor=rule.alert.lower()),
+        },
+    }
+
+
+def _window(cfg: Config, rule: Alert) -> str:
+    try:
+        return cfg.for_windows[rule.for_]
+    except KeyError:
+        raise KeyError(f"{rule.alert}: Config.for_windows has no window {rule.for_!r}") from None
+
+
+def _q(s: str) -> str:
+    return json.dumps(s, ensure_ascii=False)  # a JSON string is a valid YAML double-quoted scalar
+
+
+def _comment(text: str, indent: str) -> list[str]:
+    return [f"{indent}# {ln}".rstrip() for ln in text.strip("\n").splitlines()]
+
+
+def render_file(rf: RuleFile, cfg: Config) -> str:
+    lines = _comment(rf.header, "")
+    lines.append("# GENERATED by deploy/prometheus/mixin.py: edit the source there, then run it.")
+    lines.append("groups:")
+    for g in rf.groups:
+        lines += [f"  - name: {g.name}", "    rules:"]
+        for i, rule in enumerate(g.rules):
+            d = rule_dict(rule, cfg)
+            if i and isinstance(rule, Alert):
+                lines.append("")
+            if rule.comment:
+                lines += _comment(rule.comment, "      ")
+            key = "alert" if isinstance(rule, Alert) else "record"
+            lines.append(f"      - {key}: {d[key]}")
+            if d["expr"].endswith("\n"):
+                lines.append("        expr: |")
+                lines += [f"          {ln}".rstrip() for ln in d["expr"].rstrip("\n").splitlines()]
+            else:
+                lines.append(f"        expr: {d['expr']}")
+            if isinstance(rule, Alert):
+                lines.append(f"        for: {d['for']}")
+                lines.append("        labels:")
+                lines += [f"          {k}: {v}" for k, v in d["labels"].items()]
+                lines.append("        annotations:")
+                lines += [f"          {k}: {_q(v)}" for k, v in d["annotations"].items()]
+        if g is not rf.groups[-1]:
+            lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def render(cfg: Config = CONFIG) -> dict[str, str]:
+    """File name -> content of every rule file."""
+    return {rf.name: render_file(rf, cfg) for rf in FILES}
+
+
+RECORDING = [
+    Group('fabricmon-topology', [
+        Record('fabricmon:ib_port:info',
+        expr='''
+max by (cluster, node, device, port, rail, interface, leaf) (
+  label_replace(
+    label_join(fabricmon_ib_port_info{rail!="", unit!=""}, "leaf", "-r", "unit", "rail"),
+    "leaf", "leaf-u$1", "leaf", "(.+)"
+  )
+)
+or on (cluster, node, device, port)
+max by (cluster, node, device, port, rail, interface) (fabricmon_ib_port_info)
+'''),
+        Record('fabricmon:ib_rail_port_rate_bytes_per_second:median',
+        comment='Expected link rate and width: the median over ACTIVE rail ports (no per-cluster constant needed).',
+        expr='''
+quantile by (cluster) (0.5,
+  fabricmon_ib_port_rate_bytes_per_second
+    and on (cluster, node, device, port) (fabricmon_ib_port_state == 4)
+    and on (cluster, node, device, port) fabricmon:ib_port:info{rail!=""}
+)
+'''),
+        Record('fabricmon:ib_rail_port_width_lanes:median',
+        expr='''
+quantile by (cluster) (0.5,
+  fabricmon_ib_port_width_lanes
+    and on (cluster, node, device, port) (fabricmon_ib_port_state == 4)
+    and on (cluster, node, device, port) fabricmon:ib_port:info{rail!=""}
+)
+'''),
+    ]),
+    Group('fabricmon-ports', [
+        Record('fabricmon:ib_port_receive_bytes:rate1m',
+        comment='Per port, with rail/leaf/interface joined from fabricmon:ib_port:info.',
+        expr='''
+rate(fabricmon_ib_port_receive_bytes_total[1m])
+  * on (cluster, node, device, port) group_left (rail, leaf, interface) fabricmon:ib_port:info
+'''),
+        Record('fabricmon:ib_port_transmit_bytes:rate1m',
+        expr='''
+rate(fabricmon_ib_port_transmit_bytes_total[1m])
+  * on (cluster, node, device, port) group_left (rail, leaf, interface) fabricmon:ib_port:info
+'''),
+        Record('fabricmon:ib_port_receive_utilization:ratio1m',
+        comment='Utilization against the data rate (0-1): the signalling rate less line coding (8b/10b on\nSDR/DDR/QDR, 64b/66b on FDR), what the link can actually carry; down ports (rate 0) are left out.',
+        expr='''
+fabricmon:ib_port_receive_bytes:rate1m
+  / on (cluster, node, device, port) group_left ()
+(fabricmon_ib_port_data_rate_bytes_per_second > 0)
+'''),
+        Record('fabricmon:ib_port_transmit_utilization:ratio1m',
+        expr='''
+fabricmon:ib_port_transmit_bytes:rate1m
+  / on (cluster, node, device, port) group_left ()
+(fabricmon_ib_port_data_rate_bytes_per_second > 0)
+'''),
+        Record('fabricmon:ib_port_errors:rate1m',
+        expr='''
+sum by (cluster, node, device, port, counter) (rate(fabricmon_ib_port_errors_total[1m]))
+'''),
+        Record('fabricmon:rdma_transport_retries:rate1m',
+        expr='''
+sum by (cluster, node, device, port) (rate(fabricmon_rdma_transport_retries_total[1m]))
+'''),
+        Record('fabricmon:pfc_pause:ratio1m',
+        comment='PFC: share of time paused (0-1) per interface, priority and direction.',
+        expr='''
+sum by (cluster, node, interface, priority, direction) (rate(fabricmon_pfc_pause_seconds_total[1m]))
+'''),
+        Record('fabricmon:nvlink_transmit_bytes:rate1m',
+        expr='''
+sum by (cluster, node, gpu) (rate(fabricmon_nvlink_transmit_bytes_total[1m]))
+'''),
+        Record('fabricmon:nvlink_receive_bytes:rate1m',
+        expr='''
+sum by (cluster, node, gpu) (rate(fabricmon_nvlink_receive_bytes_total[1m]))
+'''),
+    ]),
+    Group('fabricmon-rails-leaves', [
+        Record('fabricmon:rail_receive_bytes:rate1m',
+        expr='''
+sum by (cluster, rail) (fabricmon:ib_port_receive_bytes:rate1m{rail!=""})
+'''),
+        Record('fabricmon:rail_transmit_bytes:rate1m',
+        expr='''
+sum by (cluster, rail) (fabricmon:ib_port_transmit_bytes:rate1m{rail!=""})
+'''),
+        Record('fabricmon:rail_transmit_utilization:ratio1m',
+        expr='''
+sum by (cluster, rail) (fabricmon:ib_port_transmit_bytes:rate1m{rail!=""})
+  /
+sum by (cluster, rail) (
+  (fabricmon_ib_port_data_rate_bytes_per_second > 0)
+    * on (cluster, node, device, port) group_left (rail) fabricmon:ib_port:info{rail!=""}
+)
+'''),
+        Record('fabricmon:leaf_receive_bytes:rate1m',
+        expr='''
+sum by (cluster, leaf, rail) (fabricmon:ib_port_receive_bytes:rate1m{leaf!=""})
+'''),
+        Record('fabricmon:leaf_transmit_bytes:rate1m',
+        expr='''
+sum by (cluster, leaf, rail) (fabricmon:ib_port_transmit_bytes:rate1m{leaf!=""})
+'''),
+        Record('fabricmon:leaf_transmit_utilization:ratio1m',
+        expr='''
+sum by (cluster, leaf, rail) (fabricmon:ib_port_transmit_bytes:rate1m{leaf!=""})
+  /
+sum by (cluster, leaf, rail) (
+  (fabricmon_ib_port_data_rate_bytes_per_second > 0)
+    * on (cluster, node, device, port) group_left (leaf, rail) fabricmon:ib_port:info{leaf!=""}
+)
+'''),
+        Record('fabricmon:rail_pfc_pause:max_ratio1m',
+        comment='Highest PFC pause ratio on any RoCE port of the rail (rx: being paused, tx: pausing others).',
+        expr='''
+max by (cluster, rail, direction) (
+  fabricmon:pfc_pause:ratio1m
+    * on (cluster, node, interface) group_left (rail) fabricmon:ib_port:info{rail!="", interface!=""}
+)
+'''),
+    ]),
+]
+
+ALERT_GROUPS = [
+    Group('fabricmon-links', [
+        Alert(
+            'FabricLinkDown', for_='hard', severity='critical', component_type='link',
+            summary='Fabric link {{ $labels.component }} is not ACTIVE',
+            description='Port {{ $labels.component }} (rail {{ $labels.rail }}, leaf {{ $labels.leaf }}) reports an IB state other than ACTIVE. Jobs using this rail on {{ $labels.node }} lose bandwidth or hang in collectives.',
+            expr='''
+max without (device, port) (
+  label_join(
+    max by (cluster, node, device, port) (fabricmon_ib_port_state != 4)
+      * on (cluster, node, device, port) group_left (rail, leaf) fabricmon:ib_port:info{rail!=""},
+    "component", "/", "node", "device", "port"
+  )
+)
+'''),
+        Alert(
+            'FabricLinkFlapping', for_='window', severity='warning', component_type='link',
+            summary='Fabric link {{ $labels.component }} went down repeatedly in 10 minutes',
+            description='Port {{ $labels.component }} went down at least twice (link_downed) or changed state four times in 10 minutes: usually a marginal cable or transceiver.',
+            expr='''
+max without (device, port) (
+  label_join(
+    (
+      max by (cluster, node, device, port) (
+        increase({__name__=~"fabricmon_ib_port_(errors|counter)_total", counter="link_downed"}[10m]) >= 2
+      )
+      or on (cluster, node, device, port)
+      max by (cluster, node, device, port) (changes(fabricmon_ib_port_state[10m]) >= 4)
+    )
+      * on (cluster, node, device, port) group_left (rail, leaf) fabricmon:ib_port:info,
+    "component", "/", "node", "device", "port"
+  )
+)
+'''),
+        Alert(
+            'FabricLinkErrors', for_='rate', severity='warning', component_type='link',
+            summary='Fabric link {{ $labels.component }} is taking physical/link errors',
+            description='Port {{ $labels.component }} took {{ $value | humanize }} physical/link errors (symbol, link-error recovery, receive, integrity, overrun) in 2 minutes; rising symbol errors precede link-down.',
+            expr='''
+max without (device, port) (
+  label_join(
+    (
+      sum by (cluster, node, device, port) (
+        increase(fabricmon_ib_port_errors_total{counter=~"symbol_error|link_error_recovery|port_rcv_errors|port_rcv_remote_physical_errors|local_link_integrity_errors|excessive_buffer_overrun_errors"}[2m])
+      ) > 10
+    )
+      * on (cluster, node, device, port) group_left (rail, leaf) fabricmon:ib_port:info,
+    "component", "/", "node", "device", "port"
+  )
+)
+'''),
+        Alert(
+            'FabricLinkDegraded', for_='rate', severity='warning', component_type='link',
+            summary='Fabric link {{ $labels.component }} runs below the rate or width of its peers',
+            description="ACTIVE port {{ $labels.component }} runs below the median rate or width of the cluster's rail ports (e.g. 4X -> 2X, NDR -> HDR): every job on {{ $labels.node }} using rail {{ $labels.rail }} is slowed.",
+            expr='''
+max without (device, port) (
+  label_join(
+    (
+      max by (cluster, node, device, port) (
+        (fabricmon_ib_port_rate_bytes_per_second
+           < on (cluster) group_left () fabricmon:ib_rail_port_rate_bytes_per_second:median)
+        or
+        (fabricmon_ib_port_width_lanes
+           < on (cluster) group_left () fabricmon:ib_rail_port_width_lanes:median)
+      )
+      and on (cluster, node, device, port) (fabricmon_ib_port_state == 4)
+    )
+      * on (cluster, node, device, port) group_left (rail, leaf) fabricmon:ib_port:info{rail!=""},
+    "component", "/", "node", "device", "port"
+  )
+)
+'''),
+        Alert(
+            'RDMARetransmits', for_='rate', severity='warning', component_type='link',
+            summary='RDMA transport retries on {{ $labels.component }} (timeouts, out-of-sequence)',
+            description='RDMA transport retries (ACK timeouts, out-of-sequence, sequence errors) on {{ $labels.component }} at {{ $value | humanize }}/s: packets are lost between this NIC and its peers.',
+            expr='''
+max without (device, port) (
+  label_join(
+    (
+      sum by (cluster, node, device, port) (rate(fabricmon_rdma_transport_retries_total[2m])) > 1
+    )
+      * on (cluster, node, device, port) group_left (rail, leaf) fabricmon:ib_port:info,
+    "component", "/", "node", "device", "port"
+  )
+)
+'''),
+    ]),
+    Group('fabricmon-lossless', [
+        Alert(
+            'FabricPFCStorm', for_='sustained', severity='critical', component_type='link',
+            summary='PFC pause storm from {{ $labels.component }}',
+            description='{{ $labels.component }} sends PFC/global pause more than half the time or reported a pause storm: its receiver is stuck or slow and back-pressures the fabric.',
+            comment='The port that emits pauses (tx) most of the time is the slow receiver: blame it, not its victims.\nPFC or, on ports configured for it, global (802.3x) pause.',
+            expr='''
+max without (device, port, interface) (
+  label_join(
+    (
+      max by (cluster, node, interface) (rate(fabricmon_pfc_pause_seconds_total{direction="tx"}[1m]) > 0.5)
+      or on (cluster, node, interface)
+      # a port running 802.3x (global) pause has no per-priority counters moving at all
+      max by (cluster, node, interface) (rate(fabricmon_global_pause_seconds_total{direction="tx"}[1m]) > 0.5)
+      or on (cluster, node, interface)
+      max by (cluster, node, interface) (increase(fabricmon_pfc_pause_storm_events_total[5m]) > 0)
+    )
+      * on (cluster, node, interface) group_left (device, port, rail, leaf) fabricmon:ib_port:info{interface!=""},
+    "component", "/", "node", "device", "port"
+  )
+)
+'''),
+        Alert(
+            'FabricCongestion', for_='bursty', severity='warning', component_type='link',
+            summary='Sustained congestion on {{ $labels.component }}',
+            description='Sustained congestion on {{ $labels.component }}: ECN marks on more than 10% of received packets, paused more than 10% of the time, or (IB) more transmit-wait ticks than packets sent.',
+            comment='Sustained congestion: ECN marks on >10% of received packets, being paused >10% of\nthe time, or (IB) more transmit-wait ticks than packets sent.',
+            expr='''
+max without (device, port) (
+  label_join(
+    (
+      max by (cluster, node, device, port) (
+        rate(fabricmon_roce_ecn_marked_packets_total[1m])
+          / (rate(fabricmon_ib_port_receive_packets_total[1m]) > 0) > 0.1
+      )
+      or on (cluster, node, device, port)
+      max by (cluster, node, device, port) (
+        rate(fabricmon_ib_port_transmit_wait_total[1m])
+          / (rate(fabricmon_ib_port_transmit_packets_total[1m]) > 0) > 1
+      )
+      or on (cluster, node, device, port)
+      max by (cluster, node, device, port) (
+        (max by (cluster, node, interface) (rate(fabricmon_pfc_pause_seconds_total{direction="rx"}[1m])) > 0.1)
+          * on (cluster, node, interface) group_left (device, port) fabricmon:ib_port:info{interface!=""}
+      )
+    )
+      * on (cluster, node, device, port) group_left (rail, leaf) fabricmon:ib_port:info,
+    "component", "/", "node", "device", "port"
+  )
+)
+'''),
+        Alert(
+            'FabricConfigDrift', for_='rate', severity='warning', component_type='config',
+            summary='Lossless fabric config of {{ $labels.component }} differs from the expected profile',
+            description='{{ $value }} lossless-fabric checks (PFC, trust, ECN, MTU, rate) fail on {{ $labels.component }} against the expected profile: RoCE traffic through it may drop instead of pause.',
+            comment='Value: number of failing checks on the NIC (PFC, trust, ECN, MTU, rate...).\nrail and leaf from the port info (as the aggregator labels the same incident, so both\nland in one Alertmanager group); a NIC without port info still alerts, without them.',
+            expr='''
+max without (device) (
+  label_join(
+    (
+      count by (cluster, node, device) (fabricmon_fabric_config_ok == 0)
+        * on (cluster, node, device) group_left (rail, leaf)
+      max by (cluster, node, device, rail, leaf) (fabricmon:ib_port:info)
+    )
+    or on (cluster, node, device)
+    count by (cluster, node, device) (fabricmon_fabric_config_ok == 0),
+    "component", "/", "node", "device"
+  )
+)
+'''),
+    ]),
+    Group('fabricmon-gpus', [
+        Alert(
+            'NVLinkDown', for_='hard', severity='critical', component_type='nvlink',
+            summary='NVLink {{ $labels.component }} is down',
+            description='NVLink {{ $labels.component }} is down while its GPU is up: collectives inside {{ $labels.node }} fall back to slower paths or fail.',
+            expr='''
+max without (link) (
+  label_join(
+    label_join(
+      max by (cluster, node, gpu, link) (fabricmon_nvlink_up == 0)
+        unless on (cluster, node, gpu) (fabricmon_gpu_up == 0),
+      "component", "/gpu", "node", "gpu"
+    ),
+    "component", "/nvlink", "component", "link"
+  )
+)
+'''),
+        Alert(
+            'NVLinkErrors', for_='rate', severity='warning', component_type='nvlink',
+            summary='NVLink {{ $labels.component }} is taking replay/recovery/CRC errors',
+            description='NVLink {{ $labels.component }} took {{ $value | humanize }} replay/recovery/CRC errors in 2 minutes.',
+            expr='''
+max without (link) (
+  label_join(
+    label_join(
+      sum by (cluster, node, gpu, link) (
+        increase(fabricmon_nvlink_errors_total{type=~"replay|recovery|crc_flit|crc_data"}[2m])
+      ) > 10,
+      "component", "/gpu", "node", "gpu"
+    ),
+    "component", "/nvlink", "component", "link"
+  )
+)
+'''),
+        Alert(
+            'GPUXidFatal', for_='window', severity='critical', component_type='gpu',
+            summary='GPU {{ $labels.component }} reported fatal XID {{ $labels.xid }}',
+            description='GPU {{ $labels.component }} reported XID {{ $labels.xid }}, which needs a GPU reset or node drain; jobs on it have likely failed.',
+            comment='Fatal XIDs: 48 DBE ECC, 61/62 internal micro-controller, 64 row-remap failure, 74 NVLink,\n79 fallen off the bus, 94/95 (un)contained ECC, 119/120 GSP, 140 unrecovered ECC.\nA counter series appears at its first XID (value 1), which increase() cannot see:\nthe `unless ... offset 5m` arm catches new series.  Caveat: for 5 minutes after a\nPrometheus restart (no history) existing XID series also match.',
+            expr='''
+max by (cluster, node, gpu, xid, component) (
+  label_join(
+    (
+      increase(fabricmon_gpu_xid_errors_total{xid=~"48|61|62|64|74|79|94|95|119|120|140"}[5m]) > 0
+    )
+    or
+    (
+      fabricmon_gpu_xid_errors_total{xid=~"48|61|62|64|74|79|94|95|119|120|140"}
+        unless fabricmon_gpu_xid_errors_total{xid=~"48|61|62|64|74|79|94|95|119|120|140"} offset 5m
+    ),
+    "component", "/gpu", "node", "gpu"
+  )
+)
+'''),
+    ]),
+    Group('fabricmon-self', [
+        Alert(
+            'FabricmonAgentDown', for_='sustained', severity='warning', component_type='node',
+            summary='fabricmon agent on {{ $labels.component }} is not being scraped',
+            description="Prometheus cannot scrape the fabricmon agent on {{ $labels.component }}: that node's fabric, NVLink and GPU alerts are blind (and inhibited) until it is back.",
+            comment="`up` has no `node` unless the scrape config attaches one; recover it from the\nagent's last exposition (latest node name per instance within 1 h).",
+            expr='''
+label_replace(
+  label_replace(
+    max by (cluster, node, instance) (
+      (up{${agent_selector}} == 0)
+        * on (cluster, instance) group_left (node)
+      topk by (cluster, instance) (1,
+        max by (cluster, instance, node) (last_over_time(fabricmon_snapshot_timestamp_seconds[1h]))
+      )
+      or on (cluster, instance)
+      (up{${agent_selector}} == 0)
+    ),
+    "component", "$1", "instance", "(.*)"
+  ),
+  "component", "$1", "node", "(.+)"
+)
+'''),
+        Alert(
+            'FabricmonCollectorFailing', for_='bursty', severity='warning', component_type='node',
+            summary='fabricmon collector {{ $labels.collector }} failing on {{ $labels.component }}',
+            description='Collector {{ $labels.collector }} of the agent on {{ $labels.component }} has failed for 2 minutes: its readings are missing from the exposition and the stream.',
+            expr='''
+label_replace(
+  max by (cluster, node, collector) (fabricmon_collector_up == 0),
+  "component", "$1", "node", "(.+)"
+)
+'''),
+        Alert(
+            'FabricmonAggregatorDown', for_='aggregator', severity='critical', component_type='service',
+            summary="fabricmon aggregator {{ $labels.component }} is down",
+            description="Prometheus cannot scrape the fabricmon aggregator {{ $labels.component }} (or no aggregator target is up at all): the fast alert path, fault localization and straggler scores are gone; only these Prometheus rules still alert.",
+            comment="Per target, and `absent` for when no aggregator target is up at all (deleted, or its\nServiceMonitor not selected): both mean the fast path is gone.",
+            expr='''
+label_replace(
+  max by (cluster, instance) (up{${aggregator_selector}} == 0),
+  "component", "$1", "instance", "(.*)"
+)
+or on (cluster)
+label_replace(
+  absent(up{${aggregator_selector}} == 1),
+  "component", "fabricmon-aggregator", "__name__", ".*"
+)
+'''),
+        Alert(
+            'FabricmonAlertDeliveryFailing', for_='delivery', severity='critical', component_type='service',
+            summary="fabricmon aggregator {{ $labels.component }} cannot deliver alerts to Alertmanager",
+            description="The aggregator {{ $labels.component }} is dropping or having alerts rejected by Alertmanager ({{ $value | humanize }}/s), or every delivery attempt fails: incidents it finds reach nobody.",
+            comment="fabricmon_alerts_sent_total{result}: success, error (a transient failure, retried),\nrejected (Alertmanager answered 4xx: lost) and dropped (queue full: lost).  Any loss pages;\nretries page only when nothing gets through (one Alertmanager of an HA pair down is\nAlertmanager's own alert, not this one).",
+            expr='''
+label_replace(
+  (
+    sum by (cluster, instance) (
+      rate(fabricmon_alerts_sent_total{${aggregator_selector}, result=~"dropped|rejected"}[5m])
+    ) > 0
+  )
+  or on (cluster, instance)
+  (
+    (
+      sum by (cluster, instance) (rate(fabricmon_alerts_sent_total{${aggregator_selector}, result="error"}[5m])) > 0
+    )
+    unless on (cluster, instance)
+    (
+      sum by (cluster, instance) (rate(fabricmon_alerts_sent_total{${aggregator_selector}, result="success"}[5m])) > 0
+    )
+  ),
+  "component", "$1", "instance", "(.*)"
+)
+'''),
+        Alert(
+            'FabricmonAgentsDisconnected', for_='stream', severity='warning', component_type='service',
+            summary="{{ $value | humanizePercentage }} of the scraped fabricmon agents have no stream to the aggregator",
+            description="Prometheus scrapes more agents than the aggregator has streams from ({{ $value | humanizePercentage }} missing): the aggregator cannot localize faults on those nodes.  Check the agents' stream errors (token, network policy, aggregator address) and fabricmon_grpc_streams_refused_total.",
+            comment="Agents Prometheus scrapes (up == 1) against the streams the aggregators hold\n(fabricmon_agents_connected, summed over shards).  Value: the share missing.",
+            expr='''
+label_replace(
+  (
+    count by (cluster) (up{${agent_selector}} == 1)
+      - on (cluster)
+    sum by (cluster) (fabricmon_agents_connected{${aggregator_selector}})
+  )
+    / on (cluster)
+  count by (cluster) (up{${agent_selector}} == 1)
+  > ${agents_disconnected_ratio},
+  "component", "fabricmon-aggregator", "__name__", ".*"
+)
+'''),
+    ]),
+]
+
+
+RECORDING_HEADER = """
+fabricmon recording rules.
+
+Windows are [1m]: they assume a scrape interval of 15 s or less (4+ samples per window).
+`cluster` is listed in every `by`/`on` so the rules work unchanged on a global view
+(Thanos/Mimir ruler) where `cluster` is a series label; in a single Prometheus it is
+an external label, absent at evaluation, and matching on it is a no-op.
+
+Leaf: not an agent label.  A node's port on rail R attaches to the leaf of its scalable
+unit U on rail R, spelled `leaf-u<U>-r<R>` (DESIGN component ids).  Give each agent
+target a `unit` target label (file_sd / relabeling, see deploy/README.md) and
+`fabricmon:ib_port:info` derives `leaf` from `unit` and the port's `rail`
+(from fabricmon_ib_port_info).  Without `unit`, ports still get `rail` and leaf is empty.
+"""
+
+ALERTS_HEADER = """
+fabricmon alert rules: the Prometheus path beside the aggregator's direct alerts.
+
+Alert names, labels and component ids are the DESIGN contract, so the same incident
+raised by the aggregator and by these rules lands in the same Alertmanager group
+(group_by [cluster, alertname, leaf, rail, component]) and obeys the same inhibitions.
+Every alert carries severity, component_type, component and (where known) node, rail,
+leaf, gpu; scrape labels (job, instance, device, port) are aggregated away so they do
+not collide with the contract's training-job label.  Self alerts (fabricmon-self) watch
+fabricmon itself: agents and aggregator scraped, agents streaming, alerts delivered.
+
+`for:` windows, selectors and runbook links come from Config in deploy/prometheus/mixin.py.
+"""
+
+FILES = [
+    RuleFile("fabricmon-recording.rules.yml", RECORDING_HEADER, RECORDING),
+    RuleFile("fabricmon-alerts.rules.yml", ALERTS_HEADER, ALERT_GROUPS),
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=HERE, help="directory for the rule files (default: beside this file)")
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file differs from the output")
+    args = ap.parse_args(argv)
+    stale = []
+    for name, text in render().items():
+        path = args.out / name
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(str(path))
+            continue
+        tmp = path.with_name(f".{name}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    if stale:
+        print(f"mixin.py: out of date (run python deploy/prometheus/mixin.py): {', '.join(stale)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
