@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import re
 import signal
 import sys
 import threading
+from pathlib import Path
 
 import structlog
 
@@ -14,9 +17,31 @@ from .configload import ConfigError
 
 EXIT_CONFIG = 2
 
+LOG_FORMATS = ["auto", "json", "console"]
+LOG_LEVELS = ["debug", "info", "warning", "error"]
+
+
+def _global_flags(parser: argparse.ArgumentParser, default) -> None:
+    """--log-format/--log-level on the top parser (default None) and again on every subcommand
+    (default SUPPRESS, so a flag before the subcommand is not overwritten): the systemd units put
+    $FABRICMON_ARGS after the subcommand, node_exporter style."""
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default=default)
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default=default)
+
+
+def _common() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    _global_flags(p, argparse.SUPPRESS)
+    return p
+
+
+def _web_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--web.config.file", dest="web_config_file", metavar="FILE",
+                   help="TLS and basic auth for the HTTP listener (Prometheus exporter-toolkit web config)")
+
 
 def _agent_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("agent", help="run the per-node agent")
+    p = sub.add_parser("agent", help="run the per-node agent", parents=[_common()])
     p.add_argument("--config", help="agent YAML config")
     p.add_argument("--sysfs-root", dest="sysfs_root", help="sysfs mount (default /sys)")
     p.add_argument("--ethtool-dir", dest="ethtool_dir", help="directory of <if>.txt ethtool -S dumps (fixtures and simulation)")
@@ -28,10 +53,12 @@ def _agent_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nccl-inspector-dir", dest="nccl_inspector_dir", help="tail NCCL Inspector logs in this directory")
     p.add_argument("--once", action="store_true", help="poll once, print the Prometheus exposition, exit")
     p.add_argument("--capture", help="with --once: read the node from a 'fabricmon collect' archive")
+    _web_flag(p)
 
 
 def _collect_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("collect", help="capture this node's RDMA sysfs, ethtool and NVML readings into an archive")
+    p = sub.add_parser("collect", help="capture this node's RDMA sysfs, ethtool and NVML readings into an archive",
+                       parents=[_common()])
     p.add_argument("--sysfs-root", dest="sysfs_root", default="/sys", help="sysfs mount (default /sys)")
     p.add_argument("--ethtool-dir", dest="ethtool_dir", help="take <if>.txt dumps from here instead of the ioctl")
     p.add_argument("--nvml", default="auto", help="auto, off or fake:FILE (default auto)")
@@ -43,19 +70,21 @@ def _collect_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _check_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("check-config", help="validate a config file and exit")
+    p = sub.add_parser("check-config", help="validate a config file and exit", parents=[_common()])
     p.add_argument("file")
     p.add_argument("--kind", choices=["agent", "aggregator", "topology", "scenario"], default=None,
-                   help="what the file is (default: guessed from its keys)")
+                   help="what the file is (default: the kind whose keys the file's top-level keys are)")
 
 
 def _aggregator_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("aggregator", help="run the central aggregator")
+    p = sub.add_parser("aggregator", help="run the central aggregator", parents=[_common()])
     p.add_argument("--config", required=True, help="aggregator YAML config")
+    _web_flag(p)
 
 
 def _demo_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="run a simulated cluster with injected faults and show what fabricmon finds")
+    p = sub.add_parser("demo", help="run a simulated cluster with injected faults and show what fabricmon finds",
+                       parents=[_common()])
     p.add_argument("--nodes", type=int, default=32)
     p.add_argument("--duration", type=float, default=120.0, help="simulated seconds")
     p.add_argument("--speed", type=float, default=10.0, help="simulated seconds per wall second")
@@ -73,8 +102,7 @@ def _demo_parser(sub: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fabricmon", description="Fabric telemetry and fault localization for GPU clusters.")
     parser.add_argument("--version", action="version", version=f"fabricmon {__version__}")
-    parser.add_argument("--log-format", choices=["auto", "json", "console"], default=None)
-    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None)
+    _global_flags(parser, None)
     sub = parser.add_subparsers(dest="command", required=True)
     _agent_parser(sub)
     _aggregator_parser(sub)
@@ -84,25 +112,68 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _install_signals(stop: threading.Event, reload: threading.Event | None = None) -> None:
-    def _stop(signum, frame) -> None:
-        stop.set()
+class Signals:
+    """SIGTERM/SIGINT stop; SIGHUP asks for a config reload (the units' ExecReload).  Handlers only
+    set events: the main thread does the work, between its supervision or tick rounds."""
 
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    if reload is not None and hasattr(signal, "SIGHUP"):
-        signal.signal(signal.SIGHUP, lambda s, f: reload.set())
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.reload = threading.Event()
+        self.wake = threading.Event()  # either of the above: ends the main thread's current wait
+
+    def install(self) -> Signals:
+        def _stop(signum, frame) -> None:
+            self.stop.set()
+            self.wake.set()
+
+        def _hup(signum, frame) -> None:
+            self.reload.set()
+            self.wake.set()
+
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+        if hasattr(signal, "SIGHUP"):
+            signal.signal(signal.SIGHUP, _hup)
+        return self
+
+
+# What the deploy examples ship in place of a secret (deploy/kubernetes/base/token-secret.yaml:
+# "CHANGE-ME"): refused at start, so an unedited example never runs with a known token.
+_PLACEHOLDER = re.compile(r"change[-_ ]?me|replace[-_ ]?me|placeholder", re.IGNORECASE)
+
+
+def refuse_placeholder_secret(path: str | None, field: str, source: str) -> None:
+    if not path:
+        return
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return  # a missing or unreadable file is reported by the part that reads it
+    if _PLACEHOLDER.search(text):
+        raise ConfigError(f"{source}: {field}: {path} holds the example placeholder secret; "
+                          "put a real token in it (e.g. openssl rand -hex 32)")
+
+
+def _agent_overrides(args: argparse.Namespace) -> dict:
+    return {k: getattr(args, k) for k in (
+        "sysfs_root", "ethtool_dir", "node_name", "listen", "interval", "nvml", "aggregator", "nccl_inspector_dir")}
+
+
+def _load_agent(args: argparse.Namespace):
+    from .config import load_agent_config
+
+    cfg = load_agent_config(args.config, _agent_overrides(args))
+    refuse_placeholder_secret(cfg.stream.token_file, "stream.token_file", args.config or "<defaults>")
+    return cfg
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
     from .agent.exporter import exposition
     from .agent.runtime import build_agent
     from .agent.wiring import build_live_agent
-    from .config import load_agent_config
     from .logs import configure_logging
+    from .webconfig import load_web_config
 
-    overrides = {k: getattr(args, k) for k in (
-        "sysfs_root", "ethtool_dir", "node_name", "listen", "interval", "nvml", "aggregator", "nccl_inspector_dir")}
     if args.capture:
         if not args.once or args.sysfs_root or args.ethtool_dir or args.nvml:
             raise ConfigError("--capture: only with --once, and instead of --sysfs-root, --ethtool-dir, --nvml")
@@ -115,7 +186,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
             args.capture = None
             args.sysfs_root, args.ethtool_dir, args.nvml = found["sysfs_root"], found["ethtool_dir"], found["nvml"]
             return cmd_agent(args)
-    cfg = load_agent_config(args.config, overrides)
+    cfg = _load_agent(args)
+    web = load_web_config(getattr(args, "web_config_file", None))
     configure_logging(args.log_format or cfg.log.format, args.log_level or cfg.log.level)
     log = structlog.get_logger("fabricmon.agent")
     if args.once:
@@ -125,30 +197,71 @@ def cmd_agent(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         agent.poller.close()
         return 0
-    stop = threading.Event()
-    _install_signals(stop)
+    sig = Signals().install()
     agent = build_live_agent(cfg)
-    port = agent.start_http()
+    agent.web = web
+    try:
+        port = agent.start_http()
+    except OSError:
+        agent.stop()
+        raise
     agent.start_polling()
     log.info("agent_started", node=agent.node, listen=cfg.listen, port=port, interval=cfg.interval,
-             sources=agent.poller.source_names, aggregator=cfg.aggregator)
-    agent.supervise(stop)  # the main thread restarts dead agent threads until a signal
+             sources=agent.poller.source_names, aggregator=cfg.aggregator, tls=bool(web and web.ssl_context))
+    while not sig.stop.is_set():
+        agent.supervise(sig.wake)  # the main thread restarts dead agent threads until a signal
+        sig.wake.clear()
+        if sig.reload.is_set() and not sig.stop.is_set():
+            sig.reload.clear()
+            _reload_agent(agent, args, log)
     log.info("agent_stopping")
     agent.stop()
     return 0
 
 
-def cmd_aggregator(args: argparse.Namespace) -> int:
-    from .aggregator.config import check_files, load_aggregator_config
-    from .aggregator.service import run_aggregator
+def _reload_agent(agent, args: argparse.Namespace, log) -> None:
     from .logs import configure_logging
+
+    from .webconfig import load_web_config
+
+    try:
+        new = _load_agent(args)
+        web = load_web_config(getattr(args, "web_config_file", None))
+        changed = agent.reload(new)
+    except ConfigError as exc:
+        agent.reload_status.record(False)
+        log.error("config_reload_failed", error=str(exc), detail="still running on the previous config")
+        return
+    agent.web = web
+    if agent.http is not None:
+        agent.http.set_web(web)  # certificates and users re-read: rotation without a restart
+    configure_logging(args.log_format or new.log.format, args.log_level or new.log.level)
+    agent.reload_status.record(True)
+    structlog.get_logger("fabricmon.agent").info("config_reloaded", changed=changed, sources=agent.poller.source_names,
+                                                 log_level=args.log_level or new.log.level)
+
+
+def _load_aggregator(args: argparse.Namespace):
+    from .aggregator.config import check_files, load_aggregator_config
 
     cfg = load_aggregator_config(args.config)
     check_files(cfg, args.config)
+    refuse_placeholder_secret(cfg.auth.token_file, "auth.token_file", args.config)
+    refuse_placeholder_secret(cfg.auth.node_tokens_file, "auth.node_tokens_file", args.config)
+    return cfg
+
+
+def cmd_aggregator(args: argparse.Namespace) -> int:
+    from .aggregator.service import run_aggregator
+    from .logs import configure_logging
+    from .webconfig import load_web_config
+
+    cfg = _load_aggregator(args)
+    web = load_web_config(getattr(args, "web_config_file", None))
     configure_logging(args.log_format or "auto", args.log_level or "info")
-    stop = threading.Event()
-    _install_signals(stop)
-    return run_aggregator(cfg, stop) or 0
+    sig = Signals().install()
+    return run_aggregator(cfg, sig.stop, web=web, reload=sig.reload, load=lambda: _load_aggregator(args),
+                          load_web=lambda: load_web_config(getattr(args, "web_config_file", None))) or 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -159,20 +272,50 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+def _config_fields() -> dict[str, set[str]]:
+    import dataclasses
+
+    from .aggregator.config import AggregatorConfig
+    from .config import AgentConfig
+    from .sim.scenario import Scenario
+    from .topology import TopologyFile
+
+    return {kind: {f.name for f in dataclasses.fields(cls)} for kind, cls in
+            (("agent", AgentConfig), ("aggregator", AggregatorConfig), ("topology", TopologyFile),
+             ("scenario", Scenario))}
+
+
+def detect_kind(data: dict, source: str) -> str:
+    """Which config ``data`` is: the one kind whose keys hold all the file's top-level keys, else the
+    kind sharing the most keys with it.  A tie (or nothing shared) is an error asking for ``--kind``:
+    a guess would report the wrong kind's errors (a topology with a bad ``layout`` is no agent config)."""
+    if "apiVersion" in data and "kind" in data:
+        k8s = data.get("kind")
+        if k8s == "ConfigMap" and isinstance(data.get("data"), dict):
+            keys = ", ".join(f"data.{k}" for k in data["data"]) or "none"
+            raise ConfigError(f"{source}: this is a Kubernetes ConfigMap, not a fabricmon config; pass the "
+                              f"config inside it (keys: {keys}), e.g. kubectl get configmap "
+                              f"{(data.get('metadata') or {}).get('name', 'NAME')} -o jsonpath='{{.data.KEY}}' > FILE")
+        raise ConfigError(f"{source}: this is a Kubernetes {k8s}, not a fabricmon config")
+    keys = set(data)
+    if not keys:
+        raise ConfigError(f"{source}: empty: pass --kind agent|aggregator|topology|scenario")
+    fields = _config_fields()
+    fits = [k for k, f in fields.items() if keys <= f]
+    if len(fits) == 1:
+        return fits[0]
+    scores = sorted(((len(keys & f), k) for k, f in fields.items() if not fits or k in fits), reverse=True)
+    if scores[0][0] == 0 or (len(scores) > 1 and scores[0][0] == scores[1][0]):
+        raise ConfigError(f"{source}: cannot tell which kind of config this is from its keys "
+                          f"({', '.join(sorted(keys))}); pass --kind agent|aggregator|topology|scenario")
+    return scores[0][1]
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
     from .configload import load_yaml_file
 
     data = load_yaml_file(args.file)
-    kind = args.kind
-    if kind is None:
-        if "faults" in data or "duration" in data:
-            kind = "scenario"
-        elif "nodes" in data or "generate" in data:
-            kind = "topology"
-        elif "topology" in data or "alertmanager" in data:
-            kind = "aggregator"
-        else:
-            kind = "agent"
+    kind = args.kind or detect_kind(data, args.file)
     if kind == "agent":
         from .config import load_agent_config
 
@@ -221,6 +364,13 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"fabricmon: error: `fabricmon {args.command}` needs numpy: "
               "pip install 'fabricmon[aggregator]'", file=sys.stderr)
+        return EXIT_CONFIG
+    except OSError as exc:  # a busy port, a missing file: one line, not a traceback
+        where = f"{exc.filename}: " if exc.filename else ""
+        why = exc.strerror or str(exc)
+        if exc.errno == errno.EADDRINUSE and "in use" not in why:
+            why += " (address already in use)"
+        print(f"fabricmon: error: {where}{why}", file=sys.stderr)
         return EXIT_CONFIG
 
 

@@ -183,8 +183,15 @@ class Intake:
     idle_timeout: float = 300.0       # seconds without a byte before a Unix socket client is cut off
     nccl_max_series: int = 2048       # (rank, comm, collective) series
     nccl_series_ttl: float = 3600.0
+    # Unix socket permissions.  0666: training jobs of every user on the node reach it, the same
+    # reach the loopback HTTP listener gives every local user; 0660 limits it to the agent's group
+    # (under systemd's DynamicUser no job shares that group: they fall back to HTTP, or fail without it).
+    socket_mode: int = 0o666
 
     def validate(self, path: str, source: str) -> None:
+        if type(self.socket_mode) is not int or not 0 <= self.socket_mode <= 0o777:
+            raise ConfigError(f"{source}: {path}.socket_mode: must be an octal file mode 0000..0777 "
+                              f"(write it unquoted: 0666), got {self.socket_mode!r}")
         for key in ("max_jobs", "max_series", "series_ttl", "max_connections", "idle_timeout", "nccl_max_series",
                     "nccl_series_ttl"):
             _positive(getattr(self, key), f"{path}.{key}", source)

@@ -12,11 +12,13 @@ connection is counted by reason.
 
 from __future__ import annotations
 
+import errno
+import gzip
 import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
@@ -29,8 +31,46 @@ TEXT = "text/plain; charset=utf-8"
 # Why a listener closed a connection: a fixed set (a self-metric label).
 CLOSE_REASONS = ("limit", "timeout")
 
-# A route takes the parsed query string and returns (status, body, content type).
-Route = Callable[[dict[str, list[str]]], tuple[int, bytes, str]]
+
+class Chunk:
+    """Part of a response body whose gzip form is computed at most once (the agent renders one a poll)."""
+
+    __slots__ = ("data", "_gz", "_lock")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self._gz: bytes | None = None
+        self._lock = threading.Lock()
+
+    def gzipped(self) -> bytes:
+        with self._lock:
+            if self._gz is None:
+                self._gz = gzip.compress(self.data, compresslevel=6, mtime=0)
+            return self._gz
+
+
+def join_gzip(parts: Sequence[bytes | Chunk]) -> bytes:
+    """Concatenated gzip members (RFC 1952 2.2: a gzip file is a series of members; Go's gzip.Reader,
+    which Prometheus uses, and every browser read them as one stream): a cached chunk is not recompressed."""
+    return b"".join(p.gzipped() if isinstance(p, Chunk) else gzip.compress(p, compresslevel=6, mtime=0)
+                    for p in parts if (p.data if isinstance(p, Chunk) else p))
+
+
+def join_plain(parts: Sequence[bytes | Chunk]) -> bytes:
+    return b"".join(p.data if isinstance(p, Chunk) else p for p in parts)
+
+
+# A route takes the parsed query string and returns (status, body, content type); the body may be
+# a list of parts (bytes or Chunk) so a cached part's gzip form is reused.
+Route = Callable[[dict[str, list[str]]], tuple[int, "bytes | list[bytes | Chunk]", str]]
+
+
+def landing_page(title: str, links: Sequence[str]) -> Route:
+    """The small page at / that node_exporter serves: what this is and where the metrics are."""
+    items = "".join(f'<li><a href="{p.lstrip("/")}">{p}</a></li>' for p in links)
+    body = (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{title}</title></head>"
+            f"<body><h1>{title}</h1><ul>{items}</ul></body></html>\n").encode()
+    return lambda q: (200, body, "text/html; charset=utf-8")
 
 
 def probe(ok: Callable[[], bool], good: bytes, bad: bytes) -> Route:
@@ -53,6 +93,8 @@ class GuardedHTTPServer(ThreadingHTTPServer):
 
     daemon_threads = True
     request_queue_size = 128
+    ssl_context = None  # set from a WebConfig: TLS per connection (GuardedHandler.setup)
+    web = None  # the WebConfig whose basic_auth_users RoutedHTTPServer checks
 
     def __init__(self, addr, handler, *, max_connections: int = 64, header_timeout: float = 10.0,
                  request_timeout: float = 60.0) -> None:
@@ -105,6 +147,13 @@ class GuardedHTTPServer(ThreadingHTTPServer):
                 c.deadline = time.monotonic() + timeout
                 c.waiting = waiting
 
+    def rewrap(self, raw: socket.socket, tls: socket.socket) -> None:
+        """A connection now speaks TLS: cut-offs shut the TLS socket down (the raw one is detached)."""
+        with self._guard:
+            c = self._conns.get(raw)
+            if c is not None:
+                c.sock = tls
+
     def shutdown_request(self, request) -> None:
         with self._guard:
             self._conns.pop(request, None)
@@ -139,45 +188,109 @@ class GuardedHandler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         self.timeout = self.server.header_timeout  # each recv; the deadline bounds the sum
+        self._guard_key = self.request
+        ctx = getattr(self.server, "ssl_context", None)
+        if ctx is not None:
+            # The handshake runs here, in the connection's own thread under its deadline, not in the
+            # accept loop where one slow client would stall every other.  A plain-HTTP client fails it.
+            self.request.settimeout(self.server.header_timeout)
+            tls = ctx.wrap_socket(self.request, server_side=True)
+            self.server.rewrap(self._guard_key, tls)
+            self.request = tls
         super().setup()
 
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            if self.request is not self._guard_key:
+                try:
+                    self.request.close()
+                except OSError:
+                    pass
+
     def handle_one_request(self) -> None:
-        self.server.arm(self.connection, self.server.header_timeout, waiting=True)
+        self.server.arm(self._guard_key, self.server.header_timeout, waiting=True)
         super().handle_one_request()
 
     def parse_request(self) -> bool:
         ok = super().parse_request()
         if ok:
-            self.server.arm(self.connection, self.server.request_timeout, waiting=False)
+            self.server.arm(self._guard_key, self.server.request_timeout, waiting=False)
         return ok
 
     def log_message(self, *args) -> None:
         pass  # scrapes every second would flood the log; structlog is the log
 
 
+def _accepts_gzip(header: str | None) -> bool:
+    for item in (header or "").split(","):
+        name, _, params = item.strip().partition(";")
+        if name.strip().lower() in ("gzip", "*"):
+            q = params.strip()
+            return not (q.startswith("q=") and q[2:].strip() in ("0", "0.0", "0.00", "0.000"))
+    return False
+
+
 class RoutedHTTPServer:
+    """GET and HEAD routes; gzip when the client asks; TLS and basic auth from a ``WebConfig``.
+
+    A port already taken raises an OSError whose strerror names the listener (the CLI prints it, exit 2)."""
+
     def __init__(self, host: str, port: int, routes: dict[str, Route], name: str = "http", *,
-                 max_connections: int = 64, header_timeout: float = 10.0, request_timeout: float = 60.0) -> None:
+                 max_connections: int = 64, header_timeout: float = 10.0, request_timeout: float = 60.0,
+                 web=None) -> None:
         class Handler(GuardedHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server API)
+                self._serve(head=False)
+
+            def do_HEAD(self) -> None:  # noqa: N802
+                self._serve(head=True)
+
+            def _serve(self, head: bool) -> None:
+                web = self.server.web
+                if web is not None and not web.authorized(self.headers.get("Authorization")):
+                    self._send(401, b"Unauthorized\n", TEXT, head, [("WWW-Authenticate", 'Basic realm="fabricmon"')])
+                    return
                 u = urlparse(self.path)
                 route = routes.get(u.path)
                 if route is None:
-                    self._send(404, b"not found\n", TEXT)
+                    self._send(404, b"not found\n", TEXT, head)
                     return
-                self._send(*route(parse_qs(u.query)))
+                code, body, ctype = route(parse_qs(u.query))
+                parts = body if isinstance(body, list) else [body]
+                if _accepts_gzip(self.headers.get("Accept-Encoding")):
+                    self._send(code, join_gzip(parts), ctype, head, [("Content-Encoding", "gzip"),
+                                                                       ("Vary", "Accept-Encoding")])
+                else:
+                    self._send(code, join_plain(parts), ctype, head)
 
-            def _send(self, code: int, body: bytes, ctype: str) -> None:
+            def _send(self, code: int, body: bytes, ctype: str, head: bool = False,
+                      extra: list[tuple[str, str]] = ()) -> None:
                 self.send_response(code)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
+                for k, v in extra:
+                    self.send_header(k, v)
                 self.end_headers()
-                self.wfile.write(body)
+                if not head:
+                    self.wfile.write(body)
 
-        self._server = GuardedHTTPServer((host, port), Handler, max_connections=max_connections,
-                                         header_timeout=header_timeout, request_timeout=request_timeout)
+        try:
+            self._server = GuardedHTTPServer((host, port), Handler, max_connections=max_connections,
+                                             header_timeout=header_timeout, request_timeout=request_timeout)
+        except OSError as exc:
+            why = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+            # Still an OSError (the rank intake carries on without its listener), with a message the CLI prints.
+            raise OSError(exc.errno, f"{name}: cannot listen on {host}:{port}: {why}") from None
+        self.set_web(web)
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
                                         name=name, daemon=True)
+
+    def set_web(self, web) -> None:
+        """TLS and basic auth for the connections accepted from now on (a reload rotates certificates)."""
+        self._server.web = web
+        self._server.ssl_context = web.ssl_context if web is not None else None
 
     @property
     def port(self) -> int:

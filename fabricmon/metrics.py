@@ -93,7 +93,7 @@ SPECS: dict[str, MetricSpec] = _specs(
     ("fabricmon_fabric_config_unknown", "gauge",
      "1 when the host answers but cannot tell the setting (a VF's empty DCB APP table): unknown, not drift.",
      ("device", "interface", "check", "port")),
-    # --- NVML (sources/nvlink.py) ---
+    # --- NVML (sources/nvml/) ---
     ("fabricmon_gpu_info", "info", "GPU identity; value 1.", ("gpu", "uuid", "name", "pci_bus_id")),
     ("fabricmon_gpu_up", "gauge", "1 while NVML answers for the GPU.", ("gpu",)),
     ("fabricmon_gpu_utilization_ratio", "gauge", "GPU compute utilization (0-1).", ("gpu",)),

@@ -55,12 +55,15 @@ def test_units_are_hardened(name: str) -> None:
         "Service.PrivateTmp": "yes", "Service.NoNewPrivileges": "yes", "Service.ProtectKernelTunables": "yes",
         "Service.ProtectKernelModules": "yes", "Service.ProtectControlGroups": "yes",
         "Service.ReadOnlyPaths": "/sys", "Service.Restart": "on-failure", "Service.CapabilityBoundingSet": "",
-        "Service.AmbientCapabilities": "", "Service.StateDirectory": "fabricmon",
+        "Service.AmbientCapabilities": "",
     }
     for key, value in expect.items():
         assert u.get(key) == [value], (key, u.get(key))
     assert u["Service.RestartSec"]
     role = "agent" if "agent" in name else "aggregator"
+    # DynamicUser: each unit its own state directory (a shared one would change owner at each start).
+    assert u["Service.StateDirectory"] == [f"fabricmon-{role}"]
+    assert u["Service.ExecReload"] == ["/bin/kill -HUP $MAINPID"]  # SIGHUP reloads (tests/test_signals.py)
     assert u["Service.EnvironmentFile"] == [f"-/etc/default/fabricmon-{role}"]
     assert u["Service.ExecStart"] == [
         f"/usr/local/bin/fabricmon {role} --config /etc/fabricmon/{role}.yaml $FABRICMON_ARGS"]
@@ -86,7 +89,8 @@ def test_example_agent_config_loads() -> None:
     assert cfg.sysfs_root == "/sys"
     assert cfg.intake.listen == "127.0.0.1:9723"
     assert cfg.intake.socket == "/run/fabricmon/ranks.sock"
-    assert cfg.stream.spool_dir.startswith("/var/lib/fabricmon")  # StateDirectory=fabricmon
+    assert cfg.stream.spool_dir.startswith("/var/lib/fabricmon-agent/")  # StateDirectory=fabricmon-agent
+    assert cfg.intake.socket_mode == 0o666
     assert cfg.stream.token_file == "/run/credentials/fabricmon-agent.service/token"  # LoadCredential=token
     assert cfg.aggregator is not None and cfg.aggregator.endswith(":9721")
 
@@ -113,3 +117,17 @@ def test_no_configparser_surprises() -> None:
         cp = configparser.RawConfigParser(strict=False)
         cp.read_string((SYSTEMD / name).read_text())
         assert set(cp.sections()) == {"Unit", "Service", "Install"}
+
+
+def test_agent_unit_socket_mode_comment_matches_config() -> None:
+    """The unit's comment names the socket mode the example config sets."""
+    from fabricmon.config import load_agent_config
+
+    text = (SYSTEMD / "fabricmon-agent.service").read_text()
+    mode = load_agent_config(SYSTEMD / "etc" / "fabricmon" / "agent.yaml").intake.socket_mode
+    assert f"default {mode:04o}" in text
+
+
+def test_distinct_state_directories() -> None:
+    dirs = [_unit(n)["Service.StateDirectory"][0] for n in UNITS]
+    assert len(set(dirs)) == len(dirs)

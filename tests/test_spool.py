@@ -97,3 +97,37 @@ def test_memory_spool_same_interface():
     assert not sp.append(2, _payload(2))  # out of order refused
     sp.discard(2)
     assert _drain(sp) == [1, 3]
+
+
+def test_drops_are_counted_by_reason(tmp_path):
+    one = len(frame(_payload(1, pad=900)))
+    sp = Spool(tmp_path, max_bytes=2 * one + 10)
+    for seq in range(1, 5):
+        sp.append(seq, _payload(seq, pad=900))
+    assert not sp.append(5, _payload(5, pad=50_000))
+    st = sp.stats()
+    assert (st["full_dropped_total"], st["too_large_total"], st["write_failed_total"]) == (2, 1, 0)
+    assert st["dropped_total"] == 3 and st["max_bytes"] == 2 * one + 10
+
+
+def test_a_failing_write_costs_that_batch_counted_never_raises(tmp_path):
+    import errno
+
+    sp = Spool(tmp_path, max_bytes=1 << 20)
+    assert sp.append(1, _payload(1))
+    real = sp._store
+    for exc in (OSError(errno.ENOSPC, "No space left on device"), OSError(errno.EIO, "I/O error"),
+                RuntimeError("a writer bug")):
+        def failing(seq, data, _e=exc):
+            raise _e
+
+        sp._store = failing
+        with capture_logs() as logs:
+            assert not sp.append(2, _payload(2))
+        assert any(e["event"] == "spool_write_failed" for e in logs)
+    sp._store = real
+    assert sp.append(10, _payload(10))  # the disk came back: spooling goes on
+    st = sp.stats()
+    assert st["write_failed_total"] == 3 and st["dropped_total"] == 3
+    assert sp.seqs() == [1, 10] and _drain(sp) == [1, 10]
+    assert not any(n.endswith(".tmp") for n in os.listdir(tmp_path))

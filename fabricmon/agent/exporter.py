@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from ..httpserve import TEXT, RoutedHTTPServer, probe
+from ..httpserve import TEXT, Chunk, RoutedHTTPServer, landing_page, probe
 from ..metrics import SELF_SPECS, SPECS, MetricSpec
 from ..model import Snapshot
 from .margins import link_margins
@@ -181,7 +181,7 @@ class RenderedSnapshot:
         self._clock = clock
         self._lock = threading.Lock()
         self._key: tuple[str, int, float] | None = None
-        self._body = b""
+        self._body = Chunk(b"")  # its gzip form is made once per snapshot, on the first gzip scrape
         self._prefixes: dict = {}
 
     def refresh(self, snapshot: Snapshot | None = None) -> None:
@@ -194,18 +194,22 @@ class RenderedSnapshot:
             return
         if len(self._prefixes) > 4 * max(len(snap.samples), 1000):
             self._prefixes.clear()  # series churned (devices came and went): start over
-        body = render_snapshot(snap, self._prefixes)
+        body = Chunk(render_snapshot(snap, self._prefixes))
         with self._lock:
             self._key, self._body = key, body
 
-    def body(self) -> bytes:
+    def parts(self) -> list[bytes | Chunk]:
+        """The cached snapshot exposition and this scrape's age line (gzip: two members, one cached)."""
         snap = self._get()
         if snap is None:
-            return b""
+            return []
         self.refresh(snap)
         with self._lock:
             body = self._body
-        return body + _age_lines(snap, self._clock())
+        return [body, _age_lines(snap, self._clock())]
+
+    def body(self) -> bytes:
+        return b"".join(p.data if isinstance(p, Chunk) else p for p in self.parts())
 
 
 def exposition(snapshot: Snapshot, now: float | None = None) -> bytes:
@@ -224,15 +228,17 @@ class AgentHTTPServer(RoutedHTTPServer):
         self,
         host: str,
         port: int,
-        metrics: Callable[[], bytes],
+        metrics: Callable[[], bytes | list],
         not_ready: Callable[[], list[str]],
         alive: Callable[[], bool] = lambda: True,
+        web=None,
     ) -> None:
         super().__init__(host, port, {
+            "/": landing_page("fabricmon agent", ["/metrics", "/healthz", "/readyz"]),
             "/metrics": lambda q: (200, metrics(), "text/plain; version=0.0.4; charset=utf-8"),
             "/healthz": probe(alive, b"ok\n", b"poller stopped\n"),
             "/readyz": lambda q: _readyz(not_ready),
-        })
+        }, name="agent-http", web=web)
 
     def alive(self) -> bool:
         return self._thread.is_alive()

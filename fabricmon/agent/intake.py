@@ -1,8 +1,9 @@
 """Rank-timing intake on the node: a Unix socket and a loopback HTTP endpoint.
 
 Training processes send JSON lines (``fabricmon.rank_timing``), one per step:
-over the Unix socket (stream; the socket's directory is created 0750, the
-socket 0660, so ranks need the agent's group) or ``POST /v1/ranks`` on
+over the Unix socket (stream; a missing directory is created 0750, the socket
+gets ``socket_mode``: 0660 here, the agent's ``intake.socket_mode`` config, default
+0666, the same reach as the loopback HTTP endpoint every local user has anyway) or ``POST /v1/ranks`` on
 127.0.0.1:9723 with a JSON-lines body (the answer gives the accepted and
 rejected counts).  The HTTP endpoint refuses to listen anywhere but loopback.
 
@@ -80,6 +81,7 @@ class RankIntake:
         latest_ttl: float = 600.0,
         max_connections: int = 64,
         idle_timeout: float = 300.0,
+        socket_mode: int = 0o660,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if min(max_buffer, max_jobs, max_series, max_connections) < 1 or latest_ttl <= 0 or idle_timeout <= 0:
@@ -93,6 +95,7 @@ class RankIntake:
             self._http_addr = None
         self.node = node
         self.socket_path = socket_path
+        self.socket_mode = socket_mode
         self._max_buffer = max_buffer
         self._max_jobs = max_jobs
         self._max_series = max_series
@@ -330,7 +333,7 @@ class RankIntake:
                 probe.close()
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.bind(path)
-        os.chmod(path, 0o660)
+        os.chmod(path, self.socket_mode)
         s.listen(128)
         s.setblocking(False)
         self._unix = s

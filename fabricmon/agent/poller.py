@@ -67,6 +67,17 @@ class Poller:
     def latest(self) -> Snapshot | None:
         return self._latest
 
+    def swap_sources(self, old: list[Source], new: list[Source], discover: Callable[[], Inventory]) -> None:
+        """Replace the sources in ``old`` by ``new`` between two polls (a config reload); the others
+        (rank intake, NCCL tail) keep their state, and counter tracking carries on across the swap."""
+        with self._lock:
+            gone = {id(s) for s in old}
+            self._states = [st for st in self._states if id(st.source) not in gone] + [_SourceState(s) for s in new]
+            self._discover = discover
+            if self._pool._max_workers < len(self._states) + 1:
+                self._pool.shutdown(wait=False)
+                self._pool = cf.ThreadPoolExecutor(max_workers=len(self._states) + 1, thread_name_prefix="source")
+
     def add_listener(self, fn: Callable[[Snapshot], None]) -> None:
         """Called with every new snapshot, in the poll thread: keep it quick."""
         self._listeners.append(fn)

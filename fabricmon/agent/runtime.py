@@ -12,8 +12,9 @@ from typing import Any
 
 import structlog
 
+from ..buildinfo import ReloadStatus, runtime_exposition
 from ..config import AgentConfig
-from ..configload import split_hostport
+from ..configload import ConfigError, split_hostport
 from ..sources.base import Source
 from ..sources.inventory import Inventory, discover
 from .exporter import AgentHTTPServer, RenderedSnapshot
@@ -46,7 +47,7 @@ def build_sources(cfg: AgentConfig) -> list[Source]:
     from ..sources.fabric_config import FabricConfigSource
     from ..sources.host import HostSource
     from ..sources.infiniband import InfinibandSource
-    from ..sources.nvlink import make_nvml_source
+    from ..sources.nvml.source import make_nvml_source
 
     sources: list[Source] = []
     s = cfg.sources
@@ -97,6 +98,10 @@ class Agent:
     _rendered: RenderedSnapshot | None = None
     _self_body: Callable[[], bytes] | None = None
     _http_addr: tuple[str, int] | None = None
+    web: Any = None  # WebConfig: TLS and basic auth for /metrics (--web.config.file)
+    reload_status: ReloadStatus = field(default_factory=ReloadStatus)
+    _runtime_body: Callable[[], bytes] | None = None
+    _built: list | None = None  # the sources build_sources made (a reload rebuilds them); None: the caller's
 
     def start_http(self, listen: str | None = None) -> int:
         host, port = split_hostport(listen or self.cfg.listen)
@@ -106,13 +111,14 @@ class Agent:
         self.poller.add_listener(rendered.refresh)
         self._self_body = self_exposition(AgentSelfCollector(
             self.node, self.stream.stats if self.stream is not None else None, self.supervisor.stats))
+        self._runtime_body = runtime_exposition(self.reload_status)
         self.http = self._new_http(host, port)
         self._http_addr = (host, self.http.port)
         self.supervisor.add("exporter", lambda: self.http is not None and self.http.alive(), self._restart_http)
         return self.http.port
 
     def _new_http(self, host: str, port: int) -> AgentHTTPServer:
-        http = AgentHTTPServer(host, port, self._metrics, not_ready=self.not_ready, alive=self.alive)
+        http = AgentHTTPServer(host, port, self._metrics, not_ready=self.not_ready, alive=self.alive, web=self.web)
         http.start()
         return http
 
@@ -124,9 +130,41 @@ class Agent:
             old.close_dead()
         self.http = self._new_http(*self._http_addr)  # the same port: scrapers keep their target
 
-    def _metrics(self) -> bytes:
-        body = self._rendered.body() if self._rendered is not None else b""
-        return body + (self._self_body() if self._self_body is not None else b"")
+    def _metrics(self) -> list:
+        parts: list = self._rendered.parts() if self._rendered is not None else []
+        for extra in (self._self_body, self._runtime_body):
+            if extra is not None:
+                parts.append(extra())
+        return parts
+
+    # Settings a reload applies; any other change needs a restart (listeners, stream, spool, intake).
+    RELOADABLE = ("sources", "profile", "rails", "log")
+
+    def reload(self, new: AgentConfig) -> list[str]:
+        """Apply ``new`` (SIGHUP): rebuild the sources with it, keeping the stream, spool, intake and
+        listeners as they are.  Returns the changed sections; raises ConfigError, changing nothing,
+        when a setting that needs a restart changed."""
+        old = self.cfg
+        fixed = [f for f in old.__dataclass_fields__ if f not in self.RELOADABLE
+                 and getattr(old, f) != getattr(new, f)]
+        if fixed:
+            raise ConfigError(f"{', '.join(fixed)} changed: needs a restart (reload applies "
+                              f"{', '.join(self.RELOADABLE)})")
+        changed = [f for f in self.RELOADABLE if getattr(old, f) != getattr(new, f)]
+        if changed and changed != ["log"]:
+            if self._built is None:
+                raise ConfigError("sources were given by the program running the agent: cannot rebuild them")
+            fresh = build_sources(new)
+            old_built = self._built
+            self.poller.swap_sources(old_built, fresh, make_discover(new))
+            self._built = fresh
+            for src in old_built:
+                try:
+                    src.close()
+                except Exception as exc:  # noqa: BLE001 - a source that fails to close must not stop the reload
+                    log.warning("source_close_failed", collector=src.name, error=str(exc))
+        self.cfg = new
+        return changed
 
     def not_ready(self) -> list[str]:
         """Why the agent does not do its job now; empty when ready (what /readyz answers)."""
@@ -204,4 +242,4 @@ def build_agent(
     node = resolve_node_name(cfg)
     srcs = build_sources(cfg) if sources is None else sources
     poller = Poller(node, srcs, make_discover(cfg), clock=clock, inline_all=inline_sources)
-    return Agent(cfg=cfg, node=node, poller=poller, clock=clock)
+    return Agent(cfg=cfg, node=node, poller=poller, clock=clock, _built=list(srcs) if sources is None else None)

@@ -24,13 +24,14 @@ def build_live_agent(cfg: AgentConfig, clock: Callable[[], float] = time.time, *
 
     node = resolve_node_name(cfg)
     sources = build_sources(cfg)
+    built = list(sources)  # what a reload rebuilds; the intake and NCCL tail below stay
     extras: list = []
     intake = None
     if cfg.intake.listen or cfg.intake.socket:
         ic = cfg.intake
         intake = RankIntake(node, socket_path=ic.socket, listen=ic.listen, max_jobs=ic.max_jobs,
                             max_series=ic.max_series, latest_ttl=ic.series_ttl, max_connections=ic.max_connections,
-                            idle_timeout=ic.idle_timeout, clock=clock)
+                            idle_timeout=ic.idle_timeout, socket_mode=ic.socket_mode, clock=clock)
         try:
             intake.start()
             sources.append(intake)
@@ -42,6 +43,7 @@ def build_live_agent(cfg: AgentConfig, clock: Callable[[], float] = time.time, *
         sources.append(NcclInspectorSource(cfg.nccl_inspector_dir, timeout=0.5, max_series=cfg.intake.nccl_max_series,
                                            series_ttl=cfg.intake.nccl_series_ttl))
     agent = build_agent(cfg, clock=clock, sources=sources)
+    agent._built = built
     agent.extras.extend(extras)
     if intake is not None:
         # The intake's listeners cannot be restarted from outside: a dead one is reported

@@ -16,7 +16,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from ..httpserve import TEXT, RoutedHTTPServer, probe
+from ..buildinfo import add_runtime_collectors
+from ..httpserve import TEXT, RoutedHTTPServer, landing_page, probe
 from .admission import TS_AHEAD, TS_BEHIND, TS_STALE
 from .alertmanager import RESULTS, rfc3339
 from .engine import Engine
@@ -127,17 +128,19 @@ class HttpApi(RoutedHTTPServer):
     """/metrics, /api/incidents (?state=open|all, ?id=...), /healthz, /readyz."""
 
     def __init__(self, engine: Engine, listen: tuple[str, int], sender=None,
-                 ready=lambda: True, grpc_stats=None) -> None:
+                 ready=lambda: True, grpc_stats=None, web=None, reload_status=None) -> None:
         self.engine = engine
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(AggregatorCollector(engine, sender, grpc_stats))
+        add_runtime_collectors(self.registry, reload_status)
         self.ready = ready
         super().__init__(listen[0], listen[1], {
+            "/": landing_page("fabricmon aggregator", ["/metrics", "/api/incidents", "/healthz", "/readyz"]),
             "/metrics": lambda q: (200, generate_latest(self.registry), CONTENT_TYPE_LATEST),
             "/healthz": lambda q: (200, b"ok\n", TEXT),
             "/readyz": probe(lambda: self.ready(), b"ready\n", b"not ready\n"),
             "/api/incidents": self._incidents,
-        }, name="aggregator-http")
+        }, name="aggregator-http", web=web)
 
     def _incidents(self, q: dict[str, list[str]]) -> tuple[int, bytes, str]:
         state = q.get("state", ["all"])[0]

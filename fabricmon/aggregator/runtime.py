@@ -38,7 +38,8 @@ class AggregatorRuntime:
     def __init__(self, engine: Engine, *, grpc_listen: str | None = None, grpc_kwargs: dict | None = None,
                  http_listen: tuple[str, int] | None = None, sender: AlertmanagerClient | None = None,
                  tick_seconds: float = 0.25,
-                 on_changed: Callable[[list[Incident], float], None] | None = None) -> None:
+                 on_changed: Callable[[list[Incident], float], None] | None = None,
+                 http_web=None, reload_status=None) -> None:
         self.engine = engine
         self.sender = sender
         self.tick_seconds = tick_seconds
@@ -49,7 +50,8 @@ class AggregatorRuntime:
         self.grpc: GrpcServer | None = None
         self.http: HttpApi | None = None
         if http_listen is not None:
-            self.http = HttpApi(engine, http_listen, sender, ready=self._ready.is_set, grpc_stats=self.stats)
+            self.http = HttpApi(engine, http_listen, sender, ready=self._ready.is_set, grpc_stats=self.stats,
+                                web=http_web, reload_status=reload_status)
         self.last_tick: float | None = None
         self.tick_errors_total = 0
         self._stopped = False
@@ -123,8 +125,15 @@ class AggregatorRuntime:
                 self.sender.submit(changed, now)
         return changed
 
-    def run(self, stop_event: threading.Event, log_incidents: bool = True) -> None:
+    def run(self, stop_event: threading.Event, log_incidents: bool = True,
+            between: Callable[[], None] | None = None) -> None:
+        """``between``: called before each tick in this thread (the service applies a SIGHUP reload there)."""
         while not stop_event.wait(self.tick_seconds):
+            if between is not None:
+                try:
+                    between()
+                except Exception:  # noqa: BLE001 - a failed reload must not stop the ticks
+                    log.exception("between_ticks_failed")
             for inc in self.tick():
                 if log_incidents:
                     log.info("incident", alertname=inc.alertname, component=inc.component,

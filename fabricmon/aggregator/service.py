@@ -9,16 +9,19 @@ topology, the clock, the credentials streams are bound to.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
 
-from ..configload import split_hostport
+from ..buildinfo import ReloadStatus
+from ..configload import ConfigError, split_hostport
 from ..topology import load_topology
 from .admission import ClusterClock
 from .alertmanager import AlertmanagerClient
-from .config import AggregatorConfig, load_node_tokens
+from .config import AggregatorConfig, DetectionSettings, load_node_tokens
 from .engine import Engine
 from .runtime import AggregatorRuntime
 
@@ -58,7 +61,7 @@ def grpc_auth_kwargs(cfg: AggregatorConfig, source: str = "aggregator config") -
             "max_skew_s": cfg.clock.max_skew_s}
 
 
-def build_runtime(cfg: AggregatorConfig) -> AggregatorRuntime:
+def build_runtime(cfg: AggregatorConfig, web=None, reload_status: ReloadStatus | None = None) -> AggregatorRuntime:
     engine = build_engine(cfg)
     am = cfg.alertmanager
     sender = AlertmanagerClient(am.urls, cluster=engine.cluster, resend_seconds=am.resend_seconds,
@@ -66,20 +69,81 @@ def build_runtime(cfg: AggregatorConfig) -> AggregatorRuntime:
                                 runbook_base=am.runbook_base)
     return AggregatorRuntime(engine, grpc_listen=cfg.grpc_listen, grpc_kwargs=grpc_auth_kwargs(cfg),
                              http_listen=split_hostport(cfg.http_listen), sender=sender,
-                             tick_seconds=cfg.tick_seconds)
+                             tick_seconds=cfg.tick_seconds, http_web=web, reload_status=reload_status)
 
 
-def run_aggregator(cfg: AggregatorConfig, stop_event: threading.Event) -> int:
-    rt = build_runtime(cfg)
+def apply_detection(engine: Engine, new: DetectionSettings) -> None:
+    """Swap the engine's detection thresholds between two ticks (SIGHUP).  The few values the engine
+    derives from them at construction are derived again; the straggler window sizes its history
+    bitmasks and so needs a restart."""
+    old = engine.settings
+    if new.straggler_window != old.straggler_window:
+        raise ConfigError("detection.straggler_window changed: needs a restart")
+    with engine.lock:
+        engine.settings = new
+        engine.stragglers.s = new
+        engine.manager.default_hold_s = new.hold_s
+        engine._fatal_xids = frozenset(str(x) for x in new.xid_fatal)
+        engine._config_checks = frozenset(new.config_checks)
+
+
+def reload_aggregator(rt: AggregatorRuntime, old: AggregatorConfig, new: AggregatorConfig) -> list[str]:
+    """Apply what a reload can (the ``detection`` thresholds); raise ConfigError, changing nothing,
+    when anything else changed (listeners, auth, topology, Alertmanager need a restart)."""
+    fixed = [f.name for f in dataclasses.fields(old) if f.name != "detection"
+             and getattr(old, f.name) != getattr(new, f.name)]
+    if fixed:
+        raise ConfigError(f"{', '.join(fixed)} changed: needs a restart (reload applies detection)")
+    changed = [f.name for f in dataclasses.fields(old.detection)
+               if getattr(old.detection, f.name) != getattr(new.detection, f.name)]
+    if changed:
+        apply_detection(rt.engine, new.detection)
+    return [f"detection.{c}" for c in changed]
+
+
+def run_aggregator(cfg: AggregatorConfig, stop_event: threading.Event, *, web=None,
+                   reload: threading.Event | None = None,
+                   load: Callable[[], AggregatorConfig] | None = None, load_web: Callable | None = None) -> int:
+    """Run until ``stop_event``; when ``reload`` is set (SIGHUP), ``load()`` the config (and
+    ``load_web()`` the web config) again and apply it, or log why not and keep the running one."""
+    status = ReloadStatus()
+    rt = build_runtime(cfg, web=web, reload_status=status)
     try:
         rt.start()
+    except OSError:
+        raise  # a busy HTTP port: the CLI prints one line and exits 2
+    except RuntimeError as exc:
+        if "cannot listen" in str(exc):
+            raise ConfigError(f"{exc} (address in use or not local)") from None
+        log.error("aggregator_start_failed", error=str(exc))
+        return 1
     except Exception as exc:  # noqa: BLE001 - report and stop cleanly
         log.error("aggregator_start_failed", error=str(exc))
         return 1
+    current = [cfg]
+
+    def _maybe_reload() -> None:
+        if reload is None or load is None or not reload.is_set():
+            return
+        reload.clear()
+        try:
+            new = load()
+            new_web = load_web() if load_web is not None else web
+            changed = reload_aggregator(rt, current[0], new)
+        except ConfigError as exc:
+            status.record(False)
+            log.error("config_reload_failed", error=str(exc), detail="still running on the previous config")
+            return
+        current[0] = new
+        if rt.http is not None:
+            rt.http.set_web(new_web)  # certificates and users re-read: rotation without a restart
+        status.record(True)
+        log.info("config_reloaded", changed=changed)
+
     log.info("aggregator_started", grpc=rt.grpc_address, http=cfg.http_listen, nodes=len(rt.engine.topology.nodes),
              alertmanagers=list(cfg.alertmanager.urls), clock=cfg.clock.mode)
     try:
-        rt.run(stop_event)
+        rt.run(stop_event, between=_maybe_reload)
     finally:
         rt.stop()
         log.info("aggregator_stopped")

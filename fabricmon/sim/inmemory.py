@@ -33,7 +33,7 @@ from ..rank_timing import JobLayout, RankTiming
 from ..sources.ethtool import ETHTOOL_UP, classify_stat
 from ..sources.infiniband import DATA_PER_NOMINAL
 from ..sources.infiniband import classify as ib_classify
-from ..sources.nvlink import NVLINK_ERROR_TYPES, THROTTLE_REASONS
+from ..sources.nvml.backend import NVLINK_ERROR_TYPES, THROTTLE_REASONS
 from .cluster import ClusterState
 from .hw import (
     DOWN_RATE, ETH_STATS, GPU_NAME, HW_CONG64, HW_LIFESPAN_MS, HW_PPCNT64, HW_Q32, HW_ROCE_ACCL32, LANE_DGBPS,
@@ -464,14 +464,14 @@ def _new_delta(family: str, labels: Labels, delta: float, saturated: bool, reset
 
 
 class GaugeFilter:
-    """The stream client's rule for gauges (``agent/stream.py``): every gauge in the first batch, then
+    """The stream client's rule for gauges (``agent/stream_batches.py``): every gauge in the first batch, then
     those that changed or reappeared.  Used to turn a real Snapshot into the batch it would stream."""
 
     def __init__(self) -> None:
         self.base: dict | None = None
 
     def __call__(self, samples) -> list[Sample]:
-        from ..agent.stream import changed_gauges
+        from ..agent.stream_batches import changed_gauges
 
         out, self.base = changed_gauges(samples, self.base)
         return out

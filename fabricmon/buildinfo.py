@@ -1,0 +1,70 @@
+"""``fabricmon_build_info``, the process_* metrics and the config reload status, served beside
+every fabricmon /metrics.
+
+The same two things node_exporter and dcgm-exporter expose (``*_build_info`` and the
+client library's process collector), so one dashboard row and one ``count by (version)``
+work for every exporter on the host.
+"""
+
+from __future__ import annotations
+
+import platform
+import threading
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from . import __version__
+
+
+class BuildInfoCollector:
+    def collect(self):
+        g = GaugeMetricFamily("fabricmon_build_info", "A metric with a constant 1 labeled by the fabricmon version "
+                              "and the Python it runs on.", labels=["version", "python_version", "python_implementation"])
+        g.add_metric([__version__, platform.python_version(), platform.python_implementation()], 1.0)
+        yield g
+
+
+class ReloadStatus:
+    """What SIGHUP did last, as Prometheus and Alertmanager export it (alert on ``== 0``)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.successful = True
+        self.success_ts = clock()  # the start counts as a successful load
+
+    def record(self, ok: bool) -> None:
+        with self._lock:
+            self.successful = ok
+            if ok:
+                self.success_ts = self._clock()
+
+    def collect(self):
+        with self._lock:
+            ok, ts = self.successful, self.success_ts
+        g = GaugeMetricFamily("fabricmon_config_last_reload_successful",
+                              "Whether the last configuration reload (SIGHUP) succeeded.")
+        g.add_metric([], 1.0 if ok else 0.0)
+        yield g
+        g = GaugeMetricFamily("fabricmon_config_last_reload_success_timestamp_seconds",
+                              "Time of the last successful configuration load.")
+        g.add_metric([], ts)
+        yield g
+
+
+def add_runtime_collectors(registry: CollectorRegistry, reload: ReloadStatus | None = None) -> CollectorRegistry:
+    """Register build info and process metrics (CPU, RSS, open fds, start time) on ``registry``."""
+    registry.register(BuildInfoCollector())
+    if reload is not None:
+        registry.register(reload)
+    ProcessCollector(registry=registry)
+    return registry
+
+
+def runtime_exposition(reload: ReloadStatus | None = None) -> Callable[[], bytes]:
+    """A callable rendering build info and process metrics now (a few hundred bytes)."""
+    registry = add_runtime_collectors(CollectorRegistry(auto_describe=False), reload)
+    return lambda: generate_latest(registry)
