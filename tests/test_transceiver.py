@@ -148,3 +148,55 @@ def test_agent_source_serves_module_gauges_from_fixture_files(tmp_path):
     assert res.errors == 1 and res.messages[0].startswith("eth1: module:")  # a bad module costs only itself
     for fam, labels in got:
         assert tuple(k for k, _ in labels) == SPECS[fam].labels, fam
+
+
+def test_module_ioctl_on_a_real_netdev_without_a_module():
+    """The real SIOCETHTOOL path: loopback has no pluggable module, so the kernel answers EOPNOTSUPP
+    (EPERM without CAP_NET_ADMIN); either way one clean EthtoolError, never a crash."""
+    import errno
+
+    from fabricmon.sources.ethtool import EthtoolError
+    from fabricmon.sources.transceiver import ModuleEepromIoctl
+
+    io = ModuleEepromIoctl()
+    try:
+        with pytest.raises(EthtoolError) as ei:
+            io.read("lo")
+        assert ei.value.errno in (errno.EOPNOTSUPP, errno.EPERM, errno.EINVAL)
+        assert ei.value.op == "GMODULEINFO"
+    finally:
+        io.close()
+
+
+def test_a_stuck_module_read_never_blocks_the_poll():
+    import threading
+
+    from fabricmon.sources.inventory import Inventory, PortInfo
+    from fabricmon.sources.transceiver import TransceiverSource
+
+    release = threading.Event()
+    entered = threading.Event()
+
+    class StuckIoctl:
+        def read(self, ifname):
+            entered.set()
+            release.wait(30)
+            return _load("qsfp28_sff8636.bin")
+
+        def close(self):
+            pass
+
+    src = TransceiverSource(ioctl=StuckIoctl())
+    inv = Inventory("", (), (PortInfo("mlx5_0", "1", "", "Ethernet", "eth0", "0"),))
+    try:
+        src.poll(inv)  # starts the reader thread
+        assert entered.wait(10)  # the reader is now stuck inside the module read
+        done = threading.Event()
+        result = []
+        t = threading.Thread(target=lambda: (result.append(src.poll(inv)), done.set()), daemon=True)
+        t.start()
+        assert done.wait(10), "poll blocked behind a stuck module read"
+        assert result[0].readings == [] and result[0].errors == 0  # nothing read yet: no stale values
+    finally:
+        release.set()
+        src.close()
