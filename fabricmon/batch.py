@@ -1,7 +1,7 @@
 """What an agent tells the aggregator: a hello per connection, then one batch per poll.
 
 These are the in-process forms; ``proto/`` defines the wire form and
-``agent/stream.py`` / ``aggregator/server.py`` convert.  The simulator's
+``agent/stream_batches.py`` / ``aggregator/server.py`` convert.  The simulator's
 in-memory mode builds the same objects, so the aggregator code path is the same.
 """
 
