@@ -1,7 +1,7 @@
 """What an agent tells the aggregator: a hello per connection, then one batch per poll.
 
 These are the in-process forms; ``proto/`` defines the wire form and
-``agent/stream.py`` / ``aggregator/server.py`` convert.  The simulator's
+``agent/stream_batches.py`` / ``aggregator/server.py`` convert.  The simulator's
 in-memory mode builds the same objects, so the aggregator code path is the same.
 """
 
@@ -45,3 +45,6 @@ class NodeBatch:
     gauges: tuple[Sample, ...] = ()  # gauges that changed (all of them in the first batch of a connection)
     ranks: tuple[RankTiming, ...] = ()
     layouts: tuple[JobLayout, ...] = ()
+    # counter deltas that came in but were not built into ``deltas`` because the consumer reads
+    # no series of their family (the aggregator's stream decoder); counted, never evidence
+    unread_deltas: int = 0

@@ -72,8 +72,9 @@ def _collect_parser(sub: argparse._SubParsersAction) -> None:
 def _check_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("check-config", help="validate a config file and exit", parents=[_common()])
     p.add_argument("file")
-    p.add_argument("--kind", choices=["agent", "aggregator", "topology", "scenario"], default=None,
+    p.add_argument("--kind", choices=["agent", "aggregator", "topology", "scenario", "shardmap"], default=None,
                    help="what the file is (default: the kind whose keys the file's top-level keys are)")
+    p.add_argument("--topology", help="shardmap: the topology whose units must each be owned once")
 
 
 def _aggregator_parser(sub: argparse._SubParsersAction) -> None:
@@ -97,6 +98,9 @@ def _demo_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-alertmanager", action="store_true", help="do not start Alertmanager even if installed")
     p.add_argument("--workers", type=int, default=None,
                    help="processes that render and poll the simulated nodes (default: CPU count, at most 4)")
+    p.add_argument("--mode", choices=["tree", "memory"], default="tree",
+                   help="tree: real agents poll rendered node trees (small clusters); memory: in-memory batches "
+                        "through the stream codec into the aggregator runtime (thousands of nodes)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -315,7 +319,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     from .configload import load_yaml_file
 
     data = load_yaml_file(args.file)
-    kind = args.kind or detect_kind(data, args.file)
+    kind = args.kind or ("shardmap" if "replicas" in data else detect_kind(data, args.file))
     if kind == "agent":
         from .config import load_agent_config
 
@@ -328,6 +332,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         from .topology import load_topology
 
         load_topology(args.file)
+    elif kind == "shardmap":
+        from .shardmap import check_ownership, load_shard_map
+
+        check_ownership(load_shard_map(args.file), args.file, getattr(args, "topology", None))
     else:
         from .sim.scenario import load_scenario
 

@@ -329,7 +329,7 @@ def gpu_document(g) -> dict:
 
 def read_nvml_document(backend, deadline_s: float = 10.0) -> dict:
     """Every GPU through an NVML backend, in a worker with a deadline (NVML calls can hang)."""
-    from .sources.nvlink import GpuLost
+    from .sources.nvml.backend import GpuLost
 
     result: dict = {}
 
@@ -363,7 +363,8 @@ def read_nvml_document(backend, deadline_s: float = 10.0) -> dict:
 def _capture_nvml(ar: _Archive, nvml: str) -> str:
     if nvml == "off":
         return "off"
-    from .sources.nvlink import FakeNvmlBackend, PynvmlBackend
+    from .sources.nvml.backend_fake import FakeNvmlBackend
+    from .sources.nvml.backend_pynvml import PynvmlBackend
 
     backend = FakeNvmlBackend(nvml[5:]) if nvml.startswith("fake:") else PynvmlBackend()
     try:

@@ -103,12 +103,27 @@ class FabricConfigSource:
 
 
 @dataclass(frozen=True)
+class TransceiverSource:
+    """Module EEPROM readings (temperature, Vcc, per-lane power and bias, alarm flags).  Off by default:
+    the module EEPROM ioctl needs CAP_NET_ADMIN, and each read is a slow I2C transaction, so it runs
+    on its own thread every ``interval`` seconds and the 1 s poll serves the last readings."""
+
+    enabled: bool = False
+    interval: float = 60.0
+
+    def validate(self, path: str, source: str) -> None:
+        if not 10.0 <= self.interval <= 3600.0:
+            raise ConfigError(f"{source}: {path}.interval: must be 10..3600 seconds, got {self.interval}")
+
+
+@dataclass(frozen=True)
 class Sources:
     infiniband: InfinibandSource = field(default_factory=InfinibandSource)
     ethtool: EthtoolSource = field(default_factory=EthtoolSource)
     nvml: NvmlSource = field(default_factory=NvmlSource)
     host: HostSource = field(default_factory=HostSource)
     fabric_config: FabricConfigSource = field(default_factory=FabricConfigSource)
+    transceiver: TransceiverSource = field(default_factory=TransceiverSource)
 
 
 @dataclass(frozen=True)

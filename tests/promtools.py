@@ -358,7 +358,7 @@ def live_fabric(scenario: Any, workdir: Path, *, rule_files: Sequence[str | Path
     from fabricmon.config import AgentConfig
     from fabricmon.sim.runner import SimulatedCluster
     from fabricmon.sources.host import HostSource
-    from fabricmon.sources.nvlink import make_nvml_source
+    from fabricmon.sources.nvml.source import make_nvml_source
 
     require_binary(PROMETHEUS)
     workdir.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ DESIGN_ALERTS = {
     "FabricLinkDown", "FabricLinkFlapping", "FabricLinkErrors", "FabricLinkDegraded", "FabricLeafDegraded",
     "FabricPFCStorm", "FabricCongestion", "RDMARetransmits", "FabricConfigDrift", "NVLinkDown", "NVLinkErrors",
     "GPUXidFatal", "StragglerRank", "SlowRanksSharedComponent", "StageImbalance", "FabricmonAgentDown",
-    "FabricmonCollectorFailing",
+    "FabricmonCollectorFailing", "FabricCableDegrading",
 }
 
 
@@ -41,7 +41,7 @@ def test_group_by_and_every_inhibition_has_equal() -> None:
         assert set(names) <= DESIGN_ALERTS, names
     pairs = {(tuple(r["source_matchers"]), tuple(r["target_matchers"])): r["equal"] for r in rules}
     assert pairs[(('alertname="FabricLinkDown"',),
-                  ('alertname=~"FabricLinkErrors|FabricLinkFlapping|FabricLinkDegraded|RDMARetransmits"',))] \
+                  ('alertname=~"FabricLinkErrors|FabricLinkFlapping|FabricLinkDegraded|FabricCableDegrading|RDMARetransmits"',))] \
         == ["cluster", "component"]
     assert pairs[(('alertname=~"NVLinkDown|GPUXidFatal"',), ('alertname=~"NVLinkErrors|StragglerRank"',))] \
         == ["cluster", "node", "gpu"]
@@ -88,7 +88,7 @@ def test_inhibitions_on_a_real_alertmanager(tmp_path) -> None:
             _alert(alertname="FabricLinkErrors", severity="warning", component_type="link",
                    component="node-017/mlx5_3/1", node="node-017", **leaf),
             _alert(alertname="StragglerRank", severity="warning", component_type="gpu",
-                   component="node-018/gpu3", node="node-018", gpu="3", job="llm-7b", **leaf),
+                   component="node-018/gpu3", node="node-018", gpu="3", hpc_job="llm-7b", **leaf),
             # Another leaf: not inhibited.
             _alert(alertname="FabricLinkErrors", severity="warning", component_type="link",
                    component="node-040/mlx5_3/1", node="node-040", **other_leaf),

@@ -21,7 +21,8 @@ import pytest
 import yaml
 
 from fabricmon.agent.spool import MemorySpool, Spool
-from fabricmon.agent.stream import StreamClient, hello_from_snapshot
+from fabricmon.agent.stream import StreamClient
+from fabricmon.agent.stream_batches import hello_from_snapshot
 from fabricmon.aggregator.alertmanager import AlertmanagerClient
 from fabricmon.aggregator.engine import Engine
 from fabricmon.aggregator.runtime import AggregatorRuntime

@@ -23,16 +23,10 @@ from fabricmon.agent.exporter import exposition
 from fabricmon.agent.poller import Poller
 from fabricmon.model import Snapshot
 from fabricmon.sources.inventory import Inventory
-from fabricmon.sources.nvlink import (
-    THROTTLE_REASONS,
-    FakeNvmlBackend,
-    GpuLost,
-    GpuReading,
-    NvmlLibraryMissing,
-    NvmlSource,
-    PynvmlBackend,
-    make_nvml_source,
-)
+from fabricmon.sources.nvml.backend import THROTTLE_REASONS, GpuLost, GpuReading, NvmlLibraryMissing
+from fabricmon.sources.nvml.backend_fake import FakeNvmlBackend
+from fabricmon.sources.nvml.backend_pynvml import PynvmlBackend
+from fabricmon.sources.nvml.source import NvmlSource, make_nvml_source
 
 FAULT_GPU, FAULT_LINK = 2, 5  # the fixture tool's defaults
 

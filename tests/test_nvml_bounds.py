@@ -19,7 +19,8 @@ from fabricmon.agent.exporter import exposition
 from fabricmon.agent.poller import Poller
 from fabricmon.sources.bounds import REASONS, U64_MAX
 from fabricmon.sources.inventory import Inventory
-from fabricmon.sources.nvlink import FakeNvmlBackend, NvmlSource
+from fabricmon.sources.nvml.backend_fake import FakeNvmlBackend
+from fabricmon.sources.nvml.source import NvmlSource
 
 REJECTED = "fabricmon_source_values_rejected_total"
 

@@ -18,7 +18,7 @@ TEST_FILES = sorted((PROM / "tests").glob("*.test.yml"))
 PROMETHEUS_ALERTS = {
     "FabricLinkDown", "FabricLinkFlapping", "FabricLinkErrors", "FabricLinkDegraded", "FabricPFCStorm",
     "FabricCongestion", "RDMARetransmits", "FabricConfigDrift", "NVLinkDown", "NVLinkErrors", "GPUXidFatal",
-    "FabricmonAgentDown", "FabricmonCollectorFailing",
+    "FabricmonAgentDown", "FabricmonCollectorFailing", "FabricCableDegrading",
 }
 # fabricmon watching itself (aggregator scraped, alerts delivered, agents streaming): component_type
 # `service`, the fabricmon deployment itself, not a fabric component.

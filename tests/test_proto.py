@@ -98,3 +98,27 @@ def test_framing_without_reparse():
     inner = codec.encode_self_contained(_batch()).SerializeToString()
     msg = pb.AgentMessage.FromString(codec.agent_message_from_batch_bytes(inner))
     assert msg.WhichOneof("msg") == "batch" and msg.batch.SerializeToString() == inner
+
+
+def test_decoder_counts_but_does_not_build_unread_families():
+    """Deltas of families the consumer does not read are counted, flagged ones are always built."""
+    from fabricmon.batch import NodeBatch
+    from fabricmon.model import CounterDelta
+    from fabricmon.proto.codec import SeriesDecoder, SeriesEncoder
+
+    port = (("device", "mlx5_0"), ("port", "1"))
+    deltas = (CounterDelta("fabricmon_ib_port_receive_bytes_total", port, 5e9),
+              CounterDelta("fabricmon_ib_port_errors_total", port + (("counter", "symbol_error"),), 3.0),
+              CounterDelta("fabricmon_ib_port_errors_total", port + (("counter", "port_rcv_errors"),), 0.0),
+              CounterDelta("fabricmon_ib_port_transmit_bytes_total", port, 0.0, reset=True))
+    enc = SeriesEncoder()
+    dec = SeriesDecoder(read_families=frozenset({"fabricmon_ib_port_errors_total"}))
+    full = SeriesDecoder()
+    for seq in (1, 2):
+        m = enc.encode(NodeBatch("n1", seq, float(seq), 1.0, deltas))
+        got = dec.decode(m, "n1")
+        assert [(d.family, d.delta, d.reset) for d in got.deltas] == [
+            ("fabricmon_ib_port_errors_total", 3.0, False), ("fabricmon_ib_port_errors_total", 0.0, False),
+            ("fabricmon_ib_port_transmit_bytes_total", 0.0, True)]
+        assert got.unread_deltas == 1
+        assert full.decode(m, "n1").deltas == deltas

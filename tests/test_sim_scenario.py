@@ -101,6 +101,8 @@ def test_ground_truth_of_every_kind():
         "slow_gpu": ({"node": "node-017", "gpu": 6}, "gpu", "node-017/gpu6", "StragglerRank"),
         "config_drift": ({"node": "node-017", "rail": 3}, "config", "node-017/mlx5_3", "FabricConfigDrift"),
         "counter_reset": ({"node": "node-017"}, None, None, None),
+        "cable_degrading": ({"node": "node-017", "rail": 3, "fails_at": 50}, "link", "node-017/mlx5_3/1",
+                            "FabricCableDegrading"),
     }
     assert set(want) == set(KINDS)
     for kind, (kw, ctype, comp, alert) in want.items():
@@ -146,7 +148,7 @@ def test_random_scenarios_are_valid_and_varied():
             assert g.kind == f.kind
             assert (g.component is None) == (f.kind == "counter_reset")
     assert counts == {0, 1, 2}
-    assert kinds == set(KINDS)
+    assert kinds == set(KINDS) - {"cable_degrading"}  # benchmarks/bench_cable_lead.py draws those
 
 
 def test_round_trip_to_dict(tmp_path):

@@ -360,6 +360,27 @@ max without (device, port) (
 )
 '''),
         Alert(
+            'FabricCableDegrading', for_='bursty', severity='warning', component_type='link',
+            summary='Optics of fabric link {{ $labels.component }} are losing RX power: predicted to fail',
+            description='A lane of {{ $labels.component }} lost more than 20% (~1 dB) of its received optical power over 15 minutes on a steady trend: plan a cable or transceiver swap before the link flaps.',
+            comment="The aggregator's FabricCableDegrading also follows the BER trend and the lanes (cable_health.py);\n"
+                    "this is the part Prometheus can judge alone: a least-squares trend losing 20% over 15 minutes, 20%\n"
+                    "really lost within them (two samples make no trend), the lane still lit (> -30 dBm).",
+            expr='''
+max without (device, port) (
+  label_join(
+    min by (cluster, node, device, port) (
+      (deriv(fabricmon_transceiver_rx_power_watts[15m]) * 900 < -0.2 * fabricmon_transceiver_rx_power_watts)
+        and (max_over_time(fabricmon_transceiver_rx_power_watts[15m]) - fabricmon_transceiver_rx_power_watts
+             > 0.2 * max_over_time(fabricmon_transceiver_rx_power_watts[15m]))
+        and fabricmon_transceiver_rx_power_watts > 1e-6
+    )
+      * on (cluster, node, device, port) group_left (rail, leaf) fabricmon:ib_port:info,
+    "component", "/", "node", "device", "port"
+  )
+)
+'''),
+        Alert(
             'FabricLinkDegraded', for_='rate', severity='warning', component_type='link',
             summary='Fabric link {{ $labels.component }} runs below the rate or width of its peers',
             description="ACTIVE port {{ $labels.component }} runs below the median rate or width of the cluster's rail ports (e.g. 4X -> 2X, NDR -> HDR): every job on {{ $labels.node }} using rail {{ $labels.rail }} is slowed.",

@@ -19,6 +19,7 @@ from prometheus_client.utils import floatToGoString
 from ..httpserve import TEXT, Chunk, RoutedHTTPServer, landing_page, probe
 from ..metrics import SELF_SPECS, SPECS, MetricSpec
 from ..model import Snapshot
+from .margins import link_margins
 
 ALL_SPECS = {**SPECS, **SELF_SPECS}
 
@@ -65,6 +66,8 @@ class SnapshotCollector:
         node = _safe(snap.node)
         by_family: dict[str, list] = defaultdict(list)
         for s in snap.samples:
+            by_family[s.family].append(s)
+        for s in link_margins(snap):
             by_family[s.family].append(s)
         for name, samples in by_family.items():
             spec = ALL_SPECS.get(name)

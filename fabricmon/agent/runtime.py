@@ -47,7 +47,7 @@ def build_sources(cfg: AgentConfig) -> list[Source]:
     from ..sources.fabric_config import FabricConfigSource
     from ..sources.host import HostSource
     from ..sources.infiniband import InfinibandSource
-    from ..sources.nvlink import make_nvml_source
+    from ..sources.nvml.source import make_nvml_source
 
     sources: list[Source] = []
     s = cfg.sources
@@ -60,6 +60,10 @@ def build_sources(cfg: AgentConfig) -> list[Source]:
     nvml = make_nvml_source(cfg)
     if nvml is not None:
         sources.append(nvml)
+    if s.transceiver.enabled:
+        from ..sources.transceiver import TransceiverSource
+
+        sources.append(TransceiverSource(cfg))
     if s.host.enabled and cfg.sysfs_root == "/sys":
         # psutil reads this host's /proc: meaningless for a fixture or simulated tree.
         sources.append(HostSource(cfg))

@@ -1,8 +1,10 @@
 """Alertmanager client: POST /api/v2/alerts to every configured Alertmanager (HA: all of them).
 
 Decoupled from ``Engine.tick``: the service hands over the incidents that
-changed (``submit``), a background thread delivers.  Each URL has its own
-bounded queue and backoff, so one Alertmanager being down delays nobody else.
+changed (``submit``), background threads deliver.  Each URL has its own
+bounded queue, backoff and sender thread, so one Alertmanager being down (even
+one that accepts the connection and never answers, holding a POST for the
+whole timeout) delays nobody else: the Alertmanager HA cluster dedups.
 Transitions (open, update, resolve) are never coalesced away; periodic
 re-sends of active alerts are (one pending re-send per alert and URL).  When
 a queue is full the oldest re-send goes first, and only if none is left the
@@ -87,7 +89,7 @@ class AlertmanagerClient:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._last_resend = wall()
         self._sample_now = 0.0
 
@@ -167,18 +169,24 @@ class AlertmanagerClient:
 
     # ------------------------------------------------------------------ delivery
     def start(self) -> None:
-        if self._thread is None and self.urls:
-            self._thread = threading.Thread(target=self._run, name="alertmanager-sender", daemon=True)
-            self._thread.start()
+        if self._threads or not self.urls:
+            return
+        self._stop.clear()
+        for i, u in enumerate(self.urls):
+            t = threading.Thread(target=self._run, args=(u,), name=f"alertmanager-sender-{i}", daemon=True)
+            self._threads.append(t)
+            t.start()
 
     def stop(self, flush_timeout: float = 2.0) -> None:
-        if self._thread is None:
+        if not self._threads:
             return
         self.flush(flush_timeout)
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout=self.timeout + 2)
-        self._thread = None
+        deadline = time.monotonic() + self.timeout + 2
+        for t in self._threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        self._threads = []
 
     def flush(self, timeout: float) -> bool:
         """Wait until every queue is empty (or ``timeout`` wall seconds); True when empty."""
@@ -195,66 +203,75 @@ class AlertmanagerClient:
         with self._lock:
             return sum(len(u.queue) for u in self.urls)
 
-    def _run(self) -> None:
+    def _run(self, u: _Url) -> None:
         while not self._stop.is_set():
             try:
-                self._once()
+                self._once(u)
             except Exception:  # never let the sender die
-                log.exception("alertmanager_sender_error")
+                log.exception("alertmanager_sender_error", url=u.url)
+            # shared wake-up: a thread that misses a set() another cleared waits at most 0.1 s
             self._wake.wait(0.1)
             self._wake.clear()
 
-    def _once(self) -> None:
-        now = time.monotonic()
-        if self.wall() - self._last_resend >= self.resend_seconds:
+    def _resends_due(self) -> None:
+        with self._lock:
+            if self.wall() - self._last_resend < self.resend_seconds:
+                return
             self._last_resend = self.wall()
-            with self._lock:
-                for iid, snap in self._active.items():
-                    for u in self.urls:
-                        self._enqueue(u, "resend", iid, snap)
-        for u in self.urls:
-            if not u.queue or now < u.next_try:
-                continue
-            with self._lock:
-                items, ids = [], set()
-                for e in u.queue:  # one entry per alert and POST: an open is delivered before its resolve
-                    if e[1] in ids or len(items) >= self.max_batch:
-                        break
-                    ids.add(e[1])
-                    items.append(e)
-                body = [self.payload(e[2]) for e in items]
-            status = self._post(u, body)
-            if status == REJECTED and len(body) > 1:
-                # which alerts? Alertmanager kept the valid ones; re-posting those is harmless (dedup)
-                results = [(e, self._post(u, [b])) for e, b in zip(items, body)]
-            else:
-                results = [(e, status) for e in items]
-            with self._lock:
-                for e, st in results:
-                    if st == RETRY:
-                        continue
-                    if u.queue and u.queue[0] is e:
-                        u.queue.popleft()
-                    else:  # the queue was trimmed or partly delivered meanwhile
-                        try:
-                            u.queue.remove(e)
-                        except ValueError:
-                            pass
-                    if e[0] == "resend":
-                        u.pending_resend.discard(e[1])
-                    if st == OK:
-                        self.sent_total["success"] += 1
-                    else:
-                        self.sent_total["rejected"] += 1
-                        self._active.pop(e[1], None)  # the same alert would be refused every resend
-                retry = sum(1 for _, st in results if st == RETRY)
-                if retry:
-                    self.sent_total["error"] += retry
-                    u.next_try = now + u.backoff * random.uniform(0.8, 1.2)
-                    u.backoff = min(u.backoff * 2, 30.0)
+            for iid, snap in self._active.items():
+                for u in self.urls:
+                    self._enqueue(u, "resend", iid, snap)
+
+    def _once(self, u: _Url | None = None) -> None:
+        """One delivery round for ``u`` (its own thread), or for every URL in turn (tests)."""
+        self._resends_due()
+        for u in ([u] if u is not None else self.urls):
+            self._deliver(u)
+
+    def _deliver(self, u: _Url) -> None:
+        now = time.monotonic()
+        if not u.queue or now < u.next_try:
+            return
+        with self._lock:
+            items, ids = [], set()
+            for e in u.queue:  # one entry per alert and POST: an open is delivered before its resolve
+                if e[1] in ids or len(items) >= self.max_batch:
+                    break
+                ids.add(e[1])
+                items.append(e)
+            body = [self.payload(e[2]) for e in items]
+        status = self._post(u, body)
+        if status == REJECTED and len(body) > 1:
+            # which alerts? Alertmanager kept the valid ones; re-posting those is harmless (dedup)
+            results = [(e, self._post(u, [b])) for e, b in zip(items, body)]
+        else:
+            results = [(e, status) for e in items]
+        with self._lock:
+            for e, st in results:
+                if st == RETRY:
+                    continue
+                if u.queue and u.queue[0] is e:
+                    u.queue.popleft()
+                else:  # the queue was trimmed or partly delivered meanwhile
+                    try:
+                        u.queue.remove(e)
+                    except ValueError:
+                        pass
+                if e[0] == "resend":
+                    u.pending_resend.discard(e[1])
+                if st == OK:
+                    self.sent_total["success"] += 1
                 else:
-                    u.backoff = 0.5
-                    u.next_try = 0.0
+                    self.sent_total["rejected"] += 1
+                    self._active.pop(e[1], None)  # the same alert would be refused every resend
+            retry = sum(1 for _, st in results if st == RETRY)
+            if retry:
+                self.sent_total["error"] += retry
+                u.next_try = now + u.backoff * random.uniform(0.8, 1.2)
+                u.backoff = min(u.backoff * 2, 30.0)
+            else:
+                u.backoff = 0.5
+                u.next_try = 0.0
 
     def _post(self, u: _Url, body: list[dict]) -> str:
         """OK, RETRY (5xx, 408, 429, timeout, connection) or REJECTED (any other 4xx)."""

@@ -106,6 +106,20 @@ class DetectionSettings:
     straggler_clear: int = 3  # persistent ranks clear when fewer flags than this remain in the window
     straggler_mass_ratio: float = 0.25  # more late ranks than this share of a group: not an individual straggler
     straggler_hold_s: float = 20.0
+    # --- cable health (FabricCableDegrading, cable_health.py) ---
+    cable_bucket_s: float = 10.0  # corrected bits are summed per bucket; judged once per bucket
+    cable_window_s: float = 300.0  # the trend window
+    cable_min_buckets: int = 18  # a BER trend needs this many buckets (3 min) of data
+    cable_min_readings: int = 6  # an RX power trend needs this many module readings
+    cable_ber_slope: float = 0.08  # decades per minute (1 decade in 12.5 min)
+    cable_ber_step: float = 0.15  # each third of the window above the previous by this many decades ...
+    cable_ber_rise: float = 0.5  # ... and the last third above the first by this many
+    cable_lane_share: float = 0.6  # one lane carrying this share of the corrected bits
+    cable_rx_slope_db: float = 0.1  # dB per minute falling
+    cable_rx_step_db: float = 0.15  # each third of the window below the previous by this many dB ...
+    cable_rx_drop_db: float = 0.5  # ... and the last third below the first by this many
+    cable_persist: int = 2  # consecutive judgements before raising
+    cable_hold_s: float = 60.0  # resolve once the trend stopped this long
     # --- correlator ---
     medium_evidence: float = 2.5  # log-odds sum at which a component explains slow ranks
     prior_log_odds: float = -4.0
@@ -117,9 +131,11 @@ class DetectionSettings:
         "congestion_persist_windows", "congestion_of_windows", "congestion_leaf_min_ports", "retries_min",
         "nvlink_errors_min", "nvlink_recovery_min", "xid_hold_s", "leaf_fold_min_links", "leaf_fold_ratio",
         "agent_down_s", "straggler_z", "straggler_mad_floor", "straggler_window", "straggler_persist",
-        "straggler_mass_ratio", "straggler_hold_s", "medium_evidence"))
+        "straggler_mass_ratio", "straggler_hold_s", "medium_evidence", "cable_bucket_s", "cable_window_s",
+        "cable_min_buckets", "cable_min_readings", "cable_ber_slope", "cable_rx_slope_db", "cable_persist",
+        "cable_hold_s", "cable_lane_share", "cable_ber_rise", "cable_rx_drop_db"))
     _RATIOS = frozenset(("degraded_rate_ratio", "pfc_keep_ratio", "pfc_victim_ratio", "leaf_fold_ratio",
-                         "straggler_mass_ratio", "straggler_min_impact"))
+                         "straggler_mass_ratio", "straggler_min_impact", "cable_lane_share"))
 
     def validate(self, path: str, source: str) -> None:
         _check_numbers(self, path, source, positive=self._POSITIVE, ratios=self._RATIOS,

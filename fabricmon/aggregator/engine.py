@@ -27,6 +27,7 @@ from ..topology import Topology
 from .admission import ClusterClock
 from .agents_down import agents_down
 from .config import DetectionSettings
+from .cable_health import CableHealth
 from .correlator import correlate
 from .detectors import (
     E_CNP, E_DOWNED, E_ERR, E_PHY, E_PRX, E_PTX, E_RECOV, E_RETRY, E_STORM, E_XWAIT, FOLDABLE, G_NVERR,
@@ -39,7 +40,7 @@ from .incidents import Finding, Incident, IncidentManager, Relation
 from .stragglers import StragglerTracker
 
 # delta families the detectors use -> handler code
-_F_PMA, _F_RETRY, _F_CNP, _F_XWAIT, _F_PAUSE, _F_STORM, _F_PHY, _F_NVL, _F_XID = range(9)
+_F_PMA, _F_RETRY, _F_CNP, _F_XWAIT, _F_PAUSE, _F_STORM, _F_PHY, _F_NVL, _F_XID, _F_CORR = range(10)
 DELTA_FAMILIES: dict[str, int] = {
     "fabricmon_ib_port_errors_total": _F_PMA,
     "fabricmon_rdma_transport_retries_total": _F_RETRY,
@@ -52,8 +53,11 @@ DELTA_FAMILIES: dict[str, int] = {
     "fabricmon_netdev_phy_errors_total": _F_PHY,
     "fabricmon_nvlink_errors_total": _F_NVL,
     "fabricmon_gpu_xid_errors_total": _F_XID,
+    "fabricmon_netdev_phy_corrected_bit_total": _F_CORR,
 }
-_G_STATE, _G_PHYS, _G_RATE, _G_WIDTH, _G_CONFIG, _G_NVUP, _G_THROTTLE, _G_GPUUP = range(8)
+# what the stream decoder needs to build for this engine; other families are only counted
+READ_DELTA_FAMILIES = frozenset(DELTA_FAMILIES)
+_G_STATE, _G_PHYS, _G_RATE, _G_WIDTH, _G_CONFIG, _G_NVUP, _G_THROTTLE, _G_GPUUP, _G_DATA, _G_RXPOW, _G_TEMP = range(11)
 GAUGE_FAMILIES: dict[str, int] = {
     "fabricmon_ib_port_state": _G_STATE,
     "fabricmon_ib_port_physical_state": _G_PHYS,
@@ -63,6 +67,9 @@ GAUGE_FAMILIES: dict[str, int] = {
     "fabricmon_nvlink_up": _G_NVUP,
     "fabricmon_gpu_throttle_reason": _G_THROTTLE,
     "fabricmon_gpu_up": _G_GPUUP,
+    "fabricmon_ib_port_data_rate_bytes_per_second": _G_DATA,
+    "fabricmon_transceiver_rx_power_watts": _G_RXPOW,
+    "fabricmon_transceiver_temperature_celsius": _G_TEMP,
 }
 _NVL_KIND = {"replay": G_NVERR, "crc_flit": G_NVERR, "crc_data": G_NVERR, "recovery": G_NVRECOV}
 _MISSING = object()
@@ -70,6 +77,8 @@ _log = structlog.get_logger("fabricmon.aggregator.engine")
 
 
 class Engine:
+    read_delta_families = READ_DELTA_FAMILIES  # the stream decoder builds only these (proto/codec.py)
+
     def __init__(self, topology: Topology, settings: DetectionSettings | None = None,
                  clock: Callable[[], float] | None = None, *, cluster: str | None = None,
                  shard_units: tuple[int, ...] | None = None, cluster_clock: ClusterClock | None = None) -> None:
@@ -85,6 +94,7 @@ class Engine:
         self.active_gpus: set[GpuState] = set()
         self.config_nodes: set[str] = set()
         self.stragglers = StragglerTracker(s)
+        self.cable = CableHealth(s)
         self.manager = IncidentManager(default_hold_s=s.hold_s)
         self.folder = LeafFolder(s, self.cluster, self.links_by_leaf)
         self._fatal_xids = frozenset(str(x) for x in s.xid_fatal)
@@ -234,7 +244,7 @@ class Engine:
             if batch.interval_seconds > 0:
                 ns.interval = batch.interval_seconds
             self.batches_total += 1
-            self.samples_total += len(batch.deltas) + len(batch.gauges) + len(batch.ranks)
+            self.samples_total += len(batch.deltas) + batch.unread_deltas + len(batch.gauges) + len(batch.ranks)
             if batch.deltas:
                 self._deltas(ns, batch)
             if batch.gauges:
@@ -261,6 +271,7 @@ class Engine:
         iv = batch.interval_seconds if batch.interval_seconds > 0 else ns.interval
         families = DELTA_FAMILIES
         pending: list = []
+        cable: list = []  # (link, bits, lane or None): FEC-corrected bits for cable_health
         resets: set[str] = set()
         links = ns.links
         retry_floor = 0.1 * s.retries_min * min(1.0, iv / s.window_s)
@@ -325,10 +336,24 @@ class Engine:
                 if link is not None:
                     pending.append((link, (ts, E_STORM, v, 0)))
             elif code == _F_PHY:
-                if lab[1][1] in PHY_ERRORS or lab[1][1].startswith("rx_err_lane_"):
+                counter = lab[1][1]
+                if counter in PHY_ERRORS:
                     link = ns.by_netdev.get(lab[0][1])
                     if link is not None:
                         pending.append((link, (ts, E_PHY, v, 0)))
+                elif counter.startswith("rx_err_lane_"):
+                    # raw per-lane errors before FEC (mlx5 counters.rst): the FEC corrects them, so they
+                    # are a margin (cable_health), not link errors
+                    link = ns.by_netdev.get(lab[0][1])
+                    if link is not None:
+                        try:
+                            cable.append((link, v, int(counter[len("rx_err_lane_"):-len("_phy")])))
+                        except ValueError:
+                            continue
+            elif code == _F_CORR:
+                link = ns.by_netdev.get(lab[0][1])
+                if link is not None:
+                    cable.append((link, v, None))
             elif code == _F_NVL:
                 kind = _NVL_KIND.get(lab[2][1])
                 if kind is None:
@@ -347,6 +372,9 @@ class Engine:
         if ns.grace_batches > 0:
             ns.grace_batches -= 1
             return  # first batch after a reboot: deltas are not evidence
+        for link, v, lane in cable:
+            if not (link.device in resets or link.netdev in resets):
+                self.cable.corrected(link, ts, v, iv, lane)
         if not pending:
             return
         for target, ev in pending:
@@ -424,6 +452,21 @@ class Engine:
                 gs = self._gpu(ns, lab[0][1])
                 if gs is not None:
                     gs.up = bool(v)
+            else:  # data rate and module readings: cable_health
+                link = ns.links.get((lab[0][1], lab[1][1]), _MISSING)
+                if link is _MISSING:
+                    link = self._link(ns, lab[0][1], lab[1][1], None)
+                if link is None:
+                    continue
+                if code == _G_DATA:
+                    self.cable.data_rate(link, v)
+                elif code == _G_RXPOW:
+                    try:
+                        self.cable.rx_power(link, ts, int(lab[2][1]), v)
+                    except (ValueError, IndexError):
+                        continue
+                else:
+                    self.cable.temperature(link, ts, v)
         for link in touched:
             down = link.is_down()
             if down and link.down_since is None:
@@ -490,6 +533,10 @@ class Engine:
                 congested.setdefault(link.leaf or link.id, []).append((link, cong))
             if not link.ev and not link.trans and link.down_since is None and link.degraded_since is None:
                 self.active_links.discard(link)
+        # --- cable health: warn before a link flaps; not on top of a link that already alerts ---
+        loud = {f.component for f in findings if f.component_type == "link" and f.fire
+                and f.alertname in ("FabricLinkDown", "FabricLinkFlapping", "FabricLinkErrors")}
+        findings.extend(self.cable.evaluate(now, loud))
         leaf_findings, relations = self.folder.fold_links(foldable, now)
         findings.extend(leaf_findings)
         cong_findings, cong_relations = self.folder.fold_congestion(congested)

@@ -43,6 +43,7 @@ SEVERITY = {
     "SlowRanksSharedComponent": "critical",
     "StageImbalance": "info",
     "FabricmonAgentDown": "warning",
+    "FabricCableDegrading": "warning",
 }
 
 SUMMARY = {
@@ -62,6 +63,7 @@ SUMMARY = {
     "SlowRanksSharedComponent": "Slow ranks share {component}",
     "StageImbalance": "Pipeline stage imbalance in {component}",
     "FabricmonAgentDown": "fabricmon agent on {component} stopped reporting",
+    "FabricCableDegrading": "Cable or optics of {component} predicted to fail (BER trend, lane errors, RX power)",
 }
 
 

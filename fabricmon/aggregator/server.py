@@ -228,7 +228,8 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
             session_last = self._last_seq.get(node, 0)
             warned_ahead = False
             yield _ack(session_last)
-            decoder = SeriesDecoder()
+            # deltas of families the engine never reads are counted, not built (codec.py)
+            decoder = SeriesDecoder(read_families=getattr(self.engine, "read_delta_families", None))
             while True:
                 try:
                     msg = await it.__anext__()

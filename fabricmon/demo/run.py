@@ -28,6 +28,7 @@ from ..sim.parallel import ParallelTreeCluster
 from ..sim.runner import SimulatedCluster
 from ..sim.scenario import Scenario, default_scenario, load_scenario
 from .scoring import score
+from .wire import CodecWire
 
 log = structlog.get_logger("fabricmon.demo")
 
@@ -57,7 +58,10 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
     # Alertmanager sees real dates and takes a resolve's endsAt (the sample time it resolved) as past
     epoch = float(int(time.time() - scenario.duration - 60))
     workers = args.workers if args.workers is not None else min(os.cpu_count() or 1, 4)
-    if workers > 1:
+    memory = getattr(args, "mode", "tree") == "memory"
+    if memory:
+        sim = SimulatedCluster(scenario, mode="memory", interval=args.interval, epoch=epoch)
+    elif workers > 1:
         sim = ParallelTreeCluster(scenario, interval=args.interval, base_dir=args.workdir, epoch=epoch,
                                   workers=workers, log_level=args.log_level or "warning")
     else:
@@ -86,6 +90,9 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
     p = lambda *a: print(*a, file=out, flush=True)  # noqa: E731
     p(f"fabricmon demo: {c.nodes} nodes ({c.layout}, {c.nodes_per_unit} per unit, 8 GPUs and 8 rail NICs each), "
       f"{scenario.duration:.0f} s simulated at {args.speed:g}x, agent interval {args.interval:g} s")
+    if memory:
+        p("  mode memory: in-memory simulator batches -> stream codec bytes -> the server's decoder -> "
+          "aggregator runtime (no sysfs trees, no gRPC framing)")
     p(f"  aggregator: http://127.0.0.1:{http.port}/api/incidents"
       + (f"   alertmanager: {am.url}" if am else ""))
     p("  injected faults:")
@@ -94,9 +101,16 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
     wall0 = time.monotonic()
     try:
         sim.start()
-        for h in sim.hellos():
-            engine.hello(h)
-        sim.on_batch = engine.ingest
+        wire = None
+        if memory:
+            wire = CodecWire(engine.hello, engine.ingest, engine.read_delta_families)
+            for h in sim.hellos():
+                wire.connect(h)
+            sim.on_batch = wire.deliver
+        else:
+            for h in sim.hellos():
+                engine.hello(h)
+            sim.on_batch = engine.ingest
         next_progress = 0.0
         steps = 0
         shown: dict[str, bool] = {}
@@ -116,7 +130,12 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
                     detail = (inc.evidence[0] if inc.evidence else inc.description)[:90]
                     p(f"  [t={sim.t:6.0f}s] {state} {inc.alertname:<24} {inc.component_type:<5} "
                       f"{inc.component:<24} {detail}")
-            if sim.t >= next_progress:
+            if sim.t >= next_progress and wire is not None:
+                p(f"  [t={sim.t:6.0f}s] {c.nodes} node batches over the codec ({wire.bytes_total / 1e6:.0f} MB so "
+                  f"far), {st.rank_timings} rank timings, {len(engine.open_incidents())} open incident(s), "
+                  f"step {st.total_s * 1e3:.0f} ms (batches + wire + ingest {st.batch_s * 1e3:.0f})")
+                next_progress += max(scenario.duration / 10, args.interval)
+            elif sim.t >= next_progress:
                 p(f"  [t={sim.t:6.0f}s] {c.nodes} agents polled, {st.rank_timings} rank timings, "
                   f"{len(engine.open_incidents())} open incident(s), step {st.total_s * 1e3:.0f} ms "
                   f"(render {st.render_s * 1e3:.0f}, poll {st.poll_s * 1e3:.0f})")

@@ -10,6 +10,7 @@ it never trusts lengths or ids from the wire.
 from __future__ import annotations
 
 import math
+from itertools import compress
 
 from ..batch import NicHello, NodeBatch, NodeHello
 from ..model import CounterDelta, Labels, Sample
@@ -83,12 +84,12 @@ class SeriesEncoder:
 
     def encode(self, b: NodeBatch, *, self_contained: bool = False) -> pb.Batch:
         out = pb.Batch(seq=b.seq, ts=b.ts, interval_seconds=b.interval_seconds, self_contained=self_contained)
-        ids = out.delta_ids
-        vals = out.delta_values
-        for d in b.deltas:
-            sid = self._id((d.family, d.labels), out)
-            ids.append(sid)
-            vals.append(d.delta)
+        # built as lists and handed to protobuf once: one C call per field, not one per delta
+        get = self._ids.get
+        ids = [get((d.family, d.labels)) or self._id((d.family, d.labels), out) for d in b.deltas]
+        out.delta_ids.extend(ids)
+        out.delta_values.extend([d.delta for d in b.deltas])
+        for sid, d in zip(ids, b.deltas):
             if d.saturated:
                 out.saturated_ids.append(sid)
             if d.reset:
@@ -128,10 +129,22 @@ def _check_def(sd: pb.SeriesDef) -> SeriesKey:
 
 
 class SeriesDecoder:
-    """Aggregator side of one connection's series table."""
+    """Aggregator side of one connection's series table.
 
-    def __init__(self, max_series: int = MAX_SERIES_PER_CONNECTION) -> None:
+    Per series id the table keeps the key and a ready ``CounterDelta`` of zero: on a healthy
+    fabric most counters do not move in an interval, and a zero delta of an unflagged series
+    is then that shared immutable object, not a new one.  With ``read_families`` (what the
+    consumer reads: the engine's delta families), an unflagged delta of any other family
+    (traffic bytes, packets, NVLink throughput: most of what moves) is validated and counted
+    in ``NodeBatch.unread_deltas`` but never built, so decode cost follows what is read.
+    """
+
+    def __init__(self, max_series: int = MAX_SERIES_PER_CONNECTION,
+                 read_families: frozenset[str] | None = None) -> None:
         self._table: dict[int, SeriesKey] = {}
+        self._zero: dict[int, CounterDelta] = {}
+        self._read_ids: set[int] = set()
+        self._read = read_families
         self._max = max_series
 
     def __len__(self) -> int:
@@ -143,11 +156,15 @@ class SeriesDecoder:
             raise MalformedBatch("seq: must be > 0")
         if not (math.isfinite(m.ts) and math.isfinite(m.interval_seconds)) or m.interval_seconds < 0:
             raise MalformedBatch("ts/interval_seconds: must be finite (interval >= 0)")
-        if len(m.delta_ids) != len(m.delta_values):
-            raise MalformedBatch(f"delta_ids ({len(m.delta_ids)}) and delta_values ({len(m.delta_values)}) differ in length")
+        ids = list(m.delta_ids)
+        vals = list(m.delta_values)
+        if len(ids) != len(vals):
+            raise MalformedBatch(f"delta_ids ({len(ids)}) and delta_values ({len(vals)}) differ in length")
         if len(m.gauge_ids) != len(m.gauge_values):
             raise MalformedBatch(f"gauge_ids ({len(m.gauge_ids)}) and gauge_values ({len(m.gauge_values)}) differ in length")
         table = {} if m.self_contained else self._table
+        zero = {} if m.self_contained else self._zero
+        read_ids = set() if m.self_contained else self._read_ids
         added: dict[int, SeriesKey] = {}
         for sd in m.new_series:
             if sd.id == 0:
@@ -159,26 +176,50 @@ class SeriesDecoder:
             added[sd.id] = key
         if not m.self_contained and len(table) + len(added) > self._max:
             raise MalformedBatch(f"series table over its limit of {self._max} series")
+        if added:
+            # the table (and the zero cache) change only once the whole batch is valid
+            table = {**table, **added}
+            zero = {**zero, **{sid: CounterDelta(k[0], k[1], 0.0) for sid, k in added.items() if sid not in zero}}
+            read_ids = read_ids | {sid for sid, k in added.items() if self._read is None or k[0] in self._read}
 
         def look(sid: int, what: str) -> SeriesKey:
-            key = added.get(sid) or table.get(sid)
+            key = table.get(sid)
             if key is None:
                 raise MalformedBatch(f"{what}: unknown series id {sid}")
             return key
 
-        delta_set = set(m.delta_ids)
-        for what, flagged in (("saturated_ids", m.saturated_ids), ("reset_ids", m.reset_ids)):
-            for sid in flagged:
-                if sid not in delta_set:
-                    raise MalformedBatch(f"{what}: id {sid} has no delta in this batch")
+        # One pass in C over all values: a NaN or an infinity makes the sum non-finite, a negative the
+        # minimum negative.  Only then (or on a sum that merely overflowed) is each value looked at.
+        if vals and (not math.isfinite(sum(vals)) or min(vals) < 0):
+            for sid, v in zip(ids, vals):
+                if not math.isfinite(v) or v < 0:
+                    raise MalformedBatch(f"delta_values: series {look(sid, 'delta_ids')[0]} has a bad delta {v!r}")
         sat = set(m.saturated_ids)
         rst = set(m.reset_ids)
+        if sat or rst:
+            delta_set = set(ids)
+            for what, flagged in (("saturated_ids", sat), ("reset_ids", rst)):
+                for sid in flagged:
+                    if sid not in delta_set:
+                        raise MalformedBatch(f"{what}: id {sid} has no delta in this batch")
+        if not zero.keys() >= set(ids):
+            for sid in ids:
+                look(sid, "delta_ids")
+        flagged = sat | rst
         deltas = []
-        for sid, v in zip(m.delta_ids, m.delta_values):
-            fam, labels = look(sid, "delta_ids")
-            if not math.isfinite(v) or v < 0:
-                raise MalformedBatch(f"delta_values: series {fam} has a bad delta {v!r}")
-            deltas.append(CounterDelta(fam, labels, v, sid in sat, sid in rst))
+        append = deltas.append
+        if flagged:
+            for sid, v in zip(ids, vals):
+                if sid in flagged:
+                    fam, labels = table[sid]
+                    append(CounterDelta(fam, labels, v, sid in sat, sid in rst))
+                elif sid in read_ids:
+                    append(CounterDelta(*table[sid], v) if v else zero[sid])
+        else:
+            # the unread majority is filtered out in C (compress/map), never touched in Python
+            for sid, v in compress(zip(ids, vals), map(read_ids.__contains__, ids)):
+                append(CounterDelta(*table[sid], v) if v else zero[sid])
+        skipped = len(ids) - len(deltas)
         gauges = []
         for sid, v in zip(m.gauge_ids, m.gauge_values):
             fam, labels = look(sid, "gauge_ids")
@@ -198,10 +239,11 @@ class SeriesDecoder:
             if not lay.job or len(lay.job) > 128:
                 raise MalformedBatch("layouts.job: required, at most 128 characters")
             layouts.append(JobLayout(lay.job, tuple((p.key, p.value) for p in lay.layout)))
-        if not m.self_contained:
-            table.update(added)
+        if not m.self_contained and added:
+            self._table, self._zero, self._read_ids = table, zero, read_ids
         return NodeBatch(node=node, seq=m.seq, ts=m.ts, interval_seconds=m.interval_seconds,
-                         deltas=tuple(deltas), gauges=tuple(gauges), ranks=tuple(ranks), layouts=tuple(layouts))
+                         deltas=tuple(deltas), gauges=tuple(gauges), ranks=tuple(ranks), layouts=tuple(layouts),
+                         unread_deltas=skipped)
 
 
 # --------------------------------------------------------------------- framing helpers

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..config import AgentConfig, EthtoolSource, FabricConfigSource, InfinibandSource, NvmlSource, Sources
+from ..config import (
+    AgentConfig, EthtoolSource, FabricConfigSource, InfinibandSource, NvmlSource, Sources, TransceiverSource,
+)
 from .tree import NodeTree
 
 # Deadlines are wall-clock: generous, because many simulated agents share one machine's CPUs.
@@ -18,7 +20,8 @@ def sim_agent_config(tree: NodeTree, interval: float = 1.0) -> AgentConfig:
         sysfs_root=tree.sys, ethtool_dir=tree.ethtool_dir, node_name=tree.name, interval=interval,
         nvml=f"fake:{tree.nvml_file}", listen="127.0.0.1:0",
         sources=Sources(infiniband=InfinibandSource(timeout=t), ethtool=EthtoolSource(timeout=t),
-                        nvml=NvmlSource(timeout=t), fabric_config=FabricConfigSource(timeout=t)),
+                        nvml=NvmlSource(timeout=t), fabric_config=FabricConfigSource(timeout=t),
+                        transceiver=TransceiverSource(enabled=True, interval=30.0)),
     )
 
 

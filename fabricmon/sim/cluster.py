@@ -25,6 +25,7 @@ own RNG, so a fault never changes the traffic noise of other components.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -39,6 +40,12 @@ from .scenario import Fault, Scenario
 
 EPOCH = 1764000000.0  # wall-clock time of simulated t = 0 (sample times are EPOCH + t)
 DEFAULT_FLAP_PERIOD = 6.0
+OPTIC_LANES = 4
+BER_WANDER = 0.08  # stationary std of a healthy link's log10 BER around its level (decades)
+BER_TAU_S = 60.0  # correlation time of that wander
+DEGRADED_BER_LOG = -3.6  # the bad lane at fails_at: near the KP4 FEC limit, where links drop
+MODULE_INTERVAL_S = 30.0  # module readings refresh (the agent's sources.transceiver.interval)
+_DATA_PER_LINE = 0.97  # 256b/257b + FEC overhead of the line rate (what the agent's data rate gauge says)
 _LANE_DGBPS_BY_IDX = np.array([LANE_DGBPS[s] for s in SPEEDS], dtype=np.float64)
 
 
@@ -112,6 +119,7 @@ class ClusterState:
         self._nvlink_traffic(ident.uniform(3600, 30 * 86400, size=(n, 1, 1)), np.ones(n), -1.0)
         self._applied_resets: set[int] = set()
         self._flap_phase: dict[int, bool] = {}
+        self._init_optics(c.seed)
         self._set_fault_state(0.0)
 
     # ------------------------------------------------------------------ helpers
@@ -158,7 +166,89 @@ class ClusterState:
 
     def _flap_down(self, f: Fault, t: float) -> bool:
         period = f.period or DEFAULT_FLAP_PERIOD
+        if f.kind == "cable_degrading":
+            return t >= f.fails_at and ((t - f.fails_at) % period) < period / 2
         return ((t - f.start) % period) < period / 2
+
+    # ------------------------------------------------------------------ optics (BER, module readings)
+    def _init_optics(self, seed: int) -> None:
+        """Per link: a pre-FEC BER level (log10) that wanders around its own stable level, and a
+        4-lane optical module (RX/TX power, TX bias, temperature).  Own RNG: optics never change
+        the traffic noise."""
+        n = self.n
+        self.orng = np.random.default_rng([seed, 2])
+        o = self.orng
+        # NDR PAM4 links run at a pre-FEC BER of 1e-8..1e-6, far below the KP4 FEC limit (2.4e-4)
+        self.ber_level = o.uniform(-8.0, -6.5, size=(n, NDEV))
+        self.ber_log = self.ber_level + o.normal(0, BER_WANDER, size=(n, NDEV))
+        share = o.uniform(0.8, 1.2, size=(n, NDEV, OPTIC_LANES))
+        self.lane_share = share / share.sum(axis=2, keepdims=True)
+        self.rx_dbm0 = o.uniform(-2.5, 0.5, size=(n, NDEV, OPTIC_LANES))
+        self.tx_dbm0 = o.uniform(-1.0, 1.5, size=(n, NDEV, OPTIC_LANES))
+        self.bias_ma0 = o.uniform(6.0, 9.0, size=(n, NDEV, OPTIC_LANES))
+        self.temp_c0 = o.uniform(38.0, 52.0, size=(n, NDEV))
+        self.rx_dbm = self.rx_dbm0.copy()
+        self.tx_dbm = self.tx_dbm0.copy()
+        self.bias_ma = self.bias_ma0.copy()
+        self.temp_c = self.temp_c0.copy()
+        self.lane_ber_log = np.repeat(self.ber_log[:, :, None], OPTIC_LANES, axis=2)
+        self.bad_lane = {id(f): self.frng.randrange(OPTIC_LANES) for f in self.scenario.faults
+                         if f.kind == "cable_degrading"}
+        self._read_modules(0.0, self.rx_dbm0, self.temp_c0)
+
+    def _optics(self, dt: float, t: float) -> None:
+        """dt seconds of FEC-corrected bits (rx_corrected_bits_phy and per lane rx_err_lane_N_phy on
+        Ethernet ports) at each link's BER over its data rate, and the module readings, refreshed
+        every MODULE_INTERVAL_S as an agent's slow module reader would."""
+        o = self.orng
+        # mean-reverting wander (Ornstein-Uhlenbeck, correlation time BER_TAU_S): the level stays
+        a = math.exp(-dt / BER_TAU_S)
+        self.ber_log = self.ber_level + (self.ber_log - self.ber_level) * a + \
+            o.normal(0, BER_WANDER * math.sqrt(1 - a * a), size=self.ber_log.shape)
+        lane_log = np.repeat(self.ber_log[:, :, None], OPTIC_LANES, axis=2)
+        rx = self.rx_dbm0.copy()
+        temp = self.temp_c0.copy()
+        for f in self.scenario.faults:
+            if f.kind != "cable_degrading" or not f.active(t):
+                continue
+            nodes, devs = self._fault_targets(f)
+            ni, d = nodes[0], devs[0]
+            lane = self.bad_lane[id(f)]
+            p = min(1.0, (t - f.start) / (f.fails_at - f.start))
+            # the bad lane's BER climbs (linear in log) to the FEC limit by fails_at
+            lane_log[ni, d, lane] = self.ber_log[ni, d] + (DEGRADED_BER_LOG - self.ber_log[ni, d]) * p
+            rx[ni, d, lane] -= 4.0 * f.mag * p
+            temp[ni, d] += 6.0 * p
+        self.lane_ber_log = lane_log
+        bits_per_s = self.gbps() * 1e9 * _DATA_PER_LINE
+        lane_bits = (10.0 ** lane_log) * self.lane_share * OPTIC_LANES * (bits_per_s * dt / OPTIC_LANES)[:, :, None]
+        live = (self.eth_mask[None, :] & self.up)[:, :, None]
+        lane_cnt = o.poisson(lane_bits * live).astype(np.int64)
+        for lane in range(OPTIC_LANES):
+            self.C[K[f"eth:rx_err_lane_{lane}_phy"]] += lane_cnt[:, :, lane]
+        self.C[K["eth:rx_corrected_bits_phy"]] += lane_cnt.sum(axis=2)
+        if t - self.module_taken_at >= MODULE_INTERVAL_S:
+            self._read_modules(t, rx, temp)
+
+    def _read_modules(self, t: float, rx: np.ndarray, temp: np.ndarray) -> None:
+        o = self.orng
+        self.module_taken_at = t
+        shape = self.rx_dbm0.shape
+        self.rx_dbm = rx + o.normal(0, 0.03, size=shape)
+        self.tx_dbm = self.tx_dbm0 + o.normal(0, 0.03, size=shape)
+        self.bias_ma = self.bias_ma0 + o.normal(0, 0.02, size=shape)
+        self.temp_c = temp + o.normal(0, 0.2, size=self.temp_c0.shape)
+        # a dark lane (link down: no light from the far end) reads about nothing
+        self.rx_dbm = np.where(self.up[:, :, None], self.rx_dbm, -40.0)
+
+    def module_image(self, node: int, dev: int) -> bytes:
+        """The module EEPROM (SFF-8636 lower + upper page 00h, QSFP28-style 4 lanes) of one port."""
+        from .optics import sff8636_image
+
+        return sff8636_image(float(self.temp_c[node, dev]), 3.3,
+                             [10 ** (x / 10) * 1e-3 for x in self.rx_dbm[node, dev]],
+                             [10 ** (x / 10) * 1e-3 for x in self.tx_dbm[node, dev]],
+                             [x * 1e-3 for x in self.bias_ma[node, dev]])
 
     def _set_fault_state(self, t: float) -> None:
         """Link state, rate and config as of time t; counts down events on transitions."""
@@ -171,7 +261,7 @@ class ClusterState:
         for f in self.scenario.faults:
             if not f.active(t):
                 continue
-            if f.kind == "link_down" or (f.kind == "link_flap" and self._flap_down(f, t)):
+            if f.kind == "link_down" or (f.kind in ("link_flap", "cable_degrading") and self._flap_down(f, t)):
                 nodes, devs = self._fault_targets(f)
                 want_up[np.ix_(nodes, devs)] = False
             elif f.kind == "link_degraded":
@@ -193,7 +283,7 @@ class ClusterState:
             self.C[K["eth:link_down_events_phy"]] += going_down & self.eth_mask[None, :]
             # a flap: recoveries that worked before one failed and downed the link
             for f in self.scenario.faults:
-                if f.kind == "link_flap" and f.active(t):
+                if f.kind in ("link_flap", "cable_degrading") and f.active(t):
                     nodes, devs = self._fault_targets(f)
                     self.C[K["pma:link_error_recovery"]][np.ix_(nodes, devs)] += 3 * going_down[np.ix_(nodes, devs)]
         self.up = want_up
@@ -266,6 +356,7 @@ class ClusterState:
         for f in active:
             self._evidence(f, dt, t_new)
         act = np.ones(self.n) if nvlink_activity is None else nvlink_activity
+        self._optics(dt, t_new)
         self._nvlink_traffic(np.full((self.n, 1, 1), float(dt)), act if job_running else act * 0, t_new)
         self.util = self.rng.integers(88, 100, size=(self.n, NGPU)) if job_running else np.zeros((self.n, NGPU), np.int64)
         self.throttle[:] = 0
@@ -322,7 +413,6 @@ class ClusterState:
             C[K[f"eth:{d}_prio3_pause"]] += cnt
             C[K[f"eth:{d}_prio3_pause_duration"]] += cnt * rng.integers(1, 11, size=(n, NDEV))  # microseconds
         C[K["eth:rx_prio3_pause_transition"]] = C[K["eth:rx_prio3_pause"]] // 2
-        C[K["eth:rx_corrected_bits_phy"]] += (rng.uniform(0, 1, size=(n, NDEV)) * (dt + 1)).astype(np.int64) * live
         # background ECN marking in an all-reduce: a few marked packets per million, each answered by a CNP
         marked = (erxp * rng.uniform(0, 4e-6, size=(n, NDEV))).astype(np.int64)
         C[K["hw:np_ecn_marked_roce_packets"]] += marked
@@ -373,7 +463,8 @@ class ClusterState:
                     lam = per_second * dt * mag
                     C[K[name], nn, d] += int(lam) + (1 if r.random() < lam - int(lam) else 0)
 
-        if k in ("slow_gpu", "nvlink_errors", "nvlink_down", "config_drift", "link_degraded", "link_down"):
+        if k in ("slow_gpu", "nvlink_errors", "nvlink_down", "config_drift", "link_degraded", "link_down",
+                 "cable_degrading"):  # cable_degrading: BER and module readings come from _optics
             if k == "nvlink_errors":
                 ni = self.index[f.node]
                 for j, lo, hi in ((2, 5, 50), (4, 10, 200), (5, 0.1, 5)):

@@ -33,7 +33,7 @@ from ..rank_timing import JobLayout, RankTiming
 from ..sources.ethtool import ETHTOOL_UP, classify_stat
 from ..sources.infiniband import DATA_PER_NOMINAL
 from ..sources.infiniband import classify as ib_classify
-from ..sources.nvlink import NVLINK_ERROR_TYPES, THROTTLE_REASONS
+from ..sources.nvml.backend import NVLINK_ERROR_TYPES, THROTTLE_REASONS
 from .cluster import ClusterState
 from .hw import (
     DOWN_RATE, ETH_STATS, GPU_NAME, HW_CONG64, HW_LIFESPAN_MS, HW_PPCNT64, HW_Q32, HW_ROCE_ACCL32, LANE_DGBPS,
@@ -66,12 +66,16 @@ class _Gauge:
 class Catalog:
     """Every series one simulated node's agent exports (identical for all nodes of a layout)."""
 
-    def __init__(self, cluster: ClusterState) -> None:
+    def __init__(self, cluster: ClusterState, optics: bool = True) -> None:
         self.cluster = cluster
         self.counters: list[_Counter] = []
         self.gauges: list[_Gauge] = []
         for d in cluster.devs:
             self._ib_port(d)
+        if optics:  # the agent's transceiver source (sources.transceiver.enabled, as sim.agents runs it)
+            for d in cluster.devs:
+                if d.rail is not None:
+                    self._transceiver(d)
         for d in cluster.devs:
             if d.ethernet:
                 self._ethtool(d)
@@ -135,6 +139,22 @@ class Catalog:
                 if plan.semantics is Semantics.SATURATING:
                     G.append(_Gauge("fabricmon_ib_port_error_saturated", lab, ("sat", len(self.counters) - 1)))
 
+    # -- transceiver source ------------------------------------------------------------------
+    def _transceiver(self, d) -> None:
+        from .cluster import OPTIC_LANES
+
+        dp: Labels = (("device", d.name), ("port", "1"))
+        G = self.gauges
+        G.append(_Gauge("fabricmon_transceiver_temperature_celsius", dp, ("optic", "temp", d.index, 0)))
+        G.append(_Gauge("fabricmon_transceiver_supply_voltage_volts", dp, ("const", 33000 * 1e-4)))
+        G.append(_Gauge("fabricmon_transceiver_reading_age_seconds", dp, ("const", 0.0)))
+        for lane in range(OPTIC_LANES):
+            lab = dp + (("lane", str(lane)),)
+            for fam, kind in (("fabricmon_transceiver_rx_power_watts", "rx"),
+                              ("fabricmon_transceiver_tx_power_watts", "tx"),
+                              ("fabricmon_transceiver_tx_bias_amperes", "bias")):
+                G.append(_Gauge(fam, lab, ("optic", kind, d.index, lane)))
+
     # -- ethtool source ---------------------------------------------------------------------
     def _ethtool(self, d) -> None:
         for name in ETH_STATS:
@@ -189,10 +209,10 @@ class Catalog:
 class BatchBuilder:
     """Turns successive ClusterState read-outs into one NodeBatch per node (vectorized)."""
 
-    def __init__(self, cluster: ClusterState, interval_seconds: float = 1.0) -> None:
+    def __init__(self, cluster: ClusterState, interval_seconds: float = 1.0, *, optics: bool = True) -> None:
         self.cluster = cluster
         self.interval_seconds = interval_seconds
-        self.catalog = cat = Catalog(cluster)
+        self.catalog = cat = Catalog(cluster, optics)
         cs = cat.counters
         self.c_family = [x.family for x in cs]
         self.c_labels = [x.labels for x in cs]
@@ -295,6 +315,15 @@ class BatchBuilder:
                     pres[i] = c.up[:, dev]
             elif kind == "util":
                 vals[i] = np.clip(c.util[:, gg.getter[1]] / 100.0, 0.0, 1.0)
+            elif kind == "optic":
+                _, what, dev, lane = gg.getter
+                if what == "temp":
+                    vals[i] = np.round(c.temp_c[:, dev] * 256) / 256  # SFF-8636 resolution
+                elif what == "bias":
+                    vals[i] = np.round(c.bias_ma[:, dev, lane] * 500) * 2e-6
+                else:
+                    dbm = (c.rx_dbm if what == "rx" else c.tx_dbm)[:, dev, lane]
+                    vals[i] = np.round(10 ** (dbm / 10) * 1e4) * 1e-7  # 0.1 uW steps
             elif kind == "throttle":
                 _, g, bit = gg.getter
                 vals[i] = (c.throttle[:, g] & bit) != 0
@@ -435,14 +464,14 @@ def _new_delta(family: str, labels: Labels, delta: float, saturated: bool, reset
 
 
 class GaugeFilter:
-    """The stream client's rule for gauges (``agent/stream.py``): every gauge in the first batch, then
+    """The stream client's rule for gauges (``agent/stream_batches.py``): every gauge in the first batch, then
     those that changed or reappeared.  Used to turn a real Snapshot into the batch it would stream."""
 
     def __init__(self) -> None:
         self.base: dict | None = None
 
     def __call__(self, samples) -> list[Sample]:
-        from ..agent.stream import changed_gauges
+        from ..agent.stream_batches import changed_gauges
 
         out, self.base = changed_gauges(samples, self.base)
         return out

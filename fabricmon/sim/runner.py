@@ -182,7 +182,7 @@ class SimulatedCluster:
         if self.mode == "memory":
             self.start()
             return self._builder.hellos()
-        from ..agent.stream import hello_from_snapshot
+        from ..agent.stream_batches import hello_from_snapshot
 
         return [hello_from_snapshot(a.node, a.poller.latest, self.interval, boot_id=f"sim-{a.node}")
                 for a in self.agents]

@@ -16,7 +16,9 @@ cluster``).  A fault is active for ``start <= t < end`` (``end`` omitted: until
 the scenario ends).  Optional keys: ``magnitude`` (kind-specific severity, see
 ``MAGNITUDE``), ``priority`` (PFC/ECN priority; only the RoCE priority 3 is
 simulated), ``period`` (link_flap: seconds per down+up cycle), ``degrade``
-(link_degraded: ``width`` halves the lanes, ``speed`` steps NDR down to HDR).
+(link_degraded: ``width`` halves the lanes, ``speed`` steps NDR down to HDR), ``fails_at``
+(cable_degrading, required: when the degrading cable starts to flap; from ``start`` to ``fails_at`` its
+pre-FEC BER rises on one lane and its RX power on that lane falls; ``magnitude`` scales the power loss).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ KINDS: dict[str, tuple[str, str | None, str | None]] = {
     "slow_gpu": ("gpu", "gpu", "StragglerRank"),
     "config_drift": ("config", "config", "FabricConfigDrift"),
     "counter_reset": ("node", None, None),  # not a fault: must raise nothing
+    "cable_degrading": ("link", "link", "FabricCableDegrading"),  # then FabricLinkFlapping from fails_at
 }
 
 # Default magnitude per kind and what it means.
@@ -63,9 +66,10 @@ MAGNITUDE: dict[str, float] = {
     "slow_gpu": 1.5,          # compute-time multiplier of the GPU
     "config_drift": 1.0,      # unused
     "counter_reset": 1.0,     # unused
+    "cable_degrading": 1.0,   # RX power loss of the bad lane by fails_at: 4 dB x magnitude
 }
 
-_OPTIONAL = ("node", "rail", "gpu", "link", "unit", "end", "magnitude", "period", "degrade")
+_OPTIONAL = ("node", "rail", "gpu", "link", "unit", "end", "magnitude", "period", "degrade", "fails_at")
 # which optional keys a target takes (others are errors: a key that would fault nothing)
 _TAKES = {
     "link": {"node", "rail", "end", "magnitude"},
@@ -117,6 +121,7 @@ class Fault:
     priority: int = 3
     period: float | None = None  # link_flap: seconds per down+up cycle (default 6)
     degrade: str | None = None  # link_degraded: width (default) | speed
+    fails_at: float | None = None  # cable_degrading: first flap (simulated seconds)
 
     def validate(self, path: str, source: str) -> None:
         """Checks that need no cluster; Scenario.validate checks names and ranges against it."""
@@ -131,6 +136,8 @@ class Fault:
             takes.add("period")
         if self.kind == "link_degraded":
             takes.add("degrade")
+        if self.kind == "cable_degrading":
+            takes.add("fails_at")
         for key in _OPTIONAL:
             if getattr(self, key) is not None and key not in takes:
                 raise fail(key, f"does not apply to {self.kind}")
@@ -142,6 +149,13 @@ class Fault:
                 raise fail(key, f"required for {self.kind}")
         if self.start < 0:
             raise fail("start", f"must be >= 0, got {self.start}")
+        if self.kind == "cable_degrading":
+            if self.fails_at is None:
+                raise fail("fails_at", "required for cable_degrading (when the cable starts to flap)")
+            if not self.fails_at > self.start:
+                raise fail("fails_at", f"must be after start ({self.start}), got {self.fails_at}")
+            if self.end is not None and self.end <= self.fails_at:
+                raise fail("end", f"must be after fails_at ({self.fails_at}), got {self.end}")
         if self.end is not None and self.end <= self.start:
             raise fail("end", f"must be after start ({self.start}), got {self.end}")
         if self.rail is not None and not 0 <= self.rail < NRAILS:
@@ -196,10 +210,14 @@ class GroundTruth:
     rail: int | None = None
     leaf: str | None = None
     gpu: int | None = None
+    fails_at: float | None = None  # cable_degrading: the warning must come before this
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("kind", "component_type", "component", "alertname", "start", "end",
-                                              "node", "rail", "leaf", "gpu")}
+        out = {k: getattr(self, k) for k in ("kind", "component_type", "component", "alertname", "start", "end",
+                                             "node", "rail", "leaf", "gpu")}
+        if self.fails_at is not None:
+            out["fails_at"] = self.fails_at
+        return out
 
 
 @dataclass(frozen=True)
@@ -284,7 +302,7 @@ def ground_truth(f: Fault, cluster: ClusterSpec) -> GroundTruth:
         dev = f.device_index
         rail = dev if dev is not None and dev != FRONTEND else None
         return GroundTruth(f.kind, "link", link_id(f.node, f"mlx5_{dev}", 1), f.start, end, alert, node=f.node,
-                           rail=rail, leaf=leaf_id(unit, rail) if rail is not None else None)
+                           rail=rail, leaf=leaf_id(unit, rail) if rail is not None else None, fails_at=f.fails_at)
     if target == "config":
         comp = nic_id(f.node, f"mlx5_{f.rail}") if f.rail is not None else f.node
         return GroundTruth(f.kind, "config", comp, f.start, end, alert, node=f.node, rail=f.rail,
@@ -332,7 +350,8 @@ def random_scenario(seed: int, nodes: int = 64, duration: float = 300.0, *, layo
     rng = random.Random(seed)
     layout = layout or rng.choice(("ib", "roce"))
     cluster = ClusterSpec(nodes=nodes, layout=layout, nodes_per_unit=nodes_per_unit, seed=seed)
-    kinds = [k for k in KINDS if not (layout == "ib" and k == "config_drift")]
+    # cable_degrading needs minutes of trend before its warning: benchmarks/bench_cable_lead.py runs it
+    kinds = [k for k in KINDS if not (layout == "ib" and k == "config_drift") and k != "cable_degrading"]
     count = 0 if rng.random() < p_none else rng.randint(1, max_faults)
     faults = []
     for _ in range(count):

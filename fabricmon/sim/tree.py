@@ -6,6 +6,7 @@
 <root>/sys/devices/pci0000:00/<bdf>/{numa_node,vendor,device,...,infiniband/<dev>/,net/<if>/}
 <root>/sys/class/net/<if> -> ../../devices/pci0000:00/<bdf>/net/<if>
 <root>/ethtool/<if>.txt, <if>.pfc.txt      (Ethernet netdevs)
+<root>/ethtool/<if>.module.bin             (rail NICs: module EEPROM, SFF-8636 lower + upper page 00h)
 <root>/nvml.json                           (fake NVML, one GPU per line)
 ```
 
@@ -279,9 +280,22 @@ class NodeTree:
                 self._write(paths[i], data)
                 cache[i] = data
                 written += 1
+        written += self._render_modules()
         self.files_written += written
         self.last_written = written
         return written
+
+    def _render_modules(self) -> int:
+        """``ethtool/<if>.module.bin`` of every rail NIC (the module EEPROM image the agent's
+        transceiver source parses), rewritten when the simulated module readings refresh."""
+        c, n = self.cluster, self.node
+        if getattr(self, "_module_at", None) == c.module_taken_at:
+            return 0
+        self._module_at = c.module_taken_at
+        for d in c.devs:
+            if d.rail is not None:
+                self._write(os.path.join(self.ethtool_dir, d.ifname + ".module.bin"), c.module_image(n, d.index))
+        return sum(1 for d in c.devs if d.rail is not None)
 
 
 def render_node(cluster: ClusterState, node: int, root: str | Path) -> NodeTree:

@@ -1,0 +1,371 @@
+"""Central cost, side by side: a real Prometheus scraping N nodes at 1 s vs the aggregator streaming them.
+
+    .venv/bin/python benchmarks/bench_freshness.py [--nodes 32] [--seconds 60] [--warmup 15]
+                                                   [--profile OUT.prof] [--json OUT]
+
+One run, three kinds of process:
+
+* nodes (one process): the simulator in tree mode advanced in real time (1 s); every node
+  is a real agent (Poller over its rendered sysfs/ethtool/NVML tree) whose real HTTP
+  exporter serves the full ``/metrics`` exposition, and whose snapshots go to a real
+  ``StreamClient`` (codec, spool, acks) over real gRPC on loopback, rank timings included;
+* Prometheus (the installed binary) scraping every node's ``/metrics`` every 1 s;
+* the aggregator (``python -m fabricmon aggregator``, its own process) ingesting every
+  node's stream and ticking.
+
+Measured for each central process over ``--seconds`` after ``--warmup``: CPU seconds per
+second (utime + stime from /proc/<pid>/stat), RSS (VmRSS), and freshness: the age of the
+newest data at a query, for the median node (Prometheus: query time minus the median of the
+scraped ``fabricmon_snapshot_timestamp_seconds``, the nodes' own sample times; aggregator, run
+with ``clock.mode: sample``: wall time minus ``fabricmon_cluster_clock_timestamp_seconds``,
+the median of the nodes' newest ingested sample times).  Extrapolation to 1,024 and 4,096 nodes is linear in the measured per-node
+cost.  The last line is ``central CPU ratio aggregator/prometheus = X``.
+
+``--profile OUT`` runs the aggregator under cProfile instead (its gRPC event loop thread
+and the tick thread; the CPU numbers then include the profiler's overhead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PROMETHEUS = shutil.which("prometheus")
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+# --------------------------------------------------------------------- /proc readings
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of the process (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds per thread name (threads of the same name summed): where a process spends it."""
+    out: dict[str, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        comm = raw[raw.index("(") + 1:raw.rindex(")")]
+        fields = raw.rsplit(")", 1)[1].split()
+        out[comm] = out.get(comm, 0.0) + (int(fields[11]) + int(fields[12])) / CLK
+    return out
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def http_get(url: str, timeout: float = 5.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback only
+        return r.read()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(pred, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if pred():
+                return
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"bench_freshness: timed out waiting for {what}")
+
+
+# --------------------------------------------------------------------- role: nodes
+
+
+class _Intake:
+    """The agent intake's interface for the stream client: rank timings the simulated job wrote."""
+
+    def __init__(self) -> None:
+        self._ranks: list = []
+        self._layouts: list = []
+        self._lock = threading.Lock()
+
+    def add(self, ranks, layouts=()) -> None:
+        with self._lock:
+            self._ranks.extend(ranks)
+            self._layouts.extend(layouts)
+
+    def drain(self):
+        with self._lock:
+            r, lay = self._ranks, self._layouts
+            self._ranks, self._layouts = [], []
+        return r, lay
+
+
+def role_nodes(a: argparse.Namespace) -> int:
+    from fabricmon.agent.stream import StreamClient
+    from fabricmon.logs import configure_logging
+    from fabricmon.sim.runner import SimulatedCluster
+    from fabricmon.sim.scenario import default_scenario
+
+    configure_logging("console", "error")  # connect retries before the aggregator is up are expected
+    scn = default_scenario(a.nodes, 1e6, nodes_per_unit=min(16, a.nodes))
+    clients: dict[str, StreamClient] = {}
+    intakes: dict[str, _Intake] = {}
+
+    def on_snapshot(node, snap, ranks) -> None:
+        c = clients.get(node)
+        if c is not None:
+            intakes[node].add(ranks)
+            c.offer(snap)
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with SimulatedCluster(scn, epoch=time.time(), http=True, on_snapshot=on_snapshot, poll_workers=2) as sim:
+        sim.write_topology(a.topology_out)
+        sim.start()
+        for node in sim.cluster.names:
+            intakes[node] = _Intake()
+            clients[node] = StreamClient(a.aggregator, node, intake=intakes[node]).start()
+        tmp = a.ports_out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(sim.http_ports, f)
+        os.replace(tmp, a.ports_out)
+        sim.run(speed=1.0, stop=stop)
+        for c in clients.values():
+            c.stop(timeout=2.0)
+        acked = sum(c.stats().get("batches_acked_total", 0) for c in clients.values())
+        print(json.dumps({"steps": sim.steps, "batches_acked": acked}), flush=True)
+    return 0
+
+
+# --------------------------------------------------------------------- role: profiled aggregator
+
+
+def role_aggregator(a: argparse.Namespace) -> int:
+    """The aggregator service as ``fabricmon aggregator`` runs it, with cProfile in its busy threads."""
+    import cProfile
+    import pstats
+
+    from fabricmon.aggregator.config import load_aggregator_config
+    from fabricmon.aggregator.service import build_runtime
+    from fabricmon.logs import configure_logging
+
+    configure_logging("console", "warning")
+    cfg = load_aggregator_config(a.config)
+    rt = build_runtime(cfg).start()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # thread CPU time, not wall time: a loaded machine must not charge waiting to the code
+    loop_prof, tick_prof = cProfile.Profile(time.thread_time), cProfile.Profile(time.thread_time)
+    rt.grpc.loop.call_soon_threadsafe(loop_prof.enable)
+    started = threading.Event()
+    rt.grpc.loop.call_soon_threadsafe(started.set)
+    started.wait(5)
+    tick_prof.enable()
+    try:
+        rt.run(stop, log_incidents=False)
+    finally:
+        tick_prof.disable()
+        done = threading.Event()
+
+        def _off() -> None:
+            loop_prof.disable()
+            done.set()
+
+        rt.grpc.loop.call_soon_threadsafe(_off)
+        done.wait(5)
+        rt.stop(grace=1.0, flush=0.5)
+    st = pstats.Stats(loop_prof)
+    st.add(tick_prof)
+    st.dump_stats(a.profile)
+    return 0
+
+
+# --------------------------------------------------------------------- orchestration
+
+
+def prometheus_config(ports: dict[str, int], path: Path) -> None:
+    targets = ", ".join(f"'127.0.0.1:{p}'" for p in ports.values())
+    path.write_text(
+        "global: {scrape_interval: 1s, scrape_timeout: 900ms, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        f"  - job_name: fabricmon-agent\n    static_configs: [{{targets: [{targets}]}}]\n")
+
+
+def prom_query(port: int, q: str) -> float:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": q})
+    data = json.loads(http_get(url))
+    res = data["data"]["result"]
+    if not res:
+        return float("nan")
+    return float(res[0]["value"][1])
+
+
+def agg_clock(port: int) -> float:
+    for line in http_get(f"http://127.0.0.1:{port}/metrics").decode().splitlines():
+        if line.startswith("fabricmon_cluster_clock_timestamp_seconds"):
+            return float(line.split()[-1])
+    return float("nan")
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(x for x in xs if x == x)
+    return xs[len(xs) // 2] if xs else float("nan")
+
+
+def orchestrate(a: argparse.Namespace) -> int:
+    if PROMETHEUS is None:
+        print("bench_freshness: the prometheus binary is not installed", file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="fabricmon-fresh-"))
+    procs: list[subprocess.Popen] = []
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    try:
+        grpc_port, http_port, prom_port = free_port(), free_port(), free_port()
+        topo, ports_file = work / "topology.yaml", work / "ports.json"
+        nodes = subprocess.Popen(
+            [sys.executable, __file__, "--role", "nodes", "--nodes", str(a.nodes), "--aggregator",
+             f"127.0.0.1:{grpc_port}", "--topology-out", str(topo), "--ports-out", str(ports_file)],
+            env=env, stdout=subprocess.PIPE, text=True)
+        procs.append(nodes)
+        wait_for(ports_file.exists, 120, "the simulated nodes")
+        ports = json.loads(ports_file.read_text())
+        cfg = work / "aggregator.yaml"
+        cfg.write_text(f"topology: {topo}\ngrpc_listen: 127.0.0.1:{grpc_port}\nhttp_listen: 127.0.0.1:{http_port}\n"
+                       "auth: {insecure: true}\nclock: {mode: sample}\n")
+        if a.profile:
+            agg_cmd = [sys.executable, __file__, "--role", "aggregator", "--config", str(cfg),
+                       "--profile", str(Path(a.profile).resolve())]
+        else:
+            agg_cmd = [sys.executable, "-m", "fabricmon", "--log-level", "warning", "aggregator", "--config", str(cfg)]
+        agg = subprocess.Popen(agg_cmd, env=env, stdout=subprocess.DEVNULL)
+        procs.append(agg)
+        pcfg = work / "prometheus.yml"
+        prometheus_config(ports, pcfg)
+        prom = subprocess.Popen(
+            [PROMETHEUS, f"--config.file={pcfg}", f"--storage.tsdb.path={work / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(prom)
+        wait_for(lambda: http_get(f"http://127.0.0.1:{http_port}/readyz") == b"ready\n", 60, "the aggregator")
+        wait_for(lambda: b"ready" in http_get(f"http://127.0.0.1:{prom_port}/-/ready").lower(), 60, "Prometheus")
+        time.sleep(a.warmup)
+        th0 = thread_cpu(agg.pid)
+        c0 = {"aggregator": cpu_seconds(agg.pid), "prometheus": cpu_seconds(prom.pid), "nodes": cpu_seconds(nodes.pid)}
+        t0 = time.monotonic()
+        ages: dict[str, list[float]] = {"aggregator": [], "prometheus": []}
+        up: list[float] = []
+        end = t0 + a.seconds
+        while time.monotonic() < end:
+            time.sleep(min(1.37, max(0.0, end - time.monotonic())))  # off the 1 s grid on purpose
+            now = time.time()
+            try:
+                ages["prometheus"].append(now - prom_query(prom_port, "quantile(0.5, fabricmon_snapshot_timestamp_seconds)"))
+                up.append(prom_query(prom_port, "sum(up)"))
+            except Exception:  # noqa: BLE001 - a slow query is a missed reading, not a failure
+                pass
+            try:
+                ages["aggregator"].append(time.time() - agg_clock(http_port))
+            except Exception:  # noqa: BLE001
+                pass
+        wall = time.monotonic() - t0
+        c1 = {"aggregator": cpu_seconds(agg.pid), "prometheus": cpu_seconds(prom.pid), "nodes": cpu_seconds(nodes.pid)}
+        th1 = thread_cpu(agg.pid)
+        rss = {"aggregator": rss_mib(agg.pid), "prometheus": rss_mib(prom.pid)}
+        series = next((float(line.split()[-1]) for line in http_get(f"http://127.0.0.1:{prom_port}/metrics")
+                       .decode().splitlines() if line.startswith("prometheus_tsdb_head_series ")), float("nan"))
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in reversed(procs):
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(work, ignore_errors=True)
+    node_out = nodes.stdout.read() if nodes.stdout else ""
+    cpu = {k: (c1[k] - c0[k]) / wall for k in c0}
+    n = a.nodes
+    ratio = cpu["aggregator"] / cpu["prometheus"] if cpu["prometheus"] > 0 else float("nan")
+    lines = [
+        f"nodes {n}, measured {wall:.0f} s after {a.warmup:.0f} s warm-up, 1 s interval",
+        "real: Prometheus binary scraping each node's full agent /metrics over HTTP; aggregator process "
+        "(`fabricmon aggregator`) fed by each node's StreamClient over gRPC on loopback (codec, acks); agents "
+        "(Poller over simulated sysfs/ethtool/NVML trees) - simulated: the hardware behind the trees",
+        f"prometheus: {cpu['prometheus']:.3f} cores, RSS {rss['prometheus']:.0f} MiB, head series {series:.0f}, "
+        f"targets up {_median(up):.0f}/{n}, freshness median {_median(ages['prometheus']):.2f} s "
+        f"(max {max(ages['prometheus'], default=float('nan')):.2f} s)",
+        f"aggregator: {cpu['aggregator']:.3f} cores, RSS {rss['aggregator']:.0f} MiB, freshness median "
+        f"{_median(ages['aggregator']):.2f} s (max {max(ages['aggregator'], default=float('nan')):.2f} s)"
+        + (" [under cProfile]" if a.profile else ""),
+        "aggregator threads (cores): " + ", ".join(
+            f"{k} {(v - th0.get(k, 0.0)) / wall:.3f}" for k, v in sorted(th1.items(), key=lambda kv: -kv[1])
+            if v - th0.get(k, 0.0) > 0),
+        f"node side (not central, all {n} agents in one process): {cpu['nodes']:.3f} cores",
+    ]
+    for m in (1024, 4096):
+        lines.append(f"extrapolated to {m} nodes (linear in per-node cost): prometheus "
+                     f"{cpu['prometheus'] / n * m:.2f} cores, aggregator {cpu['aggregator'] / n * m:.2f} cores")
+    lines.append(f"central CPU ratio aggregator/prometheus = {ratio:.3f}")
+    print("\n".join(lines))
+    if node_out.strip():
+        print(f"# node side: {node_out.strip().splitlines()[-1]}", file=sys.stderr)
+    if a.json:
+        Path(a.json).write_text(json.dumps({"nodes": n, "seconds": wall, "cpu_cores": cpu, "rss_mib": rss,
+                                            "freshness_median_s": {k: _median(v) for k, v in ages.items()},
+                                            "ratio": ratio}, indent=1))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=32)
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--warmup", type=float, default=15.0)
+    ap.add_argument("--profile", help="run the aggregator under cProfile and write the stats here")
+    ap.add_argument("--json", help="also write the numbers here")
+    ap.add_argument("--role", choices=["orchestrate", "nodes", "aggregator"], default="orchestrate",
+                    help=argparse.SUPPRESS)
+    ap.add_argument("--aggregator", help=argparse.SUPPRESS)
+    ap.add_argument("--topology-out", help=argparse.SUPPRESS)
+    ap.add_argument("--ports-out", help=argparse.SUPPRESS)
+    ap.add_argument("--config", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.role == "nodes":
+        return role_nodes(a)
+    if a.role == "aggregator":
+        return role_aggregator(a)
+    return orchestrate(a)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""How the agent reaches the aggregator: the gRPC channel (TLS, keepalive, size limits)
+and the bearer-token metadata."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM file paths.  Client: ``ca`` verifies the aggregator, ``cert``/``key`` are the
+    agent's client certificate (mTLS).  ``server_name`` overrides the name checked
+    against the aggregator's certificate (tests, IP targets)."""
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    server_name: str | None = None
+
+
+def _read(path: str | None) -> bytes | None:
+    return Path(path).read_bytes() if path else None
+
+
+def auth_metadata(token: str | None, token_file: str | None) -> list[tuple[str, str]]:
+    """``authorization: Bearer`` metadata; the file is read at each call, so a rotated token is picked up."""
+    if token_file:
+        token = Path(token_file).read_text().strip()
+    return [("authorization", f"Bearer {token}")] if token else []
+
+
+def open_channel(target: str, tls: TlsFiles | None, keepalive_ms: int, max_message_bytes: int) -> grpc.Channel:
+    opts = [
+        ("grpc.keepalive_time_ms", keepalive_ms),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", 1024 * 1024),
+        ("grpc.enable_retries", 0),
+    ]
+    if tls is not None:
+        t = tls
+        creds = grpc.ssl_channel_credentials(root_certificates=_read(t.ca), private_key=_read(t.key),
+                                             certificate_chain=_read(t.cert))
+        if t.server_name:
+            opts.append(("grpc.ssl_target_name_override", t.server_name))
+        return grpc.secure_channel(target, creds, options=opts)
+    return grpc.insecure_channel(target, options=opts)

@@ -1,0 +1,276 @@
+"""The "nvml" source: backend readings as ``Reading``s, every call on the NVML worker thread."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+from typing import Any
+
+import structlog
+
+from ...model import Labels, Reading, ReadingMemo, Semantics, SourceResult, reading
+from ..bounds import RejectCounts, screen_readings
+from ..errorlog import ErrorLog
+from ..inventory import Inventory
+from .backend import (
+    NVLINK_ERROR_TYPES, THROTTLE_REASONS, GpuLost, GpuReading, NvmlBackend, NvmlError, NvmlLibraryMissing,
+)
+from .backend_fake import FakeNvmlBackend
+from .backend_pynvml import PynvmlBackend
+from .worker import NvmlWorker
+
+log = structlog.get_logger("fabricmon.nvml")
+
+class _GpuLabels:
+    """Label tuples of one GPU's series, built once (per GPU identity), not per poll."""
+
+    __slots__ = ("ident", "gpu", "group", "info", "throttle", "ecc", "links", "xid", "remote")
+
+    def __init__(self, g: GpuReading) -> None:
+        gpu = str(g.index)
+        self.ident = (g.index, g.uuid, g.name, g.pci_bus_id)
+        self.gpu: Labels = (("gpu", gpu),)
+        self.group = f"gpu{g.index}"
+        self.info: Labels = (("gpu", gpu), ("uuid", g.uuid), ("name", g.name), ("pci_bus_id", g.pci_bus_id))
+        self.throttle = tuple((bit, (("gpu", gpu), ("reason", reason))) for reason, bit in THROTTLE_REASONS)
+        self.ecc = {t: (("gpu", gpu), ("type", t)) for t in ("corrected", "uncorrected")}
+        # per link: (link labels, ((error type, labels), ...))
+        self.links: list[tuple[Labels, tuple[tuple[str, Labels], ...]]] = []
+        self.xid: dict[int, Labels] = {}
+        self.remote: dict[tuple[int, str], Labels] = {}
+
+    def link(self, j: int) -> tuple[Labels, tuple[tuple[str, Labels], ...]]:
+        links = self.links
+        while len(links) <= j:
+            lab = (self.gpu[0], ("link", str(len(links))))
+            links.append((lab, tuple((t, lab + (("type", t),)) for t in NVLINK_ERROR_TYPES)))
+        return links[j]
+
+
+_GAUGE = Semantics.GAUGE
+_MONO = Semantics.MONOTONIC
+
+
+def _gpu_readings(g: GpuReading, labels: _GpuLabels | None = None, memo: ReadingMemo | None = None) -> list[Reading]:
+    """The Readings of one GPU.  ``labels`` and ``memo`` (kept by the source across
+    polls) make a poll whose values did not change return the same objects."""
+    if labels is None or labels.ident != (g.index, g.uuid, g.name, g.pci_bus_id):
+        labels = _GpuLabels(g)
+    if memo is None:
+        memo = ReadingMemo()
+    mk = memo.get
+    grp = labels.group
+    gl = labels.gpu
+    out: list[Reading] = [mk("fabricmon_gpu_info", labels.info, 1.0), mk("fabricmon_gpu_up", gl, 1.0)]
+    add = out.append
+    if g.utilization is not None:
+        add(mk("fabricmon_gpu_utilization_ratio", gl, min(max(g.utilization / 100.0, 0.0), 1.0)))
+    if g.throttle_reasons is not None:
+        tr = g.throttle_reasons
+        for bit, lab in labels.throttle:
+            add(mk("fabricmon_gpu_throttle_reason", lab, 1.0 if tr & bit else 0.0))
+    for xid, count in sorted(g.xid_counts.items()):
+        lab = labels.xid.get(xid)
+        if lab is None:
+            lab = labels.xid[xid] = (gl[0], ("xid", str(xid)))
+        add(mk("fabricmon_gpu_xid_errors_total", lab, count, _MONO, 64, grp))
+    for etype, value in (("corrected", g.ecc_corrected), ("uncorrected", g.ecc_uncorrected)):
+        if value is not None:
+            add(mk("fabricmon_gpu_ecc_errors_total", labels.ecc[etype], value, _MONO, 64, grp))
+    if g.pcie_replay is not None:
+        add(mk("fabricmon_gpu_pcie_replay_total", gl, g.pcie_replay, _MONO, 64, grp))
+    link_labels = labels.link
+    for j, lk in enumerate(g.links):
+        ll, errs = link_labels(j)
+        add(mk("fabricmon_nvlink_up", ll, 1.0 if lk.state else 0.0))
+        remote = lk.remote_pci_bus_id
+        if remote:
+            rl = labels.remote.get((j, remote))
+            if rl is None:
+                rl = labels.remote[(j, remote)] = ll + (("remote_pci_bus_id", remote),)
+            add(mk("fabricmon_nvlink_remote_info", rl, 1.0))
+        # NVML throughput fields count KiB; export bytes (base units).
+        if lk.tx_kib is not None:
+            add(mk("fabricmon_nvlink_transmit_bytes_total", ll, lk.tx_kib * 1024, _MONO, 64, grp))
+        if lk.rx_kib is not None:
+            add(mk("fabricmon_nvlink_receive_bytes_total", ll, lk.rx_kib * 1024, _MONO, 64, grp))
+        for (etype, lab), value in zip(errs, (lk.replay, lk.recovery, lk.crc_flit, lk.crc_data)):
+            if value is not None:
+                add(mk("fabricmon_nvlink_errors_total", lab, value, _MONO, 64, grp))
+    return out
+
+
+class NvmlSource:
+    """The "nvml" source over any ``NvmlBackend``.
+
+    Nothing happens in the constructor: the backend is initialised lazily in
+    the NVML worker thread at the first poll.  ``auto`` mode without a driver
+    makes the source absent (``present=False``) for good: a node without GPUs
+    is not a failing collector.
+    """
+
+    name = "nvml"
+    # poll() never blocks longer than ``call_deadline``: every NVML call runs on
+    # the private worker thread.  The poller may therefore run it inline.
+    self_bounded = True
+
+    def __init__(self, backend: NvmlBackend, timeout: float = 2.0, call_deadline: float | None = None) -> None:
+        self.backend = backend
+        self.timeout = timeout
+        # Our own wait ends a little before the poller's deadline, so the
+        # message names the hung NVML call; the poller's deadline is the backstop.
+        self.call_deadline = call_deadline if call_deadline is not None else timeout * 0.8
+        self._worker: NvmlWorker | None = None
+        self._inflight: cf.Future | None = None
+        self._initialized = False  # touched only by the worker thread
+        self._absent = False
+        self._closed = False
+        self._shutdown_done: cf.Future | None = None
+        self._lock = threading.Lock()
+        # Worker-thread only: per-GPU label tuples and the last poll's Readings.
+        self._labels: dict[int, _GpuLabels] = {}
+        self._memo = ReadingMemo()
+        self._rejects = RejectCounts(self.name)
+        self._errlog = ErrorLog(self.name)
+
+    # -- what runs on the NVML thread
+
+    def _collect(self) -> SourceResult:
+        res = SourceResult(self.name)
+        if self._closed:
+            res.up = False
+            return res
+        if not self._initialized:
+            try:
+                self.backend.init()
+            except NvmlLibraryMissing as exc:
+                self._absent = True
+                log.info("nvml_absent", reason=str(exc))  # once: absent is final
+                res.present = False
+                return res
+            except NvmlError as exc:
+                res.up = False
+                res.error(f"nvml: init failed: {exc}")  # retried at the next poll
+                return res
+            self._initialized = True
+        try:
+            self.backend.begin_poll()
+            count = self.backend.device_count()
+        except NvmlError as exc:
+            res.up = False
+            res.error(f"nvml: {exc}")
+            return res
+        gpus: dict[int, dict] = {}
+        memo = self._memo
+        memo.begin()
+        for index in range(count):
+            try:
+                g = self.backend.read_gpu(index)
+            except NvmlError as exc:
+                # GpuLost or a failed read: this GPU is down, the others still count.
+                res.readings.append(reading("fabricmon_gpu_up", 0.0, gpu=str(index)))
+                res.error(f"nvml: {exc}" if isinstance(exc, GpuLost) else f"nvml: gpu {index}: {exc}")
+                gpus[index] = {"up": False, "lost": isinstance(exc, GpuLost)}
+                continue
+            lab = self._labels.get(index)
+            if lab is None or lab.ident != (g.index, g.uuid, g.name, g.pci_bus_id):
+                lab = self._labels[index] = _GpuLabels(g)
+            res.readings.extend(_gpu_readings(g, lab, memo))
+            for problem in g.problems:
+                res.error(f"nvml: gpu {index}: {problem}")
+            for reason in g.rejected:
+                self._rejects.add(reason)
+            gpus[index] = {
+                "up": True,
+                "uuid": g.uuid,
+                "pci_bus_id": g.pci_bus_id,
+                "throttle_reasons": g.throttle_reasons,
+                "links_down": [j for j, lk in enumerate(g.links) if not lk.state],
+            }
+        res.readings.append(memo.get("fabricmon_devices_discovered", (("kind", "gpu"),), len(gpus)))
+        memo.commit()
+        # The last guard for any backend (a NaN double field from the driver):
+        # the tracker would raise on a non-finite counter and lose the snapshot.
+        problems: list[str] = []
+        res.readings = screen_readings(res.readings, self._rejects, problems)
+        for problem in problems:
+            res.error(f"nvml: {problem}")
+        res.readings.extend(self._rejects.readings())
+        res.facts["gpus"] = gpus
+        if res.messages:  # per GPU (or per fake file), rate-limited: the subject is what follows "nvml: "
+            self._errlog.report(m.removeprefix("nvml: ") for m in res.messages)
+        return res
+
+    def _shutdown(self) -> None:
+        if self._initialized:
+            self._initialized = False
+            try:
+                self.backend.shutdown()
+            except NvmlError as exc:
+                log.info("nvml_shutdown_failed", error=str(exc))
+
+    # -- Source protocol
+
+    def poll(self, inventory: Inventory) -> SourceResult:
+        if self._absent:
+            return SourceResult(self.name, present=False)
+        with self._lock:
+            if self._closed:
+                return SourceResult(self.name, up=False)
+            if self._inflight is not None and not self._inflight.done():
+                res = SourceResult(self.name, up=False)
+                res.error("nvml: previous NVML call still running (hung); not starting another")
+                return res
+            if self._worker is None:
+                self._worker = NvmlWorker()
+            fut = self._worker.submit(self._collect)
+            self._inflight = fut
+        try:
+            res = fut.result(timeout=self.call_deadline)
+        except cf.TimeoutError:
+            log.warning("nvml_call_hung", deadline=self.call_deadline)
+            res = SourceResult(self.name, up=False)
+            res.error(f"nvml: NVML call exceeded {self.call_deadline:.2f}s")
+            return res
+        if self._absent:  # final: the idle worker thread has nothing left to do
+            with self._lock:
+                if self._worker is not None:
+                    self._worker.stop()
+                    self._worker = None
+        return res
+
+    def close(self, wait: float = 0.0) -> bool:
+        """Queue the NVML shutdown on the worker; wait for it at most ``wait`` seconds.
+
+        By default it never waits: a hung call keeps its daemon thread, which shuts
+        NVML down if it ever returns.  Returns True when the shutdown has run (or
+        there was nothing to shut down), so a caller that must know can wait on it.
+        """
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                worker = self._worker
+                self._shutdown_done = worker.submit(self._shutdown) if worker is not None else None
+                if worker is not None:
+                    worker.stop()
+            done = self._shutdown_done
+        if done is None:
+            return True
+        try:
+            done.result(timeout=max(0.0, wait))
+        except cf.TimeoutError:
+            return False
+        except Exception:  # the shutdown's own failure is logged by _shutdown
+            pass
+        return True
+
+
+def make_nvml_source(cfg: Any) -> NvmlSource | None:
+    """Build the source from an ``AgentConfig`` (``nvml``: auto | off | fake:FILE)."""
+    mode: str = cfg.nvml
+    timeout: float = cfg.sources.nvml.timeout
+    if mode == "off":
+        return None
+    if mode.startswith("fake:"):
+        return NvmlSource(FakeNvmlBackend(mode[5:]), timeout=timeout)
+    return NvmlSource(PynvmlBackend(), timeout=timeout)
