@@ -13,6 +13,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
+from .rejected import InputRejected
 from .textcheck import label_text_ok
 
 
@@ -38,10 +39,8 @@ MAX_SECONDS = 1e6
 MAX_TS = 1e11
 
 
-class RankTimingError(ValueError):
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
+class RankTimingError(InputRejected):
+    """A rank line refused; ``reason`` is one of REJECT_REASONS."""
 
 
 @dataclass(frozen=True, slots=True)

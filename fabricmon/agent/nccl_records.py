@@ -28,6 +28,7 @@ import json
 import math
 from dataclasses import dataclass
 
+from ..rejected import InputRejected
 from ..textcheck import label_text_ok
 
 __all__ = ["Header", "Op", "Marker", "Ignored", "NcclRecordError", "REJECT_REASONS", "P2P_DIRECTIONS",
@@ -50,10 +51,8 @@ REJECT_REASONS = ("too_long", "not_utf8", "not_json", "not_object", "missing_fie
                   "bad_string", "series_limit")
 
 
-class NcclRecordError(ValueError):
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
+class NcclRecordError(InputRejected):
+    """An NCCL Inspector line refused; ``reason`` is one of REJECT_REASONS."""
 
 
 @dataclass(frozen=True, slots=True)

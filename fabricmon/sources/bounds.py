@@ -26,6 +26,7 @@ import os
 from collections.abc import Iterable
 
 from ..model import Reading, Semantics
+from ..rejected import InputRejected
 
 __all__ = [
     "MAX_COUNTER_DIGITS",
@@ -50,12 +51,11 @@ REASONS = ("not_integer", "too_long", "out_of_range", "not_finite", "malformed")
 REJECTED_FAMILY = "fabricmon_source_values_rejected_total"
 
 
-class Rejected(ValueError):
+class Rejected(InputRejected):
     """An outside value refused at the boundary; ``reason`` is one of ``REASONS``."""
 
     def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"rejected ({reason}): {detail}")
-        self.reason = reason
+        super().__init__(reason, f"rejected ({reason}): {detail}")
 
 
 def _check_width(value: int, width: int, what: str) -> int:
