@@ -175,31 +175,26 @@ def parse_object(obj, context: Header | None) -> Op | Marker | Ignored:
                         if isinstance(v := stats.get(f"{kind}_dropped_total"), int) and not isinstance(v, bool)
                         and 0 <= v <= MAX_DROPPED)
         return Marker(header, dropped)
-    if "coll_perf" in obj:
+    for kind in ("coll", "p2p"):
+        if f"{kind}_perf" not in obj:
+            continue
         if header is None:
             raise NcclRecordError("missing_field", "header: required (no dump_stats marker before this line)")
-        perf = _perf(obj, "coll_perf")
-        coll = perf.get("coll")
-        if coll is None:
-            raise NcclRecordError("missing_field", "coll_perf.coll: required")
-        size = _measure(perf, "coll_perf", "coll_msg_size_bytes", MAX_MSG_BYTES)
-        return Op(header, "coll", _name(coll, "coll_perf.coll", MAX_NAME), "",
-                  _measure(perf, "coll_perf", "coll_exec_time_us", MAX_EXEC_US),
-                  None if size is None else int(size), _measure(perf, "coll_perf", "coll_busbw_gbs", MAX_BUSBW_GBS))
-    if "p2p_perf" in obj:
-        if header is None:
-            raise NcclRecordError("missing_field", "header: required (no dump_stats marker before this line)")
-        perf = _perf(obj, "p2p_perf")
-        op = perf.get("p2p")
-        if op is None:
-            raise NcclRecordError("missing_field", "p2p_perf.p2p: required")
-        direction = P2P_DIRECTIONS.get(op) if isinstance(op, str) else None
-        if direction is None:
-            raise NcclRecordError("bad_string", "p2p_perf.p2p: expected Send or Recv")
-        peer = _rank(perf.get("p2p_peer"), "p2p_perf.p2p_peer")
-        size = _measure(perf, "p2p_perf", "p2p_msg_size_bytes", MAX_MSG_BYTES)
-        return Op(header, "p2p", direction, peer, _measure(perf, "p2p_perf", "p2p_exec_time_us", MAX_EXEC_US),
-                  None if size is None else int(size), _measure(perf, "p2p_perf", "p2p_busbw_gbs", MAX_BUSBW_GBS))
+        section = f"{kind}_perf"
+        perf = _perf(obj, section)
+        what = perf.get(kind)  # collective name, or Send/Recv
+        if what is None:
+            raise NcclRecordError("missing_field", f"{section}.{kind}: required")
+        if kind == "coll":
+            name, peer = _name(what, "coll_perf.coll", MAX_NAME), ""
+        else:
+            name = P2P_DIRECTIONS.get(what) if isinstance(what, str) else None
+            if name is None:
+                raise NcclRecordError("bad_string", "p2p_perf.p2p: expected Send or Recv")
+            peer = _rank(perf.get("p2p_peer"), "p2p_perf.p2p_peer")
+        size = _measure(perf, section, f"{kind}_msg_size_bytes", MAX_MSG_BYTES)
+        return Op(header, kind, name, peer, _measure(perf, section, f"{kind}_exec_time_us", MAX_EXEC_US),
+                  None if size is None else int(size), _measure(perf, section, f"{kind}_busbw_gbs", MAX_BUSBW_GBS))
     if header is None and "header" not in obj:
         raise NcclRecordError("missing_field", "header and coll_perf: required")
     raise NcclRecordError("missing_field", "coll_perf, p2p_perf or dump_stats: required")
