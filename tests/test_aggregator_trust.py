@@ -170,21 +170,6 @@ def _client(target: str, node: str, **kw) -> StreamClient:
                         hello_timeout=3.0, **kw)
 
 
-def _raw_stream(target: str, messages, metadata=(), credentials=None, timeout: float = 10.0):
-    ch = grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target)
-    with ch:
-        rpc = ch.stream_stream("/fabricmon.v1.FabricStream/Stream",
-                               request_serializer=pb.AgentMessage.SerializeToString,
-                               response_deserializer=pb.AggregatorMessage.FromString)
-        out = []
-        try:
-            for m in rpc(iter(messages), metadata=list(metadata), timeout=timeout):
-                out.append(m)
-            return out, grpc.StatusCode.OK
-        except grpc.RpcError as exc:
-            return out, exc.code()
-
-
 def _hello_msg(node: str) -> pb.AgentMessage:
     return pb.AgentMessage(hello=codec.hello_to_pb(NodeHello(node, "raw", 1.0)))
 
@@ -205,7 +190,7 @@ def test_seq_two_to_the_64_cannot_poison_a_node(engine):
     srv = start_grpc_server(engine, "127.0.0.1:0", lock=lock)
     try:
         # a peer speaking for node-001 sends one batch with the largest seq there is
-        resp, code = _raw_stream(srv.address, [_hello_msg("node-001"), _batch_msg("node-001", 2**64 - 1, time.time())])
+        resp, code = raw_stream(srv.address, [_hello_msg("node-001"), _batch_msg("node-001", 2**64 - 1, time.time())])
         assert code == grpc.StatusCode.OK and [m.ack.seq for m in resp] == [0, 2**64 - 1]  # acked, not believed
         assert srv.servicer.drop_counts()["seq_ahead"] == 1
         # the real agent's batches still count
@@ -220,7 +205,7 @@ def test_seq_two_to_the_64_cannot_poison_a_node(engine):
         assert srv.stats()["batches_duplicate_total"] == 0
         # and a replay after a lost ack is still a duplicate, counted as one
         last = engine.nodes["node-001"].last_seq
-        resp, _ = _raw_stream(srv.address, [_hello_msg("node-001"), _batch_msg("node-001", last, time.time())])
+        resp, _ = raw_stream(srv.address, [_hello_msg("node-001"), _batch_msg("node-001", last, time.time())])
         assert [m.ack.seq for m in resp] == [last, last]
         assert srv.servicer.drop_counts() == {"duplicate": 1, "seq_ahead": 1}
     finally:
@@ -236,7 +221,7 @@ def test_a_high_but_plausible_seq_from_another_session_does_not_silence_the_live
         assert wait_until(lambda: engine.batches_total == 1)
         # a second session for the same node, seq just under the ceiling (wall ms + skew)
         high = int(time.time() * 1000) + 200_000
-        resp, code = _raw_stream(srv.address, [_hello_msg("node-002"), _batch_msg("node-002", high, time.time())])
+        resp, code = raw_stream(srv.address, [_hello_msg("node-002"), _batch_msg("node-002", high, time.time())])
         assert code == grpc.StatusCode.OK and resp[-1].ack.seq == high
         assert engine.batches_total == 2
         # the live agent's session keeps its own floor: its next batches still count
@@ -319,14 +304,14 @@ def test_per_node_token_speaks_only_for_its_node(engine):
     tokens = {"node-001": "tok-one", "node-002": "tok-two"}
     srv = start_grpc_server(engine, "127.0.0.1:0", node_tokens=tokens)
     try:
-        own = _raw_stream(srv.address, [_hello_msg("node-001"), _batch_msg("node-001", 5, time.time())],
+        own = raw_stream(srv.address, [_hello_msg("node-001"), _batch_msg("node-001", 5, time.time())],
                           metadata=[("authorization", "Bearer tok-one")])
         assert own == ([pb.AggregatorMessage(ack=pb.Ack(seq=0)), pb.AggregatorMessage(ack=pb.Ack(seq=5))],
                        grpc.StatusCode.OK)
-        other = _raw_stream(srv.address, [_hello_msg("node-002"), _batch_msg("node-002", 5, time.time())],
+        other = raw_stream(srv.address, [_hello_msg("node-002"), _batch_msg("node-002", 5, time.time())],
                             metadata=[("authorization", "Bearer tok-one")])
         assert other == ([], grpc.StatusCode.PERMISSION_DENIED)
-        unknown = _raw_stream(srv.address, [_hello_msg("node-002")], metadata=[("authorization", "Bearer nope")])
+        unknown = raw_stream(srv.address, [_hello_msg("node-002")], metadata=[("authorization", "Bearer nope")])
         assert unknown == ([], grpc.StatusCode.UNAUTHENTICATED)
         assert not engine.nodes["node-002"].ever_seen
         st = srv.stats()
@@ -347,7 +332,7 @@ def test_shared_token_is_the_weaker_mode_any_holder_names_any_node(engine):
     srv = start_grpc_server(engine, "127.0.0.1:0", token="shared")
     try:
         for node in ("node-001", "node-002"):
-            _, code = _raw_stream(srv.address, [_hello_msg(node), _batch_msg(node, 7, time.time())],
+            _, code = raw_stream(srv.address, [_hello_msg(node), _batch_msg(node, 7, time.time())],
                                   metadata=[("authorization", "Bearer shared")])
             assert code == grpc.StatusCode.OK
         assert engine.nodes["node-001"].last_seq == 7 and engine.nodes["node-002"].last_seq == 7
@@ -371,13 +356,13 @@ def test_drops_and_refusals_are_exported_on_metrics():
     try:
         auth = [("authorization", "Bearer tok-one")]
         now = time.time()
-        _raw_stream(srv.address, [_hello_msg("node-001"), _batch_msg("node-001", 5, now),
+        raw_stream(srv.address, [_hello_msg("node-001"), _batch_msg("node-001", 5, now),
                                   _batch_msg("node-001", 5, now),  # replayed
                                   _batch_msg("node-001", 2**64 - 1, now),  # seq ahead
                                   _batch_msg("node-001", 6, now + TEN_YEARS)],  # time ahead
                     metadata=auth)
-        _raw_stream(srv.address, [_hello_msg("node-002")], metadata=auth)  # another node's name
-        _raw_stream(srv.address, [_hello_msg("node-001")])  # no token
+        raw_stream(srv.address, [_hello_msg("node-002")], metadata=auth)  # another node's name
+        raw_stream(srv.address, [_hello_msg("node-001")])  # no token
         with urllib.request.urlopen(f"http://127.0.0.1:{http.port}/metrics", timeout=5) as r:
             body = r.read().decode()
         for line in ('fabricmon_ingest_batches_dropped_total{reason="duplicate"} 1.0',
@@ -400,6 +385,7 @@ def test_drops_and_refusals_are_exported_on_metrics():
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from waiting import wait_until
+from grpcraw import raw_stream
 
 
 @settings(max_examples=200, deadline=None)

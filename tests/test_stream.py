@@ -21,6 +21,7 @@ from fabricmon.proto import codec
 from fabricmon.proto import fabricmon_pb2 as pb
 from fabricmon.rank_timing import JobLayout, RankTiming
 from waiting import wait_until
+from grpcraw import raw_stream
 
 pytestmark = pytest.mark.integration
 
@@ -213,21 +214,6 @@ def test_agent_restart_replays_spool_and_seq_keeps_increasing(tmp_path, engine):
     assert engine.seqs() == sorted(engine.seqs()) and engine.seqs()[-1] > old_max
 
 
-def _raw_stream(target: str, messages: list[pb.AgentMessage], metadata=(), timeout: float = 5.0):
-    """Send messages on one stream; return (responses, final status code)."""
-    with grpc.insecure_channel(target) as ch:
-        rpc = ch.stream_stream("/fabricmon.v1.FabricStream/Stream",
-                               request_serializer=pb.AgentMessage.SerializeToString,
-                               response_deserializer=pb.AggregatorMessage.FromString)
-        out = []
-        try:
-            for m in rpc(iter(messages), metadata=list(metadata), timeout=timeout):
-                out.append(m)
-            return out, grpc.StatusCode.OK
-        except grpc.RpcError as exc:
-            return out, exc.code()
-
-
 def _hello(node="node-raw") -> pb.AgentMessage:
     return pb.AgentMessage(hello=codec.hello_to_pb(NodeHello(node, "raw", 1.0)))
 
@@ -238,10 +224,10 @@ def _batch_msg(seq: int, node="node-raw", self_contained=True) -> pb.AgentMessag
 
 
 def test_duplicate_seqs_are_dropped_within_and_across_connections(engine, server):
-    resp, code = _raw_stream(server.address, [_hello(), _batch_msg(5), _batch_msg(5), _batch_msg(4), _batch_msg(6)])
+    resp, code = raw_stream(server.address, [_hello(), _batch_msg(5), _batch_msg(5), _batch_msg(4), _batch_msg(6)])
     assert code == grpc.StatusCode.OK
     assert [m.ack.seq for m in resp] == [0, 5, 5, 5, 6]
-    resp, code = _raw_stream(server.address, [_hello(), _batch_msg(6), _batch_msg(7)])  # replay after a lost ack
+    resp, code = raw_stream(server.address, [_hello(), _batch_msg(6), _batch_msg(7)])  # replay after a lost ack
     assert [m.ack.seq for m in resp] == [6, 6, 7]
     assert engine.seqs() == [5, 6, 7]
     assert server.stats()["batches_duplicate_total"] == 3
@@ -254,12 +240,12 @@ def test_malformed_batch_rejected_and_server_keeps_serving(engine, server):
         bad = _batch_msg(9, self_contained=False)
         bad.batch.ClearField("new_series")  # refers to ids never defined
         with capture_logs() as logs:
-            resp, code = _raw_stream(server.address, [_hello(), bad])
+            resp, code = raw_stream(server.address, [_hello(), bad])
         assert code == grpc.StatusCode.INVALID_ARGUMENT
         assert resp[-1].WhichOneof("msg") == "reject" and "unknown series id" in resp[-1].reject.reason
         assert resp[-1].reject.seq == 9
         assert any(e["event"] == "stream_rejected" and "unknown series id" in e["reason"] for e in logs)
-        resp, code = _raw_stream(server.address, [_batch_msg(1)])  # no hello first
+        resp, code = raw_stream(server.address, [_batch_msg(1)])  # no hello first
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "hello" in resp[0].reject.reason
         good.offer(snap(1))
         assert wait_until(lambda: any(b.node == "node-001" for b in engine.batches))
@@ -294,8 +280,8 @@ def test_wrong_token_is_unauthenticated_and_logged(engine):
     srv = start_grpc_server(engine, "127.0.0.1:0", token="s3cret")
     try:
         with capture_logs() as logs:
-            _, code = _raw_stream(srv.address, [_hello()], metadata=[("authorization", "Bearer nope")])
-            _, code2 = _raw_stream(srv.address, [_hello()])
+            _, code = raw_stream(srv.address, [_hello()], metadata=[("authorization", "Bearer nope")])
+            _, code2 = raw_stream(srv.address, [_hello()])
         assert code == grpc.StatusCode.UNAUTHENTICATED and code2 == grpc.StatusCode.UNAUTHENTICATED
         warn = [e for e in logs if e["event"] == "stream_unauthenticated"]
         assert {e["reason"] for e in warn} == {"wrong bearer token", "missing bearer token"}
