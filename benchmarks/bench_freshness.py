@@ -22,7 +22,8 @@ the median of the nodes' newest ingested sample times).  Extrapolation to 1,024 
 cost.  The last line is ``central CPU ratio aggregator/prometheus = X``.
 
 ``--profile OUT`` runs the aggregator under cProfile instead (its gRPC event loop thread
-and the tick thread; the CPU numbers then include the profiler's overhead).
+and the tick thread, from the end of the warm-up on: the steady state, not the first
+connections; the CPU numbers then include the profiler's overhead).
 """
 
 from __future__ import annotations
@@ -185,13 +186,17 @@ def role_aggregator(a: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     # thread CPU time, not wall time: a loaded machine must not charge waiting to the code
     loop_prof, tick_prof = cProfile.Profile(time.thread_time), cProfile.Profile(time.thread_time)
-    rt.grpc.loop.call_soon_threadsafe(loop_prof.enable)
-    started = threading.Event()
-    rt.grpc.loop.call_soon_threadsafe(started.set)
-    started.wait(5)
-    tick_prof.enable()
+    rt.grpc.loop.call_soon_threadsafe(rt.grpc.loop.call_later, a.profile_after, loop_prof.enable)
+    tick_from = time.monotonic() + a.profile_after
+
+    def between() -> None:
+        if tick_from is not None and time.monotonic() >= tick_from and not ticking.is_set():
+            ticking.set()
+            tick_prof.enable()
+
+    ticking = threading.Event()
     try:
-        rt.run(stop, log_incidents=False)
+        rt.run(stop, log_incidents=False, between=between)
     finally:
         tick_prof.disable()
         done = threading.Event()
@@ -263,7 +268,7 @@ def orchestrate(a: argparse.Namespace) -> int:
                        "auth: {insecure: true}\nclock: {mode: sample}\n")
         if a.profile:
             agg_cmd = [sys.executable, __file__, "--role", "aggregator", "--config", str(cfg),
-                       "--profile", str(Path(a.profile).resolve())]
+                       "--profile", str(Path(a.profile).resolve()), "--profile-after", str(a.warmup)]
         else:
             agg_cmd = [sys.executable, "-m", "fabricmon", "--log-level", "warning", "aggregator", "--config", str(cfg)]
         agg = subprocess.Popen(agg_cmd, env=env, stdout=subprocess.DEVNULL)
@@ -359,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--topology-out", help=argparse.SUPPRESS)
     ap.add_argument("--ports-out", help=argparse.SUPPRESS)
     ap.add_argument("--config", help=argparse.SUPPRESS)
+    ap.add_argument("--profile-after", type=float, default=0.0, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.role == "nodes":
         return role_nodes(a)

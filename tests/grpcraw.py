@@ -7,8 +7,10 @@ import grpc
 from fabricmon.proto import fabricmon_pb2 as pb
 
 
-def raw_stream(target: str, messages, metadata=(), credentials=None, timeout: float = 10.0):
-    """Send messages on one stream; return (responses, final status code)."""
+def raw_stream(target: str, messages, metadata=(), credentials=None, timeout: float = 10.0,
+               subscriptions: bool = False):
+    """Send messages on one stream; return (responses, final status code).  The aggregator's
+    Subscription (sent before the hello's ack) is left out unless ``subscriptions``."""
     ch = grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target)
     with ch:
         rpc = ch.stream_stream("/fabricmon.v1.FabricStream/Stream",
@@ -17,7 +19,8 @@ def raw_stream(target: str, messages, metadata=(), credentials=None, timeout: fl
         out = []
         try:
             for m in rpc(iter(messages), metadata=list(metadata), timeout=timeout):
-                out.append(m)
+                if subscriptions or m.WhichOneof("msg") != "subscription":
+                    out.append(m)
             return out, grpc.StatusCode.OK
         except grpc.RpcError as exc:
             return out, exc.code()

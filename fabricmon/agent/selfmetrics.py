@@ -28,6 +28,7 @@ _STREAM_SCALARS = (
     ("spool_write_failures_total", "fabricmon_stream_spool_write_failures", "counter", "Spool writes that failed (ENOSPC, EIO): each is a batch lost."),
     ("connects_total", "fabricmon_stream_connects", "counter", "Sessions established with the aggregator."),
     ("connect_failures_total", "fabricmon_stream_connect_failures", "counter", "Connection attempts that failed or were refused."),
+    ("items_unsubscribed_total", "fabricmon_stream_items_unsubscribed", "counter", "Deltas and gauges not streamed because the aggregator reads no series of their family (its subscription); /metrics still exports them."),
     ("acks_refused_total", "fabricmon_stream_acks_refused", "counter", "Acks refused: beyond what was sent, or at the end of the seq range."),
     ("thread_restarts_total", "fabricmon_stream_session_errors", "counter", "Unexpected errors a stream session or spooling survived."),
     ("spool_bytes", "fabricmon_stream_spool_bytes", "gauge", "Bytes held in the spool."),

@@ -105,7 +105,7 @@ class StreamClient:
         self._c = dict(snapshots_dropped_total=0, batches_sent_total=0, batches_replayed_total=0,
                        batches_acked_total=0, batches_rejected_total=0, batches_too_large_total=0,
                        batches_unencodable_total=0, connects_total=0, connect_failures_total=0,
-                       acks_refused_total=0, thread_restarts_total=0)
+                       acks_refused_total=0, thread_restarts_total=0, items_unsubscribed_total=0)
         self._batches = BatchMaker(node, intake, max(int(time.time() * 1000), self.spool.max_seq + 1), self._c)
         self.spool_ok = True  # the last batch that had to be spooled was stored
         self.last_error = ""

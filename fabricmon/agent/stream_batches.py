@@ -8,7 +8,9 @@ needed).
 Gauges are sent only when they changed since the previous batch of the same run
 (a connection's live run, or a disconnected spool run); the first batch of each
 run carries all.  Items the wire cannot carry are removed (and counted) by the
-``WireGuard`` before encoding.  Spooled batches are *self-contained*: they
+``WireGuard`` before encoding.  Once an aggregator has sent its Subscription,
+deltas and gauges of families it does not read are left out (live and spooled
+alike: the node's own ``/metrics`` still has them).  Spooled batches are *self-contained*: they
 define their own series inline, so they can be replayed verbatim on any later
 connection.
 """
@@ -26,6 +28,7 @@ from ..batch import NicHello, NodeBatch, NodeHello
 from ..metrics import SELF_SPECS, SPECS
 from ..model import Sample, Snapshot
 from ..proto.codec import encode_self_contained
+from ..proto.subscription import Subscription, filter_batch
 from ..rank_timing import JobLayout, RankTiming
 from .wire_guard import WireGuard
 
@@ -113,6 +116,8 @@ class BatchMaker:
         self.next_seq = first_seq
         self.gauge_base: dict | None = None
         self.guard = WireGuard()
+        # the families the last aggregator said it reads (proto/subscription.py); None: send all
+        self.subscription: Subscription | None = None
         self._c = counters
 
     def new_run(self) -> None:
@@ -139,9 +144,13 @@ class BatchMaker:
         gauges = self._changed_gauges(snap.samples)
         seq = self.next_seq
         self.next_seq += 1
-        return self.guard.clean(NodeBatch(
-            node=self.node, seq=seq, ts=snap.ts, interval_seconds=snap.interval_seconds, deltas=tuple(snap.deltas),
-            gauges=tuple(gauges), ranks=tuple(ranks), layouts=tuple(layouts)))
+        b = NodeBatch(node=self.node, seq=seq, ts=snap.ts, interval_seconds=snap.interval_seconds,
+                      deltas=tuple(snap.deltas), gauges=tuple(gauges), ranks=tuple(ranks), layouts=tuple(layouts))
+        sub = self.subscription
+        if sub is not None:
+            b, left_out = filter_batch(b, sub)
+            self._c["items_unsubscribed_total"] += left_out
+        return self.guard.clean(b)
 
     def with_known_layouts(self, b: NodeBatch) -> NodeBatch:
         """``b`` carrying every job layout the intake knows: a new connection's aggregator

@@ -24,6 +24,7 @@ import structlog
 from ..batch import NodeBatch
 from ..proto import fabricmon_pb2 as pb
 from ..proto.codec import SeriesEncoder, hello_to_pb
+from ..proto.subscription import BadSubscription, Subscription, subscription_from_pb
 from .stream_batches import hello_from_snapshot
 from .stream_channel import auth_metadata, open_channel
 from .stream_replay import SpoolReplay
@@ -57,6 +58,7 @@ class _Conn:
     max_sent: int = 0
     error: str = ""
     reject: tuple[int, str] | None = None
+    subscription: Subscription | None = None  # sent before the hello's ack, if at all
 
 
 def _requests(outq: queue.Queue):
@@ -130,9 +132,12 @@ class Session:
             conn.acked = conn.server_hw
             with c._lock:
                 c._batches.next_seq = max(c._batches.next_seq, conn.server_hw + 1)
+                # kept after this session too: batches spooled while disconnected follow it
+                c._batches.subscription = conn.subscription
             c.spool.ack(conn.server_hw)
             log.info("stream_connected", target=c.target, server_acked_seq=conn.server_hw,
-                     spooled=len(c.spool))
+                     spooled=len(c.spool), subscribed_families=-1 if conn.subscription is None else
+                     len(conn.subscription.delta_families) + len(conn.subscription.gauge_families))
             self._live_loop()
             return True
         finally:
@@ -165,6 +170,12 @@ class Session:
                         conn.hello_acked.set()
                         continue  # the high-water mark is checked and applied by the session
                     self._on_ack(seq)
+                elif kind == "subscription":
+                    try:
+                        conn.subscription = subscription_from_pb(msg.subscription)
+                    except BadSubscription as exc:
+                        conn.subscription = None  # sending everything is always correct
+                        log.warning("stream_subscription_refused", target=c.target, reason=str(exc))
                 elif kind == "settings":
                     iv = msg.settings.interval_seconds
                     if math.isfinite(iv) and iv > 0:

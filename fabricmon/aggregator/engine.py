@@ -77,7 +77,10 @@ _log = structlog.get_logger("fabricmon.aggregator.engine")
 
 
 class Engine:
-    read_delta_families = READ_DELTA_FAMILIES  # the stream decoder builds only these (proto/codec.py)
+    # what the detectors read: the stream decoder builds only these deltas (proto/codec.py), and
+    # agents are told to send only these (proto/subscription.py)
+    read_delta_families = READ_DELTA_FAMILIES
+    read_gauge_families = frozenset(GAUGE_FAMILIES)
 
     def __init__(self, topology: Topology, settings: DetectionSettings | None = None,
                  clock: Callable[[], float] | None = None, *, cluster: str | None = None,
@@ -113,7 +116,6 @@ class Engine:
         self._drop_logged: set[tuple[str, str]] = set()
         self.last_tick = None
         self.suspicion: dict[tuple[str, str], float] = {}
-        self.lateness: list[tuple[str, int, float]] = []
         for name, spec in topology.nodes.items():
             if self.shard_units is not None and spec.unit not in self.shard_units:
                 continue
@@ -500,7 +502,6 @@ class Engine:
                              self.manager.open_keys())
             findings.extend(corr.findings)
             self.suspicion = corr.suspicion
-            self.lateness = self.stragglers.lateness_scores()
             changed = self.manager.update(findings, now, relations)
             self.last_tick = now
             self.ticks_total += 1
@@ -576,7 +577,7 @@ class Engine:
                 "batches_total": self.batches_total,
                 "batches_dropped_total": self.batches_dropped_total,
                 "suspicion": dict(self.suspicion),
-                "lateness": list(self.lateness),
+                "lateness": self.stragglers.lateness_scores(),
                 "incidents_open": open_counts,
                 "ticks_total": self.ticks_total,
                 "tick_seconds_last": self.tick_seconds_last,

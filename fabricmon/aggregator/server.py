@@ -55,6 +55,7 @@ from ..batch import NodeBatch, NodeHello
 from ..proto import fabricmon_pb2 as pb
 from ..proto import fabricmon_pb2_grpc as pb_grpc
 from ..proto.codec import MalformedBatch, SeriesDecoder, hello_from_pb
+from ..proto.subscription import Subscription
 
 log = structlog.get_logger("fabricmon.grpc")
 
@@ -111,6 +112,11 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
         self.counters = dict(streams_total=0, unauthenticated_total=0, identity_refused_total=0,
                              rejected_total=0, batches_ingested_total=0, engine_errors_total=0)
         self.dropped: dict[str, int] = {SEQ_DUPLICATE: 0, SEQ_AHEAD: 0}
+        # sent before the hello's ack: agents then leave out what the engine never reads
+        read_d = getattr(engine, "read_delta_families", None)
+        read_g = getattr(engine, "read_gauge_families", None)
+        self._subscription = (Subscription(frozenset(read_d), frozenset(read_g)).to_pb()
+                              if read_d is not None and read_g is not None else None)
 
     # ------------------------------------------------------------ helpers
 
@@ -227,6 +233,8 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
             # the session's floor: seqs at or below it were delivered before (replays after a lost ack)
             session_last = self._last_seq.get(node, 0)
             warned_ahead = False
+            if self._subscription is not None:
+                yield self._subscription
             yield _ack(session_last)
             # deltas of families the engine never reads are counted, not built (codec.py)
             decoder = SeriesDecoder(read_families=getattr(self.engine, "read_delta_families", None))

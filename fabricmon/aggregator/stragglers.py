@@ -61,6 +61,10 @@ class JobState:
     mass_persistent: bool = False
     step_median: float = 0.0
     evaluated: int = 0
+    # the job's part of the report, valid while (evaluated, number of ranks) is unchanged: it
+    # changes only when a step is scored, and ticks come several times per step
+    report_key: tuple[int, int] = (-1, -1)
+    report: tuple = ((), (), (), ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,10 +93,6 @@ class StragglerReport:
     stages: list[StageLate]
     slowish: dict[tuple[str, int], tuple[str, int]]  # (job, rank) -> (node, gpu) flagged in >= clear of window
     early: list[Straggler] = field(default_factory=list)  # compute-late in >= clear steps incl. the newest
-
-
-def _popcount(x: int) -> int:
-    return bin(x).count("1")
 
 
 class StragglerTracker:
@@ -151,22 +151,36 @@ class StragglerTracker:
                     del job.steps[step]
                     if len(reports) >= 3:
                         self._score_step(job, reports)
-            for rank, info in job.ranks.items():
-                if info.persistent:
-                    h = info.hist_c if info.persistent == "compute" else info.hist_m
-                    stragglers.append(Straggler(name, rank, info.node, info.gpu, info.persistent, info.score,
-                                                info.late_ewma, bool(h & 3)))
-                elif info.hist_c & 1 and _popcount(info.hist_c) >= self.s.straggler_clear:
-                    early.append(Straggler(name, rank, info.node, info.gpu, "compute", info.score,
-                                           info.late_ewma, True))
-                if _popcount(info.hist_c | info.hist_m) >= self.s.straggler_clear:
-                    slowish[(name, rank)] = (info.node, info.gpu)
-            for stage in sorted(job.stage_persistent):
-                ranks = tuple(sorted(r for r, i in job.ranks.items() if i.stage == stage))
-                stages.append(StageLate(name, stage, job.stage_late.get(stage, 0.0), ranks))
-            if job.mass_persistent:
-                stages.append(StageLate(name, -1, 0.0, ()))
+            key = (job.evaluated, len(job.ranks))
+            if key != job.report_key:
+                job.report_key, job.report = key, self._job_report(job)
+            js, jst, jslow, jearly = job.report
+            stragglers.extend(js)
+            stages.extend(jst)
+            slowish.update(jslow)
+            early.extend(jearly)
         return StragglerReport(stragglers, stages, slowish, early)
+
+    def _job_report(self, job: JobState) -> tuple:
+        name, clear = job.name, self.s.straggler_clear
+        stragglers: list[Straggler] = []
+        early: list[Straggler] = []
+        slowish: dict[tuple[str, int], tuple[str, int]] = {}
+        for rank, info in job.ranks.items():
+            if info.persistent:
+                h = info.hist_c if info.persistent == "compute" else info.hist_m
+                stragglers.append(Straggler(name, rank, info.node, info.gpu, info.persistent, info.score,
+                                            info.late_ewma, bool(h & 3)))
+            elif info.hist_c & 1 and info.hist_c.bit_count() >= clear:
+                early.append(Straggler(name, rank, info.node, info.gpu, "compute", info.score, info.late_ewma, True))
+            if (info.hist_c | info.hist_m).bit_count() >= clear:
+                slowish[(name, rank)] = (info.node, info.gpu)
+        stages = [StageLate(name, stage, job.stage_late.get(stage, 0.0),
+                            tuple(sorted(r for r, i in job.ranks.items() if i.stage == stage)))
+                  for stage in sorted(job.stage_persistent)]
+        if job.mass_persistent:
+            stages.append(StageLate(name, -1, 0.0, ()))
+        return tuple(stragglers), tuple(stages), slowish, tuple(early)
 
     def _score_step(self, job: JobState, reports: dict[int, tuple[float, float]]) -> None:
         s = self.s
@@ -221,7 +235,7 @@ class StragglerTracker:
             info.score = float(scores[i])
             info.late_frac = float(lates[i])
             info.late_ewma = 0.8 * info.late_ewma + 0.2 * info.late_frac
-            pc, pm = _popcount(info.hist_c), _popcount(info.hist_m)
+            pc, pm = info.hist_c.bit_count(), info.hist_m.bit_count()
             if not info.persistent:
                 if pc >= persist:
                     info.persistent = "compute"
@@ -243,12 +257,12 @@ class StragglerTracker:
                 job.stage_hist[stage] = h
                 if late:
                     job.stage_late[stage] = (stage_meds[stage] - overall) / max(job_med_step, 1e-9)
-                if _popcount(h) >= persist:
+                if h.bit_count() >= persist:
                     job.stage_persistent.add(stage)
-                elif _popcount(h) < clear:
+                elif h.bit_count() < clear:
                     job.stage_persistent.discard(stage)
         job.mass_hist = ((job.mass_hist << 1) | int(mass_any)) & mask
-        pcm = _popcount(job.mass_hist)
+        pcm = job.mass_hist.bit_count()
         if pcm >= persist:
             job.mass_persistent = True
         elif pcm < clear:

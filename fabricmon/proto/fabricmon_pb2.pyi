@@ -158,12 +158,22 @@ class Reject(_message.Message):
     seq: int
     def __init__(self, reason: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
 
+class Subscription(_message.Message):
+    __slots__ = ("delta_families", "gauge_families")
+    DELTA_FAMILIES_FIELD_NUMBER: _ClassVar[int]
+    GAUGE_FAMILIES_FIELD_NUMBER: _ClassVar[int]
+    delta_families: _containers.RepeatedScalarFieldContainer[str]
+    gauge_families: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, delta_families: _Optional[_Iterable[str]] = ..., gauge_families: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class AggregatorMessage(_message.Message):
-    __slots__ = ("ack", "settings", "reject")
+    __slots__ = ("ack", "settings", "reject", "subscription")
     ACK_FIELD_NUMBER: _ClassVar[int]
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
     REJECT_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     ack: Ack
     settings: Settings
     reject: Reject
-    def __init__(self, ack: _Optional[_Union[Ack, _Mapping]] = ..., settings: _Optional[_Union[Settings, _Mapping]] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ...) -> None: ...
+    subscription: Subscription
+    def __init__(self, ack: _Optional[_Union[Ack, _Mapping]] = ..., settings: _Optional[_Union[Settings, _Mapping]] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ..., subscription: _Optional[_Union[Subscription, _Mapping]] = ...) -> None: ...
