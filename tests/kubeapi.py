@@ -18,6 +18,7 @@ from certs import make_pki
 
 class FakeApiServer:
     def __init__(self, tmp: Path, token: str = "sa-token-1") -> None:
+        tmp.mkdir(parents=True, exist_ok=True)
         pki = make_pki(tmp, {})
         self.ca = pki["ca"]
         self.token_file = tmp / "token"

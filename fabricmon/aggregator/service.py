@@ -66,8 +66,9 @@ def grpc_auth_kwargs(cfg: AggregatorConfig, source: str = "aggregator config") -
             "max_skew_s": cfg.clock.max_skew_s}
 
 
-def build_runtime(cfg: AggregatorConfig, web=None, reload_status: ReloadStatus | None = None) -> AggregatorRuntime:
-    engine = build_engine(cfg)
+def build_runtime(cfg: AggregatorConfig, web=None, reload_status: ReloadStatus | None = None,
+                  hostname: str | None = None) -> AggregatorRuntime:
+    engine = build_engine(cfg, hostname)
     am = cfg.alertmanager
     sender = AlertmanagerClient(am.urls, cluster=engine.cluster, resend_seconds=am.resend_seconds,
                                 timeout=am.timeout, queue_max=am.queue_max, generator_url=am.generator_url,
