@@ -50,6 +50,8 @@ def _agent_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--interval", type=float, help="poll interval in seconds (default 1)")
     p.add_argument("--nvml", help="auto, off or fake:FILE")
     p.add_argument("--aggregator", help="HOST:PORT of the aggregator stream")
+    p.add_argument("--unit", type=int, help="this node's scalable unit, for shard: (default: $FABRICMON_UNIT, "
+                   "then shard.unit, shard.topology, shard.node_label)")
     p.add_argument("--nccl-inspector-dir", dest="nccl_inspector_dir", help="tail NCCL Inspector logs in this directory")
     p.add_argument("--once", action="store_true", help="poll once, print the Prometheus exposition, exit")
     p.add_argument("--capture", help="with --once: read the node from a 'fabricmon collect' archive")
@@ -164,9 +166,16 @@ def _agent_overrides(args: argparse.Namespace) -> dict:
 
 
 def _load_agent(args: argparse.Namespace):
-    from .config import load_agent_config
+    import os
+
+    from .config import load_agent_config, parse_unit, with_unit
 
     cfg = load_agent_config(args.config, _agent_overrides(args))
+    if args.unit is not None:
+        cfg = with_unit(cfg, args.unit, "--unit")
+    elif os.environ.get("FABRICMON_UNIT", "").strip() and cfg.shard is not None:
+        # Ambient (e.g. from a pod label by the downward API): only an agent with a shard section uses it.
+        cfg = with_unit(cfg, parse_unit(os.environ["FABRICMON_UNIT"], "FABRICMON_UNIT"), "FABRICMON_UNIT")
     refuse_placeholder_secret(cfg.stream.token_file, "stream.token_file", args.config or "<defaults>")
     return cfg
 
@@ -202,7 +211,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         agent.poller.close()
         return 0
     sig = Signals().install()
-    agent = build_live_agent(cfg)
+    agent = build_live_agent(cfg, source=args.config or "<defaults>")
     agent.web = web
     try:
         port = agent.start_http()
@@ -321,9 +330,13 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     data = load_yaml_file(args.file)
     kind = args.kind or ("shardmap" if "replicas" in data else detect_kind(data, args.file))
     if kind == "agent":
+        from .agent.runtime import resolve_node_name
+        from .agent.shard_target import resolve_static
         from .config import load_agent_config
 
-        load_agent_config(args.file)
+        cfg = load_agent_config(args.file)
+        if cfg.shard is not None:  # the map parses, and the unit (when the config gives it) has an owner
+            resolve_static(cfg.shard, resolve_node_name(cfg), args.file)
     elif kind == "aggregator":
         from .aggregator.config import check_files, load_aggregator_config
 

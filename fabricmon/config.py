@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -214,6 +215,76 @@ class Log:
             raise ConfigError(f"{source}: {path}.level: must be debug, info, warning or error, got {self.level!r}")
 
 
+# Where a service account's credentials are mounted in every pod (Kubernetes "Accessing the API
+# from a pod"); the API server's address comes from KUBERNETES_SERVICE_HOST/PORT.
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+UNIT_RANGE = (0, 1 << 20)
+
+
+@dataclass(frozen=True)
+class KubernetesShards:
+    """Aggregator replicas are a StatefulSet behind a headless Service: replica k owns units
+    k*units_per_shard .. (k+1)*units_per_shard - 1 (shardmap.kubernetes_aggregator)."""
+
+    units_per_shard: int = 0
+    namespace: str = "fabricmon"
+    port: int = 9721
+
+    def validate(self, path: str, source: str) -> None:
+        if self.units_per_shard < 1:
+            raise ConfigError(f"{source}: {path}.units_per_shard: required, an integer >= 1, "
+                              f"got {self.units_per_shard}")
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", self.namespace):
+            raise ConfigError(f"{source}: {path}.namespace: not a Kubernetes namespace name "
+                              f"(lower-case DNS label), got {self.namespace!r}")
+        check_range(self.port, 1, 65535, f"{path}.port", source)
+
+
+@dataclass(frozen=True)
+class NodeLabel:
+    """Read this node's unit from a label on its Kubernetes Node object (GET /api/v1/nodes/NAME
+    with the pod's service-account token; the agent's ClusterRole needs get on nodes)."""
+
+    key: str = "fabricmon.io/unit"
+    api_server: str = ""  # empty: in-cluster, https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT
+    token_file: str = f"{SA_DIR}/token"
+    ca_file: str = f"{SA_DIR}/ca.crt"
+    timeout: float = 5.0
+
+    def validate(self, path: str, source: str) -> None:
+        if not self.key or " " in self.key:
+            raise ConfigError(f"{source}: {path}.key: a node label key (e.g. fabricmon.io/unit), got {self.key!r}")
+        if self.api_server and not self.api_server.startswith("https://"):
+            raise ConfigError(f"{source}: {path}.api_server: must be an https:// URL, got {self.api_server!r}")
+        _timeout(self.timeout, f"{path}.timeout", source)
+
+
+@dataclass(frozen=True)
+class ShardSelect:
+    """Sharded aggregators: the agent streams to the replica owning its scalable unit.
+
+    Replicas from ``map`` (a static shard map, bare metal) or ``kubernetes`` (StatefulSet names);
+    the unit from, first that answers: ``unit`` (or --unit, or $FABRICMON_UNIT), the node's entry
+    in ``topology``, the node's label (``node_label``, read from the API server at run time)."""
+
+    map: str | None = None
+    kubernetes: KubernetesShards | None = None
+    unit: int | None = None
+    topology: str | None = None
+    node_label: NodeLabel | None = None
+
+    def validate(self, path: str, source: str) -> None:
+        if (self.map is None) == (self.kubernetes is None):
+            raise ConfigError(f"{source}: {path}: give exactly one of map (a shard map file) or kubernetes "
+                              f"(StatefulSet replicas)")
+        if self.map == "":
+            raise ConfigError(f"{source}: {path}.map: empty path")
+        if self.unit is None and not self.topology and self.node_label is None:
+            raise ConfigError(f"{source}: {path}: the node's unit is unknown: give unit, topology or node_label")
+        if self.unit is not None:
+            check_range(self.unit, *UNIT_RANGE, f"{path}.unit", source)
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     sysfs_root: str = "/sys"
@@ -230,10 +301,14 @@ class AgentConfig:
     stream: Stream = field(default_factory=Stream)
     intake: Intake = field(default_factory=Intake)
     log: Log = field(default_factory=Log)
+    shard: ShardSelect | None = None  # instead of aggregator: the replica that owns this node's unit
 
     def validate(self, path: str, source: str) -> None:
         check_hostport(self.listen, "listen", source)
         check_hostport(self.aggregator, "aggregator", source)
+        if self.aggregator and self.shard is not None:
+            raise ConfigError(f"{source}: shard: give aggregator (one address) or shard (the replica owning "
+                              f"this node's unit), not both")
         _positive(self.interval, "interval", source)
         check_range(self.interval, *INTERVAL_RANGE, "interval", source, "s")
         if not (self.nvml in ("auto", "off") or (self.nvml.startswith("fake:") and len(self.nvml) > 5)):
@@ -246,11 +321,39 @@ class AgentConfig:
         return self.nvml[5:] if self.nvml.startswith("fake:") else None
 
 
+def parse_unit(text: str, where: str) -> int:
+    """A unit number given as text ($FABRICMON_UNIT, a node label): an integer in UNIT_RANGE."""
+    value = text.strip()
+    if not value.isdigit() or not UNIT_RANGE[0] <= int(value) <= UNIT_RANGE[1]:
+        raise ConfigError(f"{where}: expected a unit number (integer {UNIT_RANGE[0]}..{UNIT_RANGE[1]}), got {text!r}")
+    return int(value)
+
+
+def with_unit(cfg: AgentConfig, unit: int, where: str) -> AgentConfig:
+    """``shard.unit`` set from outside the file (``where``: --unit, $FABRICMON_UNIT): it wins over the file's."""
+    if cfg.shard is None:
+        raise ConfigError(f"command line: {where}: only with a shard: section in the agent config")
+    check_range(unit, *UNIT_RANGE, where, "command line")
+    return replace(cfg, shard=replace(cfg.shard, unit=unit))
+
+
+def _relative_to(path: str | None, config: str | Path | None) -> str | None:
+    if not path or config is None or Path(path).is_absolute():
+        return path
+    return str(Path(config).parent / path)
+
+
 def load_agent_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> AgentConfig:
-    """Load ``path`` (or defaults), then apply flag ``overrides`` (None values ignored)."""
+    """Load ``path`` (or defaults), then apply flag ``overrides`` (None values ignored).
+
+    The shard section's relative paths are relative to the config file, as the aggregator's
+    topology is."""
     data: dict = load_yaml_file(path) if path is not None else {}
     source = str(path) if path is not None else "<defaults>"
     cfg = build(AgentConfig, data, "", source)
+    if cfg.shard is not None:
+        cfg = replace(cfg, shard=replace(cfg.shard, map=_relative_to(cfg.shard.map, path),
+                                         topology=_relative_to(cfg.shard.topology, path)))
     flags = {k: v for k, v in (overrides or {}).items() if v is not None}
     if flags:
         cfg = replace(cfg, **flags)

@@ -92,6 +92,7 @@ class Agent:
     http: AgentHTTPServer | None = None
     extras: list = field(default_factory=list)  # stream client, intake: things with stop()
     stream: Any = None  # StreamClient when an aggregator is configured
+    shard: Any = None  # ShardTarget when the config has a shard section (it starts the stream)
     supervisor: Supervisor = field(default_factory=Supervisor)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -101,6 +102,7 @@ class Agent:
     web: Any = None  # WebConfig: TLS and basic auth for /metrics (--web.config.file)
     reload_status: ReloadStatus = field(default_factory=ReloadStatus)
     _runtime_body: Callable[[], bytes] | None = None
+    _shard_body: Callable[[], bytes] | None = None
     _built: list | None = None  # the sources build_sources made (a reload rebuilds them); None: the caller's
 
     def start_http(self, listen: str | None = None) -> int:
@@ -109,9 +111,16 @@ class Agent:
         self._rendered = rendered
         # Render in the poll thread right after each poll, so a scrape only copies bytes.
         self.poller.add_listener(rendered.refresh)
-        self._self_body = self_exposition(AgentSelfCollector(
-            self.node, self.stream.stats if self.stream is not None else None, self.supervisor.stats))
+        stream_stats = None
+        if self.stream is not None or self.shard is not None:
+            # A shard's stream may start after this (once the node label is read): zeros until then.
+            stream_stats = lambda: self.stream.stats() if self.stream is not None else {}  # noqa: E731
+        self._self_body = self_exposition(AgentSelfCollector(self.node, stream_stats, self.supervisor.stats))
         self._runtime_body = runtime_exposition(self.reload_status)
+        if self.shard is not None:
+            from .shard_target import shard_exposition
+
+            self._shard_body = shard_exposition(self.shard)
         self.http = self._new_http(host, port)
         self._http_addr = (host, self.http.port)
         self.supervisor.add("exporter", lambda: self.http is not None and self.http.alive(), self._restart_http)
@@ -132,7 +141,7 @@ class Agent:
 
     def _metrics(self) -> list:
         parts: list = self._rendered.parts() if self._rendered is not None else []
-        for extra in (self._self_body, self._runtime_body):
+        for extra in (self._self_body, self._runtime_body, self._shard_body):
             if extra is not None:
                 parts.append(extra())
         return parts
@@ -181,11 +190,13 @@ class Agent:
         missing = inventory.expected_but_missing if inventory is not None else ""
         if missing:  # a wrong --sysfs-root looks exactly like a healthy node without RDMA otherwise
             problems.append(missing)
+        if self.shard is not None:
+            problems.extend(self.shard.not_ready())
         if self.stream is not None and not self.stream.delivering():
             problems.append("stream neither connected nor spooling" if self.stream.alive()
                             else "stream thread down")
         for name in self.supervisor.down():
-            if name not in ("poller", "stream"):
+            if name not in ("poller", "stream", "shard"):
                 problems.append(f"{name} thread down")
         return problems
 

@@ -15,14 +15,18 @@ log = structlog.get_logger("fabricmon.agent")
 
 
 def build_live_agent(cfg: AgentConfig, clock: Callable[[], float] = time.time, *,
-                     stream_backoff: tuple[float, float] = (0.5, 30.0)) -> Agent:
+                     stream_backoff: tuple[float, float] = (0.5, 30.0), source: str = "agent config") -> Agent:
     """The agent as ``fabricmon agent`` runs it (``--once`` uses ``build_agent`` alone).
 
-    ``stream_backoff``: (min, max) seconds between reconnect attempts (tests shorten it)."""
+    ``stream_backoff``: (min, max) seconds between reconnect attempts (tests shorten it), also
+    between lookups of the node's unit.  Raises ConfigError (naming ``source``, the config file)
+    before anything starts when the shard section cannot give a replica."""
     from .intake import RankIntake
     from .nccl_inspector import NcclInspectorSource
+    from .shard_target import resolve_static
 
     node = resolve_node_name(cfg)
+    shard_plan = resolve_static(cfg.shard, node, source) if cfg.shard is not None and not cfg.aggregator else None
     sources = build_sources(cfg)
     built = list(sources)  # what a reload rebuilds; the intake and NCCL tail below stay
     extras: list = []
@@ -50,28 +54,53 @@ def build_live_agent(cfg: AgentConfig, clock: Callable[[], float] = time.time, *
         # (log, thread_up 0, /readyz 503) so the orchestrator replaces the agent.
         agent.supervisor.add("intake", lambda: _intake_alive(intake))
     if cfg.aggregator:
-        from .spool import MemorySpool, Spool
-        from .stream import StreamClient, TlsFiles
-
-        try:
-            os.makedirs(cfg.stream.spool_dir, exist_ok=True)
-            spool = Spool(cfg.stream.spool_dir, cfg.stream.spool_max_bytes)
-        except OSError as exc:
-            log.error("spool_dir_unusable_using_memory", spool_dir=cfg.stream.spool_dir, error=str(exc))
-            spool = MemorySpool(cfg.stream.spool_max_bytes)
-        tls = None
-        if cfg.stream.tls_ca or cfg.stream.tls_cert:
-            tls = TlsFiles(ca=cfg.stream.tls_ca, cert=cfg.stream.tls_cert, key=cfg.stream.tls_key)
-        client = StreamClient(cfg.aggregator, node, spool=spool, token_file=cfg.stream.token_file, tls=tls,
-                              intake=intake, interval_seconds=cfg.interval,
-                              backoff_min=stream_backoff[0], backoff_max=stream_backoff[1])
-        client.attach(agent.poller)
-        client.start()
-        agent.stream = client
-        agent.supervisor.add("stream", client.alive, client.restart)
+        agent.stream = _start_stream(agent, cfg, cfg.aggregator, node, intake, stream_backoff)
         # Stop the stream before the intake so unacked batches reach the spool.
-        agent.extras.append(client)
+        agent.extras.append(agent.stream)
+    elif shard_plan is not None:
+        agent.shard = _shard_target(agent, cfg, node, intake, stream_backoff, *shard_plan)
+        agent.extras.append(agent.shard)  # stops the stream it started, before the intake
     return agent
+
+
+def _start_stream(agent: Agent, cfg: AgentConfig, address: str, node: str, intake,
+                  backoff: tuple[float, float]):
+    from .spool import MemorySpool, Spool
+    from .stream import StreamClient, TlsFiles
+
+    try:
+        os.makedirs(cfg.stream.spool_dir, exist_ok=True)
+        spool = Spool(cfg.stream.spool_dir, cfg.stream.spool_max_bytes)
+    except OSError as exc:
+        log.error("spool_dir_unusable_using_memory", spool_dir=cfg.stream.spool_dir, error=str(exc))
+        spool = MemorySpool(cfg.stream.spool_max_bytes)
+    tls = None
+    if cfg.stream.tls_ca or cfg.stream.tls_cert:
+        tls = TlsFiles(ca=cfg.stream.tls_ca, cert=cfg.stream.tls_cert, key=cfg.stream.tls_key)
+    client = StreamClient(address, node, spool=spool, token_file=cfg.stream.token_file, tls=tls,
+                          intake=intake, interval_seconds=cfg.interval,
+                          backoff_min=backoff[0], backoff_max=backoff[1])
+    client.attach(agent.poller)
+    client.start()
+    agent.supervisor.add("stream", client.alive, client.restart)
+    return client
+
+
+def _shard_target(agent: Agent, cfg: AgentConfig, node: str, intake, backoff: tuple[float, float], replicas, target):
+    """The stream to the replica that owns this node's unit: started now when the config gives the
+    unit, else once the node label is read (the agent polls and exports meanwhile)."""
+    from .shard_target import ShardTarget, label_lookup
+
+    sel = cfg.shard
+
+    def start(address: str):
+        agent.stream = _start_stream(agent, cfg, address, node, intake, backoff)
+        return agent.stream
+
+    lookup = label_lookup(sel, node) if target is None else None
+    shard = ShardTarget(node, replicas, start, target=target, lookup=lookup, backoff=backoff)
+    agent.supervisor.add("shard", shard.alive, shard.restart)
+    return shard.start()
 
 
 def _intake_alive(intake) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -216,12 +217,38 @@ class ClockSettings:
 
 @dataclass(frozen=True)
 class ShardSettings:
-    """The scalable units (leaf groups) this replica owns; empty: all of them."""
+    """The scalable units (leaf groups) this replica owns; empty: all of them.
+
+    A StatefulSet replica need not list them: with ``ordinal_from_hostname`` replica k (pod
+    hostname ``NAME-k``) owns units k*units_per_shard .. (k+1)*units_per_shard - 1, the same rule
+    agents dial by (shardmap.kubernetes_aggregator), so one config serves every replica."""
 
     units: tuple[int, ...] = ()
+    units_per_shard: int = 0
+    ordinal_from_hostname: bool = False
 
     def validate(self, path: str, source: str) -> None:
         _check_numbers(self, path, source)
+        if self.ordinal_from_hostname:
+            if self.units:
+                raise ConfigError(f"{source}: {path}.units: give units or ordinal_from_hostname, not both")
+            if self.units_per_shard < 1:
+                raise ConfigError(f"{source}: {path}.units_per_shard: required with ordinal_from_hostname, "
+                                  f"an integer >= 1, got {self.units_per_shard}")
+        elif self.units_per_shard:
+            raise ConfigError(f"{source}: {path}.units_per_shard: only with ordinal_from_hostname: true")
+
+    def owned(self, hostname: str, source: str) -> tuple[int, ...]:
+        """The units this replica owns (empty: all); ``hostname`` gives the StatefulSet ordinal."""
+        if not self.ordinal_from_hostname:
+            return self.units
+        from ..shardmap import units_of_ordinal
+
+        m = re.fullmatch(r".+-(\d+)", hostname.split(".")[0])
+        if m is None:
+            raise ConfigError(f"{source}: shard.ordinal_from_hostname: hostname {hostname!r} does not end in a "
+                              f"StatefulSet ordinal (NAME-K)")
+        return units_of_ordinal(int(m.group(1)), self.units_per_shard)
 
 
 @dataclass(frozen=True)

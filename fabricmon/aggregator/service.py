@@ -10,6 +10,7 @@ topology, the clock, the credentials streams are bound to.
 from __future__ import annotations
 
 import dataclasses
+import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -43,11 +44,15 @@ def _tls(cfg: AggregatorConfig):
     return ServerTls(cert=a.tls_cert, key=a.tls_key, client_ca=a.tls_client_ca)
 
 
-def build_engine(cfg: AggregatorConfig) -> Engine:
+def build_engine(cfg: AggregatorConfig, hostname: str | None = None) -> Engine:
+    """``hostname`` (default: this host's) names the StatefulSet ordinal for shard.ordinal_from_hostname."""
     topo = load_topology(cfg.topology)
+    units = cfg.shard.owned(hostname or socket.gethostname(), "aggregator config")
+    if units:
+        log.info("shard_units", units=list(units), ordinal_from_hostname=cfg.shard.ordinal_from_hostname)
     clock = ClusterClock(cfg.clock.mode, max_skew_s=cfg.clock.max_skew_s, max_age_s=cfg.clock.max_age_s)
     return Engine(topo, cfg.detection, cluster=cfg.cluster or topo.cluster,
-                  shard_units=cfg.shard.units or None, cluster_clock=clock)
+                  shard_units=units or None, cluster_clock=clock)
 
 
 def grpc_auth_kwargs(cfg: AggregatorConfig, source: str = "aggregator config") -> dict:
@@ -61,8 +66,9 @@ def grpc_auth_kwargs(cfg: AggregatorConfig, source: str = "aggregator config") -
             "max_skew_s": cfg.clock.max_skew_s}
 
 
-def build_runtime(cfg: AggregatorConfig, web=None, reload_status: ReloadStatus | None = None) -> AggregatorRuntime:
-    engine = build_engine(cfg)
+def build_runtime(cfg: AggregatorConfig, web=None, reload_status: ReloadStatus | None = None,
+                  hostname: str | None = None) -> AggregatorRuntime:
+    engine = build_engine(cfg, hostname)
     am = cfg.alertmanager
     sender = AlertmanagerClient(am.urls, cluster=engine.cluster, resend_seconds=am.resend_seconds,
                                 timeout=am.timeout, queue_max=am.queue_max, generator_url=am.generator_url,
