@@ -7,7 +7,7 @@ import random
 import pytest
 
 from fabricmon.aggregator.config import DetectionSettings
-from fabricmon.aggregator.engine import Engine
+from fabricmon.aggregator.engine import LATENESS_EXPORTED_PER_JOB, Engine
 from fabricmon.batch import NicHello, NodeBatch, NodeHello
 from fabricmon.model import CounterDelta, Sample
 from fabricmon.rank_timing import RankTiming
@@ -469,7 +469,12 @@ def test_slow_gpu_with_clean_fabric_is_a_gpu_straggler_without_fabric_blame():
     assert "no fabric evidence" in i.full_description()
     assert i.ranks == [6 * 8 + 2] and i.jobs == ["llm"]
     assert i.labels["gpu"] == "2" and i.labels["node"] == "node-006" and i.labels["hpc_job"] == "llm"
-    assert c.engine.metrics_snapshot()["lateness"]
+    # /metrics carries the job's latest ranks, not one series per GPU: the slow one first
+    exported = c.engine.metrics_snapshot()["lateness"]
+    everyone = c.engine.stragglers.lateness_scores()
+    assert len(everyone) == 64 and len(exported) == LATENESS_EXPORTED_PER_JOB < 64
+    assert exported[0][:2] == ("llm", 6 * 8 + 2)
+    assert [s for _, _, s in exported] == sorted((s for _, _, s in everyone), reverse=True)[:LATENESS_EXPORTED_PER_JOB]
 
 
 def test_slow_rank_on_flaky_link_rides_on_the_link_alert_not_gpu():

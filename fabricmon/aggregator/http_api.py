@@ -20,7 +20,7 @@ from ..buildinfo import add_runtime_collectors
 from ..httpserve import TEXT, RoutedHTTPServer, landing_page, probe
 from .admission import TS_AHEAD, TS_BEHIND, TS_STALE
 from .alertmanager import RESULTS, rfc3339
-from .engine import Engine
+from .engine import LATENESS_EXPORTED_PER_JOB, Engine
 
 # Why a batch never reached the detectors: the servicer's seq checks and the engine's time admission.
 DROP_REASONS = ("duplicate", "seq_ahead", TS_AHEAD, TS_BEHIND, TS_STALE)
@@ -83,7 +83,8 @@ class AggregatorCollector:
         for (ctype, comp), p in sorted(snap["suspicion"].items()):
             g.add_metric([ctype, comp], p)
         yield g
-        g = GaugeMetricFamily("fabricmon_rank_lateness_score", "Robust lateness z-score of the rank's last step.",
+        g = GaugeMetricFamily("fabricmon_rank_lateness_score", "Robust lateness z-score of the rank's last step; the "
+                              f"{LATENESS_EXPORTED_PER_JOB} latest ranks of each job.",
                               labels=["hpc_job", "rank"])
         for job, rank, score in snap["lateness"]:
             g.add_metric([job, str(rank)], score)

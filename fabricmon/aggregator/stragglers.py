@@ -22,6 +22,8 @@ periodic pauses (neither reaches the persistence bar).
 
 from __future__ import annotations
 
+import heapq
+
 import math
 from dataclasses import dataclass, field
 
@@ -268,5 +270,12 @@ class StragglerTracker:
         elif pcm < clear:
             job.mass_persistent = False
 
-    def lateness_scores(self) -> list[tuple[str, int, float]]:
-        return [(j.name, r, i.score) for j in self.jobs.values() for r, i in j.ranks.items()]
+    def lateness_scores(self, top: int | None = None) -> list[tuple[str, int, float]]:
+        """(job, rank, score), the ``top`` latest ranks of each job (all when None), latest first."""
+        out = []
+        for j in self.jobs.values():
+            items = j.ranks.items()
+            best = (heapq.nlargest(top, items, key=lambda ri: ri[1].score) if top is not None
+                    else sorted(items, key=lambda ri: -ri[1].score))
+            out.extend((j.name, r, i.score) for r, i in best)
+        return out
