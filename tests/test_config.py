@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from fabricmon.config import ConfigError, load_agent_config
+from fabricmon.configload import parse_yaml
 
 
 def _write(tmp_path, text, name="agent.yaml"):
@@ -220,10 +221,26 @@ def test_any_text_is_a_config_or_one_error_line(tmp_path_factory, text):
     _check_config_or_error(p)
 
 
-def test_deeply_nested_yaml_is_an_error_not_a_traceback(tmp_path):
-    p = _write(tmp_path, "rails: " + "[" * 20000 + "]" * 20000 + "\n")
+@pytest.mark.parametrize("depth", [20000, 200000])
+def test_deeply_nested_yaml_is_an_error_not_a_traceback(tmp_path, depth):
+    # 200,000 is past what libyaml's C composer survives (it overflows the stack, SIGSEGV): a
+    # subprocess, so a crash fails this test instead of ending the run
+    p = _write(tmp_path, "rails: " + "{a: " * depth + "1" + "}" * depth + "\n")
+    r = subprocess.run([sys.executable, "-m", "fabricmon", "check-config", "--kind", "agent", str(p)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stderr[-300:])
+    assert "nested too deeply" in r.stderr and "Traceback" not in r.stderr
     with pytest.raises(ConfigError, match="nested too deeply"):
         load_agent_config(p)
+
+
+def test_large_yaml_is_read_with_line_numbers_in_its_errors(tmp_path):
+    # the C loader's errors carry the same line numbers as the pure-Python loader's
+    body = "".join(f"  - {{name: n{i}, value: {i}}}\n" for i in range(5000))
+    p = _write(tmp_path, "items:\n" + body + "  - {name: broken, value: [1, 2}\n")
+    with pytest.raises(ConfigError, match=r": line 5002: invalid YAML"):
+        parse_yaml(p.read_text(), str(p))
+    assert parse_yaml("items:\n" + body, "x.yaml")["items"][4999] == {"name": "n4999", "value": 4999}
 
 
 def test_non_utf8_file_is_one_error_line(tmp_path):
