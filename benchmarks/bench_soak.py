@@ -392,7 +392,8 @@ async def _nodes(a, scn, targets: dict[int, str], shard_of_node: dict[str, int],
             "reconnects": dict(reconnects), "failed_attempts": dict(failed_attempts)}
 
 
-def check_faults(a, scn, alerts: list, wall0: float, end_wall: float, kill: dict) -> tuple[bool, list[str]]:
+def check_faults(a, scn, alerts: list, wall0: float, end_wall: float, kill: dict, open_at_owner) \
+        -> tuple[bool, list[str]]:
     """Per fault: localized (an alert naming its component reached the webhook), delay, and no
     resolve while the fault was active.  ``alerts``: (arrival wall time, status, alert)."""
     lines, ok = [], True
@@ -427,6 +428,10 @@ def check_faults(a, scn, alerts: list, wall0: float, end_wall: float, kill: dict
                        f"down {down:.0f} s, then its start-up and the streams' reconnect; {verdict}")
         lines.append(f"fault {f.kind} truth {gt.component} (start {f.start:.0f} s): detected yes, named {named} "
                      f"({al['labels'].get('alertname')}), fault -> webhook {delay:.1f} s ({verdict} usual); {usual_s}")
+        held, owner = open_at_owner(f, gt.component)
+        lines.append(f"  open incident for it at its owner (shard {owner}) at the end: {'yes' if held else 'NO'}")
+        if not held:
+            ok = False
         if resolved_early:
             ok = False
             lines.append(f"  its alert was RESOLVED at the webhook at {resolved_early[0] - wall0:.0f} s while the "
@@ -526,6 +531,8 @@ def main(argv: list[str] | None = None) -> int:
         for s in shards:
             s["ingested"] = agg_metric(s["http"], "fabricmon_ingest_batches_total")
             s["dropped"] = agg_metric(s["http"], "fabricmon_ingest_batches_dropped_total")
+            s["open"] = {i.get("component") for i in
+                         json.loads(http_get(f"http://127.0.0.1:{s['http']}/api/incidents?state=open"))}
         if receiver is not None:
             time.sleep(3.0)  # the last notifications (group_wait 1 s)
     finally:
@@ -591,7 +598,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{kill.get('restarted_at_s', float('nan')):.0f} s; reconnects per shard {res['reconnects']} (failed "
               f"connect attempts while it was down: {res['failed_attempts']}), batches resent {res['resent']}")
     if a.fault_minutes > 0 and receiver is not None:
-        f_ok, lines = check_faults(a, scn, receiver.alerts(), res["wall0"], end_wall, res["kill"])
+        def open_at_owner(f, component):
+            k = owner(f.unit if f.unit is not None else scn.unit_of(f.node))
+            return component in shards[k]["open"], k
+
+        f_ok, lines = check_faults(a, scn, receiver.alerts(), res["wall0"], end_wall, res["kill"], open_at_owner)
         receiver.stop()
         for line in lines:
             print(line)
