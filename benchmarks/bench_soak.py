@@ -330,7 +330,10 @@ async def _nodes(a, scn, targets: dict[int, str], shard_of_node: dict[str, int],
             await asyncio.sleep(-lag)
         if step:
             batches.clear()
-            sim.step()
+            # in a thread: the event loop keeps reading acks and writing batches while the simulator
+            # builds the next interval (seconds at 4,096 nodes); a blocked loop stalls every stream's
+            # flow-control window and the aggregators with it
+            await asyncio.to_thread(sim.step)
         for b in batches:
             node = nodes[b.node]
             seq = max(seq0, node.last_seq) + 1  # the initial poll's batch may come with the first step's
