@@ -46,6 +46,8 @@ def test_group_by_and_every_inhibition_has_equal() -> None:
     assert pairs[(('alertname=~"NVLinkDown|GPUXidFatal"',), ('alertname=~"NVLinkErrors|StragglerRank"',))] \
         == ["cluster", "node", "gpu"]
     assert pairs[(('alertname="SlowRanksSharedComponent"',), ('alertname="StragglerRank"',))] == ["cluster", "hpc_job"]
+    assert pairs[(('alertname=~"FabricLinkDown|FabricLinkFlapping|FabricLinkErrors|FabricLeafDegraded"',),
+                  ('alertname=~"StragglerRank|SlowRanksSharedComponent"',))] == ["cluster", "rail"]
     assert pairs[(('alertname="FabricmonAgentDown"',), ('alertname!="FabricmonAgentDown"', 'node=~".+"'))] \
         == ["cluster", "node"]
 
@@ -99,17 +101,25 @@ def test_inhibitions_on_a_real_alertmanager(tmp_path) -> None:
                    component="node-050/mlx5_1/1", node="node-050", leaf="leaf-u3-r1", rail="1"),
             _alert(alertname="FabricLinkErrors", severity="warning", component_type="link",
                    component="node-051/mlx5_1/1", node="node-051", leaf="leaf-u3-r1", rail="1"),
+            # Sharded: another replica's slow ranks on rail 3 (node-040's link is on rail 3) are hidden,
+            # slow ranks on rail 6, which no fabric alert names, are not.
+            _alert(alertname="SlowRanksSharedComponent", severity="critical", component_type="rail",
+                   component="rail3", rail="3", hpc_job="llm-7b"),
+            _alert(alertname="SlowRanksSharedComponent", severity="critical", component_type="leaf",
+                   component="leaf-u5-r6", leaf="leaf-u5-r6", rail="6", hpc_job="llm-7b"),
         ])
 
         def by_key() -> dict | None:
             alerts = am.get_alerts()
-            if len(alerts) < 7:
+            if len(alerts) < 9:
                 return None
             out = {(a["labels"]["alertname"], a["labels"]["component"]): a["status"] for a in alerts}
             # Inhibition is computed asynchronously: wait until the expected ones show it.
             if not out[("FabricLinkErrors", "node-017/mlx5_3/1")]["inhibitedBy"]:
                 return None
             if not out[("FabricLinkErrors", "node-050/mlx5_1/1")]["inhibitedBy"]:
+                return None
+            if not out[("SlowRanksSharedComponent", "rail3")]["inhibitedBy"]:
                 return None
             return out
 
@@ -121,3 +131,6 @@ def test_inhibitions_on_a_real_alertmanager(tmp_path) -> None:
         assert not status[("FabricLinkErrors", "node-051/mlx5_1/1")]["inhibitedBy"]
         assert not status[("FabricLeafDegraded", "leaf-u1-r3")]["inhibitedBy"]
         assert not status[("FabricLinkDown", "node-050/mlx5_1/1")]["inhibitedBy"]
+        assert status[("SlowRanksSharedComponent", "rail3")]["state"] == "suppressed"
+        assert not status[("SlowRanksSharedComponent", "leaf-u5-r6")]["inhibitedBy"]
+        assert status[("SlowRanksSharedComponent", "leaf-u5-r6")]["state"] == "active"

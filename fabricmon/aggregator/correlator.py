@@ -451,6 +451,11 @@ def _labels_for_component(topo: Topology, comp: str, ctype: str, cluster: str) -
         except IndexError:
             pass
         return lab
+    if ctype == "rail":
+        lab["rail"] = comp[len("rail"):]
+        return lab
+    if ctype == "spine":  # a spine serves every rail of every unit: no node, rail or leaf label
+        return lab
     parts = comp.split("/")
     node = parts[0]
     lab["node"] = node
