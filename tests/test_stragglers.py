@@ -85,3 +85,16 @@ def test_mad_floor_keeps_quiet_groups_from_dividing_by_zero():
     rep = tr.evaluate(20.0)
     assert rep.stragglers == []
     assert all(score < 4.0 for _, _, score in tr.lateness_scores())
+
+
+def test_report_is_reused_between_scored_steps_and_rebuilt_after_one():
+    tr = StragglerTracker(DetectionSettings())
+    feed(tr, range(1, 12), late=lambda s, r: 0.2 if r == 11 else 0.0)
+    a = tr.evaluate(12.0)
+    assert tr.evaluate(12.25) is a and tr.evaluate(12.5) is a  # ticks with no new step scored
+    assert [x.rank for x in a.stragglers] == [11]
+    feed(tr, range(12, 24))  # rank 11 recovers: each scored step gives a new report
+    b = tr.evaluate(24.0)
+    assert b is not a and b.stragglers == [] and [x.rank for x in a.stragglers] == [11]
+    # a job gone quiet for 10 minutes is dropped: the report says so on the next tick
+    assert tr.evaluate(24.0 + 601.0).slowish == {} and "j" not in tr.jobs

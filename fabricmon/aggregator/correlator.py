@@ -153,12 +153,15 @@ def fuse_evidence(findings: list[Finding], open_keys: frozenset[tuple[str, str, 
 
 def attach_hurt_ranks(topo: Topology, findings: list[Finding], report: StragglerReport) -> None:
     """Flagged (slowish) ranks ride on the evidence findings on their path."""
-    by_comp: dict[str, set[tuple[str, int]]] = defaultdict(set)
-    for (job, rank), (node, gpu) in report.slowish.items():
-        if node not in topo.nodes:
-            continue
-        for c in _path(topo, node, gpu):
-            by_comp[c].add((job, rank))
+    by_comp = report.hurt_by_component
+    if by_comp is None:
+        by_comp = defaultdict(set)
+        for (job, rank), (node, gpu) in report.slowish.items():
+            if node not in topo.nodes:
+                continue
+            for c in _path(topo, node, gpu):
+                by_comp[c].add((job, rank))
+        report.hurt_by_component = by_comp = dict(by_comp)
     if not by_comp:
         return
     for f in findings:
@@ -388,27 +391,28 @@ def _group(topo: Topology, lst: list) -> list[tuple[str, str, list]]:
 
 
 def _candidates(topo: Topology, kind: str, comp: str, members: list, evidence: dict | None = None) -> list[str]:
-    cands: list[str] = [comp]
+    # an insertion-ordered set: a rail's group holds every slow rank of the rail (thousands in a big
+    # job), and a list's membership test made this quadratic in them
+    cands: dict[str, None] = {comp: None}
     for m in members:
         if m.node not in topo.nodes:
             continue
         p = topo.path_of_gpu(m.node, m.gpu)
         for k in ("link", "nic", "gpu", "leaf", "node"):
-            if k in p and p[k] not in cands:
-                cands.append(p[k])
+            if k in p:
+                cands.setdefault(p[k])
         # NVLinks of the GPU carry their evidence on the GPU id (see correlate)
     if kind in ("rail", "leaf") and members and members[0].kind == "comm" and evidence:
         # a ring is as slow as its slowest link: any component of the rail with evidence explains it
         rail = comp[4:] if kind == "rail" else comp.rsplit("-r", 1)[-1]
         for c in evidence:
             if c not in cands and _rail_of(topo, c) == rail:
-                cands.append(c)
+                cands[c] = None
     if kind == "node" and comp in topo.nodes:
         for nic in topo.nodes[comp].nics:
             for c in (link_id(comp, nic.device, nic.port), nic_id(comp, nic.device)):
-                if c not in cands:
-                    cands.append(c)
-    return cands
+                cands.setdefault(c)
+    return list(cands)
 
 
 def _rail_of(topo: Topology, comp: str) -> str:

@@ -95,6 +95,9 @@ class StragglerReport:
     stages: list[StageLate]
     slowish: dict[tuple[str, int], tuple[str, int]]  # (job, rank) -> (node, gpu) flagged in >= clear of window
     early: list[Straggler] = field(default_factory=list)  # compute-late in >= clear steps incl. the newest
+    # (job, rank) pairs per component on their paths, built once per report by the correlator: the
+    # report is cached per scored step and reused by every tick until the next one
+    hurt_by_component: dict[str, set[tuple[str, int]]] | None = field(default=None, repr=False, compare=False)
 
 
 class StragglerTracker:
@@ -102,6 +105,8 @@ class StragglerTracker:
         self.s = settings
         self.jobs: dict[str, JobState] = {}
         self._mask = (1 << settings.straggler_window) - 1
+        self._report_key: tuple | None = None
+        self._report = StragglerReport([], [], {})
 
     # --- intake ---
     def layout(self, lay: JobLayout) -> None:
@@ -137,14 +142,11 @@ class StragglerTracker:
 
     # --- scoring ---
     def evaluate(self, now: float) -> StragglerReport:
-        stragglers: list[Straggler] = []
-        stages: list[StageLate] = []
-        slowish: dict[tuple[str, int], tuple[str, int]] = {}
-        early: list[Straggler] = []
         for name in list(self.jobs):
             job = self.jobs[name]
             if job.last_ts and now - job.last_ts > 600.0:
                 del self.jobs[name]
+                self._report_key = None  # a job of the same name may come back with the same key
                 continue
             n_known = len(job.ranks)
             for step in sorted(job.steps):
@@ -156,6 +158,19 @@ class StragglerTracker:
             key = (job.evaluated, len(job.ranks))
             if key != job.report_key:
                 job.report_key, job.report = key, self._job_report(job)
+        # ticks outnumber scored steps (4 a second against one): between two, the same report object,
+        # so what the correlator derives from it (StragglerReport.hurt_by_component) is kept too
+        key = tuple((name, job.report_key) for name, job in self.jobs.items())
+        if key != self._report_key:
+            self._report_key, self._report = key, self._merged_report()
+        return self._report
+
+    def _merged_report(self) -> StragglerReport:
+        stragglers: list[Straggler] = []
+        stages: list[StageLate] = []
+        slowish: dict[tuple[str, int], tuple[str, int]] = {}
+        early: list[Straggler] = []
+        for job in self.jobs.values():
             js, jst, jslow, jearly = job.report
             stragglers.extend(js)
             stages.extend(jst)
