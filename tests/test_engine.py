@@ -31,11 +31,12 @@ class Feed:
         self.roce = roce
         self.extra_deltas: list[CounterDelta] = []
         self.extra_gauges: list[Sample] = []
+        self.interval = 1.0
 
     def hello(self, boot_id: str = "boot-1") -> NodeHello:
         nics = tuple(NicHello(n.device, "1", str(n.rail), "Ethernet" if self.roce else "InfiniBand",
                               f"eth{n.rail}", n.rate_gbps, n.width, n.gpu) for n in self.spec.nics)
-        return NodeHello(self.node, "test", 1.0, nics, self.spec.gpus, boot_id)
+        return NodeHello(self.node, "test", self.interval, nics, self.spec.gpus, boot_id)
 
     def gauges_all(self) -> list[Sample]:
         out = []
@@ -77,7 +78,7 @@ class Feed:
         deltas += self.extra_deltas
         gauges = (self.gauges_all() if first else []) + self.extra_gauges
         self.extra_deltas, self.extra_gauges = [], []
-        return NodeBatch(self.node, self.seq, t, 1.0, tuple(deltas), tuple(gauges), tuple(ranks))
+        return NodeBatch(self.node, self.seq, t, self.interval, tuple(deltas), tuple(gauges), tuple(ranks))
 
     def add(self, family: str, labels: tuple, delta: float, reset: bool = False) -> None:
         self.extra_deltas.append(CounterDelta(family, labels, delta, reset=reset))
@@ -128,6 +129,32 @@ def flaky(node: str, dev: str):
         f.add("fabricmon_ib_port_errors_total", lab + (("counter", "port_rcv_errors"),), float(r.randint(5, 50)))
         f.add("fabricmon_ib_port_errors_total", lab + (("counter", "link_error_recovery"),), 1.0)
     return inject
+
+
+@pytest.mark.parametrize("lag", [0.0, 8.0])
+def test_nodes_polled_every_10s_keep_a_fault_open_between_their_batches(lag):
+    """Evidence arrives once per 10 s poll (plus stream lag): the incident holds over the gaps,
+    fires once and resolves once, some polls after the errors stop."""
+    c = Cluster()
+    for f in c.feeds.values():
+        f.interval = 10.0
+        c.engine.hello(f.hello())
+    sick = flaky("node-003", "mlx5_3")
+    t_stop = T0 + 200.0
+    for k in range(1, 36):  # a batch every 10 s of sample time; ticks every second of wall time
+        ts = T0 + 10.0 * k
+        if ts <= t_stop:
+            sick(c)
+        for f in c.feeds.values():
+            c.engine.ingest(f.batch(ts, first=(k == 1)))
+        for tick in range(10):
+            now = ts + lag + tick
+            for inc in c.engine.tick(now):
+                c.reported.append((now, inc.alertname, inc.component, inc.open))
+    link = [(t, o) for t, a, comp, o in c.reported if a == "FabricLinkErrors"]
+    assert [o for _, o in link] == [True, False], c.reported  # no resolve/fire between two batches
+    assert link[1][0] - t_stop >= 3 * 10.0
+    assert {comp for _, a, comp, _ in c.reported} == {"node-003/mlx5_3/1"}
 
 
 def test_flaky_cable_detected_within_5s_and_resolved():
