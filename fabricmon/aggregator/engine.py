@@ -501,7 +501,9 @@ class Engine:
             findings, relations = self._detect(now)
             report = self.stragglers.evaluate(now)
             throttled = {g.id: set(g.throttle) for g in self.active_gpus if g.throttle}
-            fresh = {n for n, ns in self.nodes.items() if now - ns.last_ts <= self.settings.agent_down_s}
+            # the agents-down rule's silence (agents_down.py): a node polled every 10 s is not stale at 15 s
+            down_s = self.settings.agent_down_s
+            fresh = {n for n, ns in self.nodes.items() if now - ns.last_ts < max(down_s, 5 * ns.interval)}
             corr = correlate(self.topology, self.settings, findings, report, throttled, fresh, self.cluster,
                              self.manager.open_keys())
             findings.extend(corr.findings)
