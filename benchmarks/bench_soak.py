@@ -23,7 +23,8 @@ each owning a contiguous range of scalable units through its config's ``shard.un
 streams to its unit's owner found with ``shardmap.aggregator_for_unit`` on a shard-map file
 checked with ``check_ownership`` (as the bare-metal agent dials).  Alerts: every aggregator's
 ``alertmanager.urls`` names one real Alertmanager (``prometheus-alertmanager`` on 127.0.0.1,
-group_wait 1 s) whose webhook receiver is a small HTTP server in this process.
+group_wait 1 s, the inhibitions of deploy/alertmanager/alertmanager.yml) whose webhook receiver
+is a small HTTP server in this process.
 
 Measured per minute, per shard: the aggregator's CPU (cores) and RSS, batches sent to it (new
 batches, not counting resends) and acked by it, reconnects; for the node side (this process):
@@ -82,6 +83,8 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -312,6 +315,10 @@ async def _nodes(a, scn, targets: dict[int, str], shard_of_node: dict[str, int],
     rows = []
     t0 = time.monotonic()
     wall0 = time.time()
+    # sample time = the wall time each step is due, as real agents stamp their samples: otherwise the
+    # start-up (the first batches of 4,096 nodes take many seconds) leaves every later sample that much
+    # older than the aggregators' wall clock, and their detection windows see evidence late or not at all
+    sim.cluster.epoch = wall0
     for sh in shards:
         sh["c_prev"], sh["pid_prev"] = cpu_seconds(sh["proc"].pid), sh["proc"].pid
     p_prev, t_prev = time.process_time(), t0
@@ -528,7 +535,10 @@ def main(argv: list[str] | None = None) -> int:
         receiver.start()
         am_cfg = {"route": {"receiver": "hook", "group_by": ["cluster", "alertname", "component"],
                             "group_wait": "1s", "group_interval": "1s", "repeat_interval": "1h"},
-                  "receivers": [{"name": "hook", "webhook_configs": [{"url": receiver.url, "send_resolved": True}]}]}
+                  "receivers": [{"name": "hook", "webhook_configs": [{"url": receiver.url, "send_resolved": True}]}],
+                  # the shipped inhibitions, as a user runs them: the webhook gets what would page
+                  "inhibit_rules": yaml.safe_load((ROOT / "deploy" / "alertmanager" / "alertmanager.yml")
+                                                  .read_text())["inhibit_rules"]}
         am_rig = start_alertmanager(am_cfg, work / "alertmanager")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     for s in shards:
