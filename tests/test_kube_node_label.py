@@ -6,7 +6,6 @@ A loopback HTTPS server with a test CA stands in for the API server (tests/kubea
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from fabricmon.config import KubernetesShards, NodeLabel, ShardSelect
 pytest.importorskip("cryptography", reason="tests/certs.py makes the test CA with cryptography")
 
 from kubeapi import FakeApiServer  # noqa: E402
+from waiting import wait_until  # noqa: E402
 
 KEY = "fabricmon.io/unit"
 
@@ -147,15 +147,15 @@ def test_shard_target_retries_until_the_api_server_answers(api):
     api.status = 403
     shard = ShardTarget("n1", replicas, start, lookup=label_lookup(sel, "n1"), backoff=(0.02, 0.1)).start()
     try:
-        assert _wait(lambda: shard.failures_total >= 2)
+        assert wait_until(lambda: shard.failures_total >= 2)
         assert shard.not_ready() and "403" in shard.not_ready()[0]
         assert _samples(shard)["fabricmon_agent_shard_resolved"] == 0.0
         api.nodes["n1"] = {"kubernetes.io/os": "linux"}  # not labelled yet
         api.status = None
-        assert _wait(lambda: "has no label" in shard.problem)
+        assert wait_until(lambda: "has no label" in shard.problem)
         api.nodes["n1"] = {KEY: "9"}  # unit 9 of 4 per shard: replica 2
         assert began.wait(10.0)
-        assert _wait(lambda: shard.target is not None)
+        assert wait_until(lambda: shard.target is not None)
         assert started == ["fabricmon-aggregator-2.fabricmon-aggregator.fm.svc:9721"]
         assert shard.not_ready() == []
         assert shard.target.via == "node_label" and shard.target.replica == "fabricmon-aggregator-2"
@@ -163,7 +163,7 @@ def test_shard_target_retries_until_the_api_server_answers(api):
         assert s["fabricmon_agent_shard_resolved"] == 1.0
         assert s["fabricmon_agent_shard_lookup_failures_total"] >= 3
         n = len(api.requests)
-        assert not _wait(lambda: len(api.requests) > n, timeout=0.3)  # no lookups after it resolved
+        assert not wait_until(lambda: len(api.requests) > n, timeout=0.3)  # no lookups after it resolved
     finally:
         shard.stop()
     assert started == ["fabricmon-aggregator-2.fabricmon-aggregator.fm.svc:9721"]
@@ -175,18 +175,10 @@ def test_stop_ends_a_lookup_that_never_succeeds(api):
     replicas, _ = resolve_static(sel, "n1", "agent.yaml")
     shard = ShardTarget("n1", replicas, lambda a: pytest.fail("no stream without a unit"),
                         lookup=label_lookup(sel, "n1"), backoff=(0.02, 0.05)).start()
-    assert _wait(lambda: shard.failures_total >= 1)
+    assert wait_until(lambda: shard.failures_total >= 1)
     shard.stop()
     assert not shard.alive()
 
-
-def _wait(pred, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return bool(pred())
 
 
 def _samples(shard: ShardTarget) -> dict[str, float]:

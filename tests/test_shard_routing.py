@@ -11,8 +11,8 @@ loopback HTTPS API server.  Only the hardware (sim trees) and the API server are
 
 from __future__ import annotations
 
+import functools
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
@@ -28,19 +28,14 @@ from fabricmon.sim.cluster import ClusterState
 from fabricmon.sim.hw import NGPU, NRAILS
 from fabricmon.sim.scenario import ClusterSpec, Scenario
 from fabricmon.sim.tree import NodeTree
+from waiting import wait_until
 
 pytest.importorskip("numpy", reason="the aggregator needs numpy (fabricmon[aggregator])")
 
+# real agents and aggregators start here: a longer deadline than wait_until's default
+_wait = functools.partial(wait_until, timeout=20.0)
 SPEC = ClusterSpec(4, "roce", 2, seed=3)  # node-000, node-001: unit 0; node-002, node-003: unit 1
 
-
-def _wait(pred, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return bool(pred())
 
 
 class Seen:
