@@ -187,9 +187,11 @@ def find_duplicate_keys(node: yaml.Node, path: str = "") -> tuple[str, int, int]
 
 
 # libyaml (PyYAML's C loader) reads a 4,096-node topology in about a second where the pure-Python
-# loader takes tens of seconds, but its composer recurses in C: 100,000 nested "[" overflow the stack
-# and kill the process (SIGSEGV) instead of raising.  Deeply nested flow collections go to the
-# pure-Python loader, whose RecursionError is caught below.
+# loader takes tens of seconds, but its composer recurses in C: 100,000 nested "[", or "- - - ..." on
+# one line, overflow the stack and kill the process (SIGSEGV) instead of raising.  Nesting depth is at
+# most the longest line (block levels need an indentation column or an indicator on the line each)
+# plus the flow depth ("[", "{"); texts where that bound passes what the C loader survives with a
+# wide margin (10,000 measured) go to the pure-Python loader, whose RecursionError is caught below.
 _FLOW_DEPTH = {"[": 1, "{": 1, "]": -1, "}": -1}
 _C_LOADER_MAX_DEPTH = 1000
 _NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
@@ -197,6 +199,8 @@ _NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
 
 def _loader_for(text: str) -> type:
     if not getattr(yaml, "__with_libyaml__", False):
+        return yaml.SafeLoader
+    if max(map(len, text.splitlines()), default=0) > _C_LOADER_MAX_DEPTH:
         return yaml.SafeLoader
     brackets = _NOT_BRACKETS.sub("", text)  # brackets inside quotes count too: only ever safer
     if brackets and max(accumulate(map(_FLOW_DEPTH.__getitem__, brackets))) > _C_LOADER_MAX_DEPTH:

@@ -221,11 +221,16 @@ def test_any_text_is_a_config_or_one_error_line(tmp_path_factory, text):
     _check_config_or_error(p)
 
 
-@pytest.mark.parametrize("depth", [20000, 200000])
-def test_deeply_nested_yaml_is_an_error_not_a_traceback(tmp_path, depth):
-    # 200,000 is past what libyaml's C composer survives (it overflows the stack, SIGSEGV): a
-    # subprocess, so a crash fails this test instead of ending the run
-    p = _write(tmp_path, "rails: " + "{a: " * depth + "1" + "}" * depth + "\n")
+@pytest.mark.parametrize("text", [
+    "rails: " + "{a: " * 20000 + "1" + "}" * 20000 + "\n",
+    "rails: " + "{a: " * 200000 + "1" + "}" * 200000 + "\n",
+    "rails:\n  " + "- " * 100000 + "x\n",  # block nesting on one line
+    "rails:\n  " + "? " * 100000 + "x\n",
+], ids=["flow-20k", "flow-200k", "block-dash-100k", "block-key-100k"])
+def test_deeply_nested_yaml_is_an_error_not_a_traceback(tmp_path, text):
+    # past what libyaml's C composer survives (it overflows the stack, SIGSEGV): a subprocess, so a
+    # crash fails this test instead of ending the run
+    p = _write(tmp_path, text)
     r = subprocess.run([sys.executable, "-m", "fabricmon", "check-config", "--kind", "agent", str(p)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, (r.returncode, r.stderr[-300:])

@@ -23,7 +23,6 @@ periodic pauses (neither reaches the persistence bar).
 from __future__ import annotations
 
 import heapq
-
 import math
 from dataclasses import dataclass, field
 
