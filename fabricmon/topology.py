@@ -3,6 +3,11 @@
 Rail-optimized layout: NIC i of every node sits on rail i beside GPU i; the
 nodes of one scalable unit share one leaf switch per rail; leaves connect to
 every spine.  Component ids follow DESIGN.md ("Component ids") everywhere.
+
+The topology hands out the aggregator's typed identities (``components.Component``): ``link``,
+``nic``, ``gpu``, ``leaf``, ``path_of_gpu`` carry the rail and the leaf's *name* with them.  A leaf
+is named ``leaf-u{unit}-r{rail}`` unless the topology names it (``NicSpec.leaf``): the unit is a
+topology attribute, never part of an identity.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from pathlib import Path
 
 import yaml
 
+from . import components as comp
+from .components import Component, Kind
 from .configload import ConfigError, build, load_yaml_file
 
 COMPONENT_TYPES = ("link", "nic", "gpu", "nvlink", "node", "rail", "leaf", "spine", "config")
@@ -59,6 +66,7 @@ class NicSpec:
     port: int = 1
     rate_gbps: float = 400.0
     width: int = 4
+    leaf: str = ""  # the leaf switch this port is cabled to, by name; "" = leaf-u{unit}-r{rail}
 
 
 @dataclass(frozen=True)
@@ -123,12 +131,14 @@ class Topology:
     # derived indexes
     _nic_by_dev: dict[tuple[str, str], NicSpec] = field(default_factory=dict, repr=False)
     _nic_by_gpu: dict[tuple[str, int], NicSpec] = field(default_factory=dict, repr=False)
+    _nic_by_rail: dict[tuple[str, int], NicSpec] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         for n in self.nodes.values():
             for nic in n.nics:
                 self._nic_by_dev[(n.name, nic.device)] = nic
                 self._nic_by_gpu[(n.name, nic.gpu)] = nic
+                self._nic_by_rail.setdefault((n.name, nic.rail), nic)
 
     # --- lookups ---
     def unit_of(self, node: str) -> int:
@@ -141,7 +151,28 @@ class Topology:
         return self._nic_by_gpu.get((node, gpu))
 
     def leaf_of(self, node: str, rail: int) -> str:
+        """The name of the leaf that serves ``node`` on ``rail``."""
+        nic = self._nic_by_rail.get((node, rail))
+        if nic is not None and nic.leaf:
+            return nic.leaf
         return leaf_id(self.nodes[node].unit, rail)
+
+    # --- typed identities (components.py) ---
+    def leaf(self, node: str, rail: int) -> Component:
+        return comp.leaf(self.leaf_of(node, rail), rail)
+
+    def link(self, node: str, nic: NicSpec) -> Component:
+        return comp.link(node, nic.device, nic.port, nic.rail, self.leaf_of(node, nic.rail))
+
+    def nic_component(self, node: str, nic: NicSpec) -> Component:
+        return comp.nic(node, nic.device, nic.rail, self.leaf_of(node, nic.rail))
+
+    def gpu(self, node: str, index: int) -> Component:
+        """``node/gpuN`` with the rail and leaf of its NIC, where the node has one for it."""
+        nic = self.nic_for_gpu(node, index) if node in self.nodes else None
+        if nic is None:
+            return comp.gpu(node, index)
+        return comp.gpu(node, index, nic.rail, self.leaf_of(node, nic.rail))
 
     def rails(self) -> list[int]:
         return sorted({nic.rail for n in self.nodes.values() for nic in n.nics})
@@ -152,22 +183,16 @@ class Topology:
     def nodes_in_unit(self, unit: int) -> list[str]:
         return [n.name for n in self.nodes.values() if n.unit == unit]
 
-    def path_of_gpu(self, node: str, gpu: int) -> dict[str, str]:
-        """Every component a rank on (node, gpu) depends on, by component type."""
-        out = {"node": node, "gpu": gpu_id(node, gpu)}
+    def path_of_gpu(self, node: str, gpu: int) -> dict[Kind, Component]:
+        """Every component a rank on (node, gpu) depends on, by kind."""
+        out = {Kind.NODE: comp.node(node), Kind.GPU: self.gpu(node, gpu)}
         nic = self.nic_for_gpu(node, gpu)
         if nic is not None:
-            out["nic"] = nic_id(node, nic.device)
-            out["link"] = link_id(node, nic.device, nic.port)
-            out["rail"] = rail_id(nic.rail)
-            out["leaf"] = self.leaf_of(node, nic.rail)
+            out[Kind.NIC] = self.nic_component(node, nic)
+            out[Kind.LINK] = self.link(node, nic)
+            out[Kind.RAIL] = comp.rail(nic.rail)
+            out[Kind.LEAF] = self.leaf(node, nic.rail)
         return out
-
-    def labels_of_link(self, node: str, device: str) -> dict[str, str]:
-        nic = self.nic(node, device)
-        if nic is None:
-            return {"node": node}
-        return {"node": node, "rail": str(nic.rail), "leaf": self.leaf_of(node, nic.rail)}
 
     # --- serialization ---
     def to_dict(self) -> dict:
@@ -179,7 +204,8 @@ class Topology:
             "nodes": [
                 {"name": n.name, "unit": n.unit, "gpus": n.gpus,
                  "nics": [{"device": c.device, "port": c.port, "rail": c.rail, "gpu": c.gpu,
-                           "rate_gbps": c.rate_gbps, "width": c.width} for c in n.nics]}
+                           "rate_gbps": c.rate_gbps, "width": c.width, **({"leaf": c.leaf} if c.leaf else {})}
+                          for c in n.nics]}
                 for n in self.nodes.values()
             ],
         }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .. import components as comp
 from .config import DetectionSettings
 from .detectors import NodeState
 from .incidents import Finding
@@ -13,10 +14,8 @@ def agents_down(nodes: Iterable[NodeState], s: DetectionSettings, cluster: str, 
     out = []
     for ns in nodes:
         if ns.ever_seen and now - ns.last_ts >= max(s.agent_down_s, 5 * ns.interval):
-            lab = {"node": ns.name}
-            if cluster:
-                lab["cluster"] = cluster
-            out.append(Finding("FabricmonAgentDown", "node", ns.name, lab,
+            node = comp.node(ns.name)
+            out.append(Finding("FabricmonAgentDown", node, node.labels(cluster),
                                [f"no batch since t={ns.last_ts:.0f} ({now - ns.last_ts:.0f}s)"
                                 + ("" if ns.connected else ", stream disconnected")],
                                hold_s=0.0))

@@ -22,7 +22,9 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..topology import Topology, gpu_id, link_id, nic_id, nvlink_id
+from .. import components as comp
+from ..components import Component
+from ..topology import Topology
 from .config import DetectionSettings
 from .incidents import Finding
 
@@ -60,10 +62,12 @@ class LinkState:
 
     def __init__(self, node: str, device: str, port: str, netdev: str, rail: int | None, unit: int | None,
                  leaf: str, gpu: int, exp_gbps: float | None, exp_width: int | None, cluster: str) -> None:
-        self.id = link_id(node, device, port)
+        """``leaf``: the name of the leaf the topology says this port is cabled to ("" for none)."""
+        self.id: Component = comp.link(node, device, port, rail, leaf)
         self.node, self.device, self.port, self.netdev = node, device, port, netdev
-        self.rail, self.unit, self.leaf, self.gpu = rail, unit, leaf, gpu
-        self.nic = nic_id(node, device)
+        self.rail, self.unit, self.gpu = rail, unit, gpu
+        self.leaf: Component | None = comp.leaf(leaf, rail) if leaf else None
+        self.nic: Component = comp.nic(node, device, rail, leaf)
         self.exp_gbps, self.exp_width = exp_gbps, exp_width
         self.state: int | None = None
         self.phys: int | None = None
@@ -76,14 +80,7 @@ class LinkState:
         self.evidence_since: float | None = None  # start of the current run of fold-able evidence
         self.evidence_last = 0.0
         self.seen_up = False
-        lab = {"node": node}
-        if rail is not None:
-            lab["rail"] = str(rail)
-        if leaf:
-            lab["leaf"] = leaf
-        if cluster:
-            lab["cluster"] = cluster
-        self.labels = lab
+        self.labels = self.id.labels(cluster)
 
     def is_down(self) -> bool:
         if self.state is not None and self.state not in ACTIVE_STATES:
@@ -102,23 +99,21 @@ class LinkState:
 
 
 class GpuState:
-    __slots__ = ("id", "node", "index", "nvl_down", "ev", "throttle", "up", "labels", "leaf", "rail")
+    __slots__ = ("id", "node", "index", "nvl_down", "ev", "throttle", "up", "labels")
 
-    def __init__(self, node: str, index: int, leaf: str, rail: int | None, cluster: str) -> None:
-        self.id = gpu_id(node, index)
-        self.node, self.index, self.leaf, self.rail = node, index, leaf, rail
+    def __init__(self, gpu: Component, cluster: str) -> None:
+        """``gpu``: as the topology hands it out (with its NIC's rail and leaf where it has one)."""
+        self.id = gpu
+        self.node, self.index = gpu.node, gpu.gpu if gpu.gpu is not None else -1
         self.nvl_down: dict[int, float] = {}  # link -> since
         self.ev: deque = deque()
         self.throttle: set[str] = set()
         self.up: bool = True
-        lab = {"node": node, "gpu": str(index)}
-        if leaf:
-            lab["leaf"] = leaf
-        if rail is not None:
-            lab["rail"] = str(rail)
-        if cluster:
-            lab["cluster"] = cluster
-        self.labels = lab
+        self.labels = gpu.labels(cluster)
+
+    def nvlink(self, index: int) -> Component:
+        g = self.id
+        return comp.nvlink(g.node, self.index, index, g.rail, g.leaf)
 
 
 @dataclass
@@ -187,7 +182,7 @@ def evaluate_link(link: LinkState, now: float, w: float, s: DetectionSettings) -
                     f"phys_state {link.phys} ({PHYS_NAMES.get(link.phys or 0, '?')}) since t={since:.0f}"]
             if sums and sums[E_DOWNED][0] > 0:
                 ev_s.append(f"link_downed +{_fmt(sums[E_DOWNED][0])}")
-            out.append(Finding("FabricLinkDown", "link", link.id, lab, ev_s, hold_s=s.state_hold_s))
+            out.append(Finding("FabricLinkDown", link.id, lab, ev_s, hold_s=s.state_hold_s))
     # --- flapping ---
     downs = sums[E_DOWNED] if sums else [0.0] * n
     n_trans = len(link.trans)
@@ -198,13 +193,13 @@ def evaluate_link(link: LinkState, now: float, w: float, s: DetectionSettings) -
     flaps = max(n_trans, int(downed_total))
     if flaps >= s.flap_min_transitions:
         recent = (link.trans and now - link.trans[-1] <= 3 * w) or downs[0] > 0 or downs[1] > 0
-        out.append(Finding("FabricLinkFlapping", "link", link.id, lab,
+        out.append(Finding("FabricLinkFlapping", link.id, lab,
                            [f"{flaps} down transitions in {s.flap_window_s:.0f}s"], fire=bool(recent),
                            keep=bool(recent)))
     if sums is None:
         deg, why = link.is_degraded(s.degraded_rate_ratio)
         if deg and link.degraded_since is not None and now - link.degraded_since >= s.degraded_persist_s:
-            out.append(Finding("FabricLinkDegraded", "link", link.id, lab, [why + " while ACTIVE"],
+            out.append(Finding("FabricLinkDegraded", link.id, lab, [why + " while ACTIVE"],
                                hold_s=s.state_hold_s))
         return out
     # --- errors ---
@@ -225,11 +220,11 @@ def evaluate_link(link: LinkState, now: float, w: float, s: DetectionSettings) -
             if sum(phy[:span]):
                 e.append(f"phy errors +{_fmt(sum(phy[:span]))}")
             e.append(f"errors in {sum(hit[:span])} of last {span} windows")
-            out.append(Finding("FabricLinkErrors", "link", link.id, lab, e, fire=fire, keep=keep))
+            out.append(Finding("FabricLinkErrors", link.id, lab, e, fire=fire, keep=keep))
     # --- degraded ---
     deg, why = link.is_degraded(s.degraded_rate_ratio)
     if deg and link.degraded_since is not None and now - link.degraded_since >= s.degraded_persist_s:
-        out.append(Finding("FabricLinkDegraded", "link", link.id, lab, [why + " while ACTIVE"],
+        out.append(Finding("FabricLinkDegraded", link.id, lab, [why + " while ACTIVE"],
                            hold_s=s.state_hold_s))
     # --- retransmits ---
     rt = sums[E_RETRY]
@@ -237,7 +232,7 @@ def evaluate_link(link: LinkState, now: float, w: float, s: DetectionSettings) -
     if any(rhit[: s.of_windows]):
         fire = _hits(rhit, s.persist_windows, s.of_windows)
         if fire or rhit[0]:
-            out.append(Finding("RDMARetransmits", "link", link.id, lab,
+            out.append(Finding("RDMARetransmits", link.id, lab,
                                [f"transport retries/sequence errors +{_fmt(sum(rt[:s.of_windows]))} "
                                 f"in {s.of_windows * w:g}s ({sum(rhit[:s.of_windows])} of {s.of_windows} windows)"],
                                fire=fire, keep=rhit[0]))
@@ -274,7 +269,7 @@ def evaluate_link(link: LinkState, now: float, w: float, s: DetectionSettings) -
             e = [f"emits PFC pause {r * 100:.0f}% of time on priority {prio}, receives {rx * 100:.0f}%"]
             if sum(storms[: s.of_windows]):
                 e.append(f"pause storm events +{_fmt(sum(storms[:s.of_windows]))}")
-            out.append(Finding("FabricPFCStorm", "link", link.id, lab, e, fire=fire, keep=keepk))
+            out.append(Finding("FabricPFCStorm", link.id, lab, e, fire=fire, keep=keepk))
     return out
 
 
@@ -296,7 +291,7 @@ def congestion_of(link: LinkState, now: float, w: float, s: DetectionSettings) -
         e.append(f"CNP/ECN {_fmt(cnp[0])}/s")
     if max(xw) > 0:
         e.append(f"port_xmit_wait {_fmt(xw[0])} ticks/s")
-    return Finding("FabricCongestion", "link", link.id, link.labels, e, fire=fire, keep=hit[0])
+    return Finding("FabricCongestion", link.id, link.labels, e, fire=fire, keep=hit[0])
 
 
 def evaluate_gpu(g: GpuState, now: float, w: float, s: DetectionSettings) -> list[Finding]:
@@ -307,7 +302,7 @@ def evaluate_gpu(g: GpuState, now: float, w: float, s: DetectionSettings) -> lis
     for link, since in sorted(g.nvl_down.items()):
         if now - since >= s.nvlink_down_persist_s:
             lab = dict(g.labels)
-            out.append(Finding("NVLinkDown", "nvlink", nvlink_id(g.node, g.index, link), lab,
+            out.append(Finding("NVLinkDown", g.nvlink(link), lab,
                                [f"NVLink {link} state 0 since t={since:.0f}"], hold_s=s.state_hold_s))
     if not g.ev:
         return out
@@ -330,13 +325,13 @@ def evaluate_gpu(g: GpuState, now: float, w: float, s: DetectionSettings) -> lis
         hit = [errs[k] >= s.nvlink_errors_min or recs[k] >= s.nvlink_recovery_min for k in range(n)]
         fire = _hits(hit, s.persist_windows, s.of_windows)
         if fire or hit[0]:
-            out.append(Finding("NVLinkErrors", "nvlink", nvlink_id(g.node, g.index, link), dict(g.labels),
+            out.append(Finding("NVLinkErrors", g.nvlink(link), dict(g.labels),
                                [f"NVLink {link} replay/CRC +{_fmt(sum(errs))}, recovery +{_fmt(sum(recs))} "
                                 f"in {n * w:g}s"], fire=fire, keep=hit[0]))
     if xids:
         recent = any(kind == G_XID and now - ts <= 3 * w for ts, kind, _, _ in g.ev)
         e = [f"XID {x} x{_fmt(c)}" for x, c in sorted(xids.items())]
-        out.append(Finding("GPUXidFatal", "gpu", g.id, dict(g.labels), e, fire=True, keep=recent,
+        out.append(Finding("GPUXidFatal", g.id, dict(g.labels), e, fire=True, keep=recent,
                            hold_s=s.xid_hold_s))
     return out
 

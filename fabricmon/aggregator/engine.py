@@ -23,6 +23,7 @@ from collections.abc import Callable
 import structlog
 
 from ..batch import NodeBatch, NodeHello
+from ..components import Component, Kind
 from ..topology import Topology
 from .admission import ClusterClock
 from .agents_down import agents_down
@@ -96,7 +97,7 @@ class Engine:
         self.shard_units = frozenset(shard_units) if shard_units else None
         self.lock = threading.RLock()
         self.nodes: dict[str, NodeState] = {}
-        self.links_by_leaf: dict[str, list[LinkState]] = {}
+        self.links_by_leaf: dict[Component, list[LinkState]] = {}
         self.active_links: set[LinkState] = set()
         self.active_gpus: set[GpuState] = set()
         self.config_nodes: set[str] = set()
@@ -119,7 +120,7 @@ class Engine:
         self.rank_timings_dropped: dict[str, int] = {}
         self._drop_logged: set[tuple[str, str]] = set()
         self.last_tick = None
-        self.suspicion: dict[tuple[str, str], float] = {}
+        self.suspicion: dict[Component, float] = {}
         for name, spec in topology.nodes.items():
             if self.shard_units is not None and spec.unit not in self.shard_units:
                 continue
@@ -147,7 +148,7 @@ class Engine:
             ns.by_device.setdefault(device, link)
             if netdev:
                 ns.by_netdev[netdev] = link
-            if link.leaf:
+            if link.leaf is not None:
                 self.links_by_leaf.setdefault(link.leaf, []).append(link)
         return link
 
@@ -158,12 +159,7 @@ class Engine:
                 idx = int(gpu)
             except ValueError:
                 return None
-            leaf, rail = "", None
-            if ns.name in self.topology.nodes:
-                nic = self.topology.nic_for_gpu(ns.name, idx)
-                if nic is not None:
-                    rail, leaf = nic.rail, self.topology.leaf_of(ns.name, nic.rail)
-            g = ns.gpus[gpu] = GpuState(ns.name, idx, leaf, rail, self.cluster)
+            g = ns.gpus[gpu] = GpuState(self.topology.gpu(ns.name, idx), self.cluster)
         return g
 
     def _owned(self, node: str) -> bool:
@@ -524,14 +520,14 @@ class Engine:
     def _detect(self, now: float) -> tuple[list[Finding], list[Relation]]:
         s = self.settings
         findings: list[Finding] = []
-        foldable: dict[str, list[tuple[LinkState, list[Finding]]]] = {}
-        congested: dict[str, list[tuple[LinkState, Finding]]] = {}
+        foldable: dict[Component, list[tuple[LinkState, list[Finding]]]] = {}
+        congested: dict[Component, list[tuple[LinkState, Finding]]] = {}
         for link in list(self.active_links):
             w = self._window(link.node)
             fs = evaluate_link(link, now, w, s)
             cong = congestion_of(link, now, w, s)
             fold = [f for f in fs if f.alertname in FOLDABLE and (f.fire or f.keep)]
-            if fold and link.leaf:
+            if fold and link.leaf is not None:
                 foldable.setdefault(link.leaf, []).append((link, fold))
                 findings.extend(f for f in fs if f.alertname not in FOLDABLE)
             else:
@@ -541,7 +537,7 @@ class Engine:
             if not link.ev and not link.trans and link.down_since is None and link.degraded_since is None:
                 self.active_links.discard(link)
         # --- cable health: warn before a link flaps; not on top of a link that already alerts ---
-        loud = {f.component for f in findings if f.component_type == "link" and f.fire
+        loud = {f.component for f in findings if f.component.kind is Kind.LINK and f.fire
                 and f.alertname in ("FabricLinkDown", "FabricLinkFlapping", "FabricLinkErrors")}
         findings.extend(self.cable.evaluate(now, loud))
         leaf_findings, relations = self.folder.fold_links(foldable, now)
@@ -582,7 +578,7 @@ class Engine:
                 "samples_total": self.samples_total,
                 "batches_total": self.batches_total,
                 "batches_dropped_total": self.batches_dropped_total,
-                "suspicion": dict(self.suspicion),
+                "suspicion": {(c.type, c.id): p for c, p in self.suspicion.items()},
                 "lateness": self.stragglers.lateness_scores(top=LATENESS_EXPORTED_PER_JOB),
                 "incidents_open": open_counts,
                 "ticks_total": self.ticks_total,

@@ -19,12 +19,19 @@ on the parent).  An incident already open lives by its own evidence alone: it
 is never resolved while that persists and never kept once it is gone, whatever
 its relations (a cable that failed before its leaf keeps its own alert, which
 Alertmanager's leaf inhibition hides while the leaf fires).
+
+Findings and relations name their component by its typed identity (``components.Component``); the
+manager keys incidents by ``(alertname, Component)``.  An ``Incident`` is the outward record: it
+holds the rendered ``component`` id and ``component_type`` strings that Alertmanager, the HTTP API,
+the demo report and the logs read.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+
+from ..components import Component
 
 SEVERITY = {
     "FabricLinkDown": "critical",
@@ -76,8 +83,7 @@ class Finding:
     """What a detector or the correlator saw at one tick."""
 
     alertname: str
-    component_type: str
-    component: str
+    component: Component
     labels: dict[str, str]
     evidence: list[str]
     fire: bool = True
@@ -88,13 +94,20 @@ class Finding:
     description: str = ""
     severity: str = ""
 
+    @property
+    def component_type(self) -> str:
+        return self.component.kind.value
+
+
+Key = tuple[str, Component]  # (alertname, component): one incident at a time
+
 
 @dataclass(frozen=True, slots=True)
 class Relation:
     """``child`` (alertname, component) is evidence of ``parent`` (alertname, component)."""
 
-    child: tuple[str, str]
-    parent: tuple[str, str]
+    child: Key
+    parent: Key
 
 
 @dataclass
@@ -155,8 +168,8 @@ class IncidentManager:
 
     def __init__(self, default_hold_s: float = 15.0, keep_resolved: int = 5000) -> None:
         self.default_hold_s = default_hold_s
-        self._open: dict[tuple[str, str], Incident] = {}
-        self._last_evidence: dict[tuple[str, str], float] = {}
+        self._open: dict[Key, Incident] = {}
+        self._last_evidence: dict[Key, float] = {}
         self._resolved: list[Incident] = []
         self._recurrence: dict[str, int] = {}
         self._keep_resolved = keep_resolved
@@ -164,9 +177,9 @@ class IncidentManager:
     def open_incidents(self) -> list[Incident]:
         return list(self._open.values())
 
-    def open_keys(self) -> frozenset[tuple[str, str, str]]:
-        """(alertname, component_type, component) of every open incident: a read-only view for the correlator."""
-        return frozenset((i.alertname, i.component_type, i.component) for i in self._open.values())
+    def open_keys(self) -> frozenset[Key]:
+        """(alertname, component) of every open incident: a read-only view for the correlator."""
+        return frozenset(self._open)
 
     def all_incidents(self) -> list[Incident]:
         out = list(self._resolved)
@@ -174,14 +187,17 @@ class IncidentManager:
         out.sort(key=lambda i: (i.first_seen, i.id))
         return out
 
-    def get_open(self, alertname: str, component: str) -> Incident | None:
-        return self._open.get((alertname, component))
+    def get_open(self, alertname: str, component: Component | str) -> Incident | None:
+        """The open incident of ``alertname`` on ``component`` (or on the component rendered as that id)."""
+        if isinstance(component, Component):
+            return self._open.get((alertname, component))
+        return next((i for (a, c), i in self._open.items() if a == alertname and c.id == component), None)
 
     def update(self, findings: list[Finding], now: float, relations: list[Relation] | tuple = ()) -> list[Incident]:
         """Apply one tick's findings and relations; returns every incident that changed, and only those."""
         changed: dict[str, Incident] = {}
         parent_of = {r.child: r.parent for r in relations}
-        by_key: dict[tuple[str, str], Finding] = {}
+        by_key: dict[Key, Finding] = {}
         for f in findings:
             by_key.setdefault((f.alertname, f.component), f)
         present = {k for k, f in by_key.items() if f.fire or f.keep}
@@ -211,7 +227,7 @@ class IncidentManager:
         return list(changed.values())
 
     # ------------------------------------------------------------------ internals of update
-    def _absorber(self, key: tuple[str, str], parent_of: dict, present: set) -> tuple[str, str] | None:
+    def _absorber(self, key: Key, parent_of: dict, present: set) -> Key | None:
         """The nearest ancestor open or found this tick: the finding is its evidence."""
         p = parent_of.get(key)
         for _ in range(8):  # relations are shallow (link -> leaf congestion -> leaf); bound a cycle
@@ -222,12 +238,12 @@ class IncidentManager:
             p = parent_of.get(p)
         return None
 
-    def _absorb(self, owner_key: tuple[str, str], f: Finding, changed: dict[str, Incident]) -> None:
+    def _absorb(self, owner_key: Key, f: Finding, changed: dict[str, Incident]) -> None:
         owner = self._open.get(owner_key)
         if owner is None:  # the parent is found this tick but does not fire yet: nothing to attach to
             return
-        if f.component not in owner.absorbed:
-            owner.absorbed.append(f.component)
+        if f.component.id not in owner.absorbed:
+            owner.absorbed.append(f.component.id)
         if f.ranks or f.jobs:
             ranks = sorted(set(owner.ranks) | set(f.ranks))
             jobs = sorted(set(owner.jobs) | set(f.jobs))
@@ -236,7 +252,7 @@ class IncidentManager:
                 owner.version += 1
                 changed[owner.id] = owner
 
-    def _relate(self, inc: Incident, key: tuple[str, str], parent_of: dict) -> None:
+    def _relate(self, inc: Incident, key: Key, parent_of: dict) -> None:
         p = parent_of.get(key)
         parent = self._open.get(p) if p is not None else None
         if parent is not None and inc.related_to != parent.id:
@@ -244,13 +260,13 @@ class IncidentManager:
 
     def _open_incident(self, f: Finding, now: float) -> Incident:
         key = (f.alertname, f.component)
-        base = incident_id(f.alertname, f.component)
+        base = incident_id(f.alertname, f.component.id)
         n = self._recurrence.get(base, 0) + 1
         self._recurrence[base] = n
         inc = Incident(
             id=base if n == 1 else f"{base}-{n}", alertname=f.alertname,
             severity=f.severity or SEVERITY.get(f.alertname, "warning"),
-            component_type=f.component_type, component=f.component, labels=dict(f.labels),
+            component_type=f.component.kind.value, component=f.component.id, labels=dict(f.labels),
             evidence=list(f.evidence), first_seen=now, last_seen=now,
             ranks=sorted(set(f.ranks)), jobs=sorted(set(f.jobs)), description=f.description,
             hold_s=f.hold_s if f.hold_s is not None else self.default_hold_s, version=1,
@@ -261,7 +277,7 @@ class IncidentManager:
 
     def _refresh(self, inc: Incident, f: Finding, now: float) -> bool:
         """Evidence seen again; True when something an alert shows changed."""
-        self._last_evidence[(inc.alertname, inc.component)] = now
+        self._last_evidence[(f.alertname, f.component)] = now
         inc.last_seen = now
         if f.hold_s is not None:
             inc.hold_s = f.hold_s
@@ -284,7 +300,7 @@ class IncidentManager:
             inc.version += 1
         return visible
 
-    def _resolve(self, key: tuple[str, str], now: float) -> None:
+    def _resolve(self, key: Key, now: float) -> None:
         inc = self._open.pop(key)
         self._last_evidence.pop(key, None)
         inc.resolved_at = now
@@ -294,7 +310,7 @@ class IncidentManager:
             del self._resolved[: len(self._resolved) - self._keep_resolved]
 
 
-def _depth(key: tuple[str, str], parent_of: dict) -> int:
+def _depth(key: Key, parent_of: dict) -> int:
     d, p = 0, parent_of.get(key)
     while p is not None and d < 8:
         d += 1
