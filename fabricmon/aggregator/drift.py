@@ -39,9 +39,11 @@ def config_drift(nodes: dict[str, NodeState], config_nodes: set[str], s: Detecti
             continue
         for dev, checks in sorted(bad.items()):
             link = ns.by_device.get(dev)
-            on_nic = comp.config(name, dev) if link is None else comp.config(
-                name, dev, link.rail, link.leaf.id if link.leaf is not None else "")
-            out.append(Finding("FabricConfigDrift", on_nic, on_nic.labels(cluster),
+            on_nic = comp.config(name, dev)
+            lab = on_nic.labels(cluster)
+            if link is not None:  # the alert routes by the NIC's rail and leaf
+                lab.update(link.labels)
+            out.append(Finding("FabricConfigDrift", on_nic, lab,
                                [f"{dev} fails lossless profile checks: {', '.join(checks)}"],
                                hold_s=s.state_hold_s))
     return out
