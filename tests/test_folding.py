@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fabricmon import components
 from fabricmon.aggregator.config import DetectionSettings
-from fabricmon.aggregator.detectors import LinkState
+from fabricmon.aggregator.state import LinkState
 from fabricmon.aggregator.folding import LeafFolder
 from fabricmon.aggregator.incidents import Finding, IncidentManager, Relation
 

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from .. import components as comp
 from .config import DetectionSettings
-from .detectors import NodeState
+from .state import NodeState
 from .incidents import Finding
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import components as comp
 from .config import DetectionSettings
-from .detectors import NodeState
+from .state import NodeState
 from .incidents import Finding
 
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from ..components import Component, Kind
 from .config import DetectionSettings
-from .detectors import LinkState, leaf_fold_threshold
+from .detectors import leaf_fold_threshold
+from .state import LinkState
 from .incidents import Finding, Relation
 
 LEAF = "FabricLeafDegraded"

@@ -89,8 +89,6 @@ def apply_detection(engine: Engine, new: DetectionSettings) -> None:
         engine.settings = new
         engine.stragglers.s = new
         engine.manager.default_hold_s = new.hold_s
-        engine._fatal_xids = frozenset(str(x) for x in new.xid_fatal)
-        engine._config_checks = frozenset(new.config_checks)
 
 
 def reload_aggregator(rt: AggregatorRuntime, old: AggregatorConfig, new: AggregatorConfig) -> list[str]:
