@@ -272,6 +272,9 @@ class ShardSelect:
     unit: int | None = None
     topology: str | None = None
     node_label: NodeLabel | None = None
+    # the replica (its position in ``map``, or its StatefulSet ordinal) that takes nodes missing from
+    # ``topology``: they are monitored there without rail or leaf (DESIGN "Topology from the fabric")
+    unknown_owner: int = 0
 
     def validate(self, path: str, source: str) -> None:
         if (self.map is None) == (self.kubernetes is None):
@@ -283,6 +286,7 @@ class ShardSelect:
             raise ConfigError(f"{source}: {path}: the node's unit is unknown: give unit, topology or node_label")
         if self.unit is not None:
             check_range(self.unit, *UNIT_RANGE, f"{path}.unit", source)
+        check_range(self.unknown_owner, *UNIT_RANGE, f"{path}.unknown_owner", source)
 
 
 @dataclass(frozen=True)

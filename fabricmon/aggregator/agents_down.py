@@ -21,3 +21,22 @@ def agents_down(nodes: Iterable[NodeState], s: DetectionSettings, cluster: str, 
                                 + ("" if ns.connected else ", stream disconnected")],
                                hold_s=0.0))
     return out
+
+
+UNKNOWN_LISTED = 20  # names in the description; the rest as "+K more" (an alert is read on a phone)
+
+
+def unknown_nodes_finding(names: list[str], cluster: str) -> list[Finding]:
+    """One ``FabricmonUnknownNodes`` per cluster while nodes stream that the topology does not know
+    (not one page per node: they usually come from one stale topology file or one naming change)."""
+    if not names:
+        return []
+    lab = {"cluster": cluster} if cluster else {}
+    shown = ", ".join(names[:UNKNOWN_LISTED])
+    more = f" (+{len(names) - UNKNOWN_LISTED} more)" if len(names) > UNKNOWN_LISTED else ""
+    return [Finding("FabricmonUnknownNodes", "config", "topology", lab,
+                    [f"{len(names)} streaming node(s) not in the topology"],
+                    description=f"{len(names)} node(s) stream to the aggregator but are not in its topology: "
+                                f"{shown}{more}. They are monitored at node, NIC, link and GPU level, without "
+                                f"rail or leaf; add them to the topology (fabricmon topology import) or fix the "
+                                f"agents' --node-name.")]

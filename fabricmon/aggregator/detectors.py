@@ -348,8 +348,17 @@ def leaf_fold_threshold(n_links: int, s: DetectionSettings) -> int:
 def build_link_state(topo: Topology, node: str, device: str, port: str, netdev: str,
                      hello_rail: str | None, cluster: str) -> LinkState | None:
     """A LinkState for a rail NIC port; None for a NIC on no rail (frontend)."""
-    spec = topo.nic(node, device) if node in topo.nodes else None
-    unit = topo.nodes[node].unit if node in topo.nodes else None
+    if node not in topo.nodes:
+        # A node the topology does not know (its real hostname, say): still monitored at link level,
+        # but without rail or leaf labels: a rail we cannot place on a leaf would scope Alertmanager's
+        # rail-wide inhibitions to a guess (DESIGN "Topology from the fabric").  ``rail`` is kept off
+        # the labels, not off the state: config drift still knows a rail NIC from a frontend one.
+        rail = int(hello_rail) if hello_rail and hello_rail.isdigit() else None
+        link = LinkState(node, device, str(port), netdev, rail, None, "", -1, None, None, cluster)
+        link.labels.pop("rail", None)
+        return link
+    spec = topo.nic(node, device)
+    unit = topo.nodes[node].unit
     if spec is not None:
         rail = spec.rail
         gpu = spec.gpu

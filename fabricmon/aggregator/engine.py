@@ -25,7 +25,7 @@ import structlog
 from ..batch import NodeBatch, NodeHello
 from ..topology import Topology
 from .admission import ClusterClock
-from .agents_down import agents_down
+from .agents_down import agents_down, unknown_nodes_finding
 from .config import DetectionSettings
 from .cable_health import CableHealth
 from .correlator import correlate
@@ -118,6 +118,8 @@ class Engine:
         self.dropped_by_reason: dict[str, int] = {}
         self.rank_timings_dropped: dict[str, int] = {}
         self._drop_logged: set[tuple[str, str]] = set()
+        self._unknown_warned: set[str] = set()
+        self._first_tick: float | None = None
         self.last_tick = None
         self.suspicion: dict[tuple[str, str], float] = {}
         for name, spec in topology.nodes.items():
@@ -167,16 +169,63 @@ class Engine:
         return g
 
     def _owned(self, node: str) -> bool:
+        """A replica owns its units' nodes, and any node the topology does not know that streams to
+        it: agents that find no unit dial ``shard.unknown_owner``, and one whose Kubernetes label names
+        a unit this topology lacks lands on that unit's owner.  Dropping either would blind it."""
         if self.shard_units is None:
             return True
         spec = self.topology.nodes.get(node)
-        return spec is not None and spec.unit in self.shard_units
+        return spec is None or spec.unit in self.shard_units
+
+    def _note_unknown(self, node: str) -> None:
+        if node in self.topology.nodes or node in self._unknown_warned:
+            return
+        self._unknown_warned.add(node)  # once per node: a reconnecting agent would log every time
+        _log.warning("unknown_node", node=node, cluster=self.cluster,
+                     hint="not in the topology: monitored at node, NIC, link and GPU level without rail or leaf "
+                          "(add it to the topology, or check the agent's --node-name)")
+
+    def nodes_view(self) -> dict:
+        """/api/nodes: every node this replica watches (topology nodes it owns, streaming nodes the
+        topology lacks) and, once the start-up grace has passed, the topology nodes never heard from."""
+        with self.lock:
+            now = self.last_tick if self.last_tick is not None else self.cluster_clock.now()
+            unknown = set(self.unknown_nodes())
+            rows = []
+            for name, ns in sorted(self.nodes.items()):
+                rows.append({"node": name, "in_topology": name in self.topology.nodes, "unit": ns.unit,
+                             "connected": ns.connected, "ever_seen": ns.ever_seen,
+                             "last_seen": ns.last_ts if ns.ever_seen else None, "unknown": name in unknown})
+            never = self._never_connected(now)
+            return {"nodes": rows, "unknown": sorted(unknown), "never_connected": never}
+
+    def _never_connected(self, now: float) -> list[str]:
+        """Topology nodes with no batch and no hello after a grace of max(60 s, 5 intervals) from the first
+        tick: a restart does not list the whole cluster while agents reconnect."""
+        if self._first_tick is None:
+            return []
+        iv = max((ns.interval for ns in self.nodes.values()), default=1.0)
+        if now - self._first_tick < max(60.0, 5 * iv):
+            return []
+        return sorted(n for n, ns in self.nodes.items()
+                      if n in self.topology.nodes and not ns.ever_seen and not ns.connected)
+
+    def unknown_nodes(self) -> list[str]:
+        """Streaming nodes the topology does not know: connected now, or heard from within the
+        agents-down silence (a node that left for good stops counting when it would go down)."""
+        with self.lock:
+            now = self.cluster_clock.now()
+            down_s = self.settings.agent_down_s
+            return sorted(ns.name for ns in self.nodes.values()
+                          if ns.name not in self.topology.nodes
+                          and (ns.connected or (ns.ever_seen and now - ns.last_ts < max(down_s, 5 * ns.interval))))
 
     # ------------------------------------------------------------------ stream API
     def hello(self, hello: NodeHello) -> None:
         if not self._owned(hello.node):
             return
         with self.lock:
+            self._note_unknown(hello.node)
             ns = self._node(hello.node)
             if ns.boot_id and hello.boot_id and hello.boot_id != ns.boot_id:
                 ns.grace_batches = 1  # counters began again: the first deltas are not evidence
@@ -190,6 +239,8 @@ class Engine:
                 if ns.links.get((nic.device, str(nic.port)), _MISSING) is None:
                     del ns.links[(nic.device, str(nic.port))]  # seen in a batch before its hello
                 link = self._link(ns, nic.device, str(nic.port), nic.rail, nic.netdev)
+                if link is not None and link.rail is None and nic.rail.isdigit() and ns.name not in self.topology.nodes:
+                    link.rail = int(nic.rail)  # an unknown node's link seen in a batch before the hello
                 if link is not None and nic.netdev:
                     link.netdev = nic.netdev
                     ns.by_netdev[nic.netdev] = link
@@ -236,6 +287,7 @@ class Engine:
             if ns is None:
                 if not self._owned(batch.node):
                     return False
+                self._note_unknown(batch.node)
                 ns = self._node(batch.node)
             ts = batch.ts
             if batch.seq <= ns.last_seq and ts <= ns.last_ts:
@@ -510,6 +562,8 @@ class Engine:
             self.suspicion = corr.suspicion
             changed = self.manager.update(findings, now, relations)
             self.last_tick = now
+            if self._first_tick is None:
+                self._first_tick = now
             self.ticks_total += 1
         dt = self.clock() - t0
         self.tick_seconds_last = dt
@@ -555,6 +609,7 @@ class Engine:
                 self.active_gpus.discard(g)
         findings.extend(config_drift(self.nodes, self.config_nodes, s, self.cluster, now))
         findings.extend(agents_down(self.nodes.values(), s, self.cluster, now))
+        findings.extend(unknown_nodes_finding(self.unknown_nodes(), self.cluster))
         return findings, relations
 
     # ------------------------------------------------------------------ read access
@@ -579,6 +634,9 @@ class Engine:
                 open_counts[key] = open_counts.get(key, 0) + 1
             return {
                 "agents_connected": sum(1 for ns in self.nodes.values() if ns.connected),
+                "agents_unknown": len(self.unknown_nodes()),
+                "agents_never_connected": len(self._never_connected(
+                    self.last_tick if self.last_tick is not None else self.cluster_clock.now())),
                 "samples_total": self.samples_total,
                 "batches_total": self.batches_total,
                 "batches_dropped_total": self.batches_dropped_total,

@@ -40,6 +40,14 @@ class AggregatorCollector:
         g = GaugeMetricFamily("fabricmon_agents_connected", "Agents with an open stream.")
         g.add_metric([], snap["agents_connected"])
         yield g
+        g = GaugeMetricFamily("fabricmon_agents_unknown",
+                              "Streaming agents whose node is not in the topology (listed at /api/nodes).")
+        g.add_metric([], snap["agents_unknown"])
+        yield g
+        g = GaugeMetricFamily("fabricmon_agents_never_connected",
+                              "Topology nodes never heard from since start, after a grace of max(60 s, 5 intervals).")
+        g.add_metric([], snap["agents_never_connected"])
+        yield g
         c = CounterMetricFamily("fabricmon_ingest_samples", "Deltas, gauges and rank timings ingested.")
         c.add_metric([], snap["samples_total"])
         yield c
@@ -145,7 +153,7 @@ def incident_json(inc) -> dict:
 
 
 class HttpApi(RoutedHTTPServer):
-    """/metrics, /api/incidents (?state=open|all, ?id=...), /healthz, /readyz."""
+    """/metrics, /api/incidents (?state=open|all, ?id=...), /api/nodes, /healthz, /readyz."""
 
     def __init__(self, engine: Engine, listen: tuple[str, int], sender=None,
                  ready=lambda: True, grpc_stats=None, web=None, reload_status=None) -> None:
@@ -155,12 +163,21 @@ class HttpApi(RoutedHTTPServer):
         add_runtime_collectors(self.registry, reload_status)
         self.ready = ready
         super().__init__(listen[0], listen[1], {
-            "/": landing_page("fabricmon aggregator", ["/metrics", "/api/incidents", "/healthz", "/readyz"]),
+            "/": landing_page("fabricmon aggregator",
+                              ["/metrics", "/api/incidents", "/api/nodes", "/healthz", "/readyz"]),
             "/metrics": lambda q: (200, generate_latest(self.registry), CONTENT_TYPE_LATEST),
             "/healthz": lambda q: (200, b"ok\n", TEXT),
             "/readyz": probe(lambda: self.ready(), b"ready\n", b"not ready\n"),
             "/api/incidents": self._incidents,
+            "/api/nodes": self._nodes,
         }, name="aggregator-http", web=web)
+
+    def _nodes(self, q: dict[str, list[str]]) -> tuple[int, bytes, str]:
+        view = self.engine.nodes_view()
+        for row in view["nodes"]:
+            if row["last_seen"] is not None:
+                row["last_seen"] = rfc3339(row["last_seen"])
+        return 200, json.dumps(view, indent=1).encode(), "application/json"
 
     def _incidents(self, q: dict[str, list[str]]) -> tuple[int, bytes, str]:
         state = q.get("state", ["all"])[0]

@@ -44,6 +44,7 @@ SEVERITY = {
     "StageImbalance": "info",
     "FabricmonAgentDown": "warning",
     "FabricCableDegrading": "warning",
+    "FabricmonUnknownNodes": "warning",
 }
 
 SUMMARY = {
@@ -64,6 +65,7 @@ SUMMARY = {
     "StageImbalance": "Pipeline stage imbalance in {component}",
     "FabricmonAgentDown": "fabricmon agent on {component} stopped reporting",
     "FabricCableDegrading": "Cable or optics of {component} predicted to fail (BER trend, lane errors, RX power)",
+    "FabricmonUnknownNodes": "Nodes stream to the aggregator that its {component} does not know",
 }
 
 
