@@ -246,7 +246,7 @@ async def _nodes(a, scn, targets: dict[int, str], shard_of_node: dict[str, int],
     rejects: list[str] = []
     errors: list[str] = []
     stopping = False
-    layouts = (sim.job.layout,) if sim.job is not None else ()
+    layouts = sim.layouts
     reconnects = collections.Counter()
     failed_attempts = collections.Counter()
 

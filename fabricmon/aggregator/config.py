@@ -60,9 +60,11 @@ class DetectionSettings:
     state_hold_s: float = 10.0  # resolve hold for state evidence (link down, degraded, config, NVLink down)
     history_s: float = 120.0  # how long per-component events are kept
     # --- link errors ---
-    link_errors_min: float = 10.0  # symbol + port_rcv (+ other PMA) errors in one window
+    # error counts per window of window_s seconds, i.e. rates: a window widened to the poll interval
+    # needs as many errors per second (a steady 0.3/s never fires at any interval)
+    link_errors_min: float = 10.0  # symbol + port_rcv (+ other PMA) errors per window_s
     link_recovery_min: float = 1.0  # link_error_recovery in one window
-    phy_errors_min: float = 10.0  # rx_crc/pcs/symbol/lane phy errors in one window
+    phy_errors_min: float = 10.0  # rx_crc/pcs/symbol/lane phy errors per window_s
     link_errors_burst: float = 5000.0  # a single window this large raises at once
     # --- link state ---
     flap_window_s: float = 60.0
@@ -81,12 +83,12 @@ class DetectionSettings:
     congestion_of_windows: int = 4
     congestion_leaf_min_ports: int = 3
     # --- RDMA transport ---
-    retries_min: float = 50.0  # transport retry/sequence errors in one window
+    retries_min: float = 50.0  # transport retry/sequence errors per window_s
     # --- config drift ---
     config_checks: tuple[str, ...] = ("pfc", "trust", "ecn_np", "ecn_rp", "mtu")
     config_persist_s: float = 2.0
     # --- GPU / NVLink ---
-    nvlink_errors_min: float = 10.0  # replay + crc in one window
+    nvlink_errors_min: float = 10.0  # replay + crc per window_s
     nvlink_recovery_min: float = 1.0
     nvlink_down_persist_s: float = 0.0
     # The same list as the GPUXidFatal Prometheus rule (tests hold them equal).

@@ -267,8 +267,11 @@ class StragglerTracker:
             overall = float(np.median(meds))
             worst = max(stage_meds, key=stage_meds.get)
             impact = s.straggler_min_impact * job_med_step
+            ring_late = {int(st) for st in np.unique(stage_of[flags_m])}
             for stage in stage_meds:
-                late = stage == worst and stage_meds[stage] - overall >= impact
+                # a stage whose own ranks are comm-late is waiting for one of its rings (a link or leaf:
+                # the correlator's case), not computing more than the others
+                late = stage == worst and stage_meds[stage] - overall >= impact and stage not in ring_late
                 h = ((job.stage_hist.get(stage, 0) << 1) | int(late)) & mask
                 job.stage_hist[stage] = h
                 if late:

@@ -2,8 +2,11 @@
 
 An incident matches a fault when it names the fault's component and was first
 seen while the fault was active (from ``start - slack`` to ``end + slack``).
-Precision counts incidents; recall counts faults that have a component
-(``counter_reset`` has none: anything raised during it is a false positive).
+Precision counts pages (incidents of severity warning or critical: what wakes someone);
+recall counts faults that have a component (``counter_reset`` has none: anything raised
+during it is a false positive).  Info findings (``StageImbalance``, ``SoftwareStraggler``)
+are scored per decoy (DESIGN "Jobs, decoys and cost"): a decoy may raise at most one, and
+never a page; a page on a decoy's component is a ``decoy_page``.
 """
 
 from __future__ import annotations
@@ -20,8 +23,28 @@ class Match:
     alertname_ok: bool
 
 
-def score(faults: list[dict], incidents: list[dict], *, duration: float, slack: float = 30.0) -> dict:
+def is_page(incident: dict) -> bool:
+    return incident.get("severity", "warning") in ("warning", "critical")
+
+
+def decoy_components(decoy: dict) -> tuple[str, ...]:
+    """The component ids a decoy could be mistaken for (its node, its job and stages, its link)."""
+    if decoy.get("job"):
+        return (decoy["job"],)
+    if decoy["kind"] == "background_errors":
+        return (f"{decoy['node']}/mlx5_{decoy['rail']}/1", f"{decoy['node']}/mlx5_{decoy['rail']}", decoy["node"])
+    return (decoy["node"],)
+
+
+def _on(component: str, prefixes: tuple[str, ...]) -> bool:
+    return any(component == p or component.startswith(p + "/") for p in prefixes)
+
+
+def score(faults: list[dict], incidents: list[dict], *, duration: float, slack: float = 30.0,
+          decoys: list[dict] | None = None) -> dict:
     """``faults`` and ``incidents`` carry times in seconds since the scenario started."""
+    info = [i for i in incidents if not is_page(i)]
+    incidents = [i for i in incidents if is_page(i)]
     matches: list[Match] = []
     matched_incidents: set[str] = set()
     detected: set[int] = set()
@@ -45,7 +68,17 @@ def score(faults: list[dict], incidents: list[dict], *, duration: float, slack: 
     for m in matches:
         first_delay[m.fault_index] = min(first_delay.get(m.fault_index, m.delay_s), m.delay_s)
     delays = list(first_delay.values())
+    per_decoy = []
+    for d in decoys or []:
+        on = decoy_components(d)
+        per_decoy.append({"info_ids": sorted(i["id"] for i in info if _on(i["component"], on)),
+                          "page_ids": sorted(i["id"] for i in incidents
+                                             if i["id"] not in matched_incidents and _on(i["component"], on))})
     return {
+        "pages": len(incidents),
+        "decoy_pages": sum(len(d["page_ids"]) for d in per_decoy),
+        "info_findings": len(info),
+        "per_decoy": per_decoy,
         "true_positives": tp,
         "false_positives": fp,
         "faults": len(scored_faults),

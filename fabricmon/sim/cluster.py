@@ -146,6 +146,9 @@ class ClusterState:
             return rate_str(*DOWN_RATE[d.link_layer])
         return rate_str(int(self.lanes[node, dev]), SPEEDS[self.speed[node, dev]])
 
+    def default_offered(self) -> np.ndarray:
+        return self._default_offered()
+
     def _default_offered(self) -> np.ndarray:
         """(nodes, devices) offered bytes/s without a job: fixed share of the nominal line rate."""
         util = np.empty((self.n, NDEV))
@@ -355,6 +358,7 @@ class ClusterState:
         active = [f for f in self.scenario.faults if f.active(t_new) and f.kind != "counter_reset"]
         for f in active:
             self._evidence(f, dt, t_new)
+        self._background_errors(dt, t_new)
         act = np.ones(self.n) if nvlink_activity is None else nvlink_activity
         self._optics(dt, t_new)
         self._nvlink_traffic(np.full((self.n, 1, 1), float(dt)), act if job_running else act * 0, t_new)
@@ -444,6 +448,15 @@ class ClusterState:
                 self.nvl_up[self.index[f.node], f.gpu, f.link] = False
         self.nvl[0] += tx * self.nvl_up  # a down link carries nothing: its counters stay flat
         self.nvl[1] += rx * self.nvl_up
+
+    def _background_errors(self, dt: float, t: float) -> None:
+        """Decoy ``background_errors``: symbol errors at ``rate``/s on a healthy link, forever (many real
+        links show a steady trickle).  Its own random stream, so it changes no other draw."""
+        for k, d in enumerate(self.scenario.decoys):
+            if d.kind != "background_errors" or not d.active(t, math.inf):
+                continue
+            rng = np.random.default_rng([self.scenario.cluster.seed, 7, k, self.tick])
+            self.C[K["pma:symbol_error"], self.index[d.node], d.rail] += int(rng.poisson(d.value("rate") * dt))
 
     def _evidence(self, f: Fault, dt: float, t: float) -> None:
         """Counter evidence of one active fault over dt seconds (per-second rates of the fixture's

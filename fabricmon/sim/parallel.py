@@ -122,6 +122,12 @@ class ParallelTreeCluster:
     def ground_truth(self) -> list[dict]:
         return self.driver.ground_truth()
 
+    def jobs_truth(self) -> list[dict]:
+        return self.driver.jobs_truth()  # the parent steps the same jobs as the workers
+
+    def decoys_truth(self) -> list[dict]:
+        return self.driver.decoys_truth()
+
     def hellos(self) -> list[NodeHello]:
         self._await_started()
         return list(self._hellos)

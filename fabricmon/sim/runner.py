@@ -38,7 +38,8 @@ from ..rank_timing import RankTiming
 from ..topology import Topology, generate_topology
 from .cluster import EPOCH, ClusterState
 from .hw import NRAILS, NGPU
-from .job import JobSpec, SyntheticJob
+from .job import JobSpec
+from .jobs import JobSet
 from .scenario import Scenario
 
 log = structlog.get_logger("fabricmon.sim")
@@ -102,7 +103,8 @@ class SimulatedCluster:
         self.topology: Topology = generate_topology(c.nodes, layout=c.layout, nodes_per_unit=c.nodes_per_unit,
                                                     rails=NRAILS, gpus_per_node=NGPU, cluster="sim")
         self.cluster = ClusterState(scenario, epoch=epoch)
-        self.job = SyntheticJob(self.cluster.names, job, seed=c.seed, epoch=epoch) if job is not None else None
+        # every job of the scenario (one "llm-7b" on every node without ``jobs:``), with its decoys
+        self.jobs = JobSet(scenario, self.cluster, job, epoch=epoch) if job is not None else None
         self.trees: list = []
         self.agents: list = []
         self.http_ports: dict[str, int] = {}
@@ -131,6 +133,11 @@ class SimulatedCluster:
             self.base_dir = str(base_dir)
 
     # ------------------------------------------------------------------ setup
+    @property
+    def layouts(self) -> tuple:
+        """Every job's layout (sent once per connection, as a job's client would)."""
+        return self.jobs.layouts if self.jobs is not None else ()
+
     @property
     def t(self) -> float:
         return self.cluster.t
@@ -198,12 +205,12 @@ class SimulatedCluster:
         st = StepStats(t=t_new)
         t0 = time.perf_counter()
         timings: list[RankTiming] = []
-        if self.job is not None:
+        if self.jobs is not None:
             eff = c.effects(t_new)
-            timings = self.job.advance_to(t_new, eff)
+            timings = self.jobs.advance_to(t_new, eff)
         t1 = time.perf_counter()
-        if self.job is not None:
-            c.advance(self.interval, self.job.rail_bytes_per_second(), self.job.nvlink_activity())
+        if self.jobs is not None:
+            c.advance(self.interval, self.jobs.rail_bytes_per_second(t_new), self.jobs.nvlink_activity(t_new))
         else:
             c.advance(self.interval)
         t2 = time.perf_counter()
@@ -241,8 +248,7 @@ class SimulatedCluster:
         self.on_batch(batch)
 
     def _emit_memory(self, timings: list[RankTiming]) -> int:
-        layouts = (self.job.layout,) if self.job is not None else ()
-        batches = self._builder.build(self._by_node(timings), layouts)
+        batches = self._builder.build(self._by_node(timings), self.layouts)
         for b in batches:
             self._deliver(b)
         return len(batches)
@@ -260,9 +266,9 @@ class SimulatedCluster:
             if self.on_batch is not None or not self.steps:
                 self._seq[i] += 1
                 b = batch_from_snapshot(snap, self._filters[i], self._seq[i], tuple(ranks))
-                if self._seq[i] == 1 and self.job is not None:
+                if self._seq[i] == 1 and self.layouts:
                     b = NodeBatch(b.node, b.seq, b.ts, b.interval_seconds, b.deltas, b.gauges, b.ranks,
-                                  (self.job.layout,))
+                                  self.layouts)
                 self._deliver(b)
         return len(snaps)
 
@@ -322,3 +328,10 @@ class SimulatedCluster:
     # ------------------------------------------------------------------ ground truth
     def ground_truth(self) -> list[dict]:
         return [g.to_dict() for g in self.scenario.ground_truth()]
+
+    def jobs_truth(self) -> list[dict]:
+        """Every job with its completed steps so far (the report's ``jobs``)."""
+        return self.jobs.truth() if self.jobs is not None else []
+
+    def decoys_truth(self) -> list[dict]:
+        return [d.to_dict() for d in self.scenario.decoys]
