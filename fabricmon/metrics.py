@@ -94,7 +94,10 @@ SPECS: dict[str, MetricSpec] = _specs(
      "1 when the host answers but cannot tell the setting (a VF's empty DCB APP table): unknown, not drift.",
      ("device", "interface", "check", "port")),
     # --- NVML (sources/nvml/) ---
-    ("fabricmon_gpu_info", "info", "GPU identity; value 1.", ("gpu", "uuid", "name", "pci_bus_id")),
+    ("fabricmon_gpu_info", "info",
+     "GPU identity; value 1.  nvlink_counters: the path its NVLink error counters are read through "
+     "(count_fields on NVLink5, legacy before, none, unknown, no_links).",
+     ("gpu", "uuid", "name", "pci_bus_id", "nvlink_counters")),
     ("fabricmon_gpu_up", "gauge", "1 while NVML answers for the GPU.", ("gpu",)),
     ("fabricmon_gpu_utilization_ratio", "gauge", "GPU compute utilization (0-1).", ("gpu",)),
     ("fabricmon_gpu_throttle_reason", "gauge", "1 when the clock-throttle reason is active.", ("gpu", "reason")),
@@ -105,7 +108,13 @@ SPECS: dict[str, MetricSpec] = _specs(
     ("fabricmon_nvlink_remote_info", "info", "PCI bus id at the far end of the NVLink; value 1.", ("gpu", "link", "remote_pci_bus_id")),
     ("fabricmon_nvlink_transmit_bytes_total", "counter", "NVLink data bytes transmitted.", ("gpu", "link")),
     ("fabricmon_nvlink_receive_bytes_total", "counter", "NVLink data bytes received.", ("gpu", "link")),
-    ("fabricmon_nvlink_errors_total", "counter", "NVLink errors by type (replay, recovery, crc_flit, crc_data).", ("gpu", "link", "type")),
+    ("fabricmon_nvlink_errors_total", "counter",
+     "NVLink errors by type: replay, recovery, crc_flit, crc_data (legacy path); recovery, recovery_failed, rx_errors, "
+     "rx_malformed, rx_buffer_overrun, local_link_integrity, effective, symbol (NVLink5 COUNT fields).",
+     ("gpu", "link", "type")),
+    ("fabricmon_nvlink_nvml_path", "gauge",
+     "1 for the NVML path a GPU's NVLink counters (traffic, errors) are read through: throughput_fields, count_fields, "
+     "legacy; none when NVML supports neither (unmonitored); all 0 while not yet known.", ("gpu", "counters", "path")),
     # --- host (sources/host.py) ---
     ("fabricmon_host_cpu_utilization_ratio", "gauge", "Host CPU utilization (0-1) since the previous poll.", ()),
     ("fabricmon_host_load1", "gauge", "1-minute load average.", ()),
