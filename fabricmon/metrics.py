@@ -138,6 +138,17 @@ SPECS: dict[str, MetricSpec] = _specs(
     ("fabricmon_nccl_dropped_records_total", "counter",
      "Inspector records overwritten before a dump (v4.3 dump_stats *_dropped_total), by kind (coll, p2p).",
      ("rank", "comm", "kind")),
+    ("fabricmon_nccl_window_bus_bandwidth_bytes_per_second", "gauge",
+     "NCCL Inspector Prometheus mode (NCCL 2.30): geometric-mean bus bandwidth of the last dump window (>= 30 s), "
+     "its message-size and algorithm buckets folded; collective is the NCCL function (Send/Recv for p2p). "
+     "No counts: not for straggler timing.", ("uuid", "comm_name", "collective")),
+    ("fabricmon_nccl_window_age_seconds", "gauge",
+     "Seconds since NCCL Inspector last rewrote the GPU's prom-mode window (an idle or stalled rank stops rewriting).",
+     ("uuid",)),
+    ("fabricmon_nccl_window_ranks", "gauge",
+     "Prom mode: GPUs of this node in the communicator, expected (nranks / n_nodes when even) and reporting a "
+     "fresh window; fewer reporting than expected means ranks missing from Inspector's output.",
+     ("comm_name", "nranks", "state")),
     ("fabricmon_nccl_comm_info", "info", "NCCL communicator name (header comm_name, NCCL 2.30+); value 1.", ("rank", "comm", "comm_name")),
     ("fabricmon_rank_step_seconds", "gauge", "Last reported step time per rank.", ("hpc_job", "rank")),
     ("fabricmon_rank_comm_seconds", "gauge", "Last reported communication time per rank.", ("hpc_job", "rank")),
@@ -145,6 +156,9 @@ SPECS: dict[str, MetricSpec] = _specs(
     ("fabricmon_intake_lines_total", "counter", "Rank-timing lines and NCCL Inspector records read, by result and reason.",
      ("source", "result", "reason")),
     ("fabricmon_intake_series", "gauge", "Series the intake source holds.", ("source",)),
+    ("fabricmon_intake_files", "gauge",
+     "Files in the NCCL Inspector dump directory by kind: json (tailed), prom (read per window), "
+     "skipped (.tmp, .gz, .parquet, a .prom NCCL did not name: not read).", ("source", "kind")),
     ("fabricmon_intake_series_dropped_total", "counter", "Series refused at the limit, expired, or timings dropped unsent.",
      ("source", "reason")),
     ("fabricmon_intake_connections_closed_total", "counter", "Rank intake connections closed at the limit or timeout.",
