@@ -14,11 +14,15 @@ import shutil
 from pathlib import Path
 
 import pytest
+from realformat import fixture
 
-from fabricmon.agent.nccl_inspector import PROM_MAX_AGE_S, PROM_MAX_BYTES, NcclInspectorSource
+from fabricmon.agent.nccl_inspector import (
+    PROM_MAX_AGE_S,
+    PROM_MAX_BYTES,
+    NcclInspectorSource,
+)
 from fabricmon.agent.nccl_prom import parse_prom_line, uuid_of_file
 from fabricmon.agent.nccl_records import NcclRecordError
-from realformat import fixture
 
 T0 = 1_764_000_000.0
 README_FILE = "nccl_inspector_metrics_6f1c2a9e-3b7d-4c58-9e21-0a4d7b3c8e15.prom"

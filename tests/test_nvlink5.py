@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pynvml
 import pytest
+from test_nvlink import StubPynvml, no_inventory, series, source_status, val
 
 from fabricmon.agent.poller import Poller
 from fabricmon.sources.nvml.backend import NVLINK5_ERROR_TYPES
 from fabricmon.sources.nvml.backend_fake import FakeNvmlBackend
 from fabricmon.sources.nvml.backend_pynvml import PynvmlBackend
 from fabricmon.sources.nvml.source import NvmlSource
-from test_nvlink import StubPynvml, no_inventory, series, source_status, val
 
 _NS = pynvml.NVML_ERROR_NOT_SUPPORTED
 _COUNT_FIELDS = {getattr(pynvml, n): n for n in dir(pynvml) if n.startswith("NVML_FI_DEV_NVLINK_COUNT_")}
@@ -62,7 +62,7 @@ class GenerationStub(StubPynvml):
     def count_value(gpu: int, link: int, fid: int) -> int:
         return 1_000 * (fid - 200) + 10 * link + gpu
 
-    def nvmlDeviceGetFieldValues(self, h: int, field_ids: list) -> list:  # noqa: N802
+    def nvmlDeviceGetFieldValues(self, h: int, field_ids: list) -> list:
         out = super().nvmlDeviceGetFieldValues(h, field_ids)
         gpu = h - 0x1000
         mode = self.modes[gpu]
@@ -80,13 +80,11 @@ class GenerationStub(StubPynvml):
                     fv.value.ullVal = self.count_value(gpu, link, fid)
                 else:
                     fv.nvmlReturn = _NS
-            elif fid in _TPUT and mode in ("blackwell_no_tput", "none"):
-                fv.nvmlReturn = _NS
-            elif legacy_err and mode != "hopper":
+            elif fid in _TPUT and mode in ("blackwell_no_tput", "none") or legacy_err and mode != "hopper":
                 fv.nvmlReturn = _NS
         return out
 
-    def nvmlDeviceGetNvLinkErrorCounter(self, h: int, link: int, counter: int) -> int:  # noqa: N802
+    def nvmlDeviceGetNvLinkErrorCounter(self, h: int, link: int, counter: int) -> int:
         if self.modes[h - 0x1000] != "hopper":
             self._count("nvmlDeviceGetNvLinkErrorCounter")
             raise pynvml.NVMLError(_NS)
@@ -173,7 +171,7 @@ def test_blackwell_without_throughput_fields_counts_bytes_not_kib() -> None:
 
 def test_gpu_supporting_neither_path_says_so() -> None:
     nv = GenerationStub(["none"])
-    first, snap, counter_calls = poll_twice(nv)
+    _, snap, counter_calls = poll_twice(nv)
     ser = series(snap)
     st = source_status(snap)
     assert st.up and st.errors_total == 0  # NOT_SUPPORTED is not an error, but it is not silent:

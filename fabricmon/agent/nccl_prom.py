@@ -26,11 +26,18 @@ import re
 from dataclasses import dataclass
 
 from .nccl_records import (
-    MAX_BUSBW_GBS, MAX_COMM_NAME, MAX_EXEC_US, MAX_LINE, MAX_NAME, P2P_DIRECTIONS, NcclRecordError, check_name,
+    MAX_BUSBW_GBS,
+    MAX_COMM_NAME,
+    MAX_EXEC_US,
+    MAX_LINE,
+    MAX_NAME,
+    P2P_DIRECTIONS,
+    NcclRecordError,
+    check_name,
     check_rank,
 )
 
-__all__ = ["PromSample", "parse_prom_line", "uuid_of_file", "PROM_FILE_PREFIX"]
+__all__ = ["PROM_FILE_PREFIX", "PromSample", "parse_prom_line", "uuid_of_file"]
 
 PROM_FILE_PREFIX = "nccl_inspector_metrics_"
 # metric name -> (measure, kind); the label that names the operation is "collective" or "p2p_operation"

@@ -13,8 +13,17 @@ from ..bounds import RejectCounts, screen_readings
 from ..errorlog import ErrorLog
 from ..inventory import Inventory
 from .backend import (
-    ALL_NVLINK_ERROR_TYPES, ERROR_PATHS, NO_PATH, NVLINK_ERROR_TYPES, THROTTLE_REASONS, TRAFFIC_PATHS, GpuLost,
-    GpuReading, NvmlBackend, NvmlError, NvmlLibraryMissing,
+    ALL_NVLINK_ERROR_TYPES,
+    ERROR_PATHS,
+    NO_PATH,
+    NVLINK_ERROR_TYPES,
+    THROTTLE_REASONS,
+    TRAFFIC_PATHS,
+    GpuLost,
+    GpuReading,
+    NvmlBackend,
+    NvmlError,
+    NvmlLibraryMissing,
 )
 from .backend_fake import FakeNvmlBackend
 from .backend_pynvml import PynvmlBackend
@@ -102,8 +111,8 @@ def _gpu_readings(g: GpuReading, labels: _GpuLabels | None = None, memo: Reading
         # whose counters NVML does not support says so (path="none") instead of going silent.
         for group, paths in labels.paths:
             live = g.traffic_path if group == "traffic" else g.errors_path
-            for path, lab in paths:
-                add(mk("fabricmon_nvlink_nvml_path", lab, 1.0 if path == live else 0.0))
+            for path, plab in paths:
+                add(mk("fabricmon_nvlink_nvml_path", plab, 1.0 if path == live else 0.0))
     link_labels = labels.link
     for j, lk in enumerate(g.links):
         ll, errs = link_labels(j)
@@ -127,10 +136,10 @@ def _gpu_readings(g: GpuReading, labels: _GpuLabels | None = None, memo: Reading
                 add(mk("fabricmon_nvlink_errors_total", lab, value, _MONO, 64, grp))
         if lk.nvlink5_errors:
             n5 = lk.nvlink5_errors
-            for etype, lab in errs:
-                value = n5.get(etype)
-                if value is not None:
-                    add(mk("fabricmon_nvlink_errors_total", lab, value, _MONO, 64, grp))
+            for etype, elab in errs:
+                n5v = n5.get(etype)
+                if n5v is not None:
+                    add(mk("fabricmon_nvlink_errors_total", elab, n5v, _MONO, 64, grp))
     return out
 
 
