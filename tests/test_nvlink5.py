@@ -275,3 +275,28 @@ def test_fake_file_refuses_impossible_paths(tmp_path: Path, bad: object) -> None
     be.begin_poll()
     g = be.read_gpu(0)
     assert g.rejected == ["malformed"] and "nvlink_counters" in g.problems[0]
+
+
+def test_capture_of_a_blackwell_replays_through_the_fake_file(tmp_path: Path) -> None:
+    """`fabricmon agent --once --capture` writes NVML readings as a fake-NVML file (collect.gpu_document):
+    the NVLink5 paths and counters must come back the same from it."""
+    from fabricmon.collect import gpu_document
+
+    nv = GenerationStub(["blackwell_no_tput", "hopper", "none"], links=3)
+    be = PynvmlBackend(module=nv)
+    be.init()
+    be.begin_poll()
+    real = [be.read_gpu(i) for i in range(3)]
+    be.shutdown()
+    path = tmp_path / "nvml.json"
+    path.write_text(json.dumps({"gpus": [gpu_document(g) for g in real]}))
+    fake = FakeNvmlBackend(path)
+    fake.init()
+    fake.begin_poll()
+    for g in real:
+        f = fake.read_gpu(g.index)
+        assert (f.traffic_path, f.errors_path) == (g.traffic_path, g.errors_path)
+        for a, b in zip(f.links, g.links):
+            assert (a.tx_kib, a.tx_bytes, a.rx_bytes, a.replay, a.crc_flit, a.nvlink5_errors) == \
+                (b.tx_kib, b.tx_bytes, b.rx_bytes, b.replay, b.crc_flit, b.nvlink5_errors)
+    assert real[0].links[2].nvlink5_errors["symbol"] > 0 and real[0].links[2].tx_bytes > 0
