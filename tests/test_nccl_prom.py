@@ -193,3 +193,29 @@ def test_parse_prom_line_pure() -> None:
     assert info.value.reason == "bad_string"
     assert uuid_of_file(README_FILE) == README_UUID
     assert uuid_of_file("nccl_inspector_metrics_../../etc.prom") is None
+
+
+def test_exposition_passes_promtool(tmp_path: Path) -> None:
+    import subprocess
+
+    from fabricmon.agent.exporter import exposition
+    from fabricmon.agent.poller import Poller
+    from fabricmon.sources.inventory import Inventory
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (CI installs the Debian package prometheus)")
+    d = Dir(tmp_path / "dump")
+    d.path.mkdir()
+    d.write(README_FILE, coll_line(100.0) + coll_line(5.0, coll="Send", metric="nccl_p2p_bus_bandwidth_gbs")
+            .replace("collective=", "p2p_operation="))
+    poller = Poller("node-000", [d.src], lambda: Inventory(sysfs_root=""))
+    try:
+        text = exposition(poller.poll_once())
+    finally:
+        poller.close()
+    proc = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
+    for name in (b"fabricmon_nccl_window_bus_bandwidth_bytes_per_second{", b"fabricmon_nccl_window_ranks{",
+                 b"fabricmon_nccl_window_age_seconds{", b'fabricmon_intake_files{kind="prom"'):
+        assert name in text
