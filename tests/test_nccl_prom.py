@@ -219,3 +219,13 @@ def test_exposition_passes_promtool(tmp_path: Path) -> None:
     for name in (b"fabricmon_nccl_window_bus_bandwidth_bytes_per_second{", b"fabricmon_nccl_window_ranks{",
                  b"fabricmon_nccl_window_age_seconds{", b'fabricmon_intake_files{kind="prom"'):
         assert name in text
+
+
+def test_prom_files_share_the_poll_byte_budget(tmp_path: Path) -> None:
+    d = Dir(tmp_path)
+    d.src = NcclInspectorSource(str(tmp_path), wall_clock=lambda: d.now, timeout=5.0, max_bytes_per_poll=1)
+    uuids = ["6f1c2a9e-3b7d-4c58-9e21-0a4d7b3c8e1" + str(i) for i in range(3)]
+    for u in uuids:
+        d.write(f"nccl_inspector_metrics_{u}.prom", coll_line(100.0))
+    reads = [lines_total(d.poll(), "accepted", "ok") for _ in range(4)]
+    assert reads == [1, 2, 3, 3]  # one file per poll, the rest on the next ones, none twice

@@ -262,7 +262,8 @@ class NcclInspectorSource:
             kinds[kind] += 1
             if kind == "prom":
                 prom_seen.add(key)
-                self._read_prom(path, st, key, errors)
+                if budget > 0 and time.monotonic() <= deadline:  # else next poll: its stamp is unchanged
+                    budget -= self._read_prom(path, st, key, errors)
                 continue
             if kind != "json":
                 continue
@@ -355,23 +356,24 @@ class NcclInspectorSource:
 
     # ------------------------------------------------------------ prom mode
 
-    def _read_prom(self, path: str, st: os.stat_result, key: tuple[int, int], errors: list[str]) -> None:
-        """Read one prom-mode file when it holds a new, settled window; the window replaces the last."""
+    def _read_prom(self, path: str, st: os.stat_result, key: tuple[int, int], errors: list[str]) -> int:
+        """Read one prom-mode file when it holds a new, settled window; the window replaces the last.
+        Returns the bytes read (the poll's byte budget covers these files too)."""
         pf = self._prom.get(key)
         if pf is None:
             pf = self._prom[key] = _PromFile(uuid_of_file(os.path.basename(path)) or "")
         stamp = (st.st_mtime_ns, st.st_size)
         if stamp == pf.stamp or self._wall() - st.st_mtime < PROM_SETTLE_S:
-            return  # the same window (NCCL leaves an idle GPU's file alone), or one still being written
+            return 0  # the same window (NCCL leaves an idle GPU's file alone), or one still being written
         try:
             data = read_bounded(path, PROM_MAX_BYTES, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
         except Rejected as exc:
             pf.stamp = stamp
             self._reject("too_long", str(exc), errors, path)
-            return
+            return PROM_MAX_BYTES
         except OSError as exc:
             errors.append(f"{path}: {exc.strerror or exc}")
-            return
+            return 0
         samples: list[PromSample] = []
         for line in data.split(b"\n"):
             try:
@@ -398,6 +400,7 @@ class NcclInspectorSource:
         # NCCL's own mean within a bucket is geometric; across buckets (message sizes, algorithms,
         # which it gives no counts for) each bucket is one vote.
         pf.bandwidth = {g: math.exp(sum(v) / len(v)) * 1e9 for g, v in logs.items()}
+        return len(data)
 
     def _prom_readings(self) -> list[Reading]:
         out: list[Reading] = []
