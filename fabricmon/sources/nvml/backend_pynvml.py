@@ -46,8 +46,10 @@ def _handle_key(handle: Any) -> Any:
         return handle
 
 
-# NVLink counter field ids by path, as pynvml (nvidia-ml-py) names them; every one is asked with
-# scopeId = link (nvml.h: "Link ID needs to be specified in the scopeId field in nvmlFieldValue_t").
+# NVLink counter field ids by path, as pynvml (nvidia-ml-py 13.615) names them; every one is asked
+# with scopeId = link (nvml.h, NVML API 13 as NVIDIA/go-nvml gen/nvml/nvml.h carries it: "Link ID
+# needs to be specified in the scopeId field in nvmlFieldValue_t"; it also marks the DL replay,
+# recovery and CRC counters "unsupported for Blackwell+. Please use NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_*").
 # Units from nvml.h: THROUGHPUT_DATA_* count KiB of data payload ("NVLink TX Data throughput in KiB",
 # the counters `nvidia-smi nvlink -gt d` shows); COUNT_XMIT/RCV_BYTES count bytes ("Total Tx bytes on
 # the link in NVLink5"); the COUNT error fields count packets or events.  All unsigned long long.
@@ -56,8 +58,10 @@ _TRAFFIC_FIELDS: dict[str, tuple[str, str]] = {  # path -> (tx, rx)
     "count_fields": ("NVML_FI_DEV_NVLINK_COUNT_XMIT_BYTES", "NVML_FI_DEV_NVLINK_COUNT_RCV_BYTES"),
 }
 # NVLINK5_ERROR_TYPES -> field (ids 206-221): the link-health subset NVIDIA's DCGM reads for NVLink5
-# (DCGM_FI_DEV_NVLINK_RECOVERY_*, RX_PACKET_MALFORMED, RX_PACKET_DROPPED, INTEGRITY_ERROR, RX_ERROR),
-# plus the symbol and effective error counts behind its NVLink5 BER fields.
+# (DCGM_FI_DEV_NVLINK_RECOVERY_*, RX_PACKET_MALFORMED, RX_PACKET_DROPPED, INTEGRITY_ERROR, RX_ERROR;
+# NVIDIA/DCGM dcgmlib/src/DcgmCMUtils.cpp NvmlFieldRequiresNvLinkAggregate lists the COUNT fields),
+# plus the symbol and effective error counts behind its NVLink5 BER fields.  Not read: packet
+# counts (traffic is in bytes), the deprecated VL15/RAW_BER ids, the BER encodings, FEC histograms.
 _NVLINK5_ERROR_FIELDS: dict[str, str] = {
     "recovery": "NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS",
     "recovery_failed": "NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS",
