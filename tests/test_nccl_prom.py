@@ -16,11 +16,7 @@ from pathlib import Path
 import pytest
 from realformat import fixture
 
-from fabricmon.agent.nccl_inspector import (
-    PROM_MAX_AGE_S,
-    PROM_MAX_BYTES,
-    NcclInspectorSource,
-)
+from fabricmon.agent.nccl_inspector import PROM_MAX_AGE_S, PROM_MAX_BYTES, NcclInspectorSource
 from fabricmon.agent.nccl_prom import parse_prom_line, uuid_of_file
 from fabricmon.agent.nccl_records import NcclRecordError
 
