@@ -50,7 +50,9 @@ class GenerationStub(StubPynvml):
     * ``blackwell``: COUNT fields answer, throughput fields too; legacy error ids and calls NOT_SUPPORTED;
     * ``blackwell_no_tput``: as blackwell, but the throughput fields NOT_SUPPORTED too (traffic from
       COUNT_XMIT/RCV_BYTES, in bytes);
-    * ``none``: every NVLink counter NOT_SUPPORTED on both paths (link count and state still answer).
+    * ``none``: every NVLink counter NOT_SUPPORTED on both paths (link count and state still answer);
+    * ``hopper_old_driver``: a Hopper whose driver predates the COUNT field ids (NVML_FI_MAX 173 in
+      R535's nvml.h): those answer INVALID_ARGUMENT, the legacy path works.
     """
 
     def __init__(self, modes: list[str], links: int = 18) -> None:
@@ -78,14 +80,17 @@ class GenerationStub(StubPynvml):
                     fv.nvmlReturn = pynvml.NVML_SUCCESS
                     fv.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
                     fv.value.ullVal = self.count_value(gpu, link, fid)
+                elif mode == "hopper_old_driver":
+                    fv.nvmlReturn = pynvml.NVML_ERROR_INVALID_ARGUMENT
                 else:
                     fv.nvmlReturn = _NS
-            elif fid in _TPUT and mode in ("blackwell_no_tput", "none") or legacy_err and mode != "hopper":
+            elif (fid in _TPUT and mode in ("blackwell_no_tput", "none")) or (
+                    legacy_err and not mode.startswith("hopper")):
                 fv.nvmlReturn = _NS
         return out
 
     def nvmlDeviceGetNvLinkErrorCounter(self, h: int, link: int, counter: int) -> int:
-        if self.modes[h - 0x1000] != "hopper":
+        if not self.modes[h - 0x1000].startswith("hopper"):
             self._count("nvmlDeviceGetNvLinkErrorCounter")
             raise pynvml.NVMLError(_NS)
         return super().nvmlDeviceGetNvLinkErrorCounter(h, link, counter)
@@ -205,6 +210,20 @@ def test_mixed_node_each_gpu_on_its_own_path() -> None:
     assert ("13", "replay") not in blackwell
     # Only the Hopper makes per-link legacy calls: links 12, 13 x replay, recovery, crc_flit.
     assert counter_calls == 2 * 3
+
+
+def test_driver_older_than_the_count_fields_stays_on_the_legacy_path() -> None:
+    nv = GenerationStub(["hopper_old_driver"])
+    first, snap, counter_calls = poll_twice(nv)
+    for s in (first, snap):
+        assert source_status(s).errors_total == 0, source_status(s).last_messages  # no error every poll
+    ser = series(snap)
+    assert info_label(ser, "0") == "legacy" and path_of(ser, "0", "traffic") == ["throughput_fields"]
+    errs = link_series(ser, "fabricmon_nvlink_errors_total", "0")
+    assert errs[("17", "replay")] == StubPynvml.err_value(0, 17, "REPLAY")  # links 12-17: the per-link calls
+    assert counter_calls == 6 * 3
+    fids = {f[0] if isinstance(f, tuple) else f for f in nv.field_calls[0][1]}
+    assert not fids & set(_COUNT_FIELDS)  # unknown to this driver: not asked again
 
 
 def test_transient_error_leaves_the_path_unknown_then_decides() -> None:
