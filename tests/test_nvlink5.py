@@ -51,8 +51,8 @@ class GenerationStub(StubPynvml):
     * ``blackwell_no_tput``: as blackwell, but the throughput fields NOT_SUPPORTED too (traffic from
       COUNT_XMIT/RCV_BYTES, in bytes);
     * ``none``: every NVLink counter NOT_SUPPORTED on both paths (link count and state still answer);
-    * ``hopper_old_driver``: a Hopper whose driver predates the COUNT field ids (NVML_FI_MAX 173 in
-      R535's nvml.h): those answer INVALID_ARGUMENT, the legacy path works.
+    * ``hopper_old_driver``: a Hopper whose driver predates the COUNT field ids (an nvml.h ending at
+      NVML_FI_MAX 173): those answer INVALID_ARGUMENT, the legacy path works.
     """
 
     def __init__(self, modes: list[str], links: int = 18) -> None:

@@ -404,9 +404,10 @@ class PynvmlBackend:
                         # ids): try the per-link call; it may be unsupported too.
                         st.counter_calls.add((meaning[2], meaning[3]))
                     elif ret in (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_INVALID_ARGUMENT):
-                        # INVALID_ARGUMENT: a driver older than the field id (its NVML_FI_MAX is
-                        # below it, e.g. 173 or 200 before the NVLink5 COUNT ids 201+) does not know
-                        # it; for the verdict that is "not supported here", not a failure.
+                        # INVALID_ARGUMENT: a driver older than the field id (its nvml.h ends at
+                        # NVML_FI_MAX 173 or 200, before the NVLink5 COUNT ids 201+) cannot know it;
+                        # for the verdict that is "not supported here", not a failure.  (Which of
+                        # the two codes such a driver gives is not documented: both are taken.)
                         if t is not None:
                             t.not_supported += 1
                     else:
