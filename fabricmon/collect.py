@@ -320,9 +320,18 @@ def gpu_document(g) -> dict:
     ecc = {k: v for k, v in (("corrected", g.ecc_corrected), ("uncorrected", g.ecc_uncorrected)) if v is not None}
     if ecc:
         doc["ecc"] = ecc
+    # The NVML paths of a Blackwell (or a GPU without counters), so the fake backend reads the same
+    # keys back; a Hopper's default needs no key.  A path not yet decided is the one that gave values.
+    traffic = g.traffic_path or ("count_fields" if any(lk.tx_bytes is not None for lk in g.links)
+                                 else "throughput_fields")
+    errors = g.errors_path or ("count_fields" if any(lk.nvlink5_errors for lk in g.links) else "legacy")
+    if g.links and (traffic, errors) != ("throughput_fields", "legacy"):
+        doc["nvlink_counters"] = {"traffic": traffic, "errors": errors}
     doc["links"] = [{k: v for k, v in (("state", 1 if lk.state else 0), ("tx_kib", lk.tx_kib), ("rx_kib", lk.rx_kib),
+                                       ("tx_bytes", lk.tx_bytes), ("rx_bytes", lk.rx_bytes),
                                        ("replay", lk.replay), ("recovery", lk.recovery), ("crc_flit", lk.crc_flit),
-                                       ("crc_data", lk.crc_data), ("remote_pci_bus_id", lk.remote_pci_bus_id))
+                                       ("crc_data", lk.crc_data), ("remote_pci_bus_id", lk.remote_pci_bus_id),
+                                       *sorted(lk.nvlink5_errors.items()))
                      if v is not None} for lk in g.links]
     return doc
 

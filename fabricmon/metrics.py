@@ -94,7 +94,10 @@ SPECS: dict[str, MetricSpec] = _specs(
      "1 when the host answers but cannot tell the setting (a VF's empty DCB APP table): unknown, not drift.",
      ("device", "interface", "check", "port")),
     # --- NVML (sources/nvml/) ---
-    ("fabricmon_gpu_info", "info", "GPU identity; value 1.", ("gpu", "uuid", "name", "pci_bus_id")),
+    ("fabricmon_gpu_info", "info",
+     "GPU identity; value 1.  nvlink_counters: the path its NVLink error counters are read through "
+     "(count_fields on NVLink5, legacy before, none, unknown, no_links).",
+     ("gpu", "uuid", "name", "pci_bus_id", "nvlink_counters")),
     ("fabricmon_gpu_up", "gauge", "1 while NVML answers for the GPU.", ("gpu",)),
     ("fabricmon_gpu_utilization_ratio", "gauge", "GPU compute utilization (0-1).", ("gpu",)),
     ("fabricmon_gpu_throttle_reason", "gauge", "1 when the clock-throttle reason is active.", ("gpu", "reason")),
@@ -105,7 +108,13 @@ SPECS: dict[str, MetricSpec] = _specs(
     ("fabricmon_nvlink_remote_info", "info", "PCI bus id at the far end of the NVLink; value 1.", ("gpu", "link", "remote_pci_bus_id")),
     ("fabricmon_nvlink_transmit_bytes_total", "counter", "NVLink data bytes transmitted.", ("gpu", "link")),
     ("fabricmon_nvlink_receive_bytes_total", "counter", "NVLink data bytes received.", ("gpu", "link")),
-    ("fabricmon_nvlink_errors_total", "counter", "NVLink errors by type (replay, recovery, crc_flit, crc_data).", ("gpu", "link", "type")),
+    ("fabricmon_nvlink_errors_total", "counter",
+     "NVLink errors by type: replay, recovery, crc_flit, crc_data (legacy path); recovery, recovery_failed, rx_errors, "
+     "rx_malformed, rx_buffer_overrun, local_link_integrity, effective, symbol (NVLink5 COUNT fields).",
+     ("gpu", "link", "type")),
+    ("fabricmon_nvlink_nvml_path", "gauge",
+     "1 for the NVML path a GPU's NVLink counters (traffic, errors) are read through: throughput_fields, count_fields, "
+     "legacy; none when NVML supports neither (unmonitored); all 0 while not yet known.", ("gpu", "counters", "path")),
     # --- host (sources/host.py) ---
     ("fabricmon_host_cpu_utilization_ratio", "gauge", "Host CPU utilization (0-1) since the previous poll.", ()),
     ("fabricmon_host_load1", "gauge", "1-minute load average.", ()),
@@ -129,6 +138,17 @@ SPECS: dict[str, MetricSpec] = _specs(
     ("fabricmon_nccl_dropped_records_total", "counter",
      "Inspector records overwritten before a dump (v4.3 dump_stats *_dropped_total), by kind (coll, p2p).",
      ("rank", "comm", "kind")),
+    ("fabricmon_nccl_window_bus_bandwidth_bytes_per_second", "gauge",
+     "NCCL Inspector Prometheus mode (NCCL 2.30): geometric-mean bus bandwidth of the last dump window (>= 30 s), "
+     "its message-size and algorithm buckets folded; collective is the NCCL function (Send/Recv for p2p). "
+     "No counts: not for straggler timing.", ("uuid", "comm_name", "collective")),
+    ("fabricmon_nccl_window_age_seconds", "gauge",
+     "Seconds since NCCL Inspector last rewrote the GPU's prom-mode window (an idle or stalled rank stops rewriting).",
+     ("uuid",)),
+    ("fabricmon_nccl_window_ranks", "gauge",
+     "Prom mode: GPUs of this node in the communicator, expected (nranks / n_nodes when even) and reporting a "
+     "fresh window; fewer reporting than expected means ranks missing from Inspector's output.",
+     ("comm_name", "nranks", "state")),
     ("fabricmon_nccl_comm_info", "info", "NCCL communicator name (header comm_name, NCCL 2.30+); value 1.", ("rank", "comm", "comm_name")),
     ("fabricmon_rank_step_seconds", "gauge", "Last reported step time per rank.", ("hpc_job", "rank")),
     ("fabricmon_rank_comm_seconds", "gauge", "Last reported communication time per rank.", ("hpc_job", "rank")),
@@ -136,6 +156,9 @@ SPECS: dict[str, MetricSpec] = _specs(
     ("fabricmon_intake_lines_total", "counter", "Rank-timing lines and NCCL Inspector records read, by result and reason.",
      ("source", "result", "reason")),
     ("fabricmon_intake_series", "gauge", "Series the intake source holds.", ("source",)),
+    ("fabricmon_intake_files", "gauge",
+     "Files in the NCCL Inspector dump directory by kind: json (tailed), prom (read per window), "
+     "skipped (.tmp, .gz, .parquet, a .prom NCCL did not name: not read).", ("source", "kind")),
     ("fabricmon_intake_series_dropped_total", "counter", "Series refused at the limit, expired, or timings dropped unsent.",
      ("source", "reason")),
     ("fabricmon_intake_connections_closed_total", "counter", "Rank intake connections closed at the limit or timeout.",

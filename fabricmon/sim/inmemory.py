@@ -33,7 +33,7 @@ from ..rank_timing import JobLayout, RankTiming
 from ..sources.ethtool import ETHTOOL_UP, classify_stat
 from ..sources.infiniband import DATA_PER_NOMINAL
 from ..sources.infiniband import classify as ib_classify
-from ..sources.nvml.backend import NVLINK_ERROR_TYPES, THROTTLE_REASONS
+from ..sources.nvml.backend import ERROR_PATHS, NO_PATH, NVLINK_ERROR_TYPES, THROTTLE_REASONS, TRAFFIC_PATHS
 from .cluster import ClusterState
 from .hw import (
     DOWN_RATE, ETH_STATS, GPU_NAME, HW_CONG64, HW_LIFESPAN_MS, HW_PPCNT64, HW_Q32, HW_ROCE_ACCL32, LANE_DGBPS,
@@ -187,11 +187,16 @@ class Catalog:
         G = self.gauges
         G.append(_Gauge("fabricmon_gpu_info", None, ("const", 1.0),
                         lambda n, g=g: (("gpu", str(g)), ("uuid", c.uuid(n, g)), ("name", GPU_NAME),
-                                        ("pci_bus_id", gpu_pci_bus_id(g)))))
+                                        ("pci_bus_id", gpu_pci_bus_id(g)), ("nvlink_counters", "legacy"))))
         G.append(_Gauge("fabricmon_gpu_up", (("gpu", gpu),), ("const", 1.0)))
         G.append(_Gauge("fabricmon_gpu_utilization_ratio", (("gpu", gpu),), ("util", g)))
         for reason, bit in THROTTLE_REASONS:
             G.append(_Gauge("fabricmon_gpu_throttle_reason", (("gpu", gpu), ("reason", reason)), ("throttle", g, bit)))
+        # The simulated H100s are read on the legacy path, like the fake NVML file's default.
+        for group, live, order in (("traffic", "throughput_fields", TRAFFIC_PATHS), ("errors", "legacy", ERROR_PATHS)):
+            for path in order + (NO_PATH,):
+                G.append(_Gauge("fabricmon_nvlink_nvml_path", (("gpu", gpu), ("counters", group), ("path", path)),
+                                ("const", 1.0 if path == live else 0.0)))
         mono = Semantics.MONOTONIC
         for j in range(NVLINKS):
             link = str(j)
