@@ -75,7 +75,9 @@ GAUGE_FAMILIES: dict[str, int] = {
     "fabricmon_transceiver_rx_power_watts": _G_RXPOW,
     "fabricmon_transceiver_temperature_celsius": _G_TEMP,
 }
-_NVL_KIND = {"replay": G_NVERR, "crc_flit": G_NVERR, "crc_data": G_NVERR, "recovery": G_NVRECOV}
+# Hopper's legacy counters, and Blackwell's NVLink5 COUNT fields (sources/nvml: DCGM's choice of types)
+_NVL_KIND = {"replay": G_NVERR, "crc_flit": G_NVERR, "crc_data": G_NVERR, "recovery": G_NVRECOV,
+             "rx_errors": G_NVERR, "local_link_integrity": G_NVERR, "recovery_failed": G_NVRECOV}
 _MISSING = object()
 _log = structlog.get_logger("fabricmon.aggregator.engine")
 
