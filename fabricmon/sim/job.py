@@ -124,8 +124,10 @@ class SyntheticJob:
         return np.random.default_rng([self.seed, self.key, step, stream])
 
     # ------------------------------------------------------------------ software (decoys)
-    def _software(self, compute: np.ndarray, step: int, t0: float) -> np.ndarray:
-        """Apply the decoys active at this step's start ``t0`` to its compute times (n, gpus)."""
+    def _software(self, compute: np.ndarray, step: int, t0: float) -> tuple[np.ndarray, bool]:
+        """Apply the decoys active at this step's start ``t0`` to its compute times (n, gpus); True when
+        the step holds a checkpoint."""
+        checkpoint = False
         span = max(self.last_step_seconds, 1e-3)
         for k, d in enumerate(self.decoys):
             if not d.active(t0, self.end):
@@ -146,12 +148,12 @@ class SyntheticJob:
                 if d.start + first * every < t0 + span:
                     if kind == "checkpoint":
                         compute += pause  # every rank stalls together: one long step
-                        self.checkpoint_step = step
+                        checkpoint = True
                     else:
                         i = self.pos.get(d.node or "")
                         if i is not None:
                             compute[i] += pause
-        return compute
+        return compute, checkpoint
 
     # ------------------------------------------------------------------ physics
     def simulate_step(self, eff: Effects) -> dict[str, np.ndarray]:
@@ -162,8 +164,9 @@ class SyntheticJob:
         step = self.step + 1
         compute = s.compute_seconds * eff.gpu_slow[ix] * (1 + s.jitter * self._rng(step).standard_normal((n, NGPU)))
         compute = np.maximum(compute, 0.01)
+        checkpoint = False
         if self.decoys:
-            compute = self._software(compute, step, self.t)
+            compute, checkpoint = self._software(compute, step, self.t)
         tp_time = s.tp_seconds * eff.tp_slow[ix]  # (n,)
         node_max = compute.max(axis=1)
         tp_wait = node_max[:, None] - compute
@@ -182,7 +185,7 @@ class SyntheticJob:
         p2p_wait = np.repeat(step_seconds - ring_end.max(axis=1), dp)  # (n,)
         comm = tp_time[:, None] + tp_wait + dp_wait[:, None] + transfer_rank + p2p_wait[:, None]
         return {"compute": compute, "comm": comm, "step_seconds": np.float64(step_seconds),
-                "transfer": transfer, "ready": ready}
+                "transfer": transfer, "ready": ready, "checkpoint": checkpoint}
 
     def advance_to(self, t: float, eff: Effects) -> list[RankTiming]:
         """Run every step that ends at or before simulated time t; their RankTimings (ts = step end)."""
@@ -196,6 +199,8 @@ class SyntheticJob:
             self.t += step_s
             self.step += 1
             self.last_step_seconds = step_s
+            if res["checkpoint"]:
+                self.checkpoint_step = self.step  # written only once the step completes
             self.completed.append((self.t, step_s))
             out.extend(self.timings(res, self.epoch + self.t))
         return out
