@@ -38,10 +38,12 @@ def to_document(imp: Imported, cluster: str) -> dict:
     }
 
 
-def render(imp: Imported, cluster: str, sources: list[str]) -> str:
+def render(imp: Imported, cluster: str, sources: list[str]) -> tuple[str, dict]:
+    """The file's text and the document it holds."""
     head = ["# fabricmon topology, version 2: written by `fabricmon topology import`; re-import instead of",
             "# editing (`fabricmon topology diff OLD NEW` shows what changed).  From:"]
     head += [f"#   {s}" for s in sources]
     head += [f"# note: {line}" for line in imp.notes]
-    body = yaml.dump(to_document(imp, cluster), Dumper=_Dumper, sort_keys=False, default_flow_style=None, width=200)
-    return "\n".join(head) + "\n" + body
+    doc = to_document(imp, cluster)
+    body = yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=None, width=200)
+    return "\n".join(head) + "\n" + body, doc
