@@ -170,38 +170,37 @@ def _check_duplicate_devices(out: Imported) -> None:
 
 
 def import_lldp(per_node: dict[str, list[LldpNeighbor]], *, keep_domain: bool = False) -> Imported:
-    """One node's neighbors per file; files named after a leaf (switch-side captures) give its spines."""
+    """One node's neighbors per file.  A neighbor that advertises the Bridge or Router capability (or none
+    at all) is a switch; a file named after a switch is that switch's own capture and gives its spines."""
     out = Imported(layout="roce")
-    hosts: dict[str, list[LldpNeighbor]] = {}
-    for node, neighbors in per_node.items():
-        name = component_safe(node if keep_domain else short_host(node))
-        hosts.setdefault(name, []).extend(neighbors)
+
+    def name(text: str) -> str:
+        return component_safe(text if keep_domain else short_host(text))
 
     def leaf_name(n: LldpNeighbor) -> str:
         if n.chassis_name:
-            return component_safe(n.chassis_name if keep_domain else short_host(n.chassis_name))
+            return name(n.chassis_name)
         ident = (n.chassis_id or "unknown").replace(":", "").lower()
         return f"switch-{ident}"
 
-    leaf_names = {leaf_name(n) for node, ns in hosts.items() for n in ns}
-    switch_files = {h for h in hosts if h in leaf_names}
-    host_names = set(hosts) - switch_files
-    for host in sorted(host_names, key=natural_key):
-        for n in hosts[host]:
+    files: dict[str, list[LldpNeighbor]] = {}
+    for node, neighbors in per_node.items():
+        files.setdefault(name(node), []).extend(neighbors)
+    switches = {leaf_name(n) for ns in files.values() for n in ns if n.is_switch is not False}
+    hosts = {leaf_name(n) for ns in files.values() for n in ns if n.is_switch is False}
+    host_files = {f for f in files if f not in switches}
+    for host in sorted(host_files, key=natural_key):
+        for n in files[host]:
             leaf = leaf_name(n)
-            if leaf in host_names:
-                out.notes.append(f"{host}: {n.interface} sees host {leaf}, not a switch; skipped")
+            if leaf not in switches:
+                out.notes.append(f"{host}: {n.interface} sees {leaf}, which advertises no switch capability; skipped")
                 continue
             out.nodes.setdefault(host, []).append(Nic(host=host, leaf=leaf, interface=n.interface, label=n.interface))
     used_leaves = {nic.leaf for nics in out.nodes.values() for nic in nics}
     for leaf in sorted(used_leaves, key=natural_key):
-        spines = set()
-        for n in hosts.get(leaf, []) if leaf in switch_files else []:
-            peer = leaf_name(n)
-            if peer not in host_names and peer not in used_leaves:
-                spines.add(peer)
-        out.leaves[leaf] = sorted(spines, key=natural_key)
-    for h in sorted(host_names - set(out.nodes), key=natural_key):
+        spines = {leaf_name(n) for n in files.get(leaf, []) if n.is_switch is not False}
+        out.leaves[leaf] = sorted(spines - used_leaves - hosts - host_files, key=natural_key)
+    for h in sorted(host_files - set(out.nodes), key=natural_key):
         out.notes.append(f"{h}: no LLDP neighbor on any interface (lldpd not running, or no switch sends LLDP)")
     _finish(out)
     return out

@@ -24,6 +24,19 @@ class LldpNeighbor:
     chassis_id: str | None  # usually a MAC
     port_id: str | None
     port_descr: str | None
+    # From the chassis' enabled capabilities: True for Bridge or Router (a switch), False when it
+    # advertises capabilities but neither (a Station: a host), None when it advertises none.
+    is_switch: bool | None = None
+
+
+SWITCH_CAPABILITIES = frozenset({"Bridge", "Router"})
+
+
+def _is_switch(chassis: dict) -> bool | None:
+    caps = [c for c in _as_list(chassis.get("capability")) if isinstance(c, dict)]
+    if not caps:
+        return None
+    return any(c.get("enabled") in (True, "on", "true") and c.get("type") in SWITCH_CAPABILITIES for c in caps)
 
 
 def _as_list(value: Any) -> list:
@@ -84,5 +97,6 @@ def parse_lldpctl_json(doc: Any) -> list[LldpNeighbor]:
                 chassis_id=_value(cbody.get("id")),
                 port_id=_value(pbody.get("id")),
                 port_descr=_value(pbody.get("descr")),
+                is_switch=_is_switch(cbody),
             ))
     return out
