@@ -72,7 +72,7 @@ _IGNORED = (
     re.compile(r"^\S*[@:]\S*\s*[$#%>]\s*$"),  # a bare prompt at the end of a paste
     re.compile(r"^(ibwarn|ibnetdiscover|ibdebug|src/\S+):"),  # diagnostics on stderr pasted in
     re.compile(r"^(Non-Chassis Nodes|Chassis \d+|Switch Chassis|Spine|Line)\b"),
-    re.compile(r"^.*\bibnetdiscover\b.*$"),  # any pasted command line naming the tool
+    re.compile(r"^(sudo\s+)?\S*ibnetdiscover(\s.*)?$"),  # the command itself, pasted without a prompt
 )
 
 ProgressFn = Callable[[int], None]
