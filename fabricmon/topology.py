@@ -14,6 +14,7 @@ lists each leaf's spines; DESIGN.md "Topology from the fabric").
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 from pathlib import Path
 
 import yaml
@@ -479,7 +480,7 @@ def _leaf_groups(nodes: tuple[NodeFileV2, ...]) -> dict[str, int]:
         leaves = [nic.leaf for nic in n.nics if nic.leaf is not None]
         for leaf in leaves:
             find(leaf)
-        for a, b in zip(leaves, leaves[1:]):
+        for a, b in pairwise(leaves):
             ra, rb = find(a), find(b)
             if ra != rb:
                 parent[max(ra, rb)] = min(ra, rb)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from .ibnetdiscover import IbFabric
 from .lldp import LldpNeighbor
-from .naming import CaKind, ca_name, component_safe, short_host, switch_name
+from .naming import CaKind, CaName, ca_name, component_safe, short_host, switch_name
 
 # Rail-optimized when at least this share of the multi-NIC nodes has every NIC on its own leaf and
 # its own rail: one miscabled node does not turn a rail-optimized cluster into a fat tree (it is
@@ -109,9 +109,9 @@ def import_ibnetdiscover(fabrics: list[tuple[str, IbFabric]], *, node_names: dic
         switch_names[guid] = name
 
     # Host CA ports: NICs on the switch they link to.
-    cas: dict[int, object] = {}
-    for guid, kind in kinds.items():
-        if kind != "ca":
+    cas: dict[int, CaName] = {}
+    for guid, node_kind in kinds.items():
+        if node_kind != "ca":
             continue
         cn = ca_name(descriptions.get(guid, ""), keep_domain=keep_domain)
         cas[guid] = cn
@@ -126,11 +126,10 @@ def import_ibnetdiscover(fabrics: list[tuple[str, IbFabric]], *, node_names: dic
         if kind != "ca" or peer_kind != "switch":
             continue
         cn = cas[guid]
-        if cn.kind is not CaKind.HOST:  # type: ignore[attr-defined]
+        if cn.kind is not CaKind.HOST or cn.host is None:
             continue
-        nics_by_key[(guid, port)] = Nic(host=cn.host, leaf=switch_names[peer], port=port,  # type: ignore[attr-defined]
-                                        device=cn.device, label=cn.label, node_guid=guid,  # type: ignore[attr-defined]
-                                        source=source)
+        nics_by_key[(guid, port)] = Nic(host=cn.host, leaf=switch_names[peer], port=port, device=cn.device,
+                                        label=cn.label, node_guid=guid, source=source)
     for nic in nics_by_key.values():
         out.nodes.setdefault(nic.host, []).append(nic)
     _check_duplicate_devices(out)

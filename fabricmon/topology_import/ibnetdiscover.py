@@ -93,8 +93,7 @@ def _description_of_header(rest: str | None) -> str:
 
 def parse_ibnetdiscover(text: str, *, progress: ProgressFn | None = None, every: int = 50_000) -> IbFabric:
     """Records of one ``ibnetdiscover`` output.  ``progress(lines_done)`` is called every ``every`` lines."""
-    if text.startswith("\ufeff"):
-        text = text[1:]
+    text = text.removeprefix("\ufeff")
     fabric = IbFabric()
     current: IbNode | None = None
     pending: dict[str, int] = {}

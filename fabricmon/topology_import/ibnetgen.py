@@ -71,12 +71,12 @@ class GenFabric:
         if first.kind == "switch":
             queue.append(start)
         else:  # from a CA only its local port (port 1) leads on
-            peer = first.links.get(1)
-            if peer is not None and peer[0] not in seen:
-                seen.add(peer[0])
-                order.append(peer[0])
-                if self.nodes[peer[0]].kind == "switch":
-                    queue.append(peer[0])
+            local = first.links.get(1)
+            if local is not None and local[0] not in seen:
+                seen.add(local[0])
+                order.append(local[0])
+                if self.nodes[local[0]].kind == "switch":
+                    queue.append(local[0])
         while queue:
             sw = self.nodes[queue.popleft()]
             for port in sorted(sw.links):

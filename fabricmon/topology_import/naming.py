@@ -90,8 +90,7 @@ def switch_name(description: str, guid: int) -> tuple[str, bool]:
     if not text or text.casefold() in _SWITCH_DEFAULTS:
         return f"switch-{guid:016x}", False
     for prefix in SWITCH_DESCRIPTION_PREFIXES:
-        if text.startswith(prefix):
-            text = text[len(prefix):]
+        text = text.removeprefix(prefix)
     name, colon, model = text.partition(":")
     if colon:
         parts = model.split("/")[1:]  # drop the model

@@ -19,8 +19,7 @@ class NodeMapError(ValueError):
 
 
 def parse_node_name_map(text: str) -> dict[int, str]:
-    if text.startswith("\ufeff"):
-        text = text[1:]
+    text = text.removeprefix("\ufeff")
     out: dict[int, str] = {}
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()

@@ -103,10 +103,10 @@ def diff(old: Topology, new: Topology) -> list[str]:
     if new_leaves - old_leaves:
         out.append(f"+ leaves new: {_some(sorted(new_leaves - old_leaves))}")
     for leaf in sorted(old_leaves & new_leaves):
-        a, b = set(old.spines_of(leaf)), set(new.spines_of(leaf))
-        if a != b:
-            parts = ([f"lost {', '.join(sorted(a - b))}"] if a - b else []) + (
-                [f"gained {', '.join(sorted(b - a))}"] if b - a else [])
+        was, now = set(old.spines_of(leaf)), set(new.spines_of(leaf))
+        if was != now:
+            parts = ([f"lost {', '.join(sorted(was - now))}"] if was - now else []) + (
+                [f"gained {', '.join(sorted(now - was))}"] if now - was else [])
             out.append(f"~ {leaf}: spines {'; '.join(parts)}")
     for node in (n for n in old.nodes if n in new.nodes):
         before = {_nic_key(c): c for c in _all_nics(old, node)}
