@@ -120,10 +120,10 @@ def import_ibnetdiscover(fabrics: list[tuple[str, IbFabric]], *, node_names: dic
     nics_by_key: dict[tuple[int, int], Nic] = {}
     switch_links: dict[int, set[int]] = defaultdict(set)
     for (guid, port), (peer, peer_port, source) in edges.items():
-        kind, peer_kind = kinds.get(guid), kinds.get(peer)
-        if kind == "switch" and peer_kind == "switch":
+        own_kind, peer_kind = kinds.get(guid), kinds.get(peer)
+        if own_kind == "switch" and peer_kind == "switch":
             switch_links[guid].add(peer)
-        if kind != "ca" or peer_kind != "switch":
+        if own_kind != "ca" or peer_kind != "switch":
             continue
         cn = cas[guid]
         if cn.kind is not CaKind.HOST or cn.host is None:
