@@ -140,6 +140,19 @@ def test_fat_tree_has_no_rails() -> None:
     assert any("fat tree" in n for n in imp.notes)
 
 
+def test_router_makes_no_leaf() -> None:
+    imp, _ = import_topology(ibnetdiscover=[str(IBSIM / "router.out")])
+    assert imp.leaves == {"leaf-r": ["gw-sw"]}  # the gateway switch carries only the router: a spine here
+    assert set(imp.nodes) == {"gpu-r01", "gpu-r02"}
+
+
+def test_progress_is_reported_on_long_inputs() -> None:
+    text = (IBSIM / "rail-optimized.out").read_text()
+    seen: list[int] = []
+    parse_ibnetdiscover(text, progress=seen.append, every=500)
+    assert seen == [500, 1000, 1280]
+
+
 # ---------------------------------------------------------------------------------- robustness
 
 

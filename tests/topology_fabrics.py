@@ -74,5 +74,23 @@ def rail_optimized_small() -> GenFabric:
     return rail_optimized(32, rails=4, nodes_per_leaf=8, spines_per_rail=2, cores=2)
 
 
+def router_fabric() -> GenFabric:
+    """A leaf with two hosts and an InfiniBand router (Skyway-style description) on a port, up to a gateway
+    switch that carries only the router's second port: neither the router nor the gateway switch makes a
+    leaf of its own."""
+    f = GenFabric()
+    h1 = f.add("ca", 0xb8cef60300d10000, 1, "gpu-r01 mlx5_0").guid
+    h2 = f.add("ca", 0xb8cef60300d10010, 1, "gpu-r02 mlx5_0").guid
+    leaf = f.add("switch", 0xb8cef60300d20000, 36, "MF0;leaf-r:MQM9700/U1").guid
+    gw = f.add("switch", 0xb8cef60300d30000, 36, "MF0;gw-sw:MQM9700/U1").guid
+    rt = f.add("router", 0xb8cef60300d40000, 2, "MF0;gw-1:SB7780/U1").guid
+    f.link(h1, 1, leaf, 1)
+    f.link(h2, 1, leaf, 2)
+    f.link(leaf, 35, gw, 1)
+    f.link(rt, 1, leaf, 36)
+    f.link(rt, 2, gw, 2)
+    return f
+
+
 FABRICS = {"forms-plane-a": lambda: forms_plane("a"), "forms-plane-b": lambda: forms_plane("b"),
-           "fat-tree": fat_tree_small, "rail-optimized": rail_optimized_small}
+           "fat-tree": fat_tree_small, "rail-optimized": rail_optimized_small, "router": router_fabric}

@@ -15,9 +15,13 @@ from collections import deque
 from dataclasses import dataclass, field
 
 
+# kind -> (GUID line key, id letter, record word), as ibnetdiscover.c writes them
+_RECORD = {"switch": ("switchguid", "S", "Switch"), "ca": ("caguid", "H", "Ca"), "router": ("rtguid", "R", "Rt")}
+
+
 @dataclass
 class GenNode:
-    kind: str  # switch | ca
+    kind: str  # switch | ca | router
     guid: int
     nports: int
     description: str
@@ -52,13 +56,12 @@ class GenFabric:
         out = []
         for guid in self.order:
             n = self.nodes[guid]
-            key, letter, word = ("switchguid", "S", "Switch") if n.kind == "switch" else ("caguid", "H", "Ca")
+            key, letter, word = _RECORD[n.kind]
             out.append(f"{key}=0x{guid:x}")
             out.append(f'{word}\t{n.nports} "{letter}-{guid:016x}"\t\t# "{n.description}"')
             for port in sorted(n.links):
                 peer, pport = n.links[port]
-                pl = "S" if self.nodes[peer].kind == "switch" else "H"
-                out.append(f'[{port}]\t"{pl}-{peer:016x}"[{pport}]')
+                out.append(f'[{port}]\t"{_RECORD[self.nodes[peer].kind][1]}-{peer:016x}"[{pport}]')
             out.append("")
         return "\n".join(out) + "\n"
 
@@ -97,7 +100,7 @@ class GenFabric:
         parts = ["#\n", f"# Topology file: generated on {generated}\n", "#\n",
                  f"# Initiated from node {start:016x} port {port_guid:016x}\n"]
         order = self.discovery_order(start)
-        for kind in ("switch", "ca"):
+        for kind in ("switch", "ca", "router"):
             for guid in reversed([g for g in order if self.nodes[g].kind == kind]):
                 parts.append("\n")
                 parts.append(self._record(self.nodes[guid]))
@@ -114,16 +117,17 @@ class GenFabric:
                 p = self.nodes[peer]
                 if p.kind == "switch":
                     lines.append(f'[{port}]\t"S-{peer:016x}"[{pport}]\t\t# "{p.description}" lid 0 4xSDR\n')
-                else:
-                    lines.append(f'[{port}]\t"H-{peer:016x}"[{pport}]({peer + pport:x}) \t\t# "{p.description}" '
-                                 f"lid 0 4xSDR\n")
+                else:  # a CA's or router's port GUID follows its number
+                    lines.append(f'[{port}]\t"{_RECORD[p.kind][1]}-{peer:016x}"[{pport}]({peer + pport:x}) \t\t# '
+                                 f'"{p.description}" lid 0 4xSDR\n')
         else:
-            lines.append(f"caguid=0x{g:x}\n")
-            lines.append(f'Ca\t{n.nports} "H-{g:016x}"\t\t# "{n.description}"\n')
+            key, letter, word = _RECORD[n.kind]
+            lines.append(f"{key}=0x{g:x}\n")
+            lines.append(f'{word}\t{n.nports} "{letter}-{g:016x}"\t\t# "{n.description}"\n')
             for port in sorted(n.links):
                 peer, pport = n.links[port]
                 p = self.nodes[peer]
-                letter = "S" if p.kind == "switch" else "H"
+                letter = _RECORD[p.kind][1]
                 lines.append(f'[{port}]({g + port:x}) \t"{letter}-{peer:016x}"[{pport}]\t\t# lid 0 lmc 0 '
                              f'"{p.description}" lid 0 4xSDR\n')
         return "".join(lines)
