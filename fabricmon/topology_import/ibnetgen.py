@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-
 # kind -> (GUID line key, id letter, record word), as ibnetdiscover.c writes them
 _RECORD = {"switch": ("switchguid", "S", "Switch"), "ca": ("caguid", "H", "Ca"), "router": ("rtguid", "R", "Rt")}
 
