@@ -4,8 +4,8 @@ The text is what infiniband-diags' ``ibnetdiscover`` prints against the ``ibsim`
 discovery is breadth-first from the local port (switch ports in ascending order; a CA is never a
 transit node), each node type listed in reverse discovery order (libibnetdisc prepends to its
 per-type lists), ``lid 0`` (ibsim runs without a subnet manager) and ``4xSDR`` (ibsim's link
-default), ports GUIDs the node GUID plus the port number (ibsim's numbering).
-``tests/test_topology_import_ibsim.py`` holds small outputs of the real tools byte for byte against
+default), port GUIDs the node GUID plus the port number (ibsim's numbering).
+``tests/test_topology_import.py`` holds small outputs of the real tools byte for byte against
 this writer; the benchmark uses it for fabrics larger than ibsim takes (256 switches).
 """
 
