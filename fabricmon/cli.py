@@ -86,7 +86,7 @@ def _topology_parser(sub: argparse._SubParsersAction) -> None:
     imp = tsub.add_parser("import", parents=[_common()],
                           help="write a version-2 topology from ibnetdiscover output or lldpctl JSON")
     src = imp.add_mutually_exclusive_group(required=True)
-    src.add_argument("--ibnetdiscover", action="append", metavar="FILE",
+    src.add_argument("--ibnetdiscover", action="extend", nargs="+", metavar="FILE",
                      help="ibnetdiscover output; repeat for several subnets or planes (merged by host and GUID)")
     src.add_argument("--lldp", metavar="DIR", help="directory of <node>.json, each `lldpctl -f json` (or json0)")
     imp.add_argument("--node-name-map", dest="node_name_map", metavar="FILE",

@@ -174,11 +174,12 @@ class Topology:
 
     def leaf_of(self, node: str, rail: int | None) -> str:
         """The leaf a node's NIC on ``rail`` is cabled to: its imported name, else ``leaf-u<unit>-r<rail>``.
-        On a fat tree (rail None) the leaf of the node's first NIC."""
+        On a fat tree (rail None) the leaf of the node's first NIC (``leaf-u<unit>`` if none is named)."""
         named = self._leaf_by_rail.get((node, rail))
         if named is not None:
             return named
-        return leaf_id(self.nodes[node].unit, rail)  # type: ignore[arg-type]
+        unit = self.nodes[node].unit
+        return leaf_id(unit, rail) if rail is not None else f"leaf-u{unit}"
 
     def leaf_of_nic(self, node: str, device: str) -> str | None:
         nic = self.nic(node, device)
