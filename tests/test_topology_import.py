@@ -175,6 +175,9 @@ def test_bom_crlf_prompt_comments_give_the_same_topology() -> None:
     ("Switch 36 \"H-00\" # \"x\"\n", 1, 'Switch record with a "H-" id'),
     ("Ca 1 \"H-00\" # \"x\"\n[1](01) \"S-0b\"[999] # lid 0 lmc 0 \"y\" lid 0 4xSDR\n", 2, "out of range"),
     ("# only comments\n\n", 2, "no Switch or Ca records"),
+    # the neighbouring tools' outputs (lines from the ib-commands-zh page's ibnodes and iblinkinfo)
+    ('Ca  : 0x0002c903000d7aac ports 1 "ip-160 HCA-1"\n', 1, "`ibnodes`/`ibswitches`/`ibhosts` output"),
+    ("CA: ip-160 HCA-1:\n", 1, "`iblinkinfo` output"),
 ])
 def test_bad_input_names_the_line(bad: str, line: int, problem: str) -> None:
     with pytest.raises(IbnetParseError) as exc:

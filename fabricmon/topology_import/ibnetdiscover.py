@@ -75,7 +75,21 @@ _IGNORED = (
     re.compile(r"^(sudo\s+)?\S*ibnetdiscover(\s.*)?$"),  # the command itself, pasted without a prompt
 )
 
+# Outputs of the neighbouring tools, which an operator may hand over by mistake: a hint names them.
+_OTHER_TOOLS = (
+    (re.compile(r"^(SW|CA|RT)\s+\d+\s+\d+\s+0x[0-9a-fA-F]+\s"), "`ibnetdiscover -p` (ports report)"),
+    (re.compile(r"^(Switch|Ca|Router)\s*:\s*0x[0-9a-fA-F]+ ports \d+"), "`ibnodes`/`ibswitches`/`ibhosts`"),
+    (re.compile(r"^(CA|Switch):\s"), "`iblinkinfo`"),
+)
+
 ProgressFn = Callable[[int], None]
+
+
+def _not_topology(number: int, line: str) -> IbnetParseError:
+    for pattern, tool in _OTHER_TOOLS:
+        if pattern.match(line):
+            return IbnetParseError(number, f"this is {tool} output; give plain `ibnetdiscover` output")
+    return IbnetParseError(number, f"not ibnetdiscover topology output: {line[:80]!r}")
 
 
 def _guid(text: str) -> int:
@@ -162,7 +176,7 @@ def parse_ibnetdiscover(text: str, *, progress: ProgressFn | None = None, every:
             continue
         if any(p.match(line) for p in _IGNORED):
             continue
-        raise IbnetParseError(number, f"not ibnetdiscover topology output: {line[:80]!r}")
+        raise _not_topology(number, line)
     if progress is not None:
         progress(len(lines))
     if not fabric.nodes:
