@@ -97,6 +97,24 @@ def test_rdma_core_man_example_needs_the_node_name_map() -> None:
     assert any("leaves link to other leaves" in n for n in imp.notes)
 
 
+def test_node_name_map_names_firmware_default_cas_and_vendor_default_switches(tmp_path) -> None:
+    nmap = tmp_path / "ib-node-name-map"
+    nmap.write_text('# site names\n0xb8cef60300a11050 "gpu-a17-09 mlx5_0"\n0xb8cef60300a11060 "gpu-a17-09 mlx5_1"\n'
+                    '0xb8cef60300f00040 "spine-a1"\n')
+    imp, _ = import_topology(ibnetdiscover=[str(IBSIM / "forms-plane-a.out")], node_name_map=str(nmap))
+    assert [(n.device, n.leaf, n.rail) for n in imp.nodes["gpu-a17-09"]] == [("mlx5_0", "leaf-a0", 0),
+                                                                                ("mlx5_1", "leaf-a1", 1)]
+    assert imp.leaves["leaf-a0"] == ["spine-a1", "spine-a2"]
+    assert Counter(" ".join(d.split()) for _, d in imp.skipped_firmware_default) == {"localhost mlx5_0": 1}
+
+
+def test_the_same_plane_twice_merges_by_guid() -> None:
+    a = str(IBSIM / "forms-plane-a.out")
+    once, _ = import_topology(ibnetdiscover=[a])
+    twice, _ = import_topology(ibnetdiscover=[a, a])
+    assert imported_map(twice) == imported_map(once) and twice.leaves == once.leaves
+
+
 def test_pasted_session_with_prompt_and_ibwarn() -> None:
     imp, _ = import_topology(ibnetdiscover=[str(PUBLIC / "ibsim-session-paste.out")])
     assert {h: [n.leaf for n in nics] for h, nics in imp.nodes.items()} == {"Hca1": ["Switch1"], "Hca2": ["Switch1"]}
