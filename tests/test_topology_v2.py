@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import structlog
 import yaml
 
 from fabricmon.cli import main
@@ -14,6 +15,14 @@ from fabricmon.topology import generate_topology, load_topology
 
 IBSIM = Path(__file__).parent / "fixtures" / "topology_import" / "ibsim"
 
+
+
+@pytest.fixture(autouse=True)
+def _keep_logging_config():
+    """`fabricmon topology` configures structlog for the process: give later tests theirs back."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 def imported(tmp_path: Path, *outs: str, name: str = "t.yaml") -> Path:
     path = tmp_path / name
