@@ -206,8 +206,8 @@ def test_bom_crlf_prompt_comments_give_the_same_topology() -> None:
     ('Ca  : 0x0002c903000d7aac ports 1 "ip-160 HCA-1"\n', 1, "`ibnodes`/`ibswitches`/`ibhosts` output"),
     ("CA: ip-160 HCA-1:\n", 1, "`iblinkinfo` output"),
     # first line of `ibsim-run ibnetdiscover -p` on ibsim/fat-tree.net, run here
-    ("CA     0  1 0x00000c42d1000703 4x SDR - SW     0  8 0x00000c42e0000001 ( 'node07 mlx5_1' - "
-     "'MF0;leaf-1:MQM8700/U1' )\n", 1, "`ibnetdiscover -p` (ports report) output"),
+    (("CA     0  1 0x00000c42d1000703 4x SDR - SW     0  8 0x00000c42e0000001 ( 'node07 mlx5_1' - "
+      "'MF0;leaf-1:MQM8700/U1' )\n"), 1, "`ibnetdiscover -p` (ports report) output"),
 ])
 def test_bad_input_names_the_line(bad: str, line: int, problem: str) -> None:
     with pytest.raises(IbnetParseError) as exc:
