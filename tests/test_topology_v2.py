@@ -140,3 +140,27 @@ def test_diff_shows_what_a_reimport_changed(tmp_path, capsys) -> None:
     assert "- 1 nodes gone: gpu-b02" in out and "~ gpu-a17-03/mlx5_1: leaf leaf-a1 -> pod1_leaf-a2" in out, out
     assert main(["topology", "diff", str(old), str(old)]) == 0
     assert "same nodes" in capsys.readouterr().out
+
+
+def test_engine_runs_unchanged_on_an_imported_fat_tree_and_labels_the_named_leaf(tmp_path) -> None:
+    """The aggregator's engine (not edited here) takes a version-2 topology through the Topology interface:
+    a flaky cable on a fat tree is alerted with its imported leaf name and without a rail label."""
+    from fabricmon.aggregator.config import DetectionSettings
+    from fabricmon.aggregator.engine import Engine
+    from test_engine import T0, Feed, flaky
+
+    topo = load_topology(imported(tmp_path, "fat-tree.out"))
+    engine = Engine(topo, DetectionSettings())
+    feeds = {n: Feed(topo, n, i, roce=False) for i, n in enumerate(topo.nodes)}
+    for f in feeds.values():
+        engine.hello(f.hello())
+    inject = flaky("node05", "mlx5_1")
+    for step in range(1, 16):
+        inject(type("C", (), {"feeds": feeds})())
+        for f in feeds.values():
+            engine.ingest(f.batch(T0 + step, first=step == 1))
+        engine.tick(T0 + step)
+    alerts = [i for i in engine.incidents() if i.component == "node05/mlx5_1/1"]
+    assert alerts, [(i.alertname, i.component) for i in engine.incidents()]
+    labels = alerts[0].labels
+    assert labels["leaf"] == "leaf-1" and labels["node"] == "node05" and "rail" not in labels, labels
