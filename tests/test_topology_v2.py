@@ -145,9 +145,10 @@ def test_diff_shows_what_a_reimport_changed(tmp_path, capsys) -> None:
 def test_engine_runs_unchanged_on_an_imported_fat_tree_and_labels_the_named_leaf(tmp_path) -> None:
     """The aggregator's engine (not edited here) takes a version-2 topology through the Topology interface:
     a flaky cable on a fat tree is alerted with its imported leaf name and without a rail label."""
+    from test_engine import T0, Feed, flaky
+
     from fabricmon.aggregator.config import DetectionSettings
     from fabricmon.aggregator.engine import Engine
-    from test_engine import T0, Feed, flaky
 
     topo = load_topology(imported(tmp_path, "fat-tree.out"))
     engine = Engine(topo, DetectionSettings())
