@@ -142,26 +142,31 @@ def test_diff_shows_what_a_reimport_changed(tmp_path, capsys) -> None:
     assert "same nodes" in capsys.readouterr().out
 
 
-def test_engine_runs_unchanged_on_an_imported_fat_tree_and_labels_the_named_leaf(tmp_path) -> None:
+@pytest.mark.parametrize("out,node,device,leaf,rail", [
+    ("fat-tree.out", "node05", "mlx5_1", "leaf-1", None),
+    ("rail-optimized.out", "gpu-0013", "mlx5_2", "leaf-su01-r2", "2"),
+])
+def test_engine_runs_unchanged_on_imported_topologies_and_labels_the_named_leaf(tmp_path, out, node, device, leaf,
+                                                                                rail) -> None:
     """The aggregator's engine (not edited here) takes a version-2 topology through the Topology interface:
-    a flaky cable on a fat tree is alerted with its imported leaf name and without a rail label."""
+    a flaky cable is alerted with its imported leaf name, and without a rail label on a fat tree."""
     from test_engine import T0, Feed, flaky
 
     from fabricmon.aggregator.config import DetectionSettings
     from fabricmon.aggregator.engine import Engine
 
-    topo = load_topology(imported(tmp_path, "fat-tree.out"))
+    topo = load_topology(imported(tmp_path, out))
     engine = Engine(topo, DetectionSettings())
     feeds = {n: Feed(topo, n, i, roce=False) for i, n in enumerate(topo.nodes)}
     for f in feeds.values():
         engine.hello(f.hello())
-    inject = flaky("node05", "mlx5_1")
+    inject = flaky(node, device)
     for step in range(1, 16):
         inject(type("C", (), {"feeds": feeds})())
         for f in feeds.values():
             engine.ingest(f.batch(T0 + step, first=step == 1))
         engine.tick(T0 + step)
-    alerts = [i for i in engine.incidents() if i.component == "node05/mlx5_1/1"]
+    alerts = [i for i in engine.incidents() if i.component == f"{node}/{device}/1"]
     assert alerts, [(i.alertname, i.component) for i in engine.incidents()]
     labels = alerts[0].labels
-    assert labels["leaf"] == "leaf-1" and labels["node"] == "node05" and "rail" not in labels, labels
+    assert labels["leaf"] == leaf and labels["node"] == node and labels.get("rail") == rail, labels
