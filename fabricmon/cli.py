@@ -1,4 +1,4 @@
-"""Command line: ``fabricmon agent | aggregator | demo | check-config``."""
+"""Command line: ``fabricmon agent | aggregator | demo | check-config | collect | topology``."""
 
 from __future__ import annotations
 
@@ -82,6 +82,28 @@ def _check_parser(sub: argparse._SubParsersAction) -> None:
                         "configs in CI where the secrets are absent)")
 
 
+def _topology_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("topology", help="import the topology from the fabric, compare two topologies",
+                       parents=[_common()])
+    tsub = p.add_subparsers(dest="topology_command", required=True)
+    imp = tsub.add_parser("import", parents=[_common()],
+                          help="write a version-2 topology from ibnetdiscover output or lldpctl JSON")
+    src = imp.add_mutually_exclusive_group(required=True)
+    src.add_argument("--ibnetdiscover", action="extend", nargs="+", metavar="FILE",
+                     help="ibnetdiscover output; repeat for several subnets or planes (merged by host and GUID)")
+    src.add_argument("--lldp", metavar="DIR", help="directory of <node>.json, each `lldpctl -f json` (or json0)")
+    imp.add_argument("--node-name-map", dest="node_name_map", metavar="FILE",
+                     help="OpenSM node-name-map (GUID \"name\" per line) naming switches or CAs")
+    imp.add_argument("--cluster", default="default", help="cluster name written into the topology")
+    imp.add_argument("--keep-domain", dest="keep_domain", action="store_true",
+                     help="keep host names' domains (default: gpu-a17-03.example.com is gpu-a17-03)")
+    imp.add_argument("-o", "--output", required=True, metavar="OUT.yaml", help="topology file to write")
+    d = tsub.add_parser("diff", parents=[_common()], help="what changed between two topology files "
+                        "(exit 1 when anything did)")
+    d.add_argument("old")
+    d.add_argument("new")
+
+
 def _aggregator_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("aggregator", help="run the central aggregator", parents=[_common()])
     p.add_argument("--config", required=True, help="aggregator YAML config")
@@ -118,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     _demo_parser(sub)
     _check_parser(sub)
     _collect_parser(sub)
+    _topology_parser(sub)
     return parser
 
 
@@ -277,11 +300,12 @@ def _config_fields() -> dict[str, set[str]]:
     from .aggregator.config import AggregatorConfig
     from .config import AgentConfig
     from .sim.scenario import Scenario
-    from .topology import TopologyFile
+    from .topology import topology_file_fields
 
-    return {kind: {f.name for f in dataclasses.fields(cls)} for kind, cls in
-            (("agent", AgentConfig), ("aggregator", AggregatorConfig), ("topology", TopologyFile),
-             ("scenario", Scenario))}
+    fields = {kind: {f.name for f in dataclasses.fields(cls)} for kind, cls in
+              (("agent", AgentConfig), ("aggregator", AggregatorConfig), ("scenario", Scenario))}
+    fields["topology"] = topology_file_fields()  # generate:, version 1 and version 2 keys
+    return fields
 
 
 def detect_kind(data: dict, source: str) -> str:
@@ -314,6 +338,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     from .configload import load_yaml_file
 
     data = load_yaml_file(args.file)
+    summary: list[str] = []  # a topology's one-screen summary
     kind = args.kind or ("shardmap" if "replicas" in data else detect_kind(data, args.file))
     if kind == "agent":
         from .agent.runtime import resolve_node_name
@@ -341,8 +366,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             check_token_file(agg.auth.node_tokens_file, "auth.node_tokens_file", args.file)
     elif kind == "topology":
         from .topology import load_topology
+        from .topology_import.report import summarize
 
-        load_topology(args.file)
+        summary = summarize(load_topology(args.file))
     elif kind == "shardmap":
         from .shardmap import check_ownership, load_shard_map
 
@@ -352,6 +378,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
         load_scenario(args.file)
     print(f"{args.file}: ok ({kind} config)")
+    for line in summary:
+        print(f"  {line}")
     return 0
 
 
@@ -367,6 +395,17 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 COMMANDS = {"agent": cmd_agent, "aggregator": cmd_aggregator, "demo": cmd_demo, "check-config": cmd_check_config}
 COMMANDS["collect"] = cmd_collect
+
+
+def cmd_topology(args: argparse.Namespace) -> int:
+    from .logs import configure_logging
+    from .topology_import.run import cmd_diff, cmd_import
+
+    configure_logging(args.log_format or "console", args.log_level or "info")
+    return {"import": cmd_import, "diff": cmd_diff}[args.topology_command](args)
+
+
+COMMANDS["topology"] = cmd_topology
 
 
 def main(argv: list[str] | None = None) -> int:
