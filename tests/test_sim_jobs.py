@@ -117,3 +117,18 @@ def test_same_draws_in_tree_and_memory_mode(tmp_path):
         tree.close()
     key = sorted((r.step, r.rank, r.comm_seconds) for r in mem if r.step <= 5)
     assert key == sorted((r.step, r.rank, r.comm_seconds) for r in got if r.step <= 5)
+
+
+def test_fault_impact_truth_is_each_faults_standalone_cost_per_job():
+    """A leaf fault on rail 5 of unit 0 slows the job whose rings cross it and not the job outside it; a
+    counter reset costs nothing.  Same draws with and without the fault, so the numbers are exact."""
+    from fabricmon.sim.impact import fault_impacts
+
+    scn = _scn(cluster={"nodes": 16, "layout": "ib", "nodes_per_unit": 8, "seed": 4},
+               jobs=[{"name": "in-unit-0", "nodes": [0, 7]}, {"name": "in-unit-1", "nodes": [8, 15]}],
+               faults=[{"kind": "leaf_degraded", "unit": 0, "rail": 5, "start": 30, "end": 90},
+                       {"kind": "counter_reset", "node": "node-003", "start": 40}])
+    leaf, reset = fault_impacts(scn)
+    assert [r["job"] for r in leaf] == ["in-unit-0"]
+    assert 0.05 < leaf[0]["step_slowdown"] < 1.0
+    assert reset == []

@@ -24,6 +24,7 @@ from ..aggregator.engine import Engine
 from ..aggregator.runtime import AggregatorRuntime
 from ..atomic import atomic_write_text
 from ..configload import ConfigError
+from ..sim.impact import fault_impacts
 from ..sim.parallel import ParallelTreeCluster
 from ..sim.runner import SimulatedCluster
 from ..sim.scenario import Scenario, default_scenario, load_scenario
@@ -151,6 +152,8 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
         incidents = [_rel(i.to_dict(), epoch) for i in engine.incidents()]
         decoys = sim.decoys_truth()
         jobs = sim.jobs_truth()  # step times are simulated seconds since the scenario started
+        for g, impact in zip(ground, fault_impacts(scenario, args.interval)):
+            g["impact"] = impact  # each fault's standalone cost to each job (sim/impact.py)
         scores = score(ground, incidents, duration=scenario.duration, decoys=decoys)
         notes = notifications(receiver, pace) if receiver is not None and am is not None else None
         _report(p, ground, incidents, scores, notes, wall, steps, jobs, decoys)
@@ -266,6 +269,9 @@ def _report(p, ground, incidents, scores, notes, wall, steps, jobs=(), decoys=()
             res = "open"
         p(f"  {g['kind']:<16} {g['component']:<26} {h['alertname']:<24} {h['component_type']:<6} "
           f"{h['first_seen'] - g['start']:+6.1f}s  {res}")
+        if g.get("impact"):
+            p("    costs (standalone): " + "; ".join(f"{x['job']} {x['step_slowdown'] * 100:.1f}% slower"
+                                                  for x in g["impact"]))
     extra = [i for i in incidents if i["id"] in scores["unmatched_incidents"]]  # pages only (info: per decoy)
     for i in extra:
         p(f"  (unexpected) {i['alertname']} {i['component_type']} {i['component']} at t={i['first_seen']:.0f}s")

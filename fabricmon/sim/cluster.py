@@ -253,6 +253,10 @@ class ClusterState:
                              [10 ** (x / 10) * 1e-3 for x in self.tx_dbm[node, dev]],
                              [x * 1e-3 for x in self.bias_ma[node, dev]])
 
+    def set_fault_state(self, t: float) -> None:
+        """Link state, rates and config at t without advancing counters (sim/impact.py's job-only runs)."""
+        self._set_fault_state(t)
+
     def _set_fault_state(self, t: float) -> None:
         """Link state, rate and config as of time t; counts down events on transitions."""
         want_up = np.ones_like(self.up)
