@@ -23,6 +23,11 @@ class Match:
     alertname_ok: bool
 
 
+# (alertname, names a stage) -> the decoy kind that finding most likely comes from
+LIKELY = {("StageImbalance", True): "stage_imbalance", ("StageImbalance", False): "seqlen_imbalance",
+          ("SoftwareStraggler", False): "dataloader_slow"}
+
+
 def is_page(incident: dict) -> bool:
     return incident.get("severity", "warning") in ("warning", "critical")
 
@@ -68,12 +73,19 @@ def score(faults: list[dict], incidents: list[dict], *, duration: float, slack: 
     for m in matches:
         first_delay[m.fault_index] = min(first_delay.get(m.fault_index, m.delay_s), m.delay_s)
     delays = list(first_delay.values())
-    per_decoy = []
-    for d in decoys or []:
-        on = decoy_components(d)
-        per_decoy.append({"info_ids": sorted(i["id"] for i in info if _on(i["component"], on)),
-                          "page_ids": sorted(i["id"] for i in incidents
-                                             if i["id"] not in matched_incidents and _on(i["component"], on))})
+    decoys = decoys or []
+    per_decoy: list[dict] = [{"info_ids": [], "page_ids": sorted(
+        i["id"] for i in incidents if i["id"] not in matched_incidents and _on(i["component"], decoy_components(d)))}
+        for d in decoys]
+    # each info finding is one decoy's: the likeliest cause among the decoys on its component (a stage
+    # finding is a stage_imbalance's; the rest go to the decoy with the fewest findings so far)
+    for i in sorted(info, key=lambda x: x["first_seen"]):
+        cands = [k for k, d in enumerate(decoys) if _on(i["component"], decoy_components(d))]
+        if not cands:
+            continue
+        best = min(cands, key=lambda k: (decoys[k]["kind"] != LIKELY.get((i["alertname"], "/stage" in i["component"])),
+                                         len(per_decoy[k]["info_ids"]), k))
+        per_decoy[best]["info_ids"].append(i["id"])
     return {
         "pages": len(incidents),
         "decoy_pages": sum(len(d["page_ids"]) for d in per_decoy),
