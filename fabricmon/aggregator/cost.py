@@ -1,0 +1,117 @@
+"""What an incident costs each job (DESIGN "Jobs, decoys and cost"): step slowdown and GPU-hours per hour.
+
+For a job whose ranks use the incident's component:
+
+- ``step_slowdown``: the median time of the job's steps that start while the incident is open, over the
+  median of its last 20 steps that started before ``first_seen`` while no other incident was open on
+  the job, minus 1.  ``None`` without a clean baseline (the job started during the fault).
+- A job that completes no step while the incident is open (for longer than a few of its own steps) has
+  ``step_slowdown: None, stopped: True`` and costs all its GPUs.
+- ``gpu_hours_per_hour`` = GPUs x (1 - 1 / (1 + step_slowdown)): the share of the job's GPU time the
+  fault wastes.
+
+One record per completed step (every rank of a synchronous job reports the same step), bounded per
+job; pure functions of what was recorded, so tests feed steps and read impacts.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+BASELINE_STEPS = 20
+MAX_STEPS = 4096  # per job: at a step a second, an hour of history
+STOPPED_AFTER_STEPS = 5  # no step for this many of the job's median steps while the incident is open
+
+
+@dataclass
+class JobSteps:
+    name: str
+    job_id: str = ""
+    gpus: int = 0
+    starts: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_STEPS))
+    seconds: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_STEPS))
+    last_step: int = -1
+    last_end: float = 0.0
+
+
+@dataclass(frozen=True)
+class JobImpact:
+    job: str
+    job_id: str
+    step_slowdown: float | None
+    stopped: bool
+    gpu_hours_per_hour: float
+
+    def to_dict(self) -> dict:
+        return {"job": self.job, "job_id": self.job_id or None,
+                "step_slowdown": None if self.step_slowdown is None else round(self.step_slowdown, 4),
+                "stopped": self.stopped, "gpu_hours_per_hour": round(self.gpu_hours_per_hour, 2)}
+
+
+class StepLog:
+    """Completed steps per job, fed from rank timings (once per job and step)."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, JobSteps] = {}
+
+    def record(self, job: str, step: int, end_ts: float, seconds: float, *, job_id: str = "",
+               gpus: int = 0) -> None:
+        js = self.jobs.get(job)
+        if js is None:
+            js = self.jobs[job] = JobSteps(job, job_id)
+        if gpus:
+            js.gpus = max(js.gpus, gpus)
+        if end_ts <= js.last_end + 1e-6 and step <= js.last_step:
+            return  # another rank of a step already logged, or a late one of an older step
+        # (a step number lower than the last with a later end is a restart from a checkpoint: logged)
+        js.last_step, js.last_end = step, end_ts
+        start = end_ts - seconds
+        if js.starts and start < js.starts[-1]:
+            return  # out of order: the log stays sorted by start
+        js.starts.append(start)
+        js.seconds.append(seconds)
+
+    def impact(self, job: str, first_seen: float, now: float,
+               other_open: list[tuple[float, float]] = ()) -> JobImpact | None:
+        """``other_open``: (opened, closed or now) of the job's other incidents, kept out of the baseline."""
+        js = self.jobs.get(job)
+        if js is None:
+            return None
+        starts, secs = list(js.starts), list(js.seconds)
+        i0 = bisect.bisect_left(starts, first_seen)
+        during = secs[i0:]
+        base: list[float] = []
+        for k in range(i0 - 1, -1, -1):
+            s = starts[k]
+            if any(lo <= s < hi for lo, hi in other_open):
+                continue
+            base.append(secs[k])
+            if len(base) >= BASELINE_STEPS:
+                break
+        base_med = statistics.median(base) if base else None
+        if not during:
+            typical = base_med if base_med is not None else (statistics.median(secs) if secs else None)
+            if typical is not None and now - max(first_seen, js.last_end) > STOPPED_AFTER_STEPS * typical:
+                return JobImpact(job, js.job_id, None, True, float(js.gpus))
+            return JobImpact(job, js.job_id, None, False, 0.0)
+        if base_med is None or base_med <= 0:
+            return JobImpact(job, js.job_id, None, False, 0.0)
+        slowdown = max(0.0, statistics.median(during) / base_med - 1.0)
+        return JobImpact(job, js.job_id, slowdown, False, js.gpus * (1.0 - 1.0 / (1.0 + slowdown)))
+
+
+def impact_sentence(impacts: list[JobImpact], shown: int = 3) -> str:
+    """``llm-70b 14% slower (31 GPU-hours/hour); vlm-13b 3% slower (4 GPU-hours/hour)``: by cost, at most
+    ``shown`` jobs then ``+K more``; empty when nothing is hurt (a fault on idle nodes)."""
+    hurt = sorted((i for i in impacts if i.stopped or (i.step_slowdown or 0) > 0),
+                  key=lambda i: -i.gpu_hours_per_hour)
+    parts = []
+    for i in hurt[:shown]:
+        what = "stopped" if i.stopped else f"{round(100 * (i.step_slowdown or 0))}% slower"
+        parts.append(f"{i.job} {what} ({round(i.gpu_hours_per_hour)} GPU-hours/hour)")
+    if len(hurt) > shown:
+        parts.append(f"+{len(hurt) - shown} more")
+    return "; ".join(parts)
