@@ -239,6 +239,8 @@ def expected_series(sys_root: Path, manifest: dict, rails: dict[str, str] | None
         coding = 1.0 if link_layer == "Ethernet" else {"SDR": 0.8, "DDR": 0.8, "QDR": 0.8, "FDR": 64 / 66 * 14.0625 / 14}.get(m[3], 1.0)
         out[key("fabricmon_ib_port_data_rate_bytes_per_second", **dp)] = float(m[1]) * coding * 1e9 / 8
         out[key("fabricmon_ib_port_width_lanes", **dp)] = float(m[2])
+        if (p / "hw_counters").is_dir():  # the simulator writes mlx5 names only: every one is in the table
+            out[key("fabricmon_rdma_hw_stat_unclassified", device=dev)] = 0.0
         if (p / "hw_counters" / "lifespan").exists():
             lifespan_ms = int(_read(p / "hw_counters" / "lifespan"))
             out[key("fabricmon_rdma_hw_stat_lifespan_seconds", **dp)] = lifespan_ms / 1000

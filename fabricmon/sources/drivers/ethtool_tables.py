@@ -108,7 +108,8 @@ MLX5 = DriverTable("mlx5_core", MLX5_SOURCE, (
                _ERR if new in _MLX5_PHY_ERRORS or new in MLX5_Q32 else (("direction", new[:2]),),
                width=32 if new in MLX5_Q32 else 64, canonical=new)
       for old, new in LEGACY_NAMES.items()),
-    # per-queue and per-channel software counters: known, raw only
+    # pport_per_prio_traffic_stats_desc; per-queue and per-channel software counters: known, raw only
+    StatRule("{direction}_prio{priority}_bytes", None), StatRule("{direction}_prio{priority}_packets", None),
     StatRule("ch{n}_{rest}", None), StatRule("rx{n}_{rest}", None), StatRule("tx{n}_{rest}", None),
     StatRule("ptp_{rest}", None), StatRule("rx_xsk_{rest}", None), StatRule("tx_xsk_{rest}", None),
     *raw_only(
