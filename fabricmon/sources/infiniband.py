@@ -60,7 +60,9 @@ __all__ = [
     "classify",
     "data_rate_gbps",
     "hw_counter_semantics",
+    "netdev_speed_gbps",
     "parse_counter",
+    "parse_netdev_speed",
     "parse_phys_state",
     "parse_rate",
     "parse_state",
@@ -202,6 +204,34 @@ def data_rate_gbps(rate: Rate, link_layer: str) -> float:
     if link_layer == "Ethernet":
         return rate.gbps
     return rate.gbps * DATA_PER_NOMINAL.get(rate.speed, 1.0)
+
+
+#: /sys/class/net/<if>/speed values that mean "unknown" (SPEED_UNKNOWN is -1; some drivers print it as u32)
+_SPEED_UNKNOWN = frozenset({-1, 0, 4294967295})
+
+
+def parse_netdev_speed(text: str) -> float | None:
+    """``/sys/class/net/<if>/speed`` (Mb/s) -> Gb/s; None when the netdev does not know (link down)."""
+    t = text.strip()
+    if not t.lstrip("-").isdigit() or len(t) > 12:
+        raise Rejected("malformed", f"not a netdev speed: {t[:40]!r}")
+    mbps = int(t)
+    if mbps in _SPEED_UNKNOWN:
+        return None
+    if not 0 < mbps <= _MAX_GBPS * 1000:
+        raise Rejected("out_of_range", f"netdev speed {mbps} Mb/s outside 1..{_MAX_GBPS * 1000:g}")
+    return mbps / 1000.0
+
+
+def netdev_speed_gbps(sysfs_root: str, netdev: str) -> float | None:
+    """The netdev's speed in Gb/s, None when it has none to give (no netdev, unreadable, unknown)."""
+    if not netdev or "/" in netdev or netdev in (".", ".."):
+        return None
+    try:
+        with open(os.path.join(sysfs_root, "class", "net", netdev, "speed"), "rb") as f:
+            return parse_netdev_speed(f.read(64).decode("ascii", "replace"))
+    except (OSError, ValueError):
+        return None  # reading speed of a down link fails with EINVAL: the sysfs rate stands
 
 
 def parse_counter(data: bytes, width: int = 64) -> int:
@@ -436,7 +466,7 @@ class InfinibandSource:
         for port in inventory.ports:
             key = f"{port.device}/{port.port}"
             try:
-                pp = self._poll_port(port, devices.get(port.device), ports_facts)
+                pp = self._poll_port(port, devices.get(port.device), ports_facts, inventory.sysfs_root)
             except Exception as exc:  # a bug on one odd port must not cost the others
                 result.error(f"{key}: unexpected {type(exc).__name__}: {exc}")
                 continue
@@ -473,7 +503,8 @@ class InfinibandSource:
                 del self._slots[k]
         return result
 
-    def _poll_port(self, port: PortInfo, dev: DeviceInfo | None, facts: dict[str, dict]) -> _PortPoll:
+    def _poll_port(self, port: PortInfo, dev: DeviceInfo | None, facts: dict[str, dict],
+                   sysfs_root: str = "") -> _PortPoll:
         key = f"{port.device}/{port.port}"
         pp = _PortPoll(key)
         try:
@@ -483,7 +514,7 @@ class InfinibandSource:
             pp.errors.append(f"{key}: port vanished or unreadable: {_oserror_text(exc)}")
             return pp
         try:
-            fact = self._read_attributes(pfd, port, dev, pp)
+            fact = self._read_attributes(pfd, port, dev, pp, sysfs_root)
             self._read_counters(pfd, port, pp)
         finally:
             os.close(pfd)
@@ -496,7 +527,8 @@ class InfinibandSource:
         facts[key] = fact
         return pp
 
-    def _read_attributes(self, pfd: int, port: PortInfo, dev: DeviceInfo | None, pp: _PortPoll) -> dict:
+    def _read_attributes(self, pfd: int, port: PortInfo, dev: DeviceInfo | None, pp: _PortPoll,
+                         sysfs_root: str = "") -> dict:
         dp: Labels = (("device", port.device), ("port", port.port))
         add = pp.readings.append
         mk = self._memo.get
@@ -520,10 +552,7 @@ class InfinibandSource:
             rate = parse_rate(_read_at(pfd, "rate").decode("ascii", "replace"))
         except (OSError, ValueError) as exc:
             pp.fail("rate", exc)
-        else:
-            fact.update(rate_gbps=rate.gbps, width=rate.width_lanes, speed=rate.speed)
-            add(mk("fabricmon_ib_port_rate_bytes_per_second", dp, rate.bytes_per_second))
-            add(mk("fabricmon_ib_port_width_lanes", dp, rate.width_lanes))
+            rate = None
         link_layer = port.link_layer
         if not link_layer:  # discovery could not read it; try once more, count it if it fails
             try:
@@ -531,8 +560,23 @@ class InfinibandSource:
                 fact["link_layer"] = link_layer
             except OSError as exc:
                 pp.fail("link_layer", exc)
+        # An Ethernet port's speed is its netdev's: older kernels print a 400GbE RoCE port's sysfs
+        # rate as "100 Gb/sec (4X EDR)" (older bnxt_re: "2.5 Gb/sec (1X SDR)").  sysfs rate is the fallback.
+        speed = netdev_speed_gbps(sysfs_root, port.netdev) if link_layer == "Ethernet" and sysfs_root else None
+        width_known = rate is not None
+        if speed is not None:
+            # a sysfs rate that disagrees with the netdev is stale, and so is its lane count
+            width_known = rate is not None and abs(rate.gbps - speed) < 1e-6
+            width = rate.width_lanes if rate is not None and width_known else 0
+            rate = Rate(speed * 1e9 / 8, width, rate.speed if rate is not None else "", speed)
+            fact["rate_source"] = "netdev"
+        if rate is not None:
+            fact.update(rate_gbps=rate.gbps, width=rate.width_lanes if width_known else None, speed=rate.speed)
+            add(mk("fabricmon_ib_port_rate_bytes_per_second", dp, rate.bytes_per_second))
+            if width_known:
+                add(mk("fabricmon_ib_port_width_lanes", dp, rate.width_lanes))
         if fact["rate_gbps"] is not None:
-            data = data_rate_gbps(Rate(0.0, fact["width"], fact["speed"], fact["rate_gbps"]), link_layer)
+            data = data_rate_gbps(Rate(0.0, fact["width"] or 0, fact["speed"], fact["rate_gbps"]), link_layer)
             fact["data_rate_gbps"] = data
             add(mk("fabricmon_ib_port_data_rate_bytes_per_second", dp, data * 1e9 / 8))
         add(mk("fabricmon_ib_port_info", dp + (
