@@ -203,3 +203,23 @@ def test_an_unknown_name_is_counted_logged_once_and_raw_only_through_the_allowli
     out = capsys.readouterr().out + capsys.readouterr().err
     assert len(re.findall(r"ethtool_unclassified_stats", out)) == 1, out
     assert "rx_new_fancy_thing" in out
+
+
+def test_ber_uses_the_drivers_own_denominator_where_it_has_one() -> None:
+    """bnxt_en counts rx_bits: BER is rx_corrected_bits over rx_bits, not over the nominal data rate."""
+    from fabricmon.agent.margins import BER, link_margins
+    from fabricmon.model import CounterDelta, Sample
+    from fabricmon.sources.inventory import Inventory, PortInfo
+
+    inv = Inventory("/nonexistent", ports=(PortInfo("bnxt_re0", "1", "/x", "Ethernet", "ens41f0np0", "0"),
+                                           PortInfo("mlx5_0", "1", "/y", "Ethernet", "eth0", "1")))
+    rate = 400e9 / 8
+    samples = (Sample("fabricmon_ib_port_data_rate_bytes_per_second", (("device", "bnxt_re0"), ("port", "1")), rate),
+               Sample("fabricmon_ib_port_data_rate_bytes_per_second", (("device", "mlx5_0"), ("port", "1")), rate))
+    deltas = (CounterDelta("fabricmon_netdev_phy_corrected_bit_total", (("interface", "ens41f0np0"),), 30.0),
+              CounterDelta("fabricmon_netdev_phy_received_bit_total", (("interface", "ens41f0np0"),), 3e11),
+              CounterDelta("fabricmon_netdev_phy_corrected_bit_total", (("interface", "eth0"),), 40.0))
+    snap = Snapshot("n", 2.0, 2, samples, deltas, 1.0, (), {"inventory": inv})
+    ber = {dict(s.labels)["interface"]: s.value for s in link_margins(snap) if s.family == BER}
+    assert ber["ens41f0np0"] == pytest.approx(30.0 / 3e11)  # the link carried 3e11 bits, not 4e11
+    assert ber["eth0"] == pytest.approx(40.0 / 400e9)  # mlx5: no rx_bits_phy, the data rate stands in
