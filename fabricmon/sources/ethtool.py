@@ -21,6 +21,7 @@ import os
 import re
 import socket
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,7 +33,7 @@ from ..model import Labels, Reading, ReadingMemo, Semantics, SourceResult
 from .bounds import Rejected, RejectCounts, counter_from_text, read_bounded, valid_ifname
 from .drivers import DriverTable, Match
 from .drivers.ethtool_tables import ALL as ALL_ETHTOOL_TABLES
-from .drivers.ethtool_tables import LEGACY_NAMES
+from .drivers.ethtool_tables import LEGACY_NAMES, STANDARD_GROUPS
 from .drivers.ethtool_tables import TABLES as ETHTOOL_TABLES
 from .drivers.families import (
     ECN_MARKED,
@@ -51,6 +52,7 @@ from .drivers.families import (
     STORM_EVENTS,
 )
 from .errorlog import ErrorLog
+from .ethtool_groups import EthtoolNetlink, GroupsUnavailable, parse_groups_json
 from .inventory import Inventory
 
 __all__ = [
@@ -64,6 +66,7 @@ __all__ = [
 
 _log = structlog.get_logger("fabricmon.sources")
 MAX_LOGGED_NAMES = 10_000  # names already logged as unclassified, kept to log each once; bounded
+GROUPS_EVERY_S = 10.0  # ethtool netlink standard groups: read at most this often per netdev
 
 # --- SIOCETHTOOL ioctl (include/uapi/linux/ethtool.h, sockios.h) ---------------
 
@@ -379,6 +382,8 @@ def tables_for(driver: str | None) -> tuple[DriverTable, ...]:
 
 def lookup_stat(name: str, driver: str | None = None) -> Match | None:
     """The table row of one stat name, None when no table knows it (unclassified)."""
+    if "/" in name:  # "<group>/<Stat>": a standard group (ethtool_groups.py), the same for every driver
+        return STANDARD_GROUPS.lookup(name)
     for table in tables_for(driver):
         m = table.lookup(name)
         if m is not None:
@@ -455,6 +460,8 @@ class EthtoolSource:
         config: EthtoolConfig | None = None,
         ethtool_dir: str | None = None,
         ioctl: EthtoolIoctl | None = None,
+        groups: EthtoolNetlink | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``cfg`` as the runtime passes it; ``config``/``ethtool_dir`` override its parts (tests)."""
         self.config = config or (cfg.sources.ethtool if cfg is not None else EthtoolConfig())
@@ -462,6 +469,10 @@ class EthtoolSource:
         # None: the ioctl on this host; set: <dir>/<if>.txt (fixtures, simulator)
         self.ethtool_dir = ethtool_dir if ethtool_dir is not None else (cfg.ethtool_dir if cfg is not None else None)
         self._ioctl = ioctl or EthtoolIoctl()
+        # the standard stats groups over ethtool netlink; None once the host showed it has none
+        self._groups: EthtoolNetlink | None = groups or EthtoolNetlink()
+        self._groups_cache: dict[str, tuple[float, list[tuple[str, int]]]] = {}
+        self._clock = clock
         self._allow = tuple(re.compile(p) for p in self.config.allow)
         # Classification is pure in (driver, name, allowlist): memoised, since the
         # same few hundred names come back every second.  Value: (export, known to a table).
@@ -555,6 +566,42 @@ class EthtoolSource:
             raise Rejected("malformed", f"{path}: no statistics in {len(data)} bytes")
         return dump
 
+    def _read_groups(self, interface: str, result: SourceResult) -> list[tuple[str, int]]:
+        """The standard groups of one netdev: ``<if>.groups.json`` in a fixture tree, ethtool netlink
+        on a host (at most every GROUPS_EVERY_S per netdev: the error counters they add need no 1 s
+        resolution, and a genetlink round trip through pyroute2 costs more than the ioctl)."""
+        if self.ethtool_dir is not None:
+            path = os.path.join(self.ethtool_dir, f"{interface}.groups.json")
+            try:
+                return parse_groups_json(read_bounded(path, MAX_DUMP_BYTES).decode("utf-8", "replace"))
+            except FileNotFoundError:
+                return []  # optional, like <if>.pfc.txt
+            except (OSError, Rejected) as exc:
+                if isinstance(exc, Rejected):
+                    self._rejects.add(exc.reason)
+                result.error(f"{path}: {exc}")
+                return []
+        if self._groups is None:
+            return []
+        now = self._clock()
+        hit = self._groups_cache.get(interface)
+        if hit is not None and now - hit[0] < GROUPS_EVERY_S:
+            return hit[1]
+        try:
+            _, stats = self._groups.read(interface)
+        except GroupsUnavailable as exc:
+            if exc.errno in (errno.ENOSYS, errno.ENOENT, errno.EPROTONOSUPPORT):
+                _log.info("ethtool_groups_unavailable", reason=str(exc))  # this host has none: stop asking
+                self._groups = None
+            stats = []
+        except OSError as exc:
+            result.error(f"{interface}: ethtool netlink stats: {exc}")
+            stats = []
+        if len(self._groups_cache) > 4096:
+            self._groups_cache.clear()
+        self._groups_cache[interface] = (now, stats)
+        return stats
+
     def poll(self, inventory: Inventory) -> SourceResult:
         result = SourceResult(self.name)
         ifaces = self.interfaces(inventory)
@@ -583,12 +630,20 @@ class EthtoolSource:
                     result.error(f"{iface}: {len(bad)} value(s) rejected, first {bad[0][0]}: {bad[0][1]}")
             driver = self._driver(iface, inventory)
             classify = self._classify
-            result.readings.extend(stat_readings(
-                iface, dump.stats, lambda n, d=driver: classify(d, n)[0], memo, self._labels))
+            own = stat_readings(iface, dump.stats, lambda n, d=driver: classify(d, n)[0], memo, self._labels)
+            result.readings.extend(own)
+            group_stats = self._read_groups(iface, result)
+            if group_stats:
+                # a series the driver's own stats already give keeps the driver's value
+                have = {(r.family, r.labels) for r in own}
+                result.readings.extend(
+                    r for r in stat_readings(iface, group_stats, lambda n, d=driver: classify(d, n)[0], memo,
+                                             self._labels)
+                    if (r.family, r.labels) not in have)
             result.readings.append(memo.get(ETHTOOL_UP, (("interface", iface),), 1.0))
             result.readings.append(memo.get(
                 ETHTOOL_UNCLASSIFIED, (("interface", iface), ("driver", driver or "unknown")),
-                self._unclassified(iface, driver, dump.stats)))
+                self._unclassified(iface, driver, dump.stats + group_stats)))
         result.readings.extend(self._rejects.readings())
         result.readings.append(memo.get("fabricmon_devices_discovered", (("kind", "netdev"),), read))
         memo.commit()
@@ -606,3 +661,5 @@ class EthtoolSource:
 
     def close(self) -> None:
         self._ioctl.close()
+        if self._groups is not None:
+            self._groups.close()

@@ -203,8 +203,14 @@ ICE = DriverTable("ice", ICE_SOURCE, (
     StatRule("link_xoff_tx.nic", GLOBAL_PAUSE_FRAMES, (("direction", "tx"),), unit="frames"),
     StatRule("link_xon_rx.nic", None), StatRule("link_xon_tx.nic", None),
     StatRule("rx_crc_errors.nic", PHY_ERRORS, _ERR, unit="frames", canonical="rx_crc_errors_phy"),
-    *_errors("illegal_bytes.nic", "mac_local_faults.nic", "mac_remote_faults.nic", "rx_length_errors.nic",
-             "rx_undersize.nic", "rx_fragments.nic", "rx_oversize.nic", "rx_jabber.nic", "rx_dropped.nic",
+    # the counters ice also reports as the standard eth-mac/rmon stats (ice_get_eth_mac_stats,
+    # ice_get_rmon_stats) carry the same canonical names, so each is one series
+    StatRule("rx_length_errors.nic", PHY_ERRORS, _ERR, unit="frames", canonical="rx_in_range_len_errors_phy"),
+    StatRule("rx_oversize.nic", PHY_ERRORS, _ERR, unit="frames", canonical="rx_oversize_pkts_phy"),
+    StatRule("rx_undersize.nic", PHY_ERRORS, _ERR, unit="frames", canonical="rx_undersize_pkts_phy"),
+    StatRule("rx_fragments.nic", PHY_ERRORS, _ERR, unit="frames", canonical="rx_fragments_phy"),
+    StatRule("rx_jabber.nic", PHY_ERRORS, _ERR, unit="frames", canonical="rx_jabbers_phy"),
+    *_errors("illegal_bytes.nic", "mac_local_faults.nic", "mac_remote_faults.nic", "rx_dropped.nic",
              "tx_dropped_link_down.nic", "tx_errors.nic"),
     StatRule("{direction}_queue_{n}_packets", None), StatRule("{direction}_queue_{n}_bytes", None),
     *raw_only(
@@ -219,6 +225,34 @@ ICE = DriverTable("ice", ICE_SOURCE, (
         "tx_hwtstamp_skipped", "tx_hwtstamp_timeouts", "tx_hwtstamp_flushed", "tx_hwtstamp_discarded",
         "late_cached_phc_updates", "rx_eipe_error.nic",
     ),
+))
+
+# --------------------------------------------------------------------------- standard groups
+STANDARD_GROUPS_SOURCE = ("torvalds/linux net/ethtool/common.c (stats_eth_phy_names, stats_eth_mac_names, "
+                          "stats_eth_ctrl_names, stats_rmon_names), include/uapi/linux/ethtool_netlink.h "
+                          "(ETHTOOL_A_STATS_*): IEEE 802.3 clause 30 and RFC 2819 names, any driver")
+_STD_ERRORS = ("eth-mac/AlignmentErrors", "eth-mac/FramesLostDueToIntMACRcvError",
+               "eth-mac/FramesLostDueToIntMACXmitError", "eth-mac/CarrierSenseErrors",
+               "rmon/etherStatsOversizePkts")
+#: the same IEEE counter under the name mlx5 gives it (en_stats.c pport_802_3 / pport_2819 descs), so a
+#: driver that has both spellings exports one series
+_STD_CANONICAL = {
+    "eth-mac/FrameCheckSequenceErrors": "rx_crc_errors_phy",
+    "eth-phy/SymbolErrorDuringCarrier": "rx_symbol_err_phy",
+    "eth-mac/InRangeLengthErrors": "rx_in_range_len_errors_phy",
+    "eth-mac/OutOfRangeLengthField": "rx_out_of_range_len_phy",
+    "eth-mac/FrameTooLongErrors": "rx_oversize_pkts_phy",
+    "rmon/etherStatsUndersizePkts": "rx_undersize_pkts_phy",
+    "rmon/etherStatsFragments": "rx_fragments_phy",
+    "rmon/etherStatsJabbers": "rx_jabbers_phy",
+}
+
+#: names are "<group>/<Stat>" (sources/ethtool_groups.py); a series a driver's own -S stats already
+#: give (mlx5 rx_crc_errors_phy, ice rx_crc_errors.nic) keeps the driver's value, not a second one
+STANDARD_GROUPS = DriverTable("standard-groups", STANDARD_GROUPS_SOURCE, (
+    *(StatRule(n, PHY_ERRORS, _ERR, unit="errors", canonical=c) for n, c in _STD_CANONICAL.items()),
+    *_errors(*_STD_ERRORS),
+    StatRule("eth-mac/{rest}", None), StatRule("eth-ctrl/{rest}", None),
 ))
 
 #: driver name (ethtool GDRVINFO ``driver``, or the sysfs driver link) -> table
