@@ -103,3 +103,12 @@ def test_netlink_read_agrees_with_the_ethtool_binary_on_veth() -> None:
     assert ours["groups"] == want_groups == ["eth-ctrl", "eth-mac", "eth-phy", "rmon"]
     assert [tuple(x) for x in ours["stats"]] == parse_groups_json(theirs)
     assert ours["missing"] == 19  # ENODEV, as the kernel said it
+
+
+def test_collect_writes_groups_as_ethtool_does_and_the_agent_reads_them_back() -> None:
+    from fabricmon.collect import groups_json
+
+    stats = [("eth-mac/FrameCheckSequenceErrors", 7), ("rmon/etherStatsJabbers", 1)]
+    text = groups_json("ens1", frozenset({"eth-phy", "eth-mac", "eth-ctrl", "rmon"}), stats)
+    assert json.loads(text)[0]["eth-phy"] == {} and json.loads(text)[0]["ifname"] == "ens1"
+    assert parse_groups_json(text) == stats
