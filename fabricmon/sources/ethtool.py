@@ -30,7 +30,7 @@ import structlog
 from ..config import AgentConfig
 from ..config import EthtoolSource as EthtoolConfig
 from ..model import Labels, Reading, ReadingMemo, Semantics, SourceResult
-from .bounds import Rejected, RejectCounts, counter_from_text, read_bounded, valid_ifname
+from .bounds import RejectCounts, Rejected, counter_from_text, read_bounded, valid_ifname
 from .drivers import DriverTable, Match
 from .drivers.ethtool_tables import ALL as ALL_ETHTOOL_TABLES
 from .drivers.ethtool_tables import LEGACY_NAMES, STANDARD_GROUPS
@@ -629,17 +629,18 @@ class EthtoolSource:
                 if bad:  # not u64 integers: a garbled dump, one error per interface and poll
                     result.error(f"{iface}: {len(bad)} value(s) rejected, first {bad[0][0]}: {bad[0][1]}")
             driver = self._driver(iface, inventory)
-            classify = self._classify
-            own = stat_readings(iface, dump.stats, lambda n, d=driver: classify(d, n)[0], memo, self._labels)
+
+            def export(name: str, driver: str = driver) -> StatClass | None:
+                return self._classify(driver, name)[0]
+
+            own = stat_readings(iface, dump.stats, export, memo, self._labels)
             result.readings.extend(own)
             group_stats = self._read_groups(iface, result)
             if group_stats:
                 # a series the driver's own stats already give keeps the driver's value
                 have = {(r.family, r.labels) for r in own}
-                result.readings.extend(
-                    r for r in stat_readings(iface, group_stats, lambda n, d=driver: classify(d, n)[0], memo,
-                                             self._labels)
-                    if (r.family, r.labels) not in have)
+                result.readings.extend(r for r in stat_readings(iface, group_stats, export, memo, self._labels)
+                                       if (r.family, r.labels) not in have)
             result.readings.append(memo.get(ETHTOOL_UP, (("interface", iface),), 1.0))
             result.readings.append(memo.get(
                 ETHTOOL_UNCLASSIFIED, (("interface", iface), ("driver", driver or "unknown")),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import json
+from typing import Any
 
 from .bounds import Rejected, counter_value
 
@@ -121,8 +122,8 @@ class EthtoolNetlink:
     """``ETHTOOL_MSG_STATS_GET`` for every standard group, over one generic-netlink socket."""
 
     def __init__(self) -> None:
-        self._sock = None
-        self._msg = None
+        self._sock: Any = None
+        self._msg: Any = None
 
     def _socket(self):
         if self._sock is None:

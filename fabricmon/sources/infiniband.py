@@ -39,12 +39,12 @@ from typing import TYPE_CHECKING, NamedTuple
 import structlog
 
 from ..model import Labels, Reading, ReadingMemo, Semantics, SourceResult
-from .bounds import Rejected, RejectCounts, counter_from_bytes
-from .errorlog import ErrorLog
+from .bounds import RejectCounts, Rejected, counter_from_bytes
 from .drivers.families import HW_LIFESPAN, HW_STAT, RETRIES
 from .drivers.rdma_tables import DEVICE_PREFIXES as RDMA_DEVICE_PREFIXES
 from .drivers.rdma_tables import MODULE_DRIVERS as RDMA_MODULE_DRIVERS
 from .drivers.rdma_tables import TABLES as RDMA_TABLES
+from .errorlog import ErrorLog
 from .inventory import DeviceInfo, Inventory, PortInfo
 
 if TYPE_CHECKING:
@@ -298,7 +298,7 @@ def classify(subdir: str, name: str, legacy: bool = False, driver: str = "mlx5")
         if m is None:
             return CounterPlan(Semantics.MONOTONIC, 64, 1, ((HW_STAT, True),), name, unclassified=True)
         rule = m.rule
-        fams = ((rule.family, rule.family != HW_LIFESPAN),) if rule.family else ()
+        fams: tuple[tuple[str, bool], ...] = ((rule.family, rule.family != HW_LIFESPAN),) if rule.family else ()
         fams += tuple((f, f == RETRIES) for f in rule.also)
         return CounterPlan(rule.semantics, rule.width, rule.scale, fams, name, curated_counter=m.counter)
     if subdir == "counters_ext":

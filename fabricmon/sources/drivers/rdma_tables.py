@@ -11,7 +11,17 @@ u64 on bnxt_re.  Gauges (resource levels) and high-water marks export as read.
 from __future__ import annotations
 
 from . import DriverTable, Kind, StatRule, raw_only
-from .families import CNP_HANDLED, CNP_IGNORED, CNP_SENT, HW_GAUGE, HW_HIGH_WATER, HW_LIFESPAN, HW_STAT, RETRIES, ROCE_ECN_MARKED
+from .families import (
+    CNP_HANDLED,
+    CNP_IGNORED,
+    CNP_SENT,
+    HW_GAUGE,
+    HW_HIGH_WATER,
+    HW_LIFESPAN,
+    HW_STAT,
+    RETRIES,
+    ROCE_ECN_MARKED,
+)
 
 _C = (("counter", "{name}"),)
 
