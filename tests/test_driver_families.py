@@ -25,7 +25,7 @@ from fabricmon.sources.infiniband import InfinibandSource
 from fabricmon.sources.inventory import discover
 
 FIXTURES = Path(__file__).parent / "fixtures" / "drivers"
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parent / "golden" / "drivers"  # one per fixture tree (not golden_cases.py)
 UPDATE = os.environ.get("FABRICMON_UPDATE_GOLDEN") == "1"
 PAUSE_FRAMES = "fabricmon_pfc_pause_frames_total"
 PAUSE_SECONDS = "fabricmon_pfc_pause_seconds_total"
@@ -66,7 +66,7 @@ def check(got: dict, family: str, value: float, **labels: str) -> None:
 
 
 def golden(tree: str, body: str) -> None:
-    path = GOLDEN / f"drivers-{tree}.prom"
+    path = GOLDEN / f"{tree}.prom"
     lines = [ln for ln in body.splitlines() if not ln.startswith("fabricmon_collector_duration")]
     text = "\n".join(lines) + "\n"
     if UPDATE:
