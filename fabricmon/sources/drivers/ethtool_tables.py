@@ -127,7 +127,11 @@ MLX5 = DriverTable("mlx5_core", MLX5_SOURCE, (
         "tx_queue_wake", "tx_queue_dropped", "tx_xmit_more", "tx_recover", "tx_cqes", "tx_cqe_err",
         "rx_cache_reuse", "rx_cache_full", "rx_cache_empty", "rx_cache_busy", "rx_cache_waive",
         "rx_congst_umr", "rx_arfs_err", "rx_recover", "ch_events", "ch_poll", "ch_arm", "ch_aff_change",
-        "ch_force_irq", "ch_eq_rearm",
+        "ch_force_irq", "ch_eq_rearm", "rx_mac_control_phy", "tx_mac_control_phy", "rx_steer_missed_packets",
+        # kernels 4.5-4.7 (pport_strings, vport_strings of en.h) without a curated twin
+        "alignment_err", "frames_rx", "frames_tx", "in_errors", "in_octets", "in_ucast_pkts", "mac_control_rx",
+        "mac_control_tx", "octets_received", "octets_tx", "out_octets", "vport_rx_bytes", "vport_rx_packets",
+        "vport_tx_bytes", "vport_tx_packets",
     ),
 ))
 
