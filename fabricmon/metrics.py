@@ -46,7 +46,7 @@ SPECS: dict[str, MetricSpec] = _specs(
     ("fabricmon_ib_port_up", "gauge", "1 while the port is readable in sysfs.", _PORT),
     ("fabricmon_rdma_hw_stat_total", "counter", "Every hw_counters file; 32-bit ones unwrapped into a monotonic count.", _PORT + ("counter",)),
     ("fabricmon_rdma_hw_stat_lifespan_seconds", "gauge", "hw_counters cache lifetime.", _PORT),
-    ("fabricmon_rdma_hw_stat_gauge", "gauge",
+    ("fabricmon_rdma_hw_stat_level", "gauge",
      "hw_counters files that are levels, not counts (bnxt_re active_qps, db_fifo_register), as read.", _PORT + ("counter",)),
     ("fabricmon_rdma_hw_stat_high_water", "gauge",
      "hw_counters high-water marks (bnxt_re watermark_*), as read.", _PORT + ("counter",)),

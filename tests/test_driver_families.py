@@ -13,6 +13,8 @@ tests/test_driver_families.py``.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -129,7 +131,7 @@ def test_broadcom_bnxt_en_and_bnxt_re(tree: str, gen: int) -> None:
             check(got, family, hw_value(tree, dev, raw), **dp)
         # levels are gauges, high-water marks too: never in the counter family
         for raw in ("active_qps", "active_cqs", "active_mrs", "db_fifo_register"):
-            check(got, "fabricmon_rdma_hw_stat_gauge", hw_value(tree, dev, raw), counter=raw, **dp)
+            check(got, "fabricmon_rdma_hw_stat_level", hw_value(tree, dev, raw), counter=raw, **dp)
             assert ("fabricmon_rdma_hw_stat_total", frozenset({**dp, "counter": raw}.items())) not in got
         check(got, "fabricmon_rdma_hw_stat_high_water", hw_value(tree, dev, "watermark_qps"), counter="watermark_qps",
               **dp)
@@ -231,3 +233,11 @@ def test_ber_uses_the_drivers_own_denominator_where_it_has_one() -> None:
     ber = {dict(s.labels)["interface"]: s.value for s in link_margins(snap) if s.family == BER}
     assert ber["ens41f0np0"] == pytest.approx(30.0 / 3e11)  # the link carried 3e11 bits, not 4e11
     assert ber["eth0"] == pytest.approx(40.0 / 400e9)  # mlx5: no rx_bits_phy, the data rate stands in
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")
+@pytest.mark.parametrize("tree", ["bnxt-thor2-gen1", "bnxt-thor2-gen2", "ice-irdma-e810", "efa-p5"])
+def test_driver_expositions_are_promtool_clean(tree: str) -> None:
+    _, body, _ = poll_tree(tree)
+    proc = subprocess.run(["promtool", "check", "metrics"], input=body.encode(), capture_output=True, timeout=60)
+    assert proc.returncode == 0 and not (proc.stdout + proc.stderr).strip(), (proc.stdout + proc.stderr).decode()

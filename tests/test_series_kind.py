@@ -18,10 +18,10 @@ def _batch(seq: int, deltas=(), gauges=()) -> NodeBatch:
 
 def test_encoder_defines_deltas_as_counters_and_gauges_as_gauges() -> None:
     m = SeriesEncoder().encode(_batch(1, [CounterDelta("fabricmon_rdma_hw_stat_total", LAB, 3.0)],
-                                      [Sample("fabricmon_rdma_hw_stat_gauge", LAB, 17.0)]))
+                                      [Sample("fabricmon_rdma_hw_stat_level", LAB, 17.0)]))
     kinds = {sd.family: sd.kind for sd in m.new_series}
     assert kinds == {"fabricmon_rdma_hw_stat_total": pb.SERIES_KIND_COUNTER,
-                     "fabricmon_rdma_hw_stat_gauge": pb.SERIES_KIND_GAUGE}
+                     "fabricmon_rdma_hw_stat_level": pb.SERIES_KIND_GAUGE}
     got = SeriesDecoder().decode(m, "n1")
     assert [d.delta for d in got.deltas] == [3.0] and [g.value for g in got.gauges] == [17.0]
 
@@ -32,10 +32,10 @@ def _def(sid: int, family: str, kind: int) -> pb.SeriesDef:
 
 def test_a_delta_of_a_gauge_series_is_malformed_so_a_fall_cannot_become_a_reset() -> None:
     dec = SeriesDecoder()
-    dec.decode(pb.Batch(seq=1, ts=1.0, new_series=[_def(1, "fabricmon_rdma_hw_stat_gauge", pb.SERIES_KIND_GAUGE)],
+    dec.decode(pb.Batch(seq=1, ts=1.0, new_series=[_def(1, "fabricmon_rdma_hw_stat_level", pb.SERIES_KIND_GAUGE)],
                         gauge_ids=[1], gauge_values=[50.0]), "n1")
     bad = pb.Batch(seq=2, ts=2.0, delta_ids=[1], delta_values=[40.0], reset_ids=[1])
-    with pytest.raises(MalformedBatch, match="delta_ids: series fabricmon_rdma_hw_stat_gauge is a gauge"):
+    with pytest.raises(MalformedBatch, match="delta_ids: series fabricmon_rdma_hw_stat_level is a gauge"):
         dec.decode(bad, "n1")
     # defined and misused in the same batch, and in a self-contained (spooled) one
     for sc in (False, True):

@@ -20,7 +20,7 @@ PCI_STALLED = "fabricmon_netdev_pci_stalled_ratio"
 
 # hw_counters
 HW_STAT = "fabricmon_rdma_hw_stat_total"
-HW_GAUGE = "fabricmon_rdma_hw_stat_gauge"
+HW_GAUGE = "fabricmon_rdma_hw_stat_level"
 HW_HIGH_WATER = "fabricmon_rdma_hw_stat_high_water"
 HW_LIFESPAN = "fabricmon_rdma_hw_stat_lifespan_seconds"
 CNP_SENT = "fabricmon_roce_cnp_sent_total"
