@@ -241,3 +241,25 @@ def test_driver_expositions_are_promtool_clean(tree: str) -> None:
     _, body, _ = poll_tree(tree)
     proc = subprocess.run(["promtool", "check", "metrics"], input=body.encode(), capture_output=True, timeout=60)
     assert proc.returncode == 0 and not (proc.stdout + proc.stderr).strip(), (proc.stdout + proc.stderr).decode()
+
+
+def test_renamed_rdma_device_is_known_by_its_driver_link_and_unknown_files_are_counted(tmp_path, capsys) -> None:
+    """rdma-core's udev rules rename devices (rdmap16s0): the PCI driver link still says efa.  A hw_counters
+    file no table knows is exported as a 64-bit counter, counted per device and logged once."""
+    node = tmp_path / "node"
+    shutil.copytree(FIXTURES / "efa-p5" / "node", node, symlinks=True)
+    ib = node / "sys/class/infiniband"
+    (ib / "efa_0").rename(ib / "rdmap16s0")
+    (ib / "rdmap16s0/ports/1/hw_counters/brand_new_counter").write_text("77\n")
+    inv = discover(str(node / "sys"))
+    src = InfinibandSource(timeout=1.0)
+    for _ in range(2):
+        res = src.poll(inv)
+    v = {(r.family, r.labels): r.value for r in res.readings}
+    dp = (("device", "rdmap16s0"), ("port", "1"))
+    assert v[(RETRIES, dp + (("counter", "retrans_timeout_events"),))] == hw_value("efa-p5", "efa_0",
+                                                                                     "retrans_timeout_events")
+    assert v[("fabricmon_rdma_hw_stat_total", dp + (("counter", "brand_new_counter"),))] == 77
+    assert v[("fabricmon_rdma_hw_stat_unclassified", (("device", "rdmap16s0"),))] == 1
+    out = capsys.readouterr()
+    assert (out.out + out.err).count("rdma_hw_stat_unclassified") == 1
