@@ -112,3 +112,52 @@ def test_collect_writes_groups_as_ethtool_does_and_the_agent_reads_them_back() -
     text = groups_json("ens1", frozenset({"eth-phy", "eth-mac", "eth-ctrl", "rmon"}), stats)
     assert json.loads(text)[0]["eth-phy"] == {} and json.loads(text)[0]["ifname"] == "ens1"
     assert parse_groups_json(text) == stats
+
+
+class _FakeIoctl:
+    def read(self, interface: str) -> list[tuple[str, int]]:
+        return [("rx_crc_errors_phy", 1)]
+
+    def driver(self, interface: str) -> str:
+        return "mlx5_core"
+
+    def forget(self, keep: set[str]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _FakeGroups:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def ready(self) -> bool:
+        return True
+
+    def read(self, interface: str):
+        self.calls.append(interface)
+        return frozenset({"eth-mac"}), [("eth-mac/AlignmentErrors", 10 + len(self.calls))]
+
+    def close(self) -> None:
+        pass
+
+
+def test_live_groups_are_read_one_netdev_a_poll_and_every_10_s_each(tmp_path: Path) -> None:
+    now = [100.0]
+    groups = _FakeGroups()
+    src = EthtoolSource(ioctl=_FakeIoctl(), groups=groups, clock=lambda: now[0])
+    inv = Inventory(str(tmp_path), extra_netdevs=("eth0", "eth1", "eth2"))
+
+    def aligned(res) -> dict[str, float]:
+        return {dict(r.labels)["interface"]: r.value for r in res.readings
+                if r.family == PHY and dict(r.labels)["counter"] == "eth-mac/AlignmentErrors"}
+
+    seen = []
+    for _ in range(4):
+        seen.append(aligned(src.poll(inv)))
+        now[0] += 1.0
+    assert groups.calls == ["eth0", "eth1", "eth2"]  # one genetlink round trip per poll, never a burst
+    assert seen[0] == {"eth0": 11} and seen[2] == seen[3] == {"eth0": 11, "eth1": 12, "eth2": 13}
+    now[0] = 110.5  # eth0's values are 10 s old: its turn again
+    assert aligned(src.poll(inv))["eth0"] == 14 and groups.calls[-1] == "eth0"

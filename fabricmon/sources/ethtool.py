@@ -52,7 +52,7 @@ from .drivers.families import (
     STORM_EVENTS,
 )
 from .errorlog import ErrorLog
-from .ethtool_groups import EthtoolNetlink, GroupsUnavailable, parse_groups_json
+from .ethtool_groups import EthtoolNetlink, GroupsUnavailable, parse_groups_json, warm_up
 from .inventory import Inventory
 
 __all__ = [
@@ -66,7 +66,7 @@ __all__ = [
 
 _log = structlog.get_logger("fabricmon.sources")
 MAX_LOGGED_NAMES = 10_000  # names already logged as unclassified, kept to log each once; bounded
-GROUPS_EVERY_S = 10.0  # ethtool netlink standard groups: read at most this often per netdev
+GROUPS_EVERY_S = 10.0  # ethtool netlink standard groups: read at most this often per netdev (one netdev a poll)
 
 # --- SIOCETHTOOL ioctl (include/uapi/linux/ethtool.h, sockios.h) ---------------
 
@@ -472,7 +472,10 @@ class EthtoolSource:
         # the standard stats groups over ethtool netlink; None once the host showed it has none
         self._groups: EthtoolNetlink | None = groups or EthtoolNetlink()
         self._groups_cache: dict[str, tuple[float, list[tuple[str, int]]]] = {}
+        self._groups_reads_left = 0  # per poll: one genetlink round trip at most (~3 ms through pyroute2)
         self._clock = clock
+        if self.ethtool_dir is None and groups is None:
+            warm_up()
         self._allow = tuple(re.compile(p) for p in self.config.allow)
         # Classification is pure in (driver, name, allowlist): memoised, since the
         # same few hundred names come back every second.  Value: (export, known to a table).
@@ -581,12 +584,15 @@ class EthtoolSource:
                     self._rejects.add(exc.reason)
                 result.error(f"{path}: {exc}")
                 return []
-        if self._groups is None:
+        if self._groups is None or not self._groups.ready():
             return []
         now = self._clock()
         hit = self._groups_cache.get(interface)
-        if hit is not None and now - hit[0] < GROUPS_EVERY_S:
+        if hit is not None and (now - hit[0] < GROUPS_EVERY_S or self._groups_reads_left <= 0):
             return hit[1]
+        if self._groups_reads_left <= 0:
+            return []  # its turn comes in a later poll: the reads are spread, one per poll
+        self._groups_reads_left -= 1
         try:
             _, stats = self._groups.read(interface)
         except GroupsUnavailable as exc:
@@ -604,6 +610,7 @@ class EthtoolSource:
 
     def poll(self, inventory: Inventory) -> SourceResult:
         result = SourceResult(self.name)
+        self._groups_reads_left = 1
         ifaces = self.interfaces(inventory)
         memo = self._memo
         memo.begin()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import json
+import threading
 from typing import Any
 
 from .bounds import Rejected, counter_value
@@ -114,6 +115,34 @@ def _messages():  # pragma: no cover - imported lazily: pyroute2 is needed only 
     return stats_msg
 
 
+# Importing pyroute2 takes about a second of CPU: done once per process in a background thread, so
+# that no poll waits for it (a poll reads the groups only once it is done).
+_IMPORTED = threading.Event()
+_IMPORT_LOCK = threading.Lock()
+_import_error: str | None = None
+_import_started = False
+
+
+def _import_pyroute2() -> None:
+    global _import_error
+    try:
+        import pyroute2.netlink.generic  # noqa: F401
+    except ImportError as exc:
+        _import_error = str(exc)
+    finally:
+        _IMPORTED.set()
+
+
+def warm_up() -> None:
+    """Start importing pyroute2 in the background (once per process)."""
+    global _import_started
+    with _IMPORT_LOCK:
+        if _import_started:
+            return
+        _import_started = True
+    threading.Thread(target=_import_pyroute2, name="ethtool-netlink-import", daemon=True).start()
+
+
 ETHTOOL_MSG_STATS_GET = 32  # position in the ETHTOOL_MSG_* user enum
 ETHTOOL_GENL_VERSION = 1
 
@@ -124,6 +153,11 @@ class EthtoolNetlink:
     def __init__(self) -> None:
         self._sock: Any = None
         self._msg: Any = None
+
+    @staticmethod
+    def ready() -> bool:
+        """pyroute2 is imported (``warm_up``): a read will not stall on the import."""
+        return _IMPORTED.is_set()
 
     def _socket(self):
         if self._sock is None:
