@@ -45,6 +45,10 @@ PHY_DOWN = frozenset({"link_down_events_phy"})
 RETRY_COUNTERS = frozenset({
     "local_ack_timeout_err", "out_of_sequence", "packet_seq_err", "implied_nak_seq_err", "rnr_nak_retry_err",
     "req_transport_retries_exceeded", "roce_adp_retrans", "roce_slow_restart", "duplicate_request",
+    # drivers without an mlx5 twin (bnxt_re's old names arrive under these canonical ones):
+    # EFA SRD retransmits and remote-health events, irdma's iWARP TCP retransmitted segments
+    "retrans_pkts", "retrans_timeout_events", "impaired_remote_conn_events", "unresponsive_remote_events",
+    "tcpRetransSegs",
 })
 GPU_SLOW_REASONS = frozenset({"HwSlowdown", "SwThermalSlowdown", "HwThermalSlowdown", "HwPowerBrakeSlowdown"})
 

@@ -27,6 +27,10 @@ MAX_NAME = 200
 MAX_VALUE = 1024
 
 SeriesKey = tuple[str, Labels]
+UNSPECIFIED = pb.SERIES_KIND_UNSPECIFIED  # an agent older than SeriesDef.kind
+COUNTER = pb.SERIES_KIND_COUNTER
+GAUGE = pb.SERIES_KIND_GAUGE
+_KINDS = frozenset({UNSPECIFIED, COUNTER, GAUGE})
 
 
 class MalformedBatch(ValueError):
@@ -73,13 +77,13 @@ class SeriesEncoder:
     def __len__(self) -> int:
         return len(self._ids)
 
-    def _id(self, key: SeriesKey, out: pb.Batch) -> int:
+    def _id(self, key: SeriesKey, out: pb.Batch, kind: int = COUNTER) -> int:
         sid = self._ids.get(key)
         if sid is None:
             sid = len(self._ids) + 1
             self._ids[key] = sid
             out.new_series.append(pb.SeriesDef(
-                id=sid, family=key[0], labels=[pb.Label(name=k, value=v) for k, v in key[1]]))
+                id=sid, family=key[0], labels=[pb.Label(name=k, value=v) for k, v in key[1]], kind=kind))
         return sid
 
     def encode(self, b: NodeBatch, *, self_contained: bool = False) -> pb.Batch:
@@ -95,7 +99,7 @@ class SeriesEncoder:
             if d.reset:
                 out.reset_ids.append(sid)
         for s in b.gauges:
-            out.gauge_ids.append(self._id((s.family, s.labels), out))
+            out.gauge_ids.append(self._id((s.family, s.labels), out, GAUGE))
             out.gauge_values.append(s.value)
         for r in b.ranks:
             out.ranks.append(pb.RankTiming(
@@ -142,6 +146,8 @@ class SeriesDecoder:
     def __init__(self, max_series: int = MAX_SERIES_PER_CONNECTION,
                  read_families: frozenset[str] | None = None) -> None:
         self._table: dict[int, SeriesKey] = {}
+        self._gauge_ids: set[int] = set()  # series the agent defined as GAUGE: never a delta
+        self._counter_ids: set[int] = set()  # series the agent defined as COUNTER: never a gauge value
         self._zero: dict[int, CounterDelta] = {}
         self._read_ids: set[int] = set()
         self._read = read_families
@@ -165,7 +171,11 @@ class SeriesDecoder:
         table = {} if m.self_contained else self._table
         zero = {} if m.self_contained else self._zero
         read_ids = set() if m.self_contained else self._read_ids
+        gauge_ids = set() if m.self_contained else self._gauge_ids
+        counter_ids = set() if m.self_contained else self._counter_ids
         added: dict[int, SeriesKey] = {}
+        added_gauges: set[int] = set()
+        added_counters: set[int] = set()
         for sd in m.new_series:
             if sd.id == 0:
                 raise MalformedBatch("new_series: id 0 is not allowed")
@@ -173,7 +183,16 @@ class SeriesDecoder:
             old = table.get(sd.id) or added.get(sd.id)
             if old is not None and old != key:
                 raise MalformedBatch(f"new_series id {sd.id}: redefined ({old[0]} -> {key[0]})")
+            if sd.kind not in _KINDS:
+                raise MalformedBatch(f"new_series id {sd.id}: unknown kind {sd.kind}")
+            if old is not None and sd.kind != UNSPECIFIED and (
+                    (sd.kind == GAUGE) != (sd.id in gauge_ids or sd.id in added_gauges)):
+                raise MalformedBatch(f"new_series id {sd.id}: kind redefined ({key[0]})")
             added[sd.id] = key
+            if sd.kind == GAUGE:
+                added_gauges.add(sd.id)
+            elif sd.kind == COUNTER:
+                added_counters.add(sd.id)
         if not m.self_contained and len(table) + len(added) > self._max:
             raise MalformedBatch(f"series table over its limit of {self._max} series")
         if added:
@@ -194,6 +213,14 @@ class SeriesDecoder:
             for sid, v in zip(ids, vals):
                 if not math.isfinite(v) or v < 0:
                     raise MalformedBatch(f"delta_values: series {look(sid, 'delta_ids')[0]} has a bad delta {v!r}")
+        # Kinds as the agent defined them (isdisjoint runs in C: no per-delta Python on the hot path).
+        if not gauge_ids.isdisjoint(ids) or not added_gauges.isdisjoint(ids):
+            # a level sent as a count: its fall would read as a counter reset downstream
+            bad = next(sid for sid in ids if sid in gauge_ids or sid in added_gauges)
+            raise MalformedBatch(f"delta_ids: series {look(bad, 'delta_ids')[0]} is a gauge")
+        if not counter_ids.isdisjoint(m.gauge_ids) or not added_counters.isdisjoint(m.gauge_ids):
+            bad = next(sid for sid in m.gauge_ids if sid in counter_ids or sid in added_counters)
+            raise MalformedBatch(f"gauge_ids: series {look(bad, 'gauge_ids')[0]} is a counter")
         sat = set(m.saturated_ids)
         rst = set(m.reset_ids)
         if sat or rst:
@@ -241,6 +268,10 @@ class SeriesDecoder:
             layouts.append(JobLayout(lay.job, tuple((p.key, p.value) for p in lay.layout)))
         if not m.self_contained and added:
             self._table, self._zero, self._read_ids = table, zero, read_ids
+            if added_gauges:
+                self._gauge_ids = gauge_ids | added_gauges
+            if added_counters:
+                self._counter_ids = counter_ids | added_counters
         return NodeBatch(node=node, seq=m.seq, ts=m.ts, interval_seconds=m.interval_seconds,
                          deltas=tuple(deltas), gauges=tuple(gauges), ranks=tuple(ranks), layouts=tuple(layouts),
                          unread_deltas=skipped)

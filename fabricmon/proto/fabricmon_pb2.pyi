@@ -1,10 +1,20 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class SeriesKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SERIES_KIND_UNSPECIFIED: _ClassVar[SeriesKind]
+    SERIES_KIND_COUNTER: _ClassVar[SeriesKind]
+    SERIES_KIND_GAUGE: _ClassVar[SeriesKind]
+SERIES_KIND_UNSPECIFIED: SeriesKind
+SERIES_KIND_COUNTER: SeriesKind
+SERIES_KIND_GAUGE: SeriesKind
 
 class AgentMessage(_message.Message):
     __slots__ = ("hello", "batch")
@@ -61,14 +71,16 @@ class Label(_message.Message):
     def __init__(self, name: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
 
 class SeriesDef(_message.Message):
-    __slots__ = ("id", "family", "labels")
+    __slots__ = ("id", "family", "labels", "kind")
     ID_FIELD_NUMBER: _ClassVar[int]
     FAMILY_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     id: int
     family: str
     labels: _containers.RepeatedCompositeFieldContainer[Label]
-    def __init__(self, id: _Optional[int] = ..., family: _Optional[str] = ..., labels: _Optional[_Iterable[_Union[Label, _Mapping]]] = ...) -> None: ...
+    kind: SeriesKind
+    def __init__(self, id: _Optional[int] = ..., family: _Optional[str] = ..., labels: _Optional[_Iterable[_Union[Label, _Mapping]]] = ..., kind: _Optional[_Union[SeriesKind, str]] = ...) -> None: ...
 
 class IntPair(_message.Message):
     __slots__ = ("key", "value")

@@ -30,8 +30,9 @@ from .. import __version__
 from ..batch import NicHello, NodeBatch, NodeHello
 from ..model import CounterDelta, Labels, Sample, Semantics, Snapshot
 from ..rank_timing import JobLayout, RankTiming
-from ..sources.ethtool import ETHTOOL_UP, classify_stat
+from ..sources.ethtool import ETHTOOL_UNCLASSIFIED, ETHTOOL_UP, classify_stat, lookup_stat
 from ..sources.infiniband import DATA_PER_NOMINAL
+from ..sources.infiniband import UNCLASSIFIED as HW_UNCLASSIFIED
 from ..sources.infiniband import classify as ib_classify
 from ..sources.nvml.backend import ERROR_PATHS, NO_PATH, NVLINK_ERROR_TYPES, THROTTLE_REASONS, TRAFFIC_PATHS
 from .cluster import ClusterState
@@ -138,6 +139,8 @@ class Catalog:
                                               ("C", K[kname], d.index, xform, int(plan.scale))))
                 if plan.semantics is Semantics.SATURATING:
                     G.append(_Gauge("fabricmon_ib_port_error_saturated", lab, ("sat", len(self.counters) - 1)))
+        unknown = sum(1 for subdir, name, _ in files if subdir == "hw_counters" and ib_classify(subdir, name).unclassified)
+        G.append(_Gauge(HW_UNCLASSIFIED, (("device", d.name),), ("const", unknown)))
 
     # -- transceiver source ------------------------------------------------------------------
     def _transceiver(self, d) -> None:
@@ -168,6 +171,8 @@ class Catalog:
                 self.counters.append(_Counter(cls.family, labels, cls.semantics, cls.width, cls.scale, d.ifname,
                                               ("C", K["eth:" + name], d.index, ("mask", cls.width), 1)))
         self.gauges.append(_Gauge(ETHTOOL_UP, (("interface", d.ifname),), ("const", 1.0)))
+        unknown = sum(1 for name in ETH_STATS if lookup_stat(name) is None)
+        self.gauges.append(_Gauge(ETHTOOL_UNCLASSIFIED, (("interface", d.ifname), ("driver", "unknown")), ("const", unknown)))
 
     # -- fabric_config source -------------------------------------------------------------------
     def _fabric_config(self, d) -> None:

@@ -36,8 +36,14 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+import structlog
+
 from ..model import Labels, Reading, ReadingMemo, Semantics, SourceResult
-from .bounds import Rejected, RejectCounts, counter_from_bytes
+from .bounds import RejectCounts, Rejected, counter_from_bytes
+from .drivers.families import HW_LIFESPAN, HW_STAT, RETRIES
+from .drivers.rdma_tables import DEVICE_PREFIXES as RDMA_DEVICE_PREFIXES
+from .drivers.rdma_tables import MODULE_DRIVERS as RDMA_MODULE_DRIVERS
+from .drivers.rdma_tables import TABLES as RDMA_TABLES
 from .errorlog import ErrorLog
 from .inventory import DeviceInfo, Inventory, PortInfo
 
@@ -45,12 +51,8 @@ if TYPE_CHECKING:
     from ..config import AgentConfig
 
 __all__ = [
-    "CONGESTION_FAMILIES",
     "EXT_SUPERSEDES",
-    "HW_MONOTONIC_64",
-    "HW_WRAPPING_32",
     "PMA_ERROR_WIDTHS",
-    "TRANSPORT_RETRY_COUNTERS",
     "CounterPlan",
     "InfinibandSource",
     "DATA_PER_NOMINAL",
@@ -58,11 +60,17 @@ __all__ = [
     "classify",
     "data_rate_gbps",
     "hw_counter_semantics",
+    "netdev_speed_gbps",
     "parse_counter",
+    "parse_netdev_speed",
     "parse_phys_state",
     "parse_rate",
     "parse_state",
+    "rdma_driver",
 ]
+
+_log = structlog.get_logger("fabricmon.sources")
+UNCLASSIFIED = "fabricmon_rdma_hw_stat_unclassified"
 
 # --------------------------------------------------------------------------
 # Tables
@@ -119,42 +127,7 @@ EXT_SUPERSEDES: dict[str, str] = {
 _LEGACY_32 = frozenset(_PORT_FAMILIES) | frozenset(EXT_SUPERSEDES.values())
 _LEGACY_32_MAX = (1 << 32) - 1
 
-#: mlx5 Q counters and RoCE accel counters: 32-bit in firmware, they wrap.
-HW_WRAPPING_32 = frozenset({
-    "rx_write_requests", "rx_read_requests", "rx_atomic_requests", "rx_dct_connect",
-    "out_of_buffer", "out_of_sequence", "duplicate_request", "rnr_nak_retry_err",
-    "packet_seq_err", "implied_nak_seq_err", "local_ack_timeout_err",
-    "resp_local_length_error", "resp_cqe_error", "req_cqe_error",
-    "req_remote_invalid_request", "req_remote_access_errors", "resp_remote_access_errors",
-    "resp_cqe_flush_error", "req_cqe_flush_error", "req_transport_retries_exceeded",
-    "req_rnr_retries_exceeded",
-    "roce_adp_retrans", "roce_adp_retrans_to", "roce_slow_restart",
-    "roce_slow_restart_cnps", "roce_slow_restart_trans",
-})
-
-#: Congestion (cc_query) and PPCNT counters: 64-bit.  Unknown names are
-#: treated the same way (the safe default: a decrease is a reset, not a wrap).
-HW_MONOTONIC_64 = frozenset({
-    "np_ecn_marked_roce_packets", "np_cnp_sent", "rp_cnp_handled", "rp_cnp_ignored",
-    "rx_icrc_encapsulated",
-})
-
-#: hw_counters exported a second time under a curated family.
-CONGESTION_FAMILIES: dict[str, str] = {
-    "np_cnp_sent": "fabricmon_roce_cnp_sent_total",
-    "rp_cnp_handled": "fabricmon_roce_cnp_handled_total",
-    "rp_cnp_ignored": "fabricmon_roce_cnp_ignored_total",
-    "np_ecn_marked_roce_packets": "fabricmon_roce_ecn_marked_packets_total",
-}
-
-#: hw_counters also exported as fabricmon_rdma_transport_retries_total{counter}.
-TRANSPORT_RETRY_COUNTERS = frozenset({
-    "local_ack_timeout_err", "out_of_sequence", "packet_seq_err", "implied_nak_seq_err",
-    "rnr_nak_retry_err", "req_transport_retries_exceeded", "roce_adp_retrans",
-    "roce_slow_restart", "duplicate_request",
-})
-
-_LIFESPAN = "lifespan"  # hw_counters cache lifetime in ms: a setting, not a counter
+#: hw_counters knowledge per driver (widths, gauges, curated families) lives in drivers/rdma_tables.py.
 
 # --------------------------------------------------------------------------
 # Pure parsers
@@ -233,6 +206,34 @@ def data_rate_gbps(rate: Rate, link_layer: str) -> float:
     return rate.gbps * DATA_PER_NOMINAL.get(rate.speed, 1.0)
 
 
+#: /sys/class/net/<if>/speed values that mean "unknown" (SPEED_UNKNOWN is -1; some drivers print it as u32)
+_SPEED_UNKNOWN = frozenset({-1, 0, 4294967295})
+
+
+def parse_netdev_speed(text: str) -> float | None:
+    """``/sys/class/net/<if>/speed`` (Mb/s) -> Gb/s; None when the netdev does not know (link down)."""
+    t = text.strip()
+    if not t.lstrip("-").isdigit() or len(t) > 12:
+        raise Rejected("malformed", f"not a netdev speed: {t[:40]!r}")
+    mbps = int(t)
+    if mbps in _SPEED_UNKNOWN:
+        return None
+    if not 0 < mbps <= _MAX_GBPS * 1000:
+        raise Rejected("out_of_range", f"netdev speed {mbps} Mb/s outside 1..{_MAX_GBPS * 1000:g}")
+    return mbps / 1000.0
+
+
+def netdev_speed_gbps(sysfs_root: str, netdev: str) -> float | None:
+    """The netdev's speed in Gb/s, None when it has none to give (no netdev, unreadable, unknown)."""
+    if not netdev or "/" in netdev or netdev in (".", ".."):
+        return None
+    try:
+        with open(os.path.join(sysfs_root, "class", "net", netdev, "speed"), "rb") as f:
+            return parse_netdev_speed(f.read(64).decode("ascii", "replace"))
+    except (OSError, ValueError):
+        return None  # reading speed of a down link fails with EINVAL: the sysfs rate stands
+
+
 def parse_counter(data: bytes, width: int = 64) -> int:
     """A counter file's content -> int within ``width`` bits.  Raises ``bounds.Rejected`` (a ValueError).
 
@@ -257,26 +258,49 @@ class CounterPlan:
     families: tuple[tuple[str, bool], ...]  # (family, labelled with counter=<name>)
     counter: str  # value of the ``counter`` label (the modern sysfs name)
     legacy_32: bool = False  # beside counters_ext/: may be a 32-bit PortCounter that pins
+    unclassified: bool = False  # a hw_counters file no driver table knows
+    curated_counter: str | None = None  # ``counter`` of the curated retries family (canonical name)
 
 
-def classify(subdir: str, name: str, legacy: bool = False) -> CounterPlan:
+def rdma_driver(device: str, device_path: str | None = None) -> str:
+    """The driver family of an RDMA device: its PCI function's driver link, else its kernel name.
+
+    rdma-core's udev rules may rename devices (``rdmap94s0f0``), so the name alone is a fallback;
+    a device neither names is read as mlx5 (what this agent was first built for).
+    """
+    if device_path:
+        try:
+            module = os.path.basename(os.readlink(os.path.join(device_path, "device", "driver")))
+        except OSError:
+            module = ""
+        drv = RDMA_MODULE_DRIVERS.get(module)
+        if drv:
+            return drv
+    for prefix, drv in RDMA_DEVICE_PREFIXES:
+        if device.startswith(prefix):
+            return drv
+    return "mlx5"
+
+
+def classify(subdir: str, name: str, legacy: bool = False, driver: str = "mlx5") -> CounterPlan:
     """Classify a file of ``counters``, ``counters_ext`` or ``hw_counters``.
 
     Data counters keep their raw 4-octet-word value and carry ``scale=4`` in
     the Reading: the tracker unwraps and reset-checks the integer the hardware
     counts (width 64, in words) and applies the x4 to the exported total and
-    delta only.  ``lifespan`` (ms) is a gauge with ``scale=0.001``.
+    delta only.  ``hw_counters`` go by the driver's table (``drivers/rdma_tables.py``):
+    a gauge or high-water mark is exported as read, never as a counter; a name
+    the table lacks is a 64-bit counter (the safe default: a decrease is a reset,
+    not a wrap) and ``unclassified``.
     """
     if subdir == "hw_counters":
-        sem, width = hw_counter_semantics(name)
-        if sem is Semantics.GAUGE:
-            return CounterPlan(sem, width, 0.001, (("fabricmon_rdma_hw_stat_lifespan_seconds", False),), name)
-        fams: list[tuple[str, bool]] = [("fabricmon_rdma_hw_stat_total", True)]
-        if name in CONGESTION_FAMILIES:
-            fams.append((CONGESTION_FAMILIES[name], False))
-        if name in TRANSPORT_RETRY_COUNTERS:
-            fams.append(("fabricmon_rdma_transport_retries_total", True))
-        return CounterPlan(sem, width, 1, tuple(fams), name)
+        m = RDMA_TABLES.get(driver, RDMA_TABLES["mlx5"]).lookup(name)
+        if m is None:
+            return CounterPlan(Semantics.MONOTONIC, 64, 1, ((HW_STAT, True),), name, unclassified=True)
+        rule = m.rule
+        fams: tuple[tuple[str, bool], ...] = ((rule.family, rule.family != HW_LIFESPAN),) if rule.family else ()
+        fams += tuple((f, f == RETRIES) for f in rule.also)
+        return CounterPlan(rule.semantics, rule.width, rule.scale, fams, name, curated_counter=m.counter)
     if subdir == "counters_ext":
         name = EXT_SUPERSEDES.get(name, name)
         legacy = False  # counters_ext holds the 64-bit values
@@ -292,13 +316,10 @@ def classify(subdir: str, name: str, legacy: bool = False) -> CounterPlan:
                        legacy_32=legacy and name in _LEGACY_32)
 
 
-def hw_counter_semantics(name: str) -> tuple[Semantics, int]:
-    """(semantics, width) of an mlx5 hw_counters file; unknown names are 64-bit monotonic."""
-    if name == _LIFESPAN:
-        return Semantics.GAUGE, 64
-    if name in HW_WRAPPING_32:
-        return Semantics.WRAPPING, 32
-    return Semantics.MONOTONIC, 64
+def hw_counter_semantics(name: str, driver: str = "mlx5") -> tuple[Semantics, int]:
+    """(semantics, width) of a hw_counters file of ``driver``; unknown names are 64-bit monotonic."""
+    plan = classify("hw_counters", name, driver=driver)
+    return plan.semantics, plan.width
 
 
 # --------------------------------------------------------------------------
@@ -344,15 +365,18 @@ class _FileSlot:
     are reused: building a frozen dataclass costs more than reading the file.
     """
 
-    __slots__ = ("name", "emits", "legacy_32", "labels", "last_raw", "last", "width")
+    __slots__ = ("name", "emits", "legacy_32", "labels", "last_raw", "last", "width", "unclassified")
 
     def __init__(self, name: str, plan: CounterPlan, dp: Labels, group: str) -> None:
         self.name = name
         self.width = plan.width
         self.legacy_32 = plan.legacy_32
+        self.unclassified = plan.unclassified
         self.labels: Labels = dp + (("counter", plan.counter),)
+        curated = dp + (("counter", plan.curated_counter or plan.counter),)
         self.emits = tuple(
-            (family, self.labels if labelled else dp, plan.semantics, plan.width, group, plan.scale)
+            (family, (curated if family == RETRIES else self.labels) if labelled else dp,
+             plan.semantics, plan.width, group if plan.semantics is not Semantics.GAUGE else "", plan.scale)
             for family, labelled in plan.families
         )
         self.last_raw = -1
@@ -377,10 +401,11 @@ class _PortPoll:
     instead of one per file, and drop its half-read series.
     """
 
-    __slots__ = ("key", "readings", "errors", "enoent", "rejected")
+    __slots__ = ("key", "readings", "errors", "enoent", "rejected", "unclassified")
 
     def __init__(self, key: str) -> None:
         self.key = key
+        self.unclassified: list[str] | None = None  # hw_counters names no driver table knows; None: no such dir
         self.readings: list[Reading] = []
         self.errors: list[str] = []
         self.enoent = False
@@ -419,6 +444,7 @@ class InfinibandSource:
         self._rejects = RejectCounts(self.name)
         self._errlog = ErrorLog(self.name)
         self._missing_log = ErrorLog(self.name, every=600.0, event="expected_devices_missing")
+        self._logged: set[tuple[str, str]] = set()  # (device, hw_counters name) logged as unclassified
 
     def close(self) -> None:
         pass  # no handles kept between polls
@@ -436,18 +462,28 @@ class InfinibandSource:
             m = _REJECT_REASON.search(msg)
             if m:
                 self._rejects.add(m.group(1))
+        unclassified: dict[str, set[str]] = {}
         for port in inventory.ports:
             key = f"{port.device}/{port.port}"
             try:
-                pp = self._poll_port(port, devices.get(port.device), ports_facts)
+                pp = self._poll_port(port, devices.get(port.device), ports_facts, inventory.sysfs_root)
             except Exception as exc:  # a bug on one odd port must not cost the others
                 result.error(f"{key}: unexpected {type(exc).__name__}: {exc}")
                 continue
+            if pp.unclassified is not None:
+                unclassified.setdefault(port.device, set()).update(pp.unclassified)
             result.readings.extend(pp.readings)
             for msg in pp.errors:
                 result.error(msg)
             for reason in pp.rejected:
                 self._rejects.add(reason)
+        for dev, names in unclassified.items():
+            result.readings.append(self._memo.get(UNCLASSIFIED, (("device", dev),), len(names)))
+            fresh = sorted(n for n in names if (dev, n) not in self._logged)
+            if fresh and len(self._logged) < 10_000:  # bounded: each name logged once
+                self._logged.update((dev, n) for n in fresh)
+                _log.info("rdma_hw_stat_unclassified", device=dev, driver=rdma_driver(dev), count=len(fresh),
+                          names=fresh[:50])
         result.readings.extend(
             self._memo.get("fabricmon_devices_discovered", (("kind", kind),), n)
             for kind, n in inventory.discovered_counts().items()
@@ -467,7 +503,8 @@ class InfinibandSource:
                 del self._slots[k]
         return result
 
-    def _poll_port(self, port: PortInfo, dev: DeviceInfo | None, facts: dict[str, dict]) -> _PortPoll:
+    def _poll_port(self, port: PortInfo, dev: DeviceInfo | None, facts: dict[str, dict],
+                   sysfs_root: str = "") -> _PortPoll:
         key = f"{port.device}/{port.port}"
         pp = _PortPoll(key)
         try:
@@ -477,7 +514,7 @@ class InfinibandSource:
             pp.errors.append(f"{key}: port vanished or unreadable: {_oserror_text(exc)}")
             return pp
         try:
-            fact = self._read_attributes(pfd, port, dev, pp)
+            fact = self._read_attributes(pfd, port, dev, pp, sysfs_root)
             self._read_counters(pfd, port, pp)
         finally:
             os.close(pfd)
@@ -490,7 +527,8 @@ class InfinibandSource:
         facts[key] = fact
         return pp
 
-    def _read_attributes(self, pfd: int, port: PortInfo, dev: DeviceInfo | None, pp: _PortPoll) -> dict:
+    def _read_attributes(self, pfd: int, port: PortInfo, dev: DeviceInfo | None, pp: _PortPoll,
+                         sysfs_root: str = "") -> dict:
         dp: Labels = (("device", port.device), ("port", port.port))
         add = pp.readings.append
         mk = self._memo.get
@@ -514,10 +552,7 @@ class InfinibandSource:
             rate = parse_rate(_read_at(pfd, "rate").decode("ascii", "replace"))
         except (OSError, ValueError) as exc:
             pp.fail("rate", exc)
-        else:
-            fact.update(rate_gbps=rate.gbps, width=rate.width_lanes, speed=rate.speed)
-            add(mk("fabricmon_ib_port_rate_bytes_per_second", dp, rate.bytes_per_second))
-            add(mk("fabricmon_ib_port_width_lanes", dp, rate.width_lanes))
+            rate = None
         link_layer = port.link_layer
         if not link_layer:  # discovery could not read it; try once more, count it if it fails
             try:
@@ -525,8 +560,23 @@ class InfinibandSource:
                 fact["link_layer"] = link_layer
             except OSError as exc:
                 pp.fail("link_layer", exc)
+        # An Ethernet port's speed is its netdev's: older kernels print a 400GbE RoCE port's sysfs
+        # rate as "100 Gb/sec (4X EDR)" (older bnxt_re: "2.5 Gb/sec (1X SDR)").  sysfs rate is the fallback.
+        speed = netdev_speed_gbps(sysfs_root, port.netdev) if link_layer == "Ethernet" and sysfs_root else None
+        width_known = rate is not None
+        if speed is not None:
+            # a sysfs rate that disagrees with the netdev is stale, and so is its lane count
+            width_known = rate is not None and abs(rate.gbps - speed) < 1e-6
+            width = rate.width_lanes if rate is not None and width_known else 0
+            rate = Rate(speed * 1e9 / 8, width, rate.speed if rate is not None else "", speed)
+            fact["rate_source"] = "netdev"
+        if rate is not None:
+            fact.update(rate_gbps=rate.gbps, width=rate.width_lanes if width_known else None, speed=rate.speed)
+            add(mk("fabricmon_ib_port_rate_bytes_per_second", dp, rate.bytes_per_second))
+            if width_known:
+                add(mk("fabricmon_ib_port_width_lanes", dp, rate.width_lanes))
         if fact["rate_gbps"] is not None:
-            data = data_rate_gbps(Rate(0.0, fact["width"], fact["speed"], fact["rate_gbps"]), link_layer)
+            data = data_rate_gbps(Rate(0.0, fact["width"] or 0, fact["speed"], fact["rate_gbps"]), link_layer)
             fact["data_rate_gbps"] = data
             add(mk("fabricmon_ib_port_data_rate_bytes_per_second", dp, data * 1e9 / 8))
         add(mk("fabricmon_ib_port_info", dp + (
@@ -550,7 +600,8 @@ class InfinibandSource:
                 slots = self._file_slots("counters_ext", alone, False, dp, pp.key)
                 for slot in slots:
                     pp.readings.extend(slot.readings(ext[slot.name]))
-        self._read_dir(pfd, "hw_counters", False, dp, pp)
+        dev_path = os.path.dirname(os.path.dirname(port.path))
+        self._read_dir(pfd, "hw_counters", False, dp, pp, driver=rdma_driver(port.device, dev_path))
 
     def _read_ext(self, pfd: int, pp: _PortPoll) -> dict[str, int] | None:
         """Raw values of counters_ext/ by file name; None when the port has no such dir."""
@@ -581,19 +632,20 @@ class InfinibandSource:
             os.close(sfd)
         return out
 
-    def _file_slots(self, subdir: str, names: list[str], legacy: bool, dp: Labels, key: str) -> list[_FileSlot]:
+    def _file_slots(self, subdir: str, names: list[str], legacy: bool, dp: Labels, key: str,
+                    driver: str = "mlx5") -> list[_FileSlot]:
         ckey = (key, subdir, legacy)
         cached = self._slots.get(ckey)
         if cached is not None and cached[0] == names:
             return cached[1]
         old = {s.name: s for s in cached[1]} if cached else {}
-        slots = [old.get(n) or _FileSlot(n, classify(subdir, n, legacy), dp, key) for n in names]
+        slots = [old.get(n) or _FileSlot(n, classify(subdir, n, legacy, driver), dp, key) for n in names]
         self._slots[ckey] = (names, slots)
         return slots
 
     def _read_dir(
         self, pfd: int, subdir: str, legacy: bool, dp: Labels, pp: _PortPoll,
-        merge: dict[str, int] | None = None,
+        merge: dict[str, int] | None = None, driver: str = "mlx5",
     ) -> list[str] | None:
         """Read every file of one counter dir; return its names, None when the dir does not exist.
 
@@ -623,7 +675,10 @@ class InfinibandSource:
             self._seen_dirs.add((key, subdir))
             names.sort()  # stable series order in the exposition
             extend = pp.readings.extend
-            for slot in self._file_slots(subdir, names, legacy, dp, key):
+            slots = self._file_slots(subdir, names, legacy, dp, key, driver)
+            if subdir == "hw_counters":
+                pp.unclassified = [sl.name for sl in slots if sl.unclassified]
+            for slot in slots:
                 # Inlined _read_at and parse_counter: this loop runs ~500 times a poll.
                 try:
                     fd = os.open(slot.name, _O_FILE, dir_fd=sfd)
