@@ -18,7 +18,7 @@ from pathlib import Path
 from ..configload import ConfigError, build, check_hostport, load_yaml_file
 
 __all__ = ["AggregatorConfig", "AlertmanagerSettings", "AuthSettings", "ClockSettings", "ConfigError",
-           "DetectionSettings", "ShardSettings", "check_files", "load_aggregator_config", "load_node_tokens"]
+           "DetectionSettings", "ShardSettings", "check_files", "load_aggregator_config"]
 
 
 def _positive(value: float, path: str, source: str) -> None:
@@ -169,8 +169,9 @@ class AlertmanagerSettings:
 class AuthSettings:
     """Who may speak for a node.  Strongest first: mTLS (``tls_client_ca``; the client
     certificate's CN or a DNS SAN must be the node), per-node tokens (``node_tokens_file``,
-    a YAML mapping node -> token; a token speaks only for its node), one shared token
-    (``token_file``; any holder may speak for any node: the weaker mode).  Without any of
+    a YAML mapping node -> token or list of tokens; a token speaks only for its node), shared
+    tokens (``token_file``, one per line; any holder may speak for any node: the weaker mode).
+    Both files are re-read at SIGHUP (credentials.py): rotation and revocation need no restart.  Without any of
     them the aggregator runs only with ``insecure: true`` and warns at start."""
 
     token_file: str | None = None
@@ -297,35 +298,12 @@ def check_files(cfg: AggregatorConfig, source: str) -> None:
         problem = _readable(path)
         if problem:
             raise ConfigError(f"{source}: auth.{name}: {problem}")
-    if cfg.auth.token_file and not Path(cfg.auth.token_file).read_text().strip():
-        raise ConfigError(f"{source}: auth.token_file: {cfg.auth.token_file} is empty")
-    if cfg.auth.node_tokens_file:
-        load_node_tokens(cfg.auth.node_tokens_file, source)
     from ..topology import load_topology
+    from .credentials import load_credentials
+
+    load_credentials(cfg.auth, source)
 
     load_topology(cfg.topology)
-
-
-def load_node_tokens(path: str, source: str) -> dict[str, str]:
-    """The per-node token file: a YAML mapping node -> token, every token distinct."""
-    where = f"{source}: auth.node_tokens_file"
-    try:
-        data = load_yaml_file(path)
-    except ConfigError as exc:
-        raise ConfigError(f"{where}: {exc}") from exc
-    out: dict[str, str] = {}
-    seen: set[str] = set()
-    for node, token in data.items():
-        if not isinstance(token, str) or not token.strip():
-            raise ConfigError(f"{where}: {path}: {node}: token must be a non-empty string")
-        token = token.strip()
-        if token in seen:
-            raise ConfigError(f"{where}: {path}: {node}: token also used by another node")
-        seen.add(token)
-        out[str(node)] = token
-    if not out:
-        raise ConfigError(f"{where}: {path}: no node tokens")
-    return out
 
 
 def load_aggregator_config(path: str | Path) -> AggregatorConfig:

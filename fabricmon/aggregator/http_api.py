@@ -26,7 +26,7 @@ from .engine import LATENESS_EXPORTED_PER_JOB, Engine
 DROP_REASONS = ("duplicate", "seq_ahead", TS_AHEAD, TS_BEHIND, TS_STALE)
 # Streams ended before any batch was believed, by why.
 REFUSAL_KEYS = (("unauthenticated", "unauthenticated_total"), ("identity", "identity_refused_total"),
-                ("malformed", "rejected_total"))
+                ("malformed", "rejected_total"), ("revoked", "revoked_total"))
 
 
 class AggregatorCollector:
@@ -67,7 +67,8 @@ class AggregatorCollector:
         yield c
         c = CounterMetricFamily("fabricmon_grpc_streams_refused",
                                 "Agent streams refused: no or wrong credential (unauthenticated), a credential "
-                                "naming another node (identity), or a malformed message (malformed).",
+                                "naming another node (identity), a malformed message (malformed), or cut "
+                                "because a reload removed the token it had presented (revoked).",
                                 labels=["reason"])
         for label, key in REFUSAL_KEYS:
             c.add_metric([label], grpc.get(key, 0))

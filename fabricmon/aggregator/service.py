@@ -13,7 +13,6 @@ import dataclasses
 import socket
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
 import structlog
 
@@ -22,17 +21,12 @@ from ..configload import ConfigError, split_hostport
 from ..topology import load_topology
 from .admission import ClusterClock
 from .alertmanager import AlertmanagerClient
-from .config import AggregatorConfig, DetectionSettings, load_node_tokens
+from .config import AggregatorConfig, DetectionSettings
+from .credentials import load_credentials
 from .engine import Engine
 from .runtime import AggregatorRuntime
 
 log = structlog.get_logger("fabricmon.aggregator")
-
-
-def _read_token(path: str | None) -> str | None:
-    if not path:
-        return None
-    return Path(path).read_text().strip() or None
 
 
 def _tls(cfg: AggregatorConfig):
@@ -61,9 +55,7 @@ def grpc_auth_kwargs(cfg: AggregatorConfig, source: str = "aggregator config") -
     if not a.authenticated:
         log.warning("aggregator_insecure", reason="auth.insecure is set: any peer that reaches the gRPC port "
                     "may speak for any node")
-    return {"token": _read_token(a.token_file), "tls": _tls(cfg),
-            "node_tokens": load_node_tokens(a.node_tokens_file, source) if a.node_tokens_file else None,
-            "max_skew_s": cfg.clock.max_skew_s}
+    return {"credentials": load_credentials(a, source), "tls": _tls(cfg), "max_skew_s": cfg.clock.max_skew_s}
 
 
 def build_runtime(cfg: AggregatorConfig, web=None, reload_status: ReloadStatus | None = None,
@@ -93,18 +85,30 @@ def apply_detection(engine: Engine, new: DetectionSettings) -> None:
         engine._config_checks = frozenset(new.config_checks)
 
 
-def reload_aggregator(rt: AggregatorRuntime, old: AggregatorConfig, new: AggregatorConfig) -> list[str]:
-    """Apply what a reload can (the ``detection`` thresholds); raise ConfigError, changing nothing,
-    when anything else changed (listeners, auth, topology, Alertmanager need a restart)."""
+def reload_aggregator(rt: AggregatorRuntime, old: AggregatorConfig, new: AggregatorConfig,
+                      source: str = "aggregator config") -> list[str]:
+    """Apply what a reload can: the ``detection`` thresholds and the contents of the token files
+    (rotation, revocation: streams whose token was removed are cut).  Everything is read and checked
+    before anything is applied; raise ConfigError, changing nothing, when a file cannot be read or
+    anything else changed (listeners, auth file paths, topology, Alertmanager need a restart)."""
     fixed = [f.name for f in dataclasses.fields(old) if f.name != "detection"
              and getattr(old, f.name) != getattr(new, f.name)]
     if fixed:
-        raise ConfigError(f"{', '.join(fixed)} changed: needs a restart (reload applies detection)")
-    changed = [f.name for f in dataclasses.fields(old.detection)
+        raise ConfigError(f"{', '.join(fixed)} changed: needs a restart (reload applies detection and "
+                          f"re-reads the files auth names)")
+    creds = load_credentials(new.auth, source)
+    changed = [f"detection.{f.name}" for f in dataclasses.fields(old.detection)
                if getattr(old.detection, f.name) != getattr(new.detection, f.name)]
     if changed:
         apply_detection(rt.engine, new.detection)
-    return [f"detection.{c}" for c in changed]
+    if rt.grpc is not None and rt.grpc.servicer is not None:
+        was = rt.grpc.servicer.credentials
+        if was != creds:
+            cut = rt.grpc.set_credentials(creds)
+            changed += was.changes(creds)
+            if cut:
+                changed.append(f"{cut} streams cut (token revoked)")
+    return changed
 
 
 def run_aggregator(cfg: AggregatorConfig, stop_event: threading.Event, *, web=None,
