@@ -18,7 +18,7 @@ from pathlib import Path
 from ..configload import ConfigError, build, check_hostport, load_yaml_file
 
 __all__ = ["AggregatorConfig", "AlertmanagerSettings", "AuthSettings", "ClockSettings", "ConfigError",
-           "DetectionSettings", "ShardSettings", "check_files", "load_aggregator_config"]
+           "DetectionSettings", "GrpcLimits", "ShardSettings", "check_files", "load_aggregator_config"]
 
 
 def _positive(value: float, path: str, source: str) -> None:
@@ -253,6 +253,25 @@ class ShardSettings:
 
 
 @dataclass(frozen=True)
+class GrpcLimits:
+    """What a peer without a credential can hold on the gRPC port.  ``max_connections``: TCP
+    connections at once (0: twice the nodes this replica owns, plus 64 for probes and reconnect
+    overlap, at least 256), so an agent reconnecting while its old connection lingers always
+    fits and a connection flood ends at the limit instead of the process's descriptors.
+    ``handshake_timeout_s``: a connection that has not completed TLS and the HTTP/2 preface by
+    then is closed (gRPC's default is 120 s)."""
+
+    max_connections: int = 0
+    handshake_timeout_s: float = 10.0
+
+    def validate(self, path: str, source: str) -> None:
+        _check_numbers(self, path, source, positive=frozenset(("handshake_timeout_s",)))
+
+    def connections_for(self, nodes: int) -> int:
+        return self.max_connections or max(256, 2 * nodes + 64)
+
+
+@dataclass(frozen=True)
 class AggregatorConfig:
     topology: str = ""
     cluster: str = ""  # default: the topology's cluster name
@@ -264,6 +283,7 @@ class AggregatorConfig:
     clock: ClockSettings = field(default_factory=ClockSettings)
     detection: DetectionSettings = field(default_factory=DetectionSettings)
     shard: ShardSettings = field(default_factory=ShardSettings)
+    grpc_limits: GrpcLimits = field(default_factory=GrpcLimits)
 
     def validate(self, path: str, source: str) -> None:
         if not self.topology:

@@ -420,6 +420,8 @@ async def start_grpc_server_async(
     node_tokens: Mapping[str, str] | None = None,
     credentials: StreamCredentials | None = None,
     max_skew_s: float = DEFAULT_MAX_SKEW_S,
+    max_connections: int = 1024,
+    handshake_timeout: float = 10.0,
     _handle: GrpcServer | None = None,
 ) -> GrpcServer:
     """Start on the running event loop; ``listen`` is HOST:PORT (port 0 picks one).
@@ -437,6 +439,11 @@ async def start_grpc_server_async(
         ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
         ("grpc.http2.max_ping_strikes", 3),
         ("grpc.so_reuseport", 0),
+        # a connection that never sends the HTTP/2 preface (or never finishes TLS) is closed after this,
+        # not gRPC's default 120 s; and no more than max_connections at once: a flood of bare TCP
+        # connections is refused at the limit instead of exhausting the process's descriptors
+        ("grpc.server_handshake_timeout_ms", max(1, int(handshake_timeout * 1000))),
+        ("grpc.max_allowed_incoming_connections", max_connections),
     ]
     server = grpc.aio.server(options=options)
     mtls = bool(tls and tls.client_ca)

@@ -65,7 +65,11 @@ def build_runtime(cfg: AggregatorConfig, web=None, reload_status: ReloadStatus |
     sender = AlertmanagerClient(am.urls, cluster=engine.cluster, resend_seconds=am.resend_seconds,
                                 timeout=am.timeout, queue_max=am.queue_max, generator_url=am.generator_url,
                                 runbook_base=am.runbook_base)
-    return AggregatorRuntime(engine, grpc_listen=cfg.grpc_listen, grpc_kwargs=grpc_auth_kwargs(cfg),
+    owned = sum(1 for spec in engine.topology.nodes.values()
+                if engine.shard_units is None or spec.unit in engine.shard_units)
+    grpc_kwargs = {**grpc_auth_kwargs(cfg), "max_connections": cfg.grpc_limits.connections_for(owned),
+                   "handshake_timeout": cfg.grpc_limits.handshake_timeout_s}
+    return AggregatorRuntime(engine, grpc_listen=cfg.grpc_listen, grpc_kwargs=grpc_kwargs,
                              http_listen=split_hostport(cfg.http_listen), sender=sender,
                              tick_seconds=cfg.tick_seconds, http_web=web, reload_status=reload_status)
 
