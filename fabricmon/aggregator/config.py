@@ -308,9 +308,10 @@ def _readable(path: str) -> str | None:
     return None
 
 
-def check_files(cfg: AggregatorConfig, source: str) -> None:
+def check_files(cfg: AggregatorConfig, source: str, *, parse_topology: bool = True) -> None:
     """Every file the config names exists and is readable, and the ones the aggregator parses
-    parse: what ``check-config`` and the aggregator's start check alike."""
+    parse: what ``check-config`` and the aggregator's start check alike.  A reload passes
+    ``parse_topology=False``: it parses the topology itself, once, and only when it changed."""
     problem = _readable(cfg.topology)
     if problem:
         raise ConfigError(f"{source}: topology: {problem}")
@@ -322,8 +323,8 @@ def check_files(cfg: AggregatorConfig, source: str) -> None:
     from .credentials import load_credentials
 
     load_credentials(cfg.auth, source)
-
-    load_topology(cfg.topology)
+    if parse_topology:
+        load_topology(cfg.topology)
 
 
 def load_aggregator_config(path: str | Path) -> AggregatorConfig:

@@ -116,6 +116,7 @@ class Incident:
     absorbed: list[str] = field(default_factory=list)  # components whose findings were this one's evidence
     version: int = 0  # bumped on every visible change (the Alertmanager sender watches it)
     hold_s: float = 15.0
+    resolved_reason: str = ""  # why it resolved when not for lack of evidence (topology_removed)
 
     @property
     def open(self) -> bool:
@@ -137,6 +138,8 @@ class Incident:
             shown = ", ".join(str(r) for r in self.ranks[:32])
             more = f" (+{len(self.ranks) - 32} more)" if len(self.ranks) > 32 else ""
             parts.append(f"Hurt ranks: {shown}{more}")
+        if self.resolved_reason:
+            parts.append(f"Resolved: {self.resolved_reason}")
         return ". ".join(parts)
 
     def to_dict(self) -> dict:
@@ -147,6 +150,7 @@ class Incident:
             "ranks": list(self.ranks), "jobs": list(self.jobs),
             "first_seen": self.first_seen, "last_seen": self.last_seen, "resolved_at": self.resolved_at,
             "related_to": self.related_to, "absorbed": list(self.absorbed),
+            "resolved_reason": self.resolved_reason,
         }
 
 
@@ -209,6 +213,17 @@ class IncidentManager:
                 self._resolve(key, now)
                 changed[inc.id] = inc
         return list(changed.values())
+
+    def resolve_where(self, match, now: float, reason: str) -> list[Incident]:
+        """Resolve every open incident ``match(incident)`` selects, with ``reason`` (a component
+        that left the topology has no evidence left to wait for); returns them."""
+        out = []
+        for key, inc in list(self._open.items()):
+            if match(inc):
+                inc.resolved_reason = reason
+                self._resolve(key, now)
+                out.append(inc)
+        return out
 
     # ------------------------------------------------------------------ internals of update
     def _absorber(self, key: tuple[str, str], parent_of: dict, present: set) -> tuple[str, str] | None:

@@ -95,6 +95,38 @@ def credentials_of(token: str | None, node_tokens: Mapping[str, str] | None) -> 
                              tuple(sorted((n, frozenset([t.encode()])) for n, t in (node_tokens or {}).items())))
 
 
+class TlsMaterial:
+    """The server's certificate chain, key and client CA bundle as bytes, swappable while the server
+    runs: gRPC asks ``fetch`` at every new handshake (dynamic server credentials), and gets the new
+    material once after ``update`` (None, "unchanged", otherwise).  Live connections keep what they
+    negotiated."""
+
+    def __init__(self, tls: ServerTls) -> None:
+        self._lock = threading.Lock()
+        self.current = read_tls_files(tls)
+        self._pending: tuple[bytes, bytes, bytes | None] | None = None
+
+    def config(self, material: tuple[bytes, bytes, bytes | None]) -> Any:
+        key, cert, ca = material
+        return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+
+    def update(self, material: tuple[bytes, bytes, bytes | None]) -> None:
+        with self._lock:
+            self.current = material
+            self._pending = material
+
+    def fetch(self) -> Any:
+        with self._lock:
+            pending, self._pending = self._pending, None
+        return self.config(pending) if pending is not None else None
+
+
+def read_tls_files(tls: ServerTls) -> tuple[bytes, bytes, bytes | None]:
+    """(key, certificate chain, client CA bundle or None) read from the files ``tls`` names."""
+    return (Path(tls.key).read_bytes(), Path(tls.cert).read_bytes(),
+            Path(tls.client_ca).read_bytes() if tls.client_ca else None)
+
+
 def _ack(seq: int) -> pb.AggregatorMessage:
     return pb.AggregatorMessage(ack=pb.Ack(seq=seq))
 
@@ -349,6 +381,7 @@ class GrpcServer:
         self.port: int = 0
         self.host: str = ""
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.tls: TlsMaterial | None = None  # with TLS: what new handshakes present (a reload swaps it)
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -454,10 +487,11 @@ async def start_grpc_server_async(
     hs = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
     if tls is not None:
-        port = server.add_secure_port(listen, grpc.ssl_server_credentials(
-            [(Path(tls.key).read_bytes(), Path(tls.cert).read_bytes())],
-            root_certificates=Path(tls.client_ca).read_bytes() if tls.client_ca else None,
-            require_client_auth=tls.client_ca is not None,
+        # dynamic credentials: a reload's new certificate or CA bundle applies to the next handshake
+        handle.tls = material = TlsMaterial(tls)
+        port = server.add_secure_port(listen, grpc.dynamic_ssl_server_credentials(
+            material.config(material.current), material.fetch,
+            require_client_authentication=tls.client_ca is not None,
         ))
     else:
         port = server.add_insecure_port(listen)

@@ -9,7 +9,6 @@ topology, the clock, the credentials streams are bound to.
 
 from __future__ import annotations
 
-import dataclasses
 import socket
 import threading
 from collections.abc import Callable
@@ -21,9 +20,10 @@ from ..configload import ConfigError, split_hostport
 from ..topology import load_topology
 from .admission import ClusterClock
 from .alertmanager import AlertmanagerClient
-from .config import AggregatorConfig, DetectionSettings
+from .config import AggregatorConfig
 from .credentials import load_credentials
 from .engine import Engine
+from .reload import Reloader
 from .runtime import AggregatorRuntime
 
 log = structlog.get_logger("fabricmon.aggregator")
@@ -74,54 +74,15 @@ def build_runtime(cfg: AggregatorConfig, web=None, reload_status: ReloadStatus |
                              tick_seconds=cfg.tick_seconds, http_web=web, reload_status=reload_status)
 
 
-def apply_detection(engine: Engine, new: DetectionSettings) -> None:
-    """Swap the engine's detection thresholds between two ticks (SIGHUP).  The few values the engine
-    derives from them at construction are derived again; the straggler window sizes its history
-    bitmasks and so needs a restart."""
-    old = engine.settings
-    if new.straggler_window != old.straggler_window:
-        raise ConfigError("detection.straggler_window changed: needs a restart")
-    with engine.lock:
-        engine.settings = new
-        engine.stragglers.s = new
-        engine.manager.default_hold_s = new.hold_s
-        engine._fatal_xids = frozenset(str(x) for x in new.xid_fatal)
-        engine._config_checks = frozenset(new.config_checks)
-
-
-def reload_aggregator(rt: AggregatorRuntime, old: AggregatorConfig, new: AggregatorConfig,
-                      source: str = "aggregator config") -> list[str]:
-    """Apply what a reload can: the ``detection`` thresholds and the contents of the token files
-    (rotation, revocation: streams whose token was removed are cut).  Everything is read and checked
-    before anything is applied; raise ConfigError, changing nothing, when a file cannot be read or
-    anything else changed (listeners, auth file paths, topology, Alertmanager need a restart)."""
-    fixed = [f.name for f in dataclasses.fields(old) if f.name != "detection"
-             and getattr(old, f.name) != getattr(new, f.name)]
-    if fixed:
-        raise ConfigError(f"{', '.join(fixed)} changed: needs a restart (reload applies detection and "
-                          f"re-reads the files auth names)")
-    creds = load_credentials(new.auth, source)
-    changed = [f"detection.{f.name}" for f in dataclasses.fields(old.detection)
-               if getattr(old.detection, f.name) != getattr(new.detection, f.name)]
-    if changed:
-        apply_detection(rt.engine, new.detection)
-    if rt.grpc is not None and rt.grpc.servicer is not None:
-        was = rt.grpc.servicer.credentials
-        if was != creds:
-            cut = rt.grpc.set_credentials(creds)
-            changed += was.changes(creds)
-            if cut:
-                changed.append(f"{cut} streams cut (token revoked)")
-    return changed
-
-
 def run_aggregator(cfg: AggregatorConfig, stop_event: threading.Event, *, web=None,
                    reload: threading.Event | None = None,
                    load: Callable[[], AggregatorConfig] | None = None, load_web: Callable | None = None) -> int:
     """Run until ``stop_event``; when ``reload`` is set (SIGHUP), ``load()`` the config (and
-    ``load_web()`` the web config) again and apply it, or log why not and keep the running one."""
+    ``load_web()`` the web config) again and apply it, or log why not and keep the running one
+    (reload.py, in its own thread)."""
     status = ReloadStatus()
     rt = build_runtime(cfg, web=web, reload_status=status)
+    reloader = Reloader(rt, cfg, status, load=load, load_web=load_web, web=web) if load is not None else None
     try:
         rt.start()
     except OSError:
@@ -134,31 +95,15 @@ def run_aggregator(cfg: AggregatorConfig, stop_event: threading.Event, *, web=No
     except Exception as exc:  # noqa: BLE001 - report and stop cleanly
         log.error("aggregator_start_failed", error=str(exc))
         return 1
-    current = [cfg]
-
-    def _maybe_reload() -> None:
-        if reload is None or load is None or not reload.is_set():
-            return
-        reload.clear()
-        try:
-            new = load()
-            new_web = load_web() if load_web is not None else web
-            changed = reload_aggregator(rt, current[0], new)
-        except ConfigError as exc:
-            status.record(False)
-            log.error("config_reload_failed", error=str(exc), detail="still running on the previous config")
-            return
-        current[0] = new
-        if rt.http is not None:
-            rt.http.set_web(new_web)  # certificates and users re-read: rotation without a restart
-        status.record(True)
-        log.info("config_reloaded", changed=changed)
-
     log.info("aggregator_started", grpc=rt.grpc_address, http=cfg.http_listen, nodes=len(rt.engine.topology.nodes),
              alertmanagers=list(cfg.alertmanager.urls), clock=cfg.clock.mode)
+    if reloader is not None and reload is not None:
+        reloader.start(reload, stop_event)  # off the detection thread: ticks go on during a reload
     try:
-        rt.run(stop_event, between=_maybe_reload)
+        rt.run(stop_event)
     finally:
         rt.stop()
+        if reloader is not None:
+            reloader.join(5.0)
         log.info("aggregator_stopped")
     return 0
