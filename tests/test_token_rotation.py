@@ -8,118 +8,19 @@ a reload that re-reads the file contents, and removing a token cuts the streams 
 
 from __future__ import annotations
 
-import threading
-import urllib.request
-from pathlib import Path
-
 import pytest
 import yaml
+from aggrig import Agent, Aggregator, Rig
 from waiting import wait_until
 
-from fabricmon.agent.spool import MemorySpool
-from fabricmon.agent.stream import StreamClient
-from fabricmon.aggregator.config import load_aggregator_config
-from fabricmon.aggregator.service import run_aggregator
-from fabricmon.batch import NodeHello
 from fabricmon.configload import ConfigError
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Aggregator:
-    """``run_aggregator`` in a thread; ``hup()`` is what the SIGHUP handler does."""
-
-    def __init__(self, tmp: Path, auth: dict) -> None:
-        topo = tmp / "topology.yaml"
-        topo.write_text(yaml.safe_dump({"cluster": "rot", "layout": "roce", "nodes_per_unit": 4,
-                                        "generate": {"nodes": 4, "gpus_per_node": 2, "rails": 2}}))
-        self.grpc, self.http = _free_port(), _free_port()
-        self.path = tmp / "aggregator.yaml"
-        self.path.write_text(yaml.safe_dump({
-            "topology": str(topo), "grpc_listen": f"127.0.0.1:{self.grpc}", "http_listen": f"127.0.0.1:{self.http}",
-            "tick_seconds": 0.05, "auth": auth}))
-        self.stop_event, self.reload = threading.Event(), threading.Event()
-        self.thread = threading.Thread(target=run_aggregator, daemon=True, args=(self._load(), self.stop_event),
-                                       kwargs={"reload": self.reload, "load": self._load})
-        self.thread.start()
-        assert wait_until(lambda: "fabricmon_ticks_total" in self.metrics(), 20)
-
-    def _load(self):
-        from fabricmon.aggregator.config import check_files
-
-        cfg = load_aggregator_config(self.path)
-        check_files(cfg, str(self.path))
-        return cfg
-
-    def metrics(self) -> str:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/metrics", timeout=5) as r:
-                return r.read().decode()
-        except OSError:
-            return ""
-
-    def value(self, line: str) -> float | None:
-        for ln in self.metrics().splitlines():
-            if ln.startswith(line + " "):
-                return float(ln.split()[-1])
-        return None
-
-    def reloads(self) -> tuple:
-        """Moves with every finished reload (the success time alone would miss two failures)."""
-        return (sum(self.value(f'fabricmon_config_reloads_total{{result="{r}"}}') or 0 for r in ("success", "failure")),
-                self.value("fabricmon_config_last_reload_success_timestamp_seconds"))
-
-    def hup(self) -> bool:
-        """Reload as SIGHUP asks for it; wait until it finished; whether it succeeded."""
-        before = self.reloads()
-        self.reload.set()
-        assert wait_until(lambda: self.reloads() != before, 10), self.metrics()
-        return self.value("fabricmon_config_last_reload_successful") == 1.0
-
-    def revoked(self) -> float:
-        return self.value('fabricmon_grpc_streams_refused_total{reason="revoked"}') or 0.0
-
-    def close(self) -> None:
-        self.stop_event.set()
-        self.thread.join(20)
-
-
-class Agent:
-    """One node's stream client with its own token file (the last line is presented)."""
-
-    def __init__(self, tmp: Path, agg: Aggregator, node: str, token: str) -> None:
-        self.token_file = tmp / f"{node}.token"
-        self.token_file.write_text(token + "\n")
-        hello = NodeHello(node, "test", 1.0)
-        self.client = StreamClient(f"127.0.0.1:{agg.grpc}", node, lambda: hello, MemorySpool(),
-                                   token_file=str(self.token_file), backoff_min=0.05, backoff_max=0.2,
-                                   hello_timeout=3.0).start()
-
-    def connects(self) -> int:
-        return self.client.stats()["connects_total"]
 
 
 @pytest.fixture
 def rig(tmp_path):
-    made: list = []
-
-    def make(kind, *args):
-        obj = kind(tmp_path, *args)
-        made.append(obj)
-        return obj
-
-    yield make
-    for obj in reversed(made):
-        if isinstance(obj, Agent):
-            obj.client.stop(2.0)
-        else:
-            obj.close()
+    r = Rig(tmp_path)
+    yield r
+    r.close()
 
 
 def test_shared_token_rotation_add_roll_remove_cuts_only_the_old_token(tmp_path, rig):
