@@ -45,9 +45,10 @@ def link_errors(device: str = "mlx5_0") -> tuple[CounterDelta, ...]:
 class Aggregator:
     """``run_aggregator`` in a thread; ``hup()`` does what the SIGHUP handler does and waits."""
 
-    def __init__(self, tmp: Path, auth: dict, *, topology: dict | None = None, extra: dict | None = None) -> None:
+    def __init__(self, tmp: Path, auth: dict, *, topology: dict | str | None = None, extra: dict | None = None) -> None:
+        """``topology``: a document, or the file's text."""
         self.topology = tmp / "topology.yaml"
-        self.topology.write_text(yaml.safe_dump(topology or {
+        self.topology.write_text(topology if isinstance(topology, str) else yaml.safe_dump(topology or {
             "cluster": "rig", "layout": "roce", "nodes_per_unit": 4,
             "generate": {"nodes": 4, "gpus_per_node": 2, "rails": 2}}))
         self.grpc, self.http = free_port(), free_port()

@@ -40,6 +40,10 @@ class AggregatorCollector:
         g = GaugeMetricFamily("fabricmon_agents_connected", "Agents with an open stream.")
         g.add_metric([], snap["agents_connected"])
         yield g
+        g = GaugeMetricFamily("fabricmon_topology_nodes", "Nodes in the topology the aggregator runs on (a reload "
+                              "may add and remove nodes).")
+        g.add_metric([], len(self.engine.topology.nodes))
+        yield g
         c = CounterMetricFamily("fabricmon_ingest_samples", "Deltas, gauges and rank timings ingested.")
         c.add_metric([], snap["samples_total"])
         yield c

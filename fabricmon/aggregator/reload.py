@@ -1,8 +1,9 @@
 """SIGHUP for the aggregator: re-read the config and the contents of every file it names, apply
 what changed, or refuse it all with one line naming the file and why.
 
-Runs in its own thread, never the detection thread: parsing a 4,096-node topology takes seconds
-and ticks go on meanwhile; the engine's lock is held only for the swaps.  The reload event is
+Runs in its own thread, never the detection thread, and a changed topology is parsed in a child
+process (topology_child.py): parsing a 4,096-node file takes seconds of CPU under the GIL, and
+ticks go on meanwhile; the engine's lock is held only for the swaps.  The reload event is
 cleared before each run, so the SIGHUPs of a storm that arrive during one run make exactly one
 more (coalesced), never a queue.
 
@@ -34,12 +35,12 @@ import structlog
 
 from ..buildinfo import ReloadStatus
 from ..configload import ConfigError
-from ..topology import load_topology
 from . import topology_reload
 from .config import AggregatorConfig, DetectionSettings
 from .credentials import load_credentials
 from .runtime import AggregatorRuntime
 from .server import ServerTls, read_tls_files
+from .topology_child import load_apart
 
 log = structlog.get_logger("fabricmon.aggregator")
 
@@ -177,7 +178,7 @@ class Reloader:
         except OSError as exc:
             raise ConfigError(f"{source}: topology: cannot read {new.topology}: {exc.strerror or exc}") from None
         if digest != self.topology_digest:
-            change = topology_reload.plan(rt.engine.topology, load_topology(new.topology), f"{new.topology}")
+            change = topology_reload.plan(rt.engine.topology, load_apart(new.topology), f"{new.topology}")
 
             def swap_topology() -> str:
                 self.topology_digest = digest
