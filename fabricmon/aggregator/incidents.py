@@ -181,9 +181,18 @@ class IncidentManager:
     def get_open(self, alertname: str, component: str) -> Incident | None:
         return self._open.get((alertname, component))
 
-    def update(self, findings: list[Finding], now: float, relations: list[Relation] | tuple = ()) -> list[Incident]:
-        """Apply one tick's findings and relations; returns every incident that changed, and only those."""
+    def update(self, findings: list[Finding], now: float, relations: list[Relation] | tuple = (),
+               retire=None, reason: str = "") -> list[Incident]:
+        """Apply one tick's findings and relations; returns every incident that changed, and only those.
+        ``retire(incident)``: open incidents it selects resolve now with ``reason`` (a component that
+        left the topology has no evidence left to wait for)."""
         changed: dict[str, Incident] = {}
+        if retire is not None:
+            for key, inc in list(self._open.items()):
+                if retire(inc):
+                    inc.resolved_reason = reason
+                    self._resolve(key, now)
+                    changed[inc.id] = inc
         parent_of = {r.child: r.parent for r in relations}
         by_key: dict[tuple[str, str], Finding] = {}
         for f in findings:
@@ -213,17 +222,6 @@ class IncidentManager:
                 self._resolve(key, now)
                 changed[inc.id] = inc
         return list(changed.values())
-
-    def resolve_where(self, match, now: float, reason: str) -> list[Incident]:
-        """Resolve every open incident ``match(incident)`` selects, with ``reason`` (a component
-        that left the topology has no evidence left to wait for); returns them."""
-        out = []
-        for key, inc in list(self._open.items()):
-            if match(inc):
-                inc.resolved_reason = reason
-                self._resolve(key, now)
-                out.append(inc)
-        return out
 
     # ------------------------------------------------------------------ internals of update
     def _absorber(self, key: tuple[str, str], parent_of: dict, present: set) -> tuple[str, str] | None:

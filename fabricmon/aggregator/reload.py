@@ -186,7 +186,8 @@ class Reloader:
                     return ""
                 resolved = topology_reload.apply(rt.engine, change, rt.engine.newest_ts or time.time())
                 rt.hand_over(resolved)
-                return f"{len(resolved)} incidents resolved ({topology_reload.REASON})" if resolved else ""
+                gone = sum(1 for inc in resolved if inc.resolved_reason == topology_reload.REASON)
+                return f"{gone} incidents resolved ({topology_reload.REASON})" if gone else ""
 
             out.append((change.summary() if not change.empty else "topology (contents, no node added or removed)",
                         swap_topology))

@@ -99,4 +99,5 @@ def apply(engine, change: TopologyChange, now: float) -> list[Incident]:
             ns = engine._node(name)
             for nic in change.new.nodes[name].nics:
                 engine._link(ns, nic.device, str(nic.port), None)
-        return engine.manager.resolve_where(lambda inc: _gone(inc, removed, change.removed_leaves), now, REASON)
+        return engine.manager.update([], now, retire=lambda inc: _gone(inc, removed, change.removed_leaves),
+                                     reason=REASON)
