@@ -127,3 +127,41 @@ def test_token_files_are_read_for_contents(tmp_path):
     n.write_text("node-000: [x1, x2]\nnode-001: x2\n")
     with pytest.raises(ConfigError, match=r"auth.node_tokens_file: .*node-001: token also used by another node"):
         load_credentials(AuthSettings(node_tokens_file=str(n)), "agg.yaml")
+
+
+def test_agent_sighup_rereads_its_token_file_and_reconnects_with_the_new_token(tmp_path, rig):
+    """``Agent.reload`` (what the agent's SIGHUP runs) on a live agent polling a simulated node."""
+    import dataclasses
+
+    from agentrig import SimNode, sim_agent_config
+
+    from fabricmon.agent.wiring import build_live_agent
+    from fabricmon.config import Intake, Stream
+
+    shared = tmp_path / "shared.token"
+    shared.write_text("first-token-aaaaaaaa\nsecond-token-bbbbbbbb\n")
+    agg = rig(Aggregator, {"token_file": str(shared)})
+    node = SimNode(tmp_path / "node")
+    mine = tmp_path / "agent.token"
+    mine.write_text("first-token-aaaaaaaa\n")
+    cfg = dataclasses.replace(sim_agent_config(node.tree, 0.5), aggregator=f"127.0.0.1:{agg.grpc}",
+                              stream=Stream(spool_dir=str(tmp_path / "spool"), token_file=str(mine)),
+                              intake=Intake(listen=None, socket=None))
+    agent = build_live_agent(cfg, stream_backoff=(0.05, 0.5))
+    agent.start_polling()
+    try:
+        assert wait_until(lambda: agent.stream.connected, 15), agent.stream.last_error
+        assert agent.reload(cfg) == []  # nothing changed: the stream stays
+        mine.write_text("first-token-aaaaaaaa\nsecond-token-bbbbbbbb\n")
+        assert agent.reload(cfg) == ["stream.token_file (contents: reconnecting with the new token)"]
+        assert wait_until(lambda: agent.stream.connected and agent.stream.stats()["connects_total"] == 2, 15)
+        shared.write_text("second-token-bbbbbbbb\n")
+        assert agg.hup() and agg.revoked() == 0 and agent.stream.connected
+        # a token file the agent cannot read fails the reload and leaves the stream as it is
+        mine.unlink()
+        with pytest.raises(ConfigError, match=r"^stream.token_file: cannot read .*agent.token"):
+            agent.reload(cfg)
+        assert agent.stream.connected and agent.stream.stats()["connects_total"] == 2
+    finally:
+        agent.stop()
+        node.stop()
