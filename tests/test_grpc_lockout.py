@@ -93,3 +93,15 @@ def test_bare_tcp_flood_neither_exhausts_descriptors_nor_stops_the_stream(tmp_pa
         p.wait(20)
         log.close()
     assert "Too many open files" not in (tmp_path / "agg.log").read_text()
+
+
+def test_the_connection_limit_fits_the_descriptor_limit():
+    from fabricmon.aggregator.service import FD_RESERVE, plan_fd_limit
+
+    # the soft limit is raised toward the hard one for the connections and the reserve
+    assert plan_fd_limit(8256, 1024, 524288) == (8256 + FD_RESERVE, 8256)
+    # a hard limit too low: the connection limit shrinks, so it is what runs out, not the descriptors
+    assert plan_fd_limit(8256, 1024, 4096) == (4096, 4096 - FD_RESERVE)
+    assert plan_fd_limit(64, 256, 256) == (256, 64)
+    assert plan_fd_limit(300, 256, 256) == (256, 256 - FD_RESERVE)
+    assert plan_fd_limit(300, 1024, resource.RLIM_INFINITY) == (1024, 300)

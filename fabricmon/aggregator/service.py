@@ -58,6 +58,41 @@ def grpc_auth_kwargs(cfg: AggregatorConfig, source: str = "aggregator config") -
     return {"credentials": load_credentials(a, source), "tls": _tls(cfg), "max_skew_s": cfg.clock.max_skew_s}
 
 
+# Descriptors kept for everything but agent connections: the HTTP listener's 64 connections, the
+# topology and token files, gRPC's own pipes and timers, log and spool files.
+FD_RESERVE = 160
+
+
+def plan_fd_limit(wanted: int, soft: int, hard: int, reserve: int = FD_RESERVE) -> tuple[int, int]:
+    """(the soft RLIMIT_NOFILE to set, the gRPC connections that fit under it): the soft limit is
+    raised toward the hard one for ``wanted`` connections plus the reserve; when even the hard
+    limit is too low the connection limit shrinks to fit, so the limit is what runs out, never
+    the descriptors (at least 16 connections)."""
+    infinite = hard < 0  # RLIM_INFINITY
+    need = wanted + reserve
+    new_soft = max(soft, need) if infinite else max(soft, min(need, hard))
+    return new_soft, max(16, min(wanted, new_soft - reserve))
+
+
+def fit_descriptors(wanted: int) -> int:
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return wanted
+    new_soft, fits = plan_fd_limit(wanted, soft, hard)
+    if new_soft != soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new_soft, hard))
+        except (OSError, ValueError):
+            new_soft, fits = soft, max(16, min(wanted, soft - FD_RESERVE))
+    if fits < wanted:
+        log.warning("grpc_connection_limit_lowered", wanted=wanted, limit=fits, rlimit_nofile=new_soft,
+                    hint="raise LimitNOFILE (systemd) or the container's nofile ulimit")
+    return fits
+
+
 def build_runtime(cfg: AggregatorConfig, web=None, reload_status: ReloadStatus | None = None,
                   hostname: str | None = None) -> AggregatorRuntime:
     engine = build_engine(cfg, hostname)
@@ -67,7 +102,7 @@ def build_runtime(cfg: AggregatorConfig, web=None, reload_status: ReloadStatus |
                                 runbook_base=am.runbook_base)
     owned = sum(1 for spec in engine.topology.nodes.values()
                 if engine.shard_units is None or spec.unit in engine.shard_units)
-    grpc_kwargs = {**grpc_auth_kwargs(cfg), "max_connections": cfg.grpc_limits.connections_for(owned),
+    grpc_kwargs = {**grpc_auth_kwargs(cfg), "max_connections": fit_descriptors(cfg.grpc_limits.connections_for(owned)),
                    "handshake_timeout": cfg.grpc_limits.handshake_timeout_s}
     return AggregatorRuntime(engine, grpc_listen=cfg.grpc_listen, grpc_kwargs=grpc_kwargs,
                              http_listen=split_hostport(cfg.http_listen), sender=sender,
