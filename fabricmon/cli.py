@@ -275,7 +275,8 @@ def cmd_aggregator(args: argparse.Namespace) -> int:
     sig = Signals().install()
     return run_aggregator(cfg, sig.stop, web=web, reload=sig.reload,
                           load=lambda: _load_aggregator(args, parse_topology=False),
-                          load_web=lambda: load_web_config(getattr(args, "web_config_file", None))) or 0
+                          load_web=lambda: load_web_config(getattr(args, "web_config_file", None)),
+                          source=args.config) or 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -111,13 +111,15 @@ def build_runtime(cfg: AggregatorConfig, web=None, reload_status: ReloadStatus |
 
 def run_aggregator(cfg: AggregatorConfig, stop_event: threading.Event, *, web=None,
                    reload: threading.Event | None = None,
-                   load: Callable[[], AggregatorConfig] | None = None, load_web: Callable | None = None) -> int:
+                   load: Callable[[], AggregatorConfig] | None = None, load_web: Callable | None = None,
+                   source: str = "aggregator config") -> int:
     """Run until ``stop_event``; when ``reload`` is set (SIGHUP), ``load()`` the config (and
     ``load_web()`` the web config) again and apply it, or log why not and keep the running one
     (reload.py, in its own thread)."""
     status = ReloadStatus()
     rt = build_runtime(cfg, web=web, reload_status=status)
-    reloader = Reloader(rt, cfg, status, load=load, load_web=load_web, web=web) if load is not None else None
+    reloader = (Reloader(rt, cfg, status, load=load, load_web=load_web, web=web, source=source)
+                if load is not None else None)
     try:
         rt.start()
     except OSError:
