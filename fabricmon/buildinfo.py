@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from . import __version__
 
@@ -35,16 +35,23 @@ class ReloadStatus:
         self._lock = threading.Lock()
         self.successful = True
         self.success_ts = clock()  # the start counts as a successful load
+        self.attempts = {"success": 0, "failure": 0}
 
     def record(self, ok: bool) -> None:
         with self._lock:
             self.successful = ok
+            self.attempts["success" if ok else "failure"] += 1
             if ok:
                 self.success_ts = self._clock()
 
     def collect(self):
         with self._lock:
-            ok, ts = self.successful, self.success_ts
+            ok, ts, attempts = self.successful, self.success_ts, dict(self.attempts)
+        c = CounterMetricFamily("fabricmon_config_reloads", "Configuration reloads (SIGHUP) finished, by result; "
+                                "reloads asked for while one ran are coalesced into the next.", labels=["result"])
+        for result, n in attempts.items():
+            c.add_metric([result], n)
+        yield c
         g = GaugeMetricFamily("fabricmon_config_last_reload_successful",
                               "Whether the last configuration reload (SIGHUP) succeeded.")
         g.add_metric([], 1.0 if ok else 0.0)

@@ -263,11 +263,11 @@ def _reload_agent(agent, args: argparse.Namespace, log) -> None:
                                                  log_level=args.log_level or new.log.level)
 
 
-def _load_aggregator(args: argparse.Namespace):
+def _load_aggregator(args: argparse.Namespace, parse_topology: bool = True):
     from .aggregator.config import check_files, load_aggregator_config
 
     cfg = load_aggregator_config(args.config)
-    check_files(cfg, args.config)
+    check_files(cfg, args.config, parse_topology=parse_topology)
     refuse_placeholder_secret(cfg.auth.token_file, "auth.token_file", args.config)
     refuse_placeholder_secret(cfg.auth.node_tokens_file, "auth.node_tokens_file", args.config)
     return cfg
@@ -282,8 +282,10 @@ def cmd_aggregator(args: argparse.Namespace) -> int:
     web = load_web_config(getattr(args, "web_config_file", None))
     configure_logging(args.log_format or "auto", args.log_level or "info")
     sig = Signals().install()
-    return run_aggregator(cfg, sig.stop, web=web, reload=sig.reload, load=lambda: _load_aggregator(args),
-                          load_web=lambda: load_web_config(getattr(args, "web_config_file", None))) or 0
+    return run_aggregator(cfg, sig.stop, web=web, reload=sig.reload,
+                          load=lambda: _load_aggregator(args, parse_topology=False),
+                          load_web=lambda: load_web_config(getattr(args, "web_config_file", None)),
+                          source=args.config) or 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

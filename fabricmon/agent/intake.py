@@ -461,7 +461,9 @@ class RankIntake:
                     self.close_connection = True
                     self._reply(413, {"error": f"body over {MAX_HTTP_BODY} bytes"})
                     return
-                body = self.rfile.read(n)
+                body = self.read_body(n)  # under body_timeout: a stalled body is cut, and evictable
+                if body is None:
+                    return  # cut off before it all arrived: a partial body is never read as lines
                 acc, rej, reasons = intake.submit_lines(body, origin="http")
                 self._reply(200 if acc or not rej else 400, {"accepted": acc, "rejected": rej, "errors": reasons})
 

@@ -159,6 +159,16 @@ class Agent:
         if fixed:
             raise ConfigError(f"{', '.join(fixed)} changed: needs a restart (reload applies "
                               f"{', '.join(self.RELOADABLE)})")
+        if self.stream is not None and new.stream.token_file:
+            from .stream_channel import presented_token
+
+            # checked before anything is applied: a token file the agent cannot read fails the reload
+            try:
+                if presented_token(None, new.stream.token_file) is None:
+                    raise ConfigError(f"stream.token_file: {new.stream.token_file} is empty")
+            except OSError as exc:
+                raise ConfigError(f"stream.token_file: cannot read {new.stream.token_file}: "
+                                  f"{exc.strerror or exc}") from None
         changed = [f for f in self.RELOADABLE if getattr(old, f) != getattr(new, f)]
         if changed and changed != ["log"]:
             if self._built is None:
@@ -173,6 +183,12 @@ class Agent:
                 except Exception as exc:  # noqa: BLE001 - a source that fails to close must not stop the reload
                     log.warning("source_close_failed", collector=src.name, error=str(exc))
         self.cfg = new
+        if self.stream is not None and new.stream.token_file:
+            try:
+                if self.stream.refresh_credentials():
+                    changed.append("stream.token_file (contents: reconnecting with the new token)")
+            except OSError as exc:  # read a moment ago: the next connect reads it again and says why
+                log.warning("token_file_unreadable", file=new.stream.token_file, error=exc.strerror or str(exc))
         return changed
 
     def not_ready(self) -> list[str]:

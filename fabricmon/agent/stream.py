@@ -25,7 +25,7 @@ from ..batch import NodeBatch, NodeHello
 from ..model import Snapshot
 from .spool import MemorySpool
 from .stream_batches import BatchMaker
-from .stream_channel import TlsFiles
+from .stream_channel import TlsFiles, presented_token
 from .stream_session import Session
 
 log = structlog.get_logger("fabricmon.stream")
@@ -46,8 +46,9 @@ class StreamClient:
     ``hello_factory()`` is called at every (re)connect; by default the hello is
     built from the latest snapshot offered.  ``spool`` is a ``Spool`` (disk) or
     ``MemorySpool``; default an in-memory one.  ``token``/``token_file`` add
-    ``authorization: Bearer <token>`` (the file is re-read at each connect, so a
-    rotated token is picked up); ``tls`` turns on TLS (mTLS with cert and key).
+    ``authorization: Bearer <token>`` (the file, whose last line is presented, is re-read at
+    each connect, and ``refresh_credentials`` reconnects at once when it changed: a SIGHUP
+    picks up a rotated token); ``tls`` turns on TLS (mTLS with cert and key).
     ``intake`` is anything with ``drain() -> (ranks, layouts)`` and optionally
     ``layouts() -> list[JobLayout]`` (all known layouts, resent on each connect).
     """
@@ -101,6 +102,7 @@ class StreamClient:
         self._thread: threading.Thread | None = None
         self._latest: Snapshot | None = None
         self._connected = False
+        self._session: Session | None = None
         self.requested_interval: float | None = None
         self._c = dict(snapshots_dropped_total=0, batches_sent_total=0, batches_replayed_total=0,
                        batches_acked_total=0, batches_rejected_total=0, batches_too_large_total=0,
@@ -156,6 +158,20 @@ class StreamClient:
                 log.warning("stream_stop_timeout", timeout=timeout)
         else:
             self._drain_to_spool()
+
+    def refresh_credentials(self) -> bool:
+        """Re-read the token file (SIGHUP); when the token to present is not the one the live
+        connection presented, end that connection so the next one presents the new token (the
+        aggregator may already have removed the old one).  True when it changed.  OSError when
+        the file cannot be read (the reload fails, the connection stays)."""
+        session = self._session
+        now = presented_token(self._token, self._token_file)
+        if session is None or not self._connected or session.token == now:
+            return False
+        session.conn.error = session.conn.error or "token file changed: reconnecting with the new token"
+        session.conn.dead.set()
+        self._wake.set()
+        return True
 
     @property
     def connected(self) -> bool:
@@ -225,7 +241,8 @@ class StreamClient:
             # Whatever fails in a session or while spooling costs that attempt, never the
             # thread: it is logged, counted, and the loop goes on after the backoff.
             try:
-                established = Session(self).run()
+                self._session = Session(self)
+                established = self._session.run()
             except Exception as exc:
                 self._c["thread_restarts_total"] += 1
                 log.error("stream_session_failed", error=f"{type(exc).__name__}: {exc}")

@@ -26,7 +26,7 @@ from ..proto import fabricmon_pb2 as pb
 from ..proto.codec import SeriesEncoder, hello_to_pb
 from ..proto.subscription import BadSubscription, Subscription, subscription_from_pb
 from .stream_batches import hello_from_snapshot
-from .stream_channel import auth_metadata, open_channel
+from .stream_channel import auth_metadata, open_channel, presented_token
 from .stream_replay import SpoolReplay
 from .wire_guard import U64
 
@@ -81,12 +81,14 @@ class Session:
         self.client = client
         self.conn = _Conn()
         self.outq: queue.Queue = queue.Queue()
+        self.token: str | None = None  # what this connection presented (a reload compares it)
 
     def run(self) -> bool:
         """Hello, replay the spool, then live.  True if the hello was acked."""
         c = self.client
         try:
-            metadata = auth_metadata(c._token, c._token_file)
+            self.token = presented_token(c._token, c._token_file)
+            metadata = auth_metadata(self.token)
             hello = c._hello_factory() if c._hello_factory else hello_from_snapshot(
                 c.node, c._latest, c.interval_seconds)
             channel = open_channel(c.target, c._tls, c._keepalive_ms, c._max_msg)

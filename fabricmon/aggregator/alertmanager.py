@@ -18,7 +18,11 @@ block that Alertmanager's queue forever.  Alertmanager stores the valid alerts
 of a batch and answers 400 for the rest, so a rejected batch is re-posted one
 alert at a time to find the bad ones; each is logged with Alertmanager's
 reason, counted as ``result="rejected"`` and not re-sent (a later transition of
-the same incident is tried afresh).
+the same incident is tried afresh).  A 3xx is never followed: urllib would follow a
+301/302/303 for a POST as a GET without the body, the redirect target (an http-to-https
+load balancer) answers 200 and every alert is lost while ``success`` rises.  A redirect is
+an error, counted (``result="error"``), logged with its Location, and retried like a 5xx
+(the alerts stay queued until the URL is corrected).
 
 Times: incidents run on sample time (the agents' clocks; in simulation the
 simulated clock, which starts at a real epoch).  ``startsAt`` is the sample
@@ -51,6 +55,16 @@ log = structlog.get_logger("fabricmon.aggregator.alertmanager")
 LABEL_KEYS = ("node", "rail", "leaf", "gpu", "hpc_job", "cluster")
 RESULTS = ("success", "error", "rejected", "dropped")  # fabricmon_alerts_sent_total{result}
 OK, RETRY, REJECTED = "ok", "retry", "rejected"
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Refuse every redirect: urlopen then raises HTTPError with the 3xx status."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: D102 - urllib's hook
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
 
 
 def rfc3339(ts: float) -> str:
@@ -279,7 +293,7 @@ class AlertmanagerClient:
         req = urllib.request.Request(u.url, data=data, method="POST",
                                      headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with _OPENER.open(req, timeout=self.timeout) as resp:
                 resp.read()
                 status = OK if 200 <= resp.status < 300 else RETRY
         except urllib.error.HTTPError as exc:
@@ -287,6 +301,14 @@ class AlertmanagerClient:
                 detail = exc.read(500).decode(errors="replace").strip()
             except OSError:
                 detail = ""
+            if 300 <= exc.code < 400:
+                error = f"HTTP {exc.code} redirect to {exc.headers.get('Location', '?')[:200]}: not followed for " \
+                        f"a POST (the alerts would be lost); configure the URL it redirects to"
+                if error != u.last_error:
+                    log.error("alertmanager_redirect_refused", url=u.url, status=exc.code,
+                              location=exc.headers.get("Location", "")[:200])
+                    u.last_error = error
+                return RETRY
             if 400 <= exc.code < 500 and exc.code not in (408, 429):
                 if len(body) == 1:
                     lab = body[0].get("labels", {})

@@ -26,7 +26,7 @@ from .engine import LATENESS_EXPORTED_PER_JOB, Engine
 DROP_REASONS = ("duplicate", "seq_ahead", TS_AHEAD, TS_BEHIND, TS_STALE)
 # Streams ended before any batch was believed, by why.
 REFUSAL_KEYS = (("unauthenticated", "unauthenticated_total"), ("identity", "identity_refused_total"),
-                ("malformed", "rejected_total"))
+                ("malformed", "rejected_total"), ("revoked", "revoked_total"))
 
 
 class AggregatorCollector:
@@ -47,6 +47,10 @@ class AggregatorCollector:
         g = GaugeMetricFamily("fabricmon_agents_never_connected",
                               "Topology nodes never heard from since start, after a grace of max(60 s, 5 intervals).")
         g.add_metric([], snap["agents_never_connected"])
+        yield g
+        g = GaugeMetricFamily("fabricmon_topology_nodes", "Nodes in the topology the aggregator runs on (a reload "
+                              "may add and remove nodes).")
+        g.add_metric([], len(self.engine.topology.nodes))
         yield g
         c = CounterMetricFamily("fabricmon_ingest_samples", "Deltas, gauges and rank timings ingested.")
         c.add_metric([], snap["samples_total"])
@@ -75,7 +79,8 @@ class AggregatorCollector:
         yield c
         c = CounterMetricFamily("fabricmon_grpc_streams_refused",
                                 "Agent streams refused: no or wrong credential (unauthenticated), a credential "
-                                "naming another node (identity), or a malformed message (malformed).",
+                                "naming another node (identity), a malformed message (malformed), or cut "
+                                "because a reload removed the token it had presented (revoked).",
                                 labels=["reason"])
         for label, key in REFUSAL_KEYS:
             c.add_metric([label], grpc.get(key, 0))

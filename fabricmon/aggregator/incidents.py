@@ -120,6 +120,7 @@ class Incident:
     absorbed: list[str] = field(default_factory=list)  # components whose findings were this one's evidence
     version: int = 0  # bumped on every visible change (the Alertmanager sender watches it)
     hold_s: float = 15.0
+    resolved_reason: str = ""  # why it resolved when not for lack of evidence (topology_removed)
 
     @property
     def open(self) -> bool:
@@ -141,6 +142,8 @@ class Incident:
             shown = ", ".join(str(r) for r in self.ranks[:32])
             more = f" (+{len(self.ranks) - 32} more)" if len(self.ranks) > 32 else ""
             parts.append(f"Hurt ranks: {shown}{more}")
+        if self.resolved_reason:
+            parts.append(f"Resolved: {self.resolved_reason}")
         return ". ".join(parts)
 
     def to_dict(self) -> dict:
@@ -151,6 +154,7 @@ class Incident:
             "ranks": list(self.ranks), "jobs": list(self.jobs),
             "first_seen": self.first_seen, "last_seen": self.last_seen, "resolved_at": self.resolved_at,
             "related_to": self.related_to, "absorbed": list(self.absorbed),
+            "resolved_reason": self.resolved_reason,
         }
 
 
@@ -181,9 +185,18 @@ class IncidentManager:
     def get_open(self, alertname: str, component: str) -> Incident | None:
         return self._open.get((alertname, component))
 
-    def update(self, findings: list[Finding], now: float, relations: list[Relation] | tuple = ()) -> list[Incident]:
-        """Apply one tick's findings and relations; returns every incident that changed, and only those."""
+    def update(self, findings: list[Finding], now: float, relations: list[Relation] | tuple = (),
+               retire=None, reason: str = "") -> list[Incident]:
+        """Apply one tick's findings and relations; returns every incident that changed, and only those.
+        ``retire(incident)``: open incidents it selects resolve now with ``reason`` (a component that
+        left the topology has no evidence left to wait for)."""
         changed: dict[str, Incident] = {}
+        if retire is not None:
+            for key, inc in list(self._open.items()):
+                if retire(inc):
+                    inc.resolved_reason = reason
+                    self._resolve(key, now)
+                    changed[inc.id] = inc
         parent_of = {r.child: r.parent for r in relations}
         by_key: dict[tuple[str, str], Finding] = {}
         for f in findings:
