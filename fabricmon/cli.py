@@ -335,8 +335,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         from .config import load_agent_config
 
         cfg = load_agent_config(args.file)
+        node = resolve_node_name(cfg)  # the name this host would stream under passes the aggregator's rule
         if cfg.shard is not None:  # the map parses, and the unit (when the config gives it) has an owner
-            resolve_static(cfg.shard, resolve_node_name(cfg), args.file)
+            resolve_static(cfg.shard, node, args.file)
     elif kind == "aggregator":
         from .aggregator.config import check_files, load_aggregator_config
 

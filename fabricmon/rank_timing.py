@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from .rejected import InputRejected
-from .textcheck import label_text_ok
+from .textcheck import MAX_JOB_NAME, MAX_NODE_NAME, label_text_ok
 
 
 # Why a line was rejected: a fixed set, so the self-metric label stays bounded.
@@ -22,7 +22,7 @@ REJECT_REASONS = ("too_long", "not_utf8", "not_json", "not_object", "missing_fie
                   "bad_string")
 
 MAX_LINE_BYTES = 64 * 1024
-MAX_JOB_CHARS = 128
+MAX_JOB_CHARS = MAX_JOB_NAME
 MAX_KEY_CHARS = 32
 MAX_GROUP_KEYS = 8
 # Bounds are those of the wire fields (fabricmon.proto RankTiming) where a wider
@@ -32,7 +32,7 @@ MAX_GROUP_KEYS = 8
 # timestamp sent in milliseconds) is a unit error, not a measurement.
 MAX_RANK = 2**32 - 1          # uint32
 MAX_LOCAL_RANK = 2**16 - 1
-MAX_STEP = 2**53
+MAX_STEP = 2**53 - 1  # 2**53 and above are refused everywhere (aggregator intake too)
 MAX_GPU = 1023                # sint32 on the wire; -1 means "same as local_rank"
 MAX_GROUP_VALUE = 2**31 - 1   # int64 on the wire
 MAX_SECONDS = 1e6
@@ -154,7 +154,7 @@ def parse_line(line: str | bytes, *, node: str = "", now: float | None = None) -
         return JobLayout(job, layout)
     group = _pairs(obj["group"], "group", 0) if obj.get("group") is not None else ()
     if not node and "node" in obj:
-        node = _text(obj["node"], "node", 253)
+        node = _text(obj["node"], "node", MAX_NODE_NAME)
     return RankTiming(
         job=job,
         rank=_int(obj, "rank", 0, MAX_RANK),

@@ -17,6 +17,7 @@ from ..config import AgentConfig
 from ..configload import ConfigError, split_hostport
 from ..sources.base import Source
 from ..sources.inventory import Inventory, discover
+from ..textcheck import node_name_problem
 from .exporter import AgentHTTPServer, RenderedSnapshot
 from .poller import Poller
 from .selfmetrics import AgentSelfCollector, self_exposition
@@ -26,9 +27,20 @@ log = structlog.get_logger("fabricmon.agent")
 
 
 def resolve_node_name(cfg: AgentConfig) -> str:
-    """--node-name, else the fixture's ``hostname`` beside ``sys/``, else this host's name."""
+    """--node-name, else the fixture's ``hostname`` beside ``sys/``, else this host's name.
+
+    Raises ConfigError when the name breaks the rule the aggregator applies (textcheck): refused
+    here once, at start, rather than by the aggregator on every reconnect."""
+    name, origin = _node_name(cfg)
+    why = node_name_problem(name)
+    if why is not None:
+        raise ConfigError(f"{origin}: node name {name[:60]!r}{'...' if len(name) > 60 else ''}: {why}")
+    return name
+
+
+def _node_name(cfg: AgentConfig) -> tuple[str, str]:
     if cfg.node_name:
-        return cfg.node_name
+        return cfg.node_name, "node_name"
     root = os.path.abspath(cfg.sysfs_root)
     if os.path.basename(root) == "sys":
         beside = os.path.join(os.path.dirname(root), "hostname")
@@ -36,10 +48,10 @@ def resolve_node_name(cfg: AgentConfig) -> str:
             with open(beside) as fh:
                 name = fh.read().strip()
             if name:
-                return name
+                return name, beside
         except OSError:
             pass
-    return socket.gethostname().split(".")[0]
+    return socket.gethostname().split(".")[0], "hostname"
 
 
 def build_sources(cfg: AgentConfig) -> list[Source]:

@@ -26,6 +26,7 @@ _STREAM_SCALARS = (
     ("batches_acked_total", "fabricmon_stream_batches_acked", "counter", "Batches the aggregator acknowledged."),
     ("batches_spooled_total", "fabricmon_stream_batches_spooled", "counter", "Batches written to the spool while the aggregator was unreachable."),
     ("spool_write_failures_total", "fabricmon_stream_spool_write_failures", "counter", "Spool writes that failed (ENOSPC, EIO): each is a batch lost."),
+    ("spool_set_aside_total", "fabricmon_stream_spool_set_aside", "counter", "Spool entries named outside the seq range (past 2^64, or ahead of the clock): renamed set-aside-*, never replayed or numbered from."),
     ("connects_total", "fabricmon_stream_connects", "counter", "Sessions established with the aggregator."),
     ("connect_failures_total", "fabricmon_stream_connect_failures", "counter", "Connection attempts that failed or were refused."),
     ("items_unsubscribed_total", "fabricmon_stream_items_unsubscribed", "counter", "Deltas and gauges not streamed because the aggregator reads no series of their family (its subscription); /metrics still exports them."),

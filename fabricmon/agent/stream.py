@@ -171,6 +171,7 @@ class StreamClient:
             queue_length=len(self._inq), queue_max=self._queue_max, connected=int(self._connected),
             next_seq=self._batches.next_seq, spool_max_bytes=self.spool.max_bytes,
             spool_write_failures_total=sp.get("write_failed_total", 0),
+            spool_set_aside_total=sp.get("set_aside_total", 0),
             items_dropped=dict(self._batches.guard.dropped),
             items_dropped_total=sum(self._batches.guard.dropped.values()),
         )

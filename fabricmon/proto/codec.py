@@ -14,7 +14,8 @@ from itertools import compress
 
 from ..batch import NicHello, NodeBatch, NodeHello
 from ..model import CounterDelta, Labels, Sample
-from ..rank_timing import JobLayout, RankTiming
+from ..rank_timing import MAX_GPU, MAX_GROUP_VALUE, MAX_LOCAL_RANK, MAX_SECONDS, MAX_STEP, MAX_TS, JobLayout, RankTiming
+from ..textcheck import job_name_problem, node_name_problem
 from . import fabricmon_pb2 as pb
 
 PROTOCOL_VERSION = 1
@@ -25,6 +26,10 @@ MAX_SERIES_PER_CONNECTION = 500_000
 MAX_LABELS = 16
 MAX_NAME = 200
 MAX_VALUE = 1024
+# Hello bounds: what a real node can have, far above it (a NIC's rate in Gb/s, lanes, GPUs).
+MAX_RATE_GBPS = 1e5
+MAX_WIDTH = 64
+MAX_GPUS = 1024
 
 SeriesKey = tuple[str, Labels]
 
@@ -46,13 +51,21 @@ def hello_to_pb(h: NodeHello) -> pb.Hello:
 
 
 def hello_from_pb(m: pb.Hello) -> NodeHello:
-    if not m.node or len(m.node) > MAX_NAME:
-        raise MalformedBatch("hello.node: required, at most 200 characters")
+    why = node_name_problem(m.node)
+    if why is not None:
+        raise MalformedBatch(f"hello.node: {why}")
     if m.protocol_version not in SUPPORTED_PROTOCOLS:
         raise MalformedBatch(f"hello.protocol_version: {m.protocol_version} not supported "
                              f"(supported: {sorted(SUPPORTED_PROTOCOLS)})")
     if not math.isfinite(m.interval_seconds) or m.interval_seconds < 0:
         raise MalformedBatch("hello.interval_seconds: must be finite and >= 0")
+    if m.gpus > MAX_GPUS:
+        raise MalformedBatch(f"hello.gpus: {m.gpus} is over {MAX_GPUS}")
+    for i, n in enumerate(m.nics):
+        if not (math.isfinite(n.rate_gbps) and 0 <= n.rate_gbps <= MAX_RATE_GBPS):
+            raise MalformedBatch(f"hello.nics[{i}].rate_gbps: must be finite in [0, {MAX_RATE_GBPS:g}], got {n.rate_gbps!r}")
+        if n.width > MAX_WIDTH or not -1 <= n.gpu <= MAX_GPU:
+            raise MalformedBatch(f"hello.nics[{i}]: width {n.width} or gpu {n.gpu} out of range")
     return NodeHello(
         node=m.node, agent_version=m.agent_version, interval_seconds=m.interval_seconds,
         nics=tuple(NicHello(n.device, n.port, n.rail, n.link_layer, n.netdev, n.rate_gbps, n.width, n.gpu)
@@ -221,23 +234,40 @@ class SeriesDecoder:
                 append(CounterDelta(*table[sid], v) if v else zero[sid])
         skipped = len(ids) - len(deltas)
         gauges = []
-        for sid, v in zip(m.gauge_ids, m.gauge_values):
+        gvals = m.gauge_values
+        # the same one C pass as for deltas: a NaN or an infinity makes the sum non-finite
+        if gvals and not math.isfinite(sum(gvals)):
+            for sid, v in zip(m.gauge_ids, gvals):
+                if not math.isfinite(v):
+                    raise MalformedBatch(f"gauge_values: series {look(sid, 'gauge_ids')[0]} has a non-finite value {v!r}")
+        for sid, v in zip(m.gauge_ids, gvals):
             fam, labels = look(sid, "gauge_ids")
             gauges.append(Sample(fam, labels, v))
         ranks = []
         for r in m.ranks:
-            if not r.job or len(r.job) > 128:
-                raise MalformedBatch("ranks.job: required, at most 128 characters")
+            why = job_name_problem(r.job)
+            if why is not None:
+                raise MalformedBatch(f"ranks.job: {why}")
             if not (math.isfinite(r.step_seconds) and math.isfinite(r.comm_seconds) and math.isfinite(r.ts)):
                 raise MalformedBatch(f"ranks: job {r.job} rank {r.rank}: non-finite time")
+            if not (0 <= r.step_seconds <= MAX_SECONDS and 0 <= r.comm_seconds <= MAX_SECONDS and 0 <= r.ts <= MAX_TS):
+                raise MalformedBatch(f"ranks: job {r.job} rank {r.rank}: a time out of range (seconds in "
+                                     f"[0, {MAX_SECONDS:g}], ts in [0, {MAX_TS:g}])")
+            if r.step > MAX_STEP or r.local_rank > MAX_LOCAL_RANK or not -1 <= r.gpu <= MAX_GPU:
+                raise MalformedBatch(f"ranks: job {r.job} rank {r.rank}: step, local_rank or gpu out of range")
+            if any(not 0 <= p.value <= MAX_GROUP_VALUE for p in r.group):
+                raise MalformedBatch(f"ranks: job {r.job} rank {r.rank}: a group value out of range")
             ranks.append(RankTiming(
                 job=r.job, rank=r.rank, local_rank=r.local_rank, step=r.step, step_seconds=r.step_seconds,
                 comm_seconds=r.comm_seconds, ts=r.ts, node=node, gpu=r.gpu,
                 group=tuple((p.key, p.value) for p in r.group)))
         layouts = []
         for lay in m.layouts:
-            if not lay.job or len(lay.job) > 128:
-                raise MalformedBatch("layouts.job: required, at most 128 characters")
+            why = job_name_problem(lay.job)
+            if why is not None:
+                raise MalformedBatch(f"layouts.job: {why}")
+            if any(not 1 <= p.value <= MAX_GROUP_VALUE for p in lay.layout):
+                raise MalformedBatch(f"layouts: job {lay.job}: a layout value out of range")
             layouts.append(JobLayout(lay.job, tuple((p.key, p.value) for p in lay.layout)))
         if not m.self_contained and added:
             self._table, self._zero, self._read_ids = table, zero, read_ids
