@@ -196,6 +196,11 @@ class Agent:
             problems.append("no snapshot yet")
         elif self.clock() - snap.ts > limit:
             problems.append(f"last poll {self.clock() - snap.ts:.1f}s ago (limit {limit:.1f}s)")
+        if snap is not None:
+            for st in snap.sources:
+                if st.stuck:  # a read blocked in a driver: those series are not monitored now
+                    problems.append(f"{st.source}: read blocked past its deadline: {', '.join(st.stuck[:8])}"
+                                    + (f" and {len(st.stuck) - 8} more" if len(st.stuck) > 8 else ""))
         if self._thread is not None and not self._thread.is_alive():
             problems.append("poller thread down")
         inventory = self.poller.inventory
