@@ -55,6 +55,7 @@ class RankTiming:
     node: str = ""
     gpu: int = -1  # -1: same as local_rank
     group: tuple[tuple[str, int], ...] = ()
+    job_id: str = ""  # optional identity (a scheduler's job id): same-named jobs stay apart
 
     @property
     def gpu_index(self) -> int:
@@ -166,6 +167,7 @@ def parse_line(line: str | bytes, *, node: str = "", now: float | None = None) -
         node=node,
         gpu=_int(obj, "gpu", -1, MAX_GPU, default=-1),
         group=group,
+        job_id=_text(obj["job_id"], "job_id", MAX_JOB_CHARS) if obj.get("job_id") is not None else "",
     )
 
 
@@ -178,4 +180,6 @@ def to_json(t: RankTiming) -> str:
         obj["gpu"] = t.gpu
     if t.group:
         obj["group"] = dict(t.group)
+    if t.job_id:
+        obj["job_id"] = t.job_id
     return json.dumps(obj, separators=(",", ":"))

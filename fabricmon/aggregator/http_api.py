@@ -19,6 +19,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from ..buildinfo import add_runtime_collectors
 from ..httpserve import TEXT, RoutedHTTPServer, landing_page, probe
 from .admission import TS_AHEAD, TS_BEHIND, TS_STALE
+from .stragglers import REFUSE_REASONS as STEP_REFUSALS
 from .alertmanager import RESULTS, rfc3339
 from .engine import LATENESS_EXPORTED_PER_JOB, Engine
 
@@ -57,9 +58,10 @@ class AggregatorCollector:
         yield c
         ranks = self.engine.rank_admission_snapshot()
         c = CounterMetricFamily("fabricmon_ingest_rank_timings_dropped",
-                                "Rank timings not scored: their time too far ahead of or behind the cluster clock.",
+                                "Rank timings not scored: their time too far ahead of or behind the cluster clock, "
+                                "or their step past 2^53 or more than 1,000 ahead of their job's newest.",
                                 labels=["reason"])
-        for reason in (TS_AHEAD, TS_STALE):
+        for reason in (TS_AHEAD, TS_STALE, *STEP_REFUSALS):
             c.add_metric([reason], ranks.get(reason, 0))
         yield c
         c = CounterMetricFamily("fabricmon_grpc_streams", "Agent streams opened.")

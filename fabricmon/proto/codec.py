@@ -113,7 +113,7 @@ class SeriesEncoder:
         for r in b.ranks:
             out.ranks.append(pb.RankTiming(
                 job=r.job, rank=r.rank, local_rank=r.local_rank, step=r.step, step_seconds=r.step_seconds,
-                comm_seconds=r.comm_seconds, ts=r.ts, gpu=r.gpu,
+                comm_seconds=r.comm_seconds, ts=r.ts, gpu=r.gpu, job_id=r.job_id,
                 group=[pb.IntPair(key=k, value=v) for k, v in r.group]))
         for lay in b.layouts:
             out.layouts.append(pb.JobLayout(job=lay.job, layout=[pb.IntPair(key=k, value=v) for k, v in lay.layout]))
@@ -257,10 +257,12 @@ class SeriesDecoder:
                 raise MalformedBatch(f"ranks: job {r.job} rank {r.rank}: step, local_rank or gpu out of range")
             if any(not 0 <= p.value <= MAX_GROUP_VALUE for p in r.group):
                 raise MalformedBatch(f"ranks: job {r.job} rank {r.rank}: a group value out of range")
+            if r.job_id and (why := job_name_problem(r.job_id)) is not None:
+                raise MalformedBatch(f"ranks.job_id: {why}")
             ranks.append(RankTiming(
                 job=r.job, rank=r.rank, local_rank=r.local_rank, step=r.step, step_seconds=r.step_seconds,
                 comm_seconds=r.comm_seconds, ts=r.ts, node=node, gpu=r.gpu,
-                group=tuple((p.key, p.value) for p in r.group)))
+                group=tuple((p.key, p.value) for p in r.group), job_id=r.job_id))
         layouts = []
         for lay in m.layouts:
             why = job_name_problem(lay.job)
