@@ -212,6 +212,9 @@ class Agent:
         if self.stream is not None and not self.stream.delivering():
             problems.append("stream neither connected nor spooling" if self.stream.alive()
                             else "stream thread down")
+        dropping = getattr(self.stream, "aggregator_dropping", "") if self.stream is not None else ""
+        if dropping:  # acked but not believed: blind at the aggregator while everything here looks fine
+            problems.append(f"the aggregator drops this node's batches ({dropping}): check the node's clock")
         for name in self.supervisor.down():
             if name not in ("poller", "stream", "shard"):
                 problems.append(f"{name} thread down")

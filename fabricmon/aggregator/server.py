@@ -85,8 +85,13 @@ class ServerTls:
     client_ca: str | None = None
 
 
-def _ack(seq: int) -> pb.AggregatorMessage:
-    return pb.AggregatorMessage(ack=pb.Ack(seq=seq))
+# Drops a node is told about in its ack (Ack.dropped_reason): its clock or its seq, which only the node
+# can fix.  A duplicate (a replay after a lost ack) is normal and not told.
+TOLD_DROPS = frozenset({SEQ_AHEAD, "ts_ahead", "ts_behind", "ts_stale"})
+
+
+def _ack(seq: int, dropped: str = "") -> pb.AggregatorMessage:
+    return pb.AggregatorMessage(ack=pb.Ack(seq=seq, dropped_reason=dropped))
 
 
 def _reject(reason: str, seq: int = 0) -> pb.AggregatorMessage:
@@ -122,6 +127,25 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
 
     def connected_nodes(self) -> list[str]:
         return sorted(self._current)
+
+    def _ingest(self, nb: NodeBatch) -> str:
+        """Ingest one batch; the drop reason the node is told (TOLD_DROPS), else "".
+
+        The engine counts its drops by reason (``dropped_by_reason``); the one that moved
+        during this call is this batch's."""
+        before = getattr(self.engine, "dropped_by_reason", None)
+        try:
+            with self._lock:
+                snap = dict(before) if before is not None else None
+                self.engine.ingest(nb)
+                if snap is not None and before != snap:
+                    reason = next((r for r, n in before.items() if n != snap.get(r, 0)), "")
+                    return reason if reason in TOLD_DROPS else ""
+            return ""
+        except Exception as exc:  # an engine bug must not kill the stream or the server
+            self.counters["engine_errors_total"] += 1
+            log.error("engine_call_failed", call="ingest", error=f"{type(exc).__name__}: {exc}")
+            return ""
 
     def _engine(self, fn, *args) -> bool:
         try:
@@ -261,14 +285,14 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
                     if not warned_ahead:  # once per session: every batch of a broken agent would repeat it
                         warned_ahead = True
                         log.warning("batch_seq_ahead", peer=peer, node=node, seq=b.seq, ceiling=self._seq_ceiling())
-                    await context.write(_ack(b.seq))
+                    await context.write(_ack(b.seq, SEQ_AHEAD))
                     continue
-                self._engine(self.engine.ingest, nb)
+                dropped = self._ingest(nb)
                 self.counters["batches_ingested_total"] += 1
                 session_last = b.seq
                 if b.seq > self._last_seq.get(node, 0):
                     self._last_seq[node] = b.seq
-                await context.write(_ack(b.seq))
+                await context.write(_ack(b.seq, dropped))
         finally:
             if self._current.get(node) == gen:
                 del self._current[node]
