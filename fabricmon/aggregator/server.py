@@ -56,6 +56,8 @@ from ..proto import fabricmon_pb2 as pb
 from ..proto import fabricmon_pb2_grpc as pb_grpc
 from ..proto.codec import MalformedBatch, SeriesDecoder, hello_from_pb
 from ..proto.subscription import Subscription
+from .name_bounds import KINDS as NAME_KINDS
+from .name_bounds import NameBounds
 
 log = structlog.get_logger("fabricmon.grpc")
 
@@ -102,8 +104,9 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
     def __init__(self, engine: EngineLike, *, token: str | None = None, lock: Any = None,
                  hello_timeout: float = 10.0, node_tokens: Mapping[str, str] | None = None,
                  bind_tls_identity: bool = False, max_skew_s: float = DEFAULT_MAX_SKEW_S,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, name_limits: Mapping[str, int] | None = None) -> None:
         self.engine = engine
+        self.names = NameBounds(dict(name_limits or {}))  # per-node bounds on new device, GPU... names
         self._token = token.encode() if token else None
         self._node_tokens = [(n, t.encode()) for n, t in (node_tokens or {}).items()]
         self._bind_tls = bind_tls_identity
@@ -252,7 +255,7 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
         log.info("stream_connected", peer=peer, node=node, identity=identities[0] if identities else "",
                  agent_version=hello.agent_version, replaced_stream=previous is not None)
         try:
-            self._engine(self.engine.hello, hello)
+            self._engine(self.engine.hello, self.names.hello(hello))
             # the session's floor: seqs at or below it were delivered before (replays after a lost ack)
             session_last = self._last_seq.get(node, 0)
             warned_ahead = False
@@ -260,7 +263,8 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
                 await context.write(self._subscription)
             await context.write(_ack(session_last))
             # deltas of families the engine never reads are counted, not built (codec.py)
-            decoder = SeriesDecoder(read_families=getattr(self.engine, "read_delta_families", None))
+            decoder = SeriesDecoder(read_families=getattr(self.engine, "read_delta_families", None),
+                                    admit=self.names.admitter(node))
             while True:
                 msg = await context.read()
                 if msg is grpc.aio.EOF:
@@ -333,6 +337,9 @@ class GrpcServer:
         s["agents_connected"] = len(self.servicer.connected_nodes()) if self.servicer else 0
         drops = self.servicer.drop_counts() if self.servicer else {SEQ_DUPLICATE: 0, SEQ_AHEAD: 0}
         s["batches_duplicate_total"] = drops[SEQ_DUPLICATE]
+        refused = self.servicer.names.refused if self.servicer else {}
+        for kind in NAME_KINDS:
+            s[f"names_refused_{kind}_total"] = refused.get(kind, 0)
         for reason, n in drops.items():
             s[f"batches_dropped_{reason}_total"] = n
         return s

@@ -10,6 +10,7 @@ it never trusts lengths or ids from the wire.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from itertools import compress
 
 from ..batch import NicHello, NodeBatch, NodeHello
@@ -153,12 +154,19 @@ class SeriesDecoder:
     """
 
     def __init__(self, max_series: int = MAX_SERIES_PER_CONNECTION,
-                 read_families: frozenset[str] | None = None) -> None:
+                 read_families: frozenset[str] | None = None,
+                 admit: Callable[[SeriesKey], bool] | None = None) -> None:
         self._table: dict[int, SeriesKey] = {}
         self._zero: dict[int, CounterDelta] = {}
         self._read_ids: set[int] = set()
+        self._refused: set[int] = set()
         self._read = read_families
         self._max = max_series
+        # ``admit``: asked once per series definition (aggregator.name_bounds); a refused series
+        # stays in the table (its id is valid) but its values are never built, counted in
+        # ``refused_values``.
+        self._admit = admit
+        self.refused_values = 0
 
     def __len__(self) -> int:
         return len(self._table)
@@ -189,11 +197,20 @@ class SeriesDecoder:
             added[sd.id] = key
         if not m.self_contained and len(table) + len(added) > self._max:
             raise MalformedBatch(f"series table over its limit of {self._max} series")
+        refused = set() if m.self_contained else self._refused
         if added:
             # the table (and the zero cache) change only once the whole batch is valid
             table = {**table, **added}
             zero = {**zero, **{sid: CounterDelta(k[0], k[1], 0.0) for sid, k in added.items() if sid not in zero}}
-            read_ids = read_ids | {sid for sid, k in added.items() if self._read is None or k[0] in self._read}
+            if self._admit is not None:
+                # ids redefined identically were judged when first defined on this connection
+                # (names admitted for a batch refused later stay counted: only that node's own budget)
+                no = {sid for sid, k in added.items()
+                      if (m.self_contained or sid not in self._table) and not self._admit(k)}
+                if no:
+                    refused = refused | no
+            read_ids = read_ids | {sid for sid, k in added.items()
+                                   if (self._read is None or k[0] in self._read) and sid not in refused}
 
         def look(sid: int, what: str) -> SeriesKey:
             key = table.get(sid)
@@ -223,7 +240,7 @@ class SeriesDecoder:
         append = deltas.append
         if flagged:
             for sid, v in zip(ids, vals):
-                if sid in flagged:
+                if sid in flagged and sid not in refused:
                     fam, labels = table[sid]
                     append(CounterDelta(fam, labels, v, sid in sat, sid in rst))
                 elif sid in read_ids:
@@ -232,7 +249,8 @@ class SeriesDecoder:
             # the unread majority is filtered out in C (compress/map), never touched in Python
             for sid, v in compress(zip(ids, vals), map(read_ids.__contains__, ids)):
                 append(CounterDelta(*table[sid], v) if v else zero[sid])
-        skipped = len(ids) - len(deltas)
+        n_refused = sum(1 for sid in ids if sid in refused) if refused else 0  # neither read nor "unread"
+        skipped = len(ids) - len(deltas) - n_refused
         gauges = []
         gvals = m.gauge_values
         # the same one C pass as for deltas: a NaN or an infinity makes the sum non-finite
@@ -242,6 +260,9 @@ class SeriesDecoder:
                     raise MalformedBatch(f"gauge_values: series {look(sid, 'gauge_ids')[0]} has a non-finite value {v!r}")
         for sid, v in zip(m.gauge_ids, gvals):
             fam, labels = look(sid, "gauge_ids")
+            if refused and sid in refused:
+                n_refused += 1
+                continue
             gauges.append(Sample(fam, labels, v))
         ranks = []
         for r in m.ranks:
@@ -272,7 +293,8 @@ class SeriesDecoder:
                 raise MalformedBatch(f"layouts: job {lay.job}: a layout value out of range")
             layouts.append(JobLayout(lay.job, tuple((p.key, p.value) for p in lay.layout)))
         if not m.self_contained and added:
-            self._table, self._zero, self._read_ids = table, zero, read_ids
+            self._table, self._zero, self._read_ids, self._refused = table, zero, read_ids, refused
+        self.refused_values += n_refused
         return NodeBatch(node=node, seq=m.seq, ts=m.ts, interval_seconds=m.interval_seconds,
                          deltas=tuple(deltas), gauges=tuple(gauges), ranks=tuple(ranks), layouts=tuple(layouts),
                          unread_deltas=skipped)
