@@ -215,3 +215,40 @@ def test_readyz_names_the_stuck_source(tmp_path):
     finally:
         stuck.release.set()
         agent.poller.close()
+
+
+def test_one_stuck_netdev_costs_only_its_own_ethtool_series(tmp_path, monkeypatch):
+    from fabricmon.sources.ethtool import EthtoolConfig, EthtoolSource
+
+    # `ethtool -S` format as the fixture trees write it (real mlx5 names)
+    for i in range(3):
+        (tmp_path / f"eth{i}.txt").write_text("NIC statistics:\n     rx_prio3_pause: 5\n     tx_prio3_pause: 7\n")
+    os.mkfifo(tmp_path / "eth3.txt")  # a FIFO in the fixture dir: refused, never blocks
+    src = EthtoolSource(config=EthtoolConfig(interfaces=("eth0", "eth1", "eth2", "eth3"), timeout=0.3),
+                        ethtool_dir=str(tmp_path))
+    release = threading.Event()
+    calls = {"eth1": 0}
+    real = src._read
+
+    def read(iface):
+        if iface == "eth1":
+            calls["eth1"] += 1
+            release.wait(30)  # an ioctl asleep in the driver
+        return real(iface)
+
+    monkeypatch.setattr(src, "_read", read)
+    inv = Inventory(sysfs_root="")
+    try:
+        for _ in range(2):
+            finished, res = _in_thread(lambda: src.poll(inv), 3.0)
+            assert finished
+            up = {dict(r.labels)["interface"]: r.value for r in res.readings if r.family == "fabricmon_ethtool_up"}
+            assert up == {"eth0": 1.0, "eth1": 0.0, "eth2": 1.0, "eth3": 0.0}, up
+            assert res.stuck == ["eth1"] and not res.up
+            assert any("eth3" in m and "FIFO" in m for m in res.messages), res.messages
+        assert calls["eth1"] == 1
+        release.set()
+        assert wait_until(lambda: not src.poll(inv).stuck, 5.0)
+    finally:
+        release.set()
+        src.close()

@@ -39,13 +39,15 @@ class NotRegularFile(OSError):
     """The path names something other than a regular file; refused before any read."""
 
 
-def open_regular(path: str, *, dir_fd: int | None = None) -> tuple[int, os.stat_result]:
+def open_regular(path: str, *, dir_fd: int | None = None, follow_symlinks: bool = False) -> tuple[int, os.stat_result]:
     """An fd open for reading on a regular file, and its ``fstat``; raises OSError.
 
-    A symlink as the last component fails with ELOOP (O_NOFOLLOW); a FIFO, socket,
-    device or directory raises ``NotRegularFile`` naming what it is.  The fd is
-    left in non-blocking mode, which changes nothing for a regular file."""
-    fd = os.open(path, O_GUARDED, dir_fd=dir_fd)
+    A symlink as the last component fails with ELOOP (O_NOFOLLOW) unless
+    ``follow_symlinks`` (a file a user names in config, e.g. on a ConfigMap mount); a
+    FIFO, socket, device or directory raises ``NotRegularFile`` naming what it is.
+    The fd is left in non-blocking mode, which changes nothing for a regular file."""
+    flags = O_GUARDED & ~os.O_NOFOLLOW if follow_symlinks else O_GUARDED
+    fd = os.open(path, flags, dir_fd=dir_fd)
     try:
         st = os.fstat(fd)
     except BaseException:
@@ -140,9 +142,9 @@ def run_all(workers: KeyedWorkers, calls: dict[Hashable, tuple[Callable[..., Any
             timeout: float) -> tuple[dict[Hashable, Any], dict[Hashable, str]]:
     """Run every call on its key's worker, in parallel; wait at most ``timeout`` for all of them.
 
-    Returns (results by key, why by key for each call that did not give one: stuck from an
-    earlier call, over the deadline now, or raised).  A call over the deadline keeps running
-    on its worker; its key is ``Stuck`` until it returns."""
+    Returns (what each call returned, or the exception it raised, by key; why by key for each
+    call that gave neither: stuck from an earlier call or over the deadline now).  A call over
+    the deadline keeps running on its worker; its key is ``Stuck`` until it returns."""
     futures: dict[Hashable, cf.Future] = {}
     failed: dict[Hashable, str] = {}
     for key, (fn, args) in calls.items():
@@ -157,8 +159,5 @@ def run_all(workers: KeyedWorkers, calls: dict[Hashable, tuple[Callable[..., Any
             failed[key] = f"read blocked past its {timeout:.2f}s deadline"
             continue
         exc = fut.exception()
-        if exc is not None:
-            failed[key] = f"{type(exc).__name__}: {exc}"
-        else:
-            results[key] = fut.result()
+        results[key] = exc if exc is not None else fut.result()
     return results, failed

@@ -463,6 +463,9 @@ class InfinibandSource:
                 result.stuck.append(name)
                 result.error(f"{name}: {blocked[name]}")
                 continue
+            if isinstance(done[name], BaseException):  # _poll_device catches per port: a bug of its own
+                result.error(f"{name}: unexpected {type(done[name]).__name__}: {done[name]}")
+                continue
             for key, pp, fact in done[name]:
                 if isinstance(pp, Exception):  # a bug on one odd port must not cost the others
                     result.error(f"{key}: unexpected {type(pp).__name__}: {pp}")
