@@ -27,7 +27,8 @@ def feed(tr, steps, *, t0: float, late=frozenset(), node_of=lambda r: f"node-{r 
         slowest = max(comp.values())
         for r in ranks:
             comm = slowest - comp[r] + 0.5
-            tr.add(RankTiming(job, r, r % 8, step, comp[r] + comm, comm, ts, node=node_of(r), job_id=job_id), "")
+            extra = {"job_id": job_id} if job_id else {}
+            tr.add(RankTiming(job, r, r % 8, step, comp[r] + comm, comm, ts, node=node_of(r), **extra), "")
         if evaluate:
             tr.evaluate(ts)
     return ts
@@ -40,11 +41,13 @@ def where(tr, ts) -> list[tuple[int, str, int]]:
 def test_step_of_2_53_refused_and_scoring_goes_on():
     tr = StragglerTracker(DetectionSettings())
     ts = feed(tr, range(1, 5), t0=0.0)
-    assert tr.add(RankTiming("j", 0, 0, 2**53, 1.0, 0.1, ts + 1, node="node-000"), "") == "step_range"
-    assert tr.add(RankTiming("j", 0, 0, 4 + MAX_STEP_AHEAD + 1, 1.0, 0.1, ts + 1, node="node-000"), "") == "step_ahead"
-    assert tr.refused == {"step_range": 1, "step_ahead": 1}
+    why = [tr.add(RankTiming("j", 0, 0, 2**53, 1.0, 0.1, ts + 1, node="node-000"), ""),
+           tr.add(RankTiming("j", 0, 0, 4 + MAX_STEP_AHEAD + 1, 1.0, 0.1, ts + 1, node="node-000"), "")]
     ts = feed(tr, range(5, 17), t0=ts + 2, late={11})
     assert where(tr, ts) == [(11, "node-001", 3)]  # detection was off for 10 minutes on 270f287
+    assert why == ["step_range", "step_ahead"] and tr.refused == {"step_range": 1, "step_ahead": 1}
+    # a step just within the bound is taken
+    assert tr.add(RankTiming("j", 0, 0, 16 + MAX_STEP_AHEAD, 1.0, 0.1, ts + 1, node="node-000"), "") is None
 
 
 def test_restart_from_a_checkpoint_is_a_new_run_not_ignored():
@@ -52,8 +55,8 @@ def test_restart_from_a_checkpoint_is_a_new_run_not_ignored():
     ts = feed(tr, range(1, 101), t0=0.0)
     # the job dies, is down 90 s, and comes back at its checkpoint, 80 steps back; rank 11 now slow
     ts = feed(tr, range(20, 33), t0=ts + 90.0, late={11})
-    assert tr.restarts_total == 1
     assert where(tr, ts) == [(11, "node-001", 3)]  # within 13 steps of the restart (never, until step 140, before)
+    assert tr.restarts_total == 1
 
 
 def test_old_steps_with_old_times_are_a_replay_not_a_restart():
