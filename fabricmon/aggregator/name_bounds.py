@@ -20,6 +20,7 @@ keeps its old name counted), so the limits leave room for churn too.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import structlog
 
@@ -93,8 +94,4 @@ class NameBounds:
         """``h`` with the NICs that would pass a bound left out (counted)."""
         keep = tuple(n for n in h.nics if self._admit(h.node, self._names(
             (("device", n.device), ("port", str(n.port))) + ((("interface", n.netdev),) if n.netdev else ()))))
-        if len(keep) == len(h.nics):
-            return h
-        from dataclasses import replace
-
-        return replace(h, nics=keep)
+        return h if len(keep) == len(h.nics) else replace(h, nics=keep)
