@@ -348,8 +348,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         from .config import load_agent_config
 
         cfg = load_agent_config(args.file)
+        node = resolve_node_name(cfg)  # the name this host would stream under passes the aggregator's rule
         if cfg.shard is not None:  # the map parses, and the unit (when the config gives it) has an owner
-            resolve_static(cfg.shard, resolve_node_name(cfg), args.file)
+            resolve_static(cfg.shard, node, args.file)
         if not args.skip_secrets:
             # what would stop the stream at start: a missing token, the example placeholder, no TLS file
             check_token_file(cfg.stream.token_file, "stream.token_file", args.file)

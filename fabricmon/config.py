@@ -10,6 +10,7 @@ from typing import Any
 
 from .configload import ConfigError, build, check_hostport, check_range, check_regexes, load_yaml_file
 from .sources.bounds import valid_ifname
+from .textcheck import node_name_problem
 
 __all__ = ["AgentConfig", "ConfigError", "load_agent_config"]
 
@@ -319,6 +320,10 @@ class AgentConfig:
             raise ConfigError(f"{source}: nvml: must be auto, off or fake:FILE, got {self.nvml!r}")
         for dev, rail in self.rails.items():
             check_range(rail, *RAIL_RANGE, f"rails.{dev}", source)
+        if self.node_name is not None:
+            why = node_name_problem(self.node_name)
+            if why is not None:
+                raise ConfigError(f"{source}: {path}node_name: {why}")
 
     @property
     def nvml_fake_file(self) -> str | None:

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from .rejected import InputRejected
-from .textcheck import label_text_ok
+from .textcheck import MAX_JOB_NAME, MAX_NODE_NAME, label_text_ok
 
 
 # Why a line was rejected: a fixed set, so the self-metric label stays bounded.
@@ -22,7 +22,7 @@ REJECT_REASONS = ("too_long", "not_utf8", "not_json", "not_object", "missing_fie
                   "bad_string")
 
 MAX_LINE_BYTES = 64 * 1024
-MAX_JOB_CHARS = 128
+MAX_JOB_CHARS = MAX_JOB_NAME
 MAX_KEY_CHARS = 32
 MAX_GROUP_KEYS = 8
 # Bounds are those of the wire fields (fabricmon.proto RankTiming) where a wider
@@ -32,7 +32,7 @@ MAX_GROUP_KEYS = 8
 # timestamp sent in milliseconds) is a unit error, not a measurement.
 MAX_RANK = 2**32 - 1          # uint32
 MAX_LOCAL_RANK = 2**16 - 1
-MAX_STEP = 2**53
+MAX_STEP = 2**53 - 1  # 2**53 and above are refused everywhere (aggregator intake too)
 MAX_GPU = 1023                # sint32 on the wire; -1 means "same as local_rank"
 MAX_GROUP_VALUE = 2**31 - 1   # int64 on the wire
 MAX_SECONDS = 1e6
@@ -55,6 +55,7 @@ class RankTiming:
     node: str = ""
     gpu: int = -1  # -1: same as local_rank
     group: tuple[tuple[str, int], ...] = ()
+    job_id: str = ""  # optional identity (a scheduler's job id): same-named jobs stay apart
 
     @property
     def gpu_index(self) -> int:
@@ -154,7 +155,7 @@ def parse_line(line: str | bytes, *, node: str = "", now: float | None = None) -
         return JobLayout(job, layout)
     group = _pairs(obj["group"], "group", 0) if obj.get("group") is not None else ()
     if not node and "node" in obj:
-        node = _text(obj["node"], "node", 253)
+        node = _text(obj["node"], "node", MAX_NODE_NAME)
     return RankTiming(
         job=job,
         rank=_int(obj, "rank", 0, MAX_RANK),
@@ -166,6 +167,7 @@ def parse_line(line: str | bytes, *, node: str = "", now: float | None = None) -
         node=node,
         gpu=_int(obj, "gpu", -1, MAX_GPU, default=-1),
         group=group,
+        job_id=_text(obj["job_id"], "job_id", MAX_JOB_CHARS) if obj.get("job_id") is not None else "",
     )
 
 
@@ -178,4 +180,6 @@ def to_json(t: RankTiming) -> str:
         obj["gpu"] = t.gpu
     if t.group:
         obj["group"] = dict(t.group)
+    if t.job_id:
+        obj["job_id"] = t.job_id
     return json.dumps(obj, separators=(",", ":"))

@@ -20,6 +20,14 @@ from pathlib import Path
 import yaml
 
 from .configload import ConfigError, build, load_yaml_file
+from .textcheck import node_name_problem
+
+# The largest cluster a topology may describe: a typo (nodes: 100000000) otherwise runs for minutes
+# and gigabytes before anything says so.  Per node, bounds far above any real machine.
+MAX_NODES = 65_536
+MAX_GPUS_PER_NODE = 64
+MAX_NICS_PER_NODE = 64
+MAX_RATE_GBPS = 10_000.0
 
 COMPONENT_TYPES = ("link", "nic", "gpu", "nvlink", "node", "rail", "leaf", "spine", "config")
 
@@ -71,6 +79,15 @@ class NicSpec:
     node_guid: str | None = None  # "0x..." as fabricmon_ib_port_info's node_guid label
     interface: str | None = None  # the netdev (LLDP imports)
 
+    def validate(self, path: str, source: str) -> None:
+        for what, v in (("rail", self.rail), ("gpu", self.gpu), ("port", self.port)):
+            if v < 0:
+                raise ConfigError(f"{source}: {path}.{what}: must be >= 0, got {v}")
+        if not 0 < self.rate_gbps <= MAX_RATE_GBPS:
+            raise ConfigError(f"{source}: {path}.rate_gbps: must be in (0, {MAX_RATE_GBPS:g}], got {self.rate_gbps}")
+        if self.width < 1:
+            raise ConfigError(f"{source}: {path}.width: must be >= 1 lane, got {self.width}")
+
 
 @dataclass(frozen=True)
 class NodeSpec:
@@ -85,7 +102,20 @@ class NodeSpec:
     unbound: tuple[NicSpec, ...] = ()
 
     def validate(self, path: str, source: str) -> None:
+        why = node_name_problem(self.name)
+        if why is not None:
+            raise ConfigError(f"{source}: {path}.name: {why}")
+        if self.unit < 0:
+            raise ConfigError(f"{source}: {path}.unit: must be >= 0, got {self.unit}")
+        if not 1 <= self.gpus <= MAX_GPUS_PER_NODE:
+            raise ConfigError(f"{source}: {path}.gpus: must be in [1, {MAX_GPUS_PER_NODE}], got {self.gpus}")
+        if len(self.nics) > MAX_NICS_PER_NODE:
+            raise ConfigError(f"{source}: {path}.nics: {len(self.nics)} NICs, at most {MAX_NICS_PER_NODE}")
+        devices: set[str] = set()
         for i, nic in enumerate(self.nics):
+            if nic.device in devices:
+                raise ConfigError(f"{source}: {path}.nics[{i}].device: duplicate NIC {nic.device!r} on {self.name}")
+            devices.add(nic.device)
             if not 0 <= nic.gpu < self.gpus:
                 raise ConfigError(f"{source}: {path}.nics[{i}].gpu: {nic.gpu} is not a GPU of {self.name} (0..{self.gpus - 1})")
 
@@ -97,10 +127,13 @@ class GenerateSpec:
     rails: int = 8
 
     def validate(self, path: str, source: str) -> None:
-        if self.nodes < 1:
-            raise ConfigError(f"{source}: {path}.nodes: must be >= 1, got {self.nodes}")
-        if self.rails < 1 or self.gpus_per_node < 1:
-            raise ConfigError(f"{source}: {path}: rails and gpus_per_node must be >= 1")
+        if not 1 <= self.nodes <= MAX_NODES:
+            raise ConfigError(f"{source}: {path}.nodes: must be in [1, {MAX_NODES}], got {self.nodes}")
+        if not 1 <= self.gpus_per_node <= MAX_GPUS_PER_NODE:
+            raise ConfigError(f"{source}: {path}.gpus_per_node: must be in [1, {MAX_GPUS_PER_NODE}], "
+                              f"got {self.gpus_per_node}")
+        if not 1 <= self.rails <= MAX_NICS_PER_NODE:
+            raise ConfigError(f"{source}: {path}.rails: must be in [1, {MAX_NICS_PER_NODE}], got {self.rails}")
 
 
 @dataclass(frozen=True)
@@ -123,6 +156,13 @@ class TopologyFile:
             raise ConfigError(f"{source}: spines: must be >= 1, got {self.spines}")
         if self.generate is None and not self.nodes:
             raise ConfigError(f"{source}: nodes: give a node list or a generate: section")
+        if self.generate is not None and self.nodes:
+            raise ConfigError(f"{source}: generate: give a node list or a generate: section, not both "
+                              f"(the generated cluster would silently replace the {len(self.nodes)} nodes listed)")
+        if len(self.nodes) > MAX_NODES:
+            raise ConfigError(f"{source}: nodes: {len(self.nodes)} nodes, at most {MAX_NODES}")
+        if not 0 < self.rate_gbps <= MAX_RATE_GBPS:
+            raise ConfigError(f"{source}: rate_gbps: must be in (0, {MAX_RATE_GBPS:g}], got {self.rate_gbps}")
         seen: set[str] = set()
         for i, n in enumerate(self.nodes):
             if n.name in seen:

@@ -22,7 +22,8 @@ PROMETHEUS_ALERTS = {
 }
 # fabricmon watching itself (aggregator scraped, alerts delivered, agents streaming): component_type
 # `service`, the fabricmon deployment itself, not a fabric component.
-SELF_ALERTS = {"FabricmonAggregatorDown", "FabricmonAlertDeliveryFailing", "FabricmonAgentsDisconnected"}
+SELF_ALERTS = {"FabricmonAggregatorDown", "FabricmonAlertDeliveryFailing", "FabricmonAgentsDisconnected",
+               "FabricmonBatchesDropped"}
 MIXIN = PROM / "mixin.py"
 CONTRACT_LABELS = {"severity", "component_type", "component", "node", "rail", "leaf", "gpu", "job", "cluster"}
 COMPONENT_TYPES = {"link", "nic", "gpu", "node", "rail", "leaf", "spine", "config", "nvlink", "service"}
@@ -138,7 +139,7 @@ def test_every_alert_is_tested_firing_and_not_firing() -> None:
             for t in case.get("alert_rule_test", []):
                 (firing if t.get("exp_alerts") else silent).add(t["alertname"])
                 for exp in t.get("exp_alerts") or []:
-                    assert set(exp["exp_labels"]) - {"instance", "xid", "collector"} <= CONTRACT_LABELS, exp
+                    assert set(exp["exp_labels"]) - {"instance", "xid", "collector", "reason"} <= CONTRACT_LABELS, exp
     every = PROMETHEUS_ALERTS | SELF_ALERTS
     assert firing >= every, every - firing
     assert silent >= every, every - silent

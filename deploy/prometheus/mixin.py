@@ -637,6 +637,29 @@ label_replace(
 )
 '''),
     ]),
+    # Kept in a group of its own (issue 26): batches the aggregator acks but does not believe.
+    Group('fabricmon-batches-dropped', [
+        Alert(
+            'FabricmonBatchesDropped', for_='sustained', severity='warning', component_type='node',
+            summary='fabricmon aggregator drops the batches of {{ $labels.component }} ({{ $labels.reason }})',
+            description="The aggregator acknowledges but does not believe the batches of {{ $labels.component }} ({{ $labels.reason }}, {{ $value | humanize }} in 5 minutes): ts_ahead, ts_behind or ts_stale mean the node's clock is off, seq_ahead that its batches are numbered ahead of the aggregator's clock. Its faults raise nothing at the aggregator meanwhile.",
+            comment="Named by the agent (fabricmon_stream_batches_dropped_by_aggregator_total{node}: the reason\nits acks gave); where no agent series says so, the aggregator's own counter\n(fabricmon_ingest_batches_dropped_total, no node label) names the aggregator instance.\nMore than 10 in 5 minutes: a clock step (NTP) drops a few batches, a wrong clock all of them.",
+            expr='''
+label_replace(
+  sum by (cluster, node, reason) (
+    increase(fabricmon_stream_batches_dropped_by_aggregator_total{${agent_selector}}[5m])
+  ) > 10,
+  "component", "$1", "node", "(.+)"
+)
+or on (cluster)
+label_replace(
+  sum by (cluster, instance, reason) (
+    increase(fabricmon_ingest_batches_dropped_total{${aggregator_selector}, reason=~"ts_ahead|ts_behind|ts_stale|seq_ahead"}[5m])
+  ) > 10,
+  "component", "$1", "instance", "(.*)"
+)
+'''),
+    ]),
 ]
 
 

@@ -17,6 +17,7 @@ from ..config import AgentConfig
 from ..configload import ConfigError, split_hostport
 from ..sources.base import Source
 from ..sources.inventory import Inventory, discover
+from ..textcheck import node_name_problem
 from .exporter import AgentHTTPServer, RenderedSnapshot
 from .poller import Poller
 from .selfmetrics import AgentSelfCollector, self_exposition
@@ -26,9 +27,20 @@ log = structlog.get_logger("fabricmon.agent")
 
 
 def resolve_node_name(cfg: AgentConfig) -> str:
-    """--node-name, else the fixture's ``hostname`` beside ``sys/``, else this host's name."""
+    """--node-name, else the fixture's ``hostname`` beside ``sys/``, else this host's name.
+
+    Raises ConfigError when the name breaks the rule the aggregator applies (textcheck): refused
+    here once, at start, rather than by the aggregator on every reconnect."""
+    name, origin = _node_name(cfg)
+    why = node_name_problem(name)
+    if why is not None:
+        raise ConfigError(f"{origin}: node name {name[:60]!r}{'...' if len(name) > 60 else ''}: {why}")
+    return name
+
+
+def _node_name(cfg: AgentConfig) -> tuple[str, str]:
     if cfg.node_name:
-        return cfg.node_name
+        return cfg.node_name, "node_name"
     root = os.path.abspath(cfg.sysfs_root)
     if os.path.basename(root) == "sys":
         beside = os.path.join(os.path.dirname(root), "hostname")
@@ -36,10 +48,10 @@ def resolve_node_name(cfg: AgentConfig) -> str:
             with open(beside) as fh:
                 name = fh.read().strip()
             if name:
-                return name
+                return name, beside
         except OSError:
             pass
-    return socket.gethostname().split(".")[0]
+    return socket.gethostname().split(".")[0], "hostname"
 
 
 def build_sources(cfg: AgentConfig) -> list[Source]:
@@ -200,6 +212,11 @@ class Agent:
             problems.append("no snapshot yet")
         elif self.clock() - snap.ts > limit:
             problems.append(f"last poll {self.clock() - snap.ts:.1f}s ago (limit {limit:.1f}s)")
+        if snap is not None:
+            for st in snap.sources:
+                if st.stuck:  # a read blocked in a driver: those series are not monitored now
+                    problems.append(f"{st.source}: read blocked past its deadline: {', '.join(st.stuck[:8])}"
+                                    + (f" and {len(st.stuck) - 8} more" if len(st.stuck) > 8 else ""))
         if self._thread is not None and not self._thread.is_alive():
             problems.append("poller thread down")
         inventory = self.poller.inventory
@@ -211,6 +228,9 @@ class Agent:
         if self.stream is not None and not self.stream.delivering():
             problems.append("stream neither connected nor spooling" if self.stream.alive()
                             else "stream thread down")
+        dropping = getattr(self.stream, "aggregator_dropping", "") if self.stream is not None else ""
+        if dropping:  # acked but not believed: blind at the aggregator while everything here looks fine
+            problems.append(f"the aggregator drops this node's batches ({dropping}): check the node's clock")
         for name in self.supervisor.down():
             if name not in ("poller", "stream", "shard"):
                 problems.append(f"{name} thread down")

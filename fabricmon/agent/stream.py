@@ -35,9 +35,11 @@ DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 # values of fabricmon_stream_batches_dropped_total.
 BATCH_DROP_REASONS = ("queue_full", "spool_full", "spool_write_failed", "too_large", "rejected", "corrupt",
                       "unencodable")
+# Why the aggregator acked a batch without believing it (Ack.dropped_reason); anything else is "other".
+AGGREGATOR_DROP_REASONS = ("ts_ahead", "ts_behind", "ts_stale", "seq_ahead", "other")
 
 # TlsFiles is part of StreamClient's constructor: importers take both from here.
-__all__ = ["BATCH_DROP_REASONS", "DEFAULT_MAX_MESSAGE_BYTES", "StreamClient", "TlsFiles"]
+__all__ = ["AGGREGATOR_DROP_REASONS", "BATCH_DROP_REASONS", "DEFAULT_MAX_MESSAGE_BYTES", "StreamClient", "TlsFiles"]
 
 
 class StreamClient:
@@ -108,6 +110,9 @@ class StreamClient:
                        batches_acked_total=0, batches_rejected_total=0, batches_too_large_total=0,
                        batches_unencodable_total=0, connects_total=0, connect_failures_total=0,
                        acks_refused_total=0, thread_restarts_total=0, items_unsubscribed_total=0)
+        # what the aggregator's acks said it dropped (Ack.dropped_reason): the node's clock or seq
+        self.aggregator_dropped = dict.fromkeys(AGGREGATOR_DROP_REASONS, 0)
+        self.aggregator_dropping = ""  # the newest ack's reason; "" when that batch was believed
         self._batches = BatchMaker(node, intake, max(int(time.time() * 1000), self.spool.max_seq + 1), self._c)
         self.spool_ok = True  # the last batch that had to be spooled was stored
         self.last_error = ""
@@ -187,8 +192,10 @@ class StreamClient:
             queue_length=len(self._inq), queue_max=self._queue_max, connected=int(self._connected),
             next_seq=self._batches.next_seq, spool_max_bytes=self.spool.max_bytes,
             spool_write_failures_total=sp.get("write_failed_total", 0),
+            spool_set_aside_total=sp.get("set_aside_total", 0),
             items_dropped=dict(self._batches.guard.dropped),
             items_dropped_total=sum(self._batches.guard.dropped.values()),
+            aggregator_dropped=dict(self.aggregator_dropped), aggregator_dropping=int(bool(self.aggregator_dropping)),
         )
         s["batches_dropped"] = {
             "queue_full": s["snapshots_dropped_total"],
@@ -200,6 +207,20 @@ class StreamClient:
             "unencodable": s["batches_unencodable_total"],
         }
         return s
+
+    def note_ack_drop(self, reason: str) -> None:
+        """An ack came back; ``reason`` is why the aggregator did not believe that batch ("" if it did)."""
+        if reason:
+            key = reason if reason in self.aggregator_dropped else "other"  # a bounded label set
+            with self._lock:
+                self.aggregator_dropped[key] += 1
+            if reason != self.aggregator_dropping:
+                log.error("stream_batches_dropped_by_aggregator", target=self.target, reason=reason[:40],
+                          hint="ts_*: this node's clock is off (check NTP/chrony); seq_ahead: its spool "
+                               "or clock numbered batches ahead of the aggregator's clock")
+        elif self.aggregator_dropping:
+            log.info("stream_batches_believed_again", target=self.target, was=self.aggregator_dropping[:40])
+        self.aggregator_dropping = reason[:40]
 
     def alive(self) -> bool:
         """The stream thread runs (started and not yet stopped)."""

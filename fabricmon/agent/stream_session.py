@@ -172,6 +172,7 @@ class Session:
                         conn.hello_acked.set()
                         continue  # the high-water mark is checked and applied by the session
                     self._on_ack(seq)
+                    c.note_ack_drop(msg.ack.dropped_reason)
                 elif kind == "subscription":
                     try:
                         conn.subscription = subscription_from_pb(msg.subscription)

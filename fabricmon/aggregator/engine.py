@@ -320,8 +320,8 @@ class Engine:
                     # keep its job alive for good
                     why = judge(rt.ts)
                     if why is None:
-                        add(rt, batch.node)
-                    else:
+                        why = add(rt, batch.node)  # the tracker's own refusals (step range) count here too
+                    if why is not None:
                         self.rank_timings_dropped[why] = self.rank_timings_dropped.get(why, 0) + 1
             return True
 

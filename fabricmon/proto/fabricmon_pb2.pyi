@@ -91,7 +91,7 @@ class IntPair(_message.Message):
     def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
 
 class RankTiming(_message.Message):
-    __slots__ = ("job", "rank", "local_rank", "step", "step_seconds", "comm_seconds", "ts", "gpu", "group")
+    __slots__ = ("job", "rank", "local_rank", "step", "step_seconds", "comm_seconds", "ts", "gpu", "group", "job_id")
     JOB_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,7 @@ class RankTiming(_message.Message):
     TS_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
     job: str
     rank: int
     local_rank: int
@@ -110,7 +111,8 @@ class RankTiming(_message.Message):
     ts: float
     gpu: int
     group: _containers.RepeatedCompositeFieldContainer[IntPair]
-    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., step: _Optional[int] = ..., step_seconds: _Optional[float] = ..., comm_seconds: _Optional[float] = ..., ts: _Optional[float] = ..., gpu: _Optional[int] = ..., group: _Optional[_Iterable[_Union[IntPair, _Mapping]]] = ...) -> None: ...
+    job_id: str
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., step: _Optional[int] = ..., step_seconds: _Optional[float] = ..., comm_seconds: _Optional[float] = ..., ts: _Optional[float] = ..., gpu: _Optional[int] = ..., group: _Optional[_Iterable[_Union[IntPair, _Mapping]]] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class JobLayout(_message.Message):
     __slots__ = ("job", "layout")
@@ -151,10 +153,12 @@ class Batch(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., ts: _Optional[float] = ..., interval_seconds: _Optional[float] = ..., new_series: _Optional[_Iterable[_Union[SeriesDef, _Mapping]]] = ..., delta_ids: _Optional[_Iterable[int]] = ..., delta_values: _Optional[_Iterable[float]] = ..., saturated_ids: _Optional[_Iterable[int]] = ..., reset_ids: _Optional[_Iterable[int]] = ..., gauge_ids: _Optional[_Iterable[int]] = ..., gauge_values: _Optional[_Iterable[float]] = ..., ranks: _Optional[_Iterable[_Union[RankTiming, _Mapping]]] = ..., layouts: _Optional[_Iterable[_Union[JobLayout, _Mapping]]] = ..., self_contained: _Optional[bool] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("seq",)
+    __slots__ = ("seq", "dropped_reason")
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_REASON_FIELD_NUMBER: _ClassVar[int]
     seq: int
-    def __init__(self, seq: _Optional[int] = ...) -> None: ...
+    dropped_reason: str
+    def __init__(self, seq: _Optional[int] = ..., dropped_reason: _Optional[str] = ...) -> None: ...
 
 class Settings(_message.Message):
     __slots__ = ("interval_seconds",)
