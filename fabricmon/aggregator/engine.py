@@ -36,6 +36,7 @@ from .detectors import (
 )
 from .drift import config_drift
 from .folding import LeafFolder
+from .hangs import HeartbeatTracker, hung_job_findings
 from .incidents import Finding, Incident, IncidentManager, Relation
 from .stragglers import StragglerTracker
 
@@ -103,6 +104,7 @@ class Engine:
         self.active_gpus: set[GpuState] = set()
         self.config_nodes: set[str] = set()
         self.stragglers = StragglerTracker(s)
+        self.heartbeats = HeartbeatTracker()
         self.cable = CableHealth(s)
         self.manager = IncidentManager(default_hold_s=s.hold_s)
         self.folder = LeafFolder(s, self.cluster, self.links_by_leaf)
@@ -312,6 +314,11 @@ class Engine:
             if batch.layouts:
                 for lay in batch.layouts:
                     self.stragglers.layout(lay)
+            if batch.heartbeats:
+                judge_hb = self.cluster_clock.judge
+                for hb in batch.heartbeats:
+                    if judge_hb(hb.ts) is None:  # bounded like rank timings: a future one would pin a job
+                        self.heartbeats.add(hb, batch.node)
             if batch.ranks:
                 add = self.stragglers.add
                 judge = self.cluster_clock.judge
@@ -612,7 +619,14 @@ class Engine:
         findings.extend(config_drift(self.nodes, self.config_nodes, s, self.cluster, now))
         findings.extend(agents_down(self.nodes.values(), s, self.cluster, now))
         findings.extend(unknown_nodes_finding(self.unknown_nodes(), self.cluster))
+        findings.extend(hung_job_findings(self.heartbeats.hangs(now), self._rank_gpu, self.cluster))
         return findings, relations
+
+    def _rank_gpu(self, job: str, job_id: str, rank: int) -> int | None:
+        """The GPU index of a job's rank, from its rank timings (heartbeats carry none)."""
+        js = self.stragglers.jobs.get(f"{job}\x00{job_id}" if job_id else job)
+        info = js.ranks.get(rank) if js is not None else None
+        return info.gpu if info is not None else None
 
     # ------------------------------------------------------------------ read access
     def incidents(self, include_resolved: bool = True) -> list[Incident]:

@@ -15,7 +15,17 @@ from itertools import compress
 
 from ..batch import NicHello, NodeBatch, NodeHello
 from ..model import CounterDelta, Labels, Sample
-from ..rank_timing import MAX_GPU, MAX_GROUP_VALUE, MAX_LOCAL_RANK, MAX_SECONDS, MAX_STEP, MAX_TS, JobLayout, RankTiming
+from ..rank_timing import (
+    MAX_GPU,
+    MAX_GROUP_VALUE,
+    MAX_LOCAL_RANK,
+    MAX_SECONDS,
+    MAX_STEP,
+    MAX_TS,
+    Heartbeat,
+    JobLayout,
+    RankTiming,
+)
 from ..textcheck import job_name_problem, node_name_problem
 from . import fabricmon_pb2 as pb
 
@@ -122,6 +132,9 @@ class SeriesEncoder:
                 group=[pb.IntPair(key=k, value=v) for k, v in r.group]))
         for lay in b.layouts:
             out.layouts.append(pb.JobLayout(job=lay.job, layout=[pb.IntPair(key=k, value=v) for k, v in lay.layout]))
+        for h in b.heartbeats:
+            out.heartbeats.append(pb.Heartbeat(job=h.job, rank=h.rank, step=h.step, coll_sn=h.coll_sn,
+                                               in_collective=h.in_collective, ts=h.ts, job_id=h.job_id))
         return out
 
 
@@ -319,6 +332,14 @@ class SeriesDecoder:
             if any(not 1 <= p.value <= MAX_GROUP_VALUE for p in lay.layout):
                 raise MalformedBatch(f"layouts: job {lay.job}: a layout value out of range")
             layouts.append(JobLayout(lay.job, tuple((p.key, p.value) for p in lay.layout)))
+        heartbeats = []
+        for h in m.heartbeats:
+            why = job_name_problem(h.job) or (job_name_problem(h.job_id) if h.job_id else None)
+            if why is not None:
+                raise MalformedBatch(f"heartbeats.job: {why}")
+            if not math.isfinite(h.ts) or not 0 <= h.ts <= MAX_TS or h.step > MAX_STEP or h.coll_sn > MAX_STEP:
+                raise MalformedBatch(f"heartbeats: job {h.job} rank {h.rank}: ts, step or coll_sn out of range")
+            heartbeats.append(Heartbeat(h.job, h.rank, h.step, h.coll_sn, h.in_collective, h.ts, node, h.job_id))
         if not m.self_contained and added:
             self._table, self._zero, self._read_ids, self._refused = table, zero, read_ids, refused
             if added_gauges:
@@ -328,6 +349,7 @@ class SeriesDecoder:
         self.refused_values += n_refused
         return NodeBatch(node=node, seq=m.seq, ts=m.ts, interval_seconds=m.interval_seconds,
                          deltas=tuple(deltas), gauges=tuple(gauges), ranks=tuple(ranks), layouts=tuple(layouts),
+                         heartbeats=tuple(heartbeats),
                          unread_deltas=skipped)
 
 
