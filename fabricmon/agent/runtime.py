@@ -25,6 +25,22 @@ from .supervise import Supervisor
 log = structlog.get_logger("fabricmon.agent")
 
 
+def token_problem(path: str | None) -> str | None:
+    """Why the stream's token file cannot be used (unreadable or empty), or None.  Read at every
+    /readyz: a token the pod cannot read is the one stream fault that is local (issue: a Secret
+    mounted root:root 0440 for a non-root agent)."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(65536)
+    except OSError as exc:
+        return f"stream.token_file: {path}: not readable ({exc.strerror or exc})"
+    if not data.strip():
+        return f"stream.token_file: {path}: empty"
+    return None
+
+
 def resolve_node_name(cfg: AgentConfig) -> str:
     """--node-name, else the fixture's ``hostname`` beside ``sys/``, else this host's name."""
     if cfg.node_name:
@@ -192,9 +208,17 @@ class Agent:
             problems.append(missing)
         if self.shard is not None:
             problems.extend(self.shard.not_ready())
-        if self.stream is not None and not self.stream.delivering():
-            problems.append("stream neither connected nor spooling" if self.stream.alive()
-                            else "stream thread down")
+        # Only local faults: an aggregator that is down or refuses the stream is a metric and an
+        # alert (the batches spool), never a reason to hold a DaemonSet rollout.
+        if self.stream is not None or self.shard is not None:
+            token = token_problem(self.cfg.stream.token_file)
+            if token:
+                problems.append(token)
+        if self.stream is not None:
+            if not self.stream.alive():
+                problems.append("stream thread down")
+            elif not self.stream.delivering():
+                problems.append("stream neither connected nor spooling")  # the spool refuses writes: local
         for name in self.supervisor.down():
             if name not in ("poller", "stream", "shard"):
                 problems.append(f"{name} thread down")
