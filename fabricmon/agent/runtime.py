@@ -80,9 +80,13 @@ def build_sources(cfg: AgentConfig) -> list[Source]:
         from ..sources.transceiver import TransceiverSource
 
         sources.append(TransceiverSource(cfg))
-    if s.host.enabled and cfg.sysfs_root == "/sys":
-        # psutil reads this host's /proc: meaningless for a fixture or simulated tree.
-        sources.append(HostSource(cfg))
+    if s.host.enabled:
+        if cfg.sysfs_root == "/sys" or cfg.host_root != "/":
+            sources.append(HostSource(cfg))
+        else:
+            # A fixture or simulated sysfs tree with this machine's /proc would mix two hosts.
+            log.info("host_source_off", reason="sysfs_root is not /sys and host_root is /: "
+                     "set host_root (--host-root) to where the host's / is mounted", sysfs_root=cfg.sysfs_root)
     return sources
 
 
