@@ -268,21 +268,7 @@ def _serves(policy_rule: dict, container: dict, port_name: str) -> bool:
     return any(_port_number(container, p["port"]) == _port_number(container, port_name) for p in policy_rule["ports"])
 
 
-def test_agent_node_selection(rendered) -> None:
-    """Nodes Node Feature Discovery / the GPU Operator already label, or a manual label: any one suffices."""
-    _, objs = rendered
-    spec = _by_kind(objs)[("DaemonSet", "fabricmon-agent")]["spec"]["template"]["spec"]
-    assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
-    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    # One expression per term: terms are ORed, expressions in a term ANDed.
-    exprs = [t["matchExpressions"] for t in terms]
-    assert all(len(e) == 1 for e in exprs), exprs
-    keys = {e[0]["key"]: (e[0]["operator"], e[0]["values"]) for e in exprs}
-    assert keys == {
-        "feature.node.kubernetes.io/pci-15b3.present": ("In", ["true"]),  # NFD: PCI vendor Mellanox/NVIDIA networking
-        "nvidia.com/gpu.present": ("In", ["true"]),                        # GPU Operator (GPU Feature Discovery)
-        "fabricmon.io/agent": ("In", ["true"]),                            # by hand
-    }
+# Where the agents run (one DaemonSet per node kind): tests/test_deploy_node_kinds.py.
 
 
 def test_aggregator_pdb(rendered) -> None:
