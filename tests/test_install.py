@@ -16,6 +16,7 @@ like; `systemd-analyze security` scores them), because no systemd runs here.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -128,7 +129,7 @@ exit $rc
 SCRAPE = r"""
 import sys, time, urllib.request
 out = sys.argv[1]
-want = {"agent": ("http://127.0.0.1:9720/metrics", "fabricmon_build_info"),
+want = {"agent": ("http://127.0.0.1:9720/metrics", "fabricmon_host_memory_total_bytes"),  # after a poll
         "aggregator": ("http://127.0.0.1:9722/metrics", "fabricmon_agents_connected 1.0")}
 deadline = time.monotonic() + 60
 got = {}
@@ -225,6 +226,10 @@ def test_install_verify_run_uninstall(wheel: Path, root: Path, tmp_path: Path) -
     assert run.returncode == 0, f"{run.stdout}{run.stderr}\nagent:\n{logs['agent'][-3000:]}\naggregator:\n{logs['aggregator'][-3000:]}"
     agent_metrics = (out / "agent.metrics").read_text()
     assert 'fabricmon_build_info{' in agent_metrics and "fabricmon_collector_up" in agent_metrics
+    # The revision the wheel was built from, written at build time (no git at run time).
+    assert re.search(r'fabricmon_build_info\{[^}]*revision="[0-9a-f]{40}(-dirty)?"', agent_metrics), agent_metrics[:2000]
+    # The host source reads the host's /proc (host_root /), the unit's sysfs_root being /sys.
+    assert "fabricmon_host_memory_total_bytes" in agent_metrics
     # The aggregator took the agent's stream: the installed token reached both through LoadCredential.
     assert "fabricmon_agents_connected 1.0" in (out / "aggregator.metrics").read_text()
 
