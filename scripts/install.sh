@@ -75,6 +75,10 @@ if [ "$ACTION" = uninstall ]; then
       systemctl disable --now "fabricmon-$r.service" >/dev/null 2>&1 || true
     done
   fi
+  # What `systemctl enable` linked (also when it ran without a running systemd, as in a chroot).
+  for r in agent aggregator; do
+    find "$UNITDIR" -mindepth 2 -maxdepth 2 -path "*.wants/fabricmon-$r.service" -type l -delete 2>/dev/null || true
+  done
   if [ -f "$MARKER" ]; then
     # Units and *.dist examples as listed; configs, the token and EnvironmentFiles are the
     # operator's from the moment they are installed: only --purge removes them.

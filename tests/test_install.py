@@ -233,6 +233,10 @@ def test_install_verify_run_uninstall(wheel: Path, root: Path, tmp_path: Path) -
     # The aggregator took the agent's stream: the installed token reached both through LoadCredential.
     assert "fabricmon_agents_connected 1.0" in (out / "aggregator.metrics").read_text()
 
+    # What `systemctl enable` makes (it links even where systemd is not running).
+    wants = unitdir / "multi-user.target.wants"
+    wants.mkdir()
+    (wants / "fabricmon-agent.service").symlink_to(unitdir / "fabricmon-agent.service")
     # Uninstall keeps configs and token; --purge removes them; nothing else of the root is left.
     res = _install(root, "--uninstall")
     assert res.returncode == 0, res.stderr
