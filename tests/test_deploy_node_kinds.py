@@ -378,3 +378,18 @@ def test_documented_images_override(tmp_path) -> None:
     seen = [c["image"] for _, spec in pod_templates(objs)
             for c in [*spec.get("initContainers", []), *spec.get("containers", [])]]
     assert seen and set(seen) == {want}, seen
+
+
+@pytest.mark.parametrize("path", ["overlays/optics", "examples/training-pod"])
+def test_new_kustomizations_validate(path: str) -> None:
+    """The objects the overlays of tests/test_deploy_kubernetes.py do not cover, against the same
+    Kubernetes 1.30 OpenAPI schemas (kubernetes-validate, strict)."""
+    import kubernetes_validate as kv
+
+    from test_deploy_kubernetes import CRD_KINDS, K8S_VERSION
+
+    objs = rendered(path)
+    assert objs
+    for o in objs:
+        if o["kind"] not in CRD_KINDS:
+            kv.validate(o, K8S_VERSION, strict=True)
