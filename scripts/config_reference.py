@@ -50,6 +50,7 @@ class Key:
     meaning: str
     sighup: str
     section: bool
+    field: tuple[str, str]  # (class, field): a class used at two places shares its meanings
 
 
 def _comments(cls: type) -> dict[str, str]:
@@ -139,7 +140,7 @@ def walk(cls: type, prefix: str, sighup, meanings: dict[str, str]) -> Iterator[K
         path = f"{prefix}{f.name}"
         sub, many = _nested(hints[f.name])
         meaning = meanings.get(path) or notes.get(f.name) or (_doc(sub) if sub is not None else "")
-        yield Key(path, ann[f.name], _default(f), meaning, sighup(path), sub is not None)
+        yield Key(path, ann[f.name], _default(f), meaning, sighup(path), sub is not None, (cls.__qualname__, f.name))
         if sub is not None:
             yield from walk(sub, f"{path}[]." if many else f"{path}.", sighup, meanings)
 
@@ -171,8 +172,11 @@ def configs():
 def keys(meanings: dict[str, str]) -> dict[str, list[Key]]:
     out = {}
     for title, _, _, cls, sighup in configs():
-        out[title] = list(walk(cls, "", sighup, {k.split(":", 1)[1]: v for k, v in meanings.items()
-                                                   if k.split(":", 1)[0] == title.lower()}))
+        ks = list(walk(cls, "", sighup, {k.split(":", 1)[1]: v for k, v in meanings.items()
+                                         if k.split(":", 1)[0] == title.lower()}))
+        # The same class at another key (topology nodes[].nics[] and nodes[].unbound[]): same meanings.
+        shared = {k.field: k.meaning for k in ks if k.meaning}
+        out[title] = [k if k.meaning else dataclasses.replace(k, meaning=shared.get(k.field, "")) for k in ks]
     return out
 
 

@@ -6,6 +6,7 @@
 #   scripts/install.sh --role agent          # agent nodes (no numpy)
 #   scripts/install.sh --uninstall           # remove the venv and the units; configs, token, state stay
 #   scripts/install.sh --uninstall --purge   # also the configs, the token and the state directories
+#   scripts/install.sh --check-config        # check-config the installed configs (after editing them)
 #
 # Options (defaults in brackets):
 #   --prefix DIR      the venv [/opt/fabricmon]; the units run DIR/bin/fabricmon
@@ -48,6 +49,7 @@ while [ $# -gt 0 ]; do
     --unitdir) UNITDIR=${2:?}; shift 2 ;;
     --statedir) STATEDIR=${2:?}; shift 2 ;;
     --uninstall) ACTION=uninstall; shift ;;
+    --check-config) ACTION=check; shift ;;
     --purge) PURGE=1; shift ;;
     --no-apt) APT=0; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -65,6 +67,24 @@ CONF="$SYSCONFDIR/fabricmon"
 MANIFEST="$PREFIX/share/fabricmon/installed-files"
 MARKER="$PREFIX/share/fabricmon/installed-by"
 systemd_running() { [ -d /run/systemd/system ] && [ "$UNITDIR" = /etc/systemd/system ]; }
+
+# check-config on the installed configs.  The configs name the token where systemd's LoadCredential=
+# puts it for the running unit (/run/credentials/<unit>/token); outside the unit that path does not
+# exist, so each config is checked as a copy naming the credential's source, $CONF/token.
+# The copy sits beside the original, so paths relative to the config resolve the same.
+check_configs() {
+  for r in "${ROLES[@]}"; do
+    check="$CONF/.check-config-$r.yaml"
+    sed "s#/run/credentials/fabricmon-$r.service/token#$CONF/token#g" "$CONF/$r.yaml" > "$check"
+    if ! "$PREFIX/bin/fabricmon" check-config --kind "$r" "$check" >/dev/null; then
+      rm -f -- "$check"
+      die "$CONF/$r.yaml does not pass check-config (above); fix it, then rerun"
+    fi
+    rm -f -- "$check"
+  done
+  [ "$ROLE" = agent ] || "$PREFIX/bin/fabricmon" check-config --kind topology "$CONF/topology.yaml" >/dev/null \
+    || die "$CONF/topology.yaml does not pass check-config (above)"
+}
 
 # ------------------------------------------------------------------ uninstall
 
@@ -100,6 +120,18 @@ if [ "$ACTION" = uninstall ]; then
   ! systemd_running || systemctl daemon-reload
   if [ "$PURGE" -eq 1 ]; then note "removed $PREFIX, the units, configs, token and state"
   else note "removed $PREFIX and the units; configs and token stay in $CONF (--purge removes them)"; fi
+  exit 0
+fi
+
+if [ "$ACTION" = check ]; then
+  [ -x "$PREFIX/bin/fabricmon" ] || die "$PREFIX: fabricmon is not installed there"
+  ROLES=()
+  for r in agent aggregator; do [ ! -f "$CONF/$r.yaml" ] || ROLES+=("$r"); done
+  [ ${#ROLES[@]} -gt 0 ] || die "$CONF: no agent.yaml or aggregator.yaml"
+  [ ! -f "$CONF/aggregator.yaml" ] || ROLE=both
+  [ -f "$CONF/aggregator.yaml" ] || ROLE=agent
+  check_configs
+  note "check-config: ${ROLES[*]}$([ "$ROLE" = agent ] || echo " topology") in $CONF ok"
   exit 0
 fi
 
@@ -183,21 +215,7 @@ elif [ ! -e "$CONF/token" ]; then
   note "generated $CONF/token: copy the same file to every agent and aggregator (or rerun with --token-file)"
 fi
 
-# check-config on what was installed.  The configs name the token where systemd's LoadCredential=
-# puts it for the running unit (/run/credentials/<unit>/token); outside the unit that path does not
-# exist, so each config is checked as a copy naming the credential's source, $CONF/token.
-# The copy sits beside the original, so paths relative to the config resolve the same.
-for r in "${ROLES[@]}"; do
-  check="$CONF/.check-config-$r.yaml"
-  sed "s#/run/credentials/fabricmon-$r.service/token#$CONF/token#g" "$CONF/$r.yaml" > "$check"
-  if ! "$PREFIX/bin/fabricmon" check-config --kind "$r" "$check" >/dev/null; then
-    rm -f -- "$check"
-    die "$CONF/$r.yaml does not pass check-config (above); fix it, then rerun"
-  fi
-  rm -f -- "$check"
-done
-[ "$ROLE" = agent ] || "$PREFIX/bin/fabricmon" check-config --kind topology "$CONF/topology.yaml" >/dev/null \
-  || die "$CONF/topology.yaml does not pass check-config (above)"
+check_configs
 
 # Keep entries of an earlier install that this one did not rewrite (a .dist, a generated token).
 if [ -f "$MANIFEST" ]; then sort -u "$MANIFEST" "$MANIFEST.new" > "$MANIFEST.tmp"; else sort -u "$MANIFEST.new" > "$MANIFEST.tmp"; fi

@@ -170,10 +170,29 @@ def test_agent_sighup_column_is_what_reload_does(tmp_path) -> None:
     assert checked >= 12
 
 
-def test_aggregator_sighup_column_is_what_reload_does(tmp_path) -> None:
-    from fabricmon.aggregator.config import DetectionSettings, load_aggregator_config
+def _aggregator_reload(base, new, topology) -> None:
+    """The aggregator's SIGHUP decision for ``new``: returns when it would apply it, raises
+    ConfigError when it refuses.  The reload moved to aggregator/reload.py (Reloader.prepare, which
+    also re-reads the files the config names) on main while this branch was open; either is real."""
+    from fabricmon.aggregator.config import DetectionSettings
     from fabricmon.aggregator.engine import Engine
-    from fabricmon.aggregator.service import reload_aggregator
+
+    engine = Engine(topology, DetectionSettings())
+    try:
+        from fabricmon.aggregator.reload import Reloader  # type: ignore[import-not-found]
+    except ImportError:
+        from fabricmon.aggregator.service import reload_aggregator
+
+        reload_aggregator(types.SimpleNamespace(engine=engine), base, new)
+        return
+    from fabricmon.buildinfo import ReloadStatus
+
+    rt = types.SimpleNamespace(engine=engine, grpc=None)
+    Reloader(rt, base, ReloadStatus(), load=lambda: new).prepare(new)
+
+
+def test_aggregator_sighup_column_is_what_reload_does(tmp_path) -> None:
+    from fabricmon.aggregator.config import load_aggregator_config
     from fabricmon.topology import load_topology
 
     rows = _rows()["Aggregator"]
@@ -191,9 +210,8 @@ def test_aggregator_sighup_column_is_what_reload_does(tmp_path) -> None:
                 section, **{rest: _changed(getattr(section, rest))})})
         else:
             new = dataclasses.replace(base, **{top: _changed(section)})
-        rt = types.SimpleNamespace(engine=Engine(topology, DetectionSettings()))
         try:
-            reload_aggregator(rt, base, new)
+            _aggregator_reload(base, new, topology)
             did = "yes"
         except ConfigError:
             did = "restart"

@@ -189,6 +189,16 @@ def test_install_verify_run_uninstall(wheel: Path, root: Path, tmp_path: Path) -
         assert (etc / "fabricmon" / name).is_file(), name
     assert (etc / "fabricmon" / "token").stat().st_mode & 0o777 == 0o600
 
+    # --check-config after an edit: the token as the units get it; a bad value is refused by name.
+    res = _install(root, "--check-config")
+    assert res.returncode == 0 and "ok" in res.stdout, res.stdout + res.stderr
+    agent_yaml = etc / "fabricmon" / "agent.yaml"
+    good = agent_yaml.read_text()
+    agent_yaml.write_text(good.replace("interval: 1.0", "interval: -1"))
+    res = _install(root, "--check-config")
+    assert res.returncode == 2 and "interval" in res.stderr and f"{agent_yaml} does not pass" in res.stderr, res.stderr
+    agent_yaml.write_text(good)
+
     # The units name the prefix and this sysconfdir, and pass verify; the shipped template (its
     # ExecStart under /usr/local/bin, absent here) does not: verify can fail.
     for role in ROLES:
