@@ -26,6 +26,7 @@ import json
 import sys
 import textwrap
 import tokenize
+import types
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -98,7 +99,7 @@ def _nested(tp: object) -> tuple[type | None, bool]:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis and dataclasses.is_dataclass(args[0]):
         return args[0], True
-    if args and origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if args and origin in (typing.Union, types.UnionType):
         for a in args:
             if dataclasses.is_dataclass(a):
                 return a, False

@@ -17,9 +17,8 @@ import json
 import subprocess
 import sys
 import types
-from pathlib import Path
+import typing
 
-import pytest
 
 from fabricmon.configload import ConfigError
 from promtools import REPO
@@ -70,7 +69,7 @@ def test_every_key_is_documented_with_a_meaning() -> None:
     def paths(cls, prefix=""):
         for f in dataclasses.fields(cls):
             yield prefix + f.name
-            sub, many = mod._nested(__import__("typing").get_type_hints(cls)[f.name])
+            sub, many = mod._nested(typing.get_type_hints(cls)[f.name])
             if sub is not None:
                 yield from paths(sub, f"{prefix}{f.name}{'[]' if many else ''}.")
 

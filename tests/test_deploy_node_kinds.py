@@ -210,7 +210,7 @@ def test_readiness_of_each_kind_on_a_node_without_rdma(tmp_path) -> None:
 
 def test_optics_overlay_security_context() -> None:
     objs = rendered("overlays/optics")
-    for kind, name in AGENT_KINDS.items():
+    for name in AGENT_KINDS.values():
         pod = _pod(objs, "DaemonSet", name)
         sc = pod["containers"][0]["securityContext"]
         assert sc["runAsUser"] == 0 and sc["runAsNonRoot"] is False
