@@ -171,6 +171,9 @@ def test_install_verify_run_uninstall(wheel: Path, root: Path, tmp_path: Path) -
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze not installed (apt-get install systemd)")
     need_netns("ip", "unshare", "setpriv")
+    probe = subprocess.run(["unshare", "--mount", "--net", "true"], capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make mount and network namespaces here: {probe.stderr.strip()}")
     prefix = root / "opt" / "fabricmon"
     etc = root / "etc"
     unitdir = etc / "systemd" / "system"
