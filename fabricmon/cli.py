@@ -44,6 +44,8 @@ def _agent_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("agent", help="run the per-node agent", parents=[_common()])
     p.add_argument("--config", help="agent YAML config")
     p.add_argument("--sysfs-root", dest="sysfs_root", help="sysfs mount (default /sys)")
+    p.add_argument("--host-root", dest="host_root",
+                   help="where the host's / is mounted, for its /proc (default /; in a container e.g. /host)")
     p.add_argument("--ethtool-dir", dest="ethtool_dir", help="directory of <if>.txt ethtool -S dumps (fixtures and simulation)")
     p.add_argument("--node-name", dest="node_name", help="node label (default: hostname)")
     p.add_argument("--listen", help="HOST:PORT for /metrics, /healthz, /readyz (default 0.0.0.0:9720)")
@@ -171,7 +173,8 @@ class Signals:
 
 def _agent_overrides(args: argparse.Namespace) -> dict:
     return {k: getattr(args, k) for k in (
-        "sysfs_root", "ethtool_dir", "node_name", "listen", "interval", "nvml", "aggregator", "nccl_inspector_dir")}
+        "sysfs_root", "host_root", "ethtool_dir", "node_name", "listen", "interval", "nvml", "aggregator",
+        "nccl_inspector_dir")}
 
 
 def _load_agent(args: argparse.Namespace):

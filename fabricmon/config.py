@@ -293,6 +293,9 @@ class ShardSelect:
 @dataclass(frozen=True)
 class AgentConfig:
     sysfs_root: str = "/sys"
+    # Where the host's / is seen (like node_exporter's --path.rootfs): the host source reads
+    # HOST_ROOT/proc.  In a container that is a hostPath mount of / (e.g. /host).
+    host_root: str = "/"
     ethtool_dir: str | None = None
     node_name: str | None = None
     listen: str = "0.0.0.0:9720"
@@ -316,6 +319,8 @@ class AgentConfig:
                               f"this node's unit), not both")
         _positive(self.interval, "interval", source)
         check_range(self.interval, *INTERVAL_RANGE, "interval", source, "s")
+        if not self.host_root or not self.host_root.startswith("/"):
+            raise ConfigError(f"{source}: host_root: must be an absolute path, got {self.host_root!r}")
         if not (self.nvml in ("auto", "off") or (self.nvml.startswith("fake:") and len(self.nvml) > 5)):
             raise ConfigError(f"{source}: nvml: must be auto, off or fake:FILE, got {self.nvml!r}")
         for dev, rail in self.rails.items():

@@ -84,6 +84,9 @@ SPECS: dict[str, MetricSpec] = _specs(
     ("fabricmon_transceiver_flag", "gauge",
      "A module alarm/warning/LOS flag that is set (value 1); lane is empty for module-level flags.",
      _PORT + ("lane", "flag")),
+    ("fabricmon_transceiver_modules_unreadable", "gauge",
+     "Interfaces whose module EEPROM read the kernel refused at the last module read, by reason "
+     "(permission: EPERM, the agent lacks CAP_NET_ADMIN; present only while some are refused).", ("reason",)),
     ("fabricmon_transceiver_reading_age_seconds", "gauge",
      "Seconds since the module readings were taken (they refresh at sources.transceiver.interval).", _PORT),
     ("fabricmon_global_pause_frames_total", "counter", "IEEE 802.3x (global, non-PFC) pause frames by direction.", ("interface", "direction")),

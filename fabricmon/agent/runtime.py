@@ -26,6 +26,22 @@ from .supervise import Supervisor
 log = structlog.get_logger("fabricmon.agent")
 
 
+def token_problem(path: str | None) -> str | None:
+    """Why the stream's token file cannot be used (unreadable or empty), or None.  Read at every
+    /readyz: a token the pod cannot read is the one stream fault that is local (issue: a Secret
+    mounted root:root 0440 for a non-root agent)."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(65536)
+    except OSError as exc:
+        return f"stream.token_file: {path}: not readable ({exc.strerror or exc})"
+    if not data.strip():
+        return f"stream.token_file: {path}: empty"
+    return None
+
+
 def resolve_node_name(cfg: AgentConfig) -> str:
     """--node-name, else the fixture's ``hostname`` beside ``sys/``, else this host's name.
 
@@ -76,9 +92,13 @@ def build_sources(cfg: AgentConfig) -> list[Source]:
         from ..sources.transceiver import TransceiverSource
 
         sources.append(TransceiverSource(cfg))
-    if s.host.enabled and cfg.sysfs_root == "/sys":
-        # psutil reads this host's /proc: meaningless for a fixture or simulated tree.
-        sources.append(HostSource(cfg))
+    if s.host.enabled:
+        if cfg.sysfs_root == "/sys" or cfg.host_root != "/":
+            sources.append(HostSource(cfg))
+        else:
+            # A fixture or simulated sysfs tree with this machine's /proc would mix two hosts.
+            log.info("host_source_off", reason="sysfs_root is not /sys and host_root is /: "
+                     "set host_root (--host-root) to where the host's / is mounted", sysfs_root=cfg.sysfs_root)
     return sources
 
 
@@ -225,11 +245,19 @@ class Agent:
             problems.append(missing)
         if self.shard is not None:
             problems.extend(self.shard.not_ready())
-        if self.stream is not None and not self.stream.delivering():
-            problems.append("stream neither connected nor spooling" if self.stream.alive()
-                            else "stream thread down")
+        # Only local faults: an aggregator that is down or refuses the stream is a metric and an
+        # alert (the batches spool), never a reason to hold a DaemonSet rollout.
+        if self.stream is not None or self.shard is not None:
+            token = token_problem(self.cfg.stream.token_file)
+            if token:
+                problems.append(token)
+        if self.stream is not None:
+            if not self.stream.alive():
+                problems.append("stream thread down")
+            elif not self.stream.delivering():
+                problems.append("stream neither connected nor spooling")  # the spool refuses writes: local
         dropping = getattr(self.stream, "aggregator_dropping", "") if self.stream is not None else ""
-        if dropping:  # acked but not believed: blind at the aggregator while everything here looks fine
+        if dropping:  # acked but not believed: this node's own clock or seq, a local fault to fix here
             problems.append(f"the aggregator drops this node's batches ({dropping}): check the node's clock")
         for name in self.supervisor.down():
             if name not in ("poller", "stream", "shard"):
