@@ -418,8 +418,9 @@ def live_fabric(scenario: Any, workdir: Path, *, rule_files: Sequence[str | Path
         if probe_agent is not None:
             statics.append({"targets": [f"127.0.0.1:{probe_agent.http.port}"], "labels": {"unit": "0"}})
         scrape = [{"job_name": "fabricmon-agent", "honor_labels": True, "static_configs": statics}]
-        if http_api is not None:
-            aggregators = [f"127.0.0.1:{http_api.port}"] + ([f"127.0.0.1:{free_port()}"] if down_aggregator_replica else [])
+        aggregators = ([f"127.0.0.1:{http_api.port}"] if http_api is not None else []) \
+            + ([f"127.0.0.1:{free_port()}"] if down_aggregator_replica else [])
+        if aggregators:
             scrape.append({"job_name": "fabricmon-aggregator", "honor_labels": True,
                            "static_configs": [{"targets": aggregators}]})
         config = prometheus_config(scrape_interval=scrape_interval,
