@@ -119,6 +119,7 @@ class Engine:
         self.rank_timings_dropped: dict[str, int] = {}
         self._drop_logged: set[tuple[str, str]] = set()
         self.last_tick = None
+        self.started_at: float | None = None  # sample time of the first tick (agents_down's restart grace)
         self.suspicion: dict[tuple[str, str], float] = {}
         for name, spec in topology.nodes.items():
             if self.shard_units is not None and spec.unit not in self.shard_units:
@@ -554,7 +555,9 @@ class Engine:
             if not g.ev and not g.nvl_down and not g.throttle:
                 self.active_gpus.discard(g)
         findings.extend(config_drift(self.nodes, self.config_nodes, s, self.cluster, now))
-        findings.extend(agents_down(self.nodes.values(), s, self.cluster, now))
+        if self.started_at is None:
+            self.started_at = now  # the first tick: the restart grace of agents_down runs from here
+        findings.extend(agents_down(self.nodes.values(), s, self.cluster, now, self.started_at))
         return findings, relations
 
     # ------------------------------------------------------------------ read access
