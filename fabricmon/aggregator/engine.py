@@ -26,6 +26,7 @@ from ..batch import NodeBatch, NodeHello
 from ..topology import Topology
 from .admission import ClusterClock
 from .agents_down import agents_down
+from .node_folding import NodeFolder
 from .config import DetectionSettings
 from .cable_health import CableHealth
 from .correlator import correlate
@@ -104,6 +105,7 @@ class Engine:
         self.cable = CableHealth(s)
         self.manager = IncidentManager(default_hold_s=s.hold_s)
         self.folder = LeafFolder(s, self.cluster, self.links_by_leaf)
+        self.node_folder = NodeFolder(s, self.cluster, self._rail_links)
         self._fatal_xids = frozenset(str(x) for x in s.xid_fatal)
         self._config_checks = frozenset(s.config_checks)
         # self-instrumentation (read by http_api)
@@ -517,6 +519,10 @@ class Engine:
         self.tick_seconds_sum += dt
         return changed
 
+    def _rail_links(self, node: str) -> int:
+        ns = self.nodes.get(node)
+        return 0 if ns is None else sum(1 for link in ns.links.values() if link is not None)
+
     def _window(self, node: str) -> float:
         ns = self.nodes.get(node)
         iv = ns.interval if ns is not None else 1.0
@@ -545,8 +551,11 @@ class Engine:
         loud = {f.component for f in findings if f.component_type == "link" and f.fire
                 and f.alertname in ("FabricLinkDown", "FabricLinkFlapping", "FabricLinkErrors")}
         findings.extend(self.cable.evaluate(now, loud))
+        node_findings, node_relations = self.node_folder.fold(foldable, now)
         leaf_findings, relations = self.folder.fold_links(foldable, now)
         findings.extend(leaf_findings)
+        findings.extend(node_findings)
+        relations.extend(node_relations)  # after the leaf's: a link of a failing node is the node's evidence
         cong_findings, cong_relations = self.folder.fold_congestion(congested)
         findings.extend(cong_findings)
         relations.extend(cong_relations)
