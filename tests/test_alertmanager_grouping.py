@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 import yaml
+from promtools import REPO, running_alertmanager, wait_until
 
 from fabricmon.demo.local_alertmanager import WebhookReceiver
-from promtools import REPO, running_alertmanager, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +45,7 @@ def _pointed_at(cfg: dict, url: str) -> dict:
 
 
 def _link_alerts(alertname: str, severity: str, leaf: str) -> list[dict[str, Any]]:
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     return [{"labels": {"cluster": "test", "alertname": alertname, "severity": severity, "component_type": "link",
                         "component": f"{node}/mlx5_3/1", "node": node, "rail": "3", "leaf": leaf},
              "annotations": {"summary": f"{alertname} on {node}/mlx5_3/1"},

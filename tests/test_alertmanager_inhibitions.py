@@ -14,9 +14,9 @@ import re
 
 import pytest
 import yaml
+from promtools import REPO, amtool, running_alertmanager, wait_until
 
 from fabricmon.aggregator.incidents import SEVERITY
-from promtools import REPO, amtool, running_alertmanager, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -25,65 +25,65 @@ CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 
 def _straggler(cluster: str, node: str, gpu: int, job: str, unit: int) -> dict[str, str]:
     # A rank on GPU g of a rail-optimized node uses NIC g, rail g, leaf leaf-u<unit>-r<g>.
-    return dict(cluster=cluster, alertname="StragglerRank", severity="warning", component_type="gpu",
-                component=f"{node}/gpu{gpu}", node=node, gpu=str(gpu), rail=str(gpu),
-                leaf=f"leaf-u{unit}-r{gpu}", hpc_job=job)
+    return {"cluster": cluster, "alertname": "StragglerRank", "severity": "warning", "component_type": "gpu",
+                "component": f"{node}/gpu{gpu}", "node": node, "gpu": str(gpu), "rail": str(gpu),
+                "leaf": f"leaf-u{unit}-r{gpu}", "hpc_job": job}
 
 
 # (case, alerts to add, "alertname component" expected inhibited, and expected active)
 CASES = [
     ("shared leaf hides only the job's stragglers under that leaf",
-     [dict(cluster="c1", alertname="SlowRanksSharedComponent", severity="critical", component_type="leaf",
-           component="leaf-u1-r3", leaf="leaf-u1-r3", rail="3", hpc_job="llm-a"),
+     [{"cluster": "c1", "alertname": "SlowRanksSharedComponent", "severity": "critical", "component_type": "leaf",
+           "component": "leaf-u1-r3", "leaf": "leaf-u1-r3", "rail": "3", "hpc_job": "llm-a"},
       _straggler("c1", "node-017", 3, "llm-a", 1),
       _straggler("c1", "node-040", 3, "llm-a", 2),      # same job, same rail, another leaf
       _straggler("c1", "node-018", 3, "llm-b", 1)],     # same leaf, another job
      {"StragglerRank node-017/gpu3"},
      {"SlowRanksSharedComponent leaf-u1-r3", "StragglerRank node-040/gpu3", "StragglerRank node-018/gpu3"}),
     ("shared GPU hides only the ranks on that GPU",
-     [dict(cluster="c2", alertname="SlowRanksSharedComponent", severity="critical", component_type="gpu",
-           component="node-040/gpu2", node="node-040", gpu="2", rail="2", leaf="leaf-u2-r2", hpc_job="llm-a"),
+     [{"cluster": "c2", "alertname": "SlowRanksSharedComponent", "severity": "critical", "component_type": "gpu",
+           "component": "node-040/gpu2", "node": "node-040", "gpu": "2", "rail": "2", "leaf": "leaf-u2-r2", "hpc_job": "llm-a"},
       _straggler("c2", "node-040", 2, "llm-a", 2),
       _straggler("c2", "node-040", 5, "llm-a", 2),      # same node, another GPU
       _straggler("c2", "node-041", 2, "llm-a", 2)],     # same leaf, another node
      {"StragglerRank node-040/gpu2"},
      {"SlowRanksSharedComponent node-040/gpu2", "StragglerRank node-040/gpu5", "StragglerRank node-041/gpu2"}),
     ("a ticket (link errors) hides stragglers under its leaf, never a page elsewhere",
-     [dict(cluster="c3", alertname="FabricLinkErrors", severity="warning", component_type="link",
-           component="node-017/mlx5_3/1", node="node-017", rail="3", leaf="leaf-u1-r3"),
+     [{"cluster": "c3", "alertname": "FabricLinkErrors", "severity": "warning", "component_type": "link",
+           "component": "node-017/mlx5_3/1", "node": "node-017", "rail": "3", "leaf": "leaf-u1-r3"},
       _straggler("c3", "node-018", 3, "llm-a", 1),
       _straggler("c3", "node-040", 3, "llm-a", 2),      # same rail, another leaf: not explained
-      dict(cluster="c3", alertname="SlowRanksSharedComponent", severity="critical", component_type="rail",
-           component="rail3", rail="3", hpc_job="llm-b")],
+      {"cluster": "c3", "alertname": "SlowRanksSharedComponent", "severity": "critical", "component_type": "rail",
+           "component": "rail3", "rail": "3", "hpc_job": "llm-b"}],
      {"StragglerRank node-018/gpu3"},
      {"FabricLinkErrors node-017/mlx5_3/1", "StragglerRank node-040/gpu3", "SlowRanksSharedComponent rail3"}),
     ("a page (link down) still hides the slow ranks of its rail (sharded aggregators)",
-     [dict(cluster="c4", alertname="FabricLinkDown", severity="critical", component_type="link",
-           component="node-017/mlx5_3/1", node="node-017", rail="3", leaf="leaf-u1-r3"),
-      dict(cluster="c4", alertname="SlowRanksSharedComponent", severity="critical", component_type="rail",
-           component="rail3", rail="3", hpc_job="llm-b"),
+     [{"cluster": "c4", "alertname": "FabricLinkDown", "severity": "critical", "component_type": "link",
+           "component": "node-017/mlx5_3/1", "node": "node-017", "rail": "3", "leaf": "leaf-u1-r3"},
+      {"cluster": "c4", "alertname": "SlowRanksSharedComponent", "severity": "critical", "component_type": "rail",
+           "component": "rail3", "rail": "3", "hpc_job": "llm-b"},
       _straggler("c4", "node-040", 3, "llm-a", 2),
       _straggler("c4", "node-040", 4, "llm-a", 2)],     # rail 4: not explained
      {"SlowRanksSharedComponent rail3", "StragglerRank node-040/gpu3"},
      {"FabricLinkDown node-017/mlx5_3/1", "StragglerRank node-040/gpu4"}),
     ("agent down (a ticket) hides the node's tickets, not its pages",
-     [dict(cluster="c5", alertname="FabricmonAgentDown", severity="warning", component_type="node",
-           component="node-050", node="node-050"),
-      dict(cluster="c5", alertname="FabricLinkErrors", severity="warning", component_type="link",
-           component="node-050/mlx5_1/1", node="node-050", rail="1", leaf="leaf-u3-r1"),
-      dict(cluster="c5", alertname="GPUXidFatal", severity="critical", component_type="gpu",
-           component="node-050/gpu1", node="node-050", gpu="1"),
-      dict(cluster="c5", alertname="FabricLinkErrors", severity="warning", component_type="link",
-           component="node-051/mlx5_1/1", node="node-051", rail="1", leaf="leaf-u3-r1")],
+     [{"cluster": "c5", "alertname": "FabricmonAgentDown", "severity": "warning", "component_type": "node",
+           "component": "node-050", "node": "node-050"},
+      {"cluster": "c5", "alertname": "FabricLinkErrors", "severity": "warning", "component_type": "link",
+           "component": "node-050/mlx5_1/1", "node": "node-050", "rail": "1", "leaf": "leaf-u3-r1"},
+      {"cluster": "c5", "alertname": "GPUXidFatal", "severity": "critical", "component_type": "gpu",
+           "component": "node-050/gpu1", "node": "node-050", "gpu": "1"},
+      {"cluster": "c5", "alertname": "FabricLinkErrors", "severity": "warning", "component_type": "link",
+           "component": "node-051/mlx5_1/1", "node": "node-051", "rail": "1", "leaf": "leaf-u3-r1"}],
      {"FabricLinkErrors node-050/mlx5_1/1"},
      {"FabricmonAgentDown node-050", "GPUXidFatal node-050/gpu1", "FabricLinkErrors node-051/mlx5_1/1"}),
     ("aggregator down hides the agents' stream-down tickets",
-     [dict(cluster="c6", alertname="FabricmonAggregatorDown", severity="critical", component_type="service",
-           component="10.0.1.5:9722"),
-      dict(cluster="c6", alertname="FabricmonAgentStreamDown", severity="warning", component_type="service",
-           component="node-001", node="node-001"),
-      dict(cluster="c7", alertname="FabricmonAgentStreamDown", severity="warning", component_type="service",
-           component="node-002", node="node-002")],     # another cluster's aggregator is up
+     [{"cluster": "c6", "alertname": "FabricmonAggregatorDown", "severity": "critical", "component_type": "service",
+           "component": "10.0.1.5:9722"},
+      {"cluster": "c6", "alertname": "FabricmonAgentStreamDown", "severity": "warning", "component_type": "service",
+           "component": "node-001", "node": "node-001"},
+      {"cluster": "c7", "alertname": "FabricmonAgentStreamDown", "severity": "warning", "component_type": "service",
+           "component": "node-002", "node": "node-002"}],     # another cluster's aggregator is up
      {"FabricmonAgentStreamDown node-001"},
      {"FabricmonAggregatorDown 10.0.1.5:9722", "FabricmonAgentStreamDown node-002"}),
 ]
@@ -101,7 +101,7 @@ def _query(am_url: str, flag: str) -> list[dict]:
 
 def test_inhibitions_are_scoped(tmp_path) -> None:
     with running_alertmanager(CONFIG.read_text(), tmp_path / "am") as am:
-        end = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        end = (dt.datetime.now(dt.UTC) + dt.timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%SZ")
         n = 0
         for _, alerts, _, _ in CASES:
             for labels in alerts:

@@ -13,7 +13,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from promtools import REPO, RULE_FILES, live_fabric, wait_until
 from test_prometheus_live import substitute
 

@@ -5,9 +5,9 @@ FabricmonAgentDown, while its agent reconnects and replays a spool older than th
 from __future__ import annotations
 
 import pytest
+from test_engine import T0, Cluster
 
 from fabricmon.aggregator.agents_down import restart_grace
-from test_engine import T0, Cluster
 
 
 def test_grace_is_max_of_60s_and_5_intervals():

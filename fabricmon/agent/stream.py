@@ -37,7 +37,7 @@ BATCH_DROP_REASONS = ("queue_full", "spool_full", "spool_write_failed", "too_lar
                       "unencodable")
 
 # TlsFiles is part of StreamClient's constructor: importers take both from here.
-__all__ = ["BATCH_DROP_REASONS", "REFUSAL_REASONS", "DEFAULT_MAX_MESSAGE_BYTES", "StreamClient", "TlsFiles"]
+__all__ = ["BATCH_DROP_REASONS", "DEFAULT_MAX_MESSAGE_BYTES", "REFUSAL_REASONS", "StreamClient", "TlsFiles"]
 
 
 class StreamClient:
