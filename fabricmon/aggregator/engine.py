@@ -26,6 +26,7 @@ from ..batch import NodeBatch, NodeHello
 from ..topology import Topology
 from .admission import ClusterClock
 from .agents_down import agents_down
+from .lateness import node_time, scale_holds
 from .node_folding import NodeFolder
 from .config import DetectionSettings
 from .cable_health import CableHealth
@@ -511,6 +512,7 @@ class Engine:
                              self.manager.open_keys())
             findings.extend(corr.findings)
             self.suspicion = corr.suspicion
+            scale_holds(findings, self._interval_of, self.settings.hold_s)
             changed = self.manager.update(findings, now, relations)
             self.last_tick = now
             self.ticks_total += 1
@@ -518,6 +520,13 @@ class Engine:
         self.tick_seconds_last = dt
         self.tick_seconds_sum += dt
         return changed
+
+    def _interval_of(self, node: str | None) -> float:
+        """A node's poll interval; for no node (a leaf, a rail, a job), the slowest node's."""
+        ns = self.nodes.get(node) if node else None
+        if ns is not None:
+            return ns.interval
+        return max((n.interval for n in self.nodes.values()), default=1.0)
 
     def _rail_links(self, node: str) -> int:
         ns = self.nodes.get(node)
@@ -535,8 +544,10 @@ class Engine:
         congested: dict[str, list[tuple[LinkState, Finding]]] = {}
         for link in list(self.active_links):
             w = self._window(link.node)
-            fs = evaluate_link(link, now, w, s)
-            cong = congestion_of(link, now, w, s)
+            ns = self.nodes.get(link.node)
+            t = now if ns is None else node_time(now, ns.last_ts, ns.interval)  # a late batch still counts
+            fs = evaluate_link(link, t, w, s)
+            cong = congestion_of(link, t, w, s)
             fold = [f for f in fs if f.alertname in FOLDABLE and (f.fire or f.keep)]
             if fold and link.leaf:
                 foldable.setdefault(link.leaf, []).append((link, fold))
