@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -73,9 +74,41 @@ def build_runtime(cfg: AggregatorConfig, web=None, reload_status: ReloadStatus |
     sender = AlertmanagerClient(am.urls, cluster=engine.cluster, resend_seconds=am.resend_seconds,
                                 timeout=am.timeout, queue_max=am.queue_max, generator_url=am.generator_url,
                                 runbook_base=am.runbook_base)
+    on_changed = resume_incidents(cfg.state_file, engine, sender) if cfg.state_file else None
     return AggregatorRuntime(engine, grpc_listen=cfg.grpc_listen, grpc_kwargs=grpc_auth_kwargs(cfg),
                              http_listen=split_hostport(cfg.http_listen), sender=sender,
-                             tick_seconds=cfg.tick_seconds, http_web=web, reload_status=reload_status)
+                             tick_seconds=cfg.tick_seconds, http_web=web, reload_status=reload_status,
+                             on_changed=on_changed)
+
+
+def resume_incidents(path: str, engine: Engine, sender: AlertmanagerClient, now: float | None = None):
+    """Restore the open incidents persisted at ``path``, reconcile them with Alertmanager (adopt the
+    ones it still holds, send the others firing again), and return the runtime's ``on_changed``
+    hook that persists the open incidents after every change (aggregator/incident_store.py)."""
+    from . import incident_store
+
+    now = time.time() if now is None else now
+    records = incident_store.load(path)
+    if records:
+        interval = max((ns.interval for ns in engine.nodes.values()), default=1.0)
+        with engine.lock:
+            restored = incident_store.restore(engine.manager, records, now, interval)
+        active = None
+        for url in sender.urls:
+            active = incident_store.active_at_alertmanager(url.url.removesuffix("/api/v2/alerts"))
+            if active is not None:
+                break
+        keep, gone = incident_store.reconcile(restored, active)
+        sender.adopt(keep)
+        if gone:
+            sender.submit(gone, now)
+        log.info("incidents_resumed", file=path, adopted=len(keep), sent_again=len(gone))
+
+    def persist(changed, tick_now: float) -> None:
+        open_ = engine.open_incidents()
+        incident_store.save(path, open_, sender.alerts_for(open_))
+
+    return persist
 
 
 def apply_detection(engine: Engine, new: DetectionSettings) -> None:
