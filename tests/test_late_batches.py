@@ -5,10 +5,10 @@ fired once and resolved once, instead of resolved between batches and fired agai
 from __future__ import annotations
 
 import pytest
-
-from fabricmon.aggregator.lateness import HOLD_INTERVALS, node_time, scale_holds
-from fabricmon.aggregator.incidents import Finding
 from test_engine import T0, Cluster, flaky
+
+from fabricmon.aggregator.incidents import Finding
+from fabricmon.aggregator.lateness import HOLD_INTERVALS, node_time, scale_holds
 
 
 def test_node_time_and_hold_floor():
