@@ -76,6 +76,7 @@ def build_sources(cfg: AgentConfig) -> list[Source]:
     from ..sources.host import HostSource
     from ..sources.infiniband import InfinibandSource
     from ..sources.nvml.source import make_nvml_source
+    from ..sources.pci_gpus import PciGpuSource
 
     sources: list[Source] = []
     s = cfg.sources
@@ -88,6 +89,8 @@ def build_sources(cfg: AgentConfig) -> list[Source]:
     nvml = make_nvml_source(cfg)
     if nvml is not None:
         sources.append(nvml)
+    # Always: GPUs on the PCI bus that NVML does not report (absent, or nvml: off) say so in a metric.
+    sources.append(PciGpuSource(cfg.sysfs_root))
     if s.transceiver.enabled:
         from ..sources.transceiver import TransceiverSource
 

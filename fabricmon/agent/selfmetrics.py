@@ -15,12 +15,15 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from .stream import AGGREGATOR_DROP_REASONS, BATCH_DROP_REASONS
+from .stream import AGGREGATOR_DROP_REASONS, BATCH_DROP_REASONS, REFUSAL_REASONS
 from .wire_guard import ITEM_REASONS
 
 # (stats key, family name without the _total suffix for counters, kind, help)
 _STREAM_SCALARS = (
     ("connected", "fabricmon_stream_connected", "gauge", "1 while the stream to the aggregator is established."),
+    ("disconnected_seconds", "fabricmon_stream_disconnected_seconds", "gauge",
+     "Seconds since the stream to the aggregator was lost (since the agent started if it never connected); 0 while connected."),
+    ("interval_seconds", "fabricmon_stream_interval_seconds", "gauge", "Poll interval: a batch is due this often."),
     ("batches_sent_total", "fabricmon_stream_batches_sent", "counter", "Batches sent to the aggregator (live and replayed)."),
     ("batches_replayed_total", "fabricmon_stream_batches_replayed", "counter", "Spooled batches sent after a reconnect."),
     ("batches_acked_total", "fabricmon_stream_batches_acked", "counter", "Batches the aggregator acknowledged."),
@@ -75,6 +78,14 @@ class AgentSelfCollector:
             agg = s.get("aggregator_dropped", {})
             for reason in AGGREGATOR_DROP_REASONS:
                 fam.add_metric([node, reason], float(agg.get(reason, 0)))
+            yield fam
+            fam = CounterMetricFamily("fabricmon_stream_refused",
+                                      "Connections the aggregator refused: no or wrong credential (unauthenticated), "
+                                      "a credential naming another node (permission_denied).",
+                                      labels=["node", "reason"])
+            refused = s.get("refused", {})
+            for reason in REFUSAL_REASONS.values():
+                fam.add_metric([node, reason], float(refused.get(reason, 0)))
             yield fam
             fam = CounterMetricFamily("fabricmon_stream_items_dropped",
                                       "Items left out of a batch because the wire cannot carry them, by kind.",

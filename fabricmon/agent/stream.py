@@ -26,7 +26,7 @@ from ..model import Snapshot
 from .spool import MemorySpool
 from .stream_batches import BatchMaker
 from .stream_channel import TlsFiles, presented_token
-from .stream_session import Session
+from .stream_session import REFUSAL_REASONS, Session
 
 log = structlog.get_logger("fabricmon.stream")
 
@@ -39,7 +39,8 @@ BATCH_DROP_REASONS = ("queue_full", "spool_full", "spool_write_failed", "too_lar
 AGGREGATOR_DROP_REASONS = ("ts_ahead", "ts_behind", "ts_stale", "seq_ahead", "other")
 
 # TlsFiles is part of StreamClient's constructor: importers take both from here.
-__all__ = ["AGGREGATOR_DROP_REASONS", "BATCH_DROP_REASONS", "DEFAULT_MAX_MESSAGE_BYTES", "StreamClient", "TlsFiles"]
+__all__ = ["AGGREGATOR_DROP_REASONS", "BATCH_DROP_REASONS", "DEFAULT_MAX_MESSAGE_BYTES", "REFUSAL_REASONS",
+           "StreamClient", "TlsFiles"]
 
 
 class StreamClient:
@@ -105,6 +106,9 @@ class StreamClient:
         self._latest: Snapshot | None = None
         self._connected = False
         self._session: Session | None = None
+        # Monotonic time the stream was last lost (or the client made): how long it has been down.
+        self.disconnected_since: float | None = time.monotonic()
+        self.refused = dict.fromkeys(REFUSAL_REASONS.values(), 0)
         self.requested_interval: float | None = None
         self._c = dict(snapshots_dropped_total=0, batches_sent_total=0, batches_replayed_total=0,
                        batches_acked_total=0, batches_rejected_total=0, batches_too_large_total=0,
@@ -190,6 +194,8 @@ class StreamClient:
             batches_spooled_total=sp["written_total"], spool_dropped_total=sp["dropped_total"],
             spool_corrupt_total=sp["corrupt_total"], spool_entries=sp["entries"], spool_bytes=sp["bytes"],
             queue_length=len(self._inq), queue_max=self._queue_max, connected=int(self._connected),
+            disconnected_seconds=self.disconnected_for(), interval_seconds=self.interval_seconds,
+            refused=dict(self.refused),
             next_seq=self._batches.next_seq, spool_max_bytes=self.spool.max_bytes,
             spool_write_failures_total=sp.get("write_failed_total", 0),
             spool_set_aside_total=sp.get("set_aside_total", 0),
@@ -221,6 +227,11 @@ class StreamClient:
         elif self.aggregator_dropping:
             log.info("stream_batches_believed_again", target=self.target, was=self.aggregator_dropping[:40])
         self.aggregator_dropping = reason[:40]
+
+    def disconnected_for(self) -> float:
+        """Seconds since the stream was lost (since the client was made if it never connected); 0 while up."""
+        since = self.disconnected_since
+        return 0.0 if self._connected or since is None else max(0.0, time.monotonic() - since)
 
     def alive(self) -> bool:
         """The stream thread runs (started and not yet stopped)."""

@@ -39,6 +39,9 @@ METHOD = "/fabricmon.v1.FabricStream/Stream"
 # Seq is a uint64 on the wire.  An aggregator high-water mark this close to its end
 # would leave no seq to send above it: such an ack is refused, never adopted.
 SEQ_LIMIT = U64 - 2**32
+# gRPC status codes with which the aggregator refuses a stream (aggregator/server.py: no or wrong
+# credential, a credential naming another node), as the ``reason`` of fabricmon_stream_refused_total.
+REFUSAL_REASONS = {"UNAUTHENTICATED": "unauthenticated", "PERMISSION_DENIED": "permission_denied"}
 
 
 @dataclass(slots=True)
@@ -57,6 +60,7 @@ class _Conn:
     acked: int = 0
     max_sent: int = 0
     error: str = ""
+    code: str = ""  # the gRPC status code name that ended the call, "" if none
     reject: tuple[int, str] | None = None
     subscription: Subscription | None = None  # sent before the hello's ack, if at all
 
@@ -119,6 +123,9 @@ class Session:
             if not conn.hello_acked.is_set() or (conn.dead.is_set() and conn.reject is not None and conn.reject[0] == 0):
                 if not c._stop.is_set():
                     c._c["connect_failures_total"] += 1
+                    refusal = REFUSAL_REASONS.get(conn.code)
+                    if refusal is not None:
+                        c.refused[refusal] += 1
                     c.last_error = conn.error or (conn.reject[1] if conn.reject else "closed")
                     log.warning("stream_connect_failed", target=c.target, reason=c.last_error)
                 return False
@@ -130,6 +137,7 @@ class Session:
                           hint="the aggregator holds a seq near 2^64 for this node; spooling until it forgets it")
                 return False
             c._connected = True
+            c.disconnected_since = None
             c._c["connects_total"] += 1
             conn.acked = conn.server_hw
             with c._lock:
@@ -143,6 +151,8 @@ class Session:
             self._live_loop()
             return True
         finally:
+            if c._connected:
+                c.disconnected_since = time.monotonic()
             c._connected = False
             outq.put(None)
             if call is not None:
@@ -195,6 +205,7 @@ class Session:
                 c._wake.set()
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
+            conn.code = code.name if code else ""
             conn.error = f"{code.name if code else 'ERROR'}: {exc.details() if hasattr(exc, 'details') else exc}"
         except Exception as exc:
             conn.error = f"{type(exc).__name__}: {exc}"

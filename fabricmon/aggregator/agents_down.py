@@ -1,4 +1,10 @@
-"""Agents that stopped reporting: no batch for ``agent_down_s`` (or 5 intervals) of sample time."""
+"""Agents that stopped reporting: no batch for ``agent_down_s`` (or 5 intervals) of sample time.
+
+After the aggregator (or a shard) starts, every node gets a grace of ``max(60 s, 5 intervals)``:
+its agents reconnect over seconds and first replay their spools, whose batches are older than the
+cluster clock, so "no fresh batch" says nothing yet.  Without it a restarted shard paged
+FabricmonAgentDown for hundreds of nodes that were only reconnecting.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +14,22 @@ from .config import DetectionSettings
 from .detectors import NodeState
 from .incidents import Finding
 
+RESTART_GRACE_S = 60.0
+RESTART_GRACE_INTERVALS = 5
 
-def agents_down(nodes: Iterable[NodeState], s: DetectionSettings, cluster: str, now: float) -> list[Finding]:
+
+def restart_grace(interval: float) -> float:
+    """Seconds (sample time) after the aggregator's start before a node can be called down."""
+    return max(RESTART_GRACE_S, RESTART_GRACE_INTERVALS * interval)
+
+
+def agents_down(nodes: Iterable[NodeState], s: DetectionSettings, cluster: str, now: float,
+                started_at: float | None = None) -> list[Finding]:
+    """``started_at``: sample time of the aggregator's first tick (None: no grace)."""
     out = []
     for ns in nodes:
+        if started_at is not None and now - started_at < restart_grace(ns.interval):
+            continue
         if ns.ever_seen and now - ns.last_ts >= max(s.agent_down_s, 5 * ns.interval):
             lab = {"node": ns.name}
             if cluster:

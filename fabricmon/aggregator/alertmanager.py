@@ -127,6 +127,22 @@ class AlertmanagerClient:
                     self._enqueue(u, kind, inc.id, snap)
         self._wake.set()
 
+    def adopt(self, incidents: list[Incident]) -> None:
+        """Incidents restored after a restart that Alertmanager still holds active: resend them as
+        usual from now on, but send nothing new (no second firing notification)."""
+        with self._lock:
+            for inc in incidents:
+                if inc.open:
+                    self._active[inc.id] = self._snapshot(inc)
+
+    def alerts_for(self, incidents: list[Incident]) -> dict[str, dict]:
+        """Incident id -> the labels and annotations this client sends for it (what Alertmanager holds)."""
+        out = {}
+        for inc in incidents:
+            snap = self._snapshot(inc)
+            out[inc.id] = {"labels": snap["labels"], "annotations": snap["annotations"]}
+        return out
+
     def _snapshot(self, inc: Incident) -> dict:
         labels = {"alertname": inc.alertname, "severity": inc.severity, "component_type": inc.component_type,
                   "component": inc.component}

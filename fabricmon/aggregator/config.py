@@ -286,6 +286,9 @@ class AggregatorConfig:
     detection: DetectionSettings = field(default_factory=DetectionSettings)
     shard: ShardSettings = field(default_factory=ShardSettings)
     grpc_limits: GrpcLimits = field(default_factory=GrpcLimits)
+    # Open incidents and what was sent for them, kept across restarts (aggregator/incident_store.py);
+    # "" keeps nothing (a restart forgets its open incidents).
+    state_file: str = ""
 
     def validate(self, path: str, source: str) -> None:
         if not self.topology:
@@ -317,6 +320,8 @@ def check_files(cfg: AggregatorConfig, source: str, *, parse_topology: bool = Tr
     problem = _readable(cfg.topology)
     if problem:
         raise ConfigError(f"{source}: topology: {problem}")
+    if cfg.state_file and not Path(cfg.state_file).parent.is_dir():
+        raise ConfigError(f"{source}: state_file: directory {Path(cfg.state_file).parent} does not exist")
     for name, path in cfg.auth.files():
         problem = _readable(path)
         if problem:

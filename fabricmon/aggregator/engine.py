@@ -26,6 +26,8 @@ from ..batch import NodeBatch, NodeHello
 from ..topology import Topology
 from .admission import ClusterClock
 from .agents_down import agents_down, unknown_nodes_finding
+from .lateness import node_time, scale_holds
+from .node_folding import NodeFolder
 from .config import DetectionSettings
 from .cable_health import CableHealth
 from .correlator import correlate
@@ -108,6 +110,7 @@ class Engine:
         self.cable = CableHealth(s)
         self.manager = IncidentManager(default_hold_s=s.hold_s)
         self.folder = LeafFolder(s, self.cluster, self.links_by_leaf)
+        self.node_folder = NodeFolder(s, self.cluster, self._rail_links)
         self._fatal_xids = frozenset(str(x) for x in s.xid_fatal)
         self._config_checks = frozenset(s.config_checks)
         # self-instrumentation (read by http_api)
@@ -125,6 +128,7 @@ class Engine:
         self._unknown_warned: set[str] = set()
         self._first_tick: float | None = None
         self.last_tick = None
+        self.started_at: float | None = None  # sample time of the first tick (agents_down's restart grace)
         self.suspicion: dict[tuple[str, str], float] = {}
         for name, spec in topology.nodes.items():
             if self.shard_units is not None and spec.unit not in self.shard_units:
@@ -569,6 +573,7 @@ class Engine:
                              self.manager.open_keys())
             findings.extend(corr.findings)
             self.suspicion = corr.suspicion
+            scale_holds(findings, self._interval_of, self.settings.hold_s)
             changed = self.manager.update(findings, now, relations)
             self.last_tick = now
             if self._first_tick is None:
@@ -578,6 +583,17 @@ class Engine:
         self.tick_seconds_last = dt
         self.tick_seconds_sum += dt
         return changed
+
+    def _interval_of(self, node: str | None) -> float:
+        """A node's poll interval; for no node (a leaf, a rail, a job), the slowest node's."""
+        ns = self.nodes.get(node) if node else None
+        if ns is not None:
+            return ns.interval
+        return max((n.interval for n in self.nodes.values()), default=1.0)
+
+    def _rail_links(self, node: str) -> int:
+        ns = self.nodes.get(node)
+        return 0 if ns is None else sum(1 for link in ns.links.values() if link is not None)
 
     def _window(self, node: str) -> float:
         ns = self.nodes.get(node)
@@ -591,8 +607,10 @@ class Engine:
         congested: dict[str, list[tuple[LinkState, Finding]]] = {}
         for link in list(self.active_links):
             w = self._window(link.node)
-            fs = evaluate_link(link, now, w, s)
-            cong = congestion_of(link, now, w, s)
+            ns = self.nodes.get(link.node)
+            t = now if ns is None else node_time(now, ns.last_ts, ns.interval)  # a late batch still counts
+            fs = evaluate_link(link, t, w, s)
+            cong = congestion_of(link, t, w, s)
             fold = [f for f in fs if f.alertname in FOLDABLE and (f.fire or f.keep)]
             if fold and link.leaf:
                 foldable.setdefault(link.leaf, []).append((link, fold))
@@ -607,8 +625,11 @@ class Engine:
         loud = {f.component for f in findings if f.component_type == "link" and f.fire
                 and f.alertname in ("FabricLinkDown", "FabricLinkFlapping", "FabricLinkErrors")}
         findings.extend(self.cable.evaluate(now, loud))
+        node_findings, node_relations = self.node_folder.fold(foldable, now)
         leaf_findings, relations = self.folder.fold_links(foldable, now)
         findings.extend(leaf_findings)
+        findings.extend(node_findings)
+        relations.extend(node_relations)  # after the leaf's: a link of a failing node is the node's evidence
         cong_findings, cong_relations = self.folder.fold_congestion(congested)
         findings.extend(cong_findings)
         relations.extend(cong_relations)
@@ -617,7 +638,9 @@ class Engine:
             if not g.ev and not g.nvl_down and not g.throttle:
                 self.active_gpus.discard(g)
         findings.extend(config_drift(self.nodes, self.config_nodes, s, self.cluster, now))
-        findings.extend(agents_down(self.nodes.values(), s, self.cluster, now))
+        if self.started_at is None:
+            self.started_at = now  # the first tick: the restart grace of agents_down runs from here
+        findings.extend(agents_down(self.nodes.values(), s, self.cluster, now, self.started_at))
         findings.extend(unknown_nodes_finding(self.unknown_nodes(), self.cluster))
         findings.extend(hung_job_findings(self.heartbeats.hangs(now), self._rank_gpu, self.cluster))
         return findings, relations

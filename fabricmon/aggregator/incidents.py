@@ -184,6 +184,16 @@ class IncidentManager:
         out.sort(key=lambda i: (i.first_seen, i.id))
         return out
 
+    def restore(self, inc: Incident, last_evidence: float) -> None:
+        """An incident open before a restart (incident_store.py), open again under its own id."""
+        key = (inc.alertname, inc.component)
+        inc.resolved_at = None
+        self._open[key] = inc
+        self._last_evidence[key] = last_evidence
+        base = incident_id(inc.alertname, inc.component)
+        n = int(inc.id.rsplit("-", 1)[1]) if inc.id != base and inc.id.rsplit("-", 1)[-1].isdigit() else 1
+        self._recurrence[base] = max(self._recurrence.get(base, 0), n)
+
     def get_open(self, alertname: str, component: str) -> Incident | None:
         return self._open.get((alertname, component))
 

@@ -523,6 +523,9 @@ class InfinibandSource:
             self._memo.get("fabricmon_devices_discovered", (("kind", kind),), n)
             for kind, n in inventory.discovered_counts().items()
         )
+        # Beside what was found, what the config expects: FabricmonDevicesMissing compares them.
+        result.readings.append(self._memo.get("fabricmon_devices_expected", (("kind", "rdma_port"),),
+                                                    inventory.expected_ports))
         self._memo.commit()
         result.readings.extend(self._rejects.readings())
         if result.messages:
