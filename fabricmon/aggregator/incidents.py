@@ -165,6 +165,7 @@ class IncidentManager:
 
     def __init__(self, default_hold_s: float = 15.0, keep_resolved: int = 5000) -> None:
         self.default_hold_s = default_hold_s
+        self._updated = False  # restore() is for the state persisted before a restart, before any tick
         self._open: dict[tuple[str, str], Incident] = {}
         self._last_evidence: dict[tuple[str, str], float] = {}
         self._resolved: list[Incident] = []
@@ -185,7 +186,10 @@ class IncidentManager:
         return out
 
     def restore(self, inc: Incident, last_evidence: float) -> None:
-        """An incident open before a restart (incident_store.py), open again under its own id."""
+        """An incident open before a restart (incident_store.py), open again under its own id.  Only before
+        the first ``update``: afterwards ``update`` stays the one call that changes incident state."""
+        if self._updated:
+            raise RuntimeError("IncidentManager.restore: only before the first update")
         key = (inc.alertname, inc.component)
         inc.resolved_at = None
         self._open[key] = inc
@@ -202,6 +206,7 @@ class IncidentManager:
         """Apply one tick's findings and relations; returns every incident that changed, and only those.
         ``retire(incident)``: open incidents it selects resolve now with ``reason`` (a component that
         left the topology has no evidence left to wait for)."""
+        self._updated = True
         changed: dict[str, Incident] = {}
         if retire is not None:
             for key, inc in list(self._open.items()):
