@@ -48,6 +48,7 @@ from datetime import datetime, timezone
 
 import structlog
 
+from .cost import impact_sentence
 from .incidents import Incident
 
 log = structlog.get_logger("fabricmon.aggregator.alertmanager")
@@ -159,6 +160,10 @@ class AlertmanagerClient:
                 "description": inc.full_description(),
                 "runbook_url": f"{self.runbook_base}{inc.alertname.lower()}" if self.runbook_base else "",
                 "incident_id": inc.id,
+                # what the fault costs each hurt job (DESIGN "Jobs, decoys and cost"): the sentence, and the list
+                "impact": impact_sentence(inc.impact),
+                "impact_json": json.dumps([i.to_dict() for i in inc.impact], separators=(",", ":"))
+                if inc.impact else "",
             },
             "starts": inc.first_seen,
             "last_seen": inc.last_seen,

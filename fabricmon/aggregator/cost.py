@@ -115,3 +115,77 @@ def impact_sentence(impacts: list[JobImpact], shown: int = 3) -> str:
     if len(hurt) > shown:
         parts.append(f"+{len(hurt) - shown} more")
     return "; ".join(parts)
+
+
+class IncidentCost:
+    """Attaches each finding's cost per job before the incident manager applies it: the jobs whose ranks
+    use the finding's component (per the topology), their impact since the incident's ``first_seen``, and
+    the ``hpc_job`` label, fixed when the incident first fires (the hurt job with most GPUs) so measured
+    cost updates annotations, never the alert's identity."""
+
+    def __init__(self, topology) -> None:
+        self.topology = topology
+        self.steps = StepLog()
+        self._index: dict[str, set[str]] = {}  # component id -> job keys whose ranks use it
+        self._index_key: tuple = ()
+        self._gpus: dict[str, int] = {}
+
+    def record(self, job_key: str, job: str, job_id: str, step: int, end_ts: float, seconds: float) -> None:
+        self.steps.record(job_key, step, end_ts, seconds, job_id=job_id)
+        js = self.steps.jobs[job_key]
+        js.name = job
+
+    def _rebuild(self, tracker) -> None:
+        key = tuple((k, len(j.ranks)) for k, j in tracker.jobs.items())
+        if key == self._index_key:
+            return
+        self._index_key = key
+        index: dict[str, set[str]] = {}
+        topo = self.topology
+        for jk, js in tracker.jobs.items():
+            self._gpus[jk] = len(js.ranks)
+            for info in js.ranks.values():
+                comps = topo.path_of_gpu(info.node, info.gpu).values() if info.node in topo.nodes \
+                    else (info.node,)
+                for c in comps:
+                    index.setdefault(c, set()).add(jk)
+        self._index = index
+
+    def jobs_using(self, component: str, component_type: str) -> set[str]:
+        if component_type == "nvlink":
+            component = component.rsplit("/", 1)[0]  # its GPU's ranks
+        return self._index.get(component, set())
+
+    def annotate(self, findings: list, manager, now: float, tracker) -> None:
+        self._rebuild(tracker)
+        # every incident of the last hour, open or not, with the jobs it touches: a baseline step is clean
+        # only when none of them was open on the job
+        recent = [(o, self.jobs_using(o.component, o.component_type))
+                  for o in manager.all_incidents()
+                  if o.severity != "info" and (o.resolved_at is None or now - o.resolved_at < 3600.0)]
+        for f in findings:
+            if not (f.fire or f.keep) or f.severity == "info":
+                continue
+            jobs = self.jobs_using(f.component, f.component_type) | {j for j in f.jobs if j in self.steps.jobs}
+            if not jobs:
+                continue
+            inc = manager.get_open(f.alertname, f.component)
+            first = inc.first_seen if inc is not None else now
+            others = [(o.first_seen, o.resolved_at if o.resolved_at is not None else now)
+                      for o, used in recent if o is not inc and used & jobs]
+            impacts = []
+            for jk in jobs:
+                js = self.steps.jobs.get(jk)
+                if js is None:
+                    continue
+                js.gpus = max(js.gpus, self._gpus.get(jk, 0))  # every rank is a GPU
+                imp = self.steps.impact(jk, first, now, others)
+                if imp is not None:
+                    impacts.append(JobImpact(js.name, js.job_id, imp.step_slowdown, imp.stopped,
+                                             imp.gpu_hours_per_hour))
+            f.impact = tuple(sorted(impacts, key=lambda i: -i.gpu_hours_per_hour))
+            if inc is None and "hpc_job" not in f.labels and impacts:
+                top = max(jobs, key=lambda jk: (self._gpus.get(jk, 0), jk))
+                js = self.steps.jobs.get(top)
+                if js is not None:
+                    f.labels["hpc_job"] = js.name

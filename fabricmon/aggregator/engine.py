@@ -38,6 +38,7 @@ from .detectors import (
 )
 from .drift import config_drift
 from .folding import LeafFolder
+from .cost import IncidentCost
 from .hangs import HeartbeatTracker, hung_job_findings
 from .incidents import Finding, Incident, IncidentManager, Relation
 from .stragglers import StragglerTracker
@@ -107,6 +108,7 @@ class Engine:
         self.config_nodes: set[str] = set()
         self.stragglers = StragglerTracker(s)
         self.heartbeats = HeartbeatTracker()
+        self.cost = IncidentCost(topology)
         self.cable = CableHealth(s)
         self.manager = IncidentManager(default_hold_s=s.hold_s)
         self.folder = LeafFolder(s, self.cluster, self.links_by_leaf)
@@ -332,7 +334,10 @@ class Engine:
                     why = judge(rt.ts)
                     if why is None:
                         why = add(rt, batch.node)  # the tracker's own refusals (step range) count here too
-                    if why is not None:
+                    if why is None:
+                        self.cost.record(f"{rt.job}\x00{rt.job_id}" if rt.job_id else rt.job, rt.job, rt.job_id,
+                                         rt.step, rt.ts, rt.step_seconds)
+                    else:
                         self.rank_timings_dropped[why] = self.rank_timings_dropped.get(why, 0) + 1
             return True
 
@@ -573,6 +578,7 @@ class Engine:
                              self.manager.open_keys())
             findings.extend(corr.findings)
             self.suspicion = corr.suspicion
+            self.cost.annotate(findings, self.manager, now, self.stragglers)
             scale_holds(findings, self._interval_of, self.settings.hold_s)
             changed = self.manager.update(findings, now, relations)
             self.last_tick = now
@@ -682,6 +688,9 @@ class Engine:
                 "suspicion": dict(self.suspicion),
                 "lateness": self.stragglers.lateness_scores(top=LATENESS_EXPORTED_PER_JOB),
                 "incidents_open": open_counts,
+                # one series per open incident and hurt job (bounded by the open incidents)
+                "incident_cost": [(inc.alertname, inc.component, i.job, i.gpu_hours_per_hour)
+                                  for inc in self.manager.open_incidents() for i in inc.impact],
                 "ticks_total": self.ticks_total,
                 "tick_seconds_last": self.tick_seconds_last,
                 "tick_seconds_sum": self.tick_seconds_sum,

@@ -116,6 +116,13 @@ class AggregatorCollector:
         for (a, t), n in sorted(snap["incidents_open"].items()):
             g.add_metric([a, t], n)
         yield g
+        g = GaugeMetricFamily("fabricmon_incident_gpu_hours_per_hour",
+                              "GPU-hours per hour each open incident costs each job whose ranks use its component "
+                              "(GPUs x (1 - 1/(1 + step slowdown)); all its GPUs when the job stopped).",
+                              labels=["alertname", "component", "hpc_job"])
+        for a, comp, job, cost in snap["incident_cost"]:
+            g.add_metric([a, comp, job], cost)
+        yield g
         yield from _incident_series(self.engine.open_incidents())
         c = CounterMetricFamily("fabricmon_alerts_sent", "Alerts posted to Alertmanager, by result.",
                                 labels=["result"])

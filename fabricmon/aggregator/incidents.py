@@ -26,6 +26,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
+from .cost import impact_sentence
+
 SEVERITY = {
     "FabricLinkDown": "critical",
     "FabricLinkFlapping": "warning",
@@ -93,6 +95,7 @@ class Finding:
     jobs: tuple[str, ...] = ()
     description: str = ""
     severity: str = ""
+    impact: tuple = ()  # cost.JobImpact per hurt job, by cost (aggregator/cost.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +125,7 @@ class Incident:
     absorbed: list[str] = field(default_factory=list)  # components whose findings were this one's evidence
     version: int = 0  # bumped on every visible change (the Alertmanager sender watches it)
     hold_s: float = 15.0
+    impact: list = field(default_factory=list)  # cost.JobImpact per job whose ranks use the component
     resolved_reason: str = ""  # why it resolved when not for lack of evidence (topology_removed)
 
     @property
@@ -156,6 +160,7 @@ class Incident:
             "ranks": list(self.ranks), "jobs": list(self.jobs),
             "first_seen": self.first_seen, "last_seen": self.last_seen, "resolved_at": self.resolved_at,
             "related_to": self.related_to, "absorbed": list(self.absorbed),
+            "impact": [i.to_dict() for i in self.impact],
             "resolved_reason": self.resolved_reason,
         }
 
@@ -287,7 +292,7 @@ class IncidentManager:
             component_type=f.component_type, component=f.component, labels=dict(f.labels),
             evidence=list(f.evidence), first_seen=now, last_seen=now,
             ranks=sorted(set(f.ranks)), jobs=sorted(set(f.jobs)), description=f.description,
-            hold_s=f.hold_s if f.hold_s is not None else self.default_hold_s, version=1,
+            hold_s=f.hold_s if f.hold_s is not None else self.default_hold_s, version=1, impact=list(f.impact),
         )
         self._open[key] = inc
         self._last_evidence[key] = now
@@ -310,6 +315,10 @@ class IncidentManager:
         if f.description and f.description != inc.description:
             inc.description = f.description
             visible = True
+        if f.impact and list(f.impact) != inc.impact:
+            # shown as integers (impact_sentence): a resend only when what an operator reads changes
+            visible = visible or impact_sentence(list(f.impact)) != impact_sentence(inc.impact)
+            inc.impact = list(f.impact)
         for k, v in f.labels.items():
             if v and inc.labels.get(k) != v:
                 inc.labels[k] = v
