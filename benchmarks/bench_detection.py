@@ -20,6 +20,16 @@ For the first ``--am-subset`` scenarios with faults the incidents also go throug
 and a local webhook receiver: the wall latency from ``submit`` to webhook arrival is measured
 and added to the sample-time detection delay (injection -> notification at the receiver).
 Without the Alertmanager binary that column says so and the rest still runs.
+
+``--workload K`` adds K scenarios of several jobs with software decoys (``workload_scenario``:
+two or three jobs, idle nodes between, one to three of the seven decoy kinds of DESIGN "Jobs,
+decoys and cost", zero to two faults away from the decoys).  Precision counts pages (warning or
+critical), decoys must page nobody and raise at most one info finding each.  ``--mode tree`` runs
+real agents over rendered node trees instead of the in-memory batches.  The run ends with one line,
+``detection verdict: ok ...`` or ``detection verdict: FAIL <why>`` (exit 1), against the goals:
+precision >= 0.97, recall >= 0.95, hard faults (link_down, link_flap, link_degraded, nvlink_down,
+flaky_cable) first seen <= 3 s after injection and the others <= 12 s, zero decoy pages, at most
+one info finding per decoy.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -42,10 +53,12 @@ from fabricmon.demo.local_alertmanager import WebhookReceiver  # noqa: E402
 from fabricmon.demo.scoring import score  # noqa: E402
 from fabricmon.sim.runner import SimulatedCluster  # noqa: E402
 from fabricmon.sim.hw import NGPU, NRAILS  # noqa: E402
-from fabricmon.sim.scenario import ClusterSpec, Scenario, random_scenario  # noqa: E402
+from fabricmon.sim.scenario import ClusterSpec, Scenario, random_scenario, scenario_from_dict  # noqa: E402
 from fabricmon.topology import node_name  # noqa: E402
 
 LINK_UNDER_LEAF = ("flaky_cable", "link_down", "link_flap", "link_degraded", "rdma_retransmits")
+HARD = ("link_down", "link_flap", "link_degraded", "nvlink_down", "flaky_cable")  # goal: seen within 3 s
+HARD_S, OTHER_S = 3.0, 12.0
 BAD_NIC = ("flaky_cable", "rdma_retransmits", "link_degraded")
 
 
@@ -64,7 +77,7 @@ def fmt(x: float | None, nd: int = 1) -> str:
 
 def _rel(inc, epoch: float) -> dict:
     d = inc.to_dict()
-    out = {k: d[k] for k in ("id", "alertname", "component_type", "component")}
+    out = {k: d[k] for k in ("id", "alertname", "component_type", "component", "severity")}
     for k in ("first_seen", "last_seen", "resolved_at"):
         out[k] = None if d[k] is None else d[k] - epoch
     return out
@@ -136,17 +149,87 @@ def overlap_scenario(seed: int, nodes: int, duration: float, nodes_per_unit: int
             .with_fault("slow_gpu", node=node, gpu=gpu, start=gpu_start, end=min(gpu_start + r(0.3, 0.5), duration)))
 
 
+DECOY_KINDS = ("stage_imbalance", "seqlen_imbalance", "host_pause", "dataloader_slow", "checkpoint",
+               "job_restart", "background_errors")
+
+
+def workload_scenario(seed: int, nodes: int, duration: float, nodes_per_unit: int) -> Scenario:
+    """Two or three jobs with idle nodes between, one to three software decoys, zero to two faults on
+    nodes no decoy touches (a fault there is the fault's, a decoy there the decoy's)."""
+    rng = random.Random(seed)
+    layout = rng.choice(("ib", "roce"))
+    names = [node_name(i, nodes) for i in range(nodes)]
+    a_n = max(4, (nodes * rng.choice((2, 3))) // 4 // 4 * 4)
+    a_pp = rng.choice([p for p in (1, 2, 4) if a_n % p == 0 and a_n // p >= 2])
+    rest = nodes - a_n - 1  # one idle node at least
+    jobs = [{"name": "llm-70b", "nodes": [0, a_n - 1], "pp": a_pp}]
+    if rest >= 3:
+        b_n = rng.randint(3, max(3, rest - 1))
+        jobs.append({"name": "vlm-13b", "nodes": names[a_n + 1:a_n + 1 + b_n],
+                     "start": float(round(rng.uniform(0, 0.1) * duration))})
+    by_job = {j["name"]: (names[j["nodes"][0]:j["nodes"][1] + 1] if isinstance(j["nodes"][0], int) else j["nodes"])
+              for j in jobs}
+    in_job = [n for v in by_job.values() for n in v]
+    idle = [n for n in names if n not in in_job]
+    decoys: list[dict] = []
+    touched: set[str] = set()
+    r = lambda lo, hi: float(round(rng.uniform(lo, hi) * duration))  # noqa: E731
+    for kind in rng.sample(DECOY_KINDS, rng.randint(1, 3)):
+        job = rng.choice(list(by_job))
+        if kind == "stage_imbalance":
+            pp = next(j.get("pp", 1) for j in jobs if j["name"] == job)
+            if pp < 2:
+                continue
+            d = {"job": job, "stage": rng.randrange(pp), "magnitude": round(rng.uniform(1.1, 1.2), 2)}
+        elif kind == "seqlen_imbalance":
+            d = {"job": job, "magnitude": round(rng.uniform(1.15, 1.3), 2), "start": r(0, 0.3)}
+        elif kind == "host_pause":
+            node = rng.choice(by_job[job])
+            d = {"node": node, "every": float(rng.randint(15, 30)), "pause": round(rng.uniform(1.0, 2.0), 1),
+                 "start": r(0.1, 0.3)}
+            touched.add(node)
+        elif kind == "dataloader_slow":
+            node = rng.choice(by_job[job])
+            d = {"node": node, "magnitude": round(rng.uniform(1.1, 1.2), 2), "start": r(0, 0.3)}
+            touched.add(node)
+        elif kind == "checkpoint":
+            d = {"job": job, "every": float(rng.randint(60, 120)), "pause": float(rng.randint(8, 20)),
+                 "start": r(0.05, 0.2)}
+        elif kind == "job_restart":
+            d = {"job": job, "start": r(0.3, 0.5), "down": float(rng.randint(20, 40))}
+            if len(idle) >= len(by_job[job]) and rng.random() < 0.5:
+                d["nodes"] = idle[:len(by_job[job])]
+        else:  # background_errors: anywhere, idle nodes included
+            node = rng.choice(names)
+            d = {"node": node, "rail": rng.randrange(NRAILS), "rate": round(rng.uniform(0.2, 0.5), 2)}
+            touched.add(node)
+        decoys.append({"kind": kind, **d})
+    scn = scenario_from_dict({"cluster": {"nodes": nodes, "layout": layout, "nodes_per_unit": nodes_per_unit,
+                                          "seed": seed},
+                              "duration": duration, "jobs": jobs, "decoys": decoys}, f"<workload seed {seed}>")
+    free = [n for n in names if n not in touched]
+    base = random_scenario(seed, nodes=nodes, duration=duration, nodes_per_unit=nodes_per_unit, p_none=0.2)
+    faults = tuple(f for f in base.faults if f.node is None or f.node in free)
+    if base.cluster.layout != layout:
+        faults = tuple(f for f in faults if f.kind not in ("config_drift", "pfc_storm"))
+    out = replace(scn, faults=faults)
+    out.validate("", f"<workload seed {seed}>")
+    return out
+
+
 def make_scenario(i: int, args) -> Scenario:
     seed = args.seed0 + i
     if i < args.scenarios:
         return random_scenario(seed, nodes=args.nodes, duration=args.duration, nodes_per_unit=args.nodes_per_unit)
-    return overlap_scenario(seed, args.nodes, args.duration, args.nodes_per_unit)
+    if i < args.scenarios + args.overlap:
+        return overlap_scenario(seed, args.nodes, args.duration, args.nodes_per_unit)
+    return workload_scenario(seed, args.nodes, args.duration, args.nodes_per_unit)
 
 
 def run_one(seed: int, scn: Scenario, args, rig: AmRig | None) -> dict:
     # sample time behind the wall clock (agents' clocks in the past, never in Alertmanager's future)
     epoch = float(int(time.time() - args.duration - 120)) if rig else 1764000000.0
-    sim = SimulatedCluster(scn, mode="memory", interval=args.interval, epoch=epoch)
+    sim = SimulatedCluster(scn, mode=args.mode, interval=args.interval, epoch=epoch)
     cluster = f"bench-{seed}"
     engine = Engine(sim.topology, cluster=cluster)
     sender = AlertmanagerClient([rig.url], cluster=cluster, resend_seconds=300.0) if rig is not None else None
@@ -175,8 +258,9 @@ def run_one(seed: int, scn: Scenario, args, rig: AmRig | None) -> dict:
         sim.close()
     wall = time.perf_counter() - wall0
     ground = sim.ground_truth()
+    decoys = sim.decoys_truth()
     incidents = [_rel(i, epoch) for i in engine.incidents()]
-    sc = score(ground, incidents, duration=scn.duration)
+    sc = score(ground, incidents, duration=scn.duration, decoys=decoys)
     am_lat: dict[str, float] = {}
     if rig is not None:
         want = set(submitted)
@@ -191,14 +275,18 @@ def run_one(seed: int, scn: Scenario, args, rig: AmRig | None) -> dict:
     rt.stop(grace=0, flush=1.0, final_tick=False)
     if rt.tick_errors_total:
         raise RuntimeError(f"scenario seed {seed}: {rt.tick_errors_total} detection ticks raised")
-    return {"seed": seed, "scenario": scn, "ground": ground, "incidents": incidents, "score": sc,
-            "am_latency": am_lat, "wall": wall, "overlap": False}
+    return {"seed": seed, "scenario": scn, "ground": ground, "decoys": decoys, "incidents": incidents, "score": sc,
+            "am_latency": am_lat, "wall": wall, "overlap": False, "workload": bool(scn.jobs)}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenarios", type=int, default=60)
     ap.add_argument("--overlap", type=int, default=30, help="extra scenarios of two overlapping faults")
+    ap.add_argument("--workload", type=int, default=0,
+                    help="extra scenarios of several jobs with software decoys (and 0-2 faults)")
+    ap.add_argument("--mode", choices=("memory", "tree"), default="memory",
+                    help="memory: the agents' batches built in memory; tree: real agents poll rendered node trees")
     ap.add_argument("--seed0", type=int, default=1000)
     ap.add_argument("--nodes", type=int, default=32)
     ap.add_argument("--nodes-per-unit", type=int, default=8)
@@ -208,8 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="write the markdown table here")
     ap.add_argument("--json", help="write the raw numbers here")
     args = ap.parse_args(argv)
-    if args.scenarios < 0 or args.overlap < 0 or args.scenarios + args.overlap < 1:
-        ap.error("--scenarios and --overlap must be >= 0, together >= 1")
+    if min(args.scenarios, args.overlap, args.workload) < 0 or args.scenarios + args.overlap + args.workload < 1:
+        ap.error("--scenarios, --overlap and --workload must be >= 0, together >= 1")
 
     rig = None
     am_note = ""
@@ -223,18 +311,20 @@ def main(argv: list[str] | None = None) -> int:
     am_done = 0
     t_all = time.perf_counter()
     try:
-        for i in range(args.scenarios + args.overlap):
+        for i in range(args.scenarios + args.overlap + args.workload):
             seed = args.seed0 + i
             scn = make_scenario(i, args)
             use_am = rig is not None and am_done < args.am_subset and any(
                 g.component for g in scn.ground_truth())
             r = run_one(seed, scn, args, rig if use_am else None)
-            r["overlap"] = i >= args.scenarios
+            r["overlap"] = args.scenarios <= i < args.scenarios + args.overlap
             am_done += use_am
             results.append(r)
             sc = r["score"]
-            print(f"seed {seed}{' (overlap)' if r['overlap'] else ''}: {len(r['ground'])} fault(s) {[g['kind'] for g in r['ground']]} -> "
-                  f"{len(r['incidents'])} incident(s), P {sc['precision']:.2f} R {sc['recall']:.2f}, "
+            tag = " (overlap)" if r["overlap"] else (" (workload)" if r["workload"] else "")
+            print(f"seed {seed}{tag}: {len(r['ground'])} fault(s) {[g['kind'] for g in r['ground']]}, "
+                  f"{len(r['decoys'])} decoy(s) {[d['kind'] for d in r['decoys']]} -> {sc['pages']} page(s), "
+                  f"{sc['info_findings']} info, P {sc['precision']:.2f} R {sc['recall']:.2f}, "
                   f"{r['wall']:.1f} s", flush=True)
     finally:
         if rig is not None:
@@ -243,14 +333,14 @@ def main(argv: list[str] | None = None) -> int:
 
     # ---- aggregate
     tp = sum(r["score"]["true_positives"] for r in results)
-    n_inc = sum(len(r["incidents"]) for r in results)
+    n_inc = sum(r["score"]["pages"] for r in results)
     n_faults = sum(r["score"]["faults"] for r in results)
     n_det = sum(r["score"]["faults_detected"] for r in results)
     precision = tp / n_inc if n_inc else 1.0
     recall = n_det / n_faults if n_faults else 1.0
     ov = [r for r in results if r["overlap"]]
     ov_tp = sum(r["score"]["true_positives"] for r in ov)
-    ov_inc = sum(len(r["incidents"]) for r in ov)
+    ov_inc = sum(r["score"]["pages"] for r in ov)
     ov_faults = sum(r["score"]["faults"] for r in ov)
     ov_det = sum(r["score"]["faults_detected"] for r in ov)
     per_kind: dict[str, dict] = defaultdict(lambda: {"faults": 0, "detected": 0, "delays": [], "am": [],
@@ -294,6 +384,29 @@ def main(argv: list[str] | None = None) -> int:
                        f"t={i['first_seen']:.0f} (faults: {kinds}; "
                        f"{[(g['kind'], g['component'], g['start'], g['end']) for g in ground]})")
 
+    # ---- decoys and the goals
+    wl = [r for r in results if r["workload"]]
+    decoy_pages = sum(r["score"]["decoy_pages"] for r in results)
+    n_decoys = sum(len(r["decoys"]) for r in results)
+    info_counts = [len(d["info_ids"]) for r in results for d in r["score"]["per_decoy"]]
+    slow: list[str] = []
+    for r in results:
+        for fi, g in enumerate(r["ground"]):
+            d = r["score"]["detection_delay_s"].get(str(fi))
+            limit = HARD_S if g["kind"] in HARD else OTHER_S
+            if d is not None and d > limit:
+                slow.append(f"seed {r['seed']}: {g['kind']} {g['component']} first seen {d:.1f} s > {limit:g} s")
+    why = []
+    if precision < 0.97:
+        why.append(f"precision {precision:.3f} < 0.97")
+    if recall < 0.95:
+        why.append(f"recall {recall:.3f} < 0.95")
+    if decoy_pages:
+        why.append(f"{decoy_pages} decoy page(s)")
+    if info_counts and max(info_counts) > 1:
+        why.append(f"a decoy raised {max(info_counts)} info findings")
+    if slow:
+        why.append(f"{len(slow)} fault(s) seen later than their goal")
     lines = [
         "# fabricmon detection benchmark",
         "",
@@ -311,6 +424,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{(ov_tp / ov_inc if ov_inc else 1.0):.3f} ({ov_tp}/{ov_inc}) | >= 0.95 |",
         f"| recall, overlapping-fault scenarios | "
         f"{(ov_det / ov_faults if ov_faults else 1.0):.3f} ({ov_det}/{ov_faults}) | >= 0.95 |",
+        f"| workload scenarios (several jobs, decoys) | {len(wl)} with {n_decoys} decoys | |",
+        f"| decoy pages | {decoy_pages} | 0 |",
+        f"| info findings per decoy, max | {max(info_counts) if info_counts else '-'} "
+        f"(total {sum(info_counts)}) | <= 1 |",
+        f"| faults seen later than 3 s (hard) / 12 s (others) | {len(slow)} | 0 |",
         f"| injection -> incident open, median (sample s) | {fmt(pct(delays, 0.5))} | |",
         f"| injection -> incident open, p90 (sample s) | {fmt(pct(delays, 0.9))} | |",
         f"| submit -> webhook (wall s), median, {len(am_only)} alerts in {am_done} scenarios | "
@@ -335,8 +453,12 @@ def main(argv: list[str] | None = None) -> int:
     lines.append(f"| false positives (incidents matching no fault) | | {per_kind['(false positive)']['fp']} | | | | | |")
     if am_note:
         lines += ["", f"Alertmanager latency not measured: {am_note}"]
-    if misses or fps:
-        lines += ["", "Misses and false positives:", ""] + [f"- {m}" for m in misses + fps]
+    if misses or fps or slow:
+        lines += ["", "Misses, false positives and late detections:", ""] + [f"- {m}" for m in misses + fps + slow]
+    verdict = (f"detection verdict: ok precision {precision:.3f} recall {recall:.3f} decoy pages 0, "
+               f"{len(results)} scenarios in {total_wall:.0f} s wall" if not why
+               else "detection verdict: FAIL " + "; ".join(why))
+    lines += ["", verdict]
     text = "\n".join(lines) + "\n"
     print()
     print(text)
@@ -347,9 +469,9 @@ def main(argv: list[str] | None = None) -> int:
             "precision": precision, "recall": recall, "delays": delays, "pipeline": pipeline, "am_latency": am_only,
             "per_kind": {k: {kk: vv for kk, vv in v.items()} for k, v in per_kind.items()},
             "misses": misses, "false_positives": fps,
-            "scenarios": [{"seed": r["seed"], "faults": r["ground"], "incidents": r["incidents"], "score": r["score"]}
-                          for r in results]}, indent=2, default=str))
-    return 0
+            "scenarios": [{"seed": r["seed"], "faults": r["ground"], "decoys": r["decoys"], "incidents": r["incidents"],
+                           "score": r["score"]} for r in results]}, indent=2, default=str))
+    return 0 if not why else 1
 
 
 if __name__ == "__main__":

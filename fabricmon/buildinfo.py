@@ -14,16 +14,27 @@ import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from . import __version__
 
 
+def revision() -> str:
+    """The source revision the installed package was built from (written by setup.py at build
+    time; an editable or source-tree run has none: "unknown")."""
+    try:
+        from ._revision import REVISION  # type: ignore[import-not-found]
+    except ImportError:
+        return "unknown"
+    return str(REVISION) or "unknown"
+
+
 class BuildInfoCollector:
     def collect(self):
-        g = GaugeMetricFamily("fabricmon_build_info", "A metric with a constant 1 labeled by the fabricmon version "
-                              "and the Python it runs on.", labels=["version", "python_version", "python_implementation"])
-        g.add_metric([__version__, platform.python_version(), platform.python_implementation()], 1.0)
+        g = GaugeMetricFamily("fabricmon_build_info", "A metric with a constant 1 labeled by the fabricmon version, "
+                              "the source revision it was built from and the Python it runs on.",
+                              labels=["version", "revision", "python_version", "python_implementation"])
+        g.add_metric([__version__, revision(), platform.python_version(), platform.python_implementation()], 1.0)
         yield g
 
 
@@ -35,16 +46,23 @@ class ReloadStatus:
         self._lock = threading.Lock()
         self.successful = True
         self.success_ts = clock()  # the start counts as a successful load
+        self.attempts = {"success": 0, "failure": 0}
 
     def record(self, ok: bool) -> None:
         with self._lock:
             self.successful = ok
+            self.attempts["success" if ok else "failure"] += 1
             if ok:
                 self.success_ts = self._clock()
 
     def collect(self):
         with self._lock:
-            ok, ts = self.successful, self.success_ts
+            ok, ts, attempts = self.successful, self.success_ts, dict(self.attempts)
+        c = CounterMetricFamily("fabricmon_config_reloads", "Configuration reloads (SIGHUP) finished, by result; "
+                                "reloads asked for while one ran are coalesced into the next.", labels=["result"])
+        for result, n in attempts.items():
+            c.add_metric([result], n)
+        yield c
         g = GaugeMetricFamily("fabricmon_config_last_reload_successful",
                               "Whether the last configuration reload (SIGHUP) succeeded.")
         g.add_metric([], 1.0 if ok else 0.0)

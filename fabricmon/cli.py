@@ -1,19 +1,19 @@
-"""Command line: ``fabricmon agent | aggregator | demo | check-config``."""
+"""Command line: ``fabricmon agent | aggregator | demo | check-config | collect | topology``."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
-import re
 import signal
 import sys
 import threading
-from pathlib import Path
 
 import structlog
 
 from . import __version__
 from .configload import ConfigError
+from .secretfiles import check_plain_file, check_token_file, refuse_placeholder_secret
 
 EXIT_CONFIG = 2
 
@@ -44,6 +44,8 @@ def _agent_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("agent", help="run the per-node agent", parents=[_common()])
     p.add_argument("--config", help="agent YAML config")
     p.add_argument("--sysfs-root", dest="sysfs_root", help="sysfs mount (default /sys)")
+    p.add_argument("--host-root", dest="host_root",
+                   help="where the host's / is mounted, for its /proc (default /; in a container e.g. /host)")
     p.add_argument("--ethtool-dir", dest="ethtool_dir", help="directory of <if>.txt ethtool -S dumps (fixtures and simulation)")
     p.add_argument("--node-name", dest="node_name", help="node label (default: hostname)")
     p.add_argument("--listen", help="HOST:PORT for /metrics, /healthz, /readyz (default 0.0.0.0:9720)")
@@ -77,6 +79,31 @@ def _check_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kind", choices=["agent", "aggregator", "topology", "scenario", "shardmap"], default=None,
                    help="what the file is (default: the kind whose keys the file's top-level keys are)")
     p.add_argument("--topology", help="shardmap: the topology whose units must each be owned once")
+    p.add_argument("--skip-secrets", dest="skip_secrets", action="store_true",
+                   help="do not check the token, key and certificate files the config names (for linting "
+                        "configs in CI where the secrets are absent)")
+
+
+def _topology_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("topology", help="import the topology from the fabric, compare two topologies",
+                       parents=[_common()])
+    tsub = p.add_subparsers(dest="topology_command", required=True)
+    imp = tsub.add_parser("import", parents=[_common()],
+                          help="write a version-2 topology from ibnetdiscover output or lldpctl JSON")
+    src = imp.add_mutually_exclusive_group(required=True)
+    src.add_argument("--ibnetdiscover", action="extend", nargs="+", metavar="FILE",
+                     help="ibnetdiscover output; repeat for several subnets or planes (merged by host and GUID)")
+    src.add_argument("--lldp", metavar="DIR", help="directory of <node>.json, each `lldpctl -f json` (or json0)")
+    imp.add_argument("--node-name-map", dest="node_name_map", metavar="FILE",
+                     help="OpenSM node-name-map (GUID \"name\" per line) naming switches or CAs")
+    imp.add_argument("--cluster", default="default", help="cluster name written into the topology")
+    imp.add_argument("--keep-domain", dest="keep_domain", action="store_true",
+                     help="keep host names' domains (default: gpu-a17-03.example.com is gpu-a17-03)")
+    imp.add_argument("-o", "--output", required=True, metavar="OUT.yaml", help="topology file to write")
+    d = tsub.add_parser("diff", parents=[_common()], help="what changed between two topology files "
+                        "(exit 1 when anything did)")
+    d.add_argument("old")
+    d.add_argument("new")
 
 
 def _aggregator_parser(sub: argparse._SubParsersAction) -> None:
@@ -115,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     _demo_parser(sub)
     _check_parser(sub)
     _collect_parser(sub)
+    _topology_parser(sub)
     return parser
 
 
@@ -143,26 +171,10 @@ class Signals:
         return self
 
 
-# What the deploy examples ship in place of a secret (deploy/kubernetes/base/token-secret.yaml:
-# "CHANGE-ME"): refused at start, so an unedited example never runs with a known token.
-_PLACEHOLDER = re.compile(r"change[-_ ]?me|replace[-_ ]?me|placeholder", re.IGNORECASE)
-
-
-def refuse_placeholder_secret(path: str | None, field: str, source: str) -> None:
-    if not path:
-        return
-    try:
-        text = Path(path).read_text(errors="replace")
-    except OSError:
-        return  # a missing or unreadable file is reported by the part that reads it
-    if _PLACEHOLDER.search(text):
-        raise ConfigError(f"{source}: {field}: {path} holds the example placeholder secret; "
-                          "put a real token in it (e.g. openssl rand -hex 32)")
-
-
 def _agent_overrides(args: argparse.Namespace) -> dict:
     return {k: getattr(args, k) for k in (
-        "sysfs_root", "ethtool_dir", "node_name", "listen", "interval", "nvml", "aggregator", "nccl_inspector_dir")}
+        "sysfs_root", "host_root", "ethtool_dir", "node_name", "listen", "interval", "nvml", "aggregator",
+        "nccl_inspector_dir")}
 
 
 def _load_agent(args: argparse.Namespace):
@@ -254,11 +266,11 @@ def _reload_agent(agent, args: argparse.Namespace, log) -> None:
                                                  log_level=args.log_level or new.log.level)
 
 
-def _load_aggregator(args: argparse.Namespace):
+def _load_aggregator(args: argparse.Namespace, parse_topology: bool = True):
     from .aggregator.config import check_files, load_aggregator_config
 
     cfg = load_aggregator_config(args.config)
-    check_files(cfg, args.config)
+    check_files(cfg, args.config, parse_topology=parse_topology)
     refuse_placeholder_secret(cfg.auth.token_file, "auth.token_file", args.config)
     refuse_placeholder_secret(cfg.auth.node_tokens_file, "auth.node_tokens_file", args.config)
     return cfg
@@ -273,8 +285,10 @@ def cmd_aggregator(args: argparse.Namespace) -> int:
     web = load_web_config(getattr(args, "web_config_file", None))
     configure_logging(args.log_format or "auto", args.log_level or "info")
     sig = Signals().install()
-    return run_aggregator(cfg, sig.stop, web=web, reload=sig.reload, load=lambda: _load_aggregator(args),
-                          load_web=lambda: load_web_config(getattr(args, "web_config_file", None))) or 0
+    return run_aggregator(cfg, sig.stop, web=web, reload=sig.reload,
+                          load=lambda: _load_aggregator(args, parse_topology=False),
+                          load_web=lambda: load_web_config(getattr(args, "web_config_file", None)),
+                          source=args.config) or 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -291,11 +305,12 @@ def _config_fields() -> dict[str, set[str]]:
     from .aggregator.config import AggregatorConfig
     from .config import AgentConfig
     from .sim.scenario import Scenario
-    from .topology import TopologyFile
+    from .topology import topology_file_fields
 
-    return {kind: {f.name for f in dataclasses.fields(cls)} for kind, cls in
-            (("agent", AgentConfig), ("aggregator", AggregatorConfig), ("topology", TopologyFile),
-             ("scenario", Scenario))}
+    fields = {kind: {f.name for f in dataclasses.fields(cls)} for kind, cls in
+              (("agent", AgentConfig), ("aggregator", AggregatorConfig), ("scenario", Scenario))}
+    fields["topology"] = topology_file_fields()  # generate:, version 1 and version 2 keys
+    return fields
 
 
 def detect_kind(data: dict, source: str) -> str:
@@ -328,6 +343,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     from .configload import load_yaml_file
 
     data = load_yaml_file(args.file)
+    summary: list[str] = []  # a topology's one-screen summary
     kind = args.kind or ("shardmap" if "replicas" in data else detect_kind(data, args.file))
     if kind == "agent":
         from .agent.runtime import resolve_node_name
@@ -335,16 +351,30 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         from .config import load_agent_config
 
         cfg = load_agent_config(args.file)
+        node = resolve_node_name(cfg)  # the name this host would stream under passes the aggregator's rule
         if cfg.shard is not None:  # the map parses, and the unit (when the config gives it) has an owner
-            resolve_static(cfg.shard, resolve_node_name(cfg), args.file)
+            resolve_static(cfg.shard, node, args.file)
+        if not args.skip_secrets:
+            # what would stop the stream at start: a missing token, the example placeholder, no TLS file
+            check_token_file(cfg.stream.token_file, "stream.token_file", args.file)
+            for name in ("tls_ca", "tls_cert", "tls_key"):
+                check_plain_file(getattr(cfg.stream, name), f"stream.{name}", args.file)
     elif kind == "aggregator":
         from .aggregator.config import check_files, load_aggregator_config
 
-        check_files(load_aggregator_config(args.file), args.file)
+        agg = load_aggregator_config(args.file)
+        if args.skip_secrets:
+            agg = dataclasses.replace(agg, auth=dataclasses.replace(
+                agg.auth, token_file=None, node_tokens_file=None, tls_cert=None, tls_key=None, tls_client_ca=None))
+        check_files(agg, args.file)
+        if not args.skip_secrets:
+            check_token_file(agg.auth.token_file, "auth.token_file", args.file)
+            check_token_file(agg.auth.node_tokens_file, "auth.node_tokens_file", args.file)
     elif kind == "topology":
         from .topology import load_topology
+        from .topology_import.report import summarize
 
-        load_topology(args.file)
+        summary = summarize(load_topology(args.file))
     elif kind == "shardmap":
         from .shardmap import check_ownership, load_shard_map
 
@@ -354,6 +384,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
         load_scenario(args.file)
     print(f"{args.file}: ok ({kind} config)")
+    for line in summary:
+        print(f"  {line}")
     return 0
 
 
@@ -369,6 +401,17 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 COMMANDS = {"agent": cmd_agent, "aggregator": cmd_aggregator, "demo": cmd_demo, "check-config": cmd_check_config}
 COMMANDS["collect"] = cmd_collect
+
+
+def cmd_topology(args: argparse.Namespace) -> int:
+    from .logs import configure_logging
+    from .topology_import.run import cmd_diff, cmd_import
+
+    configure_logging(args.log_format or "console", args.log_level or "info")
+    return {"import": cmd_import, "diff": cmd_diff}[args.topology_command](args)
+
+
+COMMANDS["topology"] = cmd_topology
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -265,6 +265,17 @@ def ethtool_text(stats: list[tuple[str, int]]) -> str:
     return "\n".join(["NIC statistics:"] + [f"     {name}: {value}" for name, value in stats]) + "\n"
 
 
+def groups_json(ifname: str, groups: frozenset[str], stats: list[tuple[str, int]]) -> str:
+    """The standard groups as ``ethtool --json -S <if> --all-groups`` writes them (no histograms)."""
+    doc: dict[str, object] = {"ifname": ifname}
+    per: dict[str, dict[str, int]] = {g: {} for g in sorted(groups)}
+    for name, value in stats:
+        group, _, stat = name.partition("/")
+        per.setdefault(group, {})[stat] = value
+    doc.update(per)
+    return json.dumps([doc], indent=4) + "\n"
+
+
 def pfc_text(trust: str | None, enabled: frozenset[int] | None) -> str:
     """The ``<if>.pfc.txt`` summary (``mlnx_qos -i``-like) the agent's fixture path parses."""
     lines = []
@@ -279,7 +290,7 @@ def pfc_text(trust: str | None, enabled: frozenset[int] | None) -> str:
 def _capture_ethtool(ar: _Archive, netdevs: list[str], ethtool_dir: str | None) -> str:
     if ethtool_dir is not None:
         for ifname in netdevs:
-            for suffix in (".txt", ".pfc.txt"):
+            for suffix in (".txt", ".pfc.txt", ".groups.json"):
                 p = os.path.join(ethtool_dir, ifname + suffix)
                 if os.path.isfile(p):
                     try:
@@ -288,9 +299,11 @@ def _capture_ethtool(ar: _Archive, netdevs: list[str], ethtool_dir: str | None) 
                         ar.skip(p, str(exc))
         return "dir"
     from .sources.ethtool import EthtoolIoctl
+    from .sources.ethtool_groups import EthtoolNetlink
     from .sources.fabric_config import DcbUnavailable, read_dcb
 
     reader = EthtoolIoctl()
+    groups = EthtoolNetlink()
     try:
         for ifname in netdevs:
             try:
@@ -300,6 +313,12 @@ def _capture_ethtool(ar: _Archive, netdevs: list[str], ethtool_dir: str | None) 
                 continue
             ar.add_file(f"{PREFIX}/ethtool/{ifname}.txt", ethtool_text(stats).encode())
             try:
+                seen, gstats = groups.read(ifname)
+            except OSError as exc:
+                ar.skip(f"ethtool netlink stats {ifname}", str(exc))
+            else:
+                ar.add_file(f"{PREFIX}/ethtool/{ifname}.groups.json", groups_json(ifname, seen, gstats).encode())
+            try:
                 info = read_dcb(ifname)
             except (DcbUnavailable, OSError) as exc:
                 ar.skip(f"dcbnl {ifname}", str(exc) or type(exc).__name__)
@@ -307,6 +326,7 @@ def _capture_ethtool(ar: _Archive, netdevs: list[str], ethtool_dir: str | None) 
             ar.add_file(f"{PREFIX}/ethtool/{ifname}.pfc.txt", pfc_text(info.trust, info.pfc_enabled).encode())
     finally:
         reader.close()
+        groups.close()
     return "ioctl"
 
 
@@ -320,9 +340,18 @@ def gpu_document(g) -> dict:
     ecc = {k: v for k, v in (("corrected", g.ecc_corrected), ("uncorrected", g.ecc_uncorrected)) if v is not None}
     if ecc:
         doc["ecc"] = ecc
+    # The NVML paths of a Blackwell (or a GPU without counters), so the fake backend reads the same
+    # keys back; a Hopper's default needs no key.  A path not yet decided is the one that gave values.
+    traffic = g.traffic_path or ("count_fields" if any(lk.tx_bytes is not None for lk in g.links)
+                                 else "throughput_fields")
+    errors = g.errors_path or ("count_fields" if any(lk.nvlink5_errors for lk in g.links) else "legacy")
+    if g.links and (traffic, errors) != ("throughput_fields", "legacy"):
+        doc["nvlink_counters"] = {"traffic": traffic, "errors": errors}
     doc["links"] = [{k: v for k, v in (("state", 1 if lk.state else 0), ("tx_kib", lk.tx_kib), ("rx_kib", lk.rx_kib),
+                                       ("tx_bytes", lk.tx_bytes), ("rx_bytes", lk.rx_bytes),
                                        ("replay", lk.replay), ("recovery", lk.recovery), ("crc_flit", lk.crc_flit),
-                                       ("crc_data", lk.crc_data), ("remote_pci_bus_id", lk.remote_pci_bus_id))
+                                       ("crc_data", lk.crc_data), ("remote_pci_bus_id", lk.remote_pci_bus_id),
+                                       *sorted(lk.nvlink5_errors.items()))
                      if v is not None} for lk in g.links]
     return doc
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from .configload import ConfigError, build, check_hostport, check_range, check_regexes, load_yaml_file
 from .sources.bounds import valid_ifname
+from .textcheck import node_name_problem
 
 __all__ = ["AgentConfig", "ConfigError", "load_agent_config"]
 
@@ -272,6 +273,9 @@ class ShardSelect:
     unit: int | None = None
     topology: str | None = None
     node_label: NodeLabel | None = None
+    # the replica (its position in ``map``, or its StatefulSet ordinal) that takes nodes missing from
+    # ``topology``: they are monitored there without rail or leaf (DESIGN "Topology from the fabric")
+    unknown_owner: int = 0
 
     def validate(self, path: str, source: str) -> None:
         if (self.map is None) == (self.kubernetes is None):
@@ -283,11 +287,15 @@ class ShardSelect:
             raise ConfigError(f"{source}: {path}: the node's unit is unknown: give unit, topology or node_label")
         if self.unit is not None:
             check_range(self.unit, *UNIT_RANGE, f"{path}.unit", source)
+        check_range(self.unknown_owner, *UNIT_RANGE, f"{path}.unknown_owner", source)
 
 
 @dataclass(frozen=True)
 class AgentConfig:
     sysfs_root: str = "/sys"
+    # Where the host's / is seen (like node_exporter's --path.rootfs): the host source reads
+    # HOST_ROOT/proc.  In a container that is a hostPath mount of / (e.g. /host).
+    host_root: str = "/"
     ethtool_dir: str | None = None
     node_name: str | None = None
     listen: str = "0.0.0.0:9720"
@@ -311,10 +319,16 @@ class AgentConfig:
                               f"this node's unit), not both")
         _positive(self.interval, "interval", source)
         check_range(self.interval, *INTERVAL_RANGE, "interval", source, "s")
+        if not self.host_root or not self.host_root.startswith("/"):
+            raise ConfigError(f"{source}: host_root: must be an absolute path, got {self.host_root!r}")
         if not (self.nvml in ("auto", "off") or (self.nvml.startswith("fake:") and len(self.nvml) > 5)):
             raise ConfigError(f"{source}: nvml: must be auto, off or fake:FILE, got {self.nvml!r}")
         for dev, rail in self.rails.items():
             check_range(rail, *RAIL_RANGE, f"rails.{dev}", source)
+        if self.node_name is not None:
+            why = node_name_problem(self.node_name)
+            if why is not None:
+                raise ConfigError(f"{source}: {path}node_name: {why}")
 
     @property
     def nvml_fake_file(self) -> str | None:

@@ -1,13 +1,21 @@
 """Small threaded HTTP servers with GET routes, shared by the agent, the aggregator and the rank intake.
 
-Every listener is bounded: at most ``max_connections`` connections hold a
-thread, a request's line and headers must arrive within ``header_timeout``
-(a slowloris client that drips a byte at a time is cut off, not only one that
-goes silent), and the whole request within ``request_timeout``.  When the
-limit is reached the connection that has waited longest for its request
-headers (a keep-alive idler or a slow client) makes room for the new one; only
-when every connection is busy serving is the new one refused.  Each closed
-connection is counted by reason.
+Every listener is bounded for the whole life of a connection: at most
+``max_connections`` connections hold a thread, and every wait on the peer has a
+deadline: a request's line and headers within ``header_timeout`` (a slowloris
+client that drips a byte at a time is cut off, not only one that goes silent),
+its body within ``body_timeout`` (a large Content-Length and a stalled body),
+each response written within ``write_timeout`` (pipelined requests whose
+responses are never read); the server's own work on a request within
+``request_timeout``.  When the limit is reached the connection that has waited
+on its peer longest (for headers, a body, or to take a response) makes room for
+the new one; only when every connection is busy in the server is the new one
+refused.  Each closed connection is counted by reason.
+
+Basic auth (a ``WebConfig``) is checked in the handler; a refused check answers
+401, and one the WebConfig could not afford to run (too many bcrypt checks at
+once) answers 429; both are counted (``fabricmon_http_auth_refused_total``),
+and a ``/metrics`` route gets the listener's own counters appended.
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ TEXT = "text/plain; charset=utf-8"
 
 # Why a listener closed a connection: a fixed set (a self-metric label).
 CLOSE_REASONS = ("limit", "timeout")
+# Why a request was refused before its route ran (fabricmon_http_auth_refused_total{reason}).
+AUTH_REFUSALS = ("wrong", "throttled")
 
 
 class Chunk:
@@ -79,12 +89,13 @@ def probe(ok: Callable[[], bool], good: bytes, bad: bytes) -> Route:
 
 
 class _Conn:
-    __slots__ = ("sock", "deadline", "waiting", "closed")
+    __slots__ = ("sock", "deadline", "waiting", "since", "closed")
 
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
+    def __init__(self, sock: socket.socket, now: float, deadline: float) -> None:
         self.sock = sock
         self.deadline = deadline
-        self.waiting = True  # waiting for a request line and headers
+        self.waiting = True  # waiting on the peer: for headers, a body, or to take a response
+        self.since = now  # when the current wait (or the server's work) began
         self.closed = False
 
 
@@ -97,12 +108,17 @@ class GuardedHTTPServer(ThreadingHTTPServer):
     web = None  # the WebConfig whose basic_auth_users RoutedHTTPServer checks
 
     def __init__(self, addr, handler, *, max_connections: int = 64, header_timeout: float = 10.0,
-                 request_timeout: float = 60.0) -> None:
-        if max_connections < 1 or header_timeout <= 0 or request_timeout <= 0:
-            raise ValueError("max_connections, header_timeout and request_timeout must be positive")
+                 request_timeout: float = 60.0, body_timeout: float | None = None,
+                 write_timeout: float = 10.0) -> None:
+        body_timeout = header_timeout if body_timeout is None else body_timeout
+        if max_connections < 1 or min(header_timeout, request_timeout, body_timeout, write_timeout) <= 0:
+            raise ValueError("max_connections and every timeout must be positive")
         self.max_connections = max_connections
         self.header_timeout = header_timeout
         self.request_timeout = request_timeout
+        self.body_timeout = body_timeout
+        self.write_timeout = write_timeout
+        self.auth_refused_total = dict.fromkeys(AUTH_REFUSALS, 0)
         self._conns: dict[socket.socket, _Conn] = {}
         self._guard = threading.Lock()
         self.closed_total = dict.fromkeys(CLOSE_REASONS, 0)
@@ -120,12 +136,12 @@ class GuardedHTTPServer(ThreadingHTTPServer):
                     self.closed_total["limit"] += 1
                     refuse = True
                 else:
-                    self._kill(min(waiting, key=lambda c: c.deadline), "limit")
+                    self._kill(min(waiting, key=lambda c: c.since), "limit")
                     refuse = False
             else:
                 refuse = False
             if not refuse:
-                self._conns[request] = _Conn(request, now + self.header_timeout)
+                self._conns[request] = _Conn(request, now, now + self.header_timeout)
         if refuse:
             self.shutdown_request(request)
             return
@@ -140,12 +156,28 @@ class GuardedHTTPServer(ThreadingHTTPServer):
         except OSError:
             pass
 
+    def close_connections(self) -> None:
+        """End every open connection (at stop): a keep-alive client such as Prometheus would
+        otherwise go on being served by its handler thread after the listener is closed."""
+        with self._guard:
+            for c in self._conns.values():
+                if not c.closed:
+                    c.closed = True
+                    try:
+                        c.sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+
     def arm(self, sock: socket.socket, timeout: float, waiting: bool) -> None:
+        """The connection's next phase: ``waiting`` on the peer (evictable at the limit) or busy in
+        the server, until ``timeout`` from now."""
+        now = time.monotonic()
         with self._guard:
             c = self._conns.get(sock)
             if c is not None:
-                c.deadline = time.monotonic() + timeout
+                c.deadline = now + timeout
                 c.waiting = waiting
+                c.since = now
 
     def rewrap(self, raw: socket.socket, tls: socket.socket) -> None:
         """A connection now speaks TLS: cut-offs shut the TLS socket down (the raw one is detached)."""
@@ -177,7 +209,49 @@ class GuardedHTTPServer(ThreadingHTTPServer):
         with self._guard:
             live = sum(1 for c in self._conns.values() if not c.closed)
             return {"connections": live, "closed_total": sum(self.closed_total.values()),
-                    **{f"closed_{k}": v for k, v in self.closed_total.items()}}
+                    **{f"closed_{k}": v for k, v in self.closed_total.items()},
+                    **{f"auth_{k}": v for k, v in self.auth_refused_total.items()}}
+
+    def exposition(self) -> bytes:
+        """This listener's own counters, appended to a /metrics it serves."""
+        with self._guard:
+            closed, refused = dict(self.closed_total), dict(self.auth_refused_total)
+        lines = ["# HELP fabricmon_http_connections_closed_total HTTP connections this listener cut: at its "
+                 "connection limit (limit) or past a deadline for headers, body, a response write or the request "
+                 "(timeout).", "# TYPE fabricmon_http_connections_closed_total counter"]
+        lines += [f'fabricmon_http_connections_closed_total{{reason="{k}"}} {v}' for k, v in closed.items()]
+        lines += ["# HELP fabricmon_http_auth_refused_total HTTP requests refused before their route: wrong "
+                  "credentials (wrong, 401) or too many credential checks at once (throttled, 429).",
+                  "# TYPE fabricmon_http_auth_refused_total counter"]
+        lines += [f'fabricmon_http_auth_refused_total{{reason="{k}"}} {v}' for k, v in refused.items()]
+        return ("\n".join(lines) + "\n").encode()
+
+
+class _DeadlineWriter:
+    """The handler's ``wfile``: each write is a wait on the peer (it must take the bytes) under
+    ``write_timeout``; the connection is busy in the server again afterwards."""
+
+    def __init__(self, handler: GuardedHandler, raw) -> None:
+        self._h = handler
+        self._raw = raw
+
+    def write(self, data) -> int:
+        srv = self._h.server
+        srv.arm(self._h._guard_key, srv.write_timeout, waiting=True)
+        try:
+            return self._raw.write(data)
+        finally:
+            srv.arm(self._h._guard_key, srv.request_timeout, waiting=False)
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+    def close(self) -> None:
+        self._raw.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._raw.closed
 
 
 class GuardedHandler(BaseHTTPRequestHandler):
@@ -198,6 +272,7 @@ class GuardedHandler(BaseHTTPRequestHandler):
             self.server.rewrap(self._guard_key, tls)
             self.request = tls
         super().setup()
+        self.wfile = _DeadlineWriter(self, self.wfile)
 
     def finish(self) -> None:
         try:
@@ -219,6 +294,36 @@ class GuardedHandler(BaseHTTPRequestHandler):
             self.server.arm(self._guard_key, self.server.request_timeout, waiting=False)
         return ok
 
+    def read_body(self, n: int) -> bytes | None:
+        """The request body (``n`` bytes, checked by the caller), under ``body_timeout``; None when
+        it did not all arrive (cut off or the peer closed): nothing of it may be used, and the
+        connection is closed without an answer."""
+        self.server.arm(self._guard_key, self.server.body_timeout, waiting=True)
+        try:
+            body = self.rfile.read(n)
+        except OSError:
+            body = b""
+        finally:
+            self.server.arm(self._guard_key, self.server.request_timeout, waiting=False)
+        if len(body) != n:
+            self.close_connection = True
+            return None
+        return body
+
+    def check_auth(self) -> int:
+        """0 when the server's WebConfig lets this request through, else the status to answer
+        (401 wrong or missing credentials, 429 too many credential checks at once); counted."""
+        web = self.server.web
+        if web is None:
+            return 0
+        verdict = web.check(self.headers.get("Authorization"))
+        if verdict == "ok":
+            return 0
+        reason = "throttled" if verdict == "busy" else "wrong"
+        with self.server._guard:
+            self.server.auth_refused_total[reason] += 1
+        return 429 if verdict == "busy" else 401
+
     def log_message(self, *args) -> None:
         pass  # scrapes every second would flood the log; structlog is the log
 
@@ -239,7 +344,7 @@ class RoutedHTTPServer:
 
     def __init__(self, host: str, port: int, routes: dict[str, Route], name: str = "http", *,
                  max_connections: int = 64, header_timeout: float = 10.0, request_timeout: float = 60.0,
-                 web=None) -> None:
+                 write_timeout: float = 10.0, web=None) -> None:
         class Handler(GuardedHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server API)
                 self._serve(head=False)
@@ -248,9 +353,14 @@ class RoutedHTTPServer:
                 self._serve(head=True)
 
             def _serve(self, head: bool) -> None:
-                web = self.server.web
-                if web is not None and not web.authorized(self.headers.get("Authorization")):
+                refused = self.check_auth()
+                if refused == 401:
                     self._send(401, b"Unauthorized\n", TEXT, head, [("WWW-Authenticate", 'Basic realm="fabricmon"')])
+                    return
+                if refused:
+                    self.close_connection = True
+                    self._send(429, b"Too many credential checks at once; retry\n", TEXT, head,
+                               [("Retry-After", "1")])
                     return
                 u = urlparse(self.path)
                 route = routes.get(u.path)
@@ -259,6 +369,8 @@ class RoutedHTTPServer:
                     return
                 code, body, ctype = route(parse_qs(u.query))
                 parts = body if isinstance(body, list) else [body]
+                if u.path == "/metrics" and code == 200:
+                    parts = [*parts, self.server.exposition()]
                 if _accepts_gzip(self.headers.get("Accept-Encoding")):
                     self._send(code, join_gzip(parts), ctype, head, [("Content-Encoding", "gzip"),
                                                                        ("Vary", "Accept-Encoding")])
@@ -278,7 +390,8 @@ class RoutedHTTPServer:
 
         try:
             self._server = GuardedHTTPServer((host, port), Handler, max_connections=max_connections,
-                                             header_timeout=header_timeout, request_timeout=request_timeout)
+                                             header_timeout=header_timeout, request_timeout=request_timeout,
+                                             write_timeout=write_timeout)
         except OSError as exc:
             why = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
             # Still an OSError (the rank intake carries on without its listener), with a message the CLI prints.
@@ -309,4 +422,5 @@ class RoutedHTTPServer:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+        self._server.close_connections()
         self._thread.join(timeout=5)

@@ -46,6 +46,12 @@ SPECS: dict[str, MetricSpec] = _specs(
     ("fabricmon_ib_port_up", "gauge", "1 while the port is readable in sysfs.", _PORT),
     ("fabricmon_rdma_hw_stat_total", "counter", "Every hw_counters file; 32-bit ones unwrapped into a monotonic count.", _PORT + ("counter",)),
     ("fabricmon_rdma_hw_stat_lifespan_seconds", "gauge", "hw_counters cache lifetime.", _PORT),
+    ("fabricmon_rdma_hw_stat_level", "gauge",
+     "hw_counters files that are levels, not counts (bnxt_re active_qps, db_fifo_register), as read.", _PORT + ("counter",)),
+    ("fabricmon_rdma_hw_stat_high_water", "gauge",
+     "hw_counters high-water marks (bnxt_re watermark_*), as read.", _PORT + ("counter",)),
+    ("fabricmon_rdma_hw_stat_unclassified", "gauge",
+     "hw_counters files no driver table knows (exported as 64-bit counters; names logged once).", ("device",)),
     ("fabricmon_roce_cnp_sent_total", "counter", "CNPs sent by the notification point (np_cnp_sent).", _PORT),
     ("fabricmon_roce_cnp_handled_total", "counter", "CNPs handled by the reaction point (rp_cnp_handled).", _PORT),
     ("fabricmon_roce_cnp_ignored_total", "counter", "CNPs ignored by the reaction point (rp_cnp_ignored): congestion control off.", _PORT),
@@ -55,6 +61,9 @@ SPECS: dict[str, MetricSpec] = _specs(
     # --- ethtool (sources/ethtool.py) ---
     ("fabricmon_pfc_pause_frames_total", "counter", "PFC pause frames per priority and direction.", ("interface", "priority", "direction")),
     ("fabricmon_pfc_pause_seconds_total", "counter", "Time paused by PFC per priority and direction.", ("interface", "priority", "direction")),
+    ("fabricmon_pfc_frames_by_traffic_class_total", "counter",
+     "PFC XOFF/XON frames per traffic class, where the NIC counts the priorities of a class together (ice).",
+     ("interface", "traffic_class", "direction", "type")),
     ("fabricmon_pfc_pause_transitions_total", "counter", "PFC XOFF to XON transitions received.", ("interface", "priority")),
     ("fabricmon_pfc_pause_storm_events_total", "counter", "Pause storm events (level warning or error).", ("interface", "level")),
     ("fabricmon_netdev_phy_errors_total", "counter", "Physical-layer errors and discards, by ethtool stat name.", ("interface", "counter")),
@@ -75,6 +84,9 @@ SPECS: dict[str, MetricSpec] = _specs(
     ("fabricmon_transceiver_flag", "gauge",
      "A module alarm/warning/LOS flag that is set (value 1); lane is empty for module-level flags.",
      _PORT + ("lane", "flag")),
+    ("fabricmon_transceiver_modules_unreadable", "gauge",
+     "Interfaces whose module EEPROM read the kernel refused at the last module read, by reason "
+     "(permission: EPERM, the agent lacks CAP_NET_ADMIN; present only while some are refused).", ("reason",)),
     ("fabricmon_transceiver_reading_age_seconds", "gauge",
      "Seconds since the module readings were taken (they refresh at sources.transceiver.interval).", _PORT),
     ("fabricmon_global_pause_frames_total", "counter", "IEEE 802.3x (global, non-PFC) pause frames by direction.", ("interface", "direction")),
@@ -87,6 +99,9 @@ SPECS: dict[str, MetricSpec] = _specs(
     ("fabricmon_netdev_pci_stalled_ratio", "gauge", "Share of the last second PCIe outbound was stalled.", ("interface", "direction")),
     ("fabricmon_ethtool_stat", "gauge", "Other ethtool statistics by name (allowlisted).", ("interface", "stat")),
     ("fabricmon_ethtool_up", "gauge", "1 when the ethtool stats of the interface were read this poll.", ("interface",)),
+    ("fabricmon_ethtool_unclassified_stats", "gauge",
+     "ethtool stats of the interface no driver table knows (raw only through the allowlist; names logged once).",
+     ("interface", "driver")),
     # --- lossless config (sources/fabric_config.py) ---
     ("fabricmon_fabric_config_ok", "gauge", "1 when the interface matches the expected lossless profile for the check.",
      ("device", "interface", "check", "port")),
@@ -94,18 +109,31 @@ SPECS: dict[str, MetricSpec] = _specs(
      "1 when the host answers but cannot tell the setting (a VF's empty DCB APP table): unknown, not drift.",
      ("device", "interface", "check", "port")),
     # --- NVML (sources/nvml/) ---
-    ("fabricmon_gpu_info", "info", "GPU identity; value 1.", ("gpu", "uuid", "name", "pci_bus_id")),
+    ("fabricmon_gpu_info", "info",
+     "GPU identity; value 1.  nvlink_counters: the path its NVLink error counters are read through "
+     "(count_fields on NVLink5, legacy before, none, unknown, no_links).",
+     ("gpu", "uuid", "name", "pci_bus_id", "nvlink_counters")),
     ("fabricmon_gpu_up", "gauge", "1 while NVML answers for the GPU.", ("gpu",)),
     ("fabricmon_gpu_utilization_ratio", "gauge", "GPU compute utilization (0-1).", ("gpu",)),
     ("fabricmon_gpu_throttle_reason", "gauge", "1 when the clock-throttle reason is active.", ("gpu", "reason")),
     ("fabricmon_gpu_xid_errors_total", "counter", "XID errors seen, by XID code.", ("gpu", "xid")),
+    ("fabricmon_gpu_xid_fatal_errors_total", "counter",
+     "Fatal XID errors seen (sources/nvml/xid.py FATAL_XIDS), created at 0 for every GPU.", ("gpu",)),
+    ("fabricmon_pci_nvidia_gpus", "gauge",
+     "NVIDIA display or 3D controllers on the PCI bus (vendor 0x10de, class 0x03xxxx), NVML or not.", ()),
     ("fabricmon_gpu_ecc_errors_total", "counter", "ECC errors, by type (corrected, uncorrected).", ("gpu", "type")),
     ("fabricmon_gpu_pcie_replay_total", "counter", "PCIe replay counter.", ("gpu",)),
     ("fabricmon_nvlink_up", "gauge", "1 when the NVLink is active.", ("gpu", "link")),
     ("fabricmon_nvlink_remote_info", "info", "PCI bus id at the far end of the NVLink; value 1.", ("gpu", "link", "remote_pci_bus_id")),
     ("fabricmon_nvlink_transmit_bytes_total", "counter", "NVLink data bytes transmitted.", ("gpu", "link")),
     ("fabricmon_nvlink_receive_bytes_total", "counter", "NVLink data bytes received.", ("gpu", "link")),
-    ("fabricmon_nvlink_errors_total", "counter", "NVLink errors by type (replay, recovery, crc_flit, crc_data).", ("gpu", "link", "type")),
+    ("fabricmon_nvlink_errors_total", "counter",
+     "NVLink errors by type: replay, recovery, crc_flit, crc_data (legacy path); recovery, recovery_failed, rx_errors, "
+     "rx_malformed, rx_buffer_overrun, local_link_integrity, effective, symbol (NVLink5 COUNT fields).",
+     ("gpu", "link", "type")),
+    ("fabricmon_nvlink_nvml_path", "gauge",
+     "1 for the NVML path a GPU's NVLink counters (traffic, errors) are read through: throughput_fields, count_fields, "
+     "legacy; none when NVML supports neither (unmonitored); all 0 while not yet known.", ("gpu", "counters", "path")),
     # --- host (sources/host.py) ---
     ("fabricmon_host_cpu_utilization_ratio", "gauge", "Host CPU utilization (0-1) since the previous poll.", ()),
     ("fabricmon_host_load1", "gauge", "1-minute load average.", ()),
@@ -129,6 +157,17 @@ SPECS: dict[str, MetricSpec] = _specs(
     ("fabricmon_nccl_dropped_records_total", "counter",
      "Inspector records overwritten before a dump (v4.3 dump_stats *_dropped_total), by kind (coll, p2p).",
      ("rank", "comm", "kind")),
+    ("fabricmon_nccl_window_bus_bandwidth_bytes_per_second", "gauge",
+     "NCCL Inspector Prometheus mode (NCCL 2.30): geometric-mean bus bandwidth of the last dump window (>= 30 s), "
+     "its message-size and algorithm buckets folded; collective is the NCCL function (Send/Recv for p2p). "
+     "No counts: not for straggler timing.", ("uuid", "comm_name", "collective")),
+    ("fabricmon_nccl_window_age_seconds", "gauge",
+     "Seconds since NCCL Inspector last rewrote the GPU's prom-mode window (an idle or stalled rank stops rewriting).",
+     ("uuid",)),
+    ("fabricmon_nccl_window_ranks", "gauge",
+     "Prom mode: GPUs of this node in the communicator, expected (nranks / n_nodes when even) and reporting a "
+     "fresh window; fewer reporting than expected means ranks missing from Inspector's output.",
+     ("comm_name", "nranks", "state")),
     ("fabricmon_nccl_comm_info", "info", "NCCL communicator name (header comm_name, NCCL 2.30+); value 1.", ("rank", "comm", "comm_name")),
     ("fabricmon_rank_step_seconds", "gauge", "Last reported step time per rank.", ("hpc_job", "rank")),
     ("fabricmon_rank_comm_seconds", "gauge", "Last reported communication time per rank.", ("hpc_job", "rank")),
@@ -136,6 +175,9 @@ SPECS: dict[str, MetricSpec] = _specs(
     ("fabricmon_intake_lines_total", "counter", "Rank-timing lines and NCCL Inspector records read, by result and reason.",
      ("source", "result", "reason")),
     ("fabricmon_intake_series", "gauge", "Series the intake source holds.", ("source",)),
+    ("fabricmon_intake_files", "gauge",
+     "Files in the NCCL Inspector dump directory by kind: json (tailed), prom (read per window), "
+     "skipped (.tmp, .gz, .parquet, a .prom NCCL did not name: not read).", ("source", "kind")),
     ("fabricmon_intake_series_dropped_total", "counter", "Series refused at the limit, expired, or timings dropped unsent.",
      ("source", "reason")),
     ("fabricmon_intake_connections_closed_total", "counter", "Rank intake connections closed at the limit or timeout.",
@@ -145,6 +187,9 @@ SPECS: dict[str, MetricSpec] = _specs(
      "Values from hardware files, dumps or NVML refused at the validation boundary, by reason.", ("collector", "reason")),
     ("fabricmon_devices_discovered", "gauge",
      "Devices found by discovery, by kind (rdma_device, ib_port, roce_port, roce_netdev, netdev, gpu).", ("kind",)),
+    ("fabricmon_devices_expected", "gauge",
+     "Devices the config expects, by kind (rdma_port: sources.infiniband.expected_ports, IB and RoCE ports together).",
+     ("kind",)),
 )
 
 # Self-instrumentation, emitted by the exporter for every source.

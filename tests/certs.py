@@ -8,8 +8,10 @@ import ipaddress
 from pathlib import Path
 
 
-def make_pki(directory: Path, clients: dict[str, tuple[str, tuple[str, ...]]]) -> dict[str, tuple[str, str] | str]:
-    """``clients``: stem -> (CN, DNS SANs).  Returns {"ca": path, "server": (key, cert), stem: (key, cert)}."""
+def make_pki(directory: Path, clients: dict[str, tuple[str, tuple[str, ...]]],
+             ca_name: str = "fabricmon test CA") -> dict[str, tuple[str, str] | str]:
+    """``clients``: stem -> (CN, DNS SANs).  Returns {"ca": path, "server": (key, cert), stem: (key, cert)}.
+    Two CAs in one bundle (a rotation) need distinct ``ca_name``s: OpenSSL picks the issuer by name."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -34,7 +36,7 @@ def make_pki(directory: Path, clients: dict[str, tuple[str, tuple[str, ...]]]) -
         return str(kp), str(cp)
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_cert = (builder("fabricmon test CA", name("fabricmon test CA"), ca_key.public_key())
+    ca_cert = (builder(ca_name, name(ca_name), ca_key.public_key())
                .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
                .sign(ca_key, hashes.SHA256()))
     out: dict = {"ca": write("ca", ca_key, ca_cert)[1]}

@@ -47,6 +47,20 @@ def test_unit_from_the_topology_picks_its_owner_in_the_map(files):
     assert (t.unit, t.replica, t.address, t.via) == (2, "agg-1", "10.0.0.2:9721", "topology")
 
 
+@pytest.mark.parametrize("shard, want", [
+    ({"map": "shards.yaml", "topology": "topology.yaml"}, ("agg-0", "10.0.0.1:9721")),
+    ({"map": "shards.yaml", "topology": "topology.yaml", "unknown_owner": 1}, ("agg-1", "10.0.0.2:9721")),
+    ({"kubernetes": {"units_per_shard": 2}, "topology": "topology.yaml", "unknown_owner": 1},
+     ("fabricmon-aggregator-1", "fabricmon-aggregator-1.fabricmon-aggregator.fabricmon.svc:9721")),
+])
+def test_node_missing_from_the_topology_streams_to_the_unknown_owner(files, shard, want):
+    """Its real hostname is not in the topology: it still streams (to ``shard.unknown_owner``, replica 0 by
+    default), where the aggregator monitors it without rail or leaf, instead of refusing to start."""
+    cfg = load_agent_config(_write(files, shard, node_name="gpu-a17-03"))
+    t = resolve_static(cfg.shard, "gpu-a17-03", "x")[1]
+    assert (t.unit, t.replica, t.address, t.via) == (None, *want, "unknown_owner")
+
+
 def test_explicit_unit_wins_over_topology_and_label(files):
     cfg = load_agent_config(_write(files, {"map": "shards.yaml", "topology": "topology.yaml", "unit": 0,
                                            "node_label": {}}))
@@ -131,8 +145,8 @@ def test_bad_shard_section_is_refused_naming_file_and_field(files, shard, top, m
     ({"map": "shards.yaml", "unit": 7}, r"shard.unit: unit 7 is owned by no replica of .*shards.yaml"),
     ({"map": "shards.yaml", "topology": "missing.yaml"}, r"shard.topology: .*missing.yaml: cannot read"),
     ({"map": "shards.yaml", "topology": "shards.yaml"}, r"shard.topology: .*replicas: unknown key"),
-    ({"kubernetes": {"units_per_shard": 1}, "topology": "topology.yaml", "node_name_is": "ghost"},
-     r"shard.topology: node 'ghost' is not in .*topology.yaml"),
+    ({"map": "shards.yaml", "topology": "topology.yaml", "unknown_owner": 5, "node_name_is": "ghost"},
+     r"shard.unknown_owner: unknown_owner 5 is past the 2 replicas of .*shards.yaml"),
 ])
 def test_shard_that_cannot_give_a_replica_is_refused(files, shard, message):
     node = shard.pop("node_name_is", "node-040")

@@ -138,7 +138,7 @@ class Pipeline:
         self.address = f"127.0.0.1:{self.port}"
         self.latest: dict = {}
         self.ranks: list = []
-        layout = self.sim.job.layout if self.sim.job is not None else None
+        layout = self.sim.layouts[0] if self.sim.layouts else None
         self.intakes = {n: SimIntake(layout) for n in self.names}
         self.clients: dict[str, StreamClient] = {}
         for n in self.names:

@@ -447,7 +447,7 @@ def test_nvlink_down_and_config_drift_node_and_nic():
 
 def test_agent_down_when_a_node_goes_silent():
     c = Cluster(nodes=4, nodes_per_unit=4)
-    c.run(3)
+    c.run(60)  # past the restart grace (agents_down.restart_grace: 60 s at 1 s polls)
     del c.feeds["node-002"]
     c.engine.disconnected("node-002")
     c.run(20)
@@ -549,12 +549,27 @@ def test_periodic_pause_on_one_host_raises_nothing():
     assert c.engine.incidents() == []
 
 
-def test_whole_node_slow_is_node_straggler():
+def test_whole_node_slow_with_clean_counters_is_a_software_straggler_not_a_page():
+    """A dataloader or CPU problem: all ranks of one host late together, every component clean
+    (DESIGN "Jobs, decoys and cost"): SoftwareStraggler (info) on the node, never StragglerRank."""
     c = Cluster(nodes=8, nodes_per_unit=4)
     c.ranks_fn = synced_ranks(lambda step, n, g: 0.3 if n == "node-004" else 0.0)
     c.run(30)
-    got = [(i.alertname, i.component_type, i.component) for i in c.engine.incidents()]
-    assert got == [("StragglerRank", "node", "node-004")], got
+    got = [(i.alertname, i.component_type, i.component, i.severity) for i in c.engine.incidents()]
+    assert got == [("SoftwareStraggler", "node", "node-004", "info")], got
+
+
+def test_whole_node_slow_with_throttled_gpus_still_pages():
+    c = Cluster(nodes=8, nodes_per_unit=4)
+    c.ranks_fn = synced_ranks(lambda step, n, g: 0.3 if n == "node-004" else 0.0)
+
+    def throttle(cl: Cluster) -> None:
+        for g in range(8):
+            cl.feeds["node-004"].gauge("fabricmon_gpu_throttle_reason", (("gpu", str(g)), ("reason", "HwThermalSlowdown")),
+                                       1.0)
+    c.run(30, throttle)
+    got = {(i.alertname, i.component_type, i.component) for i in c.engine.incidents()}
+    assert ("StragglerRank", "node", "node-004") in got, got
 
 
 @pytest.mark.parametrize("with_group", [True, False])
@@ -576,3 +591,30 @@ def test_stage_imbalance_is_info_never_fabric(with_group):
     assert all(i.alertname == "StageImbalance" and i.severity == "info" for i in incs), incs
     if with_group:
         assert [i.component for i in incs] == ["llm/stage3"]
+
+
+@pytest.mark.parametrize("interval", [1.0, 10.0, 60.0])
+def test_steady_low_error_rate_never_fires_whatever_the_poll_interval(interval):
+    """background_errors: 0.3 symbol errors/s on a healthy link.  Thresholds are rates, so a 60 s poll
+    (18 errors per window) is as quiet as a 1 s one; a real flaky cable still fires at 10 s polls."""
+    c = Cluster(nodes=4, nodes_per_unit=4)
+    for f in c.feeds.values():
+        f.interval = interval
+        c.engine.hello(f.hello())
+    feed = c.feeds["node-002"]
+    steps = int(1800 / interval)
+    for k in range(1, steps + 1):
+        ts = T0 + interval * k
+        feed.add("fabricmon_ib_port_errors_total", _port("mlx5_2") + (("counter", "symbol_error"),), 0.3 * interval)
+        for f in c.feeds.values():
+            c.engine.ingest(f.batch(ts, first=(k == 1)))
+        c.engine.tick(ts)
+    assert c.engine.incidents() == []
+    if interval == 10.0:
+        for k in range(steps + 1, steps + 13):
+            ts = T0 + interval * k
+            feed.add("fabricmon_ib_port_errors_total", _port("mlx5_2") + (("counter", "symbol_error"),), 500.0)
+            for f in c.feeds.values():
+                c.engine.ingest(f.batch(ts))
+            c.engine.tick(ts)
+        assert [i.alertname for i in c.engine.incidents()] == ["FabricLinkErrors"]

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -103,9 +105,15 @@ def test_one_owner_reports_every_change_and_every_firing_alert_resolves(ticks, h
 
 
 def test_update_is_the_only_mutator():
-    """The manager's public surface: one call that changes state, the rest read it."""
+    """The manager's public surface: one call that changes state, the rest read it; ``restore`` (the open
+    incidents persisted before a restart) is refused once ``update`` has run."""
     public = {n for n, v in inspect.getmembers(IncidentManager, inspect.isfunction) if not n.startswith("_")}
-    assert public == {"update", "open_incidents", "open_keys", "all_incidents", "get_open"}
+    assert public == {"update", "open_incidents", "open_keys", "all_incidents", "all_by_component", "get_open",
+                      "restore"}
+    m = IncidentManager()
+    m.update([], 1.0)
+    with pytest.raises(RuntimeError, match="only before the first update"):
+        m.restore(m.update([_finding(LINK_A, True, True, 5.0)], 2.0)[0], LINK_A[1], 2.0)
 
 
 def test_link_open_before_its_leaf_keeps_its_own_incident_until_its_evidence_stops():

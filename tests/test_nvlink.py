@@ -99,7 +99,7 @@ def test_fake_backend_exposition_matches_file(make_fixture: Any, tmp_path: Path,
         gpu = str(g["index"])
         assert val(ser, "fabricmon_gpu_up", gpu=gpu) == 1
         assert val(ser, "fabricmon_gpu_info", gpu=gpu, uuid=g["uuid"], name=g["name"],
-                   pci_bus_id=g["pci_bus_id"]) == 1
+                   pci_bus_id=g["pci_bus_id"], nvlink_counters="legacy") == 1
         assert val(ser, "fabricmon_gpu_utilization_ratio", gpu=gpu) == pytest.approx(g["utilization"] / 100)
         assert len(g["links"]) == 18
         for j, lk in enumerate(g["links"]):
@@ -541,7 +541,10 @@ def test_pynvml_backend_with_stub_module() -> None:
     for gpu in (0, 1):
         g = str(gpu)
         assert val(ser, "fabricmon_gpu_info", gpu=g, uuid=f"GPU-stub-{gpu}", name="NVIDIA H100 80GB HBM3",
-                   pci_bus_id=f"00000000:{0x1B + gpu:02X}:00.0") == 1
+                   pci_bus_id=f"00000000:{0x1B + gpu:02X}:00.0", nvlink_counters="legacy") == 1
+        assert val(ser, "fabricmon_nvlink_nvml_path", gpu=g, counters="traffic", path="throughput_fields") == 1
+        assert val(ser, "fabricmon_nvlink_nvml_path", gpu=g, counters="errors", path="legacy") == 1
+        assert val(ser, "fabricmon_nvlink_nvml_path", gpu=g, counters="errors", path="none") == 0
         assert val(ser, "fabricmon_gpu_utilization_ratio", gpu=g) == pytest.approx((40 + gpu) / 100)
         assert val(ser, "fabricmon_gpu_pcie_replay_total", gpu=g) == 3 + gpu
         assert val(ser, "fabricmon_gpu_ecc_errors_total", gpu=g, type="corrected") == 7 + gpu

@@ -123,7 +123,8 @@ def test_too_many_links_and_long_labels_are_bounded(tmp_path: Path) -> None:
     links = {dict(lab)["link"] for f, lab in s if f == "fabricmon_nvlink_up"}
     assert len(links) == 64
     assert s[(REJECTED, (("collector", "nvml"), ("reason", "too_long")))] == 2
-    assert ("fabricmon_gpu_info", (("gpu", "0"), ("uuid", "GPU-0"), ("name", ""), ("pci_bus_id", "0000:00:00.0"))) in s
+    assert ("fabricmon_gpu_info", (("gpu", "0"), ("uuid", "GPU-0"), ("name", ""), ("pci_bus_id", "0000:00:00.0"),
+                                   ("nvlink_counters", "legacy"))) in s
 
 
 def test_oversized_fake_file_is_an_error_not_a_read(tmp_path: Path) -> None:

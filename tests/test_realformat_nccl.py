@@ -1,4 +1,4 @@
-"""NCCL Inspector records as NCCL 2.30 writes them: p2p_perf, comm_name, v4.3 dump_stats markers."""
+"""NCCL Inspector records as NCCL 2.30 writes them: p2p_perf, comm_name."""
 
 from __future__ import annotations
 
@@ -44,41 +44,6 @@ def test_p2p_records_are_exported_not_bad_lines(tmp_path):
     assert v[("fabricmon_nccl_collectives_total", lab(rank="2", comm="0xe62dedaa97644a", collective="AllReduce"))] == 1
     assert v[("fabricmon_nccl_comm_info", lab(rank="2", comm="0x7f8c496ae9f661", comm_name="PP Group 1"))] == 1
     assert v[("fabricmon_nccl_comm_info", lab(rank="2", comm="0xe62dedaa97644a", comm_name="DP Group 0"))] == 1
-
-
-def test_v43_lines_take_the_header_of_their_dump_stats_marker(tmp_path):
-    src, res = run(tmp_path, "inspector-v4.3-marker.jsonl")
-    assert src.bad_lines_total == 0 and res.errors == 0
-    v = by_family(res)
-    assert v[("fabricmon_nccl_collectives_total", lab(rank="2", comm="0x7f8c496ae9f661", collective="AllGather"))] == 1
-    assert v[("fabricmon_nccl_collectives_total", lab(rank="5", comm="0xe62dedaa97644a", collective="ReduceScatter"))] == 1
-    assert v[("fabricmon_nccl_p2p_operations_total", lab(rank="2", comm="0x7f8c496ae9f661", direction="tx", peer="3"))] == 1
-    assert v[("fabricmon_nccl_p2p_bytes_total", lab(rank="2", comm="0x7f8c496ae9f661", direction="rx", peer="1"))] == 4194304
-
-
-def test_v43_dump_stats_report_dropped_records(tmp_path):
-    src, res = run(tmp_path, "inspector-v4.3-marker.jsonl")
-    v = by_family(res)
-    assert v[("fabricmon_nccl_dropped_records_total", lab(rank="5", comm="0xe62dedaa97644a", kind="coll"))] == 4096
-    assert v[("fabricmon_nccl_dropped_records_total", lab(rank="2", comm="0x7f8c496ae9f661", kind="p2p"))] == 0
-
-
-def test_headerless_line_without_a_marker_is_a_bad_line(tmp_path):
-    src = NcclInspectorSource(str(tmp_path))
-    body = fixture("nccl", "inspector-v4.3-marker.jsonl").read_text().splitlines()[1]
-    (tmp_path / "x.log").write_text(body + "\n")
-    src.poll()
-    assert src.bad_lines_total == 1
-
-
-def test_rotated_file_forgets_the_marker(tmp_path):
-    src, _ = run(tmp_path, "inspector-v4.3-marker.jsonl")
-    p = tmp_path / "node-017-1639453.log"
-    body = fixture("nccl", "inspector-v4.3-marker.jsonl").read_text().splitlines()[1]
-    p.unlink()
-    p.write_text(body + "\n")  # new inode, starts with a header-less line
-    src.poll()
-    assert src.bad_lines_total == 1
 
 
 def test_p2p_peers_are_bounded(tmp_path):

@@ -83,7 +83,7 @@ def test_memory_mode_runs_a_scenario_to_its_end():
     sim.close()
     assert steps == 12 and sim.t == 12.0
     assert len(got) == 64 * 13
-    assert sum(len(b.ranks) for b in got) == 64 * 8 * sim.job.step
+    assert sum(len(b.ranks) for b in got) == 64 * 8 * sim.jobs.jobs[0].step
 
 
 def test_bounds():

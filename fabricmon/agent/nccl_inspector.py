@@ -39,11 +39,22 @@ peer}`` (``direction`` tx for Send, rx for Recv; ``peer`` bounded, see
 ``_p2p_peer``), and the header's ``comm_name`` to ``fabricmon_nccl_comm_info``.
 v4.3 ``dump_stats`` markers also give ``fabricmon_nccl_dropped_records_total{rank,
 comm, kind}``: records the Inspector's rings overwrote before it could dump them.
+
+Prometheus mode (``NCCL_INSPECTOR_PROM_DUMP=1``, files ``nccl_inspector_metrics_<uuid>.prom``, see
+``nccl_prom``) is read too, per window, never tailed: a file is read whole (bounded) once it changed
+and is PROM_SETTLE_S old (NCCL truncates and rewrites it in place).  That mode carries no counts, no
+rank and no communicator id, so it gives only the window's bus bandwidth per (GPU, comm_name,
+collective) in ``fabricmon_nccl_window_bus_bandwidth_bytes_per_second`` (message-size and algorithm
+buckets folded), ``fabricmon_nccl_window_age_seconds`` and, against the communicator's size,
+``fabricmon_nccl_window_ranks`` (GPUs expected here versus reporting a fresh window).  Files that are
+neither (``.tmp``, ``.gz``, ``.parquet``, a ``.prom`` NCCL did not name) are counted in
+``fabricmon_intake_files{kind="skipped"}``, never silently passed over.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import os
 import stat
 import time
@@ -52,6 +63,9 @@ from dataclasses import dataclass, field
 import structlog
 
 from ..model import Reading, Semantics, SourceResult
+from ..sources.bounds import Rejected, read_bounded
+from .nccl_prom import PromSample, parse_prom_line, uuid_of_file
+from ..sources.guarded_io import open_regular
 from .nccl_records import MAX_LINE, REJECT_REASONS, Header, Ignored, Marker, NcclRecordError, parse_line
 
 log = structlog.get_logger("fabricmon.nccl_inspector")
@@ -61,7 +75,12 @@ CHUNK = 1 << 20
 # so at most MAX_FILES * MAX_LINE bytes of incomplete lines are held.
 MAX_FILES = 1024
 MAX_ENTRIES = 65536  # directory entries looked at per poll
-SKIP_SUFFIXES = (".prom", ".tmp", ".gz", ".parquet")
+PROM_SUFFIX = ".prom"
+SKIP_SUFFIXES = (".tmp", ".gz", ".parquet")  # temporary, compressed or columnar: not read, but counted
+PROM_SETTLE_S = 2.0  # a prom file rewritten less than this ago may be half-written (NCCL truncates in place)
+PROM_MAX_BYTES = 1 << 20  # NCCL's README: ~12-24 KB per GPU
+PROM_MAX_AGE_S = 150.0  # 5 of prom mode's 30 s windows: an older window is not shown as the current one
+FILE_KINDS = ("json", "prom", "skipped")
 MAX_P2P_PEERS = 8  # per (rank, comm, direction); further peers share peer="other"
 SUM_LIMIT = 2**52  # a running sum restarts before a double loses integer precision
 
@@ -75,6 +94,23 @@ class _File:
     partial: bytearray = field(default_factory=bytearray)
     context: Header | None = None  # header of the last v4.3 dump_stats marker in this file
     skip_first: bool = False  # started mid-file: the first fragment is not a whole line
+
+
+@dataclass
+class _PromFile:
+    """The last window read from one prom-mode file."""
+
+    uuid: str
+    stamp: tuple[int, int] = (-1, -1)  # (st_mtime_ns, st_size) of the window read
+    mtime: float = 0.0  # wall-clock time NCCL wrote it
+    bandwidth: dict[tuple[str, str], float] = field(default_factory=dict)  # (comm_name, op) -> bytes/s
+    comms: set[tuple[str, int, int]] = field(default_factory=set)  # (comm_name, nranks, n_nodes)
+
+
+def _kind(name: str) -> str:
+    if name.endswith(PROM_SUFFIX):
+        return "prom" if uuid_of_file(name) is not None else "skipped"
+    return "skipped" if name.endswith(SKIP_SUFFIXES) else "json"
 
 
 @dataclass
@@ -97,6 +133,7 @@ class NcclInspectorSource:
         series_ttl: float = 3600.0,
         max_series: int = 2048,
         clock=time.monotonic,
+        wall_clock=time.time,
     ) -> None:
         if max_series < 1 or series_ttl <= 0 or max_bytes_per_poll < 1:
             raise ValueError("nccl inspector limits must be positive")
@@ -106,7 +143,10 @@ class NcclInspectorSource:
         self._ttl = series_ttl
         self._max_series = max_series
         self._clock = clock
+        self._wall = wall_clock  # prom files are judged by their mtime, a wall-clock time
         self._files: dict[tuple[int, int], _File] = {}  # (st_dev, st_ino) -> read state
+        self._prom: dict[tuple[int, int], _PromFile] = {}  # (st_dev, st_ino) -> last window
+        self._file_kinds = dict.fromkeys(FILE_KINDS, 0)
         self._series: dict[tuple[str, str, str], _Series] = {}
         self._p2p: dict[tuple[str, str, str, str], _Series] = {}  # (rank, comm, direction, peer)
         self._peers: dict[tuple[str, str, str], set[str]] = {}
@@ -119,6 +159,8 @@ class NcclInspectorSource:
         self._overfull_logged = False
         # Files present now are read from their current end.
         for path, st in self._scan([]):
+            if _kind(os.path.basename(path)) != "json":
+                continue
             self._files.setdefault((st.st_dev, st.st_ino), _File(
                 st.st_ino, st.st_dev, st.st_size, path,
                 skip_first=not self._ends_with_newline(path, st.st_size)))
@@ -128,7 +170,8 @@ class NcclInspectorSource:
         if size == 0:
             return True
         try:
-            with open(path, "rb") as fh:
+            fd, _ = open_regular(path)  # never blocks: a FIFO swapped in is refused (guarded_io)
+            with os.fdopen(fd, "rb") as fh:
                 fh.seek(size - 1)
                 return fh.read(1) == b"\n"
         except OSError:
@@ -155,7 +198,7 @@ class NcclInspectorSource:
                     budget[0] -= 1
                     if budget[0] < 0:
                         return
-                    if e.name.startswith(".") or e.name.endswith(SKIP_SUFFIXES):
+                    if e.name.startswith("."):
                         continue
                     try:
                         st = e.stat(follow_symlinks=False)
@@ -203,10 +246,21 @@ class NcclInspectorSource:
         live = {k[:3] for k in self._p2p}
         for key in [k for k in self._peers if k not in live]:
             del self._peers[key]
+        kinds = dict.fromkeys(FILE_KINDS, 0)
+        prom_seen: set[tuple[int, int]] = set()
         for path, st in self._scan(errors):
             key = (st.st_dev, st.st_ino)
-            if key in seen:
+            if key in seen or key in prom_seen:
                 continue  # a hard link to a file already read this poll
+            kind = _kind(os.path.basename(path))
+            kinds[kind] += 1
+            if kind == "prom":
+                prom_seen.add(key)
+                if budget > 0 and time.monotonic() <= deadline:  # else next poll: its stamp is unchanged
+                    budget -= self._read_prom(path, st, key, errors)
+                continue
+            if kind != "json":
+                continue
             seen.add(key)
             f = self._files.get(key)
             if f is None:
@@ -223,6 +277,9 @@ class NcclInspectorSource:
             budget -= self._read_file(path, f, st.st_size, budget, deadline, now, interval_bw, errors)
         for gone in [k for k in self._files if k not in seen]:
             del self._files[gone]
+        for gone in [k for k in self._prom if k not in prom_seen]:
+            del self._prom[gone]  # NCCL unlinks its prom files at exit
+        self._file_kinds = kinds
         for msg in errors[:20]:
             res.error(msg)
         if len(errors) > 20:
@@ -254,6 +311,7 @@ class NcclInspectorSource:
                 family = "fabricmon_nccl_p2p_bus_bandwidth_bytes_per_second"
                 labels = (("rank", rank), ("comm", comm), ("direction", rest[0]), ("peer", rest[1]))
             res.readings.append(Reading(family, labels, sum(vals) / len(vals) * 1e9))
+        res.readings.extend(self._prom_readings())
         res.readings.extend(self.self_readings())
         return res
 
@@ -264,7 +322,10 @@ class NcclInspectorSource:
         for reason, n in self.rejected.items():
             out.append(Reading("fabricmon_intake_lines_total", (src, ("result", "rejected"), ("reason", reason)), n,
                                Semantics.MONOTONIC))
-        out.append(Reading("fabricmon_intake_series", (src,), len(self._series) + len(self._p2p)))
+        windows = sum(len(pf.bandwidth) for pf in self._prom.values())
+        out.append(Reading("fabricmon_intake_series", (src,), len(self._series) + len(self._p2p) + windows))
+        for kind, n in self._file_kinds.items():
+            out.append(Reading("fabricmon_intake_files", (src, ("kind", kind)), n))
         for reason, n in (("limit", self.rejected["series_limit"]), ("expired", self.expired_total)):
             out.append(Reading("fabricmon_intake_series_dropped_total", (src, ("reason", reason)), n,
                                Semantics.MONOTONIC))
@@ -274,7 +335,15 @@ class NcclInspectorSource:
                    bw: dict, errors: list[str]) -> int:
         used = 0
         try:
-            with open(path, "rb") as fh:
+            # The dir is writable by every job: whatever was swapped in since the scan's lstat (a FIFO
+            # would block a plain open for good) is refused by fstat on the opened fd, and another
+            # regular file under the name waits for the next scan.
+            fd, st = open_regular(path)
+            if (st.st_dev, st.st_ino) != (f.dev, f.ino):
+                os.close(fd)
+                errors.append(f"{path}: replaced since the directory scan; read on the next poll")
+                return 0
+            with os.fdopen(fd, "rb") as fh:
                 fh.seek(f.offset)
                 while f.offset < size and used < budget and time.monotonic() < deadline:
                     chunk = fh.read(min(CHUNK, size - f.offset, budget - used))
@@ -286,6 +355,77 @@ class NcclInspectorSource:
         except OSError as exc:
             errors.append(f"{path}: {exc.strerror or exc}")
         return used
+
+    # ------------------------------------------------------------ prom mode
+
+    def _read_prom(self, path: str, st: os.stat_result, key: tuple[int, int], errors: list[str]) -> int:
+        """Read one prom-mode file when it holds a new, settled window; the window replaces the last.
+        Returns the bytes read (the poll's byte budget covers these files too)."""
+        pf = self._prom.get(key)
+        if pf is None:
+            pf = self._prom[key] = _PromFile(uuid_of_file(os.path.basename(path)) or "")
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp == pf.stamp or self._wall() - st.st_mtime < PROM_SETTLE_S:
+            return 0  # the same window (NCCL leaves an idle GPU's file alone), or one still being written
+        try:
+            data = read_bounded(path, PROM_MAX_BYTES, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except Rejected as exc:
+            pf.stamp = stamp
+            self._reject("too_long", str(exc), errors, path)
+            return PROM_MAX_BYTES
+        except OSError as exc:
+            errors.append(f"{path}: {exc.strerror or exc}")
+            return 0
+        samples: list[PromSample] = []
+        for line in data.split(b"\n"):
+            try:
+                sample = parse_prom_line(line)
+            except NcclRecordError as exc:
+                self._reject(exc.reason, str(exc), errors, path)
+                continue
+            if sample is not None:
+                samples.append(sample)
+        pf.stamp, pf.mtime = stamp, st.st_mtime
+        others = sum(len(p.bandwidth) for k, p in self._prom.items() if k != key)
+        logs: dict[tuple[str, str], list[float]] = {}
+        pf.comms = set()
+        for s in samples:
+            self.records_total += 1
+            pf.comms.add((s.comm_name, s.nranks, s.n_nodes))
+            if s.measure != "busbw_gbs" or s.value <= 0.0:
+                continue  # NCCL writes 0 for a bucket without a bandwidth: no vote
+            group = (s.comm_name, s.op)
+            if group not in logs and others + len(logs) >= self._max_series:
+                self._reject("series_limit", f"more than {self._max_series} series", errors, path)
+                continue
+            logs.setdefault(group, []).append(math.log(s.value))
+        # NCCL's own mean within a bucket is geometric; across buckets (message sizes, algorithms,
+        # which it gives no counts for) each bucket is one vote.
+        pf.bandwidth = {g: math.exp(sum(v) / len(v)) * 1e9 for g, v in logs.items()}
+        return len(data)
+
+    def _prom_readings(self) -> list[Reading]:
+        out: list[Reading] = []
+        now = self._wall()
+        reporting: dict[tuple[str, int, int], set[str]] = {}
+        for pf in self._prom.values():
+            if not pf.uuid or pf.stamp[0] < 0:
+                continue  # not read yet (still settling)
+            age = max(0.0, now - pf.mtime)
+            out.append(Reading("fabricmon_nccl_window_age_seconds", (("uuid", pf.uuid),), age))
+            if age > PROM_MAX_AGE_S:
+                continue  # an old window is not the current bandwidth; its age says why it is gone
+            for (comm_name, op), bw in pf.bandwidth.items():
+                out.append(Reading("fabricmon_nccl_window_bus_bandwidth_bytes_per_second",
+                                   (("uuid", pf.uuid), ("comm_name", comm_name), ("collective", op)), bw))
+            for comm in pf.comms:
+                reporting.setdefault(comm, set()).add(pf.uuid)
+        for (comm_name, nranks, n_nodes), uuids in reporting.items():
+            base = (("comm_name", comm_name), ("nranks", str(nranks)))
+            out.append(Reading("fabricmon_nccl_window_ranks", base + (("state", "reporting"),), len(uuids)))
+            if n_nodes and nranks % n_nodes == 0:  # spread evenly: this node should hold nranks / n_nodes
+                out.append(Reading("fabricmon_nccl_window_ranks", base + (("state", "expected"),), nranks // n_nodes))
+        return out
 
     def _reject(self, reason: str, message: str, errors: list[str], path: str) -> None:
         self.bad_lines_total += 1

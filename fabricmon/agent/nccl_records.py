@@ -48,7 +48,7 @@ MAX_DROPPED = 2**63 - 1
 
 # Why a record was rejected: a fixed set (the self-metric label).
 REJECT_REASONS = ("too_long", "not_utf8", "not_json", "not_object", "missing_field", "bad_type", "out_of_range",
-                  "bad_string", "series_limit")
+                  "bad_string", "series_limit", "not_prom", "unknown_metric")  # the last two: prom mode (nccl_prom)
 
 
 class NcclRecordError(InputRejected):
@@ -135,6 +135,11 @@ def _name(v, field: str, max_len: int) -> str:
     if not label_text_ok(v, max_len):
         raise NcclRecordError("bad_string", f"{field}: must be 1 to {max_len} printable characters")
     return v
+
+
+# The field checks, shared with the prom-mode parser (nccl_prom).
+check_rank = _rank
+check_name = _name
 
 
 def parse_header(h) -> Header:

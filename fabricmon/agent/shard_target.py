@@ -31,7 +31,7 @@ log = structlog.get_logger("fabricmon.agent")
 
 @dataclass(frozen=True)
 class Target:
-    unit: int
+    unit: int | None  # None: the node is not in shard.topology (streams to shard.unknown_owner)
     replica: str
     address: str
     via: str  # how the unit was found: unit, topology, node_label
@@ -56,6 +56,21 @@ class Replicas:
         return Target(unit, f"{STATEFULSET}-{unit // k.units_per_shard}",
                       kubernetes_aggregator(unit, k.units_per_shard, k.namespace, k.port), via)
 
+    def unknown_owner(self) -> Target:
+        """Where a node missing from the topology streams: replica ``shard.unknown_owner``."""
+        k_owner = self.sel.unknown_owner
+        if self.shard_map is not None:
+            if k_owner >= len(self.shard_map.replicas):
+                raise LookupError(f"unknown_owner {k_owner} is past the {len(self.shard_map.replicas)} replicas of "
+                                  f"{self.sel.map}")
+            r = self.shard_map.replicas[k_owner]
+            return Target(None, r.name, r.address, "unknown_owner")
+        k = self.sel.kubernetes
+        assert k is not None
+        return Target(None, f"{STATEFULSET}-{k_owner}",
+                      kubernetes_aggregator(k_owner * k.units_per_shard, k.units_per_shard, k.namespace, k.port),
+                      "unknown_owner")
+
 
 def load_replicas(sel: ShardSelect, source: str) -> Replicas:
     if sel.map is None:
@@ -66,8 +81,9 @@ def load_replicas(sel: ShardSelect, source: str) -> Replicas:
         raise ConfigError(f"{source}: shard.map: {exc}") from None
 
 
-def static_unit(sel: ShardSelect, node: str, source: str) -> tuple[int, str] | None:
-    """(unit, via) when the config alone gives the unit; None when the node label must be read."""
+def static_unit(sel: ShardSelect, node: str, source: str) -> tuple[int | None, str] | None:
+    """(unit, via) when the config alone gives the unit, (None, "unknown_owner") for a node missing from
+    ``shard.topology`` with no label to read; None when the node label must be read."""
     if sel.unit is not None:
         return sel.unit, "unit"
     if sel.topology:
@@ -80,8 +96,11 @@ def static_unit(sel: ShardSelect, node: str, source: str) -> tuple[int, str] | N
         if node in topo.nodes:
             return topo.unit_of(node), "topology"
         if sel.node_label is None:
-            raise ConfigError(f"{source}: shard.topology: node {node!r} is not in {sel.topology} "
-                              f"(check --node-name, or give shard.unit)")
+            # not a start-up error: the node is still monitored, by the replica that takes unknown nodes
+            log.warning("shard_node_not_in_topology", node=node, topology=sel.topology,
+                        unknown_owner=sel.unknown_owner,
+                        hint="check --node-name, give shard.unit, or re-import the topology")
+            return None, "unknown_owner"
     return None
 
 
@@ -93,9 +112,10 @@ def resolve_static(sel: ShardSelect, node: str, source: str) -> tuple[Replicas, 
     if found is None:
         return replicas, None
     try:
-        return replicas, replicas.target(*found)
+        unit, via = found
+        return replicas, (replicas.unknown_owner() if unit is None else replicas.target(unit, via))
     except LookupError as exc:
-        key = {"unit": "shard.unit", "topology": "shard.topology"}[found[1]]
+        key = {"unit": "shard.unit", "topology": "shard.topology", "unknown_owner": "shard.unknown_owner"}[found[1]]
         raise ConfigError(f"{source}: {key}: {exc}") from None
 
 
@@ -221,7 +241,7 @@ class ShardCollector:
                                  labels=["node", "unit", "replica", "aggregator", "via"])
         t = s.target
         if t is not None:
-            info.add_metric([node, str(t.unit), t.replica, t.address, t.via], 1.0)
+            info.add_metric([node, "" if t.unit is None else str(t.unit), t.replica, t.address, t.via], 1.0)
         yield info
         resolved = GaugeMetricFamily("fabricmon_agent_shard_resolved",
                                      "1 once the agent knows its unit and replica; 0 while it looks it up.",

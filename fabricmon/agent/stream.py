@@ -25,8 +25,8 @@ from ..batch import NodeBatch, NodeHello
 from ..model import Snapshot
 from .spool import MemorySpool
 from .stream_batches import BatchMaker
-from .stream_channel import TlsFiles
-from .stream_session import Session
+from .stream_channel import TlsFiles, presented_token
+from .stream_session import REFUSAL_REASONS, Session
 
 log = structlog.get_logger("fabricmon.stream")
 
@@ -35,9 +35,12 @@ DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 # values of fabricmon_stream_batches_dropped_total.
 BATCH_DROP_REASONS = ("queue_full", "spool_full", "spool_write_failed", "too_large", "rejected", "corrupt",
                       "unencodable")
+# Why the aggregator acked a batch without believing it (Ack.dropped_reason); anything else is "other".
+AGGREGATOR_DROP_REASONS = ("ts_ahead", "ts_behind", "ts_stale", "seq_ahead", "other")
 
 # TlsFiles is part of StreamClient's constructor: importers take both from here.
-__all__ = ["BATCH_DROP_REASONS", "DEFAULT_MAX_MESSAGE_BYTES", "StreamClient", "TlsFiles"]
+__all__ = ["AGGREGATOR_DROP_REASONS", "BATCH_DROP_REASONS", "DEFAULT_MAX_MESSAGE_BYTES", "REFUSAL_REASONS",
+           "StreamClient", "TlsFiles"]
 
 
 class StreamClient:
@@ -46,8 +49,9 @@ class StreamClient:
     ``hello_factory()`` is called at every (re)connect; by default the hello is
     built from the latest snapshot offered.  ``spool`` is a ``Spool`` (disk) or
     ``MemorySpool``; default an in-memory one.  ``token``/``token_file`` add
-    ``authorization: Bearer <token>`` (the file is re-read at each connect, so a
-    rotated token is picked up); ``tls`` turns on TLS (mTLS with cert and key).
+    ``authorization: Bearer <token>`` (the file, whose last line is presented, is re-read at
+    each connect, and ``refresh_credentials`` reconnects at once when it changed: a SIGHUP
+    picks up a rotated token); ``tls`` turns on TLS (mTLS with cert and key).
     ``intake`` is anything with ``drain() -> (ranks, layouts)`` and optionally
     ``layouts() -> list[JobLayout]`` (all known layouts, resent on each connect).
     """
@@ -101,11 +105,18 @@ class StreamClient:
         self._thread: threading.Thread | None = None
         self._latest: Snapshot | None = None
         self._connected = False
+        self._session: Session | None = None
+        # Monotonic time the stream was last lost (or the client made): how long it has been down.
+        self.disconnected_since: float | None = time.monotonic()
+        self.refused = dict.fromkeys(REFUSAL_REASONS.values(), 0)
         self.requested_interval: float | None = None
         self._c = dict(snapshots_dropped_total=0, batches_sent_total=0, batches_replayed_total=0,
                        batches_acked_total=0, batches_rejected_total=0, batches_too_large_total=0,
                        batches_unencodable_total=0, connects_total=0, connect_failures_total=0,
                        acks_refused_total=0, thread_restarts_total=0, items_unsubscribed_total=0)
+        # what the aggregator's acks said it dropped (Ack.dropped_reason): the node's clock or seq
+        self.aggregator_dropped = dict.fromkeys(AGGREGATOR_DROP_REASONS, 0)
+        self.aggregator_dropping = ""  # the newest ack's reason; "" when that batch was believed
         self._batches = BatchMaker(node, intake, max(int(time.time() * 1000), self.spool.max_seq + 1), self._c)
         self.spool_ok = True  # the last batch that had to be spooled was stored
         self.last_error = ""
@@ -157,6 +168,20 @@ class StreamClient:
         else:
             self._drain_to_spool()
 
+    def refresh_credentials(self) -> bool:
+        """Re-read the token file (SIGHUP); when the token to present is not the one the live
+        connection presented, end that connection so the next one presents the new token (the
+        aggregator may already have removed the old one).  True when it changed.  OSError when
+        the file cannot be read (the reload fails, the connection stays)."""
+        session = self._session
+        now = presented_token(self._token, self._token_file)
+        if session is None or not self._connected or session.token == now:
+            return False
+        session.conn.error = session.conn.error or "token file changed: reconnecting with the new token"
+        session.conn.dead.set()
+        self._wake.set()
+        return True
+
     @property
     def connected(self) -> bool:
         return self._connected
@@ -169,10 +194,14 @@ class StreamClient:
             batches_spooled_total=sp["written_total"], spool_dropped_total=sp["dropped_total"],
             spool_corrupt_total=sp["corrupt_total"], spool_entries=sp["entries"], spool_bytes=sp["bytes"],
             queue_length=len(self._inq), queue_max=self._queue_max, connected=int(self._connected),
+            disconnected_seconds=self.disconnected_for(), interval_seconds=self.interval_seconds,
+            refused=dict(self.refused),
             next_seq=self._batches.next_seq, spool_max_bytes=self.spool.max_bytes,
             spool_write_failures_total=sp.get("write_failed_total", 0),
+            spool_set_aside_total=sp.get("set_aside_total", 0),
             items_dropped=dict(self._batches.guard.dropped),
             items_dropped_total=sum(self._batches.guard.dropped.values()),
+            aggregator_dropped=dict(self.aggregator_dropped), aggregator_dropping=int(bool(self.aggregator_dropping)),
         )
         s["batches_dropped"] = {
             "queue_full": s["snapshots_dropped_total"],
@@ -184,6 +213,25 @@ class StreamClient:
             "unencodable": s["batches_unencodable_total"],
         }
         return s
+
+    def note_ack_drop(self, reason: str) -> None:
+        """An ack came back; ``reason`` is why the aggregator did not believe that batch ("" if it did)."""
+        if reason:
+            key = reason if reason in self.aggregator_dropped else "other"  # a bounded label set
+            with self._lock:
+                self.aggregator_dropped[key] += 1
+            if reason != self.aggregator_dropping:
+                log.error("stream_batches_dropped_by_aggregator", target=self.target, reason=reason[:40],
+                          hint="ts_*: this node's clock is off (check NTP/chrony); seq_ahead: its spool "
+                               "or clock numbered batches ahead of the aggregator's clock")
+        elif self.aggregator_dropping:
+            log.info("stream_batches_believed_again", target=self.target, was=self.aggregator_dropping[:40])
+        self.aggregator_dropping = reason[:40]
+
+    def disconnected_for(self) -> float:
+        """Seconds since the stream was lost (since the client was made if it never connected); 0 while up."""
+        since = self.disconnected_since
+        return 0.0 if self._connected or since is None else max(0.0, time.monotonic() - since)
 
     def alive(self) -> bool:
         """The stream thread runs (started and not yet stopped)."""
@@ -225,7 +273,8 @@ class StreamClient:
             # Whatever fails in a session or while spooling costs that attempt, never the
             # thread: it is logged, counted, and the loop goes on after the backoff.
             try:
-                established = Session(self).run()
+                self._session = Session(self)
+                established = self._session.run()
             except Exception as exc:
                 self._c["thread_restarts_total"] += 1
                 log.error("stream_session_failed", error=f"{type(exc).__name__}: {exc}")

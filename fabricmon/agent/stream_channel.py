@@ -25,10 +25,20 @@ def _read(path: str | None) -> bytes | None:
     return Path(path).read_bytes() if path else None
 
 
-def auth_metadata(token: str | None, token_file: str | None) -> list[tuple[str, str]]:
-    """``authorization: Bearer`` metadata; the file is read at each call, so a rotated token is picked up."""
+def presented_token(token: str | None, token_file: str | None) -> str | None:
+    """The token to present: ``token``, or the last non-blank line of ``token_file``, read now.
+
+    A token file may hold several tokens, one per line, the aggregator accepting any of them
+    (aggregator/credentials.py): during a rotation the same Secret holds the old and then the
+    new token, appended, so the last line is the newest."""
     if token_file:
-        token = Path(token_file).read_text().strip()
+        lines = [ln.strip() for ln in Path(token_file).read_text().splitlines() if ln.strip()]
+        token = lines[-1] if lines else None
+    return token or None
+
+
+def auth_metadata(token: str | None) -> list[tuple[str, str]]:
+    """``authorization: Bearer`` metadata for ``token`` (none without one)."""
     return [("authorization", f"Bearer {token}")] if token else []
 
 

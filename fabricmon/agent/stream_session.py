@@ -26,7 +26,7 @@ from ..proto import fabricmon_pb2 as pb
 from ..proto.codec import SeriesEncoder, hello_to_pb
 from ..proto.subscription import BadSubscription, Subscription, subscription_from_pb
 from .stream_batches import hello_from_snapshot
-from .stream_channel import auth_metadata, open_channel
+from .stream_channel import auth_metadata, open_channel, presented_token
 from .stream_replay import SpoolReplay
 from .wire_guard import U64
 
@@ -39,6 +39,9 @@ METHOD = "/fabricmon.v1.FabricStream/Stream"
 # Seq is a uint64 on the wire.  An aggregator high-water mark this close to its end
 # would leave no seq to send above it: such an ack is refused, never adopted.
 SEQ_LIMIT = U64 - 2**32
+# gRPC status codes with which the aggregator refuses a stream (aggregator/server.py: no or wrong
+# credential, a credential naming another node), as the ``reason`` of fabricmon_stream_refused_total.
+REFUSAL_REASONS = {"UNAUTHENTICATED": "unauthenticated", "PERMISSION_DENIED": "permission_denied"}
 
 
 @dataclass(slots=True)
@@ -57,6 +60,7 @@ class _Conn:
     acked: int = 0
     max_sent: int = 0
     error: str = ""
+    code: str = ""  # the gRPC status code name that ended the call, "" if none
     reject: tuple[int, str] | None = None
     subscription: Subscription | None = None  # sent before the hello's ack, if at all
 
@@ -81,12 +85,14 @@ class Session:
         self.client = client
         self.conn = _Conn()
         self.outq: queue.Queue = queue.Queue()
+        self.token: str | None = None  # what this connection presented (a reload compares it)
 
     def run(self) -> bool:
         """Hello, replay the spool, then live.  True if the hello was acked."""
         c = self.client
         try:
-            metadata = auth_metadata(c._token, c._token_file)
+            self.token = presented_token(c._token, c._token_file)
+            metadata = auth_metadata(self.token)
             hello = c._hello_factory() if c._hello_factory else hello_from_snapshot(
                 c.node, c._latest, c.interval_seconds)
             channel = open_channel(c.target, c._tls, c._keepalive_ms, c._max_msg)
@@ -117,6 +123,9 @@ class Session:
             if not conn.hello_acked.is_set() or (conn.dead.is_set() and conn.reject is not None and conn.reject[0] == 0):
                 if not c._stop.is_set():
                     c._c["connect_failures_total"] += 1
+                    refusal = REFUSAL_REASONS.get(conn.code)
+                    if refusal is not None:
+                        c.refused[refusal] += 1
                     c.last_error = conn.error or (conn.reject[1] if conn.reject else "closed")
                     log.warning("stream_connect_failed", target=c.target, reason=c.last_error)
                 return False
@@ -128,6 +137,7 @@ class Session:
                           hint="the aggregator holds a seq near 2^64 for this node; spooling until it forgets it")
                 return False
             c._connected = True
+            c.disconnected_since = None
             c._c["connects_total"] += 1
             conn.acked = conn.server_hw
             with c._lock:
@@ -141,6 +151,8 @@ class Session:
             self._live_loop()
             return True
         finally:
+            if c._connected:
+                c.disconnected_since = time.monotonic()
             c._connected = False
             outq.put(None)
             if call is not None:
@@ -170,6 +182,7 @@ class Session:
                         conn.hello_acked.set()
                         continue  # the high-water mark is checked and applied by the session
                     self._on_ack(seq)
+                    c.note_ack_drop(msg.ack.dropped_reason)
                 elif kind == "subscription":
                     try:
                         conn.subscription = subscription_from_pb(msg.subscription)
@@ -192,6 +205,7 @@ class Session:
                 c._wake.set()
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
+            conn.code = code.name if code else ""
             conn.error = f"{code.name if code else 'ERROR'}: {exc.details() if hasattr(exc, 'details') else exc}"
         except Exception as exc:
             conn.error = f"{type(exc).__name__}: {exc}"

@@ -18,7 +18,11 @@ block that Alertmanager's queue forever.  Alertmanager stores the valid alerts
 of a batch and answers 400 for the rest, so a rejected batch is re-posted one
 alert at a time to find the bad ones; each is logged with Alertmanager's
 reason, counted as ``result="rejected"`` and not re-sent (a later transition of
-the same incident is tried afresh).
+the same incident is tried afresh).  A 3xx is never followed: urllib would follow a
+301/302/303 for a POST as a GET without the body, the redirect target (an http-to-https
+load balancer) answers 200 and every alert is lost while ``success`` rises.  A redirect is
+an error, counted (``result="error"``), logged with its Location, and retried like a 5xx
+(the alerts stay queued until the URL is corrected).
 
 Times: incidents run on sample time (the agents' clocks; in simulation the
 simulated clock, which starts at a real epoch).  ``startsAt`` is the sample
@@ -44,13 +48,24 @@ from datetime import datetime, timezone
 
 import structlog
 
+from .cost import impact_sentence
 from .incidents import Incident
 
 log = structlog.get_logger("fabricmon.aggregator.alertmanager")
 
-LABEL_KEYS = ("node", "rail", "leaf", "gpu", "hpc_job", "cluster")
+LABEL_KEYS = ("node", "rail", "leaf", "gpu", "hpc_job", "rank", "job_id", "cluster")
 RESULTS = ("success", "error", "rejected", "dropped")  # fabricmon_alerts_sent_total{result}
 OK, RETRY, REJECTED = "ok", "retry", "rejected"
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Refuse every redirect: urlopen then raises HTTPError with the 3xx status."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: D102 - urllib's hook
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
 
 
 def rfc3339(ts: float) -> str:
@@ -113,6 +128,22 @@ class AlertmanagerClient:
                     self._enqueue(u, kind, inc.id, snap)
         self._wake.set()
 
+    def adopt(self, incidents: list[Incident]) -> None:
+        """Incidents restored after a restart that Alertmanager still holds active: resend them as
+        usual from now on, but send nothing new (no second firing notification)."""
+        with self._lock:
+            for inc in incidents:
+                if inc.open:
+                    self._active[inc.id] = self._snapshot(inc)
+
+    def alerts_for(self, incidents: list[Incident]) -> dict[str, dict]:
+        """Incident id -> the labels and annotations this client sends for it (what Alertmanager holds)."""
+        out = {}
+        for inc in incidents:
+            snap = self._snapshot(inc)
+            out[inc.id] = {"labels": snap["labels"], "annotations": snap["annotations"]}
+        return out
+
     def _snapshot(self, inc: Incident) -> dict:
         labels = {"alertname": inc.alertname, "severity": inc.severity, "component_type": inc.component_type,
                   "component": inc.component}
@@ -129,6 +160,10 @@ class AlertmanagerClient:
                 "description": inc.full_description(),
                 "runbook_url": f"{self.runbook_base}{inc.alertname.lower()}" if self.runbook_base else "",
                 "incident_id": inc.id,
+                # what the fault costs each hurt job (DESIGN "Jobs, decoys and cost"): the sentence, and the list
+                "impact": impact_sentence(inc.impact),
+                "impact_json": json.dumps([i.to_dict() for i in inc.impact], separators=(",", ":"))
+                if inc.impact else "",
             },
             "starts": inc.first_seen,
             "last_seen": inc.last_seen,
@@ -279,7 +314,7 @@ class AlertmanagerClient:
         req = urllib.request.Request(u.url, data=data, method="POST",
                                      headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with _OPENER.open(req, timeout=self.timeout) as resp:
                 resp.read()
                 status = OK if 200 <= resp.status < 300 else RETRY
         except urllib.error.HTTPError as exc:
@@ -287,6 +322,14 @@ class AlertmanagerClient:
                 detail = exc.read(500).decode(errors="replace").strip()
             except OSError:
                 detail = ""
+            if 300 <= exc.code < 400:
+                error = f"HTTP {exc.code} redirect to {exc.headers.get('Location', '?')[:200]}: not followed for " \
+                        f"a POST (the alerts would be lost); configure the URL it redirects to"
+                if error != u.last_error:
+                    log.error("alertmanager_redirect_refused", url=u.url, status=exc.code,
+                              location=exc.headers.get("Location", "")[:200])
+                    u.last_error = error
+                return RETRY
             if 400 <= exc.code < 500 and exc.code not in (408, 429):
                 if len(body) == 1:
                     lab = body[0].get("labels", {})

@@ -18,7 +18,7 @@ from pathlib import Path
 from ..configload import ConfigError, build, check_hostport, load_yaml_file
 
 __all__ = ["AggregatorConfig", "AlertmanagerSettings", "AuthSettings", "ClockSettings", "ConfigError",
-           "DetectionSettings", "ShardSettings", "check_files", "load_aggregator_config", "load_node_tokens"]
+           "DetectionSettings", "GrpcLimits", "ShardSettings", "check_files", "load_aggregator_config"]
 
 
 def _positive(value: float, path: str, source: str) -> None:
@@ -60,9 +60,11 @@ class DetectionSettings:
     state_hold_s: float = 10.0  # resolve hold for state evidence (link down, degraded, config, NVLink down)
     history_s: float = 120.0  # how long per-component events are kept
     # --- link errors ---
-    link_errors_min: float = 10.0  # symbol + port_rcv (+ other PMA) errors in one window
+    # error counts per window of window_s seconds, i.e. rates: a window widened to the poll interval
+    # needs as many errors per second (a steady 0.3/s never fires at any interval)
+    link_errors_min: float = 10.0  # symbol + port_rcv (+ other PMA) errors per window_s
     link_recovery_min: float = 1.0  # link_error_recovery in one window
-    phy_errors_min: float = 10.0  # rx_crc/pcs/symbol/lane phy errors in one window
+    phy_errors_min: float = 10.0  # rx_crc/pcs/symbol/lane phy errors per window_s
     link_errors_burst: float = 5000.0  # a single window this large raises at once
     # --- link state ---
     flap_window_s: float = 60.0
@@ -81,12 +83,12 @@ class DetectionSettings:
     congestion_of_windows: int = 4
     congestion_leaf_min_ports: int = 3
     # --- RDMA transport ---
-    retries_min: float = 50.0  # transport retry/sequence errors in one window
+    retries_min: float = 50.0  # transport retry/sequence errors per window_s
     # --- config drift ---
     config_checks: tuple[str, ...] = ("pfc", "trust", "ecn_np", "ecn_rp", "mtu")
     config_persist_s: float = 2.0
     # --- GPU / NVLink ---
-    nvlink_errors_min: float = 10.0  # replay + crc in one window
+    nvlink_errors_min: float = 10.0  # replay + crc per window_s
     nvlink_recovery_min: float = 1.0
     nvlink_down_persist_s: float = 0.0
     # The same list as the GPUXidFatal Prometheus rule (tests hold them equal).
@@ -169,8 +171,9 @@ class AlertmanagerSettings:
 class AuthSettings:
     """Who may speak for a node.  Strongest first: mTLS (``tls_client_ca``; the client
     certificate's CN or a DNS SAN must be the node), per-node tokens (``node_tokens_file``,
-    a YAML mapping node -> token; a token speaks only for its node), one shared token
-    (``token_file``; any holder may speak for any node: the weaker mode).  Without any of
+    a YAML mapping node -> token or list of tokens; a token speaks only for its node), shared
+    tokens (``token_file``, one per line; any holder may speak for any node: the weaker mode).
+    Both files are re-read at SIGHUP (credentials.py): rotation and revocation need no restart.  Without any of
     them the aggregator runs only with ``insecure: true`` and warns at start."""
 
     token_file: str | None = None
@@ -252,6 +255,25 @@ class ShardSettings:
 
 
 @dataclass(frozen=True)
+class GrpcLimits:
+    """What a peer without a credential can hold on the gRPC port.  ``max_connections``: TCP
+    connections at once (0: twice the nodes this replica owns, plus 64 for probes and reconnect
+    overlap, at least 256), so an agent reconnecting while its old connection lingers always
+    fits and a connection flood ends at the limit instead of the process's descriptors.
+    ``handshake_timeout_s``: a connection that has not completed TLS and the HTTP/2 preface by
+    then is closed (gRPC's default is 120 s)."""
+
+    max_connections: int = 0
+    handshake_timeout_s: float = 10.0
+
+    def validate(self, path: str, source: str) -> None:
+        _check_numbers(self, path, source, positive=frozenset(("handshake_timeout_s",)))
+
+    def connections_for(self, nodes: int) -> int:
+        return self.max_connections or max(256, 2 * nodes + 64)
+
+
+@dataclass(frozen=True)
 class AggregatorConfig:
     topology: str = ""
     cluster: str = ""  # default: the topology's cluster name
@@ -263,6 +285,10 @@ class AggregatorConfig:
     clock: ClockSettings = field(default_factory=ClockSettings)
     detection: DetectionSettings = field(default_factory=DetectionSettings)
     shard: ShardSettings = field(default_factory=ShardSettings)
+    grpc_limits: GrpcLimits = field(default_factory=GrpcLimits)
+    # Open incidents and what was sent for them, kept across restarts (aggregator/incident_store.py);
+    # "" keeps nothing (a restart forgets its open incidents).
+    state_file: str = ""
 
     def validate(self, path: str, source: str) -> None:
         if not self.topology:
@@ -287,45 +313,25 @@ def _readable(path: str) -> str | None:
     return None
 
 
-def check_files(cfg: AggregatorConfig, source: str) -> None:
+def check_files(cfg: AggregatorConfig, source: str, *, parse_topology: bool = True) -> None:
     """Every file the config names exists and is readable, and the ones the aggregator parses
-    parse: what ``check-config`` and the aggregator's start check alike."""
+    parse: what ``check-config`` and the aggregator's start check alike.  A reload passes
+    ``parse_topology=False``: it parses the topology itself, once, and only when it changed."""
     problem = _readable(cfg.topology)
     if problem:
         raise ConfigError(f"{source}: topology: {problem}")
+    if cfg.state_file and not Path(cfg.state_file).parent.is_dir():
+        raise ConfigError(f"{source}: state_file: directory {Path(cfg.state_file).parent} does not exist")
     for name, path in cfg.auth.files():
         problem = _readable(path)
         if problem:
             raise ConfigError(f"{source}: auth.{name}: {problem}")
-    if cfg.auth.token_file and not Path(cfg.auth.token_file).read_text().strip():
-        raise ConfigError(f"{source}: auth.token_file: {cfg.auth.token_file} is empty")
-    if cfg.auth.node_tokens_file:
-        load_node_tokens(cfg.auth.node_tokens_file, source)
     from ..topology import load_topology
+    from .credentials import load_credentials
 
-    load_topology(cfg.topology)
-
-
-def load_node_tokens(path: str, source: str) -> dict[str, str]:
-    """The per-node token file: a YAML mapping node -> token, every token distinct."""
-    where = f"{source}: auth.node_tokens_file"
-    try:
-        data = load_yaml_file(path)
-    except ConfigError as exc:
-        raise ConfigError(f"{where}: {exc}") from exc
-    out: dict[str, str] = {}
-    seen: set[str] = set()
-    for node, token in data.items():
-        if not isinstance(token, str) or not token.strip():
-            raise ConfigError(f"{where}: {path}: {node}: token must be a non-empty string")
-        token = token.strip()
-        if token in seen:
-            raise ConfigError(f"{where}: {path}: {node}: token also used by another node")
-        seen.add(token)
-        out[str(node)] = token
-    if not out:
-        raise ConfigError(f"{where}: {path}: no node tokens")
-    return out
+    load_credentials(cfg.auth, source)
+    if parse_topology:
+        load_topology(cfg.topology)
 
 
 def load_aggregator_config(path: str | Path) -> AggregatorConfig:

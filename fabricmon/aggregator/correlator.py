@@ -232,13 +232,23 @@ def _straggler_finding(topo: Topology, s: DetectionSettings, job: str, group: Co
     late = max(m.late_frac for m in members)
     evidence = [f"{len(ranks)} rank(s) late {late * 100:.1f}% of step in "
                 f"{s.straggler_persist}+ of last {s.straggler_window} steps ({members[0].kind})"]
+    gpu_why = [w for c in cands for w in ev.why.get(c, []) if w.startswith("GPU throttle")]
+    if group.kind is Kind.NODE and not net and not gpu_why and members[0].kind == "compute":
+        # every rank of one host late together, every component it uses clean: a dataloader, the CPU or
+        # the host's software (DESIGN "Jobs, decoys and cost"), never a page.  A real host fault with no
+        # counter evidence is missed by design: the pager is for what the fabric and GPUs can show.
+        current = any(m.current for m in members)
+        return Finding("SoftwareStraggler", group, lab, evidence, fire=current, keep=current,
+                       hold_s=s.straggler_hold_s, ranks=ranks, jobs=(job,), severity="info",
+                       description="all ranks of this host are late together while every component they use is "
+                                   "clean (no link, NIC, GPU throttle or XID evidence): a software straggler "
+                                   "(input pipeline, CPU, GC), not a fabric fault")
     if not net:
         if nodes <= fresh_nodes:
             desc = "no fabric evidence found: counters clean on " + ", ".join(
                 sorted(c.id for c in cands if c.kind in NETWORK_KINDS)[:6])
         else:
             desc = "no fabric evidence found (some nodes sent no recent counters)"
-        gpu_why = [w for c in cands for w in ev.why.get(c, []) if w.startswith("GPU throttle")]
         if gpu_why:
             desc += "; " + "; ".join(sorted(set(gpu_why)))
         desc += "; likely a compute straggler (GPU, host or input pipeline)"

@@ -98,8 +98,11 @@ def evaluate_link(link: LinkState, now: float, w: float, s: DetectionSettings) -
         return out
     # --- errors ---
     err, rec, phy = sums[LinkEvent.ERR], sums[LinkEvent.RECOV], sums[LinkEvent.PHY]
-    hit = [err[k] >= s.link_errors_min or rec[k] >= s.link_recovery_min or phy[k] >= s.phy_errors_min
-           for k in range(n)]
+    # error thresholds are rates (per window_s): a window widened to a 10 s or 60 s poll needs as many
+    # errors per second, so a healthy link's steady trickle never fires whatever the interval
+    per = w / s.window_s
+    err_min, phy_min = s.link_errors_min * per, s.phy_errors_min * per
+    hit = [err[k] >= err_min or rec[k] >= s.link_recovery_min or phy[k] >= phy_min for k in range(n)]
     burst = err[0] + phy[0] >= s.link_errors_burst
     if hit[0] or any(hit[: s.of_windows]):
         fire = _hits(hit, s.persist_windows, s.of_windows) or burst
@@ -122,7 +125,7 @@ def evaluate_link(link: LinkState, now: float, w: float, s: DetectionSettings) -
                            hold_s=s.state_hold_s))
     # --- retransmits ---
     rt = sums[LinkEvent.RETRY]
-    rhit = [v >= s.retries_min for v in rt]
+    rhit = [v >= s.retries_min * per for v in rt]
     if any(rhit[: s.of_windows]):
         fire = _hits(rhit, s.persist_windows, s.of_windows)
         if fire or rhit[0]:
@@ -219,7 +222,8 @@ def evaluate_gpu(g: GpuState, now: float, w: float, s: DetectionSettings) -> lis
         arr = per_link.setdefault(sub, [[0.0] * n, [0.0] * n])
         arr[0 if kind == nvlink_err else 1][k] += value
     for link, (errs, recs) in sorted(per_link.items()):
-        hit = [errs[k] >= s.nvlink_errors_min or recs[k] >= s.nvlink_recovery_min for k in range(n)]
+        hit = [errs[k] >= s.nvlink_errors_min * (w / s.window_s) or recs[k] >= s.nvlink_recovery_min
+               for k in range(n)]
         fire = _hits(hit, s.persist_windows, s.of_windows)
         if fire or hit[0]:
             out.append(Finding("NVLinkErrors", g.nvlink(link), dict(g.labels),

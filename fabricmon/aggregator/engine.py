@@ -26,15 +26,19 @@ from ..batch import NodeBatch, NodeHello
 from ..components import Component, Kind
 from ..topology import Topology
 from .admission import ClusterClock
-from .agents_down import agents_down
+from .agents_down import agents_down, unknown_nodes_finding
 from .cable_health import CableHealth
 from .config import DetectionSettings
 from .correlator import correlate
+from .cost import IncidentCost
 from .detectors import FOLDABLE, congestion_of, evaluate_gpu, evaluate_link
 from .drift import config_drift
 from .folding import LeafFolder
+from .hangs import HeartbeatTracker, hung_job_findings
 from .incidents import Finding, Incident, IncidentManager, Relation
 from .ingest import DELTA_ROUTES, GAUGE_ROUTES, Ingest
+from .lateness import node_time, scale_holds
+from .node_folding import NodeFolder
 from .state import LinkState, Registry
 from .stragglers import StragglerTracker
 
@@ -70,10 +74,13 @@ class Engine:
         self.active_gpus = reg.active_gpus
         self.config_nodes = reg.config_nodes
         self.stragglers = StragglerTracker(s)
+        self.heartbeats = HeartbeatTracker()
+        self.cost = IncidentCost(topology)
         self.cable = CableHealth(s)
         self.manager = IncidentManager(default_hold_s=s.hold_s)
         self.folder = LeafFolder(s, self.cluster, self.links_by_leaf)
         self.ingest_stage = Ingest(reg, s, self.cable)
+        self.node_folder = NodeFolder(s, self.cluster, self._rail_links)
         # self-instrumentation (read by http_api)
         self.samples_total = 0
         self.batches_total = 0
@@ -86,7 +93,10 @@ class Engine:
         self.dropped_by_reason: dict[str, int] = {}
         self.rank_timings_dropped: dict[str, int] = {}
         self._drop_logged: set[tuple[str, str]] = set()
+        self._unknown_warned: set[str] = set()
+        self._first_tick: float | None = None
         self.last_tick = None
+        self.started_at: float | None = None  # sample time of the first tick (agents_down's restart grace)
         self.suspicion: dict[Component, float] = {}
 
     @property
@@ -99,12 +109,56 @@ class Engine:
         self._settings = new
         self.ingest_stage.configure(new)
 
+    def _note_unknown(self, node: str) -> None:
+        if node in self.topology.nodes or node in self._unknown_warned:
+            return
+        self._unknown_warned.add(node)  # once per node: a reconnecting agent would log every time
+        _log.warning("unknown_node", node=node, cluster=self.cluster,
+                     hint="not in the topology: monitored at node, NIC, link and GPU level without rail or leaf "
+                          "(add it to the topology, or check the agent's --node-name)")
+
+    def nodes_view(self) -> dict:
+        """/api/nodes: every node this replica watches (topology nodes it owns, streaming nodes the
+        topology lacks) and, once the start-up grace has passed, the topology nodes never heard from."""
+        with self.lock:
+            now = self.last_tick if self.last_tick is not None else self.cluster_clock.now()
+            unknown = set(self.unknown_nodes())
+            rows = []
+            for name, ns in sorted(self.nodes.items()):
+                rows.append({"node": name, "in_topology": name in self.topology.nodes, "unit": ns.unit,
+                             "connected": ns.connected, "ever_seen": ns.ever_seen,
+                             "last_seen": ns.last_ts if ns.ever_seen else None, "unknown": name in unknown})
+            never = self._never_connected(now)
+            return {"nodes": rows, "unknown": sorted(unknown), "never_connected": never}
+
+    def _never_connected(self, now: float) -> list[str]:
+        """Topology nodes with no batch and no hello after a grace of max(60 s, 5 intervals) from the first
+        tick: a restart does not list the whole cluster while agents reconnect."""
+        if self._first_tick is None:
+            return []
+        iv = max((ns.interval for ns in self.nodes.values()), default=1.0)
+        if now - self._first_tick < max(60.0, 5 * iv):
+            return []
+        return sorted(n for n, ns in self.nodes.items()
+                      if n in self.topology.nodes and not ns.ever_seen and not ns.connected)
+
+    def unknown_nodes(self) -> list[str]:
+        """Streaming nodes the topology does not know: connected now, or heard from within the
+        agents-down silence (a node that left for good stops counting when it would go down)."""
+        with self.lock:
+            now = self.cluster_clock.now()
+            down_s = self.settings.agent_down_s
+            return sorted(ns.name for ns in self.nodes.values()
+                          if ns.name not in self.topology.nodes
+                          and (ns.connected or (ns.ever_seen and now - ns.last_ts < max(down_s, 5 * ns.interval))))
+
     # ------------------------------------------------------------------ stream API
     def hello(self, hello: NodeHello) -> None:
         reg = self.registry
         if not reg.owned(hello.node):
             return
         with self.lock:
+            self._note_unknown(hello.node)
             ns = reg.node(hello.node)
             if ns.boot_id and hello.boot_id and hello.boot_id != ns.boot_id:
                 ns.grace_batches = 1  # counters began again: the first deltas are not evidence
@@ -115,11 +169,7 @@ class Engine:
             ns.connected = True
             self.cluster_clock.connected(hello.node)
             for nic in hello.nics:
-                reg.forget_unannounced(ns, nic.device, str(nic.port))  # seen in a batch before its hello
-                link = reg.link(ns, nic.device, str(nic.port), nic.rail, nic.netdev)
-                if link is not None and nic.netdev:
-                    link.netdev = nic.netdev
-                    ns.by_netdev[nic.netdev] = link
+                reg.announce(ns, nic.device, str(nic.port), nic.rail, nic.netdev)
 
     def disconnected(self, node: str) -> None:
         with self.lock:
@@ -163,6 +213,7 @@ class Engine:
             if ns is None:
                 if not self.registry.owned(batch.node):
                     return False
+                self._note_unknown(batch.node)
                 ns = self.registry.node(batch.node)
             ts = batch.ts
             if batch.seq <= ns.last_seq and ts <= ns.last_ts:
@@ -185,6 +236,11 @@ class Engine:
             if batch.layouts:
                 for lay in batch.layouts:
                     self.stragglers.layout(lay)
+            if batch.heartbeats:
+                judge_hb = self.cluster_clock.judge
+                for hb in batch.heartbeats:
+                    if judge_hb(hb.ts) is None:  # bounded like rank timings: a future one would pin a job
+                        self.heartbeats.add(hb, batch.node)
             if batch.ranks:
                 add = self.stragglers.add
                 judge = self.cluster_clock.judge
@@ -193,7 +249,10 @@ class Engine:
                     # keep its job alive for good
                     why = judge(rt.ts)
                     if why is None:
-                        add(rt, batch.node)
+                        why = add(rt, batch.node)  # the tracker's own refusals (step range) count here too
+                    if why is None:
+                        self.cost.record(f"{rt.job}\x00{rt.job_id}" if rt.job_id else rt.job, rt.job, rt.job_id,
+                                         rt.step, rt.ts, rt.step_seconds)
                     else:
                         self.rank_timings_dropped[why] = self.rank_timings_dropped.get(why, 0) + 1
             return True
@@ -214,13 +273,28 @@ class Engine:
                              self.manager.open_keys())
             findings.extend(corr.findings)
             self.suspicion = corr.suspicion
+            self.cost.annotate(findings, self.manager, now, self.stragglers)
+            scale_holds(findings, self._interval_of, self.settings.hold_s)
             changed = self.manager.update(findings, now, relations)
             self.last_tick = now
+            if self._first_tick is None:
+                self._first_tick = now
             self.ticks_total += 1
         dt = self.clock() - t0
         self.tick_seconds_last = dt
         self.tick_seconds_sum += dt
         return changed
+
+    def _interval_of(self, node: str | None) -> float:
+        """A node's poll interval; for no node (a leaf, a rail, a job), the slowest node's."""
+        ns = self.nodes.get(node) if node else None
+        if ns is not None:
+            return ns.interval
+        return max((n.interval for n in self.nodes.values()), default=1.0)
+
+    def _rail_links(self, node: str) -> int:
+        ns = self.nodes.get(node)
+        return 0 if ns is None else sum(1 for link in ns.links.values() if link is not None)
 
     def _window(self, node: str) -> float:
         ns = self.nodes.get(node)
@@ -234,8 +308,10 @@ class Engine:
         congested: dict[Component, list[tuple[LinkState, Finding]]] = {}
         for link in list(self.active_links):
             w = self._window(link.node)
-            fs = evaluate_link(link, now, w, s)
-            cong = congestion_of(link, now, w, s)
+            ns = self.nodes.get(link.node)
+            t = now if ns is None else node_time(now, ns.last_ts, ns.interval)  # a late batch still counts
+            fs = evaluate_link(link, t, w, s)
+            cong = congestion_of(link, t, w, s)
             fold = [f for f in fs if f.alertname in FOLDABLE and (f.fire or f.keep)]
             if fold and link.leaf is not None:
                 foldable.setdefault(link.leaf, []).append((link, fold))
@@ -250,8 +326,11 @@ class Engine:
         loud = {f.component for f in findings if f.component.kind is Kind.LINK and f.fire
                 and f.alertname in ("FabricLinkDown", "FabricLinkFlapping", "FabricLinkErrors")}
         findings.extend(self.cable.evaluate(now, loud))
+        node_findings, node_relations = self.node_folder.fold(foldable, now)
         leaf_findings, relations = self.folder.fold_links(foldable, now)
         findings.extend(leaf_findings)
+        findings.extend(node_findings)
+        relations.extend(node_relations)  # after the leaf's: a link of a failing node is the node's evidence
         cong_findings, cong_relations = self.folder.fold_congestion(congested)
         findings.extend(cong_findings)
         relations.extend(cong_relations)
@@ -260,8 +339,18 @@ class Engine:
             if not g.ev and not g.nvl_down and not g.throttle:
                 self.active_gpus.discard(g)
         findings.extend(config_drift(self.nodes, self.config_nodes, s, self.cluster, now))
-        findings.extend(agents_down(self.nodes.values(), s, self.cluster, now))
+        if self.started_at is None:
+            self.started_at = now  # the first tick: the restart grace of agents_down runs from here
+        findings.extend(agents_down(self.nodes.values(), s, self.cluster, now, self.started_at))
+        findings.extend(unknown_nodes_finding(self.unknown_nodes(), self.cluster))
+        findings.extend(hung_job_findings(self.heartbeats.hangs(now), self._rank_gpu, self.topology, self.cluster))
         return findings, relations
+
+    def _rank_gpu(self, job: str, job_id: str, rank: int) -> int | None:
+        """The GPU index of a job's rank, from its rank timings (heartbeats carry none)."""
+        js = self.stragglers.jobs.get(f"{job}\x00{job_id}" if job_id else job)
+        info = js.ranks.get(rank) if js is not None else None
+        return info.gpu if info is not None else None
 
     # ------------------------------------------------------------------ read access
     def incidents(self, include_resolved: bool = True) -> list[Incident]:
@@ -285,12 +374,18 @@ class Engine:
                 open_counts[key] = open_counts.get(key, 0) + 1
             return {
                 "agents_connected": sum(1 for ns in self.nodes.values() if ns.connected),
+                "agents_unknown": len(self.unknown_nodes()),
+                "agents_never_connected": len(self._never_connected(
+                    self.last_tick if self.last_tick is not None else self.cluster_clock.now())),
                 "samples_total": self.samples_total,
                 "batches_total": self.batches_total,
                 "batches_dropped_total": self.batches_dropped_total,
                 "suspicion": {(c.type, c.id): p for c, p in self.suspicion.items()},
                 "lateness": self.stragglers.lateness_scores(top=LATENESS_EXPORTED_PER_JOB),
                 "incidents_open": open_counts,
+                # one series per open incident and hurt job (bounded by the open incidents)
+                "incident_cost": [(inc.alertname, inc.component, i.job, i.gpu_hours_per_hour)
+                                  for inc in self.manager.open_incidents() for i in inc.impact],
                 "ticks_total": self.ticks_total,
                 "tick_seconds_last": self.tick_seconds_last,
                 "tick_seconds_sum": self.tick_seconds_sum,

@@ -19,6 +19,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from ..buildinfo import add_runtime_collectors
 from ..httpserve import TEXT, RoutedHTTPServer, landing_page, probe
 from .admission import TS_AHEAD, TS_BEHIND, TS_STALE
+from .name_bounds import KINDS as NAME_KINDS
+from .stragglers import REFUSE_REASONS as STEP_REFUSALS
 from .alertmanager import RESULTS, rfc3339
 from .engine import LATENESS_EXPORTED_PER_JOB, Engine
 
@@ -26,7 +28,7 @@ from .engine import LATENESS_EXPORTED_PER_JOB, Engine
 DROP_REASONS = ("duplicate", "seq_ahead", TS_AHEAD, TS_BEHIND, TS_STALE)
 # Streams ended before any batch was believed, by why.
 REFUSAL_KEYS = (("unauthenticated", "unauthenticated_total"), ("identity", "identity_refused_total"),
-                ("malformed", "rejected_total"))
+                ("malformed", "rejected_total"), ("revoked", "revoked_total"))
 
 
 class AggregatorCollector:
@@ -39,6 +41,18 @@ class AggregatorCollector:
         snap = self.engine.metrics_snapshot()
         g = GaugeMetricFamily("fabricmon_agents_connected", "Agents with an open stream.")
         g.add_metric([], snap["agents_connected"])
+        yield g
+        g = GaugeMetricFamily("fabricmon_agents_unknown",
+                              "Streaming agents whose node is not in the topology (listed at /api/nodes).")
+        g.add_metric([], snap["agents_unknown"])
+        yield g
+        g = GaugeMetricFamily("fabricmon_agents_never_connected",
+                              "Topology nodes never heard from since start, after a grace of max(60 s, 5 intervals).")
+        g.add_metric([], snap["agents_never_connected"])
+        yield g
+        g = GaugeMetricFamily("fabricmon_topology_nodes", "Nodes in the topology the aggregator runs on (a reload "
+                              "may add and remove nodes).")
+        g.add_metric([], len(self.engine.topology.nodes))
         yield g
         c = CounterMetricFamily("fabricmon_ingest_samples", "Deltas, gauges and rank timings ingested.")
         c.add_metric([], snap["samples_total"])
@@ -57,9 +71,10 @@ class AggregatorCollector:
         yield c
         ranks = self.engine.rank_admission_snapshot()
         c = CounterMetricFamily("fabricmon_ingest_rank_timings_dropped",
-                                "Rank timings not scored: their time too far ahead of or behind the cluster clock.",
+                                "Rank timings not scored: their time too far ahead of or behind the cluster clock, "
+                                "or their step past 2^53 or more than 1,000 ahead of their job's newest.",
                                 labels=["reason"])
-        for reason in (TS_AHEAD, TS_STALE):
+        for reason in (TS_AHEAD, TS_STALE, *STEP_REFUSALS):
             c.add_metric([reason], ranks.get(reason, 0))
         yield c
         c = CounterMetricFamily("fabricmon_grpc_streams", "Agent streams opened.")
@@ -67,10 +82,18 @@ class AggregatorCollector:
         yield c
         c = CounterMetricFamily("fabricmon_grpc_streams_refused",
                                 "Agent streams refused: no or wrong credential (unauthenticated), a credential "
-                                "naming another node (identity), or a malformed message (malformed).",
+                                "naming another node (identity), a malformed message (malformed), or cut "
+                                "because a reload removed the token it had presented (revoked).",
                                 labels=["reason"])
         for label, key in REFUSAL_KEYS:
             c.add_metric([label], grpc.get(key, 0))
+        yield c
+        c = CounterMetricFamily("fabricmon_ingest_names_refused",
+                                "Series refused because they would give their node more distinct names of a kind "
+                                "than its bound (aggregator/name_bounds.py: device 128, port 512, gpu 64, link 2048, "
+                                "interface 1024); their values are not ingested.", labels=["kind"])
+        for kind in NAME_KINDS:
+            c.add_metric([kind], grpc.get(f"names_refused_{kind}_total", 0))
         yield c
         c = CounterMetricFamily("fabricmon_engine_errors", "Engine calls that raised, by stage (stream intake "
                                 "or detection tick).", labels=["stage"])
@@ -92,6 +115,13 @@ class AggregatorCollector:
         g = GaugeMetricFamily("fabricmon_incidents_open", "Open incidents.", labels=["alertname", "component_type"])
         for (a, t), n in sorted(snap["incidents_open"].items()):
             g.add_metric([a, t], n)
+        yield g
+        g = GaugeMetricFamily("fabricmon_incident_gpu_hours_per_hour",
+                              "GPU-hours per hour each open incident costs each job whose ranks use its component "
+                              "(GPUs x (1 - 1/(1 + step slowdown)); all its GPUs when the job stopped).",
+                              labels=["alertname", "component", "hpc_job"])
+        for a, comp, job, cost in snap["incident_cost"]:
+            g.add_metric([a, comp, job], cost)
         yield g
         yield from _incident_series(self.engine.open_incidents())
         c = CounterMetricFamily("fabricmon_alerts_sent", "Alerts posted to Alertmanager, by result.",
@@ -145,7 +175,7 @@ def incident_json(inc) -> dict:
 
 
 class HttpApi(RoutedHTTPServer):
-    """/metrics, /api/incidents (?state=open|all, ?id=...), /healthz, /readyz."""
+    """/metrics, /api/incidents (?state=open|all, ?id=...), /api/nodes, /healthz, /readyz."""
 
     def __init__(self, engine: Engine, listen: tuple[str, int], sender=None,
                  ready=lambda: True, grpc_stats=None, web=None, reload_status=None) -> None:
@@ -155,12 +185,21 @@ class HttpApi(RoutedHTTPServer):
         add_runtime_collectors(self.registry, reload_status)
         self.ready = ready
         super().__init__(listen[0], listen[1], {
-            "/": landing_page("fabricmon aggregator", ["/metrics", "/api/incidents", "/healthz", "/readyz"]),
+            "/": landing_page("fabricmon aggregator",
+                              ["/metrics", "/api/incidents", "/api/nodes", "/healthz", "/readyz"]),
             "/metrics": lambda q: (200, generate_latest(self.registry), CONTENT_TYPE_LATEST),
             "/healthz": lambda q: (200, b"ok\n", TEXT),
             "/readyz": probe(lambda: self.ready(), b"ready\n", b"not ready\n"),
             "/api/incidents": self._incidents,
+            "/api/nodes": self._nodes,
         }, name="aggregator-http", web=web)
+
+    def _nodes(self, q: dict[str, list[str]]) -> tuple[int, bytes, str]:
+        view = self.engine.nodes_view()
+        for row in view["nodes"]:
+            if row["last_seen"] is not None:
+                row["last_seen"] = rfc3339(row["last_seen"])
+        return 200, json.dumps(view, indent=1).encode(), "application/json"
 
     def _incidents(self, q: dict[str, list[str]]) -> tuple[int, bytes, str]:
         state = q.get("state", ["all"])[0]

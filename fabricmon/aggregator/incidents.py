@@ -29,9 +29,11 @@ the demo report and the logs read.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..components import Component
+from .cost import impact_sentence
 
 SEVERITY = {
     "FabricLinkDown": "critical",
@@ -49,8 +51,11 @@ SEVERITY = {
     "StragglerRank": "warning",
     "SlowRanksSharedComponent": "critical",
     "StageImbalance": "info",
+    "SoftwareStraggler": "info",
+    "JobHung": "critical",
     "FabricmonAgentDown": "warning",
     "FabricCableDegrading": "warning",
+    "FabricmonUnknownNodes": "warning",
 }
 
 SUMMARY = {
@@ -69,8 +74,11 @@ SUMMARY = {
     "StragglerRank": "Persistent straggler on {component}",
     "SlowRanksSharedComponent": "Slow ranks share {component}",
     "StageImbalance": "Pipeline stage imbalance in {component}",
+    "SoftwareStraggler": "Ranks on {component} are slow while its fabric and GPUs are clean (software straggler)",
+    "JobHung": "A job is hung on {component}: its peers wait in a collective it never entered",
     "FabricmonAgentDown": "fabricmon agent on {component} stopped reporting",
     "FabricCableDegrading": "Cable or optics of {component} predicted to fail (BER trend, lane errors, RX power)",
+    "FabricmonUnknownNodes": "Nodes stream to the aggregator that its {component} does not know",
 }
 
 
@@ -93,6 +101,7 @@ class Finding:
     jobs: tuple[str, ...] = ()
     description: str = ""
     severity: str = ""
+    impact: tuple = ()  # cost.JobImpact per hurt job, by cost (aggregator/cost.py)
 
     @property
     def component_type(self) -> str:
@@ -129,6 +138,8 @@ class Incident:
     absorbed: list[str] = field(default_factory=list)  # components whose findings were this one's evidence
     version: int = 0  # bumped on every visible change (the Alertmanager sender watches it)
     hold_s: float = 15.0
+    impact: list = field(default_factory=list)  # cost.JobImpact per job whose ranks use the component
+    resolved_reason: str = ""  # why it resolved when not for lack of evidence (topology_removed)
 
     @property
     def open(self) -> bool:
@@ -150,6 +161,8 @@ class Incident:
             shown = ", ".join(str(r) for r in self.ranks[:32])
             more = f" (+{len(self.ranks) - 32} more)" if len(self.ranks) > 32 else ""
             parts.append(f"Hurt ranks: {shown}{more}")
+        if self.resolved_reason:
+            parts.append(f"Resolved: {self.resolved_reason}")
         return ". ".join(parts)
 
     def to_dict(self) -> dict:
@@ -160,6 +173,8 @@ class Incident:
             "ranks": list(self.ranks), "jobs": list(self.jobs),
             "first_seen": self.first_seen, "last_seen": self.last_seen, "resolved_at": self.resolved_at,
             "related_to": self.related_to, "absorbed": list(self.absorbed),
+            "impact": [i.to_dict() for i in self.impact],
+            "resolved_reason": self.resolved_reason,
         }
 
 
@@ -168,9 +183,10 @@ class IncidentManager:
 
     def __init__(self, default_hold_s: float = 15.0, keep_resolved: int = 5000) -> None:
         self.default_hold_s = default_hold_s
+        self._updated = False  # restore() is for the state persisted before a restart, before any tick
         self._open: dict[Key, Incident] = {}
         self._last_evidence: dict[Key, float] = {}
-        self._resolved: list[Incident] = []
+        self._resolved: list[tuple[Component, Incident]] = []  # oldest first, with the component it was on
         self._recurrence: dict[str, int] = {}
         self._keep_resolved = keep_resolved
 
@@ -182,10 +198,28 @@ class IncidentManager:
         return frozenset(self._open)
 
     def all_incidents(self) -> list[Incident]:
-        out = list(self._resolved)
+        out = [inc for _, inc in self._resolved]
         out.extend(self._open.values())
         out.sort(key=lambda i: (i.first_seen, i.id))
         return out
+
+    def all_by_component(self) -> list[tuple[Component, Incident]]:
+        """Every incident kept (resolved, then open) with its component: a read-only view for cost.py."""
+        return [*self._resolved, *((c, inc) for (_, c), inc in self._open.items())]
+
+    def restore(self, inc: Incident, component: Component, last_evidence: float) -> None:
+        """An incident open before a restart (incident_store.py), open again under its own id, keyed by
+        ``component`` (parsed from the stored id at that input edge).  Only before the first ``update``:
+        afterwards ``update`` stays the one call that changes incident state."""
+        if self._updated:
+            raise RuntimeError("IncidentManager.restore: only before the first update")
+        key = (inc.alertname, component)
+        inc.resolved_at = None
+        self._open[key] = inc
+        self._last_evidence[key] = last_evidence
+        base = incident_id(inc.alertname, inc.component)
+        n = int(inc.id.rsplit("-", 1)[1]) if inc.id != base and inc.id.rsplit("-", 1)[-1].isdigit() else 1
+        self._recurrence[base] = max(self._recurrence.get(base, 0), n)
 
     def get_open(self, alertname: str, component: Component | str) -> Incident | None:
         """The open incident of ``alertname`` on ``component`` (or on the component rendered as that id)."""
@@ -193,9 +227,19 @@ class IncidentManager:
             return self._open.get((alertname, component))
         return next((i for (a, c), i in self._open.items() if a == alertname and c.id == component), None)
 
-    def update(self, findings: list[Finding], now: float, relations: list[Relation] | tuple = ()) -> list[Incident]:
-        """Apply one tick's findings and relations; returns every incident that changed, and only those."""
+    def update(self, findings: list[Finding], now: float, relations: list[Relation] | tuple = (),
+               retire: Callable[[Component], bool] | None = None, reason: str = "") -> list[Incident]:
+        """Apply one tick's findings and relations; returns every incident that changed, and only those.
+        ``retire(component)``: open incidents on the components it selects resolve now with ``reason``
+        (a component that left the topology has no evidence left to wait for)."""
+        self._updated = True
         changed: dict[str, Incident] = {}
+        if retire is not None:
+            for key, inc in list(self._open.items()):
+                if retire(key[1]):
+                    inc.resolved_reason = reason
+                    self._resolve(key, now)
+                    changed[inc.id] = inc
         parent_of = {r.child: r.parent for r in relations}
         by_key: dict[Key, Finding] = {}
         for f in findings:
@@ -269,7 +313,7 @@ class IncidentManager:
             component_type=f.component.kind.value, component=f.component.id, labels=dict(f.labels),
             evidence=list(f.evidence), first_seen=now, last_seen=now,
             ranks=sorted(set(f.ranks)), jobs=sorted(set(f.jobs)), description=f.description,
-            hold_s=f.hold_s if f.hold_s is not None else self.default_hold_s, version=1,
+            hold_s=f.hold_s if f.hold_s is not None else self.default_hold_s, version=1, impact=list(f.impact),
         )
         self._open[key] = inc
         self._last_evidence[key] = now
@@ -292,6 +336,10 @@ class IncidentManager:
         if f.description and f.description != inc.description:
             inc.description = f.description
             visible = True
+        if f.impact and list(f.impact) != inc.impact:
+            # shown as integers (impact_sentence): a resend only when what an operator reads changes
+            visible = visible or impact_sentence(list(f.impact)) != impact_sentence(inc.impact)
+            inc.impact = list(f.impact)
         for k, v in f.labels.items():
             if v and inc.labels.get(k) != v:
                 inc.labels[k] = v
@@ -305,7 +353,7 @@ class IncidentManager:
         self._last_evidence.pop(key, None)
         inc.resolved_at = now
         inc.version += 1
-        self._resolved.append(inc)
+        self._resolved.append((key[1], inc))
         if len(self._resolved) > self._keep_resolved:
             del self._resolved[: len(self._resolved) - self._keep_resolved]
 

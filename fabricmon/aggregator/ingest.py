@@ -34,10 +34,16 @@ PHY_ERRORS = frozenset({"rx_crc_errors_phy", "rx_symbol_err_phy", "rx_pcs_symbol
 RETRY_COUNTERS = frozenset({
     "local_ack_timeout_err", "out_of_sequence", "packet_seq_err", "implied_nak_seq_err", "rnr_nak_retry_err",
     "req_transport_retries_exceeded", "roce_adp_retrans", "roce_slow_restart", "duplicate_request",
+    # drivers without an mlx5 twin (bnxt_re's old names arrive under these canonical ones):
+    # EFA SRD retransmits and remote-health events, irdma's iWARP TCP retransmitted segments
+    "retrans_pkts", "retrans_timeout_events", "impaired_remote_conn_events", "unresponsive_remote_events",
+    "tcpRetransSegs",
 })
 GPU_SLOW_REASONS = frozenset({"HwSlowdown", "SwThermalSlowdown", "HwThermalSlowdown", "HwPowerBrakeSlowdown"})
+# Hopper's legacy counters, and Blackwell's NVLink5 COUNT fields (sources/nvml: DCGM's choice of types)
 NVLINK_EVENTS = {"replay": GpuEvent.NVLINK_ERR, "crc_flit": GpuEvent.NVLINK_ERR, "crc_data": GpuEvent.NVLINK_ERR,
-                 "recovery": GpuEvent.NVLINK_RECOVERY}
+                 "recovery": GpuEvent.NVLINK_RECOVERY, "rx_errors": GpuEvent.NVLINK_ERR,
+                 "local_link_integrity": GpuEvent.NVLINK_ERR, "recovery_failed": GpuEvent.NVLINK_RECOVERY}
 LANE_PREFIX, LANE_SUFFIX = "rx_err_lane_", "_phy"  # mlx5 raw per-lane errors: rx_err_lane_<N>_phy
 
 

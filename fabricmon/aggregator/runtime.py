@@ -125,9 +125,23 @@ class AggregatorRuntime:
                 self.sender.submit(changed, now)
         return changed
 
+    def hand_over(self, changed: list[Incident], now: float | None = None) -> None:
+        """Incidents changed outside a tick (a reload resolved them) go where a tick's would."""
+        if not changed:
+            return
+        now = now if now is not None else (self.engine.newest_ts or self.last_tick or 0.0)
+        if self.on_changed is not None:
+            self.on_changed(changed, now)
+        if self.sender is not None:
+            self.sender.submit(changed, now)
+        for inc in changed:
+            log.info("incident", alertname=inc.alertname, component=inc.component,
+                     state="open" if inc.open else "resolved", severity=inc.severity,
+                     reason=inc.resolved_reason or None)
+
     def run(self, stop_event: threading.Event, log_incidents: bool = True,
             between: Callable[[], None] | None = None) -> None:
-        """``between``: called before each tick in this thread (the service applies a SIGHUP reload there)."""
+        """``between``: called before each tick in this thread."""
         while not stop_event.wait(self.tick_seconds):
             if between is not None:
                 try:

@@ -14,6 +14,9 @@ DNS SANs must equal the hello's node.  With per-node tokens (``node_tokens``:
 node -> token) the bearer token must be that node's.  A shared ``token`` lets
 any holder speak for any node: the weaker mode, for small or trusted fabrics.
 Refused identities end the stream with PERMISSION_DENIED and are counted.
+``set_credentials`` (a SIGHUP) swaps the accepted tokens: new streams are judged
+by the new set at once, and every live stream whose token is no longer accepted
+for its node is cut (UNAUTHENTICATED "token revoked", counted).
 
 Seq: the agent numbers its batches; the aggregator drops a seq it already
 handled (a replay after a lost ack).  A seq is judged per session: a session's
@@ -56,6 +59,9 @@ from ..proto import fabricmon_pb2 as pb
 from ..proto import fabricmon_pb2_grpc as pb_grpc
 from ..proto.codec import MalformedBatch, SeriesDecoder, hello_from_pb
 from ..proto.subscription import Subscription
+from .credentials import StreamCredentials, fingerprint
+from .name_bounds import KINDS as NAME_KINDS
+from .name_bounds import NameBounds
 
 log = structlog.get_logger("fabricmon.grpc")
 
@@ -85,8 +91,51 @@ class ServerTls:
     client_ca: str | None = None
 
 
-def _ack(seq: int) -> pb.AggregatorMessage:
-    return pb.AggregatorMessage(ack=pb.Ack(seq=seq))
+def credentials_of(token: str | None, node_tokens: Mapping[str, str] | None) -> StreamCredentials:
+    """The credentials of one shared ``token`` and a node -> token mapping (tests, the demo)."""
+    return StreamCredentials(frozenset([token.encode()]) if token else frozenset(),
+                             tuple(sorted((n, frozenset([t.encode()])) for n, t in (node_tokens or {}).items())))
+
+
+class TlsMaterial:
+    """The server's certificate chain, key and client CA bundle as bytes, swappable while the server
+    runs: gRPC asks ``fetch`` at every new handshake (dynamic server credentials), and gets the new
+    material once after ``update`` (None, "unchanged", otherwise).  Live connections keep what they
+    negotiated."""
+
+    def __init__(self, tls: ServerTls) -> None:
+        self._lock = threading.Lock()
+        self.current = read_tls_files(tls)
+        self._pending: tuple[bytes, bytes, bytes | None] | None = None
+
+    def config(self, material: tuple[bytes, bytes, bytes | None]) -> Any:
+        key, cert, ca = material
+        return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+
+    def update(self, material: tuple[bytes, bytes, bytes | None]) -> None:
+        with self._lock:
+            self.current = material
+            self._pending = material
+
+    def fetch(self) -> Any:
+        with self._lock:
+            pending, self._pending = self._pending, None
+        return self.config(pending) if pending is not None else None
+
+
+def read_tls_files(tls: ServerTls) -> tuple[bytes, bytes, bytes | None]:
+    """(key, certificate chain, client CA bundle or None) read from the files ``tls`` names."""
+    return (Path(tls.key).read_bytes(), Path(tls.cert).read_bytes(),
+            Path(tls.client_ca).read_bytes() if tls.client_ca else None)
+
+
+# Drops a node is told about in its ack (Ack.dropped_reason): its clock or its seq, which only the node
+# can fix.  A duplicate (a replay after a lost ack) is normal and not told.
+TOLD_DROPS = frozenset({SEQ_AHEAD, "ts_ahead", "ts_behind", "ts_stale"})
+
+
+def _ack(seq: int, dropped: str = "") -> pb.AggregatorMessage:
+    return pb.AggregatorMessage(ack=pb.Ack(seq=seq, dropped_reason=dropped))
 
 
 def _reject(reason: str, seq: int = 0) -> pb.AggregatorMessage:
@@ -96,11 +145,15 @@ def _reject(reason: str, seq: int = 0) -> pb.AggregatorMessage:
 class FabricStreamServicer(pb_grpc.FabricStreamServicer):
     def __init__(self, engine: EngineLike, *, token: str | None = None, lock: Any = None,
                  hello_timeout: float = 10.0, node_tokens: Mapping[str, str] | None = None,
+                 credentials: StreamCredentials | None = None,
                  bind_tls_identity: bool = False, max_skew_s: float = DEFAULT_MAX_SKEW_S,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, name_limits: Mapping[str, int] | None = None) -> None:
         self.engine = engine
-        self._token = token.encode() if token else None
-        self._node_tokens = [(n, t.encode()) for n, t in (node_tokens or {}).items()]
+        self._creds = credentials if credentials is not None else credentials_of(token, node_tokens)
+        # gen -> (node, the token it presented or None, the handler's task): what a revocation cuts
+        self._live: dict[int, tuple[str, bytes | None, asyncio.Task]] = {}
+        self._revoked: set[int] = set()
+        self.names = NameBounds(dict(name_limits or {}))  # per-node bounds on new device, GPU... names
         self._bind_tls = bind_tls_identity
         self._lock = lock if lock is not None else nullcontext()
         self._hello_timeout = hello_timeout
@@ -110,7 +163,8 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
         self._current: dict[str, int] = {}  # node -> generation of its live stream
         self._gen = 0
         self.counters = dict(streams_total=0, unauthenticated_total=0, identity_refused_total=0,
-                             rejected_total=0, batches_ingested_total=0, engine_errors_total=0)
+                             rejected_total=0, batches_ingested_total=0, engine_errors_total=0,
+                             revoked_total=0)
         self.dropped: dict[str, int] = {SEQ_DUPLICATE: 0, SEQ_AHEAD: 0}
         # sent before the hello's ack: agents then leave out what the engine never reads
         read_d = getattr(engine, "read_delta_families", None)
@@ -123,6 +177,25 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
     def connected_nodes(self) -> list[str]:
         return sorted(self._current)
 
+    def _ingest(self, nb: NodeBatch) -> str:
+        """Ingest one batch; the drop reason the node is told (TOLD_DROPS), else "".
+
+        The engine counts its drops by reason (``dropped_by_reason``); the one that moved
+        during this call is this batch's."""
+        before = getattr(self.engine, "dropped_by_reason", None)
+        try:
+            with self._lock:
+                snap = dict(before) if before is not None else None
+                self.engine.ingest(nb)
+                if snap is not None and before != snap:
+                    reason = next((r for r, n in before.items() if n != snap.get(r, 0)), "")
+                    return reason if reason in TOLD_DROPS else ""
+            return ""
+        except Exception as exc:  # an engine bug must not kill the stream or the server
+            self.counters["engine_errors_total"] += 1
+            log.error("engine_call_failed", call="ingest", error=f"{type(exc).__name__}: {exc}")
+            return ""
+
     def _engine(self, fn, *args) -> bool:
         try:
             with self._lock:
@@ -134,32 +207,53 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
             return False
 
     @property
-    def auth_required(self) -> bool:
-        return self._token is not None or bool(self._node_tokens)
+    def credentials(self) -> StreamCredentials:
+        return self._creds
 
-    def _check_token(self, context) -> tuple[str | None, frozenset[str] | None]:
-        """(reason, None) when refused, else (None, the nodes this credential may speak for;
-        None meaning any node)."""
-        if not self.auth_required:
-            return None, _ANY_NODE
+    @property
+    def auth_required(self) -> bool:
+        return self._creds.required
+
+    def set_credentials(self, creds: StreamCredentials) -> int:
+        """Accept ``creds`` from now on and cut the live streams whose token it no longer accepts
+        for their node; the number cut.  Runs on the server's loop (``GrpcServer.set_credentials``
+        from other threads)."""
+        self._creds = creds
+        cut = 0
+        for gen, (node, token, task) in list(self._live.items()):
+            if token is None or creds.accepts(token, node) or gen in self._revoked:
+                continue
+            self._revoked.add(gen)
+            task.cancel()
+            cut += 1
+            log.warning("stream_token_revoked", node=node, token=fingerprint(token))
+        return cut
+
+    def _check_token(self, context) -> tuple[str | None, frozenset[str] | None, bytes | None]:
+        """(reason, None, None) when refused, else (None, the nodes this credential may speak for
+        (None meaning any node), the token presented)."""
+        creds = self._creds
+        if not creds.required:
+            return None, _ANY_NODE, None
         auth = ""
         for key, value in context.invocation_metadata() or ():
             if key == "authorization":
                 auth = value if isinstance(value, str) else value.decode(errors="replace")
                 break
         if not auth:
-            return "missing bearer token", None
+            return "missing bearer token", None, None
         scheme, _, presented = auth.partition(" ")
         if scheme.lower() != "bearer" or not presented:
-            return "authorization is not a bearer token", None
+            return "authorization is not a bearer token", None, None
         got = presented.strip().encode()
-        if self._token is not None and hmac.compare_digest(got, self._token):
-            return None, _ANY_NODE
-        # every comparison runs, so the time taken does not tell which node's token was close
-        nodes = frozenset(n for n, t in self._node_tokens if hmac.compare_digest(got, t))
+        # every comparison runs, so the time taken does not tell which token was close
+        shared = [hmac.compare_digest(got, t) for t in creds.shared]
+        nodes = frozenset(n for n, ts in creds.per_node for t in ts if hmac.compare_digest(got, t))
+        if any(shared):
+            return None, _ANY_NODE, got
         if nodes:
-            return None, nodes
-        return "wrong bearer token", None
+            return None, nodes, got
+        return "wrong bearer token", None, None
 
     @staticmethod
     def _identities(context) -> list[str]:
@@ -185,7 +279,7 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
         # context.read()/write() rather than an async generator over the request iterator: one
         # coroutine hop less per message each way, and per message is the aggregator's fixed cost
         peer = context.peer()
-        reason, may_speak_for = self._check_token(context)
+        reason, may_speak_for, presented = self._check_token(context)
         if reason is not None:
             self.counters["unauthenticated_total"] += 1
             log.warning("stream_unauthenticated", peer=peer, reason=reason)
@@ -225,55 +319,73 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
         gen = self._gen
         previous = self._current.get(node)
         self._current[node] = gen
+        task = asyncio.current_task()
+        if task is not None:
+            self._live[gen] = (node, presented, task)
         log.info("stream_connected", peer=peer, node=node, identity=identities[0] if identities else "",
                  agent_version=hello.agent_version, replaced_stream=previous is not None)
         try:
-            self._engine(self.engine.hello, hello)
-            # the session's floor: seqs at or below it were delivered before (replays after a lost ack)
-            session_last = self._last_seq.get(node, 0)
-            warned_ahead = False
-            if self._subscription is not None:
-                await context.write(self._subscription)
-            await context.write(_ack(session_last))
-            # deltas of families the engine never reads are counted, not built (codec.py)
-            decoder = SeriesDecoder(read_families=getattr(self.engine, "read_delta_families", None))
-            while True:
-                msg = await context.read()
-                if msg is grpc.aio.EOF:
-                    return
-                kind = msg.WhichOneof("msg")
-                if kind != "batch":
-                    await self._refuse(context, peer, node, f"unexpected {kind or 'empty'} message after the hello")
-                    return
-                b = msg.batch
-                if b.seq <= session_last:
-                    self.dropped[SEQ_DUPLICATE] += 1
-                    await context.write(_ack(session_last))
-                    continue
-                try:
-                    nb = decoder.decode(b, node)
-                except MalformedBatch as exc:
-                    await self._refuse(context, peer, node, str(exc), b.seq)
-                    return
-                if b.seq > self._seq_ceiling():
-                    # acked so the agent does not resend it; never becomes anyone's floor
-                    self.dropped[SEQ_AHEAD] += 1
-                    if not warned_ahead:  # once per session: every batch of a broken agent would repeat it
-                        warned_ahead = True
-                        log.warning("batch_seq_ahead", peer=peer, node=node, seq=b.seq, ceiling=self._seq_ceiling())
-                    await context.write(_ack(b.seq))
-                    continue
-                self._engine(self.engine.ingest, nb)
-                self.counters["batches_ingested_total"] += 1
-                session_last = b.seq
-                if b.seq > self._last_seq.get(node, 0):
-                    self._last_seq[node] = b.seq
-                await context.write(_ack(b.seq))
+            if presented is not None and not self._creds.accepts(presented, node):
+                # revoked between the token check and here (a reload raced the hello)
+                self._revoked.add(gen)
+                raise asyncio.CancelledError
+            await self._serve(context, peer, node, hello)
+        except asyncio.CancelledError:
+            if gen not in self._revoked:
+                raise  # the server is stopping or the peer went away
+            self.counters["revoked_total"] += 1
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "token revoked")
         finally:
+            self._live.pop(gen, None)
+            self._revoked.discard(gen)
             if self._current.get(node) == gen:
                 del self._current[node]
                 self._engine(self.engine.disconnected, node)
             log.info("stream_closed", peer=peer, node=node)
+
+    async def _serve(self, context, peer: str, node: str, hello: NodeHello) -> None:
+        self._engine(self.engine.hello, self.names.hello(hello))
+        # the session's floor: seqs at or below it were delivered before (replays after a lost ack)
+        session_last = self._last_seq.get(node, 0)
+        warned_ahead = False
+        if self._subscription is not None:
+            await context.write(self._subscription)
+        await context.write(_ack(session_last))
+        # deltas of families the engine never reads are counted, not built (codec.py)
+        decoder = SeriesDecoder(read_families=getattr(self.engine, "read_delta_families", None),
+                                admit=self.names.admitter(node))
+        while True:
+            msg = await context.read()
+            if msg is grpc.aio.EOF:
+                return
+            kind = msg.WhichOneof("msg")
+            if kind != "batch":
+                await self._refuse(context, peer, node, f"unexpected {kind or 'empty'} message after the hello")
+                return
+            b = msg.batch
+            if b.seq <= session_last:
+                self.dropped[SEQ_DUPLICATE] += 1
+                await context.write(_ack(session_last))
+                continue
+            try:
+                nb = decoder.decode(b, node)
+            except MalformedBatch as exc:
+                await self._refuse(context, peer, node, str(exc), b.seq)
+                return
+            if b.seq > self._seq_ceiling():
+                # acked so the agent does not resend it; never becomes anyone's floor
+                self.dropped[SEQ_AHEAD] += 1
+                if not warned_ahead:  # once per session: every batch of a broken agent would repeat it
+                    warned_ahead = True
+                    log.warning("batch_seq_ahead", peer=peer, node=node, seq=b.seq, ceiling=self._seq_ceiling())
+                await context.write(_ack(b.seq, SEQ_AHEAD))
+                continue
+            dropped = self._ingest(nb)
+            self.counters["batches_ingested_total"] += 1
+            session_last = b.seq
+            if b.seq > self._last_seq.get(node, 0):
+                self._last_seq[node] = b.seq
+            await context.write(_ack(b.seq, dropped))
 
     async def _refuse(self, context, peer: str, node: str, reason: str, seq: int = 0):
         self.counters["rejected_total"] += 1
@@ -297,6 +409,7 @@ class GrpcServer:
         self.port: int = 0
         self.host: str = ""
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.tls: TlsMaterial | None = None  # with TLS: what new handshakes present (a reload swaps it)
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -309,9 +422,24 @@ class GrpcServer:
         s["agents_connected"] = len(self.servicer.connected_nodes()) if self.servicer else 0
         drops = self.servicer.drop_counts() if self.servicer else {SEQ_DUPLICATE: 0, SEQ_AHEAD: 0}
         s["batches_duplicate_total"] = drops[SEQ_DUPLICATE]
+        refused = self.servicer.names.refused if self.servicer else {}
+        for kind in NAME_KINDS:
+            s[f"names_refused_{kind}_total"] = refused.get(kind, 0)
         for reason, n in drops.items():
             s[f"batches_dropped_{reason}_total"] = n
         return s
+
+    def set_credentials(self, creds: StreamCredentials, timeout: float = 10.0) -> int:
+        """From any thread but the server's loop: accept ``creds`` from now on, cut the live streams
+        whose token it no longer accepts; the number cut."""
+        if self.loop is None or self.servicer is None or self._closed:
+            return 0
+        servicer = self.servicer
+
+        async def _swap() -> int:
+            return servicer.set_credentials(creds)
+
+        return asyncio.run_coroutine_threadsafe(_swap(), self.loop).result(timeout)
 
     async def aclose(self, grace: float = 2.0) -> None:
         if self._closed or self.server is None:
@@ -354,7 +482,10 @@ async def start_grpc_server_async(
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     hello_timeout: float = 10.0,
     node_tokens: Mapping[str, str] | None = None,
+    credentials: StreamCredentials | None = None,
     max_skew_s: float = DEFAULT_MAX_SKEW_S,
+    max_connections: int = 1024,
+    handshake_timeout: float = 10.0,
     _handle: GrpcServer | None = None,
 ) -> GrpcServer:
     """Start on the running event loop; ``listen`` is HOST:PORT (port 0 picks one).
@@ -372,21 +503,27 @@ async def start_grpc_server_async(
         ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
         ("grpc.http2.max_ping_strikes", 3),
         ("grpc.so_reuseport", 0),
+        # a connection that never sends the HTTP/2 preface (or never finishes TLS) is closed after this,
+        # not gRPC's default 120 s; and no more than max_connections at once: a flood of bare TCP
+        # connections is refused at the limit instead of exhausting the process's descriptors
+        ("grpc.server_handshake_timeout_ms", max(1, int(handshake_timeout * 1000))),
+        ("grpc.max_allowed_incoming_connections", max_connections),
     ]
     server = grpc.aio.server(options=options)
     mtls = bool(tls and tls.client_ca)
-    servicer = FabricStreamServicer(engine, token=token, lock=lock, hello_timeout=hello_timeout,
-                                    node_tokens=node_tokens, bind_tls_identity=mtls, max_skew_s=max_skew_s)
+    creds = credentials if credentials is not None else credentials_of(token, node_tokens)
+    servicer = FabricStreamServicer(engine, credentials=creds, lock=lock, hello_timeout=hello_timeout,
+                                    bind_tls_identity=mtls, max_skew_s=max_skew_s)
     pb_grpc.add_FabricStreamServicer_to_server(servicer, server)
     hs = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
     if tls is not None:
-        creds = grpc.ssl_server_credentials(
-            [(Path(tls.key).read_bytes(), Path(tls.cert).read_bytes())],
-            root_certificates=Path(tls.client_ca).read_bytes() if tls.client_ca else None,
-            require_client_auth=tls.client_ca is not None,
-        )
-        port = server.add_secure_port(listen, creds)
+        # dynamic credentials: a reload's new certificate or CA bundle applies to the next handshake
+        handle.tls = material = TlsMaterial(tls)
+        port = server.add_secure_port(listen, grpc.dynamic_ssl_server_credentials(
+            material.config(material.current), material.fetch,
+            require_client_authentication=tls.client_ca is not None,
+        ))
     else:
         port = server.add_insecure_port(listen)
     if not port:
@@ -398,7 +535,7 @@ async def start_grpc_server_async(
     handle.port, handle.host = port, _split_listen(listen)
     handle.loop = asyncio.get_running_loop()
     log.info("grpc_listening", address=handle.address, tls=tls is not None, mtls=mtls,
-             token="per-node" if node_tokens else "shared" if token else "none")
+             token="per-node" if creds.per_node else "shared" if creds.shared else "none")
     if not mtls and not servicer.auth_required:
         log.warning("grpc_insecure", address=handle.address,
                     reason="no token and no mTLS: anyone who reaches this port may speak for any node")

@@ -9,11 +9,10 @@ topology, the clock, the credentials streams are bound to.
 
 from __future__ import annotations
 
-import dataclasses
 import socket
 import threading
+import time
 from collections.abc import Callable
-from pathlib import Path
 
 import structlog
 
@@ -22,17 +21,13 @@ from ..configload import ConfigError, split_hostport
 from ..topology import load_topology
 from .admission import ClusterClock
 from .alertmanager import AlertmanagerClient
-from .config import AggregatorConfig, DetectionSettings, load_node_tokens
+from .config import AggregatorConfig
+from .credentials import load_credentials
 from .engine import Engine
+from .reload import Reloader
 from .runtime import AggregatorRuntime
 
 log = structlog.get_logger("fabricmon.aggregator")
-
-
-def _read_token(path: str | None) -> str | None:
-    if not path:
-        return None
-    return Path(path).read_text().strip() or None
 
 
 def _tls(cfg: AggregatorConfig):
@@ -61,9 +56,42 @@ def grpc_auth_kwargs(cfg: AggregatorConfig, source: str = "aggregator config") -
     if not a.authenticated:
         log.warning("aggregator_insecure", reason="auth.insecure is set: any peer that reaches the gRPC port "
                     "may speak for any node")
-    return {"token": _read_token(a.token_file), "tls": _tls(cfg),
-            "node_tokens": load_node_tokens(a.node_tokens_file, source) if a.node_tokens_file else None,
-            "max_skew_s": cfg.clock.max_skew_s}
+    return {"credentials": load_credentials(a, source), "tls": _tls(cfg), "max_skew_s": cfg.clock.max_skew_s}
+
+
+# Descriptors kept for everything but agent connections: the HTTP listener's 64 connections, the
+# topology and token files, gRPC's own pipes and timers, log and spool files.
+FD_RESERVE = 160
+
+
+def plan_fd_limit(wanted: int, soft: int, hard: int, reserve: int = FD_RESERVE) -> tuple[int, int]:
+    """(the soft RLIMIT_NOFILE to set, the gRPC connections that fit under it): the soft limit is
+    raised toward the hard one for ``wanted`` connections plus the reserve; when even the hard
+    limit is too low the connection limit shrinks to fit, so the limit is what runs out, never
+    the descriptors (at least 16 connections)."""
+    infinite = hard < 0  # RLIM_INFINITY
+    need = wanted + reserve
+    new_soft = max(soft, need) if infinite else max(soft, min(need, hard))
+    return new_soft, max(16, min(wanted, new_soft - reserve))
+
+
+def fit_descriptors(wanted: int) -> int:
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return wanted
+    new_soft, fits = plan_fd_limit(wanted, soft, hard)
+    if new_soft != soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new_soft, hard))
+        except (OSError, ValueError):
+            new_soft, fits = soft, max(16, min(wanted, soft - FD_RESERVE))
+    if fits < wanted:
+        log.warning("grpc_connection_limit_lowered", wanted=wanted, limit=fits, rlimit_nofile=new_soft,
+                    hint="raise LimitNOFILE (systemd) or the container's nofile ulimit")
+    return fits
 
 
 def build_runtime(cfg: AggregatorConfig, web=None, reload_status: ReloadStatus | None = None,
@@ -73,45 +101,58 @@ def build_runtime(cfg: AggregatorConfig, web=None, reload_status: ReloadStatus |
     sender = AlertmanagerClient(am.urls, cluster=engine.cluster, resend_seconds=am.resend_seconds,
                                 timeout=am.timeout, queue_max=am.queue_max, generator_url=am.generator_url,
                                 runbook_base=am.runbook_base)
-    return AggregatorRuntime(engine, grpc_listen=cfg.grpc_listen, grpc_kwargs=grpc_auth_kwargs(cfg),
+    owned = sum(1 for spec in engine.topology.nodes.values()
+                if engine.shard_units is None or spec.unit in engine.shard_units)
+    grpc_kwargs = {**grpc_auth_kwargs(cfg), "max_connections": fit_descriptors(cfg.grpc_limits.connections_for(owned)),
+                   "handshake_timeout": cfg.grpc_limits.handshake_timeout_s}
+    on_changed = resume_incidents(cfg.state_file, engine, sender) if cfg.state_file else None
+    return AggregatorRuntime(engine, grpc_listen=cfg.grpc_listen, grpc_kwargs=grpc_kwargs,
                              http_listen=split_hostport(cfg.http_listen), sender=sender,
-                             tick_seconds=cfg.tick_seconds, http_web=web, reload_status=reload_status)
+                             tick_seconds=cfg.tick_seconds, http_web=web, reload_status=reload_status,
+                             on_changed=on_changed)
 
 
-def apply_detection(engine: Engine, new: DetectionSettings) -> None:
-    """Swap the engine's detection thresholds between two ticks (SIGHUP).  The few values the engine
-    derives from them at construction are derived again; the straggler window sizes its history
-    bitmasks and so needs a restart."""
-    old = engine.settings
-    if new.straggler_window != old.straggler_window:
-        raise ConfigError("detection.straggler_window changed: needs a restart")
-    with engine.lock:
-        engine.settings = new
-        engine.stragglers.s = new
-        engine.manager.default_hold_s = new.hold_s
+def resume_incidents(path: str, engine: Engine, sender: AlertmanagerClient, now: float | None = None):
+    """Restore the open incidents persisted at ``path``, reconcile them with Alertmanager (adopt the
+    ones it still holds, send the others firing again), and return the runtime's ``on_changed``
+    hook that persists the open incidents after every change (aggregator/incident_store.py)."""
+    from . import incident_store
 
+    now = time.time() if now is None else now
+    records = incident_store.load(path)
+    if records:
+        interval = max((ns.interval for ns in engine.nodes.values()), default=1.0)
+        with engine.lock:
+            restored = incident_store.restore(engine.manager, records, now, interval)
+        active = None
+        for url in sender.urls:
+            active = incident_store.active_at_alertmanager(url.url.removesuffix("/api/v2/alerts"))
+            if active is not None:
+                break
+        keep, gone = incident_store.reconcile(restored, active)
+        sender.adopt(keep)
+        if gone:
+            sender.submit(gone, now)
+        log.info("incidents_resumed", file=path, adopted=len(keep), sent_again=len(gone))
 
-def reload_aggregator(rt: AggregatorRuntime, old: AggregatorConfig, new: AggregatorConfig) -> list[str]:
-    """Apply what a reload can (the ``detection`` thresholds); raise ConfigError, changing nothing,
-    when anything else changed (listeners, auth, topology, Alertmanager need a restart)."""
-    fixed = [f.name for f in dataclasses.fields(old) if f.name != "detection"
-             and getattr(old, f.name) != getattr(new, f.name)]
-    if fixed:
-        raise ConfigError(f"{', '.join(fixed)} changed: needs a restart (reload applies detection)")
-    changed = [f.name for f in dataclasses.fields(old.detection)
-               if getattr(old.detection, f.name) != getattr(new.detection, f.name)]
-    if changed:
-        apply_detection(rt.engine, new.detection)
-    return [f"detection.{c}" for c in changed]
+    def persist(changed, tick_now: float) -> None:
+        open_ = engine.open_incidents()
+        incident_store.save(path, open_, sender.alerts_for(open_))
+
+    return persist
 
 
 def run_aggregator(cfg: AggregatorConfig, stop_event: threading.Event, *, web=None,
                    reload: threading.Event | None = None,
-                   load: Callable[[], AggregatorConfig] | None = None, load_web: Callable | None = None) -> int:
+                   load: Callable[[], AggregatorConfig] | None = None, load_web: Callable | None = None,
+                   source: str = "aggregator config") -> int:
     """Run until ``stop_event``; when ``reload`` is set (SIGHUP), ``load()`` the config (and
-    ``load_web()`` the web config) again and apply it, or log why not and keep the running one."""
+    ``load_web()`` the web config) again and apply it, or log why not and keep the running one
+    (reload.py, in its own thread)."""
     status = ReloadStatus()
     rt = build_runtime(cfg, web=web, reload_status=status)
+    reloader = (Reloader(rt, cfg, status, load=load, load_web=load_web, web=web, source=source)
+                if load is not None else None)
     try:
         rt.start()
     except OSError:
@@ -124,31 +165,15 @@ def run_aggregator(cfg: AggregatorConfig, stop_event: threading.Event, *, web=No
     except Exception as exc:  # noqa: BLE001 - report and stop cleanly
         log.error("aggregator_start_failed", error=str(exc))
         return 1
-    current = [cfg]
-
-    def _maybe_reload() -> None:
-        if reload is None or load is None or not reload.is_set():
-            return
-        reload.clear()
-        try:
-            new = load()
-            new_web = load_web() if load_web is not None else web
-            changed = reload_aggregator(rt, current[0], new)
-        except ConfigError as exc:
-            status.record(False)
-            log.error("config_reload_failed", error=str(exc), detail="still running on the previous config")
-            return
-        current[0] = new
-        if rt.http is not None:
-            rt.http.set_web(new_web)  # certificates and users re-read: rotation without a restart
-        status.record(True)
-        log.info("config_reloaded", changed=changed)
-
     log.info("aggregator_started", grpc=rt.grpc_address, http=cfg.http_listen, nodes=len(rt.engine.topology.nodes),
              alertmanagers=list(cfg.alertmanager.urls), clock=cfg.clock.mode)
+    if reloader is not None and reload is not None:
+        reloader.start(reload, stop_event)  # off the detection thread: ticks go on during a reload
     try:
-        rt.run(stop_event, between=_maybe_reload)
+        rt.run(stop_event)
     finally:
         rt.stop()
+        if reloader is not None:
+            reloader.join(5.0)
         log.info("aggregator_stopped")
     return 0

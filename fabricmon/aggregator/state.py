@@ -131,8 +131,17 @@ class NodeState:
 def build_link_state(topo: Topology, node: str, device: str, port: str, netdev: str,
                      hello_rail: str | None, cluster: str) -> LinkState | None:
     """A LinkState for a rail NIC port; None for a NIC on no rail (frontend)."""
-    spec = topo.nic(node, device) if node in topo.nodes else None
-    unit = topo.nodes[node].unit if node in topo.nodes else None
+    if node not in topo.nodes:
+        # A node the topology does not know (its real hostname, say): still monitored at link level,
+        # but without rail or leaf labels: a rail we cannot place on a leaf would scope Alertmanager's
+        # rail-wide inhibitions to a guess (DESIGN "Topology from the fabric").  ``rail`` is kept off
+        # the identity and its labels, not off the state: config drift still knows a rail NIC from a
+        # frontend one.
+        link = LinkState(node, device, str(port), netdev, None, None, "", -1, None, None, cluster)
+        link.rail = int(hello_rail) if hello_rail and hello_rail.isdigit() else None
+        return link
+    spec = topo.nic(node, device)
+    unit = topo.nodes[node].unit
     if spec is not None:
         rail = spec.rail
         gpu = spec.gpu
@@ -172,10 +181,13 @@ class Registry:
                 self.link(ns, nic.device, str(nic.port), None)
 
     def owned(self, node: str) -> bool:
+        """A replica owns its units' nodes, and any node the topology does not know that streams to
+        it: agents that find no unit dial ``shard.unknown_owner``, and one whose Kubernetes label names
+        a unit this topology lacks lands on that unit's owner.  Dropping either would blind it."""
         if self.shard_units is None:
             return True
         spec = self.topology.nodes.get(node)
-        return spec is not None and spec.unit in self.shard_units
+        return spec is None or spec.unit in self.shard_units
 
     def node(self, name: str) -> NodeState:
         ns = self.nodes.get(name)
@@ -201,10 +213,38 @@ class Registry:
                 self.links_by_leaf.setdefault(link.leaf, []).append(link)
         return link
 
-    def forget_unannounced(self, ns: NodeState, device: str, port: str) -> None:
-        """A port seen in a batch before its hello was remembered as on no rail: the hello decides again."""
+    def drop_node(self, name: str) -> None:
+        """Forget a node and every link and GPU state of it (a topology reload removed it)."""
+        ns = self.nodes.pop(name, None)
+        self.config_nodes.discard(name)
+        if ns is None:
+            return
+        links = {id(link) for link in ns.links.values() if link is not None}
+        for leaf, lst in list(self.links_by_leaf.items()):
+            kept = [link for link in lst if id(link) not in links]
+            if kept:
+                lst[:] = kept
+            else:
+                del self.links_by_leaf[leaf]
+        # in place: the ingest stage, the folder and the engine hold these very sets
+        self.active_links.difference_update([link for link in self.active_links if id(link) in links])
+        gpus = {id(g) for g in ns.gpus.values()}
+        self.active_gpus.difference_update([g for g in self.active_gpus if id(g) in gpus])
+
+    def announce(self, ns: NodeState, device: str, port: str, hello_rail: str, netdev: str) -> LinkState | None:
+        """A port as the node's hello announces it (its rail, "" for none, and its netdev)."""
         if ns.links.get((device, port), _MISSING) is None:
+            # seen in a batch before its hello, remembered as on no rail: the hello decides again
             del ns.links[(device, port)]
+        link = self.link(ns, device, port, hello_rail, netdev)
+        if link is None:
+            return None
+        if link.rail is None and hello_rail.isdigit() and ns.name not in self.topology.nodes:
+            link.rail = int(hello_rail)  # an unknown node's link seen in a batch before the hello
+        if netdev:
+            link.netdev = netdev
+            ns.by_netdev[netdev] = link
+        return link
 
     def gpu(self, ns: NodeState, gpu: str) -> GpuState | None:
         """The GPU's state by its ``gpu`` label; None when the label is no index."""

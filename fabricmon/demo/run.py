@@ -24,6 +24,7 @@ from ..aggregator.engine import Engine
 from ..aggregator.runtime import AggregatorRuntime
 from ..atomic import atomic_write_text
 from ..configload import ConfigError
+from ..sim.impact import fault_impacts
 from ..sim.parallel import ParallelTreeCluster
 from ..sim.runner import SimulatedCluster
 from ..sim.scenario import Scenario, default_scenario, load_scenario
@@ -149,12 +150,16 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
         if am is not None and receiver is not None:
             _await_webhook(engine, sender, receiver, deadline_s=10.0)
         incidents = [_rel(i.to_dict(), epoch) for i in engine.incidents()]
-        scores = score(ground, incidents, duration=scenario.duration)
+        decoys = sim.decoys_truth()
+        jobs = sim.jobs_truth()  # step times are simulated seconds since the scenario started
+        for g, impact in zip(ground, fault_impacts(scenario, args.interval)):
+            g["impact"] = impact  # each fault's standalone cost to each job (sim/impact.py)
+        scores = score(ground, incidents, duration=scenario.duration, decoys=decoys)
         notes = notifications(receiver, pace) if receiver is not None and am is not None else None
-        _report(p, ground, incidents, scores, notes, wall, steps)
+        _report(p, ground, incidents, scores, notes, wall, steps, jobs, decoys)
         if args.report_json:
             report = {"scenario": scenario.to_dict() if hasattr(scenario, "to_dict") else None,
-                      "faults": ground, "incidents": incidents, "scores": scores,
+                      "faults": ground, "jobs": jobs, "decoys": decoys, "incidents": incidents, "scores": scores,
                       "alertmanager_notifications": notes,
                       "wall_seconds": round(wall, 2)}
             atomic_write_text(args.report_json, json.dumps(report, indent=2, default=str) + "\n")
@@ -227,7 +232,8 @@ def still_firing(notes: list[dict]) -> list[tuple[str, str]]:
 
 
 def _rel(d: dict, epoch: float) -> dict:
-    out = {k: d[k] for k in ("id", "alertname", "component_type", "component", "evidence", "ranks", "jobs")}
+    out = {k: d[k] for k in ("id", "alertname", "component_type", "component", "evidence", "ranks", "jobs",
+                             "impact")}
     out["severity"] = d.get("severity")
     out["description"] = d.get("description")
     for k in ("first_seen", "last_seen", "resolved_at"):
@@ -235,9 +241,17 @@ def _rel(d: dict, epoch: float) -> dict:
     return out
 
 
-def _report(p, ground, incidents, scores, notes, wall, steps) -> None:
+def _report(p, ground, incidents, scores, notes, wall, steps, jobs=(), decoys=()) -> None:
     p("")
     p(f"Report ({steps} steps in {wall:.1f} s wall)")
+    for j in jobs:
+        p(f"  job {j['name']}: {j['gpus']} GPUs on {len(j['nodes'])} nodes, {len(j['step_times'])} steps")
+    for k, d in enumerate(decoys):
+        where = d.get("job") or d.get("node")
+        per = scores["per_decoy"][k]
+        found = [i for i in incidents if i["id"] in per["info_ids"]]
+        what = ", ".join(f"{i['alertname']} {i['component']}" for i in found[:2]) or "nothing raised"
+        p(f"  decoy {d['kind']:<18} {where:<24} {what} ({len(found)} info finding(s), {len(per['page_ids'])} page(s))")
     p("  injected fault                             detected as                                   delay  resolved")
     for fi, g in enumerate(ground):
         hits = [i for i in incidents if g.get("component") and i["component"] == g["component"]]
@@ -256,10 +270,13 @@ def _report(p, ground, incidents, scores, notes, wall, steps) -> None:
             res = "open"
         p(f"  {g['kind']:<16} {g['component']:<26} {h['alertname']:<24} {h['component_type']:<6} "
           f"{h['first_seen'] - g['start']:+6.1f}s  {res}")
-    extra = [i for i in incidents if i["id"] in scores["unmatched_incidents"]]
+        if g.get("impact"):
+            p("    costs (standalone): " + "; ".join(f"{x['job']} {x['step_slowdown'] * 100:.1f}% slower"
+                                                  for x in g["impact"]))
+    extra = [i for i in incidents if i["id"] in scores["unmatched_incidents"]]  # pages only (info: per decoy)
     for i in extra:
         p(f"  (unexpected) {i['alertname']} {i['component_type']} {i['component']} at t={i['first_seen']:.0f}s")
-    p(f"  precision {scores['precision']:.2f}  recall {scores['recall']:.2f}  "
+    p(f"  pages {scores['pages']}  precision {scores['precision']:.2f}  recall {scores['recall']:.2f}  "
       f"median detection delay {scores['median_detection_delay_s']} s (simulated)")
     if notes:
         firing = sum(1 for n in notes if n["status"] == "firing")

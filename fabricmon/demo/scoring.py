@@ -2,8 +2,11 @@
 
 An incident matches a fault when it names the fault's component and was first
 seen while the fault was active (from ``start - slack`` to ``end + slack``).
-Precision counts incidents; recall counts faults that have a component
-(``counter_reset`` has none: anything raised during it is a false positive).
+Precision counts pages (incidents of severity warning or critical: what wakes someone);
+recall counts faults that have a component (``counter_reset`` has none: anything raised
+during it is a false positive).  Info findings (``StageImbalance``, ``SoftwareStraggler``)
+are scored per decoy (DESIGN "Jobs, decoys and cost"): a decoy may raise at most one, and
+never a page; a page on a decoy's component is a ``decoy_page``.
 """
 
 from __future__ import annotations
@@ -20,8 +23,33 @@ class Match:
     alertname_ok: bool
 
 
-def score(faults: list[dict], incidents: list[dict], *, duration: float, slack: float = 30.0) -> dict:
+# (alertname, names a stage) -> the decoy kind that finding most likely comes from
+LIKELY = {("StageImbalance", True): "stage_imbalance", ("StageImbalance", False): "seqlen_imbalance",
+          ("SoftwareStraggler", False): "dataloader_slow"}
+
+
+def is_page(incident: dict) -> bool:
+    return incident.get("severity", "warning") in ("warning", "critical")
+
+
+def decoy_components(decoy: dict) -> tuple[str, ...]:
+    """The component ids a decoy could be mistaken for (its node, its job and stages, its link)."""
+    if decoy.get("job"):
+        return (decoy["job"],)
+    if decoy["kind"] == "background_errors":
+        return (f"{decoy['node']}/mlx5_{decoy['rail']}/1", f"{decoy['node']}/mlx5_{decoy['rail']}", decoy["node"])
+    return (decoy["node"],)
+
+
+def _on(component: str, prefixes: tuple[str, ...]) -> bool:
+    return any(component == p or component.startswith(p + "/") for p in prefixes)
+
+
+def score(faults: list[dict], incidents: list[dict], *, duration: float, slack: float = 30.0,
+          decoys: list[dict] | None = None) -> dict:
     """``faults`` and ``incidents`` carry times in seconds since the scenario started."""
+    info = [i for i in incidents if not is_page(i)]
+    incidents = [i for i in incidents if is_page(i)]
     matches: list[Match] = []
     matched_incidents: set[str] = set()
     detected: set[int] = set()
@@ -45,7 +73,24 @@ def score(faults: list[dict], incidents: list[dict], *, duration: float, slack: 
     for m in matches:
         first_delay[m.fault_index] = min(first_delay.get(m.fault_index, m.delay_s), m.delay_s)
     delays = list(first_delay.values())
+    decoys = decoys or []
+    per_decoy: list[dict] = [{"info_ids": [], "page_ids": sorted(
+        i["id"] for i in incidents if i["id"] not in matched_incidents and _on(i["component"], decoy_components(d)))}
+        for d in decoys]
+    # each info finding is one decoy's: the likeliest cause among the decoys on its component (a stage
+    # finding is a stage_imbalance's; the rest go to the decoy with the fewest findings so far)
+    for i in sorted(info, key=lambda x: x["first_seen"]):
+        cands = [k for k, d in enumerate(decoys) if _on(i["component"], decoy_components(d))]
+        if not cands:
+            continue
+        best = min(cands, key=lambda k: (decoys[k]["kind"] != LIKELY.get((i["alertname"], "/stage" in i["component"])),
+                                         len(per_decoy[k]["info_ids"]), k))
+        per_decoy[best]["info_ids"].append(i["id"])
     return {
+        "pages": len(incidents),
+        "decoy_pages": sum(len(d["page_ids"]) for d in per_decoy),
+        "info_findings": len(info),
+        "per_decoy": per_decoy,
         "true_positives": tp,
         "false_positives": fp,
         "faults": len(scored_faults),

@@ -146,6 +146,9 @@ class ClusterState:
             return rate_str(*DOWN_RATE[d.link_layer])
         return rate_str(int(self.lanes[node, dev]), SPEEDS[self.speed[node, dev]])
 
+    def default_offered(self) -> np.ndarray:
+        return self._default_offered()
+
     def _default_offered(self) -> np.ndarray:
         """(nodes, devices) offered bytes/s without a job: fixed share of the nominal line rate."""
         util = np.empty((self.n, NDEV))
@@ -249,6 +252,10 @@ class ClusterState:
                              [10 ** (x / 10) * 1e-3 for x in self.rx_dbm[node, dev]],
                              [10 ** (x / 10) * 1e-3 for x in self.tx_dbm[node, dev]],
                              [x * 1e-3 for x in self.bias_ma[node, dev]])
+
+    def set_fault_state(self, t: float) -> None:
+        """Link state, rates and config at t without advancing counters (sim/impact.py's job-only runs)."""
+        self._set_fault_state(t)
 
     def _set_fault_state(self, t: float) -> None:
         """Link state, rate and config as of time t; counts down events on transitions."""
@@ -355,6 +362,7 @@ class ClusterState:
         active = [f for f in self.scenario.faults if f.active(t_new) and f.kind != "counter_reset"]
         for f in active:
             self._evidence(f, dt, t_new)
+        self._background_errors(dt, t_new)
         act = np.ones(self.n) if nvlink_activity is None else nvlink_activity
         self._optics(dt, t_new)
         self._nvlink_traffic(np.full((self.n, 1, 1), float(dt)), act if job_running else act * 0, t_new)
@@ -445,6 +453,15 @@ class ClusterState:
         self.nvl[0] += tx * self.nvl_up  # a down link carries nothing: its counters stay flat
         self.nvl[1] += rx * self.nvl_up
 
+    def _background_errors(self, dt: float, t: float) -> None:
+        """Decoy ``background_errors``: symbol errors at ``rate``/s on a healthy link, forever (many real
+        links show a steady trickle).  Its own random stream, so it changes no other draw."""
+        for k, d in enumerate(self.scenario.decoys):
+            if d.kind != "background_errors" or not d.active(t, math.inf):
+                continue
+            rng = np.random.default_rng([self.scenario.cluster.seed, 7, k, self.tick])
+            self.C[K["pma:symbol_error"], self.index[d.node], d.rail] += int(rng.poisson(d.value("rate") * dt))
+
     def _evidence(self, f: Fault, dt: float, t: float) -> None:
         """Counter evidence of one active fault over dt seconds (per-second rates of the fixture's
         per-snapshot evidence)."""
@@ -464,7 +481,7 @@ class ClusterState:
                     C[K[name], nn, d] += int(lam) + (1 if r.random() < lam - int(lam) else 0)
 
         if k in ("slow_gpu", "nvlink_errors", "nvlink_down", "config_drift", "link_degraded", "link_down",
-                 "cable_degrading"):  # cable_degrading: BER and module readings come from _optics
+                 "cable_degrading", "rank_hang"):  # cable_degrading: BER and module readings come from _optics
             if k == "nvlink_errors":
                 ni = self.index[f.node]
                 for j, lo, hi in ((2, 5, 50), (4, 10, 200), (5, 0.1, 5)):

@@ -30,10 +30,11 @@ from .. import __version__
 from ..batch import NicHello, NodeBatch, NodeHello
 from ..model import CounterDelta, Labels, Sample, Semantics, Snapshot
 from ..rank_timing import JobLayout, RankTiming
-from ..sources.ethtool import ETHTOOL_UP, classify_stat
+from ..sources.ethtool import ETHTOOL_UNCLASSIFIED, ETHTOOL_UP, classify_stat, lookup_stat
 from ..sources.infiniband import DATA_PER_NOMINAL
+from ..sources.infiniband import UNCLASSIFIED as HW_UNCLASSIFIED
 from ..sources.infiniband import classify as ib_classify
-from ..sources.nvml.backend import NVLINK_ERROR_TYPES, THROTTLE_REASONS
+from ..sources.nvml.backend import ERROR_PATHS, NO_PATH, NVLINK_ERROR_TYPES, THROTTLE_REASONS, TRAFFIC_PATHS
 from .cluster import ClusterState
 from .hw import (
     DOWN_RATE, ETH_STATS, GPU_NAME, HW_CONG64, HW_LIFESPAN_MS, HW_PPCNT64, HW_Q32, HW_ROCE_ACCL32, LANE_DGBPS,
@@ -93,6 +94,9 @@ class Catalog:
         for kind, n in (("rdma_device", len(devs)), ("ib_port", len(devs) - eth), ("roce_port", eth),
                         ("roce_netdev", eth), ("netdev", eth), ("gpu", NGPU)):
             self.gauges.append(_Gauge("fabricmon_devices_discovered", (("kind", kind),), ("const", float(n))))
+        # infiniband source: the ports the agent config expects (default: at least one); pci source
+        self.gauges.append(_Gauge("fabricmon_devices_expected", (("kind", "rdma_port"),), ("const", 1.0)))
+        self.gauges.append(_Gauge("fabricmon_pci_nvidia_gpus", (), ("const", float(NGPU))))
 
     # -- infiniband source ----------------------------------------------------------------
     def _ib_port(self, d) -> None:
@@ -138,6 +142,8 @@ class Catalog:
                                               ("C", K[kname], d.index, xform, int(plan.scale))))
                 if plan.semantics is Semantics.SATURATING:
                     G.append(_Gauge("fabricmon_ib_port_error_saturated", lab, ("sat", len(self.counters) - 1)))
+        unknown = sum(1 for subdir, name, _ in files if subdir == "hw_counters" and ib_classify(subdir, name).unclassified)
+        G.append(_Gauge(HW_UNCLASSIFIED, (("device", d.name),), ("const", unknown)))
 
     # -- transceiver source ------------------------------------------------------------------
     def _transceiver(self, d) -> None:
@@ -168,6 +174,8 @@ class Catalog:
                 self.counters.append(_Counter(cls.family, labels, cls.semantics, cls.width, cls.scale, d.ifname,
                                               ("C", K["eth:" + name], d.index, ("mask", cls.width), 1)))
         self.gauges.append(_Gauge(ETHTOOL_UP, (("interface", d.ifname),), ("const", 1.0)))
+        unknown = sum(1 for name in ETH_STATS if lookup_stat(name) is None)
+        self.gauges.append(_Gauge(ETHTOOL_UNCLASSIFIED, (("interface", d.ifname), ("driver", "unknown")), ("const", unknown)))
 
     # -- fabric_config source -------------------------------------------------------------------
     def _fabric_config(self, d) -> None:
@@ -187,11 +195,16 @@ class Catalog:
         G = self.gauges
         G.append(_Gauge("fabricmon_gpu_info", None, ("const", 1.0),
                         lambda n, g=g: (("gpu", str(g)), ("uuid", c.uuid(n, g)), ("name", GPU_NAME),
-                                        ("pci_bus_id", gpu_pci_bus_id(g)))))
+                                        ("pci_bus_id", gpu_pci_bus_id(g)), ("nvlink_counters", "legacy"))))
         G.append(_Gauge("fabricmon_gpu_up", (("gpu", gpu),), ("const", 1.0)))
         G.append(_Gauge("fabricmon_gpu_utilization_ratio", (("gpu", gpu),), ("util", g)))
         for reason, bit in THROTTLE_REASONS:
             G.append(_Gauge("fabricmon_gpu_throttle_reason", (("gpu", gpu), ("reason", reason)), ("throttle", g, bit)))
+        # The simulated H100s are read on the legacy path, like the fake NVML file's default.
+        for group, live, order in (("traffic", "throughput_fields", TRAFFIC_PATHS), ("errors", "legacy", ERROR_PATHS)):
+            for path in order + (NO_PATH,):
+                G.append(_Gauge("fabricmon_nvlink_nvml_path", (("gpu", gpu), ("counters", group), ("path", path)),
+                                ("const", 1.0 if path == live else 0.0)))
         mono = Semantics.MONOTONIC
         for j in range(NVLINKS):
             link = str(j)

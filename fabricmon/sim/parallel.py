@@ -33,13 +33,13 @@ AHEAD = 3  # steps a worker may run ahead of the caller
 def _pack(b: NodeBatch) -> tuple:
     return (b.node, b.seq, b.ts, b.interval_seconds,
             [(d.family, d.labels, d.delta, d.saturated, d.reset) for d in b.deltas],
-            [(g.family, g.labels, g.value) for g in b.gauges], b.ranks, b.layouts)
+            [(g.family, g.labels, g.value) for g in b.gauges], b.ranks, b.layouts, b.heartbeats)
 
 
 def _unpack(t: tuple) -> NodeBatch:
-    node, seq, ts, interval, deltas, gauges, ranks, layouts = t
+    node, seq, ts, interval, deltas, gauges, ranks, layouts, heartbeats = t
     return NodeBatch(node, seq, ts, interval, tuple(CounterDelta(*d) for d in deltas),
-                     tuple(Sample(*g) for g in gauges), ranks, layouts)
+                     tuple(Sample(*g) for g in gauges), ranks, layouts, heartbeats=heartbeats)
 
 
 def _worker(conn: Connection, scenario: Scenario, interval: float, base_dir: str, epoch: float,
@@ -121,6 +121,12 @@ class ParallelTreeCluster:
 
     def ground_truth(self) -> list[dict]:
         return self.driver.ground_truth()
+
+    def jobs_truth(self) -> list[dict]:
+        return self.driver.jobs_truth()  # the parent steps the same jobs as the workers
+
+    def decoys_truth(self) -> list[dict]:
+        return self.driver.decoys_truth()
 
     def hellos(self) -> list[NodeHello]:
         self._await_started()

@@ -27,7 +27,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import structlog
@@ -38,7 +38,8 @@ from ..rank_timing import RankTiming
 from ..topology import Topology, generate_topology
 from .cluster import EPOCH, ClusterState
 from .hw import NRAILS, NGPU
-from .job import JobSpec, SyntheticJob
+from .job import JobSpec
+from .jobs import JobSet
 from .scenario import Scenario
 
 log = structlog.get_logger("fabricmon.sim")
@@ -102,7 +103,8 @@ class SimulatedCluster:
         self.topology: Topology = generate_topology(c.nodes, layout=c.layout, nodes_per_unit=c.nodes_per_unit,
                                                     rails=NRAILS, gpus_per_node=NGPU, cluster="sim")
         self.cluster = ClusterState(scenario, epoch=epoch)
-        self.job = SyntheticJob(self.cluster.names, job, seed=c.seed, epoch=epoch) if job is not None else None
+        # every job of the scenario (one "llm-7b" on every node without ``jobs:``), with its decoys
+        self.jobs = JobSet(scenario, self.cluster, job, epoch=epoch) if job is not None else None
         self.trees: list = []
         self.agents: list = []
         self.http_ports: dict[str, int] = {}
@@ -118,6 +120,7 @@ class SimulatedCluster:
         # batches of the initial poll made by start() before anyone set on_batch: delivered first
         self._undelivered: list[NodeBatch] = []
         self.steps = 0
+        self._heartbeats: dict[str, list] = {}  # this step's heartbeats by node
         # Tree mode: the node indexes this instance renders and polls (all by default).  The whole
         # cluster state and job still advance here: the simulation is deterministic, so parallel
         # workers (sim/parallel.py) each advance all of it and render and poll their own nodes.
@@ -131,6 +134,11 @@ class SimulatedCluster:
             self.base_dir = str(base_dir)
 
     # ------------------------------------------------------------------ setup
+    @property
+    def layouts(self) -> tuple:
+        """Every job's layout (sent once per connection, as a job's client would)."""
+        return self.jobs.layouts if self.jobs is not None else ()
+
     @property
     def t(self) -> float:
         return self.cluster.t
@@ -198,12 +206,15 @@ class SimulatedCluster:
         st = StepStats(t=t_new)
         t0 = time.perf_counter()
         timings: list[RankTiming] = []
-        if self.job is not None:
+        self._heartbeats = {}
+        if self.jobs is not None:
             eff = c.effects(t_new)
-            timings = self.job.advance_to(t_new, eff)
+            timings = self.jobs.advance_to(t_new, eff)
+            for hb in self.jobs.heartbeats(c.t, t_new):
+                self._heartbeats.setdefault(hb.node, []).append(hb)
         t1 = time.perf_counter()
-        if self.job is not None:
-            c.advance(self.interval, self.job.rail_bytes_per_second(), self.job.nvlink_activity())
+        if self.jobs is not None:
+            c.advance(self.interval, self.jobs.rail_bytes_per_second(t_new), self.jobs.nvlink_activity(t_new))
         else:
             c.advance(self.interval)
         t2 = time.perf_counter()
@@ -241,10 +252,10 @@ class SimulatedCluster:
         self.on_batch(batch)
 
     def _emit_memory(self, timings: list[RankTiming]) -> int:
-        layouts = (self.job.layout,) if self.job is not None else ()
-        batches = self._builder.build(self._by_node(timings), layouts)
+        batches = self._builder.build(self._by_node(timings), self.layouts)
         for b in batches:
-            self._deliver(b)
+            hb = self._heartbeats.get(b.node)
+            self._deliver(replace(b, heartbeats=tuple(hb)) if hb else b)
         return len(batches)
 
     def _poll_all(self, timings: list[RankTiming]) -> int:
@@ -260,9 +271,11 @@ class SimulatedCluster:
             if self.on_batch is not None or not self.steps:
                 self._seq[i] += 1
                 b = batch_from_snapshot(snap, self._filters[i], self._seq[i], tuple(ranks))
-                if self._seq[i] == 1 and self.job is not None:
-                    b = NodeBatch(b.node, b.seq, b.ts, b.interval_seconds, b.deltas, b.gauges, b.ranks,
-                                  (self.job.layout,))
+                if self._seq[i] == 1 and self.layouts:
+                    b = replace(b, layouts=self.layouts)
+                hb = self._heartbeats.get(name)
+                if hb:
+                    b = replace(b, heartbeats=tuple(hb))
                 self._deliver(b)
         return len(snaps)
 
@@ -322,3 +335,10 @@ class SimulatedCluster:
     # ------------------------------------------------------------------ ground truth
     def ground_truth(self) -> list[dict]:
         return [g.to_dict() for g in self.scenario.ground_truth()]
+
+    def jobs_truth(self) -> list[dict]:
+        """Every job with its completed steps so far (the report's ``jobs``)."""
+        return self.jobs.truth() if self.jobs is not None else []
+
+    def decoys_truth(self) -> list[dict]:
+        return [d.to_dict() for d in self.scenario.decoys]

@@ -30,6 +30,7 @@ from pathlib import Path
 from ..configload import ConfigError, build, load_yaml_file
 from ..topology import gpu_id, leaf_id, link_id, nic_id, node_name, nvlink_id
 from .hw import FRONTEND, NGPU, NRAILS, NVLINKS
+from .workload import Decoy, JobDef, ResolvedJob, check_decoys, resolve_jobs
 
 # kind -> (target, component_type, alertname)
 #   target "link": node + rail (a NIC port), "leaf": unit + rail, "nvlink": node + gpu + link,
@@ -49,6 +50,7 @@ KINDS: dict[str, tuple[str, str | None, str | None]] = {
     "config_drift": ("config", "config", "FabricConfigDrift"),
     "counter_reset": ("node", None, None),  # not a fault: must raise nothing
     "cable_degrading": ("link", "link", "FabricCableDegrading"),  # then FabricLinkFlapping from fails_at
+    "rank_hang": ("gpu", "gpu", "JobHung"),  # that rank never enters its next collective; heartbeats go on
 }
 
 # Default magnitude per kind and what it means.
@@ -67,6 +69,7 @@ MAGNITUDE: dict[str, float] = {
     "config_drift": 1.0,      # unused
     "counter_reset": 1.0,     # unused
     "cable_degrading": 1.0,   # RX power loss of the bad lane by fails_at: 4 dB x magnitude
+    "rank_hang": 1.0,         # unused
 }
 
 _OPTIONAL = ("node", "rail", "gpu", "link", "unit", "end", "magnitude", "period", "degrade", "fails_at")
@@ -225,10 +228,15 @@ class Scenario:
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
     duration: float = 600.0
     faults: tuple[Fault, ...] = ()
+    jobs: tuple[JobDef, ...] = ()  # without: one job "llm-7b" on every node (sim/workload.py)
+    decoys: tuple[Decoy, ...] = ()
 
     def validate(self, path: str, source: str) -> None:
         if not self.duration > 0:
             raise ConfigError(f"{source}: duration: must be > 0, got {self.duration}")
+        if self.jobs or self.decoys:
+            names = self.cluster.node_names()
+            check_decoys(self.decoys, resolve_jobs(self.jobs, names, self.duration, source), names, source)
         names = set(self.cluster.node_names()) if self.cluster.nodes <= 100000 else set()
         n = self.cluster.nodes
         for i, f in enumerate(self.faults):
@@ -261,6 +269,9 @@ class Scenario:
         scn.validate("", "<api>")
         return scn
 
+    def resolved_jobs(self) -> list[ResolvedJob]:
+        return resolve_jobs(self.jobs, self.cluster.node_names(), self.duration, "<scenario>")
+
     def active_faults(self, t: float) -> list[Fault]:
         return [f for f in self.faults if f.active(t)]
 
@@ -285,8 +296,14 @@ class Scenario:
                 d["priority"] = f.priority
             out_faults.append(d)
         c = self.cluster
-        return {"cluster": {"nodes": c.nodes, "layout": c.layout, "nodes_per_unit": c.nodes_per_unit, "seed": c.seed},
-                "duration": self.duration, "faults": out_faults}
+        out = {"cluster": {"nodes": c.nodes, "layout": c.layout, "nodes_per_unit": c.nodes_per_unit, "seed": c.seed},
+               "duration": self.duration, "faults": out_faults}
+        if self.jobs:
+            out["jobs"] = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(j).items() if v is not None}
+                           for j in self.jobs]
+        if self.decoys:
+            out["decoys"] = [d.to_dict() for d in self.decoys]
+        return out
 
 
 def ground_truth(f: Fault, cluster: ClusterSpec) -> GroundTruth:
@@ -327,8 +344,10 @@ def _round(x: float) -> float:
 
 def default_scenario(nodes: int = 64, duration: float = 600.0, *, layout: str = "ib", nodes_per_unit: int = 16,
                      seed: int = 7) -> Scenario:
-    """DESIGN "Demo default scenario": quiet until 25%, a flaky cable 25%..60% on one node's rail 3,
-    a leaf degradation 45%..80% (another unit when there are two or more), all clear after 80%."""
+    """DESIGN "Demo default scenario": two jobs (three quarters of the nodes and the rest) and one
+    software decoy (a slow dataloader on one node of the second job) throughout; quiet until 25%, a
+    flaky cable 25%..60% on one node's rail 3, a leaf degradation 45%..80% (another unit when there are
+    two or more), all clear after 80%."""
     cluster = ClusterSpec(nodes=nodes, layout=layout, nodes_per_unit=nodes_per_unit, seed=seed)
     flaky = min(17, nodes - 1)
     unit = flaky // nodes_per_unit
@@ -338,7 +357,14 @@ def default_scenario(nodes: int = 64, duration: float = 600.0, *, layout: str = 
               end=_round(0.60 * duration)),
         Fault("leaf_degraded", unit=leaf_unit, rail=5, start=_round(0.45 * duration), end=_round(0.80 * duration)),
     )
-    scn = Scenario(cluster, float(duration), faults)
+    jobs: tuple[JobDef, ...] = ()
+    decoys: tuple[Decoy, ...] = ()
+    big = (3 * nodes) // 4
+    if nodes >= 8:  # the second job needs a few nodes of its own to have peers
+        jobs = (JobDef("llm-70b", (0, big - 1)), JobDef("vlm-13b", (big, nodes - 1)))
+        # 15% slower input pipeline on one host, counters clean: an info finding, never a page
+        decoys = (Decoy("dataloader_slow", node=node_name(nodes - 2, nodes), magnitude=1.15),)
+    scn = Scenario(cluster, float(duration), faults, jobs, decoys)
     scn.validate("", "<default>")
     return scn
 
@@ -350,8 +376,10 @@ def random_scenario(seed: int, nodes: int = 64, duration: float = 300.0, *, layo
     rng = random.Random(seed)
     layout = layout or rng.choice(("ib", "roce"))
     cluster = ClusterSpec(nodes=nodes, layout=layout, nodes_per_unit=nodes_per_unit, seed=seed)
-    # cable_degrading needs minutes of trend before its warning: benchmarks/bench_cable_lead.py runs it
-    kinds = [k for k in KINDS if not (layout == "ib" and k == "config_drift") and k != "cable_degrading"]
+    # cable_degrading needs minutes of trend before its warning (benchmarks/bench_cable_lead.py runs it);
+    # rank_hang needs a job on its node (bench_detection's workload scenarios)
+    kinds = [k for k in KINDS
+             if not (layout == "ib" and k == "config_drift") and k not in ("cable_degrading", "rank_hang")]
     count = 0 if rng.random() < p_none else rng.randint(1, max_faults)
     faults = []
     for _ in range(count):

@@ -21,15 +21,54 @@ import os
 import re
 import socket
 import struct
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import structlog
 
 from ..config import AgentConfig
 from ..config import EthtoolSource as EthtoolConfig
 from ..model import Labels, Reading, ReadingMemo, Semantics, SourceResult
 from .bounds import Rejected, RejectCounts, counter_from_text, read_bounded, valid_ifname
+from .drivers import DriverTable, Match
+from .drivers.ethtool_tables import ALL as ALL_ETHTOOL_TABLES
+from .drivers.ethtool_tables import LEGACY_NAMES, STANDARD_GROUPS
+from .drivers.ethtool_tables import TABLES as ETHTOOL_TABLES
+from .drivers.families import (
+    ECN_MARKED,
+    GLOBAL_PAUSE_FRAMES,
+    GLOBAL_PAUSE_SECONDS,
+    GLOBAL_PAUSE_TRANSITIONS,
+    PAUSE_CONTROL_FRAMES,
+    PAUSE_FRAMES,
+    PAUSE_FRAMES_TC,
+    PAUSE_SECONDS,
+    PAUSE_TRANSITIONS,
+    PCI_STALLED,
+    PHY_BITS,
+    PHY_CORRECTED,
+    PHY_ERRORS,
+    STORM_EVENTS,
+)
+from .guarded_io import KeyedWorkers, run_all
 from .errorlog import ErrorLog
+from .ethtool_groups import EthtoolNetlink, GroupsUnavailable, parse_groups_json, warm_up
 from .inventory import Inventory
+
+__all__ = [
+    "ECN_MARKED", "ETHTOOL_STAT", "ETHTOOL_UNCLASSIFIED", "ETHTOOL_UP", "GLOBAL_PAUSE_FRAMES", "GLOBAL_PAUSE_SECONDS",
+    "GLOBAL_PAUSE_TRANSITIONS", "LEGACY_NAMES", "PAUSE_CONTROL_FRAMES", "PAUSE_FRAMES", "PAUSE_FRAMES_TC",
+    "PAUSE_SECONDS", "PAUSE_TRANSITIONS", "PCI_STALLED", "PHY_BITS", "PHY_CORRECTED", "PHY_ERRORS", "STORM_EVENTS",
+    "EthtoolDump", "EthtoolError", "EthtoolIoctl", "EthtoolSource", "PfcInfo", "StatClass", "classify_match",
+    "classify_stat", "lookup_stat", "parse_ethtool_dump", "parse_ethtool_stats", "parse_gstats", "parse_gstrings",
+    "parse_pfc_summary", "read_stats_ioctl", "stat_readings", "tables_for",
+]
+
+_log = structlog.get_logger("fabricmon.sources")
+MAX_LOGGED_NAMES = 10_000  # names already logged as unclassified, kept to log each once; bounded
+GROUPS_EVERY_S = 10.0  # ethtool netlink standard groups: read at most this often per netdev (one netdev a poll)
 
 # --- SIOCETHTOOL ioctl (include/uapi/linux/ethtool.h, sockios.h) ---------------
 
@@ -93,11 +132,13 @@ class EthtoolIoctl:
         self._sock: socket.socket | None = None
         self._names: dict[str, list[str]] = {}
         self.string_refreshes = 0  # how often GSTRINGS ran (tests check the cache)
+        self._sock_lock = threading.Lock()  # interfaces are read from their own workers
 
     def _fd(self) -> int:
-        if self._sock is None:
-            self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        return self._sock.fileno()
+        with self._sock_lock:
+            if self._sock is None:
+                self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            return self._sock.fileno()
 
     def close(self) -> None:
         if self._sock is not None:
@@ -132,6 +173,13 @@ class EthtoolIoctl:
         struct.pack_into("=I", buf, 0, ETHTOOL_GDRVINFO)
         self._ioctl(interface, "GDRVINFO", buf)
         return struct.unpack_from("=I", buf, _DRVINFO_N_STATS_OFF)[0]
+
+    def driver(self, interface: str) -> str:
+        """The driver's name (``struct ethtool_drvinfo.driver``: ``mlx5_core``, ``bnxt_en``, ``ice``, ``veth``)."""
+        buf = ctypes.create_string_buffer(_DRVINFO_SIZE)
+        struct.pack_into("=I", buf, 0, ETHTOOL_GDRVINFO)
+        self._ioctl(interface, "GDRVINFO", buf)
+        return buf.raw[4:36].split(b"\0", 1)[0].decode("ascii", "replace")
 
     def stat_names(self, interface: str, count: int) -> list[str]:
         # struct ethtool_gstrings: u32 cmd, u32 string_set, u32 len, u8 data[len * 32].
@@ -174,8 +222,8 @@ class EthtoolIoctl:
 
     def forget(self, keep: set[str]) -> None:
         """Drop cached names of interfaces no longer polled (hot-unplug, rename)."""
-        for name in [n for n in self._names if n not in keep]:
-            del self._names[name]
+        for name in [n for n in list(self._names) if n not in keep]:  # list(): a late worker may add
+            self._names.pop(name, None)
 
 
 def _headroom(count: int) -> int:
@@ -312,23 +360,11 @@ def parse_pfc_summary(text: str) -> PfcInfo:
     return PfcInfo(trust, enabled)
 
 
-# --- classification --------------------------------------------------------------------
+# --- classification ---------------------------------------------------------------------
 
-PAUSE_FRAMES = "fabricmon_pfc_pause_frames_total"
-PAUSE_SECONDS = "fabricmon_pfc_pause_seconds_total"
-PAUSE_TRANSITIONS = "fabricmon_pfc_pause_transitions_total"
-STORM_EVENTS = "fabricmon_pfc_pause_storm_events_total"
-PHY_ERRORS = "fabricmon_netdev_phy_errors_total"
-PHY_BITS = "fabricmon_netdev_phy_received_bit_total"
-PHY_CORRECTED = "fabricmon_netdev_phy_corrected_bit_total"
-GLOBAL_PAUSE_FRAMES = "fabricmon_global_pause_frames_total"
-GLOBAL_PAUSE_SECONDS = "fabricmon_global_pause_seconds_total"
-GLOBAL_PAUSE_TRANSITIONS = "fabricmon_global_pause_transitions_total"
-PAUSE_CONTROL_FRAMES = "fabricmon_netdev_pause_control_frames_total"
-ECN_MARKED = "fabricmon_netdev_ecn_marked_packets_total"
-PCI_STALLED = "fabricmon_netdev_pci_stalled_ratio"
 ETHTOOL_STAT = "fabricmon_ethtool_stat"
 ETHTOOL_UP = "fabricmon_ethtool_up"
+ETHTOOL_UNCLASSIFIED = "fabricmon_ethtool_unclassified_stats"
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,105 +378,37 @@ class StatClass:
     width: int = 64
 
 
-_PRIO = re.compile(r"(rx|tx)_prio([0-7])_pause(_duration|_transition)?")
-# 802.3x (global, non-PFC) pause: mlx5 counts it in the priority-0 slot of the
-# per-priority register and names it apart (kernel commit e989d5a532ce); a port
-# running global pause has no prioN_pause counters moving at all.
-_GLOBAL = re.compile(r"(rx|tx)_global_pause(_duration|_transition)?")
-_PAUSE_CTRL = re.compile(r"(rx|tx)_pause_ctrl_phy")
-_MARKED = re.compile(r"rx_prio([0-7])_marked")
-_STORM = re.compile(r"tx_pause_storm_(warning|error)_events")
-_STALLED = re.compile(r"outbound_pci_stalled_(rd|wr)")
-# Names of older drivers, mapped to the current en_stats.c name so a kernel
-# upgrade does not split a series: mlx5 before kernel 4.8 (pport_802_3/2863
-# strings, renamed in "net/mlx5e: Reorganize ethtool statistics") and
-# dev_out_of_buffer (renamed dev_internal_queue_oob before it was merged, 2019).
-LEGACY_NAMES: dict[str, str] = {
-    "check_seq_err": "rx_crc_errors_phy",
-    "symbol_err": "rx_symbol_err_phy",
-    "too_long_errors": "rx_oversize_pkts_phy",
-    "in_range_len_errors": "rx_in_range_len_errors_phy",
-    "out_of_range_len": "rx_out_of_range_len_phy",
-    "unsupported_op_rx": "rx_unsupported_op_phy",
-    "in_discards": "rx_discards_phy",
-    "out_discards": "tx_discards_phy",
-    "out_errors": "tx_errors_phy",
-    "pause_ctrl_rx": "rx_pause_ctrl_phy",
-    "pause_ctrl_tx": "tx_pause_ctrl_phy",
-    "dev_out_of_buffer": "dev_internal_queue_oob",
-}
-# 32-bit in firmware, read with MLX5E_READ_CTR32_*, so they WRAP: the Q counters
-# (QUERY_Q_COUNTER out_of_buffer and friends; in switchdev mode the representor's
-# rx_vport_out_of_buffer) and the vNIC env dev_internal_queue_oob.
-_Q32 = frozenset({"rx_out_of_buffer", "rx_if_down_packets", "rx_vport_out_of_buffer", "dev_internal_queue_oob"})
-# Physical-layer errors and drops worth a series on every netdev (mlx5 counters.rst).
-_PHY_ERROR_NAMES = frozenset({
-    "rx_crc_errors_phy", "rx_symbol_err_phy", "rx_pcs_symbol_err_phy", "rx_discards_phy", "tx_discards_phy",
-    "rx_out_of_buffer", "dev_internal_queue_oob", "link_down_events_phy", "rx_buffer_passed_thres_phy",
-    "outbound_pci_stalled_rd_events", "outbound_pci_stalled_wr_events", "outbound_pci_buffer_overflow",
-    "rx_pci_signal_integrity", "tx_pci_signal_integrity", "tx_errors_phy",
-    "rx_in_range_len_errors_phy", "rx_out_of_range_len_phy", "rx_oversize_pkts_phy", "rx_undersize_pkts_phy",
-    "rx_fragments_phy", "rx_jabbers_phy", "rx_unsupported_op_phy",
-    "total_success_recovery_phy", "rx_if_down_packets", "rx_vport_out_of_buffer",
-})
-_PHY_ERROR_RE = re.compile(
-    r"rx_prio[0-7]_(buf_discard|cong_discard|discards)|rx_err_lane_[0-9]+_phy|module_[a-z_]+"
-)
+def tables_for(driver: str | None) -> tuple[DriverTable, ...]:
+    """The driver's own table; every table (mlx5 first) for a driver no table knows or an unknown one."""
+    table = ETHTOOL_TABLES.get(driver or "")
+    return (table,) if table is not None else ALL_ETHTOOL_TABLES
 
 
-def classify_stat(name: str, allow: tuple[re.Pattern[str], ...] = ()) -> StatClass | None:
-    """Map an ethtool stat name to its metric family; None: not exported.
+def lookup_stat(name: str, driver: str | None = None) -> Match | None:
+    """The table row of one stat name, None when no table knows it (unclassified)."""
+    if "/" in name:  # "<group>/<Stat>": a standard group (ethtool_groups.py), the same for every driver
+        return STANDARD_GROUPS.lookup(name)
+    for table in tables_for(driver):
+        m = table.lookup(name)
+        if m is not None:
+            return m
+    return None
 
-    Pause durations are microseconds (mlx5 counters.rst): tracked as raw
-    integers, exported as seconds through ``scale``.  ``outbound_pci_stalled_*``
-    is a percentage gauge of the last second, exported as a 0-1 ratio.
-    """
-    m = _PRIO.fullmatch(name)
-    if m:
-        direction, prio, kind = m.groups()
-        if kind is None:
-            return StatClass(PAUSE_FRAMES, (("priority", prio), ("direction", direction)))
-        if kind == "_duration":
-            return StatClass(PAUSE_SECONDS, (("priority", prio), ("direction", direction)), scale=1e-6)
-        if direction == "rx":  # transitions are counted on receive only; a tx_ one falls to the allowlist
-            return StatClass(PAUSE_TRANSITIONS, (("priority", prio),))
-    m = _GLOBAL.fullmatch(name)
-    if m:
-        direction, kind = m.groups()
-        if kind is None:
-            return StatClass(GLOBAL_PAUSE_FRAMES, (("direction", direction),))
-        if kind == "_duration":
-            return StatClass(GLOBAL_PAUSE_SECONDS, (("direction", direction),), scale=1e-6)
-        if direction == "rx":
-            return StatClass(GLOBAL_PAUSE_TRANSITIONS, ())
-    name = LEGACY_NAMES.get(name, name)
-    m = _PAUSE_CTRL.fullmatch(name)
-    if m:
-        return StatClass(PAUSE_CONTROL_FRAMES, (("direction", m.group(1)),))
-    m = _MARKED.fullmatch(name)
-    if m:
-        return StatClass(ECN_MARKED, (("priority", m.group(1)),))
-    m = _STORM.fullmatch(name)
-    if m:
-        return StatClass(STORM_EVENTS, (("level", m.group(1)),))
-    # rx_bits_phy is exported where a driver has it, but the inbox mlx5 driver
-    # (en_stats.c) has none: nothing may depend on it.  The bit-error ratio's
-    # denominator is the data rate x time (fabricmon_ib_port_data_rate_bytes_per_second).
-    if name == "rx_bits_phy":
-        return StatClass(PHY_BITS, ())
-    if name == "rx_corrected_bits_phy":
-        return StatClass(PHY_CORRECTED, ())
-    m = _STALLED.fullmatch(name)
-    if m:
-        return StatClass(PCI_STALLED, (("direction", m.group(1)),), Semantics.GAUGE, 0.01)
-    if name in _PHY_ERROR_NAMES or _PHY_ERROR_RE.fullmatch(name):
-        if name in _Q32:
-            return StatClass(PHY_ERRORS, (("counter", name),), Semantics.WRAPPING, width=32)
-        return StatClass(PHY_ERRORS, (("counter", name),))
+
+def classify_match(name: str, m: Match | None, allow: tuple[re.Pattern[str], ...] = ()) -> StatClass | None:
+    """The export of one stat from its table row: its curated family, else the allowlist, else nothing."""
+    rule = m.rule if m is not None else None
+    if rule is not None and rule.family is not None:
+        return StatClass(rule.family, m.labels(), rule.semantics, rule.scale, rule.width)  # type: ignore[union-attr]
     if any(p.search(name) for p in allow):
-        # Unknown semantics (some are gauges, some counters): exported as read.
+        # Raw, as read: semantics unknown or not curated (some are gauges, some counters).
         return StatClass(ETHTOOL_STAT, (("stat", name),), Semantics.GAUGE)
     return None
+
+
+def classify_stat(name: str, allow: tuple[re.Pattern[str], ...] = (), driver: str | None = None) -> StatClass | None:
+    """Map an ethtool stat name to its metric family through the driver tables; None: not exported."""
+    return classify_match(name, lookup_stat(name, driver), allow)
 
 
 def stat_readings(
@@ -488,6 +456,11 @@ class EthtoolSource:
     """``ethtool`` statistics of every netdev backing an RDMA port, plus configured extras."""
 
     name = "ethtool"
+    # Each interface's ioctl (a firmware command on mlx5) or dump read runs on that interface's own
+    # daemon worker with a deadline (guarded_io): a netdev stuck in its driver costs its own series
+    # (collector_up 0, /readyz names it), is not asked again until the stuck call returns, and the
+    # poll keeps its deadline, so the poller calls it inline.
+    self_bounded = True
 
     def __init__(
         self,
@@ -496,6 +469,8 @@ class EthtoolSource:
         config: EthtoolConfig | None = None,
         ethtool_dir: str | None = None,
         ioctl: EthtoolIoctl | None = None,
+        groups: EthtoolNetlink | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``cfg`` as the runtime passes it; ``config``/``ethtool_dir`` override its parts (tests)."""
         self.config = config or (cfg.sources.ethtool if cfg is not None else EthtoolConfig())
@@ -503,21 +478,68 @@ class EthtoolSource:
         # None: the ioctl on this host; set: <dir>/<if>.txt (fixtures, simulator)
         self.ethtool_dir = ethtool_dir if ethtool_dir is not None else (cfg.ethtool_dir if cfg is not None else None)
         self._ioctl = ioctl or EthtoolIoctl()
+        # the standard stats groups over ethtool netlink; None once the host showed it has none
+        self._groups: EthtoolNetlink | None = groups or EthtoolNetlink()
+        self._groups_cache: dict[str, tuple[float, list[tuple[str, int]]]] = {}
+        self._groups_reads_left = 0  # per poll: one genetlink round trip at most (~3 ms through pyroute2)
+        self._clock = clock
+        if self.ethtool_dir is None and groups is None:
+            warm_up()
         self._allow = tuple(re.compile(p) for p in self.config.allow)
-        # Classification is pure in (name, allowlist): memoised, since the same
-        # few hundred names come back every second.
-        self._classes: dict[str, StatClass | None] = {}
+        # Classification is pure in (driver, name, allowlist): memoised, since the
+        # same few hundred names come back every second.  Value: (export, known to a table).
+        self._classes: dict[tuple[str, str], tuple[StatClass | None, bool]] = {}
         self._memo = ReadingMemo()
+        self._workers = KeyedWorkers("ethtool")
         self._labels: dict[tuple[str, str], Labels] = {}
+        self._drivers: dict[str, str] = {}  # interface -> driver name, "" unknown
+        self._logged: set[tuple[str, str]] = set()  # (driver, name) logged as unclassified
         self._rejects = RejectCounts(self.name)
         self._errlog = ErrorLog(self.name)
 
-    def _classify(self, name: str) -> StatClass | None:
+    def _classify(self, driver: str, name: str) -> tuple[StatClass | None, bool]:
+        key = (driver, name)
         try:
-            return self._classes[name]
+            return self._classes[key]
         except KeyError:
-            cls = self._classes[name] = classify_stat(name, self._allow)
-            return cls
+            if len(self._classes) > 65536:  # drivers and names come and go: keep the cache bounded
+                self._classes.clear()
+            m = lookup_stat(name, driver or None)
+            got = self._classes[key] = (classify_match(name, m, self._allow), m is not None)
+            return got
+
+    def _driver(self, interface: str, inventory: Inventory) -> str:
+        """The netdev's driver: GDRVINFO on a live host, the sysfs driver link in a fixture tree; "" unknown."""
+        drv = self._drivers.get(interface)
+        if drv is not None:
+            return drv
+        drv = ""
+        if self.ethtool_dir is None:
+            try:
+                drv = self._ioctl.driver(interface)
+            except OSError:
+                drv = ""
+        root = getattr(inventory, "sysfs_root", None)
+        if not drv and root and valid_ifname(interface):
+            try:
+                link = os.readlink(os.path.join(root, "class", "net", interface, "device", "driver"))
+                drv = os.path.basename(link)
+            except OSError:
+                drv = ""
+        if len(self._drivers) > 4096:
+            self._drivers.clear()
+        self._drivers[interface] = drv
+        return drv
+
+    def _unclassified(self, interface: str, driver: str, stats: list[tuple[str, int]]) -> int:
+        """How many stats no driver table knows; each new name logged once at info."""
+        unknown = [n for n, _ in stats if not self._classify(driver, n)[1]]
+        fresh = [n for n in unknown if (driver, n) not in self._logged]
+        if fresh and len(self._logged) < MAX_LOGGED_NAMES:
+            self._logged.update((driver, n) for n in fresh)
+            _log.info("ethtool_unclassified_stats", interface=interface, driver=driver or "unknown",
+                      count=len(fresh), names=fresh[:50])
+        return len(unknown)
 
     def interfaces(self, inventory: Inventory) -> list[str]:
         seen = dict.fromkeys(inventory.netdevs())
@@ -557,17 +579,65 @@ class EthtoolSource:
             raise Rejected("malformed", f"{path}: no statistics in {len(data)} bytes")
         return dump
 
+    def _read_groups(self, interface: str, result: SourceResult) -> list[tuple[str, int]]:
+        """The standard groups of one netdev: ``<if>.groups.json`` in a fixture tree, ethtool netlink
+        on a host (at most every GROUPS_EVERY_S per netdev: the error counters they add need no 1 s
+        resolution, and a genetlink round trip through pyroute2 costs more than the ioctl)."""
+        if self.ethtool_dir is not None:
+            path = os.path.join(self.ethtool_dir, f"{interface}.groups.json")
+            try:
+                return parse_groups_json(read_bounded(path, MAX_DUMP_BYTES).decode("utf-8", "replace"))
+            except FileNotFoundError:
+                return []  # optional, like <if>.pfc.txt
+            except (OSError, Rejected) as exc:
+                if isinstance(exc, Rejected):
+                    self._rejects.add(exc.reason)
+                result.error(f"{path}: {exc}")
+                return []
+        if self._groups is None or not self._groups.ready():
+            return []
+        now = self._clock()
+        hit = self._groups_cache.get(interface)
+        if hit is not None and (now - hit[0] < GROUPS_EVERY_S or self._groups_reads_left <= 0):
+            return hit[1]
+        if self._groups_reads_left <= 0:
+            return []  # its turn comes in a later poll: the reads are spread, one per poll
+        self._groups_reads_left -= 1
+        try:
+            _, stats = self._groups.read(interface)
+        except GroupsUnavailable as exc:
+            if exc.errno in (errno.ENOSYS, errno.ENOENT, errno.EPROTONOSUPPORT):
+                _log.info("ethtool_groups_unavailable", reason=str(exc))  # this host has none: stop asking
+                self._groups = None
+            stats = []
+        except OSError as exc:
+            result.error(f"{interface}: ethtool netlink stats: {exc}")
+            stats = []
+        if len(self._groups_cache) > 4096:
+            self._groups_cache.clear()
+        self._groups_cache[interface] = (now, stats)
+        return stats
+
     def poll(self, inventory: Inventory) -> SourceResult:
         result = SourceResult(self.name)
+        self._groups_reads_left = 1
         ifaces = self.interfaces(inventory)
         memo = self._memo
         memo.begin()
         if len(self._labels) > 4096:  # interfaces come and go (renames): keep the cache bounded
             self._labels.clear()
         read = 0
+        done, blocked = run_all(self._workers, {i: (self._read, (i,)) for i in ifaces}, 0.7 * self.timeout)
         for iface in ifaces:
+            if iface in blocked:
+                result.stuck.append(iface)
+                result.error(f"{iface}: {blocked[iface]}")
+                result.readings.append(memo.get(ETHTOOL_UP, (("interface", iface),), 0.0))
+                continue
             try:
-                dump = self._read(iface)
+                dump = done[iface]
+                if isinstance(dump, BaseException):
+                    raise dump
             except (OSError, Rejected) as exc:  # EthtoolError included: costs this interface only
                 if isinstance(exc, Rejected):
                     self._rejects.add(exc.reason)
@@ -583,12 +653,32 @@ class EthtoolSource:
                 bad = [(n, r) for n, r in dump.rejected if r.reason != "malformed"]
                 if bad:  # not u64 integers: a garbled dump, one error per interface and poll
                     result.error(f"{iface}: {len(bad)} value(s) rejected, first {bad[0][0]}: {bad[0][1]}")
-            result.readings.extend(stat_readings(iface, dump.stats, self._classify, memo, self._labels))
+            driver = self._driver(iface, inventory)
+
+            def export(name: str, driver: str = driver) -> StatClass | None:
+                return self._classify(driver, name)[0]
+
+            own = stat_readings(iface, dump.stats, export, memo, self._labels)
+            result.readings.extend(own)
+            group_stats = self._read_groups(iface, result)
+            if group_stats:
+                # a series the driver's own stats already give keeps the driver's value
+                have = {(r.family, r.labels) for r in own}
+                result.readings.extend(r for r in stat_readings(iface, group_stats, export, memo, self._labels)
+                                       if (r.family, r.labels) not in have)
             result.readings.append(memo.get(ETHTOOL_UP, (("interface", iface),), 1.0))
+            result.readings.append(memo.get(
+                ETHTOOL_UNCLASSIFIED, (("interface", iface), ("driver", driver or "unknown")),
+                self._unclassified(iface, driver, dump.stats + group_stats)))
         result.readings.extend(self._rejects.readings())
         result.readings.append(memo.get("fabricmon_devices_discovered", (("kind", "netdev"),), read))
         memo.commit()
+        if result.stuck:
+            result.up = False  # not every interface is monitored: say so
         self._ioctl.forget(set(ifaces))
+        for name in [n for n in self._drivers if n not in ifaces]:
+            del self._drivers[name]  # a netdev that went away may come back with another driver
+        self._workers.retire(ifaces)
         if result.messages:
             self._errlog.report(result.messages, self._path_of)
         return result
@@ -599,4 +689,7 @@ class EthtoolSource:
         return os.path.join(self.ethtool_dir, f"{subject}.txt")
 
     def close(self) -> None:
+        self._workers.close()  # never waits for a worker blocked in an ioctl
         self._ioctl.close()
+        if self._groups is not None:
+            self._groups.close()

@@ -56,7 +56,7 @@ from ..config import Profile
 from ..model import ReadingMemo, SourceResult
 from .base_io import read_text
 from .ethtool import PfcInfo, parse_pfc_summary
-from .infiniband import parse_rate, parse_state
+from .infiniband import netdev_speed_gbps, parse_rate, parse_state
 from .inventory import Inventory, PortInfo
 
 FAMILY = "fabricmon_fabric_config_ok"
@@ -315,7 +315,16 @@ class FabricConfigSource:
         fact("state", state)
         if values.get("state") in _ACTIVE_STATES:
             def rate() -> tuple[float, int]:
-                parsed = parse_rate(_read_file(os.path.join(port.path, "rate")))
+                # an Ethernet port's speed is its netdev's (a stale sysfs rate must not read as drift)
+                speed = netdev_speed_gbps(sysfs_root, port.netdev) if port.link_layer == "Ethernet" else None
+                try:
+                    parsed = parse_rate(_read_file(os.path.join(port.path, "rate")))
+                except (OSError, ValueError):
+                    if speed is None:
+                        raise
+                    return speed, 0
+                if speed is not None and abs(parsed.gbps - speed) >= 1e-6:
+                    return speed, 0  # the sysfs lanes are as stale as its rate
                 return parsed.gbps, parsed.width_lanes
 
             fact("rate", rate)

@@ -22,6 +22,15 @@ them monotonic.  Three facts drive the shape of this module:
   not change, the Readings themselves are cached.  Measured: ~3.3 ms CPU per
   poll on a 2-vCPU VM where open+read+close alone costs ~2.8 ms.
 
+Reads that block: a firmware-stuck HCA sleeps in the kernel inside a sysfs
+read.  Each device's ports are read on a daemon worker of that device
+(``guarded_io.KeyedWorkers``) and waited for with a deadline below the
+source's, so a stuck device costs its own series (and ``collector_up 0``, a
+``/readyz`` reason naming it) while every other device is served.  It is not
+read again until its stuck read returns.  The source bounds its own blocking
+(``self_bounded``): the poller calls it inline.  Each device keeps its own
+``ReadingMemo``: device workers run in parallel.
+
 Only known directories are listed (``os.listdir`` on the port's three counter
 dirs); nothing is walked recursively and counter files are opened with
 ``O_NOFOLLOW``, so sysfs symlink loops cannot trap the poller.
@@ -36,8 +45,15 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+import structlog
+
 from ..model import Labels, Reading, ReadingMemo, Semantics, SourceResult
 from .bounds import Rejected, RejectCounts, counter_from_bytes
+from .drivers.families import HW_LIFESPAN, HW_STAT, RETRIES
+from .drivers.rdma_tables import DEVICE_PREFIXES as RDMA_DEVICE_PREFIXES
+from .drivers.rdma_tables import MODULE_DRIVERS as RDMA_MODULE_DRIVERS
+from .drivers.rdma_tables import TABLES as RDMA_TABLES
+from .guarded_io import KeyedWorkers, read_regular, run_all
 from .errorlog import ErrorLog
 from .inventory import DeviceInfo, Inventory, PortInfo
 
@@ -45,12 +61,8 @@ if TYPE_CHECKING:
     from ..config import AgentConfig
 
 __all__ = [
-    "CONGESTION_FAMILIES",
     "EXT_SUPERSEDES",
-    "HW_MONOTONIC_64",
-    "HW_WRAPPING_32",
     "PMA_ERROR_WIDTHS",
-    "TRANSPORT_RETRY_COUNTERS",
     "CounterPlan",
     "InfinibandSource",
     "DATA_PER_NOMINAL",
@@ -58,11 +70,17 @@ __all__ = [
     "classify",
     "data_rate_gbps",
     "hw_counter_semantics",
+    "netdev_speed_gbps",
     "parse_counter",
+    "parse_netdev_speed",
     "parse_phys_state",
     "parse_rate",
     "parse_state",
+    "rdma_driver",
 ]
+
+_log = structlog.get_logger("fabricmon.sources")
+UNCLASSIFIED = "fabricmon_rdma_hw_stat_unclassified"
 
 # --------------------------------------------------------------------------
 # Tables
@@ -119,42 +137,7 @@ EXT_SUPERSEDES: dict[str, str] = {
 _LEGACY_32 = frozenset(_PORT_FAMILIES) | frozenset(EXT_SUPERSEDES.values())
 _LEGACY_32_MAX = (1 << 32) - 1
 
-#: mlx5 Q counters and RoCE accel counters: 32-bit in firmware, they wrap.
-HW_WRAPPING_32 = frozenset({
-    "rx_write_requests", "rx_read_requests", "rx_atomic_requests", "rx_dct_connect",
-    "out_of_buffer", "out_of_sequence", "duplicate_request", "rnr_nak_retry_err",
-    "packet_seq_err", "implied_nak_seq_err", "local_ack_timeout_err",
-    "resp_local_length_error", "resp_cqe_error", "req_cqe_error",
-    "req_remote_invalid_request", "req_remote_access_errors", "resp_remote_access_errors",
-    "resp_cqe_flush_error", "req_cqe_flush_error", "req_transport_retries_exceeded",
-    "req_rnr_retries_exceeded",
-    "roce_adp_retrans", "roce_adp_retrans_to", "roce_slow_restart",
-    "roce_slow_restart_cnps", "roce_slow_restart_trans",
-})
-
-#: Congestion (cc_query) and PPCNT counters: 64-bit.  Unknown names are
-#: treated the same way (the safe default: a decrease is a reset, not a wrap).
-HW_MONOTONIC_64 = frozenset({
-    "np_ecn_marked_roce_packets", "np_cnp_sent", "rp_cnp_handled", "rp_cnp_ignored",
-    "rx_icrc_encapsulated",
-})
-
-#: hw_counters exported a second time under a curated family.
-CONGESTION_FAMILIES: dict[str, str] = {
-    "np_cnp_sent": "fabricmon_roce_cnp_sent_total",
-    "rp_cnp_handled": "fabricmon_roce_cnp_handled_total",
-    "rp_cnp_ignored": "fabricmon_roce_cnp_ignored_total",
-    "np_ecn_marked_roce_packets": "fabricmon_roce_ecn_marked_packets_total",
-}
-
-#: hw_counters also exported as fabricmon_rdma_transport_retries_total{counter}.
-TRANSPORT_RETRY_COUNTERS = frozenset({
-    "local_ack_timeout_err", "out_of_sequence", "packet_seq_err", "implied_nak_seq_err",
-    "rnr_nak_retry_err", "req_transport_retries_exceeded", "roce_adp_retrans",
-    "roce_slow_restart", "duplicate_request",
-})
-
-_LIFESPAN = "lifespan"  # hw_counters cache lifetime in ms: a setting, not a counter
+#: hw_counters knowledge per driver (widths, gauges, curated families) lives in drivers/rdma_tables.py.
 
 # --------------------------------------------------------------------------
 # Pure parsers
@@ -233,6 +216,34 @@ def data_rate_gbps(rate: Rate, link_layer: str) -> float:
     return rate.gbps * DATA_PER_NOMINAL.get(rate.speed, 1.0)
 
 
+#: /sys/class/net/<if>/speed values that mean "unknown" (SPEED_UNKNOWN is -1; some drivers print it as u32)
+_SPEED_UNKNOWN = frozenset({-1, 0, 4294967295})
+
+
+def parse_netdev_speed(text: str) -> float | None:
+    """``/sys/class/net/<if>/speed`` (Mb/s) -> Gb/s; None when the netdev does not know (link down)."""
+    t = text.strip()
+    if not t.lstrip("-").isdigit() or len(t) > 12:
+        raise Rejected("malformed", f"not a netdev speed: {t[:40]!r}")
+    mbps = int(t)
+    if mbps in _SPEED_UNKNOWN:
+        return None
+    if not 0 < mbps <= _MAX_GBPS * 1000:
+        raise Rejected("out_of_range", f"netdev speed {mbps} Mb/s outside 1..{_MAX_GBPS * 1000:g}")
+    return mbps / 1000.0
+
+
+def netdev_speed_gbps(sysfs_root: str, netdev: str) -> float | None:
+    """The netdev's speed in Gb/s, None when it has none to give (no netdev, unreadable, unknown)."""
+    if not netdev or "/" in netdev or netdev in (".", ".."):
+        return None
+    try:
+        with open(os.path.join(sysfs_root, "class", "net", netdev, "speed"), "rb") as f:
+            return parse_netdev_speed(f.read(64).decode("ascii", "replace"))
+    except (OSError, ValueError):
+        return None  # reading speed of a down link fails with EINVAL: the sysfs rate stands
+
+
 def parse_counter(data: bytes, width: int = 64) -> int:
     """A counter file's content -> int within ``width`` bits.  Raises ``bounds.Rejected`` (a ValueError).
 
@@ -257,26 +268,49 @@ class CounterPlan:
     families: tuple[tuple[str, bool], ...]  # (family, labelled with counter=<name>)
     counter: str  # value of the ``counter`` label (the modern sysfs name)
     legacy_32: bool = False  # beside counters_ext/: may be a 32-bit PortCounter that pins
+    unclassified: bool = False  # a hw_counters file no driver table knows
+    curated_counter: str | None = None  # ``counter`` of the curated retries family (canonical name)
 
 
-def classify(subdir: str, name: str, legacy: bool = False) -> CounterPlan:
+def rdma_driver(device: str, device_path: str | None = None) -> str:
+    """The driver family of an RDMA device: its PCI function's driver link, else its kernel name.
+
+    rdma-core's udev rules may rename devices (``rdmap94s0f0``), so the name alone is a fallback;
+    a device neither names is read as mlx5 (what this agent was first built for).
+    """
+    if device_path:
+        try:
+            module = os.path.basename(os.readlink(os.path.join(device_path, "device", "driver")))
+        except OSError:
+            module = ""
+        drv = RDMA_MODULE_DRIVERS.get(module)
+        if drv:
+            return drv
+    for prefix, drv in RDMA_DEVICE_PREFIXES:
+        if device.startswith(prefix):
+            return drv
+    return "mlx5"
+
+
+def classify(subdir: str, name: str, legacy: bool = False, driver: str = "mlx5") -> CounterPlan:
     """Classify a file of ``counters``, ``counters_ext`` or ``hw_counters``.
 
     Data counters keep their raw 4-octet-word value and carry ``scale=4`` in
     the Reading: the tracker unwraps and reset-checks the integer the hardware
     counts (width 64, in words) and applies the x4 to the exported total and
-    delta only.  ``lifespan`` (ms) is a gauge with ``scale=0.001``.
+    delta only.  ``hw_counters`` go by the driver's table (``drivers/rdma_tables.py``):
+    a gauge or high-water mark is exported as read, never as a counter; a name
+    the table lacks is a 64-bit counter (the safe default: a decrease is a reset,
+    not a wrap) and ``unclassified``.
     """
     if subdir == "hw_counters":
-        sem, width = hw_counter_semantics(name)
-        if sem is Semantics.GAUGE:
-            return CounterPlan(sem, width, 0.001, (("fabricmon_rdma_hw_stat_lifespan_seconds", False),), name)
-        fams: list[tuple[str, bool]] = [("fabricmon_rdma_hw_stat_total", True)]
-        if name in CONGESTION_FAMILIES:
-            fams.append((CONGESTION_FAMILIES[name], False))
-        if name in TRANSPORT_RETRY_COUNTERS:
-            fams.append(("fabricmon_rdma_transport_retries_total", True))
-        return CounterPlan(sem, width, 1, tuple(fams), name)
+        m = RDMA_TABLES.get(driver, RDMA_TABLES["mlx5"]).lookup(name)
+        if m is None:
+            return CounterPlan(Semantics.MONOTONIC, 64, 1, ((HW_STAT, True),), name, unclassified=True)
+        rule = m.rule
+        fams: tuple[tuple[str, bool], ...] = ((rule.family, rule.family != HW_LIFESPAN),) if rule.family else ()
+        fams += tuple((f, f == RETRIES) for f in rule.also)
+        return CounterPlan(rule.semantics, rule.width, rule.scale, fams, name, curated_counter=m.counter)
     if subdir == "counters_ext":
         name = EXT_SUPERSEDES.get(name, name)
         legacy = False  # counters_ext holds the 64-bit values
@@ -292,13 +326,10 @@ def classify(subdir: str, name: str, legacy: bool = False) -> CounterPlan:
                        legacy_32=legacy and name in _LEGACY_32)
 
 
-def hw_counter_semantics(name: str) -> tuple[Semantics, int]:
-    """(semantics, width) of an mlx5 hw_counters file; unknown names are 64-bit monotonic."""
-    if name == _LIFESPAN:
-        return Semantics.GAUGE, 64
-    if name in HW_WRAPPING_32:
-        return Semantics.WRAPPING, 32
-    return Semantics.MONOTONIC, 64
+def hw_counter_semantics(name: str, driver: str = "mlx5") -> tuple[Semantics, int]:
+    """(semantics, width) of a hw_counters file of ``driver``; unknown names are 64-bit monotonic."""
+    plan = classify("hw_counters", name, driver=driver)
+    return plan.semantics, plan.width
 
 
 # --------------------------------------------------------------------------
@@ -307,16 +338,15 @@ def hw_counter_semantics(name: str) -> tuple[Semantics, int]:
 
 _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _O_SUBDIR = _O_DIR | os.O_NOFOLLOW
-_O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+# The counter loop opens ~500 files a poll: O_NONBLOCK instead of an fstat each (1 us apiece) keeps a
+# FIFO from blocking the open; what it reads (nothing) is refused as not a counter.
+_O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _READ_SIZE = 128  # counters are <= 20 digits; attributes ("400 Gb/sec (4X NDR)") are short
 
 
 def _read_at(dfd: int, name: str) -> bytes:
-    fd = os.open(name, _O_FILE, dir_fd=dfd)
-    try:
-        return os.read(fd, _READ_SIZE)
-    finally:
-        os.close(fd)
+    """An attribute file: refused unless fstat says regular file (guarded_io)."""
+    return read_regular(name, _READ_SIZE, dir_fd=dfd)
 
 
 _REJECT_REASON = re.compile(r": rejected \((\w+)\)")
@@ -344,15 +374,18 @@ class _FileSlot:
     are reused: building a frozen dataclass costs more than reading the file.
     """
 
-    __slots__ = ("name", "emits", "legacy_32", "labels", "last_raw", "last", "width")
+    __slots__ = ("name", "emits", "legacy_32", "labels", "last_raw", "last", "width", "unclassified")
 
     def __init__(self, name: str, plan: CounterPlan, dp: Labels, group: str) -> None:
         self.name = name
         self.width = plan.width
         self.legacy_32 = plan.legacy_32
+        self.unclassified = plan.unclassified
         self.labels: Labels = dp + (("counter", plan.counter),)
+        curated = dp + (("counter", plan.curated_counter or plan.counter),)
         self.emits = tuple(
-            (family, self.labels if labelled else dp, plan.semantics, plan.width, group, plan.scale)
+            (family, (curated if family == RETRIES else self.labels) if labelled else dp,
+             plan.semantics, plan.width, group if plan.semantics is not Semantics.GAUGE else "", plan.scale)
             for family, labelled in plan.families
         )
         self.last_raw = -1
@@ -377,10 +410,11 @@ class _PortPoll:
     instead of one per file, and drop its half-read series.
     """
 
-    __slots__ = ("key", "readings", "errors", "enoent", "rejected")
+    __slots__ = ("key", "readings", "errors", "enoent", "rejected", "unclassified")
 
     def __init__(self, key: str) -> None:
         self.key = key
+        self.unclassified: list[str] | None = None  # hw_counters names no driver table knows; None: no such dir
         self.readings: list[Reading] = []
         self.errors: list[str] = []
         self.enoent = False
@@ -401,6 +435,7 @@ class InfinibandSource:
     """Source ``infiniband``: every RDMA port of the inventory."""
 
     name = "infiniband"
+    self_bounded = True  # every read runs on a device worker, waited for with a deadline
 
     def __init__(self, cfg: AgentConfig | None = None, *, timeout: float | None = None) -> None:
         # Device include/exclude filters live in discovery (make_discover), so
@@ -415,13 +450,16 @@ class InfinibandSource:
         # (port key, subdir, legacy) -> (listing, slots); rebuilt when the listing changes.
         self._slots: dict[tuple[str, str, bool], tuple[list[str], list[_FileSlot]]] = {}
         # Per-port attribute Readings (state, rate, info, up): same object while unchanged.
-        self._memo = ReadingMemo()
+        self._memo = ReadingMemo()  # the poll thread's own readings
+        self._device_memos: dict[str, ReadingMemo] = {}  # per device: its worker's readings
+        self._workers = KeyedWorkers("ib")
         self._rejects = RejectCounts(self.name)
         self._errlog = ErrorLog(self.name)
         self._missing_log = ErrorLog(self.name, every=600.0, event="expected_devices_missing")
+        self._logged: set[tuple[str, str]] = set()  # (device, hw_counters name) logged as unclassified
 
     def close(self) -> None:
-        pass  # no handles kept between polls
+        self._workers.close()  # never waits for a worker blocked in a read
 
     # -- poll -----------------------------------------------------------------
 
@@ -436,22 +474,58 @@ class InfinibandSource:
             m = _REJECT_REASON.search(msg)
             if m:
                 self._rejects.add(m.group(1))
+        unclassified: dict[str, set[str]] = {}
+        by_device: dict[str, list[PortInfo]] = {}
         for port in inventory.ports:
-            key = f"{port.device}/{port.port}"
-            try:
-                pp = self._poll_port(port, devices.get(port.device), ports_facts)
-            except Exception as exc:  # a bug on one odd port must not cost the others
-                result.error(f"{key}: unexpected {type(exc).__name__}: {exc}")
+            by_device.setdefault(port.device, []).append(port)
+        calls = {}
+        for name, ports in by_device.items():
+            memo = self._device_memos.get(name)
+            if memo is None:
+                memo = self._device_memos[name] = ReadingMemo()
+            calls[name] = (self._poll_device, (ports, devices.get(name), memo, inventory.sysfs_root))
+        done, blocked = run_all(self._workers, calls, 0.7 * self.timeout)
+        for name in by_device:
+            if name in blocked:
+                result.stuck.append(name)
+                result.error(f"{name}: {blocked[name]}")
                 continue
-            result.readings.extend(pp.readings)
-            for msg in pp.errors:
-                result.error(msg)
-            for reason in pp.rejected:
-                self._rejects.add(reason)
+            if isinstance(done[name], BaseException):  # _poll_device catches per port: a bug of its own
+                result.error(f"{name}: unexpected {type(done[name]).__name__}: {done[name]}")
+                continue
+            for key, pp, fact in done[name]:
+                if isinstance(pp, Exception):  # a bug on one odd port must not cost the others
+                    result.error(f"{key}: unexpected {type(pp).__name__}: {pp}")
+                    continue
+                if fact is not None:
+                    ports_facts[key] = fact
+                if pp.unclassified is not None:
+                    unclassified.setdefault(name, set()).update(pp.unclassified)
+                result.readings.extend(pp.readings)
+                for msg in pp.errors:
+                    result.error(msg)
+                for reason in pp.rejected:
+                    self._rejects.add(reason)
+        for dev, names in unclassified.items():
+            result.readings.append(self._memo.get(UNCLASSIFIED, (("device", dev),), len(names)))
+            fresh = sorted(n for n in names if (dev, n) not in self._logged)
+            if fresh and len(self._logged) < 10_000:  # bounded: each name logged once
+                self._logged.update((dev, n) for n in fresh)
+                _log.info("rdma_hw_stat_unclassified", device=dev, driver=rdma_driver(dev), count=len(fresh),
+                          names=fresh[:50])
+        if result.stuck:
+            result.up = False  # not every device is monitored: say so (collector_up 0, /readyz)
+        if len(self._device_memos) > len(by_device):  # unplugged devices: their memo and worker go
+            for name in [n for n in self._device_memos if n not in by_device]:
+                del self._device_memos[name]
+            self._workers.retire(by_device)
         result.readings.extend(
             self._memo.get("fabricmon_devices_discovered", (("kind", kind),), n)
             for kind, n in inventory.discovered_counts().items()
         )
+        # Beside what was found, what the config expects: FabricmonDevicesMissing compares them.
+        result.readings.append(self._memo.get("fabricmon_devices_expected", (("kind", "rdma_port"),),
+                                                    inventory.expected_ports))
         self._memo.commit()
         result.readings.extend(self._rejects.readings())
         if result.messages:
@@ -463,11 +537,28 @@ class InfinibandSource:
         if len(self._slots) > 3 * len(inventory.ports) + 3:
             # Forget ports that are gone (unplugged, renamed) so the cache stays bounded.
             live = {f"{p.device}/{p.port}" for p in inventory.ports}
-            for k in [k for k in self._slots if k[0] not in live]:
+            for k in [k for k in list(self._slots) if k[0] not in live]:  # list(): a late device worker may add
                 del self._slots[k]
         return result
 
-    def _poll_port(self, port: PortInfo, dev: DeviceInfo | None, facts: dict[str, dict]) -> _PortPoll:
+    def _poll_device(self, ports: list[PortInfo], dev: DeviceInfo | None, memo: ReadingMemo,
+                     sysfs_root: str = "") -> list[tuple[str, _PortPoll | Exception, dict | None]]:
+        """Every port of one device, on that device's worker: (port key, its poll or the error, its fact)."""
+        out: list[tuple[str, _PortPoll | Exception, dict | None]] = []
+        memo.begin()
+        for port in ports:
+            key = f"{port.device}/{port.port}"
+            facts: dict[str, dict] = {}
+            try:
+                pp: _PortPoll | Exception = self._poll_port(port, dev, facts, memo, sysfs_root)
+            except Exception as exc:
+                pp = exc
+            out.append((key, pp, facts.get(key)))
+        memo.commit()
+        return out
+
+    def _poll_port(self, port: PortInfo, dev: DeviceInfo | None, facts: dict[str, dict],
+                   memo: ReadingMemo, sysfs_root: str = "") -> _PortPoll:
         key = f"{port.device}/{port.port}"
         pp = _PortPoll(key)
         try:
@@ -477,7 +568,7 @@ class InfinibandSource:
             pp.errors.append(f"{key}: port vanished or unreadable: {_oserror_text(exc)}")
             return pp
         try:
-            fact = self._read_attributes(pfd, port, dev, pp)
+            fact = self._read_attributes(pfd, port, dev, pp, memo, sysfs_root)
             self._read_counters(pfd, port, pp)
         finally:
             os.close(pfd)
@@ -490,10 +581,11 @@ class InfinibandSource:
         facts[key] = fact
         return pp
 
-    def _read_attributes(self, pfd: int, port: PortInfo, dev: DeviceInfo | None, pp: _PortPoll) -> dict:
+    def _read_attributes(self, pfd: int, port: PortInfo, dev: DeviceInfo | None, pp: _PortPoll,
+                         memo: ReadingMemo, sysfs_root: str = "") -> dict:
         dp: Labels = (("device", port.device), ("port", port.port))
         add = pp.readings.append
-        mk = self._memo.get
+        mk = memo.get
         fact: dict = {
             "state": None, "state_id": None, "phys_state": None, "phys_state_id": None,
             "rate_gbps": None, "width": None, "speed": None,
@@ -514,10 +606,7 @@ class InfinibandSource:
             rate = parse_rate(_read_at(pfd, "rate").decode("ascii", "replace"))
         except (OSError, ValueError) as exc:
             pp.fail("rate", exc)
-        else:
-            fact.update(rate_gbps=rate.gbps, width=rate.width_lanes, speed=rate.speed)
-            add(mk("fabricmon_ib_port_rate_bytes_per_second", dp, rate.bytes_per_second))
-            add(mk("fabricmon_ib_port_width_lanes", dp, rate.width_lanes))
+            rate = None
         link_layer = port.link_layer
         if not link_layer:  # discovery could not read it; try once more, count it if it fails
             try:
@@ -525,8 +614,23 @@ class InfinibandSource:
                 fact["link_layer"] = link_layer
             except OSError as exc:
                 pp.fail("link_layer", exc)
+        # An Ethernet port's speed is its netdev's: older kernels print a 400GbE RoCE port's sysfs
+        # rate as "100 Gb/sec (4X EDR)" (older bnxt_re: "2.5 Gb/sec (1X SDR)").  sysfs rate is the fallback.
+        speed = netdev_speed_gbps(sysfs_root, port.netdev) if link_layer == "Ethernet" and sysfs_root else None
+        width_known = rate is not None
+        if speed is not None:
+            # a sysfs rate that disagrees with the netdev is stale, and so is its lane count
+            width_known = rate is not None and abs(rate.gbps - speed) < 1e-6
+            width = rate.width_lanes if rate is not None and width_known else 0
+            rate = Rate(speed * 1e9 / 8, width, rate.speed if rate is not None else "", speed)
+            fact["rate_source"] = "netdev"
+        if rate is not None:
+            fact.update(rate_gbps=rate.gbps, width=rate.width_lanes if width_known else None, speed=rate.speed)
+            add(mk("fabricmon_ib_port_rate_bytes_per_second", dp, rate.bytes_per_second))
+            if width_known:
+                add(mk("fabricmon_ib_port_width_lanes", dp, rate.width_lanes))
         if fact["rate_gbps"] is not None:
-            data = data_rate_gbps(Rate(0.0, fact["width"], fact["speed"], fact["rate_gbps"]), link_layer)
+            data = data_rate_gbps(Rate(0.0, fact["width"] or 0, fact["speed"], fact["rate_gbps"]), link_layer)
             fact["data_rate_gbps"] = data
             add(mk("fabricmon_ib_port_data_rate_bytes_per_second", dp, data * 1e9 / 8))
         add(mk("fabricmon_ib_port_info", dp + (
@@ -550,7 +654,8 @@ class InfinibandSource:
                 slots = self._file_slots("counters_ext", alone, False, dp, pp.key)
                 for slot in slots:
                     pp.readings.extend(slot.readings(ext[slot.name]))
-        self._read_dir(pfd, "hw_counters", False, dp, pp)
+        dev_path = os.path.dirname(os.path.dirname(port.path))
+        self._read_dir(pfd, "hw_counters", False, dp, pp, driver=rdma_driver(port.device, dev_path))
 
     def _read_ext(self, pfd: int, pp: _PortPoll) -> dict[str, int] | None:
         """Raw values of counters_ext/ by file name; None when the port has no such dir."""
@@ -581,19 +686,20 @@ class InfinibandSource:
             os.close(sfd)
         return out
 
-    def _file_slots(self, subdir: str, names: list[str], legacy: bool, dp: Labels, key: str) -> list[_FileSlot]:
+    def _file_slots(self, subdir: str, names: list[str], legacy: bool, dp: Labels, key: str,
+                    driver: str = "mlx5") -> list[_FileSlot]:
         ckey = (key, subdir, legacy)
         cached = self._slots.get(ckey)
         if cached is not None and cached[0] == names:
             return cached[1]
         old = {s.name: s for s in cached[1]} if cached else {}
-        slots = [old.get(n) or _FileSlot(n, classify(subdir, n, legacy), dp, key) for n in names]
+        slots = [old.get(n) or _FileSlot(n, classify(subdir, n, legacy, driver), dp, key) for n in names]
         self._slots[ckey] = (names, slots)
         return slots
 
     def _read_dir(
         self, pfd: int, subdir: str, legacy: bool, dp: Labels, pp: _PortPoll,
-        merge: dict[str, int] | None = None,
+        merge: dict[str, int] | None = None, driver: str = "mlx5",
     ) -> list[str] | None:
         """Read every file of one counter dir; return its names, None when the dir does not exist.
 
@@ -623,7 +729,10 @@ class InfinibandSource:
             self._seen_dirs.add((key, subdir))
             names.sort()  # stable series order in the exposition
             extend = pp.readings.extend
-            for slot in self._file_slots(subdir, names, legacy, dp, key):
+            slots = self._file_slots(subdir, names, legacy, dp, key, driver)
+            if subdir == "hw_counters":
+                pp.unclassified = [sl.name for sl in slots if sl.unclassified]
+            for slot in slots:
                 # Inlined _read_at and parse_counter: this loop runs ~500 times a poll.
                 try:
                     fd = os.open(slot.name, _O_FILE, dir_fd=sfd)

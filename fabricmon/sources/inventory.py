@@ -125,6 +125,14 @@ def _numa(text: str) -> int:
     return -1
 
 
+def hca_model(device: str, hca_type: str) -> str:
+    """``hca_type`` as a model key: a node description ending in the device's own name loses it."""
+    words = hca_type.split()
+    if len(words) >= 2 and words[-1] == device:
+        return " ".join(words[:-1])
+    return hca_type
+
+
 def assign_rails(
     devices: list[tuple[str, str]], configured: dict[str, int], memory: dict[str, str] | None = None
 ) -> dict[str, str]:
@@ -141,6 +149,9 @@ def assign_rails(
     """
     if configured:
         return {name: str(configured[name]) if name in configured else "" for name, _ in devices}
+    # bnxt_re's hca_type is the node description, which rdma-ndd makes unique per device ("%h %d":
+    # "gpu-b07-02 bnxt_re0"): without the device's own name it is the same for every NIC of the node.
+    devices = [(name, hca_model(name, hca)) for name, hca in devices]
     counts = Counter(h for _, h in devices if h)
     common = counts.most_common(1)[0][0] if counts else None
     memory = {} if memory is None else memory

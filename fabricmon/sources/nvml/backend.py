@@ -22,6 +22,25 @@ THROTTLE_REASONS: tuple[tuple[str, int], ...] = (
 )
 
 NVLINK_ERROR_TYPES: tuple[str, ...] = ("replay", "recovery", "crc_flit", "crc_data")
+# The error types of the NVLink5 (Blackwell) per-link COUNT fields, in export order (backend_pynvml
+# maps each to its NVML_FI_DEV_NVLINK_COUNT_* field id).  "recovery" is the same event as the legacy
+# DL recovery counter: nvml.h says NVML_FI_DEV_NVLINK_ERROR_DL_* are "unsupported for Blackwell+.
+# Please use NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_*".
+NVLINK5_ERROR_TYPES: tuple[str, ...] = (
+    "recovery", "recovery_failed", "rx_errors", "rx_malformed", "rx_buffer_overrun", "local_link_integrity",
+    "effective", "symbol",
+)
+ALL_NVLINK_ERROR_TYPES: tuple[str, ...] = NVLINK_ERROR_TYPES + tuple(
+    t for t in NVLINK5_ERROR_TYPES if t not in NVLINK_ERROR_TYPES)
+
+# Which NVML path a GPU's NVLink counters are read through, per counter group, in order of
+# preference; "none" when NVML answers NOT_SUPPORTED on every path (said in a metric, never silent).
+#   throughput_fields  NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX, KiB of data payload, scopeId = link
+#   count_fields       NVML_FI_DEV_NVLINK_COUNT_* (NVLink5), bytes / event counts, scopeId = link
+#   legacy             NVML_FI_DEV_NVLINK_<type>_ERROR_COUNT_L<n> and nvmlDeviceGetNvLinkErrorCounter
+TRAFFIC_PATHS: tuple[str, ...] = ("throughput_fields", "count_fields")
+ERROR_PATHS: tuple[str, ...] = ("count_fields", "legacy")
+NO_PATH = "none"
 
 
 # --------------------------------------------------------------------------- errors
@@ -70,6 +89,9 @@ class LinkReading:
     crc_flit: int | None = None
     crc_data: int | None = None
     remote_pci_bus_id: str | None = None
+    tx_bytes: int | None = None  # cumulative bytes (NVML_FI_DEV_NVLINK_COUNT_XMIT_BYTES, NVLink5)
+    rx_bytes: int | None = None
+    nvlink5_errors: dict[str, int] = field(default_factory=dict)  # NVLINK5_ERROR_TYPES -> count
 
     def error_counts(self) -> dict[str, int | None]:
         return {"replay": self.replay, "recovery": self.recovery,
@@ -91,6 +113,10 @@ class GpuReading:
     links: list[LinkReading] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # per-series failures (one series lost, not the GPU)
     rejected: list[str] = field(default_factory=list)  # reasons of values refused by bounds (also in problems)
+    # The live path of each NVLink counter group (TRAFFIC_PATHS / ERROR_PATHS / NO_PATH);
+    # None while not yet known (a transient NVML error hid the answer) or without links.
+    traffic_path: str | None = None
+    errors_path: str | None = None
 
 
 class NvmlBackend(Protocol):

@@ -9,7 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from ..bounds import Rejected, check_gauge, counter_value, read_bounded
-from .backend import GpuLost, GpuReading, LinkReading, NvmlCallError, NvmlLibraryMissing
+from .backend import (
+    ERROR_PATHS, NO_PATH, NVLINK5_ERROR_TYPES, TRAFFIC_PATHS, GpuLost, GpuReading, LinkReading, NvmlCallError,
+    NvmlLibraryMissing,
+)
 
 # Bounds on the fake NVML file: NVML numbers devices with an unsigned int but no
 # node has more than a few dozen GPUs; NVML_NVLINK_MAX_LINKS is 18 (64 leaves room).
@@ -33,6 +36,39 @@ def _load_fake(path: Path, text: str | None = None) -> dict:
     if not isinstance(data, dict) or not isinstance(data.get("gpus"), list):
         raise ValueError("expected a mapping with a 'gpus' list")
     return data
+
+
+# What a GPU entry's optional ``nvlink_counters`` says about NVML's NVLink paths: a mapping
+# {traffic: <TRAFFIC_PATHS | none>, errors: <ERROR_PATHS | none>}, or one word: "legacy" (a Hopper:
+# throughput fields and the legacy error counters, also the default), "nvlink5" (a Blackwell whose
+# legacy calls answer NOT_SUPPORTED: throughput fields and the COUNT error fields) or "none".
+_DEFAULT_PATHS = {"traffic": "throughput_fields", "errors": "legacy"}
+_PATH_WORDS = {"legacy": _DEFAULT_PATHS, "nvlink5": {"traffic": "throughput_fields", "errors": "count_fields"},
+               NO_PATH: {"traffic": NO_PATH, "errors": NO_PATH}}
+_PATH_CHOICES = {"traffic": TRAFFIC_PATHS + (NO_PATH,), "errors": ERROR_PATHS + (NO_PATH,)}
+
+
+def _nvlink_paths(c: _Checked, value: Any) -> dict[str, str]:
+    if value is None:
+        return dict(_DEFAULT_PATHS)
+    if isinstance(value, str):
+        if value in _PATH_WORDS:
+            return dict(_PATH_WORDS[value])
+        c.refuse("nvlink_counters", Rejected("malformed", f"nvlink_counters {value[:40]!r} is not one of "
+                                             f"{', '.join(_PATH_WORDS)}"))
+        return dict(_DEFAULT_PATHS)
+    if not isinstance(value, dict):
+        c.refuse("nvlink_counters", Rejected("malformed", f"nvlink_counters is a {type(value).__name__}"))
+        return dict(_DEFAULT_PATHS)
+    out = dict(_DEFAULT_PATHS)
+    for group, choices in _PATH_CHOICES.items():
+        v = value.get(group, out[group])
+        if v in choices:
+            out[group] = v
+        else:
+            c.refuse(f"nvlink_counters.{group}", Rejected("malformed", f"nvlink_counters.{group} {str(v)[:40]!r} "
+                                                          f"is not one of {', '.join(choices)}"))
+    return out
 
 
 def _link_state(c: _Checked, value: Any, j: int) -> bool:
@@ -189,21 +225,33 @@ class FakeNvmlBackend:
             if len(raw_links) > _FAKE_MAX_LINKS:
                 c.refuse("links", Rejected("too_long", f"{len(raw_links)} links, at most {_FAKE_MAX_LINKS}"))
                 raw_links = raw_links[:_FAKE_MAX_LINKS]
+            paths = _nvlink_paths(c, g.get("nvlink_counters"))
+            traffic, errors = paths["traffic"], paths["errors"]
             links = []
             for j, lk in enumerate(raw_links):
                 if not isinstance(lk, dict):
                     c.refuse(f"links[{j}]", Rejected("malformed", f"links[{j}] is not a mapping"))
                     lk = {}
-                links.append(LinkReading(
+                lr = LinkReading(
                     state=_link_state(c, lk.get("state", 0), j),
-                    tx_kib=c.int(lk.get("tx_kib"), f"links[{j}].tx_kib", _KIB_WIDTH),
-                    rx_kib=c.int(lk.get("rx_kib"), f"links[{j}].rx_kib", _KIB_WIDTH),
-                    replay=c.int(lk.get("replay"), f"links[{j}].replay"),
-                    recovery=c.int(lk.get("recovery"), f"links[{j}].recovery"),
-                    crc_flit=c.int(lk.get("crc_flit"), f"links[{j}].crc_flit"),
-                    crc_data=c.int(lk.get("crc_data"), f"links[{j}].crc_data"),
                     remote_pci_bus_id=c.text(lk.get("remote_pci_bus_id"), f"links[{j}].remote_pci_bus_id") or None,
-                ))
+                )
+                # Only the keys of the GPU's paths are read, as NVML gives only what it supports.
+                if traffic == "throughput_fields":
+                    lr.tx_kib = c.int(lk.get("tx_kib"), f"links[{j}].tx_kib", _KIB_WIDTH)
+                    lr.rx_kib = c.int(lk.get("rx_kib"), f"links[{j}].rx_kib", _KIB_WIDTH)
+                elif traffic == "count_fields":
+                    lr.tx_bytes = c.int(lk.get("tx_bytes"), f"links[{j}].tx_bytes")
+                    lr.rx_bytes = c.int(lk.get("rx_bytes"), f"links[{j}].rx_bytes")
+                if errors == "legacy":
+                    for etype in ("replay", "recovery", "crc_flit", "crc_data"):
+                        setattr(lr, etype, c.int(lk.get(etype), f"links[{j}].{etype}"))
+                elif errors == "count_fields":
+                    for etype in NVLINK5_ERROR_TYPES:
+                        v = c.int(lk.get(etype), f"links[{j}].{etype}")
+                        if v is not None:
+                            lr.nvlink5_errors[etype] = v
+                links.append(lr)
             return GpuReading(
                 index=index, uuid=c.text(g.get("uuid"), "uuid"), name=c.text(g.get("name"), "name"),
                 pci_bus_id=c.text(g.get("pci_bus_id"), "pci_bus_id"),
@@ -214,6 +262,7 @@ class FakeNvmlBackend:
                 ecc_uncorrected=c.int(ecc.get("uncorrected", g.get("ecc_uncorrected")), "ecc_uncorrected"),
                 pcie_replay=c.int(g.get("pcie_replay"), "pcie_replay"),
                 links=links, problems=c.problems, rejected=c.rejected,
+                traffic_path=traffic if links else None, errors_path=errors if links else None,
             )
         except (ValueError, TypeError, AttributeError) as exc:
             raise NvmlCallError(f"gpu {index}: bad entry in {self.path}: {exc}") from exc

@@ -12,7 +12,8 @@ from typing import Any, TypeVar
 import structlog
 
 from .backend import (
-    GpuLost, GpuReading, LinkReading, NvmlCallError, NvmlError, NvmlLibraryMissing, NvmlNotSupported,
+    NO_PATH, NVLINK5_ERROR_TYPES, TRAFFIC_PATHS, GpuLost, GpuReading, LinkReading, NvmlCallError, NvmlError,
+    NvmlLibraryMissing, NvmlNotSupported,
 )
 
 log = structlog.get_logger("fabricmon.nvml")
@@ -37,6 +38,55 @@ def _handle_key(handle: Any) -> Any:
         return handle
 
 
+# NVLink counter field ids by path, as pynvml (nvidia-ml-py 13.615) names them; every one is asked
+# with scopeId = link (nvml.h, NVML API 13 as NVIDIA/go-nvml gen/nvml/nvml.h carries it: "Link ID
+# needs to be specified in the scopeId field in nvmlFieldValue_t"; it also marks the DL replay,
+# recovery and CRC counters "unsupported for Blackwell+. Please use NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_*").
+# Units from nvml.h: THROUGHPUT_DATA_* count KiB of data payload ("NVLink TX Data throughput in KiB",
+# the counters `nvidia-smi nvlink -gt d` shows); COUNT_XMIT/RCV_BYTES count bytes ("Total Tx bytes on
+# the link in NVLink5"); the COUNT error fields count packets or events.  All unsigned long long.
+_TRAFFIC_FIELDS: dict[str, tuple[str, str]] = {  # path -> (tx, rx)
+    "throughput_fields": ("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX"),
+    "count_fields": ("NVML_FI_DEV_NVLINK_COUNT_XMIT_BYTES", "NVML_FI_DEV_NVLINK_COUNT_RCV_BYTES"),
+}
+# NVLINK5_ERROR_TYPES -> field (ids 206-221): the link-health subset NVIDIA's DCGM reads for NVLink5
+# (DCGM_FI_DEV_NVLINK_RECOVERY_*, RX_PACKET_MALFORMED, RX_PACKET_DROPPED, INTEGRITY_ERROR, RX_ERROR;
+# NVIDIA/DCGM dcgmlib/src/DcgmCMUtils.cpp NvmlFieldRequiresNvLinkAggregate lists the COUNT fields),
+# plus the symbol and effective error counts behind its NVLink5 BER fields.  Not read: packet
+# counts (traffic is in bytes), the deprecated VL15/RAW_BER ids, the BER encodings, FEC histograms.
+_NVLINK5_ERROR_FIELDS: dict[str, str] = {
+    "recovery": "NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS",
+    "recovery_failed": "NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS",
+    "rx_errors": "NVML_FI_DEV_NVLINK_COUNT_RCV_ERRORS",
+    "rx_malformed": "NVML_FI_DEV_NVLINK_COUNT_MALFORMED_PACKET_ERRORS",
+    "rx_buffer_overrun": "NVML_FI_DEV_NVLINK_COUNT_BUFFER_OVERRUN_ERRORS",
+    "local_link_integrity": "NVML_FI_DEV_NVLINK_COUNT_LOCAL_LINK_INTEGRITY_ERRORS",
+    "effective": "NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS",
+    "symbol": "NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS",
+}
+assert tuple(_NVLINK5_ERROR_FIELDS) == NVLINK5_ERROR_TYPES
+
+
+@dataclass(slots=True)
+class _Tally:
+    """How the fields (or calls) of one path answered this poll."""
+
+    ok: int = 0
+    not_supported: int = 0
+    other: int = 0  # any other failure: a transient error may hide support, so no verdict yet
+
+
+def _verdict(order: tuple[str, ...], tallies: dict[str, _Tally]) -> str | None:
+    """The first path in ``order`` that answered; NO_PATH when every path answered NOT_SUPPORTED
+    (or was not asked: nvidia-ml-py too old to name its fields); None while a failure hides it."""
+    for path in order:
+        t = tallies.get(path)
+        if t is None or (t.ok == 0 and t.other == 0):
+            continue  # not supported here: the next path
+        return path if t.ok else None
+    return NO_PATH
+
+
 @dataclass(slots=True)
 class _GpuStatic:
     """What does not change while the driver is loaded: fetched once per GPU."""
@@ -47,17 +97,31 @@ class _GpuStatic:
     pci_bus_id: str
     link_count: int
     # Field requests of the per-poll batch and what each one means:
-    # ("tx"|"rx", link) or ("err", link, type) or ("pcie_replay",)
+    # ("traffic", path, link, "tx"|"rx") or ("err", path, link, type) or ("pcie_replay",)
     fields: list[tuple[int, int] | int] = field(default_factory=list)
     meanings: list[tuple] = field(default_factory=list)
-    # (link, type) pairs read through nvmlDeviceGetNvLinkErrorCounter instead
+    # (link, type) pairs read through nvmlDeviceGetNvLinkErrorCounter on the legacy path
     # (links without an _L<n> field id, or whose field was not supported).
     counter_calls: set[tuple[int, str]] = field(default_factory=set)
     unsupported: set[str] = field(default_factory=set)  # calls answered NotSupported: not asked again
     remote: dict[int, str] = field(default_factory=dict)  # link -> remote PCI bus id (static while up)
+    # The live path per counter group once NVML has answered, then sticky while the driver stays
+    # loaded: one series never switches between two different counters (reset-safe); None until then.
+    traffic_path: str | None = None
+    errors_path: str | None = None
+
+
+def _first_ok(order: tuple[str, ...], tallies: dict[tuple[str, str], _Tally], group: str) -> str | None:
+    """The first path of ``group`` that gave values this poll."""
+    for path in order:
+        t = tallies.get((group, path))
+        if t is not None and t.ok:
+            return path
+    return None
 
 
 class PynvmlBackend:
+
     """The real NVML through nvidia-ml-py.
 
     ``module`` lets a test inject a stub with the same functions and
@@ -201,10 +265,20 @@ class PynvmlBackend:
         except NvmlNotSupported:
             pass  # a PCIe GPU without NVLink
         st = _GpuStatic(handle, uuid, name, pci, link_count)
+        # The first batch asks every path of every link at once; what answers decides each group's
+        # path (read_gpu), and from then on the batch holds only the live path's fields.
         for link in range(link_count):
-            st.fields += [(nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link),
-                          (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, link)]
-            st.meanings += [("tx", link), ("rx", link)]
+            for path, names in _TRAFFIC_FIELDS.items():
+                tx, rx = (getattr(nv, n, None) for n in names)
+                if tx is None or rx is None:
+                    continue  # nvidia-ml-py predates these fields: that path is not there
+                st.fields += [(tx, link), (rx, link)]
+                st.meanings += [("traffic", path, link, "tx"), ("traffic", path, link, "rx")]
+            for etype, fname in _NVLINK5_ERROR_FIELDS.items():
+                fid = getattr(nv, fname, None)
+                if fid is not None:
+                    st.fields.append((fid, link))
+                    st.meanings.append(("err", "count_fields", link, etype))
             for etype, stem in self._ERR_FIELD_NAMES.items():
                 # Per-link error field ids exist for links 0..11 only (_L0.._L11);
                 # H100 has 18 links, so the rest use the per-link counter call.
@@ -213,7 +287,7 @@ class PynvmlBackend:
                     st.counter_calls.add((link, etype))
                 else:
                     st.fields.append(fid)
-                    st.meanings.append(("err", link, etype))
+                    st.meanings.append(("err", "legacy", link, etype))
         if hasattr(nv, "NVML_FI_DEV_PCIE_REPLAY_COUNTER"):
             st.fields.append(nv.NVML_FI_DEV_PCIE_REPLAY_COUNTER)
             st.meanings.append(("pcie_replay",))
@@ -263,6 +337,46 @@ class PynvmlBackend:
             problems.append(f"{key}: {exc}")
             return None
 
+    def _legacy_counter_calls(self, st: _GpuStatic, index: int, g: GpuReading, problems: list[str],
+                              tally: _Tally) -> None:
+        """The legacy error counters without a working field id, one nvmlDeviceGetNvLinkErrorCounter each."""
+        nv = self._nv
+        for link, etype in sorted(st.counter_calls):
+            key = f"nvlink_error/{link}/{etype}"
+            if key in st.unsupported:
+                tally.not_supported += 1
+                continue
+            counter = getattr(nv, self._ERR_COUNTER_NAMES[etype])
+            value = self._optional(st, key, index, problems,
+                                   nv.nvmlDeviceGetNvLinkErrorCounter, st.handle, link, counter)
+            if value is not None:
+                tally.ok += 1
+                setattr(g.links[link], etype, int(value))
+            elif key in st.unsupported:
+                tally.not_supported += 1
+            else:
+                tally.other += 1
+
+    @staticmethod
+    def _prune_fields(st: _GpuStatic) -> None:
+        """Once a group's path is known the batch keeps only that path's fields, and never a legacy
+        error field that failed once (its per-link call replaces it)."""
+        def keep(m: tuple) -> bool:
+            if m[0] == "traffic":
+                return st.traffic_path is None or m[1] == st.traffic_path
+            if m[0] == "err":
+                if m[1] == "legacy" and (m[2], m[3]) in st.counter_calls:
+                    return False
+                return st.errors_path is None or m[1] == st.errors_path
+            return True
+
+        if st.errors_path not in (None, "legacy"):
+            st.counter_calls.clear()  # NVLink5 counters, or none: the legacy calls are never made
+        pairs = [(f, m) for f, m in zip(st.fields, st.meanings) if keep(m)]
+        if len(pairs) != len(st.fields):
+            st.fields = [f for f, _ in pairs]
+            st.meanings = [m for _, m in pairs]
+
     def read_gpu(self, index: int) -> GpuReading:
         nv = self._nv
         st = self._gpu_static(index)
@@ -274,43 +388,74 @@ class PynvmlBackend:
         # ONE batched call for every counter field of this GPU (throughput and
         # error counters of all links, PCIe replays): per-link calls would cost
         # 18 links x 8 GPUs x N round trips into the driver every poll.
+        tallies: dict[tuple[str, str], _Tally] = {}  # (group, path) -> how its fields answered
+        got: list[tuple[tuple, int]] = []
         if st.fields:
             values = self._call(index, nv.nvmlDeviceGetFieldValues, h, st.fields)
             for meaning, fv in zip(st.meanings, values):
                 ret = fv.nvmlReturn
                 if ret == nv.NVML_ERROR_GPU_IS_LOST:
                     raise GpuLost(index)
+                kind = meaning[0]
+                t = tallies.setdefault((kind, meaning[1]), _Tally()) if kind != "pcie_replay" else None
                 if ret != nv.NVML_SUCCESS:
-                    if meaning[0] == "err":
+                    if kind == "err" and meaning[1] == "legacy":
                         # Not via the field (e.g. a newer driver dropped the _L
                         # ids): try the per-link call; it may be unsupported too.
-                        st.counter_calls.add((meaning[1], meaning[2]))
-                    elif ret != nv.NVML_ERROR_NOT_SUPPORTED:
+                        st.counter_calls.add((meaning[2], meaning[3]))
+                    elif ret in (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_INVALID_ARGUMENT):
+                        # INVALID_ARGUMENT: a driver older than the field id (its nvml.h ends at
+                        # NVML_FI_MAX 173 or 200, before the NVLink5 COUNT ids 201+) cannot know it;
+                        # for the verdict that is "not supported here", not a failure.  (Which of
+                        # the two codes such a driver gives is not documented: both are taken.)
+                        if t is not None:
+                            t.not_supported += 1
+                    else:
+                        if t is not None:
+                            t.other += 1
                         problems.append(f"field {meaning}: NVML return {ret}")
                     continue
-                value = int(self._field_value(fv))
-                kind = meaning[0]
-                if kind == "tx":
-                    g.links[meaning[1]].tx_kib = value
-                elif kind == "rx":
-                    g.links[meaning[1]].rx_kib = value
-                elif kind == "err":
-                    setattr(g.links[meaning[1]], meaning[2], value)
-                else:
-                    g.pcie_replay = value
-            # Fields that failed once are not asked in the batch again.
-            if st.counter_calls:
-                keep = [(f, m) for f, m in zip(st.fields, st.meanings)
-                        if not (m[0] == "err" and (m[1], m[2]) in st.counter_calls)]
-                st.fields = [f for f, _ in keep]
-                st.meanings = [m for _, m in keep]
+                if t is not None:
+                    t.ok += 1
+                got.append((meaning, int(self._field_value(fv))))
 
-        for link, etype in sorted(st.counter_calls):
-            counter = getattr(nv, self._ERR_COUNTER_NAMES[etype])
-            value = self._optional(st, f"nvlink_error/{link}/{etype}", index, problems,
-                                   nv.nvmlDeviceGetNvLinkErrorCounter, h, link, counter)
-            if value is not None:
-                setattr(g.links[link], etype, int(value))
+        traffic = st.traffic_path
+        if traffic is None and st.link_count:
+            traffic = st.traffic_path = _verdict(
+                TRAFFIC_PATHS, {p: t for (k, p), t in tallies.items() if k == "traffic"})
+        errors = st.errors_path
+        if errors is None and st.link_count:
+            count = tallies.get(("err", "count_fields"))
+            if count is not None and (count.ok or count.other):
+                errors = st.errors_path = "count_fields" if count.ok else None
+            else:  # the NVLink5 COUNT fields are not supported: the legacy path, field ids then calls
+                legacy = tallies.setdefault(("err", "legacy"), _Tally())
+                self._legacy_counter_calls(st, index, g, problems, legacy)
+                errors = st.errors_path = _verdict(("legacy",), {"legacy": legacy})
+        elif errors == "legacy":
+            self._legacy_counter_calls(st, index, g, problems, _Tally())
+
+        # While a group's path is still unknown, the first path that gave values this poll is shown.
+        shown_traffic = traffic or _first_ok(TRAFFIC_PATHS, tallies, "traffic")
+        for meaning, value in got:
+            kind = meaning[0]
+            if kind == "traffic":
+                _, path, link, direction = meaning
+                if path == shown_traffic:
+                    # KiB from the throughput fields, bytes from the COUNT fields: kept apart,
+                    # the source converts (NVML's units, never guessed).
+                    setattr(g.links[link], f"{direction}_kib" if path == "throughput_fields"
+                            else f"{direction}_bytes", value)
+            elif kind == "err":
+                _, path, link, etype = meaning
+                if path == "legacy" and errors in (None, "legacy"):
+                    setattr(g.links[link], etype, value)
+                elif path == "count_fields" and errors == "count_fields":
+                    g.links[link].nvlink5_errors[etype] = value
+            else:
+                g.pcie_replay = value
+        g.traffic_path, g.errors_path = traffic, errors
+        self._prune_fields(st)
 
         for link, lr in enumerate(g.links):
             state = self._optional(st, f"nvlink_state/{link}", index, problems, nv.nvmlDeviceGetNvLinkState, h, link)

@@ -13,25 +13,33 @@ from ..bounds import RejectCounts, screen_readings
 from ..errorlog import ErrorLog
 from ..inventory import Inventory
 from .backend import (
-    NVLINK_ERROR_TYPES, THROTTLE_REASONS, GpuLost, GpuReading, NvmlBackend, NvmlError, NvmlLibraryMissing,
+    ALL_NVLINK_ERROR_TYPES, ERROR_PATHS, NO_PATH, NVLINK_ERROR_TYPES, THROTTLE_REASONS, TRAFFIC_PATHS, GpuLost,
+    GpuReading, NvmlBackend, NvmlError, NvmlLibraryMissing,
 )
 from .backend_fake import FakeNvmlBackend
 from .backend_pynvml import PynvmlBackend
 from .worker import NvmlWorker
+from .xid import fatal_count
 
 log = structlog.get_logger("fabricmon.nvml")
 
 class _GpuLabels:
     """Label tuples of one GPU's series, built once (per GPU identity), not per poll."""
 
-    __slots__ = ("ident", "gpu", "group", "info", "throttle", "ecc", "links", "xid", "remote")
+    __slots__ = ("ident", "gpu", "group", "info", "throttle", "ecc", "links", "xid", "remote", "paths")
 
     def __init__(self, g: GpuReading) -> None:
         gpu = str(g.index)
         self.ident = (g.index, g.uuid, g.name, g.pci_bus_id)
         self.gpu: Labels = (("gpu", gpu),)
         self.group = f"gpu{g.index}"
-        self.info: Labels = (("gpu", gpu), ("uuid", g.uuid), ("name", g.name), ("pci_bus_id", g.pci_bus_id))
+        base = (("gpu", gpu), ("uuid", g.uuid), ("name", g.name), ("pci_bus_id", g.pci_bus_id))
+        # fabricmon_gpu_info per value of its nvlink_counters label (the errors path, see nvlink_summary)
+        self.info: dict[str, Labels] = {v: base + (("nvlink_counters", v),) for v in _SUMMARIES}
+        # fabricmon_nvlink_nvml_path: (group, live-path candidates, ((path, labels), ...))
+        self.paths = tuple((group, tuple((p, (("gpu", gpu), ("counters", group), ("path", p)))
+                                         for p in order + (NO_PATH,)))
+                           for group, order in (("traffic", TRAFFIC_PATHS), ("errors", ERROR_PATHS)))
         self.throttle = tuple((bit, (("gpu", gpu), ("reason", reason))) for reason, bit in THROTTLE_REASONS)
         self.ecc = {t: (("gpu", gpu), ("type", t)) for t in ("corrected", "uncorrected")}
         # per link: (link labels, ((error type, labels), ...))
@@ -43,12 +51,23 @@ class _GpuLabels:
         links = self.links
         while len(links) <= j:
             lab = (self.gpu[0], ("link", str(len(links))))
-            links.append((lab, tuple((t, lab + (("type", t),)) for t in NVLINK_ERROR_TYPES)))
+            links.append((lab, tuple((t, lab + (("type", t),)) for t in ALL_NVLINK_ERROR_TYPES)))
         return links[j]
 
 
 _GAUGE = Semantics.GAUGE
 _MONO = Semantics.MONOTONIC
+_SUMMARIES = ("count_fields", "legacy", NO_PATH, "unknown", "no_links")
+_N_LEGACY = len(NVLINK_ERROR_TYPES)
+
+
+def nvlink_summary(g: GpuReading) -> str:
+    """The ``nvlink_counters`` label of fabricmon_gpu_info: the path the NVLink error counters are
+    read through (count_fields on NVLink5, legacy before), "none" when neither answers, "unknown"
+    until NVML has answered, "no_links" for a GPU without NVLink (nothing to read)."""
+    if not g.links:
+        return "no_links"
+    return g.errors_path or "unknown"
 
 
 def _gpu_readings(g: GpuReading, labels: _GpuLabels | None = None, memo: ReadingMemo | None = None) -> list[Reading]:
@@ -61,7 +80,7 @@ def _gpu_readings(g: GpuReading, labels: _GpuLabels | None = None, memo: Reading
     mk = memo.get
     grp = labels.group
     gl = labels.gpu
-    out: list[Reading] = [mk("fabricmon_gpu_info", labels.info, 1.0), mk("fabricmon_gpu_up", gl, 1.0)]
+    out: list[Reading] = [mk("fabricmon_gpu_info", labels.info[nvlink_summary(g)], 1.0), mk("fabricmon_gpu_up", gl, 1.0)]
     add = out.append
     if g.utilization is not None:
         add(mk("fabricmon_gpu_utilization_ratio", gl, min(max(g.utilization / 100.0, 0.0), 1.0)))
@@ -69,6 +88,9 @@ def _gpu_readings(g: GpuReading, labels: _GpuLabels | None = None, memo: Reading
         tr = g.throttle_reasons
         for bit, lab in labels.throttle:
             add(mk("fabricmon_gpu_throttle_reason", lab, 1.0 if tr & bit else 0.0))
+    # One series per GPU from its first reading at 0, so the first fatal XID is an increase()
+    # and a Prometheus restart sees no new series to page on.
+    add(mk("fabricmon_gpu_xid_fatal_errors_total", gl, fatal_count(g.xid_counts), _MONO, 64, grp))
     for xid, count in sorted(g.xid_counts.items()):
         lab = labels.xid.get(xid)
         if lab is None:
@@ -79,6 +101,13 @@ def _gpu_readings(g: GpuReading, labels: _GpuLabels | None = None, memo: Reading
             add(mk("fabricmon_gpu_ecc_errors_total", labels.ecc[etype], value, _MONO, 64, grp))
     if g.pcie_replay is not None:
         add(mk("fabricmon_gpu_pcie_replay_total", gl, g.pcie_replay, _MONO, 64, grp))
+    if g.links:
+        # Which path each NVLink counter group is read through, every candidate 0 or 1, so a GPU
+        # whose counters NVML does not support says so (path="none") instead of going silent.
+        for group, paths in labels.paths:
+            live = g.traffic_path if group == "traffic" else g.errors_path
+            for path, plab in paths:
+                add(mk("fabricmon_nvlink_nvml_path", plab, 1.0 if path == live else 0.0))
     link_labels = labels.link
     for j, lk in enumerate(g.links):
         ll, errs = link_labels(j)
@@ -89,14 +118,23 @@ def _gpu_readings(g: GpuReading, labels: _GpuLabels | None = None, memo: Reading
             if rl is None:
                 rl = labels.remote[(j, remote)] = ll + (("remote_pci_bus_id", remote),)
             add(mk("fabricmon_nvlink_remote_info", rl, 1.0))
-        # NVML throughput fields count KiB; export bytes (base units).
-        if lk.tx_kib is not None:
-            add(mk("fabricmon_nvlink_transmit_bytes_total", ll, lk.tx_kib * 1024, _MONO, 64, grp))
-        if lk.rx_kib is not None:
-            add(mk("fabricmon_nvlink_receive_bytes_total", ll, lk.rx_kib * 1024, _MONO, 64, grp))
+        # NVML throughput fields count KiB; export bytes (base units).  The NVLink5 COUNT fields
+        # count bytes already.  A GPU has one traffic path, so at most one of each pair is set.
+        tx = lk.tx_kib * 1024 if lk.tx_kib is not None else lk.tx_bytes
+        rx = lk.rx_kib * 1024 if lk.rx_kib is not None else lk.rx_bytes
+        if tx is not None:
+            add(mk("fabricmon_nvlink_transmit_bytes_total", ll, tx, _MONO, 64, grp))
+        if rx is not None:
+            add(mk("fabricmon_nvlink_receive_bytes_total", ll, rx, _MONO, 64, grp))
         for (etype, lab), value in zip(errs, (lk.replay, lk.recovery, lk.crc_flit, lk.crc_data)):
             if value is not None:
                 add(mk("fabricmon_nvlink_errors_total", lab, value, _MONO, 64, grp))
+        if lk.nvlink5_errors:
+            n5 = lk.nvlink5_errors
+            for etype, elab in errs:
+                n5v = n5.get(etype)
+                if n5v is not None:
+                    add(mk("fabricmon_nvlink_errors_total", elab, n5v, _MONO, 64, grp))
     return out
 
 
@@ -186,6 +224,7 @@ class NvmlSource:
                 "pci_bus_id": g.pci_bus_id,
                 "throttle_reasons": g.throttle_reasons,
                 "links_down": [j for j, lk in enumerate(g.links) if not lk.state],
+                "nvlink_counters": nvlink_summary(g),
             }
         res.readings.append(memo.get("fabricmon_devices_discovered", (("kind", "gpu"),), len(gpus)))
         memo.commit()

@@ -1,0 +1,197 @@
+"""What an incident costs each job (DESIGN "Jobs, decoys and cost"): step slowdown and GPU-hours per hour.
+
+For a job whose ranks use the incident's component:
+
+- ``step_slowdown``: the median time of the job's steps that start while the incident is open, over the
+  median of its last 20 steps that started before ``first_seen`` while no other incident was open on
+  the job, minus 1.  ``None`` without a clean baseline (the job started during the fault).
+- A job that completes no step while the incident is open (for longer than a few of its own steps) has
+  ``step_slowdown: None, stopped: True`` and costs all its GPUs.
+- ``gpu_hours_per_hour`` = GPUs x (1 - 1 / (1 + step_slowdown)): the share of the job's GPU time the
+  fault wastes.
+
+One record per completed step (every rank of a synchronous job reports the same step), bounded per
+job; pure functions of what was recorded, so tests feed steps and read impacts.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+from .. import components as comp
+from ..components import Component, Kind
+
+BASELINE_STEPS = 20
+MAX_STEPS = 4096  # per job: at a step a second, an hour of history
+STOPPED_AFTER_STEPS = 5  # no step for this many of the job's median steps while the incident is open
+
+
+@dataclass
+class JobSteps:
+    name: str
+    job_id: str = ""
+    gpus: int = 0
+    starts: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_STEPS))
+    seconds: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_STEPS))
+    last_step: int = -1
+    last_end: float = 0.0
+
+
+@dataclass(frozen=True)
+class JobImpact:
+    job: str
+    job_id: str
+    step_slowdown: float | None
+    stopped: bool
+    gpu_hours_per_hour: float
+
+    def to_dict(self) -> dict:
+        return {"job": self.job, "job_id": self.job_id or None,
+                "step_slowdown": None if self.step_slowdown is None else round(self.step_slowdown, 4),
+                "stopped": self.stopped, "gpu_hours_per_hour": round(self.gpu_hours_per_hour, 2)}
+
+
+class StepLog:
+    """Completed steps per job, fed from rank timings (once per job and step)."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, JobSteps] = {}
+
+    def record(self, job: str, step: int, end_ts: float, seconds: float, *, job_id: str = "",
+               gpus: int = 0) -> None:
+        js = self.jobs.get(job)
+        if js is None:
+            js = self.jobs[job] = JobSteps(job, job_id)
+        if gpus:
+            js.gpus = max(js.gpus, gpus)
+        if end_ts <= js.last_end + 1e-6 and step <= js.last_step:
+            return  # another rank of a step already logged, or a late one of an older step
+        # (a step number lower than the last with a later end is a restart from a checkpoint: logged)
+        js.last_step, js.last_end = step, end_ts
+        start = end_ts - seconds
+        if js.starts and start < js.starts[-1]:
+            return  # out of order: the log stays sorted by start
+        js.starts.append(start)
+        js.seconds.append(seconds)
+
+    def impact(self, job: str, first_seen: float, now: float,
+               other_open: list[tuple[float, float]] = ()) -> JobImpact | None:
+        """``other_open``: (opened, closed or now) of the job's other incidents, kept out of the baseline."""
+        js = self.jobs.get(job)
+        if js is None:
+            return None
+        starts, secs = list(js.starts), list(js.seconds)
+        i0 = bisect.bisect_left(starts, first_seen)
+        during = secs[i0:]
+        base: list[float] = []
+        for k in range(i0 - 1, -1, -1):
+            s = starts[k]
+            if any(lo <= s < hi for lo, hi in other_open):
+                continue
+            base.append(secs[k])
+            if len(base) >= BASELINE_STEPS:
+                break
+        base_med = statistics.median(base) if base else None
+        if not during:
+            typical = base_med if base_med is not None else (statistics.median(secs) if secs else None)
+            if typical is not None and now - max(first_seen, js.last_end) > STOPPED_AFTER_STEPS * typical:
+                return JobImpact(job, js.job_id, None, True, float(js.gpus))
+            return JobImpact(job, js.job_id, None, False, 0.0)
+        if base_med is None or base_med <= 0:
+            return JobImpact(job, js.job_id, None, False, 0.0)
+        slowdown = max(0.0, statistics.median(during) / base_med - 1.0)
+        return JobImpact(job, js.job_id, slowdown, False, js.gpus * (1.0 - 1.0 / (1.0 + slowdown)))
+
+
+def impact_sentence(impacts: list[JobImpact], shown: int = 3) -> str:
+    """``llm-70b 14% slower (31 GPU-hours/hour); vlm-13b 3% slower (4 GPU-hours/hour)``: by cost, at most
+    ``shown`` jobs then ``+K more``; empty when nothing is hurt (a fault on idle nodes)."""
+    hurt = sorted((i for i in impacts if i.stopped or (i.step_slowdown or 0) > 0),
+                  key=lambda i: -i.gpu_hours_per_hour)
+    parts = []
+    for i in hurt[:shown]:
+        what = "stopped" if i.stopped else f"{round(100 * (i.step_slowdown or 0))}% slower"
+        parts.append(f"{i.job} {what} ({round(i.gpu_hours_per_hour)} GPU-hours/hour)")
+    if len(hurt) > shown:
+        parts.append(f"+{len(hurt) - shown} more")
+    return "; ".join(parts)
+
+
+class IncidentCost:
+    """Attaches each finding's cost per job before the incident manager applies it: the jobs whose ranks
+    use the finding's component (per the topology), their impact since the incident's ``first_seen``, and
+    the ``hpc_job`` label, fixed when the incident first fires (the hurt job with most GPUs) so measured
+    cost updates annotations, never the alert's identity."""
+
+    def __init__(self, topology) -> None:
+        self.topology = topology
+        self.steps = StepLog()
+        self._index: dict[Component, set[str]] = {}  # component -> job keys whose ranks use it
+        self._index_key: tuple = ()
+        self._gpus: dict[str, int] = {}
+
+    def record(self, job_key: str, job: str, job_id: str, step: int, end_ts: float, seconds: float) -> None:
+        self.steps.record(job_key, step, end_ts, seconds, job_id=job_id)
+        js = self.steps.jobs[job_key]
+        js.name = job
+
+    def _rebuild(self, tracker) -> None:
+        key = tuple((k, len(j.ranks)) for k, j in tracker.jobs.items())
+        if key == self._index_key:
+            return
+        self._index_key = key
+        index: dict[Component, set[str]] = {}
+        topo = self.topology
+        for jk, js in tracker.jobs.items():
+            self._gpus[jk] = len(js.ranks)
+            for info in js.ranks.values():
+                # a node the topology lacks: only the node itself is known to be on the ranks' path
+                comps = topo.path_of_gpu(info.node, info.gpu).values() if info.node in topo.nodes \
+                    else (comp.node(info.node),)
+                for c in comps:
+                    index.setdefault(c, set()).add(jk)
+        self._index = index
+
+    def jobs_using(self, component: Component) -> set[str]:
+        if component.kind is Kind.NVLINK:
+            component = component.parent() or component  # its GPU's ranks
+        elif component.kind is Kind.CONFIG and component.node:
+            # lossless-config drift hurts the ranks on its NIC (on the node, when all its rail NICs drift)
+            component = comp.nic(component.node, component.device) if component.device else comp.node(component.node)
+        return self._index.get(component, set())
+
+    def annotate(self, findings: list, manager, now: float, tracker) -> None:
+        self._rebuild(tracker)
+        # every incident of the last hour, open or not, with the jobs it touches: a baseline step is clean
+        # only when none of them was open on the job
+        recent = [(o, self.jobs_using(c)) for c, o in manager.all_by_component()
+                  if o.severity != "info" and (o.resolved_at is None or now - o.resolved_at < 3600.0)]
+        for f in findings:
+            if not (f.fire or f.keep) or f.severity == "info":
+                continue
+            jobs = self.jobs_using(f.component) | {j for j in f.jobs if j in self.steps.jobs}
+            if not jobs:
+                continue
+            inc = manager.get_open(f.alertname, f.component)
+            first = inc.first_seen if inc is not None else now
+            others = [(o.first_seen, o.resolved_at if o.resolved_at is not None else now)
+                      for o, used in recent if o is not inc and used & jobs]
+            impacts = []
+            for jk in jobs:
+                js = self.steps.jobs.get(jk)
+                if js is None:
+                    continue
+                js.gpus = max(js.gpus, self._gpus.get(jk, 0))  # every rank is a GPU
+                imp = self.steps.impact(jk, first, now, others)
+                if imp is not None:
+                    impacts.append(JobImpact(js.name, js.job_id, imp.step_slowdown, imp.stopped,
+                                             imp.gpu_hours_per_hour))
+            f.impact = tuple(sorted(impacts, key=lambda i: -i.gpu_hours_per_hour))
+            if inc is None and "hpc_job" not in f.labels and impacts:
+                top = max(jobs, key=lambda jk: (self._gpus.get(jk, 0), jk))
+                js = self.steps.jobs.get(top)
+                if js is not None:
+                    f.labels["hpc_job"] = js.name

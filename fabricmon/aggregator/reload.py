@@ -1,0 +1,192 @@
+"""SIGHUP for the aggregator: re-read the config and the contents of every file it names, apply
+what changed, or refuse it all with one line naming the file and why.
+
+Runs in its own thread, never the detection thread, and a changed topology is parsed in a child
+process (topology_child.py): parsing a 4,096-node file takes seconds of CPU under the GIL, and
+ticks go on meanwhile; the engine's lock is held only for the swaps.  The reload event is
+cleared before each run, so the SIGHUPs of a storm that arrive during one run make exactly one
+more (coalesced), never a queue.
+
+What a reload applies:
+* ``detection`` thresholds;
+* the token files' contents (credentials.py): rotation, and revocation that cuts the live
+  streams whose token was removed;
+* the server certificate, key and client CA bundle (``auth.tls_*``): new handshakes use the new
+  material (gRPC dynamic credentials), live streams keep theirs; a bundle may hold the old and
+  the new CA during a rotation;
+* the topology's contents (topology_reload.py): nodes added and removed; anything else needs a
+  restart and is refused;
+* the web config (HTTP TLS and users).
+Everything is read and checked before anything is applied; ``fabricmon_config_last_reload_successful``
+is 1 only when all of it was.  A changed listener, file path, Alertmanager or shard needs a restart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+
+from ..buildinfo import ReloadStatus
+from ..configload import ConfigError
+from . import topology_reload
+from .config import AggregatorConfig, DetectionSettings
+from .credentials import load_credentials
+from .runtime import AggregatorRuntime
+from .server import ServerTls, read_tls_files
+from .topology_child import load_apart
+
+log = structlog.get_logger("fabricmon.aggregator")
+
+
+def file_digest(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def apply_detection(engine, new: DetectionSettings) -> None:
+    """Swap the engine's detection thresholds between two ticks.  The few values the engine derives
+    from them at construction are derived again; the straggler window sizes its history bitmasks
+    and so needs a restart (refused in ``Reloader.prepare``)."""
+    with engine.lock:
+        engine.settings = new  # the engine's setter reconfigures its ingest stage (fatal XIDs, config checks)
+        engine.stragglers.s = new
+        engine.manager.default_hold_s = new.hold_s
+
+
+def _check_tls(tls: ServerTls, source: str) -> tuple[bytes, bytes, bytes | None]:
+    """The material read, after OpenSSL accepted it: the key matches the certificate, the bundle parses."""
+    try:
+        material = read_tls_files(tls)
+    except OSError as exc:
+        raise ConfigError(f"{source}: auth.tls_*: cannot read {exc.filename}: {exc.strerror}") from None
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        ctx.load_cert_chain(tls.cert, tls.key)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"{source}: auth.tls_cert: {tls.cert} with auth.tls_key {tls.key}: not a certificate "
+                          f"chain and its key ({exc.reason or exc})") from None
+    if tls.client_ca:
+        try:
+            ctx.load_verify_locations(cafile=tls.client_ca)
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(f"{source}: auth.tls_client_ca: {tls.client_ca}: not a PEM CA bundle "
+                              f"({getattr(exc, 'reason', None) or exc})") from None
+    return material
+
+
+class Reloader:
+    def __init__(self, rt: AggregatorRuntime, cfg: AggregatorConfig, status: ReloadStatus, *,
+                 load: Callable[[], AggregatorConfig], load_web: Callable | None = None, web=None,
+                 source: str = "aggregator config") -> None:
+        self.rt, self.current, self.status = rt, cfg, status
+        self.load, self.load_web, self.web, self.source = load, load_web, web, source
+        self.topology_digest = file_digest(cfg.topology)
+        self.runs_total = 0
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ the thread
+    def start(self, reload: threading.Event, stop: threading.Event) -> Reloader:
+        self._thread = threading.Thread(target=self._run, args=(reload, stop), name="fabricmon-reload", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self, reload: threading.Event, stop: threading.Event) -> None:
+        while not stop.is_set():
+            if not reload.wait(0.2):
+                continue
+            reload.clear()  # SIGHUPs from here on ask for one more run: a storm is coalesced
+            if stop.is_set():
+                return
+            self.reload_once()
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # ------------------------------------------------------------------ one reload
+    def reload_once(self) -> bool:
+        self.runs_total += 1
+        t0 = time.perf_counter()
+        try:
+            new = self.load()
+            new_web = self.load_web() if self.load_web is not None else self.web
+            changes = self.prepare(new)
+        except ConfigError as exc:
+            self.status.record(False)
+            log.error("config_reload_failed", error=str(exc), detail="still running on the previous config")
+            return False
+        except Exception as exc:  # noqa: BLE001 - a reload must never end the process
+            self.status.record(False)
+            log.error("config_reload_failed", error=f"{type(exc).__name__}: {exc}",
+                      detail="still running on the previous config")
+            return False
+        changed = []
+        for what, apply in changes:
+            extra = apply()
+            changed.append(f"{what}: {extra}" if extra else what)
+        self.current = new
+        self.web = new_web
+        if self.rt.http is not None:
+            self.rt.http.set_web(new_web)  # certificates and users re-read: rotation without a restart
+        self.status.record(True)
+        log.info("config_reloaded", changed=changed, seconds=round(time.perf_counter() - t0, 3))
+        return True
+
+    def prepare(self, new: AggregatorConfig) -> list[tuple[str, Callable[[], object]]]:
+        """Read and check everything; the (what, apply) pairs of what changed.  Raises ConfigError,
+        having applied nothing."""
+        old, rt, source = self.current, self.rt, self.source
+        fixed = [f.name for f in dataclasses.fields(old) if f.name != "detection"
+                 and getattr(old, f.name) != getattr(new, f.name)]
+        if fixed:
+            raise ConfigError(f"{source}: {', '.join(fixed)} changed: needs a restart (reload applies detection "
+                              f"and re-reads the files auth and topology name)")
+        if new.detection.straggler_window != old.detection.straggler_window:
+            raise ConfigError(f"{source}: detection.straggler_window changed: needs a restart")
+        out: list[tuple[str, Callable[[], object]]] = []
+        detection = [f"detection.{f.name}" for f in dataclasses.fields(old.detection)
+                     if getattr(old.detection, f.name) != getattr(new.detection, f.name)]
+        if detection:
+            out.append((", ".join(detection), lambda: apply_detection(rt.engine, new.detection)))
+        grpc = rt.grpc
+        creds = load_credentials(new.auth, source)
+        if grpc is not None and grpc.servicer is not None and grpc.servicer.credentials != creds:
+            was = grpc.servicer.credentials
+
+            def swap_tokens() -> str:
+                cut = grpc.set_credentials(creds)
+                return f"{cut} streams cut (token revoked)" if cut else ""
+
+            out.append((", ".join(was.changes(creds)), swap_tokens))
+        a = new.auth
+        if a.tls_cert and a.tls_key:
+            material = _check_tls(ServerTls(a.tls_cert, a.tls_key, a.tls_client_ca), source)
+            if grpc is not None and grpc.tls is not None and grpc.tls.current != material:
+                names = [n for n, x, y in zip(("auth.tls_key", "auth.tls_cert", "auth.tls_client_ca"),
+                                              grpc.tls.current, material) if x != y]
+                out.append((f"{', '.join(names)} (contents: new handshakes)", lambda: grpc.tls.update(material)))
+        try:
+            digest = file_digest(new.topology)
+        except OSError as exc:
+            raise ConfigError(f"{source}: topology: cannot read {new.topology}: {exc.strerror or exc}") from None
+        if digest != self.topology_digest:
+            change = topology_reload.plan(rt.engine.topology, load_apart(new.topology), f"{new.topology}")
+
+            def swap_topology() -> str:
+                self.topology_digest = digest
+                if change.empty:
+                    return ""
+                resolved = topology_reload.apply(rt.engine, change, rt.engine.newest_ts or time.time())
+                rt.hand_over(resolved)
+                gone = sum(1 for inc in resolved if inc.resolved_reason == topology_reload.REASON)
+                return f"{gone} incidents resolved ({topology_reload.REASON})" if gone else ""
+
+            out.append((change.summary() if not change.empty else "topology (contents, no node added or removed)",
+                        swap_topology))
+        return out

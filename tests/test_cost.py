@@ -1,0 +1,66 @@
+"""Incident cost per job (aggregator/cost.py): median step slowdown against a clean baseline."""
+
+from __future__ import annotations
+
+import pytest
+
+from fabricmon.aggregator.cost import JobImpact, StepLog, impact_sentence
+
+
+def _feed(log: StepLog, job: str, times: list[float], t0: float = 1000.0, first_step: int = 1, gpus: int = 64):
+    t = t0
+    for k, s in enumerate(times):
+        t += s
+        for _rank in range(3):  # every rank reports the same step: logged once
+            log.record(job, first_step + k, t, s, gpus=gpus)
+    return t
+
+
+def test_slowdown_is_median_during_over_median_of_last_20_clean_steps():
+    log = StepLog()
+    t = _feed(log, "llm", [2.0] * 40)
+    opened = t
+    t = _feed(log, "llm", [2.5] * 10, t0=t, first_step=41)
+    imp = log.impact("llm", opened, t)
+    assert imp.step_slowdown == pytest.approx(0.25) and not imp.stopped
+    assert imp.gpu_hours_per_hour == pytest.approx(64 * (1 - 1 / 1.25))
+
+
+def test_baseline_skips_steps_under_another_open_incident():
+    log = StepLog()
+    t = _feed(log, "llm", [2.0] * 30)
+    other = (t, None)
+    t = _feed(log, "llm", [4.0] * 30, t0=t, first_step=31)  # another incident's slowdown
+    opened = t
+    t = _feed(log, "llm", [3.0] * 10, t0=t, first_step=61)
+    assert log.impact("llm", opened, t).step_slowdown == 0.0  # against the other incident's 4.0 s steps
+    imp = log.impact("llm", opened, t, other_open=[(other[0], opened)])
+    assert imp.step_slowdown == pytest.approx(0.5)
+
+
+def test_no_baseline_is_null_and_no_step_while_open_is_stopped():
+    log = StepLog()
+    t = _feed(log, "new", [2.0] * 5)
+    assert log.impact("new", 900.0, t).step_slowdown is None  # started during the fault
+    opened = t + 1
+    assert not log.impact("new", opened, opened + 5).stopped  # a step or two late is not stopped
+    imp = log.impact("new", opened, opened + 60)
+    assert imp.stopped and imp.step_slowdown is None and imp.gpu_hours_per_hour == 64
+
+
+def test_restart_from_a_checkpoint_is_logged_and_late_ranks_are_not():
+    log = StepLog()
+    t = _feed(log, "j", [2.0] * 10)
+    log.record("j", 4, t - 10, 2.0)  # a late rank of an old step
+    assert len(log.jobs["j"].starts) == 10
+    _feed(log, "j", [2.0] * 3, t0=t + 60, first_step=5)  # back at step 5 after a restart
+    assert len(log.jobs["j"].starts) == 13
+
+
+def test_impact_sentence_orders_by_cost_and_folds_the_rest():
+    imps = [JobImpact("a", "", 0.03, False, 4.2), JobImpact("b", "", 0.14, False, 31.0),
+            JobImpact("c", "", None, True, 8.0), JobImpact("d", "", 0.02, False, 1.0),
+            JobImpact("idle", "", 0.0, False, 0.0)]
+    assert impact_sentence(imps) == ("b 14% slower (31 GPU-hours/hour); c stopped (8 GPU-hours/hour); "
+                                     "a 3% slower (4 GPU-hours/hour); +1 more")
+    assert impact_sentence([]) == ""
