@@ -25,7 +25,7 @@ import structlog
 from ..batch import NodeBatch, NodeHello
 from ..topology import Topology
 from .admission import ClusterClock
-from .agents_down import agents_down, unknown_nodes_finding
+from .agents_down import agents_down, restart_grace, unknown_nodes_finding
 from .lateness import node_time, scale_holds
 from .node_folding import NodeFolder
 from .config import DetectionSettings
@@ -215,7 +215,7 @@ class Engine:
         if self._first_tick is None:
             return []
         iv = max((ns.interval for ns in self.nodes.values()), default=1.0)
-        if now - self._first_tick < max(60.0, 5 * iv):
+        if now - self._first_tick < restart_grace(self.settings, iv):
             return []
         return sorted(n for n, ns in self.nodes.items()
                       if n in self.topology.nodes and not ns.ever_seen and not ns.connected)

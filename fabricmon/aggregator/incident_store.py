@@ -28,7 +28,6 @@ from typing import Any
 import structlog
 
 from ..atomic import atomic_write_bytes
-from .agents_down import restart_grace
 from .incidents import Incident, IncidentManager
 
 log = structlog.get_logger("fabricmon.aggregator")
@@ -73,12 +72,12 @@ def load(path: str | Path) -> list[tuple[Incident, dict | None]]:
 
 
 def restore(manager: IncidentManager, records: list[tuple[Incident, dict | None]], now: float,
-            interval: float) -> list[Incident]:
+            grace_s: float) -> list[Incident]:
     """Open the persisted incidents again under their ids; their evidence clock starts at ``now`` and
     their hold covers the restart grace, so only a fault that stays silent past it resolves."""
     out = []
     for inc, _ in records:
-        inc.hold_s = max(inc.hold_s, restart_grace(interval))
+        inc.hold_s = max(inc.hold_s, grace_s)
         manager.restore(inc, now)
         out.append(inc)
     return out
