@@ -13,14 +13,13 @@ After an intended change: ``FABRICMON_UPDATE_GOLDEN=1 pytest tests/test_golden_a
 
 from __future__ import annotations
 
-import difflib
 import json
-import os
 import re
 import time
 from pathlib import Path
 
 import pytest
+from goldenfile import match_golden
 from promtools import REPO, start_alertmanager
 from waiting import wait_until
 
@@ -32,7 +31,6 @@ from fabricmon.sim.runner import SimulatedCluster
 from fabricmon.sim.scenario import default_scenario, load_scenario
 
 pytestmark = pytest.mark.integration
-UPDATE = os.environ.get("FABRICMON_UPDATE_GOLDEN") == "1"
 GOLDEN = Path(__file__).parent / "golden" / "alerts"
 SCENARIOS = {
     "default": lambda: default_scenario(nodes=32, duration=100, nodes_per_unit=16, seed=7),
@@ -110,20 +108,8 @@ def _webhook_alerts(scn, tmp_path: Path, with_status: bool = False) -> list:
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_webhook_payload_matches_golden(name: str, tmp_path: Path) -> None:
     got = json.dumps(_run(name, tmp_path), indent=1, sort_keys=True) + "\n"
-    path = GOLDEN / f"{name}.json"
-    if UPDATE:
-        GOLDEN.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(got)
-        os.replace(tmp, path)
-        return
-    assert path.exists(), f"{path.name} missing: run FABRICMON_UPDATE_GOLDEN=1 pytest {Path(__file__).name}"
-    want = path.read_text()
-    if got != want:
-        diff = "".join(difflib.unified_diff(want.splitlines(keepends=True), got.splitlines(keepends=True),
-                                            f"golden/alerts/{name}.json", "webhook", n=2))
-        pytest.fail(f"webhook payload differs from golden/alerts/{name}.json "
-                    f"(FABRICMON_UPDATE_GOLDEN=1 regenerates it):\n{diff[:20000]}")
+    match_golden(GOLDEN / f"{name}.json", got, produced_by="webhook payload",
+                 regenerate=f"pytest tests/{Path(__file__).name}")
 
 
 def test_a_fault_on_a_jobs_path_reaches_alertmanager_with_its_job_and_cost(tmp_path: Path) -> None:

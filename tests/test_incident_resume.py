@@ -10,13 +10,16 @@ import json
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 from test_alertmanager_client import Webhook, _start_am
 from test_engine import Cluster, _port, _set_state
 from waiting import wait_until
 
+from fabricmon import components
 from fabricmon.aggregator import incident_store
 from fabricmon.aggregator.alertmanager import AlertmanagerClient
 from fabricmon.aggregator.service import resume_incidents
+from fabricmon.components import Component, Kind
 
 LINK = "node-001/mlx5_6/1"
 
@@ -119,3 +122,32 @@ def test_a_bad_state_file_is_named_and_ignored(tmp_path):
     assert incident_store.load(tmp_path / "absent.json") == []
     bad.write_text("{not json")
     assert incident_store.load(bad) == []
+
+
+def test_a_stored_id_parses_back_to_the_component_the_engine_keys_it_by(tmp_path):
+    """The store is an input edge: its (component_type, component) becomes the Component the detectors
+    hand out, with node and device filled (a restored link's NIC is ``node/dev``, never ``/``)."""
+    link = incident_store.component_of("link", LINK, {"node": "node-001", "rail": "6", "leaf": "leaf-u0-r6"})
+    assert link == components.link("node-001", "mlx5_6") and link.parent() == components.nic("node-001", "mlx5_6")
+    assert link.parent().id == "node-001/mlx5_6" and link.labels() == {"node": "node-001", "rail": "6",
+                                                                      "leaf": "leaf-u0-r6"}
+    nv = incident_store.component_of("nvlink", "node-001/gpu2/nvlink5", {"node": "node-001", "gpu": "2"})
+    assert nv == components.nvlink("node-001", 2, 5) and nv.parent() == components.gpu("node-001", 2)
+    assert incident_store.component_of("job", "llm/stage3", {}) == components.job("llm", 3)
+    assert incident_store.component_of("config", "topology", {}) == Component(Kind.CONFIG, "topology")
+    assert incident_store.component_of("config", "node-001/mlx5_6", {}) == components.config("node-001", "mlx5_6")
+    assert incident_store.component_of("leaf", "leaf-a3", {"rail": "3"}).rail == 3
+    for ctype, cid in (("link", "node-001/mlx5_6"), ("gpu", "node-001/mlx5_6"), ("rail", "leaf-a3"), ("widget", "x")):
+        with pytest.raises(ValueError):
+            incident_store.component_of(ctype, cid, {})
+    # a bad id makes the file unusable like any other bad content: named once, the aggregator starts empty
+    rec = {"id": "FabricLinkDown-x", "alertname": "FabricLinkDown", "severity": "critical", "component_type": "link",
+           "component": "node-001/mlx5_6", "labels": {}, "evidence": [], "first_seen": 1.0, "last_seen": 1.0,
+           "ranks": [], "jobs": [], "description": "", "related_to": "", "absorbed": [], "version": 1, "hold_s": 15.0}
+    bad = tmp_path / "incidents.json"
+    bad.write_text(json.dumps({"schema": 1, "incidents": [rec]}))
+    with capture_logs() as logs:
+        assert incident_store.load(bad) == []
+    assert [e["error"] for e in logs] == ["incidents[0].component: 'node-001/mlx5_6' is no link id"], logs
+    bad.write_text(json.dumps({"schema": 1, "incidents": [{**rec, "component": LINK}]}))
+    assert [i.component for i, _ in incident_store.load(bad)] == [LINK]

@@ -8,10 +8,12 @@ import pytest
 from test_engine import T0, Cluster
 
 from fabricmon.aggregator.agents_down import restart_grace
+from fabricmon.aggregator.config import DetectionSettings
 
 
 def test_grace_is_max_of_60s_and_5_intervals():
-    assert restart_grace(1.0) == 60.0 and restart_grace(10.0) == 60.0 and restart_grace(30.0) == 150.0
+    s = DetectionSettings()
+    assert restart_grace(s, 1.0) == 60.0 and restart_grace(s, 10.0) == 60.0 and restart_grace(s, 30.0) == 150.0
 
 
 @pytest.mark.parametrize("interval", [1.0, 30.0])
@@ -23,7 +25,7 @@ def test_a_node_replaying_its_spool_after_a_restart_is_not_down_within_the_grace
     late = c.feeds.pop("node-002")
     # The aggregator's first tick: node-002's agent delivers only its spool, minutes old.
     c.engine.ingest(late.batch(T0 - 300.0, first=True))
-    grace = restart_grace(interval)
+    grace = restart_grace(DetectionSettings(), interval)
     c.run(int(grace) - 1)
     assert c.incidents(alertname="FabricmonAgentDown") == []
     # Still nothing fresh once the grace is over: now it is down, and said once.

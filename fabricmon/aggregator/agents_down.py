@@ -16,13 +16,13 @@ from .config import DetectionSettings
 from .incidents import Finding
 from .state import NodeState
 
-RESTART_GRACE_S = 60.0
 RESTART_GRACE_INTERVALS = 5
 
 
-def restart_grace(interval: float) -> float:
-    """Seconds (sample time) after the aggregator's start before a node can be called down."""
-    return max(RESTART_GRACE_S, RESTART_GRACE_INTERVALS * interval)
+def restart_grace(s: DetectionSettings, interval: float) -> float:
+    """Seconds (sample time) after the aggregator's start before a node can be called down
+    (``detection.restart_grace_s``, default 60 s, or 5 of its intervals when longer)."""
+    return max(s.restart_grace_s, RESTART_GRACE_INTERVALS * interval)
 
 
 def agents_down(nodes: Iterable[NodeState], s: DetectionSettings, cluster: str, now: float,
@@ -30,7 +30,7 @@ def agents_down(nodes: Iterable[NodeState], s: DetectionSettings, cluster: str, 
     """``started_at``: sample time of the aggregator's first tick (None: no grace)."""
     out = []
     for ns in nodes:
-        if started_at is not None and now - started_at < restart_grace(ns.interval):
+        if started_at is not None and now - started_at < restart_grace(s, ns.interval):
             continue
         if ns.ever_seen and now - ns.last_ts >= max(s.agent_down_s, 5 * ns.interval):
             node = comp.node(ns.name)

@@ -100,6 +100,8 @@ class DetectionSettings:
     fold_grace_s: float = 2.0  # a lone link waits this long when a neighbour on its leaf also shows evidence
     # --- agents ---
     agent_down_s: float = 15.0  # a node silent this long (sample time) while others report
+    # after a (re)start no node is called down, nor listed as never connected, before max(this, 5 intervals)
+    restart_grace_s: float = 60.0
     # --- stragglers ---
     straggler_z: float = 4.0
     straggler_mad_floor: float = 0.015  # MAD floor as a share of the median step time

@@ -26,7 +26,7 @@ from ..batch import NodeBatch, NodeHello
 from ..components import Component, Kind
 from ..topology import Topology
 from .admission import ClusterClock
-from .agents_down import agents_down, unknown_nodes_finding
+from .agents_down import agents_down, restart_grace, unknown_nodes_finding
 from .cable_health import CableHealth
 from .config import DetectionSettings
 from .correlator import correlate
@@ -137,7 +137,7 @@ class Engine:
         if self._first_tick is None:
             return []
         iv = max((ns.interval for ns in self.nodes.values()), default=1.0)
-        if now - self._first_tick < max(60.0, 5 * iv):
+        if now - self._first_tick < restart_grace(self.settings, iv):
             return []
         return sorted(n for n, ns in self.nodes.items()
                       if n in self.topology.nodes and not ns.ever_seen and not ns.connected)

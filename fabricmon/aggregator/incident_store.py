@@ -31,7 +31,6 @@ import structlog
 from .. import components as comp
 from ..atomic import atomic_write_bytes
 from ..components import Component, Kind
-from .agents_down import restart_grace
 from .incidents import Incident, IncidentManager
 
 log = structlog.get_logger("fabricmon.aggregator")
@@ -126,12 +125,12 @@ def component_of(component_type: str, component: str, labels: dict[str, str]) ->
 
 
 def restore(manager: IncidentManager, records: list[tuple[Incident, dict | None]], now: float,
-            interval: float) -> list[Incident]:
+            grace_s: float) -> list[Incident]:
     """Open the persisted incidents again under their ids; their evidence clock starts at ``now`` and
     their hold covers the restart grace, so only a fault that stays silent past it resolves."""
     out = []
     for inc, _ in records:
-        inc.hold_s = max(inc.hold_s, restart_grace(interval))
+        inc.hold_s = max(inc.hold_s, grace_s)
         manager.restore(inc, component_of(inc.component_type, inc.component, inc.labels), now)
         out.append(inc)
     return out

@@ -20,6 +20,7 @@ from ..buildinfo import ReloadStatus
 from ..configload import ConfigError, split_hostport
 from ..topology import load_topology
 from .admission import ClusterClock
+from .agents_down import restart_grace
 from .alertmanager import AlertmanagerClient
 from .config import AggregatorConfig
 from .credentials import load_credentials
@@ -123,7 +124,7 @@ def resume_incidents(path: str, engine: Engine, sender: AlertmanagerClient, now:
     if records:
         interval = max((ns.interval for ns in engine.nodes.values()), default=1.0)
         with engine.lock:
-            restored = incident_store.restore(engine.manager, records, now, interval)
+            restored = incident_store.restore(engine.manager, records, now, restart_grace(engine.settings, interval))
         active = None
         for url in sender.urls:
             active = incident_store.active_at_alertmanager(url.url.removesuffix("/api/v2/alerts"))

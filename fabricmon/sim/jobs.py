@@ -23,8 +23,9 @@ HEARTBEAT_S = 5.0  # fabricmon.client's heartbeat period
 
 
 class JobSet:
-    def __init__(self, scenario: Scenario, cluster: ClusterState, spec: JobSpec = JobSpec(), *,
+    def __init__(self, scenario: Scenario, cluster: ClusterState, spec: JobSpec | None = None, *,
                  epoch: float = 0.0) -> None:
+        spec = spec or JobSpec()
         self.cluster = cluster
         self.resolved: list[ResolvedJob] = scenario.resolved_jobs()
         seed = scenario.cluster.seed
@@ -92,7 +93,7 @@ class JobSet:
     def truth(self) -> list[dict]:
         """The report's ``jobs``: one entry per job with every completed step (none while it is down)."""
         out = []
-        for rj, j in zip(self.resolved, self.jobs):
+        for rj, j in zip(self.resolved, self.jobs, strict=True):
             out.append({"name": j.spec.name, "job_id": rj.job_id, "gpus": len(rj.nodes) * 8, "nodes": list(j.names),
                         "step_times": [[round(t, 3), round(s, 6)] for t, s in j.completed]})
         return out
