@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 import tempfile
@@ -213,8 +214,12 @@ def workload_scenario(seed: int, nodes: int, duration: float, nodes_per_unit: in
     faults = tuple(f for f in base.faults if f.node is None or f.node in free)
     if base.cluster.layout != layout:
         faults = tuple(f for f in faults if f.kind not in ("config_drift", "pfc_storm"))
+    # a fault only a running job can show (a slow GPU, a hung rank) is not put on a job that restarts:
+    # it would be invisible while the job is down, which measures the scenario, not the detector
+    restarting = {n for d in decoys if d["kind"] == "job_restart" for n in by_job[d["job"]]}
+    faults = tuple(f for f in faults if not (f.kind in ("slow_gpu", "rank_hang") and f.node in restarting))
     if rng.random() < 0.4:  # a hung rank on a job's node no decoy touches (JobHung within 60 s)
-        hosts = [n for n in in_job if n in free and not any(f.node == n for f in faults)]
+        hosts = [n for n in in_job if n in free and n not in restarting and not any(f.node == n for f in faults)]
         if hosts:
             start = r(0.3, 0.55)
             faults += (Fault("rank_hang", start=start, end=start + float(rng.randint(90, 150)),
@@ -404,8 +409,12 @@ def main(argv: list[str] | None = None) -> int:
         for fi, g in enumerate(r["ground"]):
             d = r["score"]["detection_delay_s"].get(str(fi))
             limit = HARD_S if g["kind"] in HARD else (HANG_S if g["kind"] == "rank_hang" else OTHER_S)
-            if d is not None and d > limit:
-                slow.append(f"seed {r['seed']}: {g['kind']} {g['component']} first seen {d:.1f} s > {limit:g} s")
+            # judged from the first poll that can see the fault: agents sample every interval, so at a 5 s
+            # interval a fault injected just after a poll is in no batch for up to 5 s
+            lag = math.ceil(g["start"] / args.interval - 1e-9) * args.interval - g["start"]
+            if d is not None and d - lag > limit:
+                slow.append(f"seed {r['seed']}: {g['kind']} {g['component']} first seen {d:.1f} s "
+                            f"({d - lag:.1f} s after the first poll that could see it) > {limit:g} s")
     # ---- hangs and cost (DESIGN "Jobs, decoys and cost")
     hang_delays = [r["score"]["detection_delay_s"].get(str(fi)) for r in results for fi, g in enumerate(r["ground"])
                    if g["kind"] == "rank_hang"]
@@ -477,7 +486,8 @@ def main(argv: list[str] | None = None) -> int:
         f"| decoy pages | {decoy_pages} | 0 |",
         f"| info findings per decoy, max | {max(info_counts) if info_counts else '-'} "
         f"(total {sum(info_counts)}) | <= 1 |",
-        f"| faults seen later than 3 s (hard) / 12 s (others) / 60 s (hangs) | {len(slow)} | 0 |",
+        f"| faults seen later than 3 s (hard) / 12 s (others) / 60 s (hangs) after the first poll that could "
+        f"see them | {len(slow)} | 0 |",
         f"| hung ranks named (JobHung on the rank), time to name median / max (s) | "
         f"{len(hang_named)}/{len(hang_delays)}, {fmt(pct(hang_named, 0.5))} / {fmt(max(hang_named, default=None))}"
         f" | all, <= 60 |",

@@ -177,11 +177,11 @@ def test_one_stuck_hca_costs_only_its_own_series(nine_nic_tree, monkeypatch):
     src = InfinibandSource(timeout=0.3)
     real = src._poll_device
 
-    def poll_device(ports, dev, memo):
+    def poll_device(ports, dev, memo, *rest):
         if ports[0].device == victim:
             calls["victim"] += 1
             release.wait(30)  # a read asleep in the driver
-        return real(ports, dev, memo)
+        return real(ports, dev, memo, *rest)
 
     monkeypatch.setattr(src, "_poll_device", poll_device)
     try:

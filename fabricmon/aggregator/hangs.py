@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from ..rank_timing import Heartbeat
 
 HEARTBEAT_S = 5.0
-STALL_S = 30.0  # no coll_sn moved for this long: six heartbeats, named well within 60 s
+# no coll_sn moved for this long (four heartbeats): with 5 s polls and the tick, named within about 35 s;
+# a collective legitimately taking this long is not a training job's
+STALL_S = 20.0
 ALIVE_S = 3 * HEARTBEAT_S  # a rank whose last heartbeat is older has exited (restart, end)
 WAITING_SHARE = 0.5  # at least this share of the job's ranks inside a collective, waiting
 MAX_RANKS = 1 << 20  # tracked (job, rank) pairs, all jobs together
