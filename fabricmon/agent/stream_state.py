@@ -1,0 +1,109 @@
+"""What the stream client and each of its sessions share: the connection's options and the
+live state (snapshot queue, events, lock, spool, batch maker, counters).
+
+``StreamClient`` (stream.py) owns one ``StreamState`` and hands it to every ``Session``
+(stream_session.py); neither module imports the other.  The state is shared rather than
+copied because the client's stats, ``stop()`` and the next session must see what a
+session did.  Threading: the queue is appended by the poller thread and consumed by the
+stream thread; ``lock`` guards the batch maker's seq and subscription and a session's
+in-flight window against its ack reader thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..batch import NodeBatch, NodeHello
+from ..model import Snapshot
+from .spool import MemorySpool
+from .stream_batches import BatchMaker
+from .stream_channel import TlsFiles
+
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+# The client's monotonic counters (fabricmon_stream_* self metrics), all starting at 0.
+COUNTERS = ("snapshots_dropped_total", "batches_sent_total", "batches_replayed_total", "batches_acked_total",
+            "batches_rejected_total", "batches_too_large_total", "batches_unencodable_total", "connects_total",
+            "connect_failures_total", "acks_refused_total", "thread_restarts_total", "items_unsubscribed_total")
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """How to reach the aggregator and the limits of one connection (fixed for the client's life)."""
+
+    target: str
+    node: str
+    hello_factory: Callable[[], NodeHello] | None = None
+    token: str | None = None
+    token_file: str | None = None
+    tls: TlsFiles | None = None
+    interval_seconds: float = 1.0
+    hello_timeout: float = 5.0
+    ack_timeout: float = 15.0
+    keepalive_ms: int = 20_000
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_inflight: int = 64
+
+
+class StreamState:
+    """The client's live state, worked on by the client (enqueue, spool between connections)
+    and by each session (send, ack, spool what was not acked)."""
+
+    def __init__(self, options: StreamOptions, spool: MemorySpool, batches: BatchMaker,
+                 counters: dict[str, int], queue_max: int) -> None:
+        self.options = options
+        self.spool = spool
+        self.batches = batches
+        self.counters = counters  # shared with ``batches``, which counts what it leaves out
+        self.queue_max = max(1, queue_max)
+        self.queue: deque[Snapshot] = deque()
+        self.wake = threading.Event()
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.latest: Snapshot | None = None  # the newest snapshot offered (the default hello's source)
+        self.connected = False
+        self.spool_ok = True  # the last batch that had to be spooled was stored
+        self.last_error = ""
+
+    @staticmethod
+    def new_counters() -> dict[str, int]:
+        return dict.fromkeys(COUNTERS, 0)
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.counters[name] += n
+
+    def enqueue(self, snapshot: Snapshot) -> None:
+        """Queue a snapshot for the stream thread; the oldest is dropped (and counted) when full."""
+        self.latest = snapshot
+        if len(self.queue) >= self.queue_max:
+            try:
+                self.queue.popleft()
+            except IndexError:
+                pass
+            self.count("snapshots_dropped_total")
+        self.queue.append(snapshot)
+        self.wake.set()
+
+    def take(self) -> Snapshot | None:
+        """The oldest queued snapshot, or None when the queue is empty."""
+        try:
+            return self.queue.popleft()
+        except IndexError:
+            return None
+
+    def spool_batch(self, batch: NodeBatch) -> None:
+        """Store ``batch`` self-contained in the spool (what cannot be encoded is counted and lost)."""
+        data = self.batches.self_contained(batch)
+        if data is not None:
+            self.spool_ok = self.spool.append(batch.seq, data)
+
+    def spool_snapshot(self, snapshot: Snapshot) -> None:
+        self.spool_batch(self.batches.convert(snapshot))
+
+    def drain_to_spool(self) -> None:
+        """Everything still queued goes to the spool, in order."""
+        while (snap := self.take()) is not None:
+            self.spool_snapshot(snap)
