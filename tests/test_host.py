@@ -114,9 +114,9 @@ def test_poll_within_one_tick_keeps_baseline() -> None:
 def test_constructed_from_agent_config() -> None:
     from dataclasses import replace
 
-    from fabricmon.config import AgentConfig, HostSource as HostConfig, Sources
+    from fabricmon.config import AgentConfig, HostConfig, SourcesConfig
 
-    cfg = AgentConfig(sources=replace(Sources(), host=HostConfig(timeout=0.25)))
+    cfg = AgentConfig(sources=replace(SourcesConfig(), host=HostConfig(timeout=0.25)))
     src = HostSource(cfg)
     assert src.name == "host" and src.timeout == 0.25
     assert HostSource().timeout == HostConfig().timeout

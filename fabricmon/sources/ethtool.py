@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import structlog
 
 from ..config import AgentConfig
-from ..config import EthtoolSource as EthtoolConfig
+from ..config import EthtoolConfig
 from ..model import Labels, Reading, ReadingMemo, Semantics, SourceResult
 from .bounds import RejectCounts, Rejected, counter_from_text, read_bounded, valid_ifname
 from .drivers import DriverTable, Match

@@ -51,8 +51,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..config import AgentConfig
-from ..config import FabricConfigSource as FabricConfigConfig
-from ..config import Profile
+from ..config import FabricConfigConfig
+from ..config import ProfileConfig
 from ..model import ReadingMemo, SourceResult
 from .base_io import read_text
 from .ethtool import PfcInfo, parse_pfc_summary
@@ -82,7 +82,7 @@ class PortFacts:
     pfc: PfcInfo | None = None
 
 
-def evaluate(facts: PortFacts, profile: Profile) -> dict[str, bool | None]:
+def evaluate(facts: PortFacts, profile: ProfileConfig) -> dict[str, bool | None]:
     """Check results for one rail port: True/False, None when the host cannot
     tell (unknown, not drift); a check without its facts is absent."""
     out: dict[str, bool | None] = {}
@@ -255,7 +255,7 @@ class FabricConfigSource:
         cfg: AgentConfig | None = None,
         *,
         config: FabricConfigConfig | None = None,
-        profile: Profile | None = None,
+        profile: ProfileConfig | None = None,
         ethtool_dir: str | None = None,
         dcb_reader: Callable[[str], PfcInfo] = read_dcb,
         dcb_cache_seconds: float = 10.0,
@@ -263,7 +263,7 @@ class FabricConfigSource:
     ) -> None:
         """``cfg`` as the runtime passes it; the keyword arguments override its parts (tests)."""
         self.config = config or (cfg.sources.fabric_config if cfg is not None else FabricConfigConfig())
-        self.profile = profile or (cfg.profile if cfg is not None else Profile())
+        self.profile = profile or (cfg.profile if cfg is not None else ProfileConfig())
         self.timeout = self.config.timeout
         # None: dcbnl on this host; set: <dir>/<if>.pfc.txt (fixtures, simulator)
         self.ethtool_dir = ethtool_dir if ethtool_dir is not None else (cfg.ethtool_dir if cfg is not None else None)

@@ -12,7 +12,7 @@ from typing import Any
 import psutil
 
 from ..config import AgentConfig
-from ..config import HostSource as HostConfig
+from ..config import HostConfig
 from ..model import ReadingMemo, Semantics, SourceResult, reading
 from .inventory import Inventory
 
