@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .configload import ConfigError, build, check_hostport, check_range, check_regexes, load_yaml_file
-from .sources.bounds import valid_ifname
+from .textcheck import valid_ifname
 
 __all__ = ["AgentConfig", "ConfigError", "load_agent_config"]
 

@@ -26,26 +26,26 @@ def _modules(package: Path) -> dict[str, tuple[Path, bool]]:
     return out
 
 
-def _module_level_imports(tree: ast.Module):
-    """Import nodes outside function bodies."""
+def _imports(tree: ast.Module, lazy: bool):
+    """Import nodes outside function bodies (and inside them too with ``lazy``)."""
     stack: list[ast.AST] = [tree]
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
         for child in ast.iter_child_nodes(node):
-            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            if lazy or not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                 stack.append(child)
 
 
-def import_graph(package: Path) -> dict[str, set[str]]:
+def import_graph(package: Path, lazy: bool = False) -> dict[str, set[str]]:
     top = package.name
     mods = _modules(package)
     graph: dict[str, set[str]] = {}
     for name, (path, is_pkg) in mods.items():
         here = name.split(".") if is_pkg else name.split(".")[:-1]
         deps: set[str] = set()
-        for node in _module_level_imports(ast.parse(path.read_text(), str(path))):
+        for node in _imports(ast.parse(path.read_text(), str(path)), lazy):
             if isinstance(node, ast.Import):
                 deps.update(a.name for a in node.names if a.name.split(".")[0] == top)
                 continue
@@ -143,3 +143,20 @@ def test_stream_modules_use_each_other_through_public_names():
     assert private_reaches("class A:\n    def f(self, c):\n        return c._inq, self._ok\n") == ["line 3: ._inq"]
     found = {name: private_reaches((PACKAGE / "agent" / name).read_text()) for name in STREAM_MODULES}
     assert {name: reaches for name, reaches in found.items() if reaches} == {}
+
+
+def test_modules_below_sources_never_import_sources():
+    """sources/ builds on a few core modules (config, model, bounds of text, ...); none of those
+    may import from sources/, not even lazily, or the two layers could not be read apart."""
+    graph = import_graph(PACKAGE)
+    lazy = import_graph(PACKAGE, lazy=True)
+    below: set[str] = set()
+    todo = [m for m in graph if m.startswith("fabricmon.sources")]
+    while todo:
+        for dep in graph[todo.pop()]:
+            if not dep.startswith("fabricmon.sources") and dep not in below:
+                below.add(dep)
+                todo.append(dep)
+    assert "fabricmon.config" in below and "fabricmon.model" in below
+    upward = {m: sorted(d for d in lazy[m] if d.startswith("fabricmon.sources")) for m in below}
+    assert {m: deps for m, deps in upward.items() if deps} == {}
