@@ -394,12 +394,14 @@ def test_ioctl_matches_ethtool_binary_on_veth(veth_ns: str) -> None:
 
 
 def test_agent_config_supplies_allowlist_and_ethtool_dir(tmp_path: Path) -> None:
+    from fabricmon.agent.runtime import source_context
     from fabricmon.config import AgentConfig, SourcesConfig
+    from fabricmon.sources.ethtool import SOURCE
 
     (tmp_path / "eth0.txt").write_text("NIC statistics:\n     rx_vport_rdma_unicast_bytes: 42\n     rx_packets: 1\n")
     cfg = AgentConfig(ethtool_dir=str(tmp_path),
                       sources=SourcesConfig(ethtool=EthtoolConfig(interfaces=("eth0",), allow=("^rx_vport_",))))
-    src = EthtoolSource(cfg)  # as agent/runtime.py builds it
+    src = SOURCE.build(cfg.sources.ethtool, source_context(cfg))  # as agent/runtime.py builds it
     res = src.poll(_Inv([]))  # type: ignore[arg-type]
     stats = [(r.family, dict(r.labels), r.value) for r in res.readings if r.family == "fabricmon_ethtool_stat"]
     assert stats == [("fabricmon_ethtool_stat", {"interface": "eth0", "stat": "rx_vport_rdma_unicast_bytes"}, 42)]

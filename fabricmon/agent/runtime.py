@@ -16,7 +16,9 @@ from ..buildinfo import ReloadStatus, runtime_exposition
 from ..config import AgentConfig
 from ..configload import ConfigError, split_hostport
 from ..sources.base import Source
+from ..sources import registry
 from ..sources.inventory import Inventory, discover
+from ..sources.registry import SourceContext
 from .exporter import AgentHTTPServer, RenderedSnapshot
 from .poller import Poller
 from .selfmetrics import AgentSelfCollector, self_exposition
@@ -42,32 +44,14 @@ def resolve_node_name(cfg: AgentConfig) -> str:
     return socket.gethostname().split(".")[0]
 
 
+def source_context(cfg: AgentConfig) -> SourceContext:
+    """The host facts sources read besides their own ``sources.<name>`` section."""
+    return SourceContext(sysfs_root=cfg.sysfs_root, ethtool_dir=cfg.ethtool_dir, nvml=cfg.nvml, profile=cfg.profile)
+
+
 def build_sources(cfg: AgentConfig) -> list[Source]:
-    from ..sources.ethtool import EthtoolSource
-    from ..sources.fabric_config import FabricConfigSource
-    from ..sources.host import HostSource
-    from ..sources.infiniband import InfinibandSource
-    from ..sources.nvml.source import make_nvml_source
-
-    sources: list[Source] = []
-    s = cfg.sources
-    if s.infiniband.enabled:
-        sources.append(InfinibandSource(cfg))
-    if s.ethtool.enabled:
-        sources.append(EthtoolSource(cfg))
-    if s.fabric_config.enabled:
-        sources.append(FabricConfigSource(cfg))
-    nvml = make_nvml_source(cfg)
-    if nvml is not None:
-        sources.append(nvml)
-    if s.transceiver.enabled:
-        from ..sources.transceiver import TransceiverSource
-
-        sources.append(TransceiverSource(cfg))
-    if s.host.enabled and cfg.sysfs_root == "/sys":
-        # psutil reads this host's /proc: meaningless for a fixture or simulated tree.
-        sources.append(HostSource(cfg))
-    return sources
+    """The enabled sources (sources/registry.py), each from its own section."""
+    return registry.build_sources(cfg.sources, source_context(cfg))
 
 
 def make_discover(cfg: AgentConfig) -> Callable[[], Inventory]:

@@ -11,10 +11,10 @@ from typing import Any
 
 import psutil
 
-from ..config import AgentConfig
 from ..config import HostConfig
 from ..model import ReadingMemo, Semantics, SourceResult, reading
 from .inventory import Inventory
+from .registry import SourceContext, SourceSpec
 
 EXCLUDED_INTERFACES = frozenset({"lo"})
 
@@ -44,15 +44,14 @@ class HostSource:
 
     def __init__(
         self,
-        cfg: AgentConfig | None = None,
+        config: HostConfig | None = None,
         *,
         timeout: float | None = None,
         cpu_times: Callable[[], Any] = psutil.cpu_times,
     ) -> None:
-        # Same construction as the other sources (runtime passes the AgentConfig);
-        # an explicit timeout wins over the config's.
+        # An explicit timeout wins over the section's.
         if timeout is None:
-            timeout = cfg.sources.host.timeout if cfg is not None else HostConfig().timeout
+            timeout = (config or HostConfig()).timeout
         self.timeout = timeout
         self._cpu_times = cpu_times
         self._last_cpu: tuple[float, float] | None = None
@@ -121,3 +120,12 @@ class HostSource:
 
     def close(self) -> None:
         pass  # nothing held open
+
+
+def _build(config: HostConfig, context: SourceContext) -> HostSource | None:
+    if context.sysfs_root != "/sys":
+        return None  # psutil reads this host's /proc: meaningless for a fixture or simulated tree
+    return HostSource(config)
+
+
+SOURCE = SourceSpec("host", HostConfig, _build)
