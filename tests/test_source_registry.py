@@ -7,10 +7,12 @@ import dataclasses
 import typing
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from fabricmon.agent.runtime import build_sources, source_context
 from fabricmon.config import AgentConfig, EthtoolConfig, SourcesConfig, TransceiverConfig, load_agent_config
-from fabricmon.sources.registry import MODULES, SourceContext, build_sources as registry_build, source_specs
+from fabricmon.sources.registry import MODULES, SourceContext, source_specs
+from fabricmon.sources.registry import build_sources as registry_build
 
 
 def _close(sources) -> None:
@@ -40,7 +42,7 @@ def test_each_source_is_built_from_its_own_section(tmp_path: Path):
     cfg = load_agent_config(tmp_path / "agent.yaml")
     built = build_sources(cfg)
     try:
-        by_name = {s.name: s for s in built}
+        by_name: dict[str, Any] = {s.name: s for s in built}
         # MODULES order; host too, since sysfs_root is this host's /sys
         assert [s.name for s in built] == ["infiniband", "ethtool", "fabric_config", "nvml", "transceiver", "host"]
         assert {n: s.timeout for n, s in by_name.items() if n != "host"} == {
@@ -62,4 +64,5 @@ def test_disabled_sections_and_hosts_without_a_source_build_nothing(tmp_path: Pa
         assert [s.name for s in built] == ["fabric_config"]
     finally:
         _close(built)
-    assert source_context(AgentConfig(sysfs_root="/x/sys", nvml="off")) == SourceContext(sysfs_root="/x/sys", nvml="off")
+    ctx = source_context(AgentConfig(sysfs_root="/x/sys", nvml="off"))
+    assert ctx == SourceContext(sysfs_root="/x/sys", nvml="off")

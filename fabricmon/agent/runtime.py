@@ -15,8 +15,8 @@ import structlog
 from ..buildinfo import ReloadStatus, runtime_exposition
 from ..config import AgentConfig
 from ..configload import ConfigError, split_hostport
-from ..sources.base import Source
 from ..sources import registry
+from ..sources.base import Source
 from ..sources.inventory import Inventory, discover
 from ..sources.registry import SourceContext
 from .exporter import AgentHTTPServer, RenderedSnapshot

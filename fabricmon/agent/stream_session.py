@@ -15,6 +15,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+
 import grpc
 import structlog
 
@@ -119,7 +120,8 @@ class Session:
                     conn.error = conn.error or f"no answer to the hello within {o.hello_timeout:.1f}s"
                     break
                 conn.hello_acked.wait(min(left, 0.1))
-            if not conn.hello_acked.is_set() or (conn.dead.is_set() and conn.reject is not None and conn.reject[0] == 0):
+            if not conn.hello_acked.is_set() or (conn.dead.is_set() and conn.reject is not None
+                                                 and conn.reject[0] == 0):
                 if not st.stop.is_set():
                     st.count("connect_failures_total")
                     st.last_error = conn.error or (conn.reject[1] if conn.reject else "closed")
