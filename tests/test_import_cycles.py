@@ -9,6 +9,7 @@ imports (optional dependencies, start-up cost) and run after both modules are lo
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fabricmon"
@@ -24,6 +25,11 @@ def _modules(package: Path) -> dict[str, tuple[Path, bool]]:
             parts = parts[:-1]
         out[".".join(parts)] = (path, is_pkg)
     return out
+
+
+@functools.cache
+def _parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
 
 
 def _imports(tree: ast.Module, lazy: bool):
@@ -45,7 +51,7 @@ def import_graph(package: Path, lazy: bool = False) -> dict[str, set[str]]:
     for name, (path, is_pkg) in mods.items():
         here = name.split(".") if is_pkg else name.split(".")[:-1]
         deps: set[str] = set()
-        for node in _imports(ast.parse(path.read_text(), str(path)), lazy):
+        for node in _imports(_parse(path), lazy):
             if isinstance(node, ast.Import):
                 deps.update(a.name for a in node.names if a.name.split(".")[0] == top)
                 continue
