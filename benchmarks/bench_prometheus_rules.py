@@ -65,7 +65,9 @@ def run(kinds: list[str], *, scrape: str, fault_at: float, cap: float, workdir: 
     for_s = alert_for_seconds()
     truth = [g for g in scn.ground_truth() if g.alertname]
     t0 = time.monotonic()
-    with live_fabric(scn, workdir, rule_files=RULE_FILES, scrape_interval=scrape, probe=False) as lf:
+    # One aggregator replica down: the fault rules are its fallback and speak only then.
+    with live_fabric(scn, workdir, rule_files=RULE_FILES, scrape_interval=scrape, probe=False,
+                     down_aggregator_replica=True) as lf:
         injected = lf.epoch + fault_at
         keys = {(g.alertname, g.component) for g in truth}
         end = injected + cap

@@ -58,8 +58,11 @@ interval) after the first minute; every fault localized (an alert with its compo
 webhook) and still an open incident at its owning shard at the end (for the restarted shard:
 found again by the new process, so the alert keeps being resent); no alert of a fault resolved at
 the webhook while the fault was still active (an alert lost across the restart would be resolved
-by Alertmanager when its endsAt passes).  Alerts that match no fault are printed, not failed on.
-The delay against the usual one is printed (within / SLOWER), not failed on.
+by Alertmanager when its endsAt passes); no FabricmonAgentDown notification (no node is down in a
+soak: reconnecting nodes must not page); no alert resolved and then fired again at the webhook; the
+first fault after a restart at the webhook within the usual delay plus 60 s of start-up after the
+restart (benchmarks/soak_verdict.py).  Alerts that match no fault are printed, not failed on.  The
+run ends with one line, ``soak verdict: ok ...`` or ``soak verdict: FAIL <why>`` (exit status 1).
 
 Per-minute table (JSON lines as it runs; ``--markdown``: a table at the end): one row per minute
 and shard, the aggregator columns that shard's process, the node-side columns (this process, all
@@ -91,6 +94,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_freshness import cpu_seconds, free_port, http_get, rss_mib, wait_for  # noqa: E402
+from soak_verdict import RESTART_STARTUP_ALLOWANCE_S, agent_down_pages, refired, verdict_line
 
 # README "Detection" (benchmarks/bench_detection.py, 1 s interval): injection -> incident open,
 # (median, p90) in sample seconds; the webhook adds Alertmanager's group_wait and delivery.
@@ -424,10 +428,11 @@ async def _nodes(a, scn, targets: dict[int, str], shard_of_node: dict[str, int],
 
 
 def check_faults(a, scn, alerts: list, wall0: float, end_wall: float, kill: dict, open_at_owner) \
-        -> tuple[bool, list[str]]:
+        -> tuple[list[str], list[str]]:
     """Per fault: localized (an alert naming its component reached the webhook), delay, and no
-    resolve while the fault was active.  ``alerts``: (arrival wall time, status, alert)."""
-    lines, ok = [], True
+    resolve while the fault was active; the first fault after a restart within the usual delay plus
+    the start-up allowance.  ``alerts``: (arrival wall time, status, alert).  (reasons, lines)."""
+    lines, reasons = [], []
     gts = scn.ground_truth()
     matched_any = set()
     for i, (f, gt) in enumerate(zip(scn.faults, gts)):
@@ -442,7 +447,7 @@ def check_faults(a, scn, alerts: list, wall0: float, end_wall: float, kill: dict
         usual_s = (f"usual: incident open median {usual[0]:.1f} s, p90 {usual[1]:.1f} s at 1 s (README Detection), "
                    f"allowed here p90 x interval + {WEBHOOK_SLACK_S:.0f} s = {allowed:.1f} s" if usual else "usual: -")
         if not firing:
-            ok = False
+            reasons.append(f"{f.kind} {gt.component} not detected")
             after = sorted({(al.get("labels") or {}).get("component", "?") for t, st, al in alerts
                             if st == "firing" and t >= start_wall})
             lines.append(f"fault {f.kind} truth {gt.component} (start {f.start:.0f} s): NOT detected; "
@@ -457,20 +462,32 @@ def check_faults(a, scn, alerts: list, wall0: float, end_wall: float, kill: dict
             down = kill.get("restarted_at_s", float("nan")) - kill["killed_at_s"]
             verdict = (f"across the restart: started {kill['killed_at_s'] - f.start:.0f} s before the SIGKILL, shard "
                        f"down {down:.0f} s, then its start-up and the streams' reconnect; {verdict}")
+            after_restart = t - (wall0 + kill.get("restarted_at_s", float("inf")))
+            limit = (allowed or 0.0) + RESTART_STARTUP_ALLOWANCE_S
+            if not after_restart <= limit:
+                reasons.append(f"first fault after the restart ({gt.component}) reached the webhook "
+                               f"{after_restart:.0f} s after the restart (allowed {limit:.0f} s)")
         lines.append(f"fault {f.kind} truth {gt.component} (start {f.start:.0f} s): detected yes, named {named} "
                      f"({al['labels'].get('alertname')}), fault -> webhook {delay:.1f} s ({verdict} usual); {usual_s}")
         held, owner = open_at_owner(f, gt.component)
         lines.append(f"  open incident for it at its owner (shard {owner}) at the end: {'yes' if held else 'NO'}")
         if not held:
-            ok = False
+            reasons.append(f"{gt.component} not open at its owner at the end")
         if resolved_early:
-            ok = False
+            reasons.append(f"{gt.component} resolved while the fault was active")
             lines.append(f"  its alert was RESOLVED at the webhook at {resolved_early[0] - wall0:.0f} s while the "
                          "fault was active (an alert lost)")
     extra = sorted({(al.get("labels") or {}).get("component", "?") + " " + (al.get("labels") or {}).get("alertname", "")
                     for _, st, al in alerts if st == "firing" and id(al) not in matched_any})
     lines.append(f"alerts matching no fault: {len(extra)}" + (f" ({', '.join(extra[:5])})" if extra else ""))
-    return ok, lines
+    down = agent_down_pages(alerts)
+    if down:
+        reasons.append(f"{len(down)} FabricmonAgentDown notification(s) for nodes that were not down "
+                       f"(first: {', '.join(down[:3])})")
+    again = refired(alerts)
+    if again:
+        reasons.append(f"{len(again)} alert(s) resolved then fired again (first: {', '.join(again[:3])})")
+    return reasons, lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -607,10 +624,16 @@ def main(argv: list[str] | None = None) -> int:
         print()
     print(f"subscription: {res['subscribed']}/{a.nodes} streams subscribed at the end, {res['filtered']} items "
           f"filtered out before encoding")
-    ok = not res["rejects"] and res["unacked"] == 0 and res["out_of_order"] == 0
+    reasons: list[str] = []
+    if res["rejects"]:
+        reasons.append(f"{len(res['rejects'])} batch(es) rejected")
+    if res["unacked"]:
+        reasons.append(f"{res['unacked']} batch(es) never acked")
+    if res["out_of_order"]:
+        reasons.append(f"{res['out_of_order']} ack(s) out of order")
     lag_limit = max(2.0, a.interval)
     if not all(r["max_lag_s"] <= lag_limit for r in rows[1:]):  # minute 1 holds the start: every series defined
-        ok = False
+        reasons.append(f"node side fell behind by more than {lag_limit:g} s")
         print(f"node side fell behind by more than {lag_limit:g} s after the first minute")
     kill = res["kill"]
     for s in shards:
@@ -623,7 +646,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"killed process before the kill, lost with its memory - fine; it had ingested "
                     f"{kill.get('ingested_before_kill')} just before)")
         good = s["ingested"] == expect and s["dropped"] == 0
-        ok = ok and good
+        if not good:
+            reasons.append(f"shard {s['index']} ingested {s['ingested']:.0f} of {expect}, dropped {s['dropped']:.0f}")
         print(f"shard {s['index']} units {s['units'][0]}..{s['units'][-1]}: sent {ps['sent']}, ingested "
               f"{s['ingested']:.0f} (expected {expect}), dropped {s['dropped']:.0f}{note} -> "
               f"{'OK' if good else 'FAILED'}")
@@ -636,13 +660,14 @@ def main(argv: list[str] | None = None) -> int:
             k = owner(f.unit if f.unit is not None else scn.unit_of(f.node))
             return component in shards[k]["open"], k
 
-        f_ok, lines = check_faults(a, scn, receiver.alerts(), res["wall0"], end_wall, res["kill"], open_at_owner)
+        f_reasons, lines = check_faults(a, scn, receiver.alerts(), res["wall0"], end_wall, res["kill"], open_at_owner)
         receiver.stop()
         for line in lines:
             print(line)
-        ok = ok and f_ok
+        reasons += f_reasons
     elif receiver is not None:
         receiver.stop()
+    ok = not reasons
     print(f"sent {res['sent']}, ingested {sum(s['ingested'] for s in shards):.0f}, dropped "
           f"{sum(s['dropped'] for s in shards):.0f}, every batch acked: {res['unacked'] == 0}, acks in order: "
           f"{res['out_of_order'] == 0} -> {'OK' if ok else 'FAILED'}")
@@ -650,6 +675,10 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     else:
         print(f"kept for a look: {work} (aggregator configs and logs, Alertmanager's)")
+    print(verdict_line(reasons, f"{a.nodes} nodes, {a.shards} shard(s), {a.minutes:g} min at {a.interval:g} s"
+                       + (f", shard {a.kill_shard} killed at minute {a.kill_at_minute:g}" if kill else "")
+                       + ": no AgentDown page, no alert resolved and fired again, every fault localized"),
+          flush=True)
     return 0 if ok else 1
 
 

@@ -46,22 +46,31 @@ def _by_iface(expr: str, labels: str = "") -> str:
 
 
 # Incidents: the aggregator's one-series-per-open-incident gauge.  Severity ranks 3/2/1 so that
-# max() over a leaf/node/switch is its worst open incident; 0 (the `base` series) = nothing open.
+# max() over a leaf/node/switch is its worst open incident; 0 (the `base` series) = nothing open,
+# said only while every aggregator target is up; -1 = no data: with an aggregator down or
+# unscraped, no open incident is not health, and the cell must not read a green "OK".
 INCIDENT = "fabricmon_incident_open"
 SEVERITY_RANK = (("critical", 3), ("warning", 2), ("info", 1))
+NO_DATA = -1
+NO_DATA_TEXT = "no data / aggregator down"
+NO_DATA_COLOR = "#8e8e8e"  # grey: neither health nor a fault
+AGGREGATORS_UP = f'min by (cluster) (up{{{C}, job=~".*fabricmon-aggregator.*"}}) == 1'
 WORST_MAPPINGS = [{"type": "value", "options": {
+    str(NO_DATA): {"text": NO_DATA_TEXT, "color": NO_DATA_COLOR, "index": 4},
     "0": {"text": "OK", "color": "green", "index": 0},
     "1": {"text": "info", "color": "blue", "index": 1},
     "2": {"text": "warning", "color": "orange", "index": 2},
     "3": {"text": "critical", "color": "red", "index": 3}}}]
-WORST_THRESHOLDS = [(None, "green"), (1, "blue"), (2, "orange"), (3, "red")]
+WORST_THRESHOLDS = [(None, NO_DATA_COLOR), (0, "green"), (1, "blue"), (2, "orange"), (3, "red")]
 
 
 def _worst(by: str, incident_sel: str, base: str = "") -> str:
-    """max by (`by`) of the severity rank of open incidents matching `incident_sel`, 0 for every `base` series."""
+    """max by (`by`) of the severity rank of open incidents matching `incident_sel`; for every `base`
+    series 0 while every aggregator target is up, else NO_DATA."""
     parts = [f'{rank} * {INCIDENT}{{{C}, severity="{sev}", {incident_sel}}}' for sev, rank in SEVERITY_RANK]
     if base:
-        parts.append(f"0 * {base}")
+        parts.append(f"(0 * {base} and on (cluster) ({AGGREGATORS_UP}))")
+        parts.append(f"{NO_DATA} + 0 * {base}")
     return f"max by ({by}) ({' or '.join(parts)})"
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .model import CounterDelta, Sample
-from .rank_timing import JobLayout, RankTiming
+from .rank_timing import Heartbeat, JobLayout, RankTiming
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,3 +48,4 @@ class NodeBatch:
     # counter deltas that came in but were not built into ``deltas`` because the consumer reads
     # no series of their family (the aggregator's stream decoder); counted, never evidence
     unread_deltas: int = 0
+    heartbeats: tuple[Heartbeat, ...] = ()

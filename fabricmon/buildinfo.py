@@ -19,11 +19,22 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from . import __version__
 
 
+def revision() -> str:
+    """The source revision the installed package was built from (written by setup.py at build
+    time; an editable or source-tree run has none: "unknown")."""
+    try:
+        from ._revision import REVISION  # type: ignore[import-not-found]
+    except ImportError:
+        return "unknown"
+    return str(REVISION) or "unknown"
+
+
 class BuildInfoCollector:
     def collect(self):
-        g = GaugeMetricFamily("fabricmon_build_info", "A metric with a constant 1 labeled by the fabricmon version "
-                              "and the Python it runs on.", labels=["version", "python_version", "python_implementation"])
-        g.add_metric([__version__, platform.python_version(), platform.python_implementation()], 1.0)
+        g = GaugeMetricFamily("fabricmon_build_info", "A metric with a constant 1 labeled by the fabricmon version, "
+                              "the source revision it was built from and the Python it runs on.",
+                              labels=["version", "revision", "python_version", "python_implementation"])
+        g.add_metric([__version__, revision(), platform.python_version(), platform.python_implementation()], 1.0)
         yield g
 
 

@@ -44,6 +44,8 @@ def _agent_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("agent", help="run the per-node agent", parents=[_common()])
     p.add_argument("--config", help="agent YAML config")
     p.add_argument("--sysfs-root", dest="sysfs_root", help="sysfs mount (default /sys)")
+    p.add_argument("--host-root", dest="host_root",
+                   help="where the host's / is mounted, for its /proc (default /; in a container e.g. /host)")
     p.add_argument("--ethtool-dir", dest="ethtool_dir", help="directory of <if>.txt ethtool -S dumps (fixtures and simulation)")
     p.add_argument("--node-name", dest="node_name", help="node label (default: hostname)")
     p.add_argument("--listen", help="HOST:PORT for /metrics, /healthz, /readyz (default 0.0.0.0:9720)")
@@ -171,7 +173,8 @@ class Signals:
 
 def _agent_overrides(args: argparse.Namespace) -> dict:
     return {k: getattr(args, k) for k in (
-        "sysfs_root", "ethtool_dir", "node_name", "listen", "interval", "nvml", "aggregator", "nccl_inspector_dir")}
+        "sysfs_root", "host_root", "ethtool_dir", "node_name", "listen", "interval", "nvml", "aggregator",
+        "nccl_inspector_dir")}
 
 
 def _load_agent(args: argparse.Namespace):
@@ -348,8 +351,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         from .config import load_agent_config
 
         cfg = load_agent_config(args.file)
+        node = resolve_node_name(cfg)  # the name this host would stream under passes the aggregator's rule
         if cfg.shard is not None:  # the map parses, and the unit (when the config gives it) has an owner
-            resolve_static(cfg.shard, resolve_node_name(cfg), args.file)
+            resolve_static(cfg.shard, node, args.file)
         if not args.skip_secrets:
             # what would stop the stream at start: a missing token, the example placeholder, no TLS file
             check_token_file(cfg.stream.token_file, "stream.token_file", args.file)

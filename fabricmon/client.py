@@ -8,6 +8,8 @@ or ``$FABRICMON_RANKS_SOCKET``), falling back to ``POST /v1/ranks`` on
 ``http://127.0.0.1:9723`` (or ``$FABRICMON_RANKS_HTTP``; an empty value turns
 the fallback off).  Both use a short timeout, and nothing here ever raises into
 the training loop: the result is True when the line was handed over, else False.
+``start_heartbeat`` runs a rank's 5 s heartbeat thread over one connection (hung jobs are named
+from them).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import math
 import os
 import socket
+import threading
 import time
 import urllib.parse
 
@@ -109,3 +112,105 @@ def report_layout(job: str, layout: dict[str, int], socket_path=_UNSET, http=_UN
         return send_line(line, socket_path=socket_path, http=http, timeout=timeout)
     except Exception:
         return False
+
+
+HEARTBEAT_SECONDS = 5.0
+
+
+class HeartbeatSender:
+    """A rank's liveness, every ``interval`` seconds from a daemon thread over one Unix-socket connection
+    (DESIGN "Jobs, decoys and cost"): its step, its collective sequence number and whether it is inside a
+    collective.  The training loop only calls ``update`` (a few attribute writes, no I/O); a hang shows as
+    heartbeats that go on while ``coll_sn`` stays.  Falls back to the HTTP intake, per line, when the
+    socket is unavailable; never raises into the training loop.
+
+        hb = start_heartbeat("llm-70b", rank=17, job_id=os.environ.get("SLURM_JOB_ID"))
+        hb.update(step=step, coll_sn=sn, in_collective=True)
+    """
+
+    def __init__(self, job: str, rank: int, *, job_id: str | None = None, interval: float = HEARTBEAT_SECONDS,
+                 socket_path=_UNSET, http=_UNSET, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.job, self.rank, self.job_id = str(job), int(rank), job_id
+        self.interval = float(interval)
+        self.step = 0
+        self.coll_sn = 0
+        self.in_collective = False
+        self.sent_total = 0
+        self.failed_total = 0
+        self._socket_path = os.environ.get("FABRICMON_RANKS_SOCKET", DEFAULT_SOCKET) if socket_path is _UNSET \
+            else socket_path
+        self._http = http
+        self._timeout = timeout
+        self._sock: socket.socket | None = None
+        self._stop = threading.Event()
+        self._thread = None
+
+    def update(self, step: int | None = None, coll_sn: int | None = None, in_collective: bool | None = None) -> None:
+        if step is not None:
+            self.step = int(step)
+        if coll_sn is not None:
+            self.coll_sn = int(coll_sn)
+        if in_collective is not None:
+            self.in_collective = bool(in_collective)
+
+    def line(self) -> str:
+        obj: dict = {"job": self.job, "rank": self.rank, "ts": time.time(),
+                     "heartbeat": {"step": self.step, "coll_sn": self.coll_sn, "in_collective": self.in_collective}}
+        if self.job_id:
+            obj["job_id"] = str(self.job_id)
+        return json.dumps(obj, separators=(",", ":"))
+
+    def beat(self) -> bool:
+        """Send one heartbeat now (the thread calls this every ``interval``)."""
+        data = (self.line() + "\n").encode()
+        ok = False
+        if self._socket_path:
+            try:
+                if self._sock is None:
+                    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    s.settimeout(self._timeout)
+                    s.connect(self._socket_path)
+                    self._sock = s
+                self._sock.sendall(data)
+                ok = True
+            except OSError:
+                self._close()  # reconnect on the next beat
+        if not ok:
+            ok = send_line(data.decode(), socket_path="", http=self._http, timeout=self._timeout)
+        if ok:
+            self.sent_total += 1
+        else:
+            self.failed_total += 1
+        return ok
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.beat()
+            except Exception:  # never let the thread die: a missing heartbeat reads as an exited rank
+                self.failed_total += 1
+
+    def start(self) -> HeartbeatSender:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="fabricmon-heartbeat", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.interval + 1.0)
+        self._close()
+
+    def _close(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+            self._sock = None
+
+
+def start_heartbeat(job: str, rank: int, **kwargs) -> HeartbeatSender:
+    """Start a rank's heartbeat thread; see ``HeartbeatSender``."""
+    return HeartbeatSender(job, rank, **kwargs).start()

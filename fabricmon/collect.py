@@ -210,6 +210,25 @@ class _SysfsCapture:
                 else:
                     self.file(p, posixpath.join(rel_dir, f))
 
+    def pci_functions(self) -> None:
+        """Every PCI function's vendor and class (bus/pci/devices/*): the agent's pci source counts the
+        node's NVIDIA GPUs from them, so a capture replays FabricmonGPUsUnmonitored's inputs too."""
+        top = os.path.join(self.root, "bus", "pci", "devices")
+        if not os.path.isdir(top):
+            return
+        for bdf in sorted(os.listdir(top)):
+            entry = os.path.join(top, bdf)
+            if os.path.islink(entry):
+                self.link(entry)
+            fn = os.path.realpath(entry)
+            rel = self.rel(fn)
+            if rel is None or not os.path.isdir(fn):
+                continue
+            for attr in ("vendor", "class"):
+                p = os.path.join(fn, attr)
+                if os.path.isfile(p) and not os.path.islink(p):
+                    self.file(p, posixpath.join(rel, attr))
+
     def device(self, entry: str) -> list[str]:
         """Capture one class/infiniband entry; returns its netdev names."""
         if os.path.islink(entry):
@@ -449,6 +468,7 @@ def collect(sysfs_root: str, out: str, *, ethtool_dir: str | None = None, nvml: 
             log.info("capture_device", device=name, netdevs=found, files=len(ar.members))
         for ifname in netdevs:
             sys_cap.netdev_entry(ifname)
+        sys_cap.pci_functions()
         ethtool_mode = _capture_ethtool(ar, netdevs, ethtool_dir)
         nvml_mode = _capture_nvml(ar, nvml)
     except CaptureTooLarge as exc:

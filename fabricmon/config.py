@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .configload import ConfigError, build, check_hostport, check_range, check_regexes, load_yaml_file
-from .textcheck import valid_ifname
+from .textcheck import node_name_problem, valid_ifname
 
 __all__ = ["AgentConfig", "ConfigError", "load_agent_config"]
 
@@ -292,6 +292,9 @@ class ShardConfig:
 @dataclass(frozen=True)
 class AgentConfig:
     sysfs_root: str = "/sys"
+    # Where the host's / is seen (like node_exporter's --path.rootfs): the host source reads
+    # HOST_ROOT/proc.  In a container that is a hostPath mount of / (e.g. /host).
+    host_root: str = "/"
     ethtool_dir: str | None = None
     node_name: str | None = None
     listen: str = "0.0.0.0:9720"
@@ -315,10 +318,16 @@ class AgentConfig:
                               f"this node's unit), not both")
         _positive(self.interval, "interval", source)
         check_range(self.interval, *INTERVAL_RANGE, "interval", source, "s")
+        if not self.host_root or not self.host_root.startswith("/"):
+            raise ConfigError(f"{source}: host_root: must be an absolute path, got {self.host_root!r}")
         if not (self.nvml in ("auto", "off") or (self.nvml.startswith("fake:") and len(self.nvml) > 5)):
             raise ConfigError(f"{source}: nvml: must be auto, off or fake:FILE, got {self.nvml!r}")
         for dev, rail in self.rails.items():
             check_range(rail, *RAIL_RANGE, f"rails.{dev}", source)
+        if self.node_name is not None:
+            why = node_name_problem(self.node_name)
+            if why is not None:
+                raise ConfigError(f"{source}: {path}node_name: {why}")
 
     @property
     def nvml_fake_file(self) -> str | None:

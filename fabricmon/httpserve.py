@@ -156,6 +156,18 @@ class GuardedHTTPServer(ThreadingHTTPServer):
         except OSError:
             pass
 
+    def close_connections(self) -> None:
+        """End every open connection (at stop): a keep-alive client such as Prometheus would
+        otherwise go on being served by its handler thread after the listener is closed."""
+        with self._guard:
+            for c in self._conns.values():
+                if not c.closed:
+                    c.closed = True
+                    try:
+                        c.sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+
     def arm(self, sock: socket.socket, timeout: float, waiting: bool) -> None:
         """The connection's next phase: ``waiting`` on the peer (evictable at the limit) or busy in
         the server, until ``timeout`` from now."""
@@ -410,4 +422,5 @@ class RoutedHTTPServer:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+        self._server.close_connections()
         self._thread.join(timeout=5)

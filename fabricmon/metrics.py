@@ -84,6 +84,9 @@ SPECS: dict[str, MetricSpec] = _specs(
     ("fabricmon_transceiver_flag", "gauge",
      "A module alarm/warning/LOS flag that is set (value 1); lane is empty for module-level flags.",
      _PORT + ("lane", "flag")),
+    ("fabricmon_transceiver_modules_unreadable", "gauge",
+     "Interfaces whose module EEPROM read the kernel refused at the last module read, by reason "
+     "(permission: EPERM, the agent lacks CAP_NET_ADMIN; present only while some are refused).", ("reason",)),
     ("fabricmon_transceiver_reading_age_seconds", "gauge",
      "Seconds since the module readings were taken (they refresh at sources.transceiver.interval).", _PORT),
     ("fabricmon_global_pause_frames_total", "counter", "IEEE 802.3x (global, non-PFC) pause frames by direction.", ("interface", "direction")),
@@ -114,6 +117,10 @@ SPECS: dict[str, MetricSpec] = _specs(
     ("fabricmon_gpu_utilization_ratio", "gauge", "GPU compute utilization (0-1).", ("gpu",)),
     ("fabricmon_gpu_throttle_reason", "gauge", "1 when the clock-throttle reason is active.", ("gpu", "reason")),
     ("fabricmon_gpu_xid_errors_total", "counter", "XID errors seen, by XID code.", ("gpu", "xid")),
+    ("fabricmon_gpu_xid_fatal_errors_total", "counter",
+     "Fatal XID errors seen (sources/nvml/xid.py FATAL_XIDS), created at 0 for every GPU.", ("gpu",)),
+    ("fabricmon_pci_nvidia_gpus", "gauge",
+     "NVIDIA display or 3D controllers on the PCI bus (vendor 0x10de, class 0x03xxxx), NVML or not.", ()),
     ("fabricmon_gpu_ecc_errors_total", "counter", "ECC errors, by type (corrected, uncorrected).", ("gpu", "type")),
     ("fabricmon_gpu_pcie_replay_total", "counter", "PCIe replay counter.", ("gpu",)),
     ("fabricmon_nvlink_up", "gauge", "1 when the NVLink is active.", ("gpu", "link")),
@@ -180,6 +187,9 @@ SPECS: dict[str, MetricSpec] = _specs(
      "Values from hardware files, dumps or NVML refused at the validation boundary, by reason.", ("collector", "reason")),
     ("fabricmon_devices_discovered", "gauge",
      "Devices found by discovery, by kind (rdma_device, ib_port, roce_port, roce_netdev, netdev, gpu).", ("kind",)),
+    ("fabricmon_devices_expected", "gauge",
+     "Devices the config expects, by kind (rdma_port: sources.infiniband.expected_ports, IB and RoCE ports together).",
+     ("kind",)),
 )
 
 # Self-instrumentation, emitted by the exporter for every source.

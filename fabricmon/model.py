@@ -115,6 +115,7 @@ class SourceResult:
     messages: list[str] = field(default_factory=list)
     up: bool = True
     present: bool = True  # False: the hardware is simply not there (no GPU), not an error
+    stuck: list[str] = field(default_factory=list)  # devices whose read blocked past its deadline
     facts: dict = field(default_factory=dict)  # non-metric facts (topology, netdev map) for later stages
 
     def error(self, message: str) -> None:
@@ -150,6 +151,7 @@ class SourceStatus:
     duration_seconds: float
     errors_total: int
     last_messages: tuple[str, ...] = ()
+    stuck: tuple[str, ...] = ()  # what blocks past its deadline: the source itself, or its devices
 
 
 def _fast_frozen_init(cls: type) -> None:

@@ -2,9 +2,12 @@
 
 ``{"job": "llm-7b", "rank": 17, "local_rank": 1, "step": 1200, "step_seconds": 1.82,
 "comm_seconds": 0.41, "ts": 1764000000.5}`` with optional ``gpu`` (defaults to
-``local_rank``) and ``group`` ({"tp", "pp", "dp"}); a layout line
-``{"job": "llm-7b", "layout": {"tp": 8, "pp": 4, "dp": 64}}`` describes the job once.
-The agent adds ``node``.
+``local_rank``), ``group`` ({"tp", "pp", "dp"}) and ``job_id``; a layout line
+``{"job": "llm-7b", "layout": {"tp": 8, "pp": 4, "dp": 64}}`` describes the job once; a heartbeat
+``{"job": "llm-70b", "job_id": "slurm-81723", "rank": 17, "heartbeat": {"step": 1200,
+"coll_sn": 48211, "in_collective": true}, "ts": 1764000000.5}`` comes every 5 s from a rank's
+background thread (DESIGN "Jobs, decoys and cost"): heartbeats that go on while ``coll_sn`` stays is
+a hung job, heartbeats that stop an ended or restarting one.  The agent adds ``node``.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 
 from .rejected import InputRejected
-from .textcheck import label_text_ok
+from .textcheck import MAX_JOB_NAME, MAX_NODE_NAME, label_text_ok
 
 
 # Why a line was rejected: a fixed set, so the self-metric label stays bounded.
@@ -22,7 +25,7 @@ REJECT_REASONS = ("too_long", "not_utf8", "not_json", "not_object", "missing_fie
                   "bad_string")
 
 MAX_LINE_BYTES = 64 * 1024
-MAX_JOB_CHARS = 128
+MAX_JOB_CHARS = MAX_JOB_NAME
 MAX_KEY_CHARS = 32
 MAX_GROUP_KEYS = 8
 # Bounds are those of the wire fields (fabricmon.proto RankTiming) where a wider
@@ -32,7 +35,7 @@ MAX_GROUP_KEYS = 8
 # timestamp sent in milliseconds) is a unit error, not a measurement.
 MAX_RANK = 2**32 - 1          # uint32
 MAX_LOCAL_RANK = 2**16 - 1
-MAX_STEP = 2**53
+MAX_STEP = 2**53 - 1  # 2**53 and above are refused everywhere (aggregator intake too)
 MAX_GPU = 1023                # sint32 on the wire; -1 means "same as local_rank"
 MAX_GROUP_VALUE = 2**31 - 1   # int64 on the wire
 MAX_SECONDS = 1e6
@@ -41,6 +44,18 @@ MAX_TS = 1e11
 
 class RankTimingError(InputRejected):
     """A rank line refused; ``reason`` is one of REJECT_REASONS."""
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    job: str
+    rank: int
+    step: int
+    coll_sn: int  # the rank's collective sequence number: frozen while it is stuck
+    in_collective: bool
+    ts: float
+    node: str = ""
+    job_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +70,7 @@ class RankTiming:
     node: str = ""
     gpu: int = -1  # -1: same as local_rank
     group: tuple[tuple[str, int], ...] = ()
+    job_id: str = ""  # optional identity (a scheduler's job id): same-named jobs stay apart
 
     @property
     def gpu_index(self) -> int:
@@ -127,7 +143,8 @@ def _pairs(v, key: str, lo: int) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
-def parse_line(line: str | bytes, *, node: str = "", now: float | None = None) -> RankTiming | JobLayout:
+def parse_line(line: str | bytes, *, node: str = "",
+               now: float | None = None) -> RankTiming | JobLayout | Heartbeat:
     """Parse one JSON line; raises RankTimingError (with a ``reason`` of REJECT_REASONS) naming the field.
 
     Every value that comes back fits its wire field, and every string is a
@@ -152,9 +169,20 @@ def parse_line(line: str | bytes, *, node: str = "", now: float | None = None) -
         if not layout:
             raise RankTimingError("out_of_range", "layout: at least one entry")
         return JobLayout(job, layout)
-    group = _pairs(obj["group"], "group", 0) if obj.get("group") is not None else ()
     if not node and "node" in obj:
-        node = _text(obj["node"], "node", 253)
+        node = _text(obj["node"], "node", MAX_NODE_NAME)
+    job_id = _text(obj["job_id"], "job_id", MAX_JOB_CHARS) if obj.get("job_id") is not None else ""
+    if "heartbeat" in obj:
+        hb = obj["heartbeat"]
+        if not isinstance(hb, dict):
+            raise RankTimingError("bad_type", "heartbeat: expected an object")
+        flag = hb.get("in_collective", False)
+        if not isinstance(flag, bool):
+            raise RankTimingError("bad_type", f"heartbeat.in_collective: expected true or false, got {_short(flag)}")
+        return Heartbeat(job=job, rank=_int(obj, "rank", 0, MAX_RANK), step=_int(hb, "step", 0, MAX_STEP),
+                         coll_sn=_int(hb, "coll_sn", 0, MAX_STEP, default=0), in_collective=flag,
+                         ts=_seconds(obj, "ts", MAX_TS, default=now), node=node, job_id=job_id)
+    group = _pairs(obj["group"], "group", 0) if obj.get("group") is not None else ()
     return RankTiming(
         job=job,
         rank=_int(obj, "rank", 0, MAX_RANK),
@@ -166,6 +194,7 @@ def parse_line(line: str | bytes, *, node: str = "", now: float | None = None) -
         node=node,
         gpu=_int(obj, "gpu", -1, MAX_GPU, default=-1),
         group=group,
+        job_id=job_id,
     )
 
 
@@ -178,4 +207,16 @@ def to_json(t: RankTiming) -> str:
         obj["gpu"] = t.gpu
     if t.group:
         obj["group"] = dict(t.group)
+    if t.job_id:
+        obj["job_id"] = t.job_id
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def heartbeat_json(h: Heartbeat) -> str:
+    obj: dict = {"job": h.job, "rank": h.rank,
+                 "heartbeat": {"step": h.step, "coll_sn": h.coll_sn, "in_collective": h.in_collective}, "ts": h.ts}
+    if h.job_id:
+        obj["job_id"] = h.job_id
+    if h.node:
+        obj["node"] = h.node
     return json.dumps(obj, separators=(",", ":"))

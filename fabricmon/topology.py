@@ -9,6 +9,10 @@ leaves named ``leaf-u<unit>-r<rail>``), version 1 (an explicit ``nodes:`` list w
 units and rails) and version 2 (``version: 2``, written by ``fabricmon topology
 import``: every NIC names its leaf, ``rail`` may be null on a fat tree, ``leaves:``
 lists each leaf's spines; DESIGN.md "Topology from the fabric").
+
+The topology hands out the aggregator's typed identities (``components.Component``): ``link``,
+``nic``, ``gpu``, ``leaf``, ``path_of_gpu`` carry the rail and the leaf's *name* with them (built
+from ``leaf_of`` / ``leaf_of_nic``): the unit is a topology attribute, never part of an identity.
 """
 
 from __future__ import annotations
@@ -19,7 +23,17 @@ from pathlib import Path
 
 import yaml
 
+from . import components as comp
+from .components import Component, Kind
 from .configload import ConfigError, build, load_yaml_file
+from .textcheck import node_name_problem
+
+# The largest cluster a topology may describe: a typo (nodes: 100000000) otherwise runs for minutes
+# and gigabytes before anything says so.  Per node, bounds far above any real machine.
+MAX_NODES = 65_536
+MAX_GPUS_PER_NODE = 64
+MAX_NICS_PER_NODE = 64
+MAX_RATE_GBPS = 10_000.0
 
 COMPONENT_TYPES = ("link", "nic", "gpu", "nvlink", "node", "rail", "leaf", "spine", "config")
 
@@ -71,6 +85,15 @@ class NicSpec:
     node_guid: str | None = None  # "0x..." as fabricmon_ib_port_info's node_guid label
     interface: str | None = None  # the netdev (LLDP imports)
 
+    def validate(self, path: str, source: str) -> None:
+        for what, v in (("rail", self.rail), ("gpu", self.gpu), ("port", self.port)):
+            if v < 0:
+                raise ConfigError(f"{source}: {path}.{what}: must be >= 0, got {v}")
+        if not 0 < self.rate_gbps <= MAX_RATE_GBPS:
+            raise ConfigError(f"{source}: {path}.rate_gbps: must be in (0, {MAX_RATE_GBPS:g}], got {self.rate_gbps}")
+        if self.width < 1:
+            raise ConfigError(f"{source}: {path}.width: must be >= 1 lane, got {self.width}")
+
 
 @dataclass(frozen=True)
 class NodeSpec:
@@ -85,7 +108,20 @@ class NodeSpec:
     unbound: tuple[NicSpec, ...] = ()
 
     def validate(self, path: str, source: str) -> None:
+        why = node_name_problem(self.name)
+        if why is not None:
+            raise ConfigError(f"{source}: {path}.name: {why}")
+        if self.unit < 0:
+            raise ConfigError(f"{source}: {path}.unit: must be >= 0, got {self.unit}")
+        if not 1 <= self.gpus <= MAX_GPUS_PER_NODE:
+            raise ConfigError(f"{source}: {path}.gpus: must be in [1, {MAX_GPUS_PER_NODE}], got {self.gpus}")
+        if len(self.nics) > MAX_NICS_PER_NODE:
+            raise ConfigError(f"{source}: {path}.nics: {len(self.nics)} NICs, at most {MAX_NICS_PER_NODE}")
+        devices: set[str] = set()
         for i, nic in enumerate(self.nics):
+            if nic.device in devices:
+                raise ConfigError(f"{source}: {path}.nics[{i}].device: duplicate NIC {nic.device!r} on {self.name}")
+            devices.add(nic.device)
             if not 0 <= nic.gpu < self.gpus:
                 raise ConfigError(f"{source}: {path}.nics[{i}].gpu: {nic.gpu} is not a GPU of {self.name} (0..{self.gpus - 1})")
 
@@ -97,10 +133,13 @@ class GenerateSpec:
     rails: int = 8
 
     def validate(self, path: str, source: str) -> None:
-        if self.nodes < 1:
-            raise ConfigError(f"{source}: {path}.nodes: must be >= 1, got {self.nodes}")
-        if self.rails < 1 or self.gpus_per_node < 1:
-            raise ConfigError(f"{source}: {path}: rails and gpus_per_node must be >= 1")
+        if not 1 <= self.nodes <= MAX_NODES:
+            raise ConfigError(f"{source}: {path}.nodes: must be in [1, {MAX_NODES}], got {self.nodes}")
+        if not 1 <= self.gpus_per_node <= MAX_GPUS_PER_NODE:
+            raise ConfigError(f"{source}: {path}.gpus_per_node: must be in [1, {MAX_GPUS_PER_NODE}], "
+                              f"got {self.gpus_per_node}")
+        if not 1 <= self.rails <= MAX_NICS_PER_NODE:
+            raise ConfigError(f"{source}: {path}.rails: must be in [1, {MAX_NICS_PER_NODE}], got {self.rails}")
 
 
 @dataclass(frozen=True)
@@ -123,6 +162,13 @@ class TopologyFile:
             raise ConfigError(f"{source}: spines: must be >= 1, got {self.spines}")
         if self.generate is None and not self.nodes:
             raise ConfigError(f"{source}: nodes: give a node list or a generate: section")
+        if self.generate is not None and self.nodes:
+            raise ConfigError(f"{source}: generate: give a node list or a generate: section, not both "
+                              f"(the generated cluster would silently replace the {len(self.nodes)} nodes listed)")
+        if len(self.nodes) > MAX_NODES:
+            raise ConfigError(f"{source}: nodes: {len(self.nodes)} nodes, at most {MAX_NODES}")
+        if not 0 < self.rate_gbps <= MAX_RATE_GBPS:
+            raise ConfigError(f"{source}: rate_gbps: must be in (0, {MAX_RATE_GBPS:g}], got {self.rate_gbps}")
         seen: set[str] = set()
         for i, n in enumerate(self.nodes):
             if n.name in seen:
@@ -222,6 +268,27 @@ class Topology:
         self._index(new)
         return len(spec.unbound) - len(still)
 
+    # --- typed identities (components.py) ---
+    def _leaf_name(self, node: str, nic: NicSpec) -> str:
+        """The leaf ``nic`` is cabled to: its own name where the topology names it, else ``leaf_of``."""
+        return nic.leaf if nic.leaf is not None else self.leaf_of(node, nic.rail)
+
+    def leaf(self, node: str, rail: int | None) -> Component:
+        return comp.leaf(self.leaf_of(node, rail), rail)
+
+    def link(self, node: str, nic: NicSpec) -> Component:
+        return comp.link(node, nic.device, nic.port, nic.rail, self._leaf_name(node, nic))
+
+    def nic_component(self, node: str, nic: NicSpec) -> Component:
+        return comp.nic(node, nic.device, nic.rail, self._leaf_name(node, nic))
+
+    def gpu(self, node: str, index: int) -> Component:
+        """``node/gpuN`` with the rail and leaf of its NIC, where the node has one for it."""
+        nic = self.nic_for_gpu(node, index) if node in self.nodes else None
+        if nic is None:
+            return comp.gpu(node, index)
+        return comp.gpu(node, index, nic.rail, self._leaf_name(node, nic))
+
     def rails(self) -> list[int]:
         return sorted({nic.rail for n in self.nodes.values() for nic in (*n.nics, *n.unbound) if nic.rail is not None})
 
@@ -257,16 +324,17 @@ class Topology:
                 out.append(n.name)
         return out
 
-    def path_of_gpu(self, node: str, gpu: int) -> dict[str, str]:
-        """Every component a rank on (node, gpu) depends on, by component type."""
-        out = {"node": node, "gpu": gpu_id(node, gpu)}
+    def path_of_gpu(self, node: str, gpu: int) -> dict[Kind, Component]:
+        """Every component a rank on (node, gpu) depends on, by kind (no rail on a fat tree)."""
+        out = {Kind.NODE: comp.node(node), Kind.GPU: self.gpu(node, gpu)}
         nic = self.nic_for_gpu(node, gpu)
         if nic is not None:
-            out["nic"] = nic_id(node, nic.device)
-            out["link"] = link_id(node, nic.device, nic.port)
+            leaf = self._leaf_name(node, nic)
+            out[Kind.NIC] = self.nic_component(node, nic)
+            out[Kind.LINK] = self.link(node, nic)
             if nic.rail is not None:
-                out["rail"] = rail_id(nic.rail)
-            out["leaf"] = nic.leaf if nic.leaf is not None else self.leaf_of(node, nic.rail)
+                out[Kind.RAIL] = comp.rail(nic.rail)
+            out[Kind.LEAF] = comp.leaf(leaf, nic.rail)
         return out
 
     def labels_of_link(self, node: str, device: str) -> dict[str, str]:
@@ -291,7 +359,9 @@ class Topology:
             "nodes": [
                 {"name": n.name, "unit": n.unit, "gpus": n.gpus,
                  "nics": [{"device": c.device, "port": c.port, "rail": c.rail, "gpu": c.gpu,
-                           "rate_gbps": c.rate_gbps, "width": c.width} for c in n.nics]}
+                           "rate_gbps": c.rate_gbps, "width": c.width,
+                           **({"leaf": c.leaf} if c.leaf is not None else {})}
+                          for c in n.nics]}
                 for n in self.nodes.values()
             ],
         }

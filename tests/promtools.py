@@ -303,6 +303,7 @@ class LiveFabric:
     thread: Any
     watcher: Any
     errors: list = field(default_factory=list)
+    http_api: Any = None  # the aggregator's HTTP API (scraped as job fabricmon-aggregator), if any
 
     def injected_at(self, fault) -> float:
         return self.epoch + fault.start
@@ -341,13 +342,22 @@ def _write_probe_nvml(path: Path, n: int) -> None:
 @contextlib.contextmanager
 def live_fabric(scenario: Any, workdir: Path, *, rule_files: Sequence[str | Path] = (),
                 scrape_interval: str = "1s", evaluation_interval: str | None = None,
-                aggregator: bool = True, probe: bool = True, deadline: float = 20.0) -> Iterator[LiveFabric]:
+                aggregator: bool = True, probe: bool = True, deadline: float = 20.0,
+                down_aggregator_replica: bool = False, alertmanagers: Sequence[str] = (),
+                on_incidents: Callable[[list, float], None] | None = None) -> Iterator[LiveFabric]:
     """Start ``scenario`` in tree mode with HTTP agents, optionally the aggregator engine's HTTP API
     (fed the same batches) and a probe agent on the first node (host source, rank intake fed the
     synthetic job's timings, NCCL Inspector tail), and a real Prometheus scraping all of them with
     the deploy/README.md settings (honor_labels, `unit` target label, `cluster` external label).
     A background thread steps the simulation at 1 simulated second per wall second until the
-    scenario ends or the context exits."""
+    scenario ends or the context exits.
+
+    ``down_aggregator_replica``: also list, under the aggregator's job, a replica that is down (a
+    port nobody listens on).  The fault rules are the aggregator's fallback, silent while every
+    aggregator target is up; one replica down brings them back, so a test can watch them fire
+    while the live aggregator still serves its series to the dashboards.  ``alertmanagers``: where
+    Prometheus sends its alerts.  ``on_incidents(changed, sample_now)``: called after every engine
+    tick with the incidents that changed (to hand them to an AlertmanagerClient)."""
     import threading
 
     from fabricmon.aggregator.engine import Engine
@@ -412,13 +422,15 @@ def live_fabric(scenario: Any, workdir: Path, *, rule_files: Sequence[str | Path
         if probe_agent is not None:
             statics.append({"targets": [f"127.0.0.1:{probe_agent.http.port}"], "labels": {"unit": "0"}})
         scrape = [{"job_name": "fabricmon-agent", "honor_labels": True, "static_configs": statics}]
-        if http_api is not None:
+        aggregators = ([f"127.0.0.1:{http_api.port}"] if http_api is not None else []) \
+            + ([f"127.0.0.1:{free_port()}"] if down_aggregator_replica else [])
+        if aggregators:
             scrape.append({"job_name": "fabricmon-aggregator", "honor_labels": True,
-                           "static_configs": [{"targets": [f"127.0.0.1:{http_api.port}"]}]})
+                           "static_configs": [{"targets": aggregators}]})
         config = prometheus_config(scrape_interval=scrape_interval,
                                    evaluation_interval=evaluation_interval or scrape_interval,
                                    rule_files=rule_files, external_labels={"cluster": sim.topology.cluster},
-                                   extra_scrape_configs=scrape)
+                                   extra_scrape_configs=scrape, alertmanagers=alertmanagers)
         prom = start_prometheus(workdir / "prometheus", config, deadline)
         watcher = AlertWatcher(prom).start()
 
@@ -430,13 +442,15 @@ def live_fabric(scenario: Any, workdir: Path, *, rule_files: Sequence[str | Path
                         break
                     sim.step()
                     if engine is not None:
-                        engine.tick(sim.now())
+                        changed = engine.tick(sim.now())
+                        if on_incidents is not None:
+                            on_incidents(changed, sim.now())
             except BaseException as exc:  # surfaced by the caller through LiveFabric.errors
                 errors.append(exc)
 
         thread = threading.Thread(target=pump, name="live-fabric-pump", daemon=True)
         thread.start()
-        yield LiveFabric(sim, prom, engine, epoch, probe_node, stop, thread, watcher, errors)
+        yield LiveFabric(sim, prom, engine, epoch, probe_node, stop, thread, watcher, errors, http_api)
     finally:
         stop.set()
         if watcher is not None:

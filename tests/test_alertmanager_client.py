@@ -11,6 +11,7 @@ import pytest
 import yaml
 from promtools import ALERTMANAGER, Alertmanager, _start, free_port, require_binary, wait_until
 
+from fabricmon import components
 from fabricmon.aggregator.alertmanager import AlertmanagerClient, rfc3339
 from fabricmon.aggregator.incidents import Finding, IncidentManager
 
@@ -75,7 +76,7 @@ def _start_am(tmp_path, hook_url: str, port: int | None = None) -> Alertmanager:
 
 
 def _incident(mgr: IncidentManager, now: float, *, fire=True):
-    f = Finding("FabricLinkErrors", "link", "node-003/mlx5_3/1",
+    f = Finding("FabricLinkErrors", components.link("node-003", "mlx5_3", 1),
                 {"node": "node-003", "rail": "3", "leaf": "leaf-u0-r3", "cluster": "test"},
                 ["PMA symbol/rcv errors +1234 in 3s"], fire=fire, keep=fire, ranks=(27,), jobs=("llm",))
     return mgr.update([f], now)
@@ -172,6 +173,6 @@ def test_payload_times_and_queue_bound():
     resolved = mgr.update([], 1_764_000_002.0)[0]
     assert client.payload(client._snapshot(resolved))["endsAt"] == rfc3339(1_764_000_002.0)
     for k in range(5):
-        f = Finding("FabricLinkDown", "link", f"n/{k}", {}, ["x"])
+        f = Finding("FabricLinkDown", components.link("n", f"mlx5_{k}"), {}, ["x"])
         client.submit(mgr.update([f], 1_764_000_010.0 + k), 0)
     assert client.pending() == 3 and client.sent_total["dropped"] >= 3

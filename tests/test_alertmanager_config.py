@@ -15,7 +15,7 @@ DESIGN_ALERTS = {
     "FabricLinkDown", "FabricLinkFlapping", "FabricLinkErrors", "FabricLinkDegraded", "FabricLeafDegraded",
     "FabricPFCStorm", "FabricCongestion", "RDMARetransmits", "FabricConfigDrift", "NVLinkDown", "NVLinkErrors",
     "GPUXidFatal", "StragglerRank", "SlowRanksSharedComponent", "StageImbalance", "FabricmonAgentDown",
-    "FabricmonCollectorFailing", "FabricCableDegrading",
+    "FabricmonCollectorFailing", "FabricCableDegrading", "FabricmonAggregatorDown", "FabricmonAgentStreamDown",
 }
 
 
@@ -45,11 +45,15 @@ def test_group_by_and_every_inhibition_has_equal() -> None:
         == ["cluster", "component"]
     assert pairs[(('alertname=~"NVLinkDown|GPUXidFatal"',), ('alertname=~"NVLinkErrors|StragglerRank"',))] \
         == ["cluster", "node", "gpu"]
-    assert pairs[(('alertname="SlowRanksSharedComponent"',), ('alertname="StragglerRank"',))] == ["cluster", "hpc_job"]
-    assert pairs[(('alertname=~"FabricLinkDown|FabricLinkFlapping|FabricLinkErrors|FabricLeafDegraded"',),
+    # Scoped to the ranks that use the shared component (tests/test_alertmanager_inhibitions.py).
+    assert pairs[(('alertname="SlowRanksSharedComponent"', 'component_type="leaf"'), ('alertname="StragglerRank"',))] \
+        == ["cluster", "hpc_job", "leaf"]
+    assert pairs[(('alertname=~"FabricLinkDown|FabricLeafDegraded"',),
                   ('alertname=~"StragglerRank|SlowRanksSharedComponent"',))] == ["cluster", "rail"]
-    assert pairs[(('alertname="FabricmonAgentDown"',), ('alertname!="FabricmonAgentDown"', 'node=~".+"'))] \
-        == ["cluster", "node"]
+    assert pairs[(('alertname=~"FabricLinkFlapping|FabricLinkErrors"',), ('alertname="StragglerRank"',))] \
+        == ["cluster", "leaf"]
+    assert pairs[(('alertname="FabricmonAgentDown"',),
+                  ('alertname!="FabricmonAgentDown"', 'node=~".+"', 'severity!="critical"'))] == ["cluster", "node"]
 
 
 @pytest.mark.parametrize(("labels", "receiver"), [

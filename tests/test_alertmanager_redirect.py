@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from structlog.testing import capture_logs
 
+from fabricmon import components
 from fabricmon.aggregator.alertmanager import AlertmanagerClient
 from fabricmon.aggregator.incidents import Finding, IncidentManager
 
@@ -65,7 +66,7 @@ def test_a_redirected_post_is_an_error_and_the_alert_stays_queued(code):
     try:
         client = AlertmanagerClient([srv.url], timeout=3.0)
         mgr = IncidentManager(default_hold_s=1.0)
-        f = Finding("FabricLinkDown", "link", "node-001/mlx5_0/1", {"node": "node-001"}, ["port DOWN"])
+        f = Finding("FabricLinkDown", components.link("node-001", "mlx5_0"), {"node": "node-001"}, ["port DOWN"])
         client.submit(mgr.update([f], 1_764_000_000.0), 1_764_000_000.0)
         with capture_logs() as logs:
             client._once()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from fabricmon import components
 from fabricmon.aggregator.cable_health import CableHealth, theil_sen, thirds_rise
 from fabricmon.aggregator.config import DetectionSettings
 from fabricmon.aggregator.engine import Engine
@@ -92,7 +93,7 @@ def test_quiet_cluster_with_background_ber_never_warns():
 
 class _Link:
     def __init__(self, down=False):
-        self.id = "node-000/mlx5_0/1"
+        self.id = components.link("node-000", "mlx5_0", 1)
         self.labels = {"node": "node-000"}
         self._down = down
 

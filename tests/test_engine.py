@@ -447,7 +447,7 @@ def test_nvlink_down_and_config_drift_node_and_nic():
 
 def test_agent_down_when_a_node_goes_silent():
     c = Cluster(nodes=4, nodes_per_unit=4)
-    c.run(3)
+    c.run(60)  # past the restart grace (agents_down.restart_grace: 60 s at 1 s polls)
     del c.feeds["node-002"]
     c.engine.disconnected("node-002")
     c.run(20)

@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
+from fabricmon import components
 from fabricmon.aggregator.config import DetectionSettings
-from fabricmon.aggregator.detectors import LinkState
+from fabricmon.aggregator.state import LinkState
 from fabricmon.aggregator.folding import LeafFolder
 from fabricmon.aggregator.incidents import Finding, IncidentManager, Relation
 
-LEAF = "leaf-u0-r2"
+LEAF = components.leaf("leaf-u0-r2", 2)
 S = DetectionSettings()
 
 
 def _links(n: int = 8) -> list[LinkState]:
-    return [LinkState(f"node-{i:03d}", "mlx5_2", "1", "", 2, 0, LEAF, 2, 400.0, 4, "c") for i in range(n)]
+    return [LinkState(f"node-{i:03d}", "mlx5_2", "1", "", 2, 0, LEAF.id, 2, 400.0, 4, "c") for i in range(n)]
 
 
 def _errors(link: LinkState, fire: bool = True) -> list[Finding]:
-    return [Finding("FabricLinkErrors", "link", link.id, dict(link.labels), ["errors"], fire=fire, keep=True)]
+    return [Finding("FabricLinkErrors", link.id, dict(link.labels), ["errors"], fire=fire, keep=True)]
 
 
 def _fold(folder: LeafFolder, bad: list[LinkState], now: float, fire: bool = True):
@@ -48,7 +49,7 @@ def test_leaf_links_between_two_leaf_ticks_wait_for_the_leaf():
     f, rel = _fold(folder, links[:2], 44.0)
     assert m.update(f, 44.0, rel) == []
     f, rel = _fold(folder, links[:5], 45.0)
-    assert [(i.alertname, i.component) for i in m.update(f, 45.0, rel)] == [("FabricLeafDegraded", LEAF)]
+    assert [(i.alertname, i.component) for i in m.update(f, 45.0, rel)] == [("FabricLeafDegraded", LEAF.id)]
 
 
 def test_episode_lasts_the_leaf_hold_then_a_lingering_link_is_unrelated():

@@ -7,35 +7,18 @@ Cases are in tests/golden_cases.py (one line per fixture kind).
 
 from __future__ import annotations
 
-import difflib
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
 from golden_cases import CASES, GOLDEN, TS, agent_exposition, normalize
-
-UPDATE = os.environ.get("FABRICMON_UPDATE_GOLDEN") == "1"
+from goldenfile import match_golden
 
 
 def assert_matches_golden(name: str, got: str) -> None:
-    path = GOLDEN / f"{name}.prom"
-    if UPDATE:
-        GOLDEN.mkdir(exist_ok=True)
-        tmp = path.with_suffix(".prom.tmp")
-        tmp.write_text(got)
-        os.replace(tmp, path)
-        return
-    assert path.exists(), f"{path.name} missing: run FABRICMON_UPDATE_GOLDEN=1 pytest tests/test_golden.py"
-    want = path.read_text()
-    if got != want:
-        diff = "".join(difflib.unified_diff(want.splitlines(keepends=True), got.splitlines(keepends=True),
-                                            f"golden/{name}.prom", "agent output", n=1))
-        pytest.fail(f"exposition differs from golden/{name}.prom "
-                    f"(FABRICMON_UPDATE_GOLDEN=1 regenerates it):\n{diff[:20000]}")
+    match_golden(GOLDEN / f"{name}.prom", got, produced_by="agent output", regenerate="pytest tests/test_golden.py")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

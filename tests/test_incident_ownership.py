@@ -12,22 +12,33 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fabricmon import components
 from fabricmon.aggregator.incidents import Finding, IncidentManager, Relation
 
-LEAF = ("FabricLeafDegraded", "leaf-u0-r2")
-LINK_A = ("FabricLinkErrors", "node-001/mlx5_2/1")
-LINK_B = ("FabricLinkErrors", "node-003/mlx5_2/1")
-LINK_B_DOWN = ("FabricLinkDown", "node-003/mlx5_2/1")
-CONG_LEAF = ("FabricCongestion", "leaf-u0-r2")
-CONG_A = ("FabricCongestion", "node-001/mlx5_2/1")
+_LEAF = components.leaf("leaf-u0-r2", 2)
+_A, _B = (components.link(n, "mlx5_2", 1, 2, _LEAF.id) for n in ("node-001", "node-003"))
+LEAF = ("FabricLeafDegraded", _LEAF)
+LINK_A = ("FabricLinkErrors", _A)
+LINK_B = ("FabricLinkErrors", _B)
+LINK_B_DOWN = ("FabricLinkDown", _B)
+CONG_LEAF = ("FabricCongestion", _LEAF)
+CONG_A = ("FabricCongestion", _A)
 KEYS = (LEAF, LINK_A, LINK_B, LINK_B_DOWN, CONG_LEAF, CONG_A)
 # every relation the folder can state, chains included (link congestion -> leaf congestion -> leaf)
 EDGES = ((LINK_A, LEAF), (LINK_B, LEAF), (LINK_B_DOWN, LEAF), (CONG_A, CONG_LEAF), (CONG_LEAF, LEAF),
          (CONG_A, LEAF))
-CTYPE = {LEAF: "leaf", CONG_LEAF: "leaf"}
+BY_ID = {c.id: c for c in (_LEAF, _A, _B)}
+
+
+def _key(inc) -> tuple:
+    """An incident's (alertname, component): it renders the component as its id."""
+    return inc.alertname, BY_ID[inc.component]
+
 
 # one finding per key and tick: absent, raised, kept only, or reported with neither verdict
 verdict = st.sampled_from([None, (True, True), (True, False), (False, True), (False, False)])
@@ -35,7 +46,7 @@ tick = st.tuples(st.tuples(*[verdict] * len(KEYS)), st.frozensets(st.sampled_fro
 
 
 def _finding(key, fire, keep, hold) -> Finding:
-    return Finding(key[0], CTYPE.get(key, "link"), key[1], {"leaf": "leaf-u0-r2"}, [f"{key}"], fire=fire,
+    return Finding(key[0], key[1], {"leaf": "leaf-u0-r2"}, [f"{key}"], fire=fire,
                    keep=keep, hold_s=hold, ranks=(1,) if key == LINK_A else ())
 
 
@@ -56,7 +67,7 @@ def test_one_owner_reports_every_change_and_every_firing_alert_resolves(ticks, h
         relations = [Relation(*EDGES[i]) for i in sorted(edges)]
         parent_of = {r.child: r.parent for r in relations}
         present = {(f.alertname, f.component) for f in findings if f.fire or f.keep}
-        open_before = {(i.alertname, i.component): i for i in m.open_incidents()}
+        open_before = {_key(i): i for i in m.open_incidents()}
         before = {i.id: (i.open, i.version) for i in m.all_incidents()}
 
         changed = m.update(findings, now, relations)
@@ -73,7 +84,7 @@ def test_one_owner_reports_every_change_and_every_firing_alert_resolves(ticks, h
             if key in open_before:
                 last_evidence[key] = now
         for inc in m.open_incidents():
-            key = (inc.alertname, inc.component)
+            key = _key(inc)
             if key not in open_before:  # opened now: it fired, and no open or found ancestor absorbed it
                 last_evidence[key] = now
                 assert any(f.fire for f in findings if (f.alertname, f.component) == key)
@@ -94,9 +105,15 @@ def test_one_owner_reports_every_change_and_every_firing_alert_resolves(ticks, h
 
 
 def test_update_is_the_only_mutator():
-    """The manager's public surface: one call that changes state, the rest read it."""
+    """The manager's public surface: one call that changes state, the rest read it; ``restore`` (the open
+    incidents persisted before a restart) is refused once ``update`` has run."""
     public = {n for n, v in inspect.getmembers(IncidentManager, inspect.isfunction) if not n.startswith("_")}
-    assert public == {"update", "open_incidents", "open_keys", "all_incidents", "get_open"}
+    assert public == {"update", "open_incidents", "open_keys", "all_incidents", "all_by_component", "get_open",
+                      "restore"}
+    m = IncidentManager()
+    m.update([], 1.0)
+    with pytest.raises(RuntimeError, match="only before the first update"):
+        m.restore(m.update([_finding(LINK_A, True, True, 5.0)], 2.0)[0], LINK_A[1], 2.0)
 
 
 def test_link_open_before_its_leaf_keeps_its_own_incident_until_its_evidence_stops():
@@ -104,19 +121,19 @@ def test_link_open_before_its_leaf_keeps_its_own_incident_until_its_evidence_sto
     m = IncidentManager()
     rel = [Relation(LINK_A, LEAF)]
     opened = m.update([_finding(LINK_B, True, True, 5.0)], 21.0)
-    assert [(i.alertname, i.component, i.open) for i in opened] == [(*LINK_B, True)]
+    assert [(*_key(i), i.open) for i in opened] == [(*LINK_B, True)]
     # the leaf degrades; the cable (no relation: its evidence predates the leaf) and a new link (related)
     for t in range(60, 70):
         ch = m.update([_finding(LEAF, True, True, 5.0), _finding(LINK_A, True, True, 5.0),
                        _finding(LINK_B, True, True, 5.0)], float(t), rel)
         assert all(i.open for i in ch), ch
-    assert sorted((i.alertname, i.component) for i in m.open_incidents()) == sorted([LEAF, LINK_B])
+    assert sorted(_key(i) for i in m.open_incidents()) == sorted([LEAF, LINK_B])
     leaf = m.get_open(*LEAF)
-    assert leaf.absorbed == [LINK_A[1]] and leaf.ranks == [1]  # the related link's hurt ranks ride on the leaf
+    assert leaf.absorbed == [LINK_A[1].id] and leaf.ranks == [1]  # the related link's hurt ranks ride on the leaf
     # the cable clears first, the leaf later: each resolve is reported
     resolved = []
     for t in range(70, 90):
         f = [_finding(LEAF, True, True, 5.0)] if t < 75 else []
-        resolved += [(i.alertname, i.component) for i in m.update(f, float(t), rel) if not i.open]
+        resolved += [_key(i) for i in m.update(f, float(t), rel) if not i.open]
     assert resolved == [LINK_B, LEAF]
     assert m.open_incidents() == []

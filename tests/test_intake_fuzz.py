@@ -81,7 +81,7 @@ DELETE = object()
 mutant = st.one_of(edge_numbers, edge_strings, value, st.just(DELETE))
 names = st.one_of(st.text(min_size=1, max_size=24), st.from_regex(r"[a-z0-9._-]{1,24}", fullmatch=True))
 valid_rank_line = st.fixed_dictionaries({
-    "job": names, "rank": st.integers(0, 2**32 - 1), "step": st.integers(0, 2**53),
+    "job": names, "rank": st.integers(0, 2**32 - 1), "step": st.integers(0, 2**53 - 1),
     "step_seconds": st.floats(0, 1e6),
 }, optional={
     "local_rank": st.integers(0, 2**16 - 1), "comm_seconds": st.floats(0, 1e6), "ts": st.floats(0, 1e11),

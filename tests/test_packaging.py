@@ -134,3 +134,26 @@ def test_wheel_in_a_clean_venv_runs_the_agent_without_numpy(dist: Path, make_fix
     res = subprocess.run([str(fabricmon), "aggregator", "--config", str(tmp_path / "none.yaml")],
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
     assert res.returncode == 2 and "pip install 'fabricmon[aggregator]'" in res.stderr, res.stderr
+
+
+def test_wheel_from_the_sdist_carries_version_and_revision(dist: Path) -> None:
+    """`python -m build` makes the wheel from the sdist, which has no .git: the revision reaches
+    fabricmon_build_info through the REVISION file setup.py writes into the sdist."""
+    from fabricmon import __version__
+
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout: no revision to compare")
+    dirty = subprocess.run(["git", "-C", str(REPO), "diff", "--quiet", "HEAD", "--"], timeout=30).returncode != 0
+    want = head.stdout.strip() + ("-dirty" if dirty else "")
+    (whl,) = dist.glob("fabricmon-*.whl")
+    (sdist,) = dist.glob("fabricmon-*.tar.gz")
+    assert whl.name.startswith(f"fabricmon-{__version__}-") and sdist.name == f"fabricmon-{__version__}.tar.gz"
+    with tarfile.open(sdist) as tar:
+        (rev,) = [m for m in tar.getmembers() if m.name.endswith("/REVISION") and m.name.count("/") == 1]
+        assert tar.extractfile(rev).read().decode().strip() == want
+        assert not [m for m in tar.getnames() if "/.git/" in m or m.endswith("/.git")]
+    module = zipfile.ZipFile(whl).read("fabricmon/_revision.py").decode()
+    ns: dict = {}
+    exec(compile(module, "_revision.py", "exec"), ns)
+    assert ns["REVISION"] == want

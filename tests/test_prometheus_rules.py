@@ -22,7 +22,11 @@ PROMETHEUS_ALERTS = {
 }
 # fabricmon watching itself (aggregator scraped, alerts delivered, agents streaming): component_type
 # `service`, the fabricmon deployment itself, not a fabric component.
-SELF_ALERTS = {"FabricmonAggregatorDown", "FabricmonAlertDeliveryFailing", "FabricmonAgentsDisconnected"}
+SELF_ALERTS = {"FabricmonAggregatorDown", "FabricmonAlertDeliveryFailing", "FabricmonAgentsDisconnected",
+               "FabricmonBatchesDropped",
+               # blind spots: what an agent cannot see, it says (issue 25)
+               "FabricmonAgentStreamDown", "FabricmonAgentRefused", "FabricmonSpoolDropping",
+               "FabricmonGPUsUnmonitored", "FabricmonDevicesMissing", "FabricmonReloadFailed"}
 MIXIN = PROM / "mixin.py"
 CONTRACT_LABELS = {"severity", "component_type", "component", "node", "rail", "leaf", "gpu", "job", "cluster"}
 COMPONENT_TYPES = {"link", "nic", "gpu", "node", "rail", "leaf", "spine", "config", "nvlink", "service"}
@@ -67,7 +71,7 @@ def test_mixin_output_loads_as_the_rule_dicts() -> None:
     mixin = _mixin()
     for rf in mixin.FILES:
         loaded = yaml.safe_load((PROM / rf.name).read_text())
-        expected = {"groups": [{"name": g.name, "rules": [mixin.rule_dict(r, mixin.CONFIG) for r in g.rules]}
+        expected = {"groups": [{"name": g.name, "rules": [mixin.rule_dict(r, mixin.CONFIG, g.fallback) for r in g.rules]}
                                for g in rf.groups]}
         assert loaded == expected, rf.name
 
@@ -138,7 +142,7 @@ def test_every_alert_is_tested_firing_and_not_firing() -> None:
             for t in case.get("alert_rule_test", []):
                 (firing if t.get("exp_alerts") else silent).add(t["alertname"])
                 for exp in t.get("exp_alerts") or []:
-                    assert set(exp["exp_labels"]) - {"instance", "xid", "collector"} <= CONTRACT_LABELS, exp
+                    assert set(exp["exp_labels"]) - {"instance", "xid", "collector", "reason"} <= CONTRACT_LABELS, exp
     every = PROMETHEUS_ALERTS | SELF_ALERTS
     assert firing >= every, every - firing
     assert silent >= every, every - silent
@@ -165,10 +169,62 @@ def test_real_prometheus_loads_and_evaluates_the_rules(tmp_path) -> None:
 
 
 def test_fatal_xid_list_is_the_aggregators():
-    """GPUXidFatal means the same XIDs whether Prometheus or the aggregator raises it."""
+    """GPUXidFatal means the same XIDs whether Prometheus or the aggregator raises it: the rule reads
+    the agent's per-GPU fatal counter (sources/nvml/xid.py), whose list is the aggregator's."""
     from fabricmon.aggregator.config import DetectionSettings
+    from fabricmon.sources.nvml.xid import FATAL_XIDS
 
-    text = (REPO / "deploy" / "prometheus" / "fabricmon-alerts.rules.yml").read_text()
-    lists = set(re.findall(r'fabricmon_gpu_xid_errors_total\{xid=~"([0-9|]+)"\}', text))
-    assert len(lists) == 1, lists
-    assert sorted(int(x) for x in lists.pop().split("|")) == sorted(DetectionSettings().xid_fatal)
+    assert FATAL_XIDS == frozenset(DetectionSettings().xid_fatal)
+    rule = next(r for r in _rules() if r.get("alert") == "GPUXidFatal")
+    assert "increase(fabricmon_gpu_xid_fatal_errors_total[5m]) > 0" in rule["expr"]
+    assert " offset " not in rule["expr"]  # no new-series arm: it re-paged every old XID after a restart
+
+
+def _aggregator_alerts() -> set[str]:
+    from fabricmon.aggregator.incidents import SEVERITY
+
+    return set(SEVERITY)
+
+
+def test_rules_the_aggregator_also_sends_are_its_silent_fallback():
+    """One sender per fault: every Prometheus alert the aggregator also sends is silenced while every
+    aggregator target is up, and carries no training-job or cost label (only the aggregator knows those)."""
+    mixin = _mixin()
+    cfg = mixin.Config(aggregator_selector='job="site-aggr"')
+    rules = {r["alert"]: r for f in mixin.render(cfg).values() for g in yaml.safe_load(f)["groups"]
+             for r in g["rules"] if "alert" in r}
+    shared = _aggregator_alerts() & set(rules)
+    assert shared >= {"FabricLinkDown", "FabricLinkErrors", "GPUXidFatal", "NVLinkDown", "FabricPFCStorm",
+                      "FabricmonAgentDown"}, shared
+    arm = 'unless on (cluster)\n(min by (cluster) (up{job="site-aggr"}) == 1)'
+    for name in sorted(shared):
+        expr = rules[name]["expr"]
+        assert expr.rstrip().endswith(arm), name
+        assert not re.search(r"hpc_job|gpu_hours|cost", expr + json_dump(rules[name]["labels"])), name
+    for name in sorted(set(rules) - shared):  # Prometheus' own alerts: never silenced by the aggregator
+        assert 'min by (cluster) (up{job="site-aggr"}) == 1' not in rules[name]["expr"], name
+
+
+def json_dump(obj) -> str:
+    import json
+
+    return json.dumps(obj, sort_keys=True)
+
+
+def test_every_recording_rule_feeds_a_panel_or_an_alert():
+    """A recorded series nobody reads costs storage and evaluation: each one is read by an alert, a
+    shipped dashboard, or another recording rule that is."""
+    records = [r["record"] for r in _rules() if "record" in r]
+    alerts_text = " ".join(r["expr"] for r in _rules() if "alert" in r)
+    dashboards = " ".join(p.read_text() for p in sorted((REPO / "dashboards" / "json").glob("*.json")))
+    read = {name for name in records if re.search(re.escape(name) + r"\b(?!:)", alerts_text + " " + dashboards)}
+    changed = True
+    while changed:  # a rule read by a rule that is read
+        changed = False
+        for r in _rules():
+            if "record" in r and r["record"] in read:
+                for name in records:
+                    if name not in read and re.search(re.escape(name) + r"\b(?!:)", r["expr"]):
+                        read.add(name)
+                        changed = True
+    assert sorted(set(records) - read) == []

@@ -33,7 +33,7 @@ def _open(agg: Aggregator, alertname: str, component: str) -> dict | None:
 def test_topology_additions_apply_removals_resolve_and_ownership_changes_are_refused(tmp_path, rig):
     nodes = {"node-000": 0, "node-001": 0, "node-002": 0, "node-003": 0}
     agg = rig(Aggregator, {"insecure": True}, topology=topology_doc(nodes),
-              extra={"detection": {"agent_down_s": 1.0}})
+              extra={"detection": {"agent_down_s": 1.0, "restart_grace_s": 1.0}})
     gone = rig(Agent, agg, "node-003", interval=0.2)
     gone.send()
     assert wait_until(lambda: gone.client.stats()["batches_acked_total"] >= 1, 10)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from fabricmon import components
 from fabricmon.aggregator.config import DetectionSettings
 from fabricmon.aggregator.correlator import Shared, shared_component_findings
 from fabricmon.topology import generate_topology
@@ -14,10 +15,21 @@ def topo():
     return generate_topology(16, layout="ib", nodes_per_unit=8, cluster="c1")
 
 
-def _labels(topo, comp: str, jobs=("llm",)) -> dict:
+# the component ids of DESIGN.md, as the topology hands the components out
+COMPONENTS = {
+    "rail3": lambda t: components.rail(3),
+    "spine-1": lambda t: components.spine("spine-1"),
+    "leaf-u1-r5": lambda t: t.leaf("node-009", 5),
+    "node-009/mlx5_2": lambda t: t.nic_component("node-009", t.nic("node-009", "mlx5_2")),
+    "node-009/gpu2": lambda t: t.gpu("node-009", 2),
+}
+
+
+def _labels(topo, cid: str, jobs=("llm",)) -> dict:
+    comp = COMPONENTS[cid](topo)
     shared = {comp: Shared(ranks={3, 11}, jobs=set(jobs), why=["comm late"], v=3.0)}
     (f,) = shared_component_findings(topo, DetectionSettings(), shared, "c1")
-    assert (f.alertname, f.component) == ("SlowRanksSharedComponent", comp)
+    assert (f.alertname, f.component, f.component.id) == ("SlowRanksSharedComponent", comp, cid)
     return f.labels
 
 

@@ -25,7 +25,8 @@ def test_every_config_section_has_exactly_one_source_of_its_class():
     sections = {f.name: hints[f.name] for f in dataclasses.fields(SourcesConfig)}
     specs = source_specs()
     assert len(specs) == len(MODULES) == len({s.name for s in specs})
-    assert {s.name: s.config_class for s in specs} == sections
+    assert {s.name: s.config_class for s in specs if s.config_class is not None} == sections
+    assert [s.name for s in specs if s.config_class is None] == ["pci"]  # no section: always built
 
 
 def test_each_source_is_built_from_its_own_section(tmp_path: Path):
@@ -44,8 +45,9 @@ def test_each_source_is_built_from_its_own_section(tmp_path: Path):
     try:
         by_name: dict[str, Any] = {s.name: s for s in built}
         # MODULES order; host too, since sysfs_root is this host's /sys
-        assert [s.name for s in built] == ["infiniband", "ethtool", "fabric_config", "nvml", "transceiver", "host"]
-        assert {n: s.timeout for n, s in by_name.items() if n != "host"} == {
+        assert [s.name for s in built] == ["infiniband", "ethtool", "fabric_config", "nvml", "pci", "transceiver",
+                                           "host"]
+        assert {n: s.timeout for n, s in by_name.items() if n not in ("host", "pci")} == {
             "infiniband": 0.3, "ethtool": 0.4, "fabric_config": 0.7, "nvml": 0.6, "transceiver": 1.0}
         assert by_name["ethtool"].config.allow == ("^rx_vport_",) and by_name["ethtool"].ethtool_dir == "eth"
         assert by_name["fabric_config"].profile.mtu == 4200 and by_name["fabric_config"].ethtool_dir == "eth"
@@ -60,8 +62,8 @@ def test_disabled_sections_and_hosts_without_a_source_build_nothing(tmp_path: Pa
     ctx = SourceContext(sysfs_root=str(tmp_path / "sys"), ethtool_dir=str(tmp_path), nvml="off")
     built = registry_build(off, ctx)
     try:
-        # fabric_config on by default; nvml off; host off for a tree that is not this host's /sys
-        assert [s.name for s in built] == ["fabric_config"]
+        # fabric_config on by default, pci always; nvml off; host off for a tree that is not this host's /sys
+        assert [s.name for s in built] == ["fabric_config", "pci"]
     finally:
         _close(built)
     ctx = source_context(AgentConfig(sysfs_root="/x/sys", nvml="off"))

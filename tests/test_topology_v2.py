@@ -10,10 +10,16 @@ import structlog
 import yaml
 
 from fabricmon.cli import main
+from fabricmon.components import Component, Kind
 from fabricmon.configload import ConfigError
 from fabricmon.topology import generate_topology, load_topology
 
 IBSIM = Path(__file__).parent / "fixtures" / "topology_import" / "ibsim"
+
+
+def _ids(path: dict[Kind, Component]) -> dict[str, str]:
+    """``path_of_gpu`` rendered as component_type -> id, as the alert labels read them."""
+    return {k.value: c.id for k, c in path.items()}
 
 
 
@@ -39,9 +45,10 @@ def test_v2_rail_optimized_lookups(tmp_path) -> None:
     assert topo.rails() == [0, 1, 2, 3]
     # named leaves replace leaf-u<unit>-r<rail> in every lookup the aggregator makes
     assert topo.leaf_of("gpu-a17-03", 2) == "leaf-b0"
-    assert topo.path_of_gpu("gpu-a17-03", 1) == {
+    assert _ids(topo.path_of_gpu("gpu-a17-03", 1)) == {
         "node": "gpu-a17-03", "gpu": "gpu-a17-03/gpu1", "nic": "gpu-a17-03/mlx5_1", "link": "gpu-a17-03/mlx5_1/1",
         "rail": "rail1", "leaf": "leaf-a1"}
+    assert topo.path_of_gpu("gpu-a17-03", 1)[Kind.LINK].leaf == "leaf-a1"
     assert topo.labels_of_link("gpu-a17-05", "mlx5_3") == {"node": "gpu-a17-05", "rail": "3", "leaf": "leaf-b1"}
     assert topo.spines_of("leaf-a0") == ("spine-a2", "switch-b8cef60300f00040")
     assert topo.units() == [0, 1] and topo.unit_of("gpu-a17-03") == topo.unit_of("gpu-a17-05") != topo.unit_of("gpu-b02")
@@ -58,8 +65,9 @@ def test_v2_rail_optimized_lookups(tmp_path) -> None:
 def test_v2_fat_tree_has_no_rail_labels(tmp_path) -> None:
     topo = load_topology(imported(tmp_path, "fat-tree.out"))
     assert not topo.rail_optimized and topo.rails() == []
-    p = topo.path_of_gpu("node05", 1)
+    p = _ids(topo.path_of_gpu("node05", 1))
     assert "rail" not in p and p["leaf"] == "leaf-1" and p["nic"] == "node05/mlx5_1"
+    assert topo.path_of_gpu("node05", 1)[Kind.LINK].labels() == {"node": "node05", "leaf": "leaf-1"}
     assert topo.leaf_of("node05", None) == "leaf-1"
     assert topo.labels_of_link("node00", "mlx5_0") == {"node": "node00", "leaf": "leaf-0"}
     assert topo.nodes_on_leaf("leaf-0") == ["node00", "node01", "node02", "node03"]

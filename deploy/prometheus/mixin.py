@@ -55,6 +55,13 @@ class Config:
         "stream": "5m",      # agents scraped but not streaming: outlasts a rolling restart
     })
     agents_disconnected_ratio: float = 0.2
+    # Error rates in errors per second over the rule's window, not counts per window: a healthy
+    # link with a steady trickle (0.3 symbol errors/s is 36 in 2 minutes) never fires.
+    link_errors_per_second: float = 1.0
+    nvlink_errors_per_second: float = 1.0
+    # An agent's stream is down (FabricmonAgentStreamDown) after this long and this many of its intervals.
+    stream_down_seconds: float = 300.0
+    stream_down_intervals: float = 3.0
 
     def __post_init__(self) -> None:
         for name, value in self.for_windows.items():
@@ -64,6 +71,10 @@ class Config:
             raise ValueError("Config.runbook_url: names neither {anchor} nor {alert}")
         if not 0 < self.agents_disconnected_ratio < 1:
             raise ValueError(f"Config.agents_disconnected_ratio: {self.agents_disconnected_ratio} not in (0, 1)")
+        for name in ("link_errors_per_second", "nvlink_errors_per_second", "stream_down_seconds",
+                     "stream_down_intervals"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"Config.{name}: {getattr(self, name)} must be > 0")
 
 
 CONFIG = Config()
@@ -86,12 +97,30 @@ class Alert:
     description: str
     expr: str
     comment: str = ""
+    # The aggregator sends this alert too: the rule is its fallback, silent while every
+    # aggregator target is up (one sender per fault; see FALLBACK below).
+    fallback: bool = False
 
 
 @dataclass(frozen=True)
 class Group:
     name: str
     rules: list
+    fallback: bool = False  # every alert of the group is a fallback (Alert.fallback)
+
+
+# The fallback arm: a fault the aggregator also sees is the aggregator's to send while it is up
+# (one sender, one firing and one resolved notification per fault: two senders resolve at
+# different times and Alertmanager notifies firing, resolved, firing, resolved).  `min`: with
+# sharded aggregators one replica down brings the rules back for the whole cluster (the
+# replicas that are up then send the same alerts too, deduplicated while both fire), never blind.
+FALLBACK = """
+(
+{expr}
+)
+unless on (cluster)
+(min by (cluster) (up{{${{aggregator_selector}}}}) == 1)
+"""
 
 
 @dataclass(frozen=True)
@@ -117,13 +146,18 @@ def _plain(text: str) -> bool:
     return "\n" not in text.strip() and ": " not in text and " #" not in text and text.strip()[:1] not in "{[&*!|>'\"%@`#-?:,"
 
 
-def rule_dict(rule: Record | Alert, cfg: Config) -> dict:
-    """One rule as Prometheus' rule-file structure (what the YAML and the PrometheusRule hold)."""
+def rule_dict(rule: Record | Alert, cfg: Config, fallback: bool = False) -> dict:
+    """One rule as Prometheus' rule-file structure (what the YAML and the PrometheusRule hold).
+    ``fallback``: the group's setting (an Alert's own ``fallback`` also counts)."""
     if isinstance(rule, Record):
         return {"record": rule.record, "expr": _substitute(rule.expr, cfg, rule.record)}
+    expr = rule.expr
+    if fallback or rule.fallback:
+        body = "\n".join(f"  {ln}".rstrip() for ln in rule.expr.strip("\n").splitlines())
+        expr = FALLBACK.format(expr=body)
     return {
         "alert": rule.alert,
-        "expr": _substitute(rule.expr, cfg, rule.alert),
+        "expr": _substitute(expr, cfg, rule.alert),
         "for": _window(cfg, rule),
         "labels": {"severity": rule.severity, "component_type": rule.component_type},
         "annotations": {
@@ -156,7 +190,7 @@ def render_file(rf: RuleFile, cfg: Config) -> str:
     for g in rf.groups:
         lines += [f"  - name: {g.name}", "    rules:"]
         for i, rule in enumerate(g.rules):
-            d = rule_dict(rule, cfg)
+            d = rule_dict(rule, cfg, g.fallback)
             if i and isinstance(rule, Alert):
                 lines.append("")
             if rule.comment:
@@ -216,57 +250,16 @@ quantile by (cluster) (0.5,
 '''),
     ]),
     Group('fabricmon-ports', [
-        Record('fabricmon:ib_port_receive_bytes:rate1m',
-        comment='Per port, with rail/leaf/interface joined from fabricmon:ib_port:info.',
-        expr='''
-rate(fabricmon_ib_port_receive_bytes_total[1m])
-  * on (cluster, node, device, port) group_left (rail, leaf, interface) fabricmon:ib_port:info
-'''),
         Record('fabricmon:ib_port_transmit_bytes:rate1m',
+        comment='Per port, with rail/leaf/interface joined from fabricmon:ib_port:info: feeds the rail and leaf\n'
+                'throughput the Fabric map and overview panels read.  (Every recording rule feeds a shipped\n'
+                'panel or alert: tests/test_prometheus_rules.py checks it.)',
         expr='''
 rate(fabricmon_ib_port_transmit_bytes_total[1m])
   * on (cluster, node, device, port) group_left (rail, leaf, interface) fabricmon:ib_port:info
 '''),
-        Record('fabricmon:ib_port_receive_utilization:ratio1m',
-        comment='Utilization against the data rate (0-1): the signalling rate less line coding (8b/10b on\nSDR/DDR/QDR, 64b/66b on FDR), what the link can actually carry; down ports (rate 0) are left out.',
-        expr='''
-fabricmon:ib_port_receive_bytes:rate1m
-  / on (cluster, node, device, port) group_left ()
-(fabricmon_ib_port_data_rate_bytes_per_second > 0)
-'''),
-        Record('fabricmon:ib_port_transmit_utilization:ratio1m',
-        expr='''
-fabricmon:ib_port_transmit_bytes:rate1m
-  / on (cluster, node, device, port) group_left ()
-(fabricmon_ib_port_data_rate_bytes_per_second > 0)
-'''),
-        Record('fabricmon:ib_port_errors:rate1m',
-        expr='''
-sum by (cluster, node, device, port, counter) (rate(fabricmon_ib_port_errors_total[1m]))
-'''),
-        Record('fabricmon:rdma_transport_retries:rate1m',
-        expr='''
-sum by (cluster, node, device, port) (rate(fabricmon_rdma_transport_retries_total[1m]))
-'''),
-        Record('fabricmon:pfc_pause:ratio1m',
-        comment='PFC: share of time paused (0-1) per interface, priority and direction.',
-        expr='''
-sum by (cluster, node, interface, priority, direction) (rate(fabricmon_pfc_pause_seconds_total[1m]))
-'''),
-        Record('fabricmon:nvlink_transmit_bytes:rate1m',
-        expr='''
-sum by (cluster, node, gpu) (rate(fabricmon_nvlink_transmit_bytes_total[1m]))
-'''),
-        Record('fabricmon:nvlink_receive_bytes:rate1m',
-        expr='''
-sum by (cluster, node, gpu) (rate(fabricmon_nvlink_receive_bytes_total[1m]))
-'''),
     ]),
     Group('fabricmon-rails-leaves', [
-        Record('fabricmon:rail_receive_bytes:rate1m',
-        expr='''
-sum by (cluster, rail) (fabricmon:ib_port_receive_bytes:rate1m{rail!=""})
-'''),
         Record('fabricmon:rail_transmit_bytes:rate1m',
         expr='''
 sum by (cluster, rail) (fabricmon:ib_port_transmit_bytes:rate1m{rail!=""})
@@ -279,10 +272,6 @@ sum by (cluster, rail) (
   (fabricmon_ib_port_data_rate_bytes_per_second > 0)
     * on (cluster, node, device, port) group_left (rail) fabricmon:ib_port:info{rail!=""}
 )
-'''),
-        Record('fabricmon:leaf_receive_bytes:rate1m',
-        expr='''
-sum by (cluster, leaf, rail) (fabricmon:ib_port_receive_bytes:rate1m{leaf!=""})
 '''),
         Record('fabricmon:leaf_transmit_bytes:rate1m',
         expr='''
@@ -297,19 +286,11 @@ sum by (cluster, leaf, rail) (
     * on (cluster, node, device, port) group_left (leaf, rail) fabricmon:ib_port:info{leaf!=""}
 )
 '''),
-        Record('fabricmon:rail_pfc_pause:max_ratio1m',
-        comment='Highest PFC pause ratio on any RoCE port of the rail (rx: being paused, tx: pausing others).',
-        expr='''
-max by (cluster, rail, direction) (
-  fabricmon:pfc_pause:ratio1m
-    * on (cluster, node, interface) group_left (rail) fabricmon:ib_port:info{rail!="", interface!=""}
-)
-'''),
     ]),
 ]
 
 ALERT_GROUPS = [
-    Group('fabricmon-links', [
+    Group('fabricmon-links', fallback=True, rules=[
         Alert(
             'FabricLinkDown', for_='hard', severity='critical', component_type='link',
             summary='Fabric link {{ $labels.component }} is not ACTIVE',
@@ -345,14 +326,15 @@ max without (device, port) (
         Alert(
             'FabricLinkErrors', for_='rate', severity='warning', component_type='link',
             summary='Fabric link {{ $labels.component }} is taking physical/link errors',
-            description='Port {{ $labels.component }} took {{ $value | humanize }} physical/link errors (symbol, link-error recovery, receive, integrity, overrun) in 2 minutes; rising symbol errors precede link-down.',
+            description='Port {{ $labels.component }} takes {{ $value | humanize }} physical/link errors per second (symbol, link-error recovery, receive, integrity, overrun) over 2 minutes; rising symbol errors precede link-down.',
+            comment='Errors per second over [2m], not a count per window: a steady trickle below the threshold never fires.',
             expr='''
 max without (device, port) (
   label_join(
     (
       sum by (cluster, node, device, port) (
-        increase(fabricmon_ib_port_errors_total{counter=~"symbol_error|link_error_recovery|port_rcv_errors|port_rcv_remote_physical_errors|local_link_integrity_errors|excessive_buffer_overrun_errors"}[2m])
-      ) > 10
+        rate(fabricmon_ib_port_errors_total{counter=~"symbol_error|link_error_recovery|port_rcv_errors|port_rcv_remote_physical_errors|local_link_integrity_errors|excessive_buffer_overrun_errors"}[2m])
+      ) > ${link_errors_per_second}
     )
       * on (cluster, node, device, port) group_left (rail, leaf) fabricmon:ib_port:info,
     "component", "/", "node", "device", "port"
@@ -418,7 +400,7 @@ max without (device, port) (
 )
 '''),
     ]),
-    Group('fabricmon-lossless', [
+    Group('fabricmon-lossless', fallback=True, rules=[
         Alert(
             'FabricPFCStorm', for_='sustained', severity='critical', component_type='link',
             summary='PFC pause storm from {{ $labels.component }}',
@@ -489,7 +471,7 @@ max without (device) (
 )
 '''),
     ]),
-    Group('fabricmon-gpus', [
+    Group('fabricmon-gpus', fallback=True, rules=[
         Alert(
             'NVLinkDown', for_='hard', severity='critical', component_type='nvlink',
             summary='NVLink {{ $labels.component }} is down',
@@ -509,14 +491,14 @@ max without (link) (
         Alert(
             'NVLinkErrors', for_='rate', severity='warning', component_type='nvlink',
             summary='NVLink {{ $labels.component }} is taking replay/recovery/CRC errors',
-            description='NVLink {{ $labels.component }} took {{ $value | humanize }} replay/recovery/CRC errors in 2 minutes.',
+            description='NVLink {{ $labels.component }} takes {{ $value | humanize }} replay/recovery/CRC errors per second over 2 minutes.',
             expr='''
 max without (link) (
   label_join(
     label_join(
       sum by (cluster, node, gpu, link) (
-        increase(fabricmon_nvlink_errors_total{type=~"replay|recovery|crc_flit|crc_data"}[2m])
-      ) > 10,
+        rate(fabricmon_nvlink_errors_total{type=~"replay|recovery|crc_flit|crc_data"}[2m])
+      ) > ${nvlink_errors_per_second},
       "component", "/gpu", "node", "gpu"
     ),
     "component", "/nvlink", "component", "link"
@@ -525,20 +507,17 @@ max without (link) (
 '''),
         Alert(
             'GPUXidFatal', for_='window', severity='critical', component_type='gpu',
-            summary='GPU {{ $labels.component }} reported fatal XID {{ $labels.xid }}',
-            description='GPU {{ $labels.component }} reported XID {{ $labels.xid }}, which needs a GPU reset or node drain; jobs on it have likely failed.',
-            comment='Fatal XIDs: 48 DBE ECC, 61/62 internal micro-controller, 64 row-remap failure, 74 NVLink,\n79 fallen off the bus, 94/95 (un)contained ECC, 119/120 GSP, 140 unrecovered ECC.\nA counter series appears at its first XID (value 1), which increase() cannot see:\nthe `unless ... offset 5m` arm catches new series.  Caveat: for 5 minutes after a\nPrometheus restart (no history) existing XID series also match.',
+            summary='GPU {{ $labels.component }} reported a fatal XID',
+            description='GPU {{ $labels.component }} reported {{ $value | humanize }} fatal XID(s) in 5 minutes (fabricmon_gpu_xid_errors_total{gpu} names the code): it needs a GPU reset or node drain; jobs on it have likely failed.',
+            comment='Fatal XIDs (fabricmon/sources/nvml/xid.py, the aggregator\'s detection.xid_fatal): 48 DBE ECC,\n'
+                    '61/62 internal micro-controller, 64 row-remap failure, 74 NVLink, 79 fallen off the bus,\n'
+                    '94/95 (un)contained ECC, 119/120 GSP, 140 unrecovered ECC.  The agent creates one counter per\n'
+                    'GPU at 0, so increase() alone sees the first XID, and after a Prometheus restart nothing\n'
+                    'that happened before it pages again.',
             expr='''
-max by (cluster, node, gpu, xid, component) (
+max by (cluster, node, gpu, component) (
   label_join(
-    (
-      increase(fabricmon_gpu_xid_errors_total{xid=~"48|61|62|64|74|79|94|95|119|120|140"}[5m]) > 0
-    )
-    or
-    (
-      fabricmon_gpu_xid_errors_total{xid=~"48|61|62|64|74|79|94|95|119|120|140"}
-        unless fabricmon_gpu_xid_errors_total{xid=~"48|61|62|64|74|79|94|95|119|120|140"} offset 5m
-    ),
+    increase(fabricmon_gpu_xid_fatal_errors_total[5m]) > 0,
     "component", "/gpu", "node", "gpu"
   )
 )
@@ -546,7 +525,7 @@ max by (cluster, node, gpu, xid, component) (
     ]),
     Group('fabricmon-self', [
         Alert(
-            'FabricmonAgentDown', for_='sustained', severity='warning', component_type='node',
+            'FabricmonAgentDown', for_='sustained', severity='warning', component_type='node', fallback=True,
             summary='fabricmon agent on {{ $labels.component }} is not being scraped',
             description="Prometheus cannot scrape the fabricmon agent on {{ $labels.component }}: that node's fabric, NVLink and GPU alerts are blind (and inhibited) until it is back.",
             comment="`up` has no `node` unless the scrape config attaches one; recover it from the\nagent's last exposition (latest node name per instance within 1 h).",
@@ -637,7 +616,114 @@ label_replace(
 )
 '''),
     ]),
+    # Kept in a group of its own (issue 26): batches the aggregator acks but does not believe.
+    Group('fabricmon-batches-dropped', [
+        Alert(
+            'FabricmonBatchesDropped', for_='sustained', severity='warning', component_type='node',
+            summary='fabricmon aggregator drops the batches of {{ $labels.component }} ({{ $labels.reason }})',
+            description="The aggregator acknowledges but does not believe the batches of {{ $labels.component }} ({{ $labels.reason }}, {{ $value | humanize }} in 5 minutes): ts_ahead, ts_behind or ts_stale mean the node's clock is off, seq_ahead that its batches are numbered ahead of the aggregator's clock. Its faults raise nothing at the aggregator meanwhile.",
+            comment="Named by the agent (fabricmon_stream_batches_dropped_by_aggregator_total{node}: the reason\nits acks gave); where no agent series says so, the aggregator's own counter\n(fabricmon_ingest_batches_dropped_total, no node label) names the aggregator instance.\nMore than 10 in 5 minutes: a clock step (NTP) drops a few batches, a wrong clock all of them.",
+            expr='''
+label_replace(
+  sum by (cluster, node, reason) (
+    increase(fabricmon_stream_batches_dropped_by_aggregator_total{${agent_selector}}[5m])
+  ) > 10,
+  "component", "$1", "node", "(.+)"
+)
+or on (cluster)
+label_replace(
+  sum by (cluster, instance, reason) (
+    increase(fabricmon_ingest_batches_dropped_total{${aggregator_selector}, reason=~"ts_ahead|ts_behind|ts_stale|seq_ahead"}[5m])
+  ) > 10,
+  "component", "$1", "instance", "(.*)"
+)
+'''),
+    ]),
 ]
+
+
+BLIND_SPOTS = Group('fabricmon-blind-spots', [
+    Alert(
+        'FabricmonAgentStreamDown', for_='window', severity='warning', component_type='service',
+        summary='fabricmon agent on {{ $labels.component }} has not streamed to the aggregator for {{ $value | humanizeDuration }}',
+        description="The agent on {{ $labels.component }} is scraped but its stream to the aggregator has been down for {{ $value | humanizeDuration }}: the aggregator cannot alert on or localize faults of that node.  Its log names the error (stream_connect_failed: token, NetworkPolicy, DNS, aggregator address).",
+        comment="The agent's own gauge (seconds since the stream was lost, or since start): no `for:` to restart\n"
+                "after a Prometheus restart, and 'at least 3 intervals' holds for slow pollers too.",
+        expr='''
+label_replace(
+  max by (cluster, node) (
+    fabricmon_stream_disconnected_seconds > ${stream_down_seconds}
+      and fabricmon_stream_disconnected_seconds > ${stream_down_intervals} * fabricmon_stream_interval_seconds
+  ),
+  "component", "$1", "node", "(.+)"
+)
+'''),
+    Alert(
+        'FabricmonAgentRefused', for_='window', severity='warning', component_type='service',
+        summary='The aggregator refuses the stream of the agent on {{ $labels.component }} ({{ $labels.reason }})',
+        description="The aggregator refused {{ $value | humanize }} connection(s) of the agent on {{ $labels.component }} in 10 minutes: {{ $labels.reason }} (unauthenticated: no or wrong token or client certificate; permission_denied: a credential naming another node).  That node is blind to the aggregator until its credential is fixed.",
+        expr='''
+label_replace(
+  max by (cluster, node, reason) (increase(fabricmon_stream_refused_total[10m]) > 0),
+  "component", "$1", "node", "(.+)"
+)
+'''),
+    Alert(
+        'FabricmonSpoolDropping', for_='window', severity='warning', component_type='service',
+        summary='fabricmon agent on {{ $labels.component }} is losing batches ({{ $labels.reason }})',
+        description="The agent on {{ $labels.component }} lost {{ $value | humanize }} batches in 10 minutes ({{ $labels.reason }}): its spool is full or failing (disk full, I/O errors) or its queue overflows, so the aggregator will never see that stretch of the node's counters.",
+        expr='''
+label_replace(
+  max by (cluster, node, reason) (
+    increase(fabricmon_stream_batches_dropped_total{reason=~"spool_full|spool_write_failed|corrupt|queue_full"}[10m]) > 0
+  ),
+  "component", "$1", "node", "(.+)"
+)
+'''),
+    Alert(
+        'FabricmonGPUsUnmonitored', for_='bursty', severity='warning', component_type='service',
+        summary='{{ $labels.component }} has NVIDIA GPUs on its PCI bus that NVML does not report',
+        description="The PCI bus of {{ $labels.component }} shows {{ $value }} NVIDIA GPU(s) but NVML reports fewer or none (driver library not mounted into the container, nvml: off, or GPUs lost): their XIDs, ECC and NVLink are not monitored.",
+        comment="fabricmon_pci_nvidia_gpus counts GPUs by vendor and class on the PCI bus, NVML or not;\n"
+                "fabricmon_devices_discovered{kind=\"gpu\"} is what NVML reports (absent when NVML is).",
+        expr='''
+label_replace(
+  max by (cluster, node) (
+    (fabricmon_pci_nvidia_gpus > 0 unless on (cluster, node) fabricmon_devices_discovered{kind="gpu"})
+    or on (cluster, node)
+    (fabricmon_pci_nvidia_gpus > on (cluster, node) group_left () max by (cluster, node) (fabricmon_devices_discovered{kind="gpu"}))
+  ),
+  "component", "$1", "node", "(.+)"
+)
+'''),
+    Alert(
+        'FabricmonDevicesMissing', for_='bursty', severity='warning', component_type='service',
+        summary='{{ $labels.component }} has fewer RDMA ports than its config expects',
+        description="The agent on {{ $labels.component }} finds fewer RDMA ports than sources.infiniband.expected_ports says ({{ $value }} missing): a wrong --sysfs-root, a NIC lost from the bus or its driver not loaded.  Those ports are not monitored.",
+        expr='''
+label_replace(
+  max by (cluster, node) (
+    max by (cluster, node) (fabricmon_devices_expected{kind="rdma_port"})
+      - on (cluster, node)
+    sum by (cluster, node) (fabricmon_devices_discovered{kind=~"ib_port|roce_port"})
+    > 0
+  ),
+  "component", "$1", "node", "(.+)"
+)
+'''),
+    Alert(
+        'FabricmonReloadFailed', for_='window', severity='warning', component_type='service',
+        summary='fabricmon on {{ $labels.component }} failed to reload its configuration',
+        description="The last configuration reload (SIGHUP) of the fabricmon process at {{ $labels.component }} failed: it still runs on the previous configuration (its log says which file and field).",
+        expr='''
+label_replace(
+  max by (cluster, instance) (fabricmon_config_last_reload_successful == 0),
+  "component", "$1", "instance", "(.*)"
+)
+'''),
+])
+
+ALERT_GROUPS.append(BLIND_SPOTS)
 
 
 RECORDING_HEADER = """
@@ -658,13 +744,15 @@ target a `unit` target label (file_sd / relabeling, see deploy/README.md) and
 ALERTS_HEADER = """
 fabricmon alert rules: the Prometheus path beside the aggregator's direct alerts.
 
-Alert names, labels and component ids are the DESIGN contract, so the same incident
-raised by the aggregator and by these rules lands in the same Alertmanager group
-(group_by [cluster, alertname, leaf, rail, component]) and obeys the same inhibitions.
+Alert names, labels and component ids are the DESIGN contract and obey the same
+inhibitions as the aggregator's.  One sender per fault: the fault rules (links, lossless,
+GPUs, agent down) are the aggregator's fallback, silent while every aggregator target is
+up, and carry no job or cost labels (only the aggregator knows the hurt jobs).
 Every alert carries severity, component_type, component and (where known) node, rail,
 leaf, gpu; scrape labels (job, instance, device, port) are aggregated away so they do
 not collide with the contract's training-job label.  Self alerts (fabricmon-self) watch
-fabricmon itself: agents and aggregator scraped, agents streaming, alerts delivered.
+fabricmon itself: agents and aggregator scraped, agents streaming, alerts delivered; the
+blind-spot alerts (fabricmon-blind-spots) say what an agent cannot see.
 
 `for:` windows, selectors and runbook links come from Config in deploy/prometheus/mixin.py.
 """

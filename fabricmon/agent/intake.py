@@ -43,7 +43,15 @@ import structlog
 
 from ..httpserve import CLOSE_REASONS, GuardedHandler, GuardedHTTPServer
 from ..model import Reading, Semantics, SourceResult
-from ..rank_timing import MAX_LINE_BYTES, REJECT_REASONS, JobLayout, RankTiming, RankTimingError, parse_line
+from ..rank_timing import (
+    MAX_LINE_BYTES,
+    REJECT_REASONS,
+    Heartbeat,
+    JobLayout,
+    RankTiming,
+    RankTimingError,
+    parse_line,
+)
 
 log = structlog.get_logger("fabricmon.intake")
 
@@ -106,6 +114,8 @@ class RankIntake:
         self._lock = threading.Lock()
         self._ranks: deque[RankTiming] = deque()
         self._new_layouts: list[JobLayout] = []
+        # the newest heartbeat per (job, job_id, rank) since the last drain: one a rank per batch is enough
+        self._heartbeats: dict[tuple[str, str, int], Heartbeat] = {}
         self._layouts: dict[str, JobLayout] = {}
         self._latest: dict[tuple[str, int], tuple[float, float, float]] = {}  # -> (step_s, comm_s, seen)
         self._jobs: dict[str, float] = {}  # job -> last seen
@@ -157,6 +167,15 @@ class RankIntake:
                 self._expire(now)
                 if len(self._jobs) >= self._max_jobs:
                     return self._bad_locked("job_limit", f"job: more than {self._max_jobs} jobs active", origin)
+            if isinstance(item, Heartbeat):
+                hkey = (item.job, item.job_id, item.rank)
+                if hkey not in self._heartbeats and len(self._heartbeats) >= self._max_series:
+                    return self._bad_locked("series_limit",
+                                            f"heartbeat: more than {self._max_series} (job, rank) pending", origin)
+                self._jobs[item.job] = now
+                self._heartbeats[hkey] = item
+                self._accepted()
+                return True, ""
             if isinstance(item, JobLayout):
                 self._jobs[item.job] = now
                 self._layouts[item.job] = item
@@ -222,6 +241,12 @@ class RankIntake:
             self._ranks.clear()
             layouts, self._new_layouts = self._new_layouts, []
         return ranks, layouts
+
+    def drain_heartbeats(self) -> list[Heartbeat]:
+        """The newest heartbeat of each rank since the last drain."""
+        with self._lock:
+            out, self._heartbeats = list(self._heartbeats.values()), {}
+        return out
 
     def layouts(self) -> list[JobLayout]:
         """Every job layout known (resent on each new stream connection)."""

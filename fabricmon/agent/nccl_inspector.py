@@ -65,6 +65,7 @@ import structlog
 from ..model import Reading, Semantics, SourceResult
 from ..sources.bounds import Rejected, read_bounded
 from .nccl_prom import PromSample, parse_prom_line, uuid_of_file
+from ..sources.guarded_io import open_regular
 from .nccl_records import MAX_LINE, REJECT_REASONS, Header, Ignored, Marker, NcclRecordError, parse_line
 
 log = structlog.get_logger("fabricmon.nccl_inspector")
@@ -169,7 +170,8 @@ class NcclInspectorSource:
         if size == 0:
             return True
         try:
-            with open(path, "rb") as fh:
+            fd, _ = open_regular(path)  # never blocks: a FIFO swapped in is refused (guarded_io)
+            with os.fdopen(fd, "rb") as fh:
                 fh.seek(size - 1)
                 return fh.read(1) == b"\n"
         except OSError:
@@ -333,7 +335,15 @@ class NcclInspectorSource:
                    bw: dict, errors: list[str]) -> int:
         used = 0
         try:
-            with open(path, "rb") as fh:
+            # The dir is writable by every job: whatever was swapped in since the scan's lstat (a FIFO
+            # would block a plain open for good) is refused by fstat on the opened fd, and another
+            # regular file under the name waits for the next scan.
+            fd, st = open_regular(path)
+            if (st.st_dev, st.st_ino) != (f.dev, f.ino):
+                os.close(fd)
+                errors.append(f"{path}: replaced since the directory scan; read on the next poll")
+                return 0
+            with os.fdopen(fd, "rb") as fh:
                 fh.seek(f.offset)
                 while f.offset < size and used < budget and time.monotonic() < deadline:
                     chunk = fh.read(min(CHUNK, size - f.offset, budget - used))

@@ -3,7 +3,10 @@
 A scrape never touches hardware: exporters and the stream read the latest
 Snapshot only.  A source that overruns its deadline is marked down for that
 poll and is not started again until its stuck call returns, so a hung NVML
-call costs one worker thread, never the poll loop.
+call costs one worker thread, never the poll loop.  Each source polls on a
+daemon thread of its own (guarded_io.KeyedWorkers) that nothing joins: a
+``concurrent.futures`` pool is joined at interpreter exit, so one read stuck in
+a driver kept the agent from exiting on SIGTERM.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import structlog
 from ..counters import CounterTracker
 from ..model import Reading, Semantics, Snapshot, SourceResult, SourceStatus
 from ..sources.base import Source
+from ..sources.guarded_io import KeyedWorkers, Stuck
 from ..sources.inventory import Inventory
 
 log = structlog.get_logger("fabricmon.poller")
@@ -51,7 +55,7 @@ class Poller:
         self._discover = discover
         self._clock = clock
         self._tracker = tracker or CounterTracker()
-        self._pool = cf.ThreadPoolExecutor(max_workers=max(2, len(sources) + 1), thread_name_prefix="source")
+        self._workers = KeyedWorkers("source")  # keyed by source name: one outstanding poll per source
         self._latest: Snapshot | None = None
         self._seq = 0
         self._last_ts: float | None = None
@@ -74,9 +78,7 @@ class Poller:
             gone = {id(s) for s in old}
             self._states = [st for st in self._states if id(st.source) not in gone] + [_SourceState(s) for s in new]
             self._discover = discover
-            if self._pool._max_workers < len(self._states) + 1:
-                self._pool.shutdown(wait=False)
-                self._pool = cf.ThreadPoolExecutor(max_workers=len(self._states) + 1, thread_name_prefix="source")
+            self._workers.retire(st.source.name for st in self._states)
 
     def add_listener(self, fn: Callable[[Snapshot], None]) -> None:
         """Called with every new snapshot, in the poll thread: keep it quick."""
@@ -105,7 +107,7 @@ class Poller:
                 facts.update(result.facts)
                 statuses.append(SourceStatus(
                     st.source.name, result.up, result.present, duration, st.errors_total,
-                    tuple(result.messages[-5:]),
+                    tuple(result.messages[-5:]), tuple(result.stuck),
                 ))
             if inv_errors:
                 statuses.append(SourceStatus("discovery", False, True, 0.0, inv_errors))
@@ -174,7 +176,12 @@ class Poller:
             if st.inflight is not None and not st.inflight.done():
                 started.append((st, None, 0.0))  # still stuck from an earlier poll
                 continue
-            started.append((st, self._pool.submit(self._timed_poll, st.source, inventory), time.monotonic()))
+            try:
+                fut = self._workers.submit(st.source.name, self._timed_poll, st.source, inventory)
+            except Stuck:  # a source of the same name, replaced by a reload, still blocked
+                started.append((st, None, 0.0))
+                continue
+            started.append((st, fut, time.monotonic()))
         inline_out: dict[int, tuple[SourceResult, float]] = {}
         for st in inline:
             t0 = time.perf_counter()
@@ -192,7 +199,7 @@ class Poller:
                 if t0 < 0:
                     out.append(inline_out[id(st)])
                     continue
-                res = SourceResult(name, up=False)
+                res = SourceResult(name, up=False, stuck=[name])
                 res.error(f"{name}: previous poll still running")
                 out.append((res, 0.0))
                 continue
@@ -202,7 +209,7 @@ class Poller:
                 st.inflight = None
             except cf.TimeoutError:
                 st.inflight = fut
-                res = SourceResult(name, up=False)
+                res = SourceResult(name, up=False, stuck=[name])
                 res.error(f"{name}: poll exceeded its {st.source.timeout:.2f}s deadline")
                 log.warning("source_timeout", collector=name, timeout=st.source.timeout)
                 duration = time.monotonic() - t0
@@ -242,4 +249,4 @@ class Poller:
                 st.source.close()
             except Exception as exc:
                 log.warning("source_close_failed", collector=st.source.name, error=str(exc))
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._workers.close()  # never waits: a worker blocked in a driver ends with the process

@@ -19,6 +19,7 @@ from ..sources import registry
 from ..sources.base import Source
 from ..sources.inventory import Inventory, discover
 from ..sources.registry import SourceContext
+from ..textcheck import node_name_problem
 from .exporter import AgentHTTPServer, RenderedSnapshot
 from .poller import Poller
 from .selfmetrics import AgentSelfCollector, self_exposition
@@ -27,10 +28,37 @@ from .supervise import Supervisor
 log = structlog.get_logger("fabricmon.agent")
 
 
+def token_problem(path: str | None) -> str | None:
+    """Why the stream's token file cannot be used (unreadable or empty), or None.  Read at every
+    /readyz: a token the pod cannot read is the one stream fault that is local (issue: a Secret
+    mounted root:root 0440 for a non-root agent)."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(65536)
+    except OSError as exc:
+        return f"stream.token_file: {path}: not readable ({exc.strerror or exc})"
+    if not data.strip():
+        return f"stream.token_file: {path}: empty"
+    return None
+
+
 def resolve_node_name(cfg: AgentConfig) -> str:
-    """--node-name, else the fixture's ``hostname`` beside ``sys/``, else this host's name."""
+    """--node-name, else the fixture's ``hostname`` beside ``sys/``, else this host's name.
+
+    Raises ConfigError when the name breaks the rule the aggregator applies (textcheck): refused
+    here once, at start, rather than by the aggregator on every reconnect."""
+    name, origin = _node_name(cfg)
+    why = node_name_problem(name)
+    if why is not None:
+        raise ConfigError(f"{origin}: node name {name[:60]!r}{'...' if len(name) > 60 else ''}: {why}")
+    return name
+
+
+def _node_name(cfg: AgentConfig) -> tuple[str, str]:
     if cfg.node_name:
-        return cfg.node_name
+        return cfg.node_name, "node_name"
     root = os.path.abspath(cfg.sysfs_root)
     if os.path.basename(root) == "sys":
         beside = os.path.join(os.path.dirname(root), "hostname")
@@ -38,15 +66,16 @@ def resolve_node_name(cfg: AgentConfig) -> str:
             with open(beside) as fh:
                 name = fh.read().strip()
             if name:
-                return name
+                return name, beside
         except OSError:
             pass
-    return socket.gethostname().split(".")[0]
+    return socket.gethostname().split(".")[0], "hostname"
 
 
 def source_context(cfg: AgentConfig) -> SourceContext:
     """The host facts sources read besides their own ``sources.<name>`` section."""
-    return SourceContext(sysfs_root=cfg.sysfs_root, ethtool_dir=cfg.ethtool_dir, nvml=cfg.nvml, profile=cfg.profile)
+    return SourceContext(sysfs_root=cfg.sysfs_root, host_root=cfg.host_root, ethtool_dir=cfg.ethtool_dir,
+                         nvml=cfg.nvml, profile=cfg.profile)
 
 
 def build_sources(cfg: AgentConfig) -> list[Source]:
@@ -184,6 +213,11 @@ class Agent:
             problems.append("no snapshot yet")
         elif self.clock() - snap.ts > limit:
             problems.append(f"last poll {self.clock() - snap.ts:.1f}s ago (limit {limit:.1f}s)")
+        if snap is not None:
+            for st in snap.sources:
+                if st.stuck:  # a read blocked in a driver: those series are not monitored now
+                    problems.append(f"{st.source}: read blocked past its deadline: {', '.join(st.stuck[:8])}"
+                                    + (f" and {len(st.stuck) - 8} more" if len(st.stuck) > 8 else ""))
         if self._thread is not None and not self._thread.is_alive():
             problems.append("poller thread down")
         inventory = self.poller.inventory
@@ -192,9 +226,20 @@ class Agent:
             problems.append(missing)
         if self.shard is not None:
             problems.extend(self.shard.not_ready())
-        if self.stream is not None and not self.stream.delivering():
-            problems.append("stream neither connected nor spooling" if self.stream.alive()
-                            else "stream thread down")
+        # Only local faults: an aggregator that is down or refuses the stream is a metric and an
+        # alert (the batches spool), never a reason to hold a DaemonSet rollout.
+        if self.stream is not None or self.shard is not None:
+            token = token_problem(self.cfg.stream.token_file)
+            if token:
+                problems.append(token)
+        if self.stream is not None:
+            if not self.stream.alive():
+                problems.append("stream thread down")
+            elif not self.stream.delivering():
+                problems.append("stream neither connected nor spooling")  # the spool refuses writes: local
+        dropping = getattr(self.stream, "aggregator_dropping", "") if self.stream is not None else ""
+        if dropping:  # acked but not believed: this node's own clock or seq, a local fault to fix here
+            problems.append(f"the aggregator drops this node's batches ({dropping}): check the node's clock")
         for name in self.supervisor.down():
             if name not in ("poller", "stream", "shard"):
                 problems.append(f"{name} thread down")

@@ -13,6 +13,14 @@ first, counted in ``dropped_total`` and logged.  Files are verified when read;
 a corrupt or truncated one is logged with its reason, counted in
 ``corrupt_total``, deleted and skipped; nothing here raises into the agent.
 
+Entry names are the seqs the stream numbers from (``max_seq + 1``), so a name
+outside the range a seq can take is never believed: past 2^64 - 1 (no uint64
+carries it: every later batch would be unencodable) or further ahead of the
+wall clock in ms than ``FUTURE_SLACK_MS`` (seqs start at the time in ms and
+grow by one a batch: the aggregator would count every later batch
+``seq_ahead``).  Such an entry is renamed ``set-aside-<name>`` (kept for
+whoever looks, never reloaded), logged and counted in ``set_aside_total``.
+
 ``MemorySpool`` has the same interface without a disk, for the in-memory
 simulator and an agent configured without a spool directory.
 """
@@ -23,7 +31,9 @@ import os
 import re
 import struct
 import threading
+import time
 import zlib
+from collections.abc import Callable
 from collections import OrderedDict
 from pathlib import Path
 
@@ -36,6 +46,10 @@ log = structlog.get_logger("fabricmon.spool")
 MAGIC = b"FMSPOOL1"
 _HEADER = struct.Struct(">8sII")  # magic, crc32(payload), len(payload)
 _NAME = re.compile(r"^(\d{20})\.batch$")
+MAX_SEQ = 2**64 - 1  # uint64 on the wire
+# The aggregator's default clock bound (max_skew_s 300 s): a seq further ahead of now in ms is dropped there.
+FUTURE_SLACK_MS = 300_000
+SET_ASIDE_PREFIX = "set-aside-"
 
 
 def frame(payload: bytes) -> bytes:
@@ -72,6 +86,7 @@ class MemorySpool:
         self.too_large_total = 0
         self.corrupt_total = 0
         self.written_total = 0
+        self.set_aside_total = 0  # entries named outside the seq range (Spool._reload)
 
     # -- storage hooks (overridden by Spool)
     def _store(self, seq: int, data: bytes) -> None:
@@ -202,16 +217,19 @@ class MemorySpool:
             return {"entries": len(self._items), "bytes": self._bytes, "max_bytes": self.max_bytes,
                     "dropped_total": self.dropped_total, "full_dropped_total": self.full_dropped_total,
                     "write_failed_total": self.write_failed_total, "too_large_total": self.too_large_total,
-                    "corrupt_total": self.corrupt_total, "written_total": self.written_total}
+                    "corrupt_total": self.corrupt_total, "written_total": self.written_total,
+                    "set_aside_total": self.set_aside_total}
 
 
 class Spool(MemorySpool):
     """On-disk spool in ``directory``; reloads what a previous run left there."""
 
-    def __init__(self, directory: str | os.PathLike, max_bytes: int = 64 * 1024 * 1024, *, fsync: bool = True) -> None:
+    def __init__(self, directory: str | os.PathLike, max_bytes: int = 64 * 1024 * 1024, *, fsync: bool = True,
+                 wall: Callable[[], float] = time.time) -> None:
         super().__init__(max_bytes)
         self.directory = Path(directory)
         self._fsync = fsync
+        self._wall = wall
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o750)
         self._reload()
 
@@ -220,6 +238,7 @@ class Spool(MemorySpool):
 
     def _reload(self) -> None:
         found: list[tuple[int, int]] = []
+        ceiling = min(MAX_SEQ, int(self._wall() * 1000) + FUTURE_SLACK_MS)
         for entry in os.scandir(self.directory):
             if entry.name.startswith(".") and entry.name.endswith(".tmp"):
                 # an atomic write interrupted by a crash: never a complete batch
@@ -233,6 +252,9 @@ class Spool(MemorySpool):
             m = _NAME.match(entry.name)
             if not m:
                 continue  # not ours: leave it alone
+            if not 0 < int(m.group(1)) <= ceiling:
+                self._set_aside(entry.name, ceiling)
+                continue
             try:
                 if not entry.is_file(follow_symlinks=False):
                     continue
@@ -257,6 +279,16 @@ class Spool(MemorySpool):
             log.warning("spool_full_dropped_oldest", dropped=dropped, max_bytes=self.max_bytes)
         if self._items:
             log.info("spool_reloaded", entries=len(self._items), bytes=self._bytes, directory=str(self.directory))
+
+    def _set_aside(self, name: str, ceiling: int) -> None:
+        """An entry no seq can be: out of the numbering, kept under another name, counted."""
+        self.set_aside_total += 1
+        try:
+            os.replace(self.directory / name, self.directory / (SET_ASIDE_PREFIX + name))
+        except OSError as exc:
+            log.error("spool_set_aside_failed", file=name, error=str(exc))
+        log.warning("spool_entry_set_aside", file=name, reason=f"seq outside 1..{ceiling} (uint64, and at most "
+                    f"{FUTURE_SLACK_MS // 1000} s ahead of the wall clock in ms)", renamed=SET_ASIDE_PREFIX + name)
 
     def _store(self, seq: int, data: bytes) -> None:
         atomic_write_bytes(self._path(seq), data, fsync=self._fsync)

@@ -26,7 +26,13 @@ from .spool import MemorySpool
 from .stream_batches import BatchMaker
 from .stream_channel import TlsFiles, presented_token
 from .stream_session import Session
-from .stream_state import DEFAULT_MAX_MESSAGE_BYTES, StreamOptions, StreamState
+from .stream_state import (
+    AGGREGATOR_DROP_REASONS,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    REFUSAL_REASONS,
+    StreamOptions,
+    StreamState,
+)
 
 log = structlog.get_logger("fabricmon.stream")
 
@@ -36,7 +42,8 @@ BATCH_DROP_REASONS = ("queue_full", "spool_full", "spool_write_failed", "too_lar
                       "unencodable")
 
 # TlsFiles is part of StreamClient's constructor: importers take both from here.
-__all__ = ["BATCH_DROP_REASONS", "DEFAULT_MAX_MESSAGE_BYTES", "StreamClient", "TlsFiles"]
+__all__ = ["AGGREGATOR_DROP_REASONS", "BATCH_DROP_REASONS", "DEFAULT_MAX_MESSAGE_BYTES", "REFUSAL_REASONS",
+           "StreamClient", "TlsFiles"]
 
 
 class StreamClient:
@@ -122,6 +129,29 @@ class StreamClient:
     def last_error(self) -> str:
         return self.state.last_error
 
+    @property
+    def refused(self) -> dict[str, int]:
+        """Connections the aggregator refused, by reason (``REFUSAL_REASONS``)."""
+        return self.state.refused
+
+    @property
+    def aggregator_dropped(self) -> dict[str, int]:
+        """Batches the aggregator acked but did not believe, by its reason (``AGGREGATOR_DROP_REASONS``)."""
+        return self.state.aggregator_dropped
+
+    @property
+    def aggregator_dropping(self) -> str:
+        """The newest ack's drop reason; "" when that batch was believed."""
+        return self.state.aggregator_dropping
+
+    def note_ack_drop(self, reason: str) -> None:
+        """An ack came back; ``reason`` is why the aggregator did not believe that batch ("" if it did)."""
+        self.state.note_ack_drop(reason)
+
+    def disconnected_for(self) -> float:
+        """Seconds since the stream was lost (since the client was made if it never connected); 0 while up."""
+        return self.state.disconnected_for()
+
     def attach(self, poller) -> None:
         """Register ``offer`` as a listener of ``poller`` (fabricmon.agent.poller.Poller)."""
         poller.add_listener(self.offer)
@@ -180,10 +210,14 @@ class StreamClient:
             batches_spooled_total=sp["written_total"], spool_dropped_total=sp["dropped_total"],
             spool_corrupt_total=sp["corrupt_total"], spool_entries=sp["entries"], spool_bytes=sp["bytes"],
             queue_length=len(st.queue), queue_max=st.queue_max, connected=int(st.connected),
+            disconnected_seconds=st.disconnected_for(), interval_seconds=self.interval_seconds,
+            refused=dict(st.refused),
             next_seq=st.batches.next_seq, spool_max_bytes=st.spool.max_bytes,
             spool_write_failures_total=sp.get("write_failed_total", 0),
+            spool_set_aside_total=sp.get("set_aside_total", 0),
             items_dropped=dict(st.batches.guard.dropped),
             items_dropped_total=sum(st.batches.guard.dropped.values()),
+            aggregator_dropped=dict(st.aggregator_dropped), aggregator_dropping=int(bool(st.aggregator_dropping)),
         )
         s["batches_dropped"] = {
             "queue_full": s["snapshots_dropped_total"],

@@ -18,6 +18,7 @@ connection.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -138,14 +139,26 @@ class BatchMaker:
             log.error("intake_drain_failed", error=str(exc))
             return [], []
 
+    def _drain_heartbeats(self) -> list:
+        drain = getattr(self.intake, "drain_heartbeats", None)
+        if drain is None:
+            return []
+        try:
+            return list(drain())
+        except Exception as exc:
+            log.error("intake_drain_failed", error=str(exc))
+            return []
+
     def convert(self, snap: Snapshot) -> NodeBatch:
         """The snapshot as the next batch, without any item the wire cannot carry (counted)."""
         ranks, layouts = self._drain_intake()
+        heartbeats = self._drain_heartbeats()
         gauges = self._changed_gauges(snap.samples)
         seq = self.next_seq
         self.next_seq += 1
         b = NodeBatch(node=self.node, seq=seq, ts=snap.ts, interval_seconds=snap.interval_seconds,
-                      deltas=tuple(snap.deltas), gauges=tuple(gauges), ranks=tuple(ranks), layouts=tuple(layouts))
+                      deltas=tuple(snap.deltas), gauges=tuple(gauges), ranks=tuple(ranks), layouts=tuple(layouts),
+                      heartbeats=tuple(heartbeats))
         sub = self.subscription
         if sub is not None:
             b, left_out = filter_batch(b, sub)
@@ -160,8 +173,7 @@ class BatchMaker:
         try:
             known = {lay.job: lay for lay in self.intake.layouts()}
             known.update({lay.job: lay for lay in b.layouts})
-            return self.guard.clean(NodeBatch(b.node, b.seq, b.ts, b.interval_seconds, b.deltas,
-                                              b.gauges, b.ranks, tuple(known.values())))
+            return self.guard.clean(replace(b, layouts=tuple(known.values())))
         except Exception as exc:
             log.error("intake_layouts_failed", error=str(exc))
             return b
@@ -175,12 +187,12 @@ class BatchMaker:
             return encode_self_contained(b).SerializeToString()
         except Exception as exc:
             log.error("stream_batch_unencodable", seq=b.seq, error=f"{type(exc).__name__}: {exc}")
-        if b.ranks or b.layouts:
+        if b.ranks or b.layouts or b.heartbeats:
             self.guard.dropped["rank"] += len(b.ranks)
             self.guard.dropped["layout"] += len(b.layouts)
+            self.guard.dropped["heartbeat"] += len(b.heartbeats)
             try:
-                return encode_self_contained(NodeBatch(b.node, b.seq, b.ts, b.interval_seconds, b.deltas, b.gauges,
-                                                       (), ())).SerializeToString()
+                return encode_self_contained(replace(b, ranks=(), layouts=(), heartbeats=())).SerializeToString()
             except Exception as exc:
                 log.error("stream_batch_unencodable", seq=b.seq, error=f"{type(exc).__name__}: {exc}")
         self._c["batches_unencodable_total"] += 1

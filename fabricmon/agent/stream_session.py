@@ -53,6 +53,7 @@ class _Conn:
     acked: int = 0
     max_sent: int = 0
     error: str = ""
+    code: str = ""  # the gRPC status code name that ended the call, "" if none
     reject: tuple[int, str] | None = None
     subscription: Subscription | None = None  # sent before the hello's ack, if at all
 
@@ -124,6 +125,7 @@ class Session:
                                                  and conn.reject[0] == 0):
                 if not st.stop.is_set():
                     st.count("connect_failures_total")
+                    st.note_refusal(conn.code)
                     st.last_error = conn.error or (conn.reject[1] if conn.reject else "closed")
                     log.warning("stream_connect_failed", target=o.target, reason=st.last_error)
                 return False
@@ -134,7 +136,7 @@ class Session:
                 log.error("stream_seq_range_exhausted", target=o.target, server_acked_seq=conn.server_hw,
                           hint="the aggregator holds a seq near 2^64 for this node; spooling until it forgets it")
                 return False
-            st.connected = True
+            st.mark_connected()
             st.count("connects_total")
             conn.acked = conn.server_hw
             with st.lock:
@@ -148,7 +150,7 @@ class Session:
             self._live_loop()
             return True
         finally:
-            st.connected = False
+            st.mark_disconnected()
             outq.put(None)
             if call is not None:
                 call.cancel()
@@ -178,6 +180,7 @@ class Session:
                         conn.hello_acked.set()
                         continue  # the high-water mark is checked and applied by the session
                     self._on_ack(seq)
+                    st.note_ack_drop(msg.ack.dropped_reason)
                 elif kind == "subscription":
                     try:
                         conn.subscription = subscription_from_pb(msg.subscription)
@@ -190,6 +193,7 @@ class Session:
                 st.wake.set()
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
+            conn.code = code.name if code else ""
             conn.error = f"{code.name if code else 'ERROR'}: {exc.details() if hasattr(exc, 'details') else exc}"
         except Exception as exc:
             conn.error = f"{type(exc).__name__}: {exc}"

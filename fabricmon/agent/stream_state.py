@@ -12,9 +12,12 @@ in-flight window against its ack reader thread.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import structlog
 
 from ..batch import NodeBatch, NodeHello
 from ..model import Snapshot
@@ -22,7 +25,14 @@ from .spool import MemorySpool
 from .stream_batches import BatchMaker
 from .stream_channel import TlsFiles
 
+log = structlog.get_logger("fabricmon.stream")
+
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# Why the aggregator acked a batch without believing it (Ack.dropped_reason); anything else is "other".
+AGGREGATOR_DROP_REASONS = ("ts_ahead", "ts_behind", "ts_stale", "seq_ahead", "other")
+# gRPC status codes with which the aggregator refuses a stream (aggregator/server.py: no or wrong
+# credential, a credential naming another node), as the ``reason`` of fabricmon_stream_refused_total.
+REFUSAL_REASONS = {"UNAUTHENTICATED": "unauthenticated", "PERMISSION_DENIED": "permission_denied"}
 
 # The client's monotonic counters (fabricmon_stream_* self metrics), all starting at 0.
 COUNTERS = ("snapshots_dropped_total", "batches_sent_total", "batches_replayed_total", "batches_acked_total",
@@ -67,6 +77,12 @@ class StreamState:
         self.connected = False
         self.spool_ok = True  # the last batch that had to be spooled was stored
         self.last_error = ""
+        # Monotonic time the stream was last lost (or the client made): how long it has been down.
+        self.disconnected_since: float | None = time.monotonic()
+        self.refused = dict.fromkeys(REFUSAL_REASONS.values(), 0)  # connections refused, by reason
+        # what the aggregator's acks said it dropped (Ack.dropped_reason): the node's clock or seq
+        self.aggregator_dropped = dict.fromkeys(AGGREGATOR_DROP_REASONS, 0)
+        self.aggregator_dropping = ""  # the newest ack's reason; "" when that batch was believed
 
     @staticmethod
     def new_counters() -> dict[str, int]:
@@ -74,6 +90,40 @@ class StreamState:
 
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] += n
+
+    def mark_connected(self) -> None:
+        self.connected = True
+        self.disconnected_since = None
+
+    def mark_disconnected(self) -> None:
+        if self.connected:
+            self.disconnected_since = time.monotonic()
+        self.connected = False
+
+    def disconnected_for(self) -> float:
+        """Seconds since the stream was lost (since the client was made if it never connected); 0 while up."""
+        since = self.disconnected_since
+        return 0.0 if self.connected or since is None else max(0.0, time.monotonic() - since)
+
+    def note_refusal(self, code: str) -> None:
+        """A connection ended with gRPC status ``code`` before it was established."""
+        reason = REFUSAL_REASONS.get(code)
+        if reason is not None:
+            self.refused[reason] += 1
+
+    def note_ack_drop(self, reason: str) -> None:
+        """An ack came back; ``reason`` is why the aggregator did not believe that batch ("" if it did)."""
+        if reason:
+            key = reason if reason in self.aggregator_dropped else "other"  # a bounded label set
+            with self.lock:
+                self.aggregator_dropped[key] += 1
+            if reason != self.aggregator_dropping:
+                log.error("stream_batches_dropped_by_aggregator", target=self.options.target, reason=reason[:40],
+                          hint="ts_*: this node's clock is off (check NTP/chrony); seq_ahead: its spool "
+                               "or clock numbered batches ahead of the aggregator's clock")
+        elif self.aggregator_dropping:
+            log.info("stream_batches_believed_again", target=self.options.target, was=self.aggregator_dropping[:40])
+        self.aggregator_dropping = reason[:40]
 
     def enqueue(self, snapshot: Snapshot) -> None:
         """Queue a snapshot for the stream thread; the oldest is dropped (and counted) when full."""

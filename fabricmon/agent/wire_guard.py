@@ -17,10 +17,10 @@ from collections.abc import Iterable
 
 from ..batch import NodeBatch
 from ..proto.codec import MAX_LABELS, MAX_NAME, MAX_VALUE
-from ..rank_timing import JobLayout, RankTiming
+from ..rank_timing import Heartbeat, JobLayout, RankTiming
 
 # The reasons an item is dropped (label values of fabricmon_stream_items_dropped_total).
-ITEM_REASONS = ("rank", "layout", "series", "delta")
+ITEM_REASONS = ("rank", "layout", "series", "delta", "heartbeat")
 
 MAX_JOB = 128  # codec's decoder: ranks.job / layouts.job at most 128 characters
 U32 = 2**32 - 1
@@ -62,6 +62,11 @@ def rank_ok(r: RankTiming) -> bool:
     return (_text(r.job, MAX_JOB) and _uint(r.rank, U32) and _uint(r.local_rank, U32) and _uint(r.step, U64)
             and _finite(r.step_seconds) and _finite(r.comm_seconds) and _finite(r.ts) and _sint(r.gpu, S32)
             and _pairs(r.group))
+
+
+def heartbeat_ok(h: Heartbeat) -> bool:
+    return (_text(h.job, MAX_JOB) and _text(h.job_id, MAX_JOB, empty_ok=True) and _uint(h.rank, U32)
+            and _uint(h.step, U64) and _uint(h.coll_sn, U64) and isinstance(h.in_collective, bool) and _finite(h.ts))
 
 
 def layout_ok(lay: JobLayout) -> bool:
@@ -133,7 +138,8 @@ class WireGuard:
                             "series")
         ranks = self._keep(b.ranks, rank_ok, "rank")
         layouts = self._keep(b.layouts, layout_ok, "layout")
+        heartbeats = self._keep(b.heartbeats, heartbeat_ok, "heartbeat")
         if sum(self.dropped.values()) == before:
             return b
         return NodeBatch(node=b.node, seq=b.seq, ts=b.ts, interval_seconds=b.interval_seconds, deltas=tuple(deltas),
-                         gauges=gauges, ranks=ranks, layouts=layouts)
+                         gauges=gauges, ranks=ranks, layouts=layouts, heartbeats=heartbeats)

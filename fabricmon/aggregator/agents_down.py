@@ -1,22 +1,40 @@
-"""Agents that stopped reporting: no batch for ``agent_down_s`` (or 5 intervals) of sample time."""
+"""Agents that stopped reporting: no batch for ``agent_down_s`` (or 5 intervals) of sample time.
+
+After the aggregator (or a shard) starts, every node gets a grace of ``max(60 s, 5 intervals)``:
+its agents reconnect over seconds and first replay their spools, whose batches are older than the
+cluster clock, so "no fresh batch" says nothing yet.  Without it a restarted shard paged
+FabricmonAgentDown for hundreds of nodes that were only reconnecting.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .. import components as comp
+from ..components import Component, Kind
 from .config import DetectionSettings
-from .detectors import NodeState
 from .incidents import Finding
+from .state import NodeState
+
+RESTART_GRACE_INTERVALS = 5
 
 
-def agents_down(nodes: Iterable[NodeState], s: DetectionSettings, cluster: str, now: float) -> list[Finding]:
+def restart_grace(s: DetectionSettings, interval: float) -> float:
+    """Seconds (sample time) after the aggregator's start before a node can be called down
+    (``detection.restart_grace_s``, default 60 s, or 5 of its intervals when longer)."""
+    return max(s.restart_grace_s, RESTART_GRACE_INTERVALS * interval)
+
+
+def agents_down(nodes: Iterable[NodeState], s: DetectionSettings, cluster: str, now: float,
+                started_at: float | None = None) -> list[Finding]:
+    """``started_at``: sample time of the aggregator's first tick (None: no grace)."""
     out = []
     for ns in nodes:
+        if started_at is not None and now - started_at < restart_grace(s, ns.interval):
+            continue
         if ns.ever_seen and now - ns.last_ts >= max(s.agent_down_s, 5 * ns.interval):
-            lab = {"node": ns.name}
-            if cluster:
-                lab["cluster"] = cluster
-            out.append(Finding("FabricmonAgentDown", "node", ns.name, lab,
+            node = comp.node(ns.name)
+            out.append(Finding("FabricmonAgentDown", node, node.labels(cluster),
                                [f"no batch since t={ns.last_ts:.0f} ({now - ns.last_ts:.0f}s)"
                                 + ("" if ns.connected else ", stream disconnected")],
                                hold_s=0.0))
@@ -34,7 +52,7 @@ def unknown_nodes_finding(names: list[str], cluster: str) -> list[Finding]:
     lab = {"cluster": cluster} if cluster else {}
     shown = ", ".join(names[:UNKNOWN_LISTED])
     more = f" (+{len(names) - UNKNOWN_LISTED} more)" if len(names) > UNKNOWN_LISTED else ""
-    return [Finding("FabricmonUnknownNodes", "config", "topology", lab,
+    return [Finding("FabricmonUnknownNodes", Component(Kind.CONFIG, "topology"), lab,
                     [f"{len(names)} streaming node(s) not in the topology"],
                     description=f"{len(names)} node(s) stream to the aggregator but are not in its topology: "
                                 f"{shown}{more}. They are monitored at node, NIC, link and GPU level, without "

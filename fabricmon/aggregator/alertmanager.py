@@ -48,11 +48,12 @@ from datetime import datetime, timezone
 
 import structlog
 
+from .cost import impact_sentence
 from .incidents import Incident
 
 log = structlog.get_logger("fabricmon.aggregator.alertmanager")
 
-LABEL_KEYS = ("node", "rail", "leaf", "gpu", "hpc_job", "cluster")
+LABEL_KEYS = ("node", "rail", "leaf", "gpu", "hpc_job", "rank", "job_id", "cluster")
 RESULTS = ("success", "error", "rejected", "dropped")  # fabricmon_alerts_sent_total{result}
 OK, RETRY, REJECTED = "ok", "retry", "rejected"
 
@@ -127,6 +128,22 @@ class AlertmanagerClient:
                     self._enqueue(u, kind, inc.id, snap)
         self._wake.set()
 
+    def adopt(self, incidents: list[Incident]) -> None:
+        """Incidents restored after a restart that Alertmanager still holds active: resend them as
+        usual from now on, but send nothing new (no second firing notification)."""
+        with self._lock:
+            for inc in incidents:
+                if inc.open:
+                    self._active[inc.id] = self._snapshot(inc)
+
+    def alerts_for(self, incidents: list[Incident]) -> dict[str, dict]:
+        """Incident id -> the labels and annotations this client sends for it (what Alertmanager holds)."""
+        out = {}
+        for inc in incidents:
+            snap = self._snapshot(inc)
+            out[inc.id] = {"labels": snap["labels"], "annotations": snap["annotations"]}
+        return out
+
     def _snapshot(self, inc: Incident) -> dict:
         labels = {"alertname": inc.alertname, "severity": inc.severity, "component_type": inc.component_type,
                   "component": inc.component}
@@ -143,6 +160,10 @@ class AlertmanagerClient:
                 "description": inc.full_description(),
                 "runbook_url": f"{self.runbook_base}{inc.alertname.lower()}" if self.runbook_base else "",
                 "incident_id": inc.id,
+                # what the fault costs each hurt job (DESIGN "Jobs, decoys and cost"): the sentence, and the list
+                "impact": impact_sentence(inc.impact),
+                "impact_json": json.dumps([i.to_dict() for i in inc.impact], separators=(",", ":"))
+                if inc.impact else "",
             },
             "starts": inc.first_seen,
             "last_seen": inc.last_seen,

@@ -26,6 +26,7 @@ import zlib
 from collections import deque
 from statistics import median
 
+from ..components import Component
 from .config import DetectionSettings
 from .incidents import Finding
 
@@ -66,7 +67,7 @@ class _Track:
         self.last_slot = -1
         self.finding: Finding | None = None
         # judged once per bucket, each link at its own phase so the work spreads over the ticks
-        self.phase = (zlib.crc32(link.id.encode()) % 1000) / 1000.0
+        self.phase = (zlib.crc32(link.id.id.encode()) % 1000) / 1000.0
 
 
 class CableHealth:
@@ -74,7 +75,7 @@ class CableHealth:
 
     def __init__(self, settings: DetectionSettings) -> None:
         self.s = settings
-        self.tracks: dict[str, _Track] = {}
+        self.tracks: dict[Component, _Track] = {}
 
     def _track(self, link) -> _Track:
         t = self.tracks.get(link.id)
@@ -206,7 +207,7 @@ class CableHealth:
         fire = tr.hits >= s.cable_persist and link.id not in suppressed
         if not (fire or keep_any):
             return None
-        return Finding(ALERT, "link", link.id, link.labels, ev, fire=fire, keep=keep_any or fire,
+        return Finding(ALERT, link.id, link.labels, ev, fire=fire, keep=keep_any or fire,
                        hold_s=s.cable_hold_s, severity="warning")
 
     def _rx_drift(self, tr: _Track, now: float, warm: bool) -> tuple | None:

@@ -100,6 +100,8 @@ class DetectionSettings:
     fold_grace_s: float = 2.0  # a lone link waits this long when a neighbour on its leaf also shows evidence
     # --- agents ---
     agent_down_s: float = 15.0  # a node silent this long (sample time) while others report
+    # after a (re)start no node is called down, nor listed as never connected, before max(this, 5 intervals)
+    restart_grace_s: float = 60.0
     # --- stragglers ---
     straggler_z: float = 4.0
     straggler_mad_floor: float = 0.015  # MAD floor as a share of the median step time
@@ -286,6 +288,9 @@ class AggregatorConfig:
     detection: DetectionSettings = field(default_factory=DetectionSettings)
     shard: ShardSettings = field(default_factory=ShardSettings)
     grpc_limits: GrpcLimits = field(default_factory=GrpcLimits)
+    # Open incidents and what was sent for them, kept across restarts (aggregator/incident_store.py);
+    # "" keeps nothing (a restart forgets its open incidents).
+    state_file: str = ""
 
     def validate(self, path: str, source: str) -> None:
         if not self.topology:
@@ -317,6 +322,8 @@ def check_files(cfg: AggregatorConfig, source: str, *, parse_topology: bool = Tr
     problem = _readable(cfg.topology)
     if problem:
         raise ConfigError(f"{source}: topology: {problem}")
+    if cfg.state_file and not Path(cfg.state_file).parent.is_dir():
+        raise ConfigError(f"{source}: state_file: directory {Path(cfg.state_file).parent} does not exist")
     for name, path in cfg.auth.files():
         problem = _readable(path)
         if problem:

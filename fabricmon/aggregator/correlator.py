@@ -31,9 +31,11 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
-from ..topology import Topology, gpu_id, leaf_id, link_id, nic_id
+from .. import components as comp
+from ..components import NETWORK_KINDS, Component, Kind
+from ..topology import Topology
 from .config import DetectionSettings
-from .incidents import Finding
+from .incidents import Finding, Key
 from .stragglers import StragglerReport
 
 ALERT_LLR = {
@@ -51,42 +53,28 @@ ALERT_LLR = {
     "FabricCongestion": 1.5,
 }
 THROTTLE_LLR = 3.0
-NETWORK_TYPES = ("link", "nic", "leaf", "rail", "spine", "config")
 EVIDENCE_ALERTS = frozenset(ALERT_LLR)
+# the components a rank's path holds, in the order they are candidates
+PATH_KINDS = (Kind.LINK, Kind.NIC, Kind.GPU, Kind.LEAF, Kind.NODE)
 
 
 @dataclass
 class CorrelationResult:
     findings: list[Finding]
-    suspicion: dict[tuple[str, str], float]  # (component_type, component) -> probability
+    suspicion: dict[Component, float]  # component -> probability
 
 
 def _sigmoid(x: float) -> float:
     return 1.0 / (1.0 + math.exp(-x))
 
 
-def component_type_of(component: str) -> str:
-    if component.startswith("leaf-"):
-        return "leaf"
-    if component.startswith("rail"):
-        return "rail"
-    if component.startswith("spine-"):
-        return "spine"
-    parts = component.split("/")
-    if len(parts) == 1:
-        return "node"
-    if len(parts) == 3:
-        return "nvlink" if parts[1].startswith("gpu") else "link"
-    return "gpu" if parts[1].startswith("gpu") else "nic"
-
-
 @dataclass
 class Evidence:
     """Fused counter evidence of one tick: log-likelihood ratios per component, and why."""
 
-    llr: dict[str, float]  # fabric and GPU-throttle evidence
-    fabric: dict[str, float]  # fabric evidence only: what SlowRanksSharedComponent may blame
-    why: dict[str, list[str]]
+    llr: dict[Component, float]  # fabric and GPU-throttle evidence
+    fabric: dict[Component, float]  # fabric evidence only: what SlowRanksSharedComponent may blame
+    why: dict[Component, list[str]]
 
 
 @dataclass
@@ -104,13 +92,13 @@ def correlate(
     settings: DetectionSettings,
     findings: list[Finding],
     report: StragglerReport,
-    throttled: dict[str, set[str]],
+    throttled: dict[Component, set[str]],
     fresh_nodes: set[str],
     cluster: str,
-    open_keys: frozenset[tuple[str, str, str]] = frozenset(),
+    open_keys: frozenset[Key] = frozenset(),
 ) -> CorrelationResult:
-    """``throttled``: gpu id -> active slow-down reasons; ``fresh_nodes``: nodes with recent counters;
-    ``open_keys``: (alertname, component_type, component) of the open incidents (read-only)."""
+    """``throttled``: GPU -> active slow-down reasons; ``fresh_nodes``: names of the nodes with recent
+    counters; ``open_keys``: (alertname, component) of the open incidents (read-only)."""
     ev = fuse_evidence(findings, open_keys, throttled)
     attach_hurt_ranks(topo, findings, report)
     out, shared = localize_stragglers(topo, settings, report, throttled, ev, fresh_nodes, cluster)
@@ -120,26 +108,24 @@ def correlate(
     return CorrelationResult(out, suspicion_of(settings, ev, shared))
 
 
-def fuse_evidence(findings: list[Finding], open_keys: frozenset[tuple[str, str, str]],
-                  throttled: dict[str, set[str]]) -> Evidence:
+def fuse_evidence(findings: list[Finding], open_keys: frozenset[Key],
+                  throttled: dict[Component, set[str]]) -> Evidence:
     """Sum the LLR of this tick's evidence, and of open incidents still in their hold time (evidence
     fades with them); link evidence also counts for its NIC, NVLink evidence for its GPU."""
-    llr: dict[str, float] = defaultdict(float)
-    why: dict[str, list[str]] = defaultdict(list)
-    seen: set[tuple[str, str]] = set()
-    items = [(f.alertname, f.component_type, f.component) for f in findings if f.fire or f.keep]
+    llr: dict[Component, float] = defaultdict(float)
+    why: dict[Component, list[str]] = defaultdict(list)
+    seen: set[Key] = set()
+    items = [(f.alertname, f.component) for f in findings if f.fire or f.keep]
     items += sorted(open_keys)
-    for alertname, ctype, component in items:
+    for alertname, component in items:
         v = ALERT_LLR.get(alertname)
         if v is None or (alertname, component) in seen:
             continue
         seen.add((alertname, component))
         comps = [component]
-        if ctype == "link":
-            node, dev, _ = component.split("/", 2)
-            comps.append(nic_id(node, dev))
-        elif ctype == "nvlink":
-            comps.append(component.rsplit("/", 1)[0])
+        parent = component.parent()
+        if parent is not None:
+            comps.append(parent)
         for c in comps:
             llr[c] += v
             why[c].append(alertname)
@@ -167,42 +153,41 @@ def attach_hurt_ranks(topo: Topology, findings: list[Finding], report: Straggler
     for f in findings:
         if f.alertname not in EVIDENCE_ALERTS:
             continue
-        comp = f.component
-        if f.component_type == "nvlink":
-            comp = comp.rsplit("/", 1)[0]
-        hurt = by_comp.get(comp)
+        c = f.component
+        if c.kind is Kind.NVLINK:  # NVLink evidence is its GPU's
+            c = c.parent() or c
+        hurt = by_comp.get(c)
         if hurt:
             f.ranks = tuple(sorted({r for _, r in hurt} | set(f.ranks)))
             f.jobs = tuple(sorted({j for j, _ in hurt} | set(f.jobs)))
 
 
 def localize_stragglers(topo: Topology, s: DetectionSettings, report: StragglerReport,
-                        throttled: dict[str, set[str]], ev: Evidence, fresh_nodes: set[str],
-                        cluster: str) -> tuple[list[Finding], dict[str, Shared]]:
+                        throttled: dict[Component, set[str]], ev: Evidence, fresh_nodes: set[str],
+                        cluster: str) -> tuple[list[Finding], dict[Component, Shared]]:
     """Per job, group the persistent stragglers over the topology and blame each group: a component
     with medium evidence (``Shared``), else a compute straggler or a load imbalance (findings)."""
     out: list[Finding] = []
-    shared: dict[str, Shared] = {}
+    shared: dict[Component, Shared] = {}
     by_job: dict[str, list] = defaultdict(list)
     for st in report.stragglers:
         by_job[st.job].append(st)
     persistent = {(st.job, st.rank) for st in report.stragglers}
     for st in report.early:  # a throttled GPU's rank needs less persistence: the clock reason is evidence
-        if (st.job, st.rank) not in persistent and throttled.get(gpu_id(st.node, st.gpu)):
+        if (st.job, st.rank) not in persistent and throttled.get(comp.gpu(st.node, st.gpu)):
             by_job[st.job].append(st)
     for job, lst in by_job.items():
         groups = _group(topo, lst)
-        node_groups = [g for g in groups if g[0] == "node"]
+        node_groups = [g for g in groups if g[0].kind is Kind.NODE]
         if len(node_groups) >= 2 and not any(
                 ev.llr.get(c, 0.0) > 0 for g in node_groups for c in _candidates(topo, *g)):
             out.append(_hosts_imbalance(s, job, node_groups, cluster))
-            groups = [g for g in groups if g[0] != "node"]
-        for kind, comp, members in groups:
-            cands = _candidates(topo, kind, comp, members, ev.fabric)
+            groups = [g for g in groups if g[0].kind is not Kind.NODE]
+        for group, members in groups:
+            cands = _candidates(topo, group, members, ev.fabric)
             # late compute is not what a bad link or NIC does (that slows communication): a slow GPU on
             # a node with a bad NIC is two faults, so compute-late ranks never ride on fabric evidence
-            blame = cands if members[0].kind == "comm" else [
-                c for c in cands if component_type_of(c) not in NETWORK_TYPES]
+            blame = cands if members[0].kind == "comm" else [c for c in cands if c.kind not in NETWORK_KINDS]
             best, best_v = None, 0.0
             for c in blame:
                 v = ev.fabric.get(c, 0.0)
@@ -214,46 +199,46 @@ def localize_stragglers(topo: Topology, s: DetectionSettings, report: StragglerR
                     ent.ranks.update(m.rank for m in members)
                     ent.jobs.add(job)
                 continue
-            net = [c for c in cands if component_type_of(c) in NETWORK_TYPES and ev.llr.get(c, 0.0) > 0]
+            net = [c for c in cands if c.kind in NETWORK_KINDS and ev.llr.get(c, 0.0) > 0]
             if members[0].kind == "comm" and (net or best_v > 0):
                 continue  # weak evidence explains it (congestion): hurt ranks ride on that finding
-            out.append(_straggler_finding(topo, s, job, kind, comp, members, cands, net, ev, fresh_nodes, cluster))
+            out.append(_straggler_finding(topo, s, job, group, members, cands, net, ev, fresh_nodes, cluster))
     return out, shared
 
 
 def _hosts_imbalance(s: DetectionSettings, job: str, node_groups: list, cluster: str) -> Finding:
     """Several whole hosts late together with clean counters: load imbalance, not hardware."""
-    ranks = tuple(sorted(m.rank for g in node_groups for m in g[2]))
-    lab = {"hpc_job": job}
-    if cluster:
-        lab["cluster"] = cluster
-    return Finding("StageImbalance", "job", job, lab,
+    ranks = tuple(sorted(m.rank for g in node_groups for m in g[1]))
+    on = comp.job(job)
+    return Finding("StageImbalance", on, on.labels(cluster),
                    [f"{len(node_groups)} whole hosts ({len(ranks)} ranks) late together, counters clean"],
                    hold_s=s.straggler_hold_s, ranks=ranks[:64], jobs=(job,), severity="info",
                    description="many ranks late together with clean counters: a stage or load "
                                "imbalance, not a fabric fault")
 
 
-def _straggler_finding(topo: Topology, s: DetectionSettings, job: str, kind: str, comp: str, members: list,
-                       cands: list[str], net: list[str], ev: Evidence, fresh_nodes: set[str],
+def _straggler_finding(topo: Topology, s: DetectionSettings, job: str, group: Component, members: list,
+                       cands: list[Component], net: list[Component], ev: Evidence, fresh_nodes: set[str],
                        cluster: str) -> Finding:
     """A straggler group no fabric component explains: StragglerRank, saying why the fabric is cleared."""
     ranks = tuple(sorted(m.rank for m in members))
     nodes = {m.node for m in members}
-    if kind == "rail" and len(members) == 1:
-        kind, comp = "gpu", gpu_id(members[0].node, members[0].gpu)
-    lab = _labels(topo, kind, comp, members, cluster)
+    if group.kind is Kind.RAIL and len(members) == 1:
+        group = topo.gpu(members[0].node, members[0].gpu)
+    lab = group.labels(cluster)
+    if len(nodes) == 1:
+        lab["node"] = members[0].node
     lab["hpc_job"] = job
     late = max(m.late_frac for m in members)
     evidence = [f"{len(ranks)} rank(s) late {late * 100:.1f}% of step in "
                 f"{s.straggler_persist}+ of last {s.straggler_window} steps ({members[0].kind})"]
     gpu_why = [w for c in cands for w in ev.why.get(c, []) if w.startswith("GPU throttle")]
-    if kind == "node" and not net and not gpu_why and members[0].kind == "compute":
+    if group.kind is Kind.NODE and not net and not gpu_why and members[0].kind == "compute":
         # every rank of one host late together, every component it uses clean: a dataloader, the CPU or
         # the host's software (DESIGN "Jobs, decoys and cost"), never a page.  A real host fault with no
         # counter evidence is missed by design: the pager is for what the fabric and GPUs can show.
         current = any(m.current for m in members)
-        return Finding("SoftwareStraggler", "node", comp, lab, evidence, fire=current, keep=current,
+        return Finding("SoftwareStraggler", group, lab, evidence, fire=current, keep=current,
                        hold_s=s.straggler_hold_s, ranks=ranks, jobs=(job,), severity="info",
                        description="all ranks of this host are late together while every component they use is "
                                    "clean (no link, NIC, GPU throttle or XID evidence): a software straggler "
@@ -261,7 +246,7 @@ def _straggler_finding(topo: Topology, s: DetectionSettings, job: str, kind: str
     if not net:
         if nodes <= fresh_nodes:
             desc = "no fabric evidence found: counters clean on " + ", ".join(
-                sorted(c for c in cands if component_type_of(c) in NETWORK_TYPES)[:6])
+                sorted(c.id for c in cands if c.kind in NETWORK_KINDS)[:6])
         else:
             desc = "no fabric evidence found (some nodes sent no recent counters)"
         if gpu_why:
@@ -274,49 +259,48 @@ def _straggler_finding(topo: Topology, s: DetectionSettings, job: str, kind: str
                 + ", ".join(f"{c} ({'+'.join(ev.why[c])})" for c in net[:4])
                 + " slows communication); likely a compute straggler (GPU, host or input pipeline)")
     current = any(m.current for m in members)  # a straggler that already stopped opens nothing
-    return Finding("StragglerRank", kind if kind != "rank" else "gpu", comp, lab, evidence,
+    return Finding("StragglerRank", group, lab, evidence,
                    fire=current, keep=current, hold_s=s.straggler_hold_s, ranks=ranks, jobs=(job,),
                    description=desc)
 
 
-def ride_on_own_alerts(shared: dict[str, Shared], findings: list[Finding],
-                       open_keys: frozenset[tuple[str, str, str]]) -> None:
+def ride_on_own_alerts(shared: dict[Component, Shared], findings: list[Finding],
+                       open_keys: frozenset[Key]) -> None:
     """One fault, one alert: where the shared component (or, for a NIC, its link) already has its
     own evidence finding or open incident, the hurt ranks and jobs ride on that alert instead."""
-    own: dict[str, list[Finding]] = defaultdict(list)
+    own: dict[Component, list[Finding]] = defaultdict(list)
     for f in findings:
         if f.alertname in EVIDENCE_ALERTS and (f.fire or f.keep):
             own[f.component].append(f)
-            if f.component_type == "link":
-                own[f.component.rsplit("/", 1)[0]].append(f)
-    owned_by_incident = set()
-    for alertname, ctype, component in open_keys:
+            if f.component.kind is Kind.LINK:
+                own[f.component.parent()].append(f)  # type: ignore[index]
+    owned_by_incident: set[Component] = set()
+    for alertname, component in open_keys:
         if alertname in EVIDENCE_ALERTS:
             owned_by_incident.add(component)
-            if ctype == "link":
-                owned_by_incident.add(component.rsplit("/", 1)[0])
-    for comp in list(shared):
-        if comp in own or comp in owned_by_incident:
-            ent = shared.pop(comp)
-            for f in own.get(comp, ()):
+            if component.kind is Kind.LINK:
+                owned_by_incident.add(component.parent())  # type: ignore[arg-type]
+    for c in list(shared):
+        if c in own or c in owned_by_incident:
+            ent = shared.pop(c)
+            for f in own.get(c, ()):
                 f.ranks = tuple(sorted(set(f.ranks) | ent.ranks))
                 f.jobs = tuple(sorted(set(f.jobs) | ent.jobs))
 
 
-def shared_component_findings(topo: Topology, s: DetectionSettings, shared: dict[str, Shared],
+def shared_component_findings(topo: Topology, s: DetectionSettings, shared: dict[Component, Shared],
                               cluster: str) -> list[Finding]:
     out = []
-    for comp, ent in shared.items():
-        ctype = component_type_of(comp)
-        lab = _labels_for_component(topo, comp, ctype, cluster)
+    for c, ent in shared.items():
+        lab = c.labels(cluster)
         jobs = sorted(ent.jobs)
         if len(jobs) == 1:
             lab["hpc_job"] = jobs[0]
         out.append(Finding(
-            "SlowRanksSharedComponent", ctype, comp, lab,
-            [f"{len(ent.ranks)} slow rank(s) share {comp}", "evidence: " + ", ".join(sorted(set(ent.why)))],
+            "SlowRanksSharedComponent", c, lab,
+            [f"{len(ent.ranks)} slow rank(s) share {c}", "evidence: " + ", ".join(sorted(set(ent.why)))],
             hold_s=s.straggler_hold_s, ranks=tuple(sorted(ent.ranks)), jobs=tuple(jobs),
-            description=f"slow ranks of {', '.join(jobs)} localized to {comp} (log-odds {ent.v:.1f})"))
+            description=f"slow ranks of {', '.join(jobs)} localized to {c} (log-odds {ent.v:.1f})"))
     return out
 
 
@@ -324,13 +308,10 @@ def stage_findings(s: DetectionSettings, report: StragglerReport, cluster: str) 
     """A whole pipeline stage (or a quarter of the ranks) late: StageImbalance (info), never a fabric alert."""
     out = []
     for sl in report.stages:
-        comp = sl.job if sl.stage < 0 else f"{sl.job}/stage{sl.stage}"
-        lab = {"hpc_job": sl.job}
-        if cluster:
-            lab["cluster"] = cluster
+        on = comp.job(sl.job, sl.stage if sl.stage >= 0 else None)
         desc = ("whole pipeline stage late with clean counters: a partition imbalance, not a fabric fault"
                 if sl.stage >= 0 else "many ranks late together in every step: load imbalance, not a fabric fault")
-        out.append(Finding("StageImbalance", "job", comp, lab,
+        out.append(Finding("StageImbalance", on, on.labels(cluster),
                            [f"stage {sl.stage} median compute +{sl.late_frac * 100:.1f}% of step"] if sl.stage >= 0
                            else ["more than a quarter of the ranks late together, persistently"],
                            hold_s=s.straggler_hold_s, ranks=sl.ranks[:64], jobs=(sl.job,), description=desc,
@@ -338,22 +319,21 @@ def stage_findings(s: DetectionSettings, report: StragglerReport, cluster: str) 
     return out
 
 
-def suspicion_of(s: DetectionSettings, ev: Evidence, shared: dict[str, Shared]) -> dict[tuple[str, str], float]:
+def suspicion_of(s: DetectionSettings, ev: Evidence, shared: dict[Component, Shared]) -> dict[Component, float]:
     prior = s.prior_log_odds
-    suspicion = {(component_type_of(c), c): _sigmoid(prior + v) for c, v in ev.llr.items() if v > 0}
-    for comp, ent in shared.items():
-        suspicion[(component_type_of(comp), comp)] = _sigmoid(prior + ent.v + 4.0)
+    suspicion = {c: _sigmoid(prior + v) for c, v in ev.llr.items() if v > 0}
+    for c, ent in shared.items():
+        suspicion[c] = _sigmoid(prior + ent.v + 4.0)
     return suspicion
 
 
-def _path(topo: Topology, node: str, gpu: int) -> list[str]:
-    p = topo.path_of_gpu(node, gpu)
-    return [v for k, v in p.items() if k != "rail"]
+def _path(topo: Topology, node: str, gpu: int) -> list[Component]:
+    return [c for k, c in topo.path_of_gpu(node, gpu).items() if k is not Kind.RAIL]
 
 
-def _group(topo: Topology, lst: list) -> list[tuple[str, str, list]]:
-    """Split one job's persistent stragglers into (kind, component, members)."""
-    groups: list[tuple[str, str, list]] = []
+def _group(topo: Topology, lst: list) -> list[tuple[Component, list]]:
+    """Split one job's persistent stragglers into (component, members)."""
+    groups: list[tuple[Component, list]] = []
     # comm-late ranks of one rail on several hosts: a ring slowed by one component on that rail
     # (the rings of a rail-optimized job span units, so every rank of the rail waits for it)
     by_rail: dict[int, list] = defaultdict(list)
@@ -364,130 +344,76 @@ def _group(topo: Topology, lst: list) -> list[tuple[str, str, list]]:
             by_rail[nic.rail].append(st)
         else:
             compute.append(st)
-    for rail, members in by_rail.items():
-        leaves = {topo.leaf_of(m.node, rail) for m in members}
+    for r, members in by_rail.items():
+        leaves = {topo.leaf(m.node, r) for m in members}
         if len(leaves) == 1 and len({m.node for m in members}) >= 2:
-            groups.append(("leaf", next(iter(leaves)), members))
+            groups.append((next(iter(leaves)), members))
         else:
-            groups.append(("rail", f"rail{rail}", members))
+            groups.append((comp.rail(r), members))
     lst = compute
     by_node: dict[str, list] = defaultdict(list)
     for st in lst:
         by_node[st.node].append(st)
     rest = []
-    for node, members in by_node.items():
-        spec = topo.nodes.get(node)
+    for name, members in by_node.items():
+        spec = topo.nodes.get(name)
         gpus = {m.gpu for m in members}
         if spec is not None and len(gpus) >= max(2, math.ceil(0.75 * spec.gpus)):
-            groups.append(("node", node, members))
+            groups.append((comp.node(name), members))
         else:
             rest.extend(members)
-    by_leaf: dict[str, list] = defaultdict(list)
+    by_leaf: dict[Component, list] = defaultdict(list)
     singles = []
     for m in rest:
         nic = topo.nic_for_gpu(m.node, m.gpu) if m.node in topo.nodes else None
         if nic is None:
             singles.append(m)
             continue
-        by_leaf[topo.leaf_of(m.node, nic.rail)].append(m)
-    for leaf, members in by_leaf.items():
+        by_leaf[topo.leaf(m.node, nic.rail)].append(m)
+    for lf, members in by_leaf.items():
         if len({m.node for m in members}) >= 2:
-            groups.append(("leaf", leaf, members))
+            groups.append((lf, members))
         else:
             singles.extend(members)
     for m in singles:
-        groups.append(("gpu", gpu_id(m.node, m.gpu), [m]))
+        groups.append((topo.gpu(m.node, m.gpu), [m]))
     return groups
 
 
-def _candidates(topo: Topology, kind: str, comp: str, members: list, evidence: dict | None = None) -> list[str]:
+def _candidates(topo: Topology, group: Component, members: list,
+                evidence: dict[Component, float] | None = None) -> list[Component]:
     # an insertion-ordered set: a rail's group holds every slow rank of the rail (thousands in a big
     # job), and a list's membership test made this quadratic in them
-    cands: dict[str, None] = {comp: None}
+    cands: dict[Component, None] = {group: None}
     for m in members:
         if m.node not in topo.nodes:
             continue
         p = topo.path_of_gpu(m.node, m.gpu)
-        for k in ("link", "nic", "gpu", "leaf", "node"):
+        for k in PATH_KINDS:
             if k in p:
                 cands.setdefault(p[k])
-        # NVLinks of the GPU carry their evidence on the GPU id (see correlate)
-    if kind in ("rail", "leaf") and members and members[0].kind == "comm" and evidence:
+        # NVLinks of the GPU carry their evidence on the GPU (see fuse_evidence)
+    if group.kind in (Kind.RAIL, Kind.LEAF) and members and members[0].kind == "comm" and evidence:
         # a ring is as slow as its slowest link: any component of the rail with evidence explains it
-        rail = comp[4:] if kind == "rail" else comp.rsplit("-r", 1)[-1]
         for c in evidence:
-            if c not in cands and _rail_of(topo, c) == rail:
+            if c not in cands and _rail_of(topo, c) == group.rail:
                 cands[c] = None
-    if kind == "node" and comp in topo.nodes:
-        for nic in topo.nodes[comp].nics:
-            for c in (link_id(comp, nic.device, nic.port), nic_id(comp, nic.device)):
-                cands.setdefault(c)
+    if group.kind is Kind.NODE and group.node in topo.nodes:
+        for nic in topo.nodes[group.node].nics:
+            cands.setdefault(topo.link(group.node, nic))
+            cands.setdefault(topo.nic_component(group.node, nic))
     return list(cands)
 
 
-def _rail_of(topo: Topology, comp: str) -> str:
-    if comp.startswith("leaf-"):
-        return comp.rsplit("-r", 1)[-1]
-    parts = comp.split("/")
-    if len(parts) >= 2 and parts[0] in topo.nodes and not parts[1].startswith("gpu"):
-        nic = topo.nic(parts[0], parts[1])
+def _rail_of(topo: Topology, c: Component) -> int | None:
+    """The rail a component with evidence sits on, by the topology: a leaf's, or its NIC's."""
+    if c.kind is Kind.LEAF:
+        return c.rail
+    if c.kind in (Kind.LINK, Kind.NIC, Kind.CONFIG) and c.device and c.node in topo.nodes:
+        nic = topo.nic(c.node, c.device)
         if nic is not None:
-            return str(nic.rail)
-    return ""
+            return nic.rail
+    return None
 
 
-def _labels(topo: Topology, kind: str, comp: str, members: list, cluster: str) -> dict[str, str]:
-    lab: dict[str, str] = {}
-    m = members[0]
-    nodes = {x.node for x in members}
-    if len(nodes) == 1:
-        lab["node"] = m.node
-    if kind == "gpu":
-        lab["gpu"] = str(m.gpu)
-    nic = topo.nic_for_gpu(m.node, m.gpu) if m.node in topo.nodes else None
-    if nic is not None and kind in ("gpu", "leaf", "rail"):
-        lab["rail"] = str(nic.rail)
-        if kind != "rail":
-            lab["leaf"] = topo.leaf_of(m.node, nic.rail)
-    if cluster:
-        lab["cluster"] = cluster
-    return lab
-
-
-def _labels_for_component(topo: Topology, comp: str, ctype: str, cluster: str) -> dict[str, str]:
-    lab: dict[str, str] = {}
-    if cluster:
-        lab["cluster"] = cluster
-    if ctype == "leaf":
-        lab["leaf"] = comp
-        try:
-            lab["rail"] = comp.rsplit("-r", 1)[1]
-        except IndexError:
-            pass
-        return lab
-    if ctype == "rail":
-        lab["rail"] = comp[len("rail"):]
-        return lab
-    if ctype == "spine":  # a spine serves every rail of every unit: no node, rail or leaf label
-        return lab
-    parts = comp.split("/")
-    node = parts[0]
-    lab["node"] = node
-    if node not in topo.nodes:
-        return lab
-    if ctype in ("link", "nic"):
-        nic = topo.nic(node, parts[1])
-        if nic is not None:
-            lab["rail"] = str(nic.rail)
-            lab["leaf"] = topo.leaf_of(node, nic.rail)
-    elif ctype in ("gpu", "nvlink"):
-        g = int(parts[1][3:])
-        lab["gpu"] = str(g)
-        nic = topo.nic_for_gpu(node, g)
-        if nic is not None:
-            lab["rail"] = str(nic.rail)
-            lab["leaf"] = topo.leaf_of(node, nic.rail)
-    return lab
-
-
-__all__ = ["ALERT_LLR", "CorrelationResult", "component_type_of", "correlate", "leaf_id"]
+__all__ = ["ALERT_LLR", "CorrelationResult", "correlate"]

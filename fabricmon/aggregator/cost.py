@@ -21,6 +21,9 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
+from .. import components as comp
+from ..components import Component, Kind
+
 BASELINE_STEPS = 20
 MAX_STEPS = 4096  # per job: at a step a second, an hour of history
 STOPPED_AFTER_STEPS = 5  # no step for this many of the job's median steps while the incident is open
@@ -115,3 +118,80 @@ def impact_sentence(impacts: list[JobImpact], shown: int = 3) -> str:
     if len(hurt) > shown:
         parts.append(f"+{len(hurt) - shown} more")
     return "; ".join(parts)
+
+
+class IncidentCost:
+    """Attaches each finding's cost per job before the incident manager applies it: the jobs whose ranks
+    use the finding's component (per the topology), their impact since the incident's ``first_seen``, and
+    the ``hpc_job`` label, fixed when the incident first fires (the hurt job with most GPUs) so measured
+    cost updates annotations, never the alert's identity."""
+
+    def __init__(self, topology) -> None:
+        self.topology = topology
+        self.steps = StepLog()
+        self._index: dict[Component, set[str]] = {}  # component -> job keys whose ranks use it
+        self._index_key: tuple = ()
+        self._gpus: dict[str, int] = {}
+
+    def record(self, job_key: str, job: str, job_id: str, step: int, end_ts: float, seconds: float) -> None:
+        self.steps.record(job_key, step, end_ts, seconds, job_id=job_id)
+        js = self.steps.jobs[job_key]
+        js.name = job
+
+    def _rebuild(self, tracker) -> None:
+        key = tuple((k, len(j.ranks)) for k, j in tracker.jobs.items())
+        if key == self._index_key:
+            return
+        self._index_key = key
+        index: dict[Component, set[str]] = {}
+        topo = self.topology
+        for jk, js in tracker.jobs.items():
+            self._gpus[jk] = len(js.ranks)
+            for info in js.ranks.values():
+                # a node the topology lacks: only the node itself is known to be on the ranks' path
+                comps = topo.path_of_gpu(info.node, info.gpu).values() if info.node in topo.nodes \
+                    else (comp.node(info.node),)
+                for c in comps:
+                    index.setdefault(c, set()).add(jk)
+        self._index = index
+
+    def jobs_using(self, component: Component) -> set[str]:
+        if component.kind is Kind.NVLINK:
+            component = component.parent() or component  # its GPU's ranks
+        elif component.kind is Kind.CONFIG and component.node:
+            # lossless-config drift hurts the ranks on its NIC (on the node, when all its rail NICs drift)
+            component = comp.nic(component.node, component.device) if component.device else comp.node(component.node)
+        return self._index.get(component, set())
+
+    def annotate(self, findings: list, manager, now: float, tracker) -> None:
+        self._rebuild(tracker)
+        # every incident of the last hour, open or not, with the jobs it touches: a baseline step is clean
+        # only when none of them was open on the job
+        recent = [(o, self.jobs_using(c)) for c, o in manager.all_by_component()
+                  if o.severity != "info" and (o.resolved_at is None or now - o.resolved_at < 3600.0)]
+        for f in findings:
+            if not (f.fire or f.keep) or f.severity == "info":
+                continue
+            jobs = self.jobs_using(f.component) | {j for j in f.jobs if j in self.steps.jobs}
+            if not jobs:
+                continue
+            inc = manager.get_open(f.alertname, f.component)
+            first = inc.first_seen if inc is not None else now
+            others = [(o.first_seen, o.resolved_at if o.resolved_at is not None else now)
+                      for o, used in recent if o is not inc and used & jobs]
+            impacts = []
+            for jk in jobs:
+                js = self.steps.jobs.get(jk)
+                if js is None:
+                    continue
+                js.gpus = max(js.gpus, self._gpus.get(jk, 0))  # every rank is a GPU
+                imp = self.steps.impact(jk, first, now, others)
+                if imp is not None:
+                    impacts.append(JobImpact(js.name, js.job_id, imp.step_slowdown, imp.stopped,
+                                             imp.gpu_hours_per_hour))
+            f.impact = tuple(sorted(impacts, key=lambda i: -i.gpu_hours_per_hour))
+            if inc is None and "hpc_job" not in f.labels and impacts:
+                top = max(jobs, key=lambda jk: (self._gpus.get(jk, 0), jk))
+                js = self.steps.jobs.get(top)
+                if js is not None:
+                    f.labels["hpc_job"] = js.name

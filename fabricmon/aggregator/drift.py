@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from .. import components as comp
 from .config import DetectionSettings
-from .detectors import NodeState
+from .state import NodeState
 from .incidents import Finding
 
 
@@ -29,21 +30,20 @@ def config_drift(nodes: dict[str, NodeState], config_nodes: set[str], s: Detecti
             continue
         # the node's rail NICs (a frontend NIC has no rail and no lossless profile to drift from)
         rail_devs = [d for (d, _p), link in ns.links.items() if link is not None and link.rail is not None]
-        lab = {"node": name}
-        if cluster:
-            lab["cluster"] = cluster
         if len(rail_devs) >= 2 and all(d in bad for d in rail_devs):
             checks = sorted({c for v in bad.values() for c in v})
-            out.append(Finding("FabricConfigDrift", "config", name, lab,
+            on_node = comp.config(name)
+            out.append(Finding("FabricConfigDrift", on_node, on_node.labels(cluster),
                                [f"all {len(rail_devs)} rail NICs fail: {', '.join(checks)}"],
                                hold_s=s.state_hold_s))
             continue
         for dev, checks in sorted(bad.items()):
             link = ns.by_device.get(dev)
-            l2 = dict(lab)
-            if link is not None:
-                l2.update(link.labels)
-            out.append(Finding("FabricConfigDrift", "config", f"{name}/{dev}", l2,
+            on_nic = comp.config(name, dev)
+            lab = on_nic.labels(cluster)
+            if link is not None:  # the alert routes by the NIC's rail and leaf
+                lab.update(link.labels)
+            out.append(Finding("FabricConfigDrift", on_nic, lab,
                                [f"{dev} fails lossless profile checks: {', '.join(checks)}"],
                                hold_s=s.state_hold_s))
     return out

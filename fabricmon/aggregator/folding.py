@@ -20,8 +20,10 @@ leaf's evidence.
 
 from __future__ import annotations
 
+from ..components import Component, Kind
 from .config import DetectionSettings
-from .detectors import LinkState, leaf_fold_threshold
+from .detectors import leaf_fold_threshold
+from .state import LinkState
 from .incidents import Finding, Relation
 
 LEAF = "FabricLeafDegraded"
@@ -29,14 +31,15 @@ CONGESTION = "FabricCongestion"
 
 
 class LeafFolder:
-    def __init__(self, settings: DetectionSettings, cluster: str, links_by_leaf: dict[str, list[LinkState]]) -> None:
+    def __init__(self, settings: DetectionSettings, cluster: str,
+                 links_by_leaf: dict[Component, list[LinkState]]) -> None:
         self.settings = settings
         self.cluster = cluster
         self.links_by_leaf = links_by_leaf  # the engine's live map (links appear as agents announce them)
         # leaf -> [first tick its links reached the fold threshold, last such tick]
-        self.episodes: dict[str, list[float]] = {}
+        self.episodes: dict[Component, list[float]] = {}
 
-    def fold_links(self, candidates: dict[str, list[tuple[LinkState, list[Finding]]]],
+    def fold_links(self, candidates: dict[Component, list[tuple[LinkState, list[Finding]]]],
                    now: float) -> tuple[list[Finding], list[Relation]]:
         """``candidates``: leaf -> links with fold-able findings (raised or kept) at ``now``."""
         s = self.settings
@@ -68,18 +71,19 @@ class LeafFolder:
                 findings.extend(fl)
         return findings, relations
 
-    def fold_congestion(self, congested: dict[str, list[tuple[LinkState, Finding]]]
+    def fold_congestion(self, congested: dict[Component, list[tuple[LinkState, Finding]]]
                         ) -> tuple[list[Finding], list[Relation]]:
-        """Several congested ports of one leaf are the leaf's congestion; all of it is a degraded leaf's."""
+        """Several congested ports of one leaf are the leaf's congestion; all of it is a degraded leaf's.
+        ``congested``: leaf (or, for a port on no leaf, the link itself) -> its congested ports."""
         s = self.settings
         findings: list[Finding] = []
         relations: list[Relation] = []
         for leaf, entries in congested.items():
-            is_leaf = leaf.startswith("leaf-")
+            is_leaf = leaf.kind is Kind.LEAF
             if is_leaf and len(entries) >= s.congestion_leaf_min_ports:
                 fire = sum(1 for _, f in entries if f.fire) >= s.congestion_leaf_min_ports
-                ids = sorted(link.id for link, _ in entries)
-                findings.append(Finding(CONGESTION, "leaf", leaf, self._leaf_labels(leaf, entries[0][0]),
+                ids = sorted(link.id.id for link, _ in entries)
+                findings.append(Finding(CONGESTION, leaf, leaf.labels(self.cluster),
                                         [f"{len(entries)} ports of {leaf} congested", "ports: " + ", ".join(ids[:6])],
                                         fire=fire, keep=True))
                 relations.append(Relation((CONGESTION, leaf), (LEAF, leaf)))
@@ -89,27 +93,19 @@ class LeafFolder:
             findings.extend(f for _, f in entries)
         return findings, relations
 
-    def _leaf_finding(self, leaf: str, entries: list[tuple[LinkState, list[Finding]]], n_links: int) -> Finding:
+    def _leaf_finding(self, leaf: Component, entries: list[tuple[LinkState, list[Finding]]], n_links: int) -> Finding:
         counts: dict[str, int] = {}
         for _, fl in entries:
             for f in fl:
                 counts[f.alertname] = counts.get(f.alertname, 0) + 1
-        ids = sorted(link.id for link, _ in entries)
+        ids = sorted(link.id.id for link, _ in entries)
         ev = [f"{len(entries)} of {n_links} links of {leaf} with evidence at once",
               ", ".join(f"{a.removeprefix('Fabric')} x{c}" for a, c in sorted(counts.items())),
               "links: " + ", ".join(ids[:6]) + (f" (+{len(ids) - 6} more)" if len(ids) > 6 else "")]
         fire = any(f.fire for _, fl in entries for f in fl)
         # the incident's hold is the episode's tail (see fold_links): one number for both
-        return Finding(LEAF, "leaf", leaf, self._leaf_labels(leaf, entries[0][0]), ev, fire=fire, keep=True,
+        return Finding(LEAF, leaf, leaf.labels(self.cluster), ev, fire=fire, keep=True,
                        hold_s=self.settings.hold_s)
-
-    def _leaf_labels(self, leaf: str, link: LinkState) -> dict[str, str]:
-        lab = {"leaf": leaf}
-        if link.rail is not None:
-            lab["rail"] = str(link.rail)
-        if self.cluster:
-            lab["cluster"] = self.cluster
-        return lab
 
 
 def _note_evidence(link: LinkState, now: float, gap_s: float) -> None:

@@ -19,6 +19,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from ..buildinfo import add_runtime_collectors
 from ..httpserve import TEXT, RoutedHTTPServer, landing_page, probe
 from .admission import TS_AHEAD, TS_BEHIND, TS_STALE
+from .name_bounds import KINDS as NAME_KINDS
+from .stragglers import REFUSE_REASONS as STEP_REFUSALS
 from .alertmanager import RESULTS, rfc3339
 from .engine import LATENESS_EXPORTED_PER_JOB, Engine
 
@@ -69,9 +71,10 @@ class AggregatorCollector:
         yield c
         ranks = self.engine.rank_admission_snapshot()
         c = CounterMetricFamily("fabricmon_ingest_rank_timings_dropped",
-                                "Rank timings not scored: their time too far ahead of or behind the cluster clock.",
+                                "Rank timings not scored: their time too far ahead of or behind the cluster clock, "
+                                "or their step past 2^53 or more than 1,000 ahead of their job's newest.",
                                 labels=["reason"])
-        for reason in (TS_AHEAD, TS_STALE):
+        for reason in (TS_AHEAD, TS_STALE, *STEP_REFUSALS):
             c.add_metric([reason], ranks.get(reason, 0))
         yield c
         c = CounterMetricFamily("fabricmon_grpc_streams", "Agent streams opened.")
@@ -84,6 +87,13 @@ class AggregatorCollector:
                                 labels=["reason"])
         for label, key in REFUSAL_KEYS:
             c.add_metric([label], grpc.get(key, 0))
+        yield c
+        c = CounterMetricFamily("fabricmon_ingest_names_refused",
+                                "Series refused because they would give their node more distinct names of a kind "
+                                "than its bound (aggregator/name_bounds.py: device 128, port 512, gpu 64, link 2048, "
+                                "interface 1024); their values are not ingested.", labels=["kind"])
+        for kind in NAME_KINDS:
+            c.add_metric([kind], grpc.get(f"names_refused_{kind}_total", 0))
         yield c
         c = CounterMetricFamily("fabricmon_engine_errors", "Engine calls that raised, by stage (stream intake "
                                 "or detection tick).", labels=["stage"])
@@ -105,6 +115,13 @@ class AggregatorCollector:
         g = GaugeMetricFamily("fabricmon_incidents_open", "Open incidents.", labels=["alertname", "component_type"])
         for (a, t), n in sorted(snap["incidents_open"].items()):
             g.add_metric([a, t], n)
+        yield g
+        g = GaugeMetricFamily("fabricmon_incident_gpu_hours_per_hour",
+                              "GPU-hours per hour each open incident costs each job whose ranks use its component "
+                              "(GPUs x (1 - 1/(1 + step slowdown)); all its GPUs when the job stopped).",
+                              labels=["alertname", "component", "hpc_job"])
+        for a, comp, job, cost in snap["incident_cost"]:
+            g.add_metric([a, comp, job], cost)
         yield g
         yield from _incident_series(self.engine.open_incidents())
         c = CounterMetricFamily("fabricmon_alerts_sent", "Alerts posted to Alertmanager, by result.",

@@ -19,12 +19,21 @@ on the parent).  An incident already open lives by its own evidence alone: it
 is never resolved while that persists and never kept once it is gone, whatever
 its relations (a cable that failed before its leaf keeps its own alert, which
 Alertmanager's leaf inhibition hides while the leaf fires).
+
+Findings and relations name their component by its typed identity (``components.Component``); the
+manager keys incidents by ``(alertname, Component)``.  An ``Incident`` is the outward record: it
+holds the rendered ``component`` id and ``component_type`` strings that Alertmanager, the HTTP API,
+the demo report and the logs read.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from ..components import Component
+from .cost import impact_sentence
 
 SEVERITY = {
     "FabricLinkDown": "critical",
@@ -43,6 +52,7 @@ SEVERITY = {
     "SlowRanksSharedComponent": "critical",
     "StageImbalance": "info",
     "SoftwareStraggler": "info",
+    "JobHung": "critical",
     "FabricmonAgentDown": "warning",
     "FabricCableDegrading": "warning",
     "FabricmonUnknownNodes": "warning",
@@ -65,6 +75,7 @@ SUMMARY = {
     "SlowRanksSharedComponent": "Slow ranks share {component}",
     "StageImbalance": "Pipeline stage imbalance in {component}",
     "SoftwareStraggler": "Ranks on {component} are slow while its fabric and GPUs are clean (software straggler)",
+    "JobHung": "A job is hung on {component}: its peers wait in a collective it never entered",
     "FabricmonAgentDown": "fabricmon agent on {component} stopped reporting",
     "FabricCableDegrading": "Cable or optics of {component} predicted to fail (BER trend, lane errors, RX power)",
     "FabricmonUnknownNodes": "Nodes stream to the aggregator that its {component} does not know",
@@ -80,8 +91,7 @@ class Finding:
     """What a detector or the correlator saw at one tick."""
 
     alertname: str
-    component_type: str
-    component: str
+    component: Component
     labels: dict[str, str]
     evidence: list[str]
     fire: bool = True
@@ -91,14 +101,22 @@ class Finding:
     jobs: tuple[str, ...] = ()
     description: str = ""
     severity: str = ""
+    impact: tuple = ()  # cost.JobImpact per hurt job, by cost (aggregator/cost.py)
+
+    @property
+    def component_type(self) -> str:
+        return self.component.kind.value
+
+
+Key = tuple[str, Component]  # (alertname, component): one incident at a time
 
 
 @dataclass(frozen=True, slots=True)
 class Relation:
     """``child`` (alertname, component) is evidence of ``parent`` (alertname, component)."""
 
-    child: tuple[str, str]
-    parent: tuple[str, str]
+    child: Key
+    parent: Key
 
 
 @dataclass
@@ -120,6 +138,7 @@ class Incident:
     absorbed: list[str] = field(default_factory=list)  # components whose findings were this one's evidence
     version: int = 0  # bumped on every visible change (the Alertmanager sender watches it)
     hold_s: float = 15.0
+    impact: list = field(default_factory=list)  # cost.JobImpact per job whose ranks use the component
     resolved_reason: str = ""  # why it resolved when not for lack of evidence (topology_removed)
 
     @property
@@ -154,6 +173,7 @@ class Incident:
             "ranks": list(self.ranks), "jobs": list(self.jobs),
             "first_seen": self.first_seen, "last_seen": self.last_seen, "resolved_at": self.resolved_at,
             "related_to": self.related_to, "absorbed": list(self.absorbed),
+            "impact": [i.to_dict() for i in self.impact],
             "resolved_reason": self.resolved_reason,
         }
 
@@ -163,42 +183,65 @@ class IncidentManager:
 
     def __init__(self, default_hold_s: float = 15.0, keep_resolved: int = 5000) -> None:
         self.default_hold_s = default_hold_s
-        self._open: dict[tuple[str, str], Incident] = {}
-        self._last_evidence: dict[tuple[str, str], float] = {}
-        self._resolved: list[Incident] = []
+        self._updated = False  # restore() is for the state persisted before a restart, before any tick
+        self._open: dict[Key, Incident] = {}
+        self._last_evidence: dict[Key, float] = {}
+        self._resolved: list[tuple[Component, Incident]] = []  # oldest first, with the component it was on
         self._recurrence: dict[str, int] = {}
         self._keep_resolved = keep_resolved
 
     def open_incidents(self) -> list[Incident]:
         return list(self._open.values())
 
-    def open_keys(self) -> frozenset[tuple[str, str, str]]:
-        """(alertname, component_type, component) of every open incident: a read-only view for the correlator."""
-        return frozenset((i.alertname, i.component_type, i.component) for i in self._open.values())
+    def open_keys(self) -> frozenset[Key]:
+        """(alertname, component) of every open incident: a read-only view for the correlator."""
+        return frozenset(self._open)
 
     def all_incidents(self) -> list[Incident]:
-        out = list(self._resolved)
+        out = [inc for _, inc in self._resolved]
         out.extend(self._open.values())
         out.sort(key=lambda i: (i.first_seen, i.id))
         return out
 
-    def get_open(self, alertname: str, component: str) -> Incident | None:
-        return self._open.get((alertname, component))
+    def all_by_component(self) -> list[tuple[Component, Incident]]:
+        """Every incident kept (resolved, then open) with its component: a read-only view for cost.py."""
+        return [*self._resolved, *((c, inc) for (_, c), inc in self._open.items())]
+
+    def restore(self, inc: Incident, component: Component, last_evidence: float) -> None:
+        """An incident open before a restart (incident_store.py), open again under its own id, keyed by
+        ``component`` (parsed from the stored id at that input edge).  Only before the first ``update``:
+        afterwards ``update`` stays the one call that changes incident state."""
+        if self._updated:
+            raise RuntimeError("IncidentManager.restore: only before the first update")
+        key = (inc.alertname, component)
+        inc.resolved_at = None
+        self._open[key] = inc
+        self._last_evidence[key] = last_evidence
+        base = incident_id(inc.alertname, inc.component)
+        n = int(inc.id.rsplit("-", 1)[1]) if inc.id != base and inc.id.rsplit("-", 1)[-1].isdigit() else 1
+        self._recurrence[base] = max(self._recurrence.get(base, 0), n)
+
+    def get_open(self, alertname: str, component: Component | str) -> Incident | None:
+        """The open incident of ``alertname`` on ``component`` (or on the component rendered as that id)."""
+        if isinstance(component, Component):
+            return self._open.get((alertname, component))
+        return next((i for (a, c), i in self._open.items() if a == alertname and c.id == component), None)
 
     def update(self, findings: list[Finding], now: float, relations: list[Relation] | tuple = (),
-               retire=None, reason: str = "") -> list[Incident]:
+               retire: Callable[[Component], bool] | None = None, reason: str = "") -> list[Incident]:
         """Apply one tick's findings and relations; returns every incident that changed, and only those.
-        ``retire(incident)``: open incidents it selects resolve now with ``reason`` (a component that
-        left the topology has no evidence left to wait for)."""
+        ``retire(component)``: open incidents on the components it selects resolve now with ``reason``
+        (a component that left the topology has no evidence left to wait for)."""
+        self._updated = True
         changed: dict[str, Incident] = {}
         if retire is not None:
             for key, inc in list(self._open.items()):
-                if retire(inc):
+                if retire(key[1]):
                     inc.resolved_reason = reason
                     self._resolve(key, now)
                     changed[inc.id] = inc
         parent_of = {r.child: r.parent for r in relations}
-        by_key: dict[tuple[str, str], Finding] = {}
+        by_key: dict[Key, Finding] = {}
         for f in findings:
             by_key.setdefault((f.alertname, f.component), f)
         present = {k for k, f in by_key.items() if f.fire or f.keep}
@@ -228,7 +271,7 @@ class IncidentManager:
         return list(changed.values())
 
     # ------------------------------------------------------------------ internals of update
-    def _absorber(self, key: tuple[str, str], parent_of: dict, present: set) -> tuple[str, str] | None:
+    def _absorber(self, key: Key, parent_of: dict, present: set) -> Key | None:
         """The nearest ancestor open or found this tick: the finding is its evidence."""
         p = parent_of.get(key)
         for _ in range(8):  # relations are shallow (link -> leaf congestion -> leaf); bound a cycle
@@ -239,12 +282,12 @@ class IncidentManager:
             p = parent_of.get(p)
         return None
 
-    def _absorb(self, owner_key: tuple[str, str], f: Finding, changed: dict[str, Incident]) -> None:
+    def _absorb(self, owner_key: Key, f: Finding, changed: dict[str, Incident]) -> None:
         owner = self._open.get(owner_key)
         if owner is None:  # the parent is found this tick but does not fire yet: nothing to attach to
             return
-        if f.component not in owner.absorbed:
-            owner.absorbed.append(f.component)
+        if f.component.id not in owner.absorbed:
+            owner.absorbed.append(f.component.id)
         if f.ranks or f.jobs:
             ranks = sorted(set(owner.ranks) | set(f.ranks))
             jobs = sorted(set(owner.jobs) | set(f.jobs))
@@ -253,7 +296,7 @@ class IncidentManager:
                 owner.version += 1
                 changed[owner.id] = owner
 
-    def _relate(self, inc: Incident, key: tuple[str, str], parent_of: dict) -> None:
+    def _relate(self, inc: Incident, key: Key, parent_of: dict) -> None:
         p = parent_of.get(key)
         parent = self._open.get(p) if p is not None else None
         if parent is not None and inc.related_to != parent.id:
@@ -261,16 +304,16 @@ class IncidentManager:
 
     def _open_incident(self, f: Finding, now: float) -> Incident:
         key = (f.alertname, f.component)
-        base = incident_id(f.alertname, f.component)
+        base = incident_id(f.alertname, f.component.id)
         n = self._recurrence.get(base, 0) + 1
         self._recurrence[base] = n
         inc = Incident(
             id=base if n == 1 else f"{base}-{n}", alertname=f.alertname,
             severity=f.severity or SEVERITY.get(f.alertname, "warning"),
-            component_type=f.component_type, component=f.component, labels=dict(f.labels),
+            component_type=f.component.kind.value, component=f.component.id, labels=dict(f.labels),
             evidence=list(f.evidence), first_seen=now, last_seen=now,
             ranks=sorted(set(f.ranks)), jobs=sorted(set(f.jobs)), description=f.description,
-            hold_s=f.hold_s if f.hold_s is not None else self.default_hold_s, version=1,
+            hold_s=f.hold_s if f.hold_s is not None else self.default_hold_s, version=1, impact=list(f.impact),
         )
         self._open[key] = inc
         self._last_evidence[key] = now
@@ -278,7 +321,7 @@ class IncidentManager:
 
     def _refresh(self, inc: Incident, f: Finding, now: float) -> bool:
         """Evidence seen again; True when something an alert shows changed."""
-        self._last_evidence[(inc.alertname, inc.component)] = now
+        self._last_evidence[(f.alertname, f.component)] = now
         inc.last_seen = now
         if f.hold_s is not None:
             inc.hold_s = f.hold_s
@@ -293,6 +336,10 @@ class IncidentManager:
         if f.description and f.description != inc.description:
             inc.description = f.description
             visible = True
+        if f.impact and list(f.impact) != inc.impact:
+            # shown as integers (impact_sentence): a resend only when what an operator reads changes
+            visible = visible or impact_sentence(list(f.impact)) != impact_sentence(inc.impact)
+            inc.impact = list(f.impact)
         for k, v in f.labels.items():
             if v and inc.labels.get(k) != v:
                 inc.labels[k] = v
@@ -301,17 +348,17 @@ class IncidentManager:
             inc.version += 1
         return visible
 
-    def _resolve(self, key: tuple[str, str], now: float) -> None:
+    def _resolve(self, key: Key, now: float) -> None:
         inc = self._open.pop(key)
         self._last_evidence.pop(key, None)
         inc.resolved_at = now
         inc.version += 1
-        self._resolved.append(inc)
+        self._resolved.append((key[1], inc))
         if len(self._resolved) > self._keep_resolved:
             del self._resolved[: len(self._resolved) - self._keep_resolved]
 
 
-def _depth(key: tuple[str, str], parent_of: dict) -> int:
+def _depth(key: Key, parent_of: dict) -> int:
     d, p = 0, parent_of.get(key)
     while p is not None and d < 8:
         d += 1

@@ -54,11 +54,9 @@ def apply_detection(engine, new: DetectionSettings) -> None:
     from them at construction are derived again; the straggler window sizes its history bitmasks
     and so needs a restart (refused in ``Reloader.prepare``)."""
     with engine.lock:
-        engine.settings = new
+        engine.settings = new  # the engine's setter reconfigures its ingest stage (fatal XIDs, config checks)
         engine.stragglers.s = new
         engine.manager.default_hold_s = new.hold_s
-        engine._fatal_xids = frozenset(str(x) for x in new.xid_fatal)
-        engine._config_checks = frozenset(new.config_checks)
 
 
 def _check_tls(tls: ServerTls, source: str) -> tuple[bytes, bytes, bytes | None]:

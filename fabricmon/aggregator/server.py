@@ -60,6 +60,8 @@ from ..proto import fabricmon_pb2_grpc as pb_grpc
 from ..proto.codec import MalformedBatch, SeriesDecoder, hello_from_pb
 from ..proto.subscription import Subscription
 from .credentials import StreamCredentials, fingerprint
+from .name_bounds import KINDS as NAME_KINDS
+from .name_bounds import NameBounds
 
 log = structlog.get_logger("fabricmon.grpc")
 
@@ -127,8 +129,13 @@ def read_tls_files(tls: ServerTls) -> tuple[bytes, bytes, bytes | None]:
             Path(tls.client_ca).read_bytes() if tls.client_ca else None)
 
 
-def _ack(seq: int) -> pb.AggregatorMessage:
-    return pb.AggregatorMessage(ack=pb.Ack(seq=seq))
+# Drops a node is told about in its ack (Ack.dropped_reason): its clock or its seq, which only the node
+# can fix.  A duplicate (a replay after a lost ack) is normal and not told.
+TOLD_DROPS = frozenset({SEQ_AHEAD, "ts_ahead", "ts_behind", "ts_stale"})
+
+
+def _ack(seq: int, dropped: str = "") -> pb.AggregatorMessage:
+    return pb.AggregatorMessage(ack=pb.Ack(seq=seq, dropped_reason=dropped))
 
 
 def _reject(reason: str, seq: int = 0) -> pb.AggregatorMessage:
@@ -140,12 +147,13 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
                  hello_timeout: float = 10.0, node_tokens: Mapping[str, str] | None = None,
                  credentials: StreamCredentials | None = None,
                  bind_tls_identity: bool = False, max_skew_s: float = DEFAULT_MAX_SKEW_S,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, name_limits: Mapping[str, int] | None = None) -> None:
         self.engine = engine
         self._creds = credentials if credentials is not None else credentials_of(token, node_tokens)
         # gen -> (node, the token it presented or None, the handler's task): what a revocation cuts
         self._live: dict[int, tuple[str, bytes | None, asyncio.Task]] = {}
         self._revoked: set[int] = set()
+        self.names = NameBounds(dict(name_limits or {}))  # per-node bounds on new device, GPU... names
         self._bind_tls = bind_tls_identity
         self._lock = lock if lock is not None else nullcontext()
         self._hello_timeout = hello_timeout
@@ -168,6 +176,25 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
 
     def connected_nodes(self) -> list[str]:
         return sorted(self._current)
+
+    def _ingest(self, nb: NodeBatch) -> str:
+        """Ingest one batch; the drop reason the node is told (TOLD_DROPS), else "".
+
+        The engine counts its drops by reason (``dropped_by_reason``); the one that moved
+        during this call is this batch's."""
+        before = getattr(self.engine, "dropped_by_reason", None)
+        try:
+            with self._lock:
+                snap = dict(before) if before is not None else None
+                self.engine.ingest(nb)
+                if snap is not None and before != snap:
+                    reason = next((r for r, n in before.items() if n != snap.get(r, 0)), "")
+                    return reason if reason in TOLD_DROPS else ""
+            return ""
+        except Exception as exc:  # an engine bug must not kill the stream or the server
+            self.counters["engine_errors_total"] += 1
+            log.error("engine_call_failed", call="ingest", error=f"{type(exc).__name__}: {exc}")
+            return ""
 
     def _engine(self, fn, *args) -> bool:
         try:
@@ -317,7 +344,7 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
             log.info("stream_closed", peer=peer, node=node)
 
     async def _serve(self, context, peer: str, node: str, hello: NodeHello) -> None:
-        self._engine(self.engine.hello, hello)
+        self._engine(self.engine.hello, self.names.hello(hello))
         # the session's floor: seqs at or below it were delivered before (replays after a lost ack)
         session_last = self._last_seq.get(node, 0)
         warned_ahead = False
@@ -325,7 +352,8 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
             await context.write(self._subscription)
         await context.write(_ack(session_last))
         # deltas of families the engine never reads are counted, not built (codec.py)
-        decoder = SeriesDecoder(read_families=getattr(self.engine, "read_delta_families", None))
+        decoder = SeriesDecoder(read_families=getattr(self.engine, "read_delta_families", None),
+                                admit=self.names.admitter(node))
         while True:
             msg = await context.read()
             if msg is grpc.aio.EOF:
@@ -350,14 +378,14 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
                 if not warned_ahead:  # once per session: every batch of a broken agent would repeat it
                     warned_ahead = True
                     log.warning("batch_seq_ahead", peer=peer, node=node, seq=b.seq, ceiling=self._seq_ceiling())
-                await context.write(_ack(b.seq))
+                await context.write(_ack(b.seq, SEQ_AHEAD))
                 continue
-            self._engine(self.engine.ingest, nb)
+            dropped = self._ingest(nb)
             self.counters["batches_ingested_total"] += 1
             session_last = b.seq
             if b.seq > self._last_seq.get(node, 0):
                 self._last_seq[node] = b.seq
-            await context.write(_ack(b.seq))
+            await context.write(_ack(b.seq, dropped))
 
     async def _refuse(self, context, peer: str, node: str, reason: str, seq: int = 0):
         self.counters["rejected_total"] += 1
@@ -394,6 +422,9 @@ class GrpcServer:
         s["agents_connected"] = len(self.servicer.connected_nodes()) if self.servicer else 0
         drops = self.servicer.drop_counts() if self.servicer else {SEQ_DUPLICATE: 0, SEQ_AHEAD: 0}
         s["batches_duplicate_total"] = drops[SEQ_DUPLICATE]
+        refused = self.servicer.names.refused if self.servicer else {}
+        for kind in NAME_KINDS:
+            s[f"names_refused_{kind}_total"] = refused.get(kind, 0)
         for reason, n in drops.items():
             s[f"batches_dropped_{reason}_total"] = n
         return s

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable
 
 import structlog
@@ -19,6 +20,7 @@ from ..buildinfo import ReloadStatus
 from ..configload import ConfigError, split_hostport
 from ..topology import load_topology
 from .admission import ClusterClock
+from .agents_down import restart_grace
 from .alertmanager import AlertmanagerClient
 from .config import AggregatorConfig
 from .credentials import load_credentials
@@ -104,9 +106,41 @@ def build_runtime(cfg: AggregatorConfig, web=None, reload_status: ReloadStatus |
                 if engine.shard_units is None or spec.unit in engine.shard_units)
     grpc_kwargs = {**grpc_auth_kwargs(cfg), "max_connections": fit_descriptors(cfg.grpc_limits.connections_for(owned)),
                    "handshake_timeout": cfg.grpc_limits.handshake_timeout_s}
+    on_changed = resume_incidents(cfg.state_file, engine, sender) if cfg.state_file else None
     return AggregatorRuntime(engine, grpc_listen=cfg.grpc_listen, grpc_kwargs=grpc_kwargs,
                              http_listen=split_hostport(cfg.http_listen), sender=sender,
-                             tick_seconds=cfg.tick_seconds, http_web=web, reload_status=reload_status)
+                             tick_seconds=cfg.tick_seconds, http_web=web, reload_status=reload_status,
+                             on_changed=on_changed)
+
+
+def resume_incidents(path: str, engine: Engine, sender: AlertmanagerClient, now: float | None = None):
+    """Restore the open incidents persisted at ``path``, reconcile them with Alertmanager (adopt the
+    ones it still holds, send the others firing again), and return the runtime's ``on_changed``
+    hook that persists the open incidents after every change (aggregator/incident_store.py)."""
+    from . import incident_store
+
+    now = time.time() if now is None else now
+    records = incident_store.load(path)
+    if records:
+        interval = max((ns.interval for ns in engine.nodes.values()), default=1.0)
+        with engine.lock:
+            restored = incident_store.restore(engine.manager, records, now, restart_grace(engine.settings, interval))
+        active = None
+        for url in sender.urls:
+            active = incident_store.active_at_alertmanager(url.url.removesuffix("/api/v2/alerts"))
+            if active is not None:
+                break
+        keep, gone = incident_store.reconcile(restored, active)
+        sender.adopt(keep)
+        if gone:
+            sender.submit(gone, now)
+        log.info("incidents_resumed", file=path, adopted=len(keep), sent_again=len(gone))
+
+    def persist(changed, tick_now: float) -> None:
+        open_ = engine.open_incidents()
+        incident_store.save(path, open_, sender.alerts_for(open_))
+
+    return persist
 
 
 def run_aggregator(cfg: AggregatorConfig, stop_event: threading.Event, *, web=None,

@@ -18,6 +18,25 @@ of the last ``straggler_window`` steps; cleared (hysteresis) when fewer than
 ``straggler_clear`` flags remain.  Patterns that must not page as hardware:
 a whole stage late (StageImbalance, info), a different rank each step and
 periodic pauses (neither reaches the persistence bar).
+
+Intake (``add``), per job (``job_id`` when the job sends one, so two jobs named
+``train`` stay apart, else the name):
+
+* A step of 2^53 or more, or more than ``MAX_STEP_AHEAD`` ahead of the job's
+  newest, is refused and counted (``refused``): one accepted line with
+  ``"step": 9007199254740992`` made every later step "far too old" and turned
+  scoring off for the job for 10 minutes.
+* Steps that go back while time goes on are a restart from a checkpoint: once
+  ``RESTART_QUORUM`` ranks (or every rank of a smaller job) report steps far
+  behind the newest with times at least the job's newest, a new run starts from
+  there (pending steps dropped, ranks keep their history).  Before, every step
+  until the job caught up with its old newest was ignored (a restart 500 steps
+  back raised its straggler alert 469 s late).  Old steps with old times (a
+  spool replay) are late reports, not a restart, and are ignored as before; one
+  rank alone going back cannot move the job.
+* A rank that reports from another node or GPU has moved there (a job restarted
+  elsewhere under the same name): its placement follows and its flags restart,
+  so a straggler is never blamed on the node it left.
 """
 
 from __future__ import annotations
@@ -28,8 +47,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..rank_timing import JobLayout, RankTiming
+from ..rank_timing import MAX_STEP, JobLayout, RankTiming
 from .config import DetectionSettings
+
+MAX_STEP_AHEAD = 1000  # steps beyond the job's newest that one line may claim
+RESTART_QUORUM = 3  # ranks going back together before a job counts as restarted
+RESTART_WINDOW_S = 120.0  # a restart's ranks report back within this much sample time
+# Why a rank timing was refused at the straggler intake (fabricmon_ingest_rank_timings_dropped_total{reason}).
+STEP_RANGE = "step_range"
+STEP_AHEAD = "step_ahead"
+REFUSE_REASONS = (STEP_RANGE, STEP_AHEAD)
 
 
 @dataclass(slots=True)
@@ -55,6 +82,9 @@ class JobState:
     steps: dict[int, dict[int, tuple[float, float]]] = field(default_factory=dict)
     max_step: int = -1
     last_ts: float = 0.0
+    back: dict[int, tuple[int, float, float, float]] = field(default_factory=dict)  # rank -> restart candidate
+    run_ts: float = 0.0  # sample time the current run started (a restart); earlier lines are the old run's
+    runs: int = 1
     stage_hist: dict[int, int] = field(default_factory=dict)
     stage_late: dict[int, float] = field(default_factory=dict)
     stage_persistent: set[int] = field(default_factory=set)
@@ -106,27 +136,72 @@ class StragglerTracker:
         self._mask = (1 << settings.straggler_window) - 1
         self._report_key: tuple | None = None
         self._report = StragglerReport([], [], {})
+        self.refused: dict[str, int] = dict.fromkeys(REFUSE_REASONS, 0)
+        self.restarts_total = 0
+        self.moves_total = 0
 
     # --- intake ---
     def layout(self, lay: JobLayout) -> None:
         job = self.jobs.setdefault(lay.job, JobState(lay.job))
         job.layout = dict(lay.layout)
 
-    def add(self, t: RankTiming, node: str) -> None:
-        job = self.jobs.get(t.job)
+    def add(self, t: RankTiming, node: str) -> str | None:
+        """Take one rank timing; the reason (of REFUSE_REASONS) when it is refused, counted."""
+        if t.step > MAX_STEP:
+            return self._refuse(STEP_RANGE)
+        key = f"{t.job}\x00{t.job_id}" if t.job_id else t.job
+        job = self.jobs.get(key)
         if job is None:
-            job = self.jobs[t.job] = JobState(t.job)
+            job = self.jobs[key] = JobState(t.job)
+        elif t.step > job.max_step + MAX_STEP_AHEAD:
+            return self._refuse(STEP_AHEAD)
+        where = (t.node or node, t.gpu_index)
         info = job.ranks.get(t.rank)
         if info is None:
-            info = job.ranks[t.rank] = RankInfo(t.node or node, t.gpu_index, self._stage(job, t))
+            info = job.ranks[t.rank] = RankInfo(where[0], where[1], self._stage(job, t))
+        elif (info.node, info.gpu) != where:
+            # moved (restarted elsewhere): its flags described the old place
+            self.moves_total += 1
+            info.node, info.gpu = where
+            info.stage = self._stage(job, t)
+            info.hist_c = info.hist_m = 0
+            info.persistent = ""
+            info.late_ewma = 0.0
         info.last_ts = t.ts
-        if t.step <= job.max_step - 4 * self.s.straggler_window:
-            return  # far too old: already evaluated
-        job.steps.setdefault(t.step, {})[t.rank] = (t.step_seconds, min(t.comm_seconds, t.step_seconds))
+        vals = (t.step_seconds, min(t.comm_seconds, t.step_seconds))
+        far_back = t.step <= job.max_step - 4 * self.s.straggler_window
+        if far_back and t.ts >= job.last_ts:
+            self._restart_candidate(job, t, vals)
+            return None
+        if far_back or (t.ts < job.run_ts and t.step > job.max_step):
+            return None  # a late report of an old step, or of the run before a restart: already evaluated
+        job.steps.setdefault(t.step, {})[t.rank] = vals
         if t.step > job.max_step:
             job.max_step = t.step
         if t.ts > job.last_ts:
             job.last_ts = t.ts
+        return None
+
+    def _refuse(self, reason: str) -> str:
+        self.refused[reason] += 1
+        return reason
+
+    def _restart_candidate(self, job: JobState, t: RankTiming, vals: tuple[float, float]) -> None:
+        """Steps far back with time going on: a restart once enough ranks agree (see the module doc)."""
+        job.back[t.rank] = (t.step, t.ts, *vals)
+        for r in [r for r, b in job.back.items() if b[1] < t.ts - RESTART_WINDOW_S]:
+            del job.back[r]
+        if len(job.back) < min(RESTART_QUORUM, max(len(job.ranks), 1)):
+            return
+        self.restarts_total += 1
+        job.runs += 1
+        job.steps = {}
+        job.max_step = max(b[0] for b in job.back.values())
+        job.run_ts = min(b[1] for b in job.back.values())
+        job.last_ts = max(job.last_ts, max(b[1] for b in job.back.values()))
+        for r, (step, _, st, cm) in job.back.items():
+            job.steps.setdefault(step, {})[r] = (st, cm)
+        job.back = {}
 
     @staticmethod
     def _stage(job: JobState, t: RankTiming) -> int:

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..configload import ConfigError
-from ..topology import Topology, leaf_id
+from ..components import Component, Kind
+from ..topology import Topology
 from .incidents import Incident
 
 REASON = "topology_removed"
@@ -27,7 +28,7 @@ class TopologyChange:
     new: Topology
     added: tuple[str, ...]
     removed: tuple[str, ...]
-    removed_leaves: frozenset[str]
+    removed_leaves: frozenset[Component]
 
     @property
     def empty(self) -> bool:
@@ -45,8 +46,8 @@ class TopologyChange:
         return "topology (" + "; ".join(parts) + ")"
 
 
-def _leaves(topo: Topology) -> set[str]:
-    return {leaf_id(spec.unit, nic.rail) for spec in topo.nodes.values() for nic in spec.nics}
+def _leaves(topo: Topology) -> set[Component]:
+    return {topo.leaf(name, nic.rail) for name, spec in topo.nodes.items() for nic in spec.nics}
 
 
 def plan(old: Topology, new: Topology, source: str) -> TopologyChange:
@@ -67,10 +68,11 @@ def plan(old: Topology, new: Topology, source: str) -> TopologyChange:
     return TopologyChange(new, added, removed, frozenset(_leaves(old) - _leaves(new)))
 
 
-def _gone(inc: Incident, nodes: frozenset[str], leaves: frozenset[str]) -> bool:
-    if inc.labels.get("node") in nodes or inc.component.split("/", 1)[0] in nodes:
+def _gone(c: Component, nodes: frozenset[str], leaves: frozenset[Component]) -> bool:
+    """An open incident's component that left with the removed nodes (or a leaf none of the rest use)."""
+    if c.node and c.node in nodes:
         return True
-    return inc.component_type == "leaf" and inc.component in leaves
+    return c.kind is Kind.LEAF and c in leaves
 
 
 def apply(engine, change: TopologyChange, now: float) -> list[Incident]:
@@ -78,26 +80,15 @@ def apply(engine, change: TopologyChange, now: float) -> list[Incident]:
     removed = frozenset(change.removed)
     with engine.lock:
         engine.topology = change.new
+        reg = engine.registry
+        reg.topology = change.new
         for name in change.removed:
-            ns = engine.nodes.pop(name, None)
-            engine.config_nodes.discard(name)
-            if ns is None:
-                continue
-            links = {id(link) for link in ns.links.values() if link is not None}
-            for leaf, lst in list(engine.links_by_leaf.items()):
-                kept = [link for link in lst if id(link) not in links]
-                if kept:
-                    lst[:] = kept
-                else:
-                    del engine.links_by_leaf[leaf]
-            engine.active_links = {link for link in engine.active_links if id(link) not in links}
-            gpus = {id(g) for g in ns.gpus.values()}
-            engine.active_gpus = {g for g in engine.active_gpus if id(g) not in gpus}
+            reg.drop_node(name)
         for name in change.added:
-            if not engine._owned(name):
+            if not reg.owned(name):
                 continue
-            ns = engine._node(name)
+            ns = reg.node(name)
             for nic in change.new.nodes[name].nics:
-                engine._link(ns, nic.device, str(nic.port), None)
-        return engine.manager.update([], now, retire=lambda inc: _gone(inc, removed, change.removed_leaves),
+                reg.link(ns, nic.device, str(nic.port), None)
+        return engine.manager.update([], now, retire=lambda c: _gone(c, removed, change.removed_leaves),
                                      reason=REASON)

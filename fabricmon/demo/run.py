@@ -232,7 +232,8 @@ def still_firing(notes: list[dict]) -> list[tuple[str, str]]:
 
 
 def _rel(d: dict, epoch: float) -> dict:
-    out = {k: d[k] for k in ("id", "alertname", "component_type", "component", "evidence", "ranks", "jobs")}
+    out = {k: d[k] for k in ("id", "alertname", "component_type", "component", "evidence", "ranks", "jobs",
+                             "impact")}
     out["severity"] = d.get("severity")
     out["description"] = d.get("description")
     for k in ("first_seen", "last_seen", "resolved_at"):

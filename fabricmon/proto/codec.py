@@ -10,11 +10,23 @@ it never trusts lengths or ids from the wire.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from itertools import compress
 
 from ..batch import NicHello, NodeBatch, NodeHello
 from ..model import CounterDelta, Labels, Sample
-from ..rank_timing import JobLayout, RankTiming
+from ..rank_timing import (
+    MAX_GPU,
+    MAX_GROUP_VALUE,
+    MAX_LOCAL_RANK,
+    MAX_SECONDS,
+    MAX_STEP,
+    MAX_TS,
+    Heartbeat,
+    JobLayout,
+    RankTiming,
+)
+from ..textcheck import job_name_problem, node_name_problem
 from . import fabricmon_pb2 as pb
 
 PROTOCOL_VERSION = 1
@@ -25,6 +37,10 @@ MAX_SERIES_PER_CONNECTION = 500_000
 MAX_LABELS = 16
 MAX_NAME = 200
 MAX_VALUE = 1024
+# Hello bounds: what a real node can have, far above it (a NIC's rate in Gb/s, lanes, GPUs).
+MAX_RATE_GBPS = 1e5
+MAX_WIDTH = 64
+MAX_GPUS = 1024
 
 SeriesKey = tuple[str, Labels]
 UNSPECIFIED = pb.SERIES_KIND_UNSPECIFIED  # an agent older than SeriesDef.kind
@@ -50,13 +66,21 @@ def hello_to_pb(h: NodeHello) -> pb.Hello:
 
 
 def hello_from_pb(m: pb.Hello) -> NodeHello:
-    if not m.node or len(m.node) > MAX_NAME:
-        raise MalformedBatch("hello.node: required, at most 200 characters")
+    why = node_name_problem(m.node)
+    if why is not None:
+        raise MalformedBatch(f"hello.node: {why}")
     if m.protocol_version not in SUPPORTED_PROTOCOLS:
         raise MalformedBatch(f"hello.protocol_version: {m.protocol_version} not supported "
                              f"(supported: {sorted(SUPPORTED_PROTOCOLS)})")
     if not math.isfinite(m.interval_seconds) or m.interval_seconds < 0:
         raise MalformedBatch("hello.interval_seconds: must be finite and >= 0")
+    if m.gpus > MAX_GPUS:
+        raise MalformedBatch(f"hello.gpus: {m.gpus} is over {MAX_GPUS}")
+    for i, n in enumerate(m.nics):
+        if not (math.isfinite(n.rate_gbps) and 0 <= n.rate_gbps <= MAX_RATE_GBPS):
+            raise MalformedBatch(f"hello.nics[{i}].rate_gbps: must be finite in [0, {MAX_RATE_GBPS:g}], got {n.rate_gbps!r}")
+        if n.width > MAX_WIDTH or not -1 <= n.gpu <= MAX_GPU:
+            raise MalformedBatch(f"hello.nics[{i}]: width {n.width} or gpu {n.gpu} out of range")
     return NodeHello(
         node=m.node, agent_version=m.agent_version, interval_seconds=m.interval_seconds,
         nics=tuple(NicHello(n.device, n.port, n.rail, n.link_layer, n.netdev, n.rate_gbps, n.width, n.gpu)
@@ -104,10 +128,13 @@ class SeriesEncoder:
         for r in b.ranks:
             out.ranks.append(pb.RankTiming(
                 job=r.job, rank=r.rank, local_rank=r.local_rank, step=r.step, step_seconds=r.step_seconds,
-                comm_seconds=r.comm_seconds, ts=r.ts, gpu=r.gpu,
+                comm_seconds=r.comm_seconds, ts=r.ts, gpu=r.gpu, job_id=r.job_id,
                 group=[pb.IntPair(key=k, value=v) for k, v in r.group]))
         for lay in b.layouts:
             out.layouts.append(pb.JobLayout(job=lay.job, layout=[pb.IntPair(key=k, value=v) for k, v in lay.layout]))
+        for h in b.heartbeats:
+            out.heartbeats.append(pb.Heartbeat(job=h.job, rank=h.rank, step=h.step, coll_sn=h.coll_sn,
+                                               in_collective=h.in_collective, ts=h.ts, job_id=h.job_id))
         return out
 
 
@@ -144,14 +171,21 @@ class SeriesDecoder:
     """
 
     def __init__(self, max_series: int = MAX_SERIES_PER_CONNECTION,
-                 read_families: frozenset[str] | None = None) -> None:
+                 read_families: frozenset[str] | None = None,
+                 admit: Callable[[SeriesKey], bool] | None = None) -> None:
         self._table: dict[int, SeriesKey] = {}
         self._gauge_ids: set[int] = set()  # series the agent defined as GAUGE: never a delta
         self._counter_ids: set[int] = set()  # series the agent defined as COUNTER: never a gauge value
         self._zero: dict[int, CounterDelta] = {}
         self._read_ids: set[int] = set()
+        self._refused: set[int] = set()
         self._read = read_families
         self._max = max_series
+        # ``admit``: asked once per series definition (aggregator.name_bounds); a refused series
+        # stays in the table (its id is valid) but its values are never built, counted in
+        # ``refused_values``.
+        self._admit = admit
+        self.refused_values = 0
 
     def __len__(self) -> int:
         return len(self._table)
@@ -195,11 +229,20 @@ class SeriesDecoder:
                 added_counters.add(sd.id)
         if not m.self_contained and len(table) + len(added) > self._max:
             raise MalformedBatch(f"series table over its limit of {self._max} series")
+        refused = set() if m.self_contained else self._refused
         if added:
             # the table (and the zero cache) change only once the whole batch is valid
             table = {**table, **added}
             zero = {**zero, **{sid: CounterDelta(k[0], k[1], 0.0) for sid, k in added.items() if sid not in zero}}
-            read_ids = read_ids | {sid for sid, k in added.items() if self._read is None or k[0] in self._read}
+            if self._admit is not None:
+                # ids redefined identically were judged when first defined on this connection
+                # (names admitted for a batch refused later stay counted: only that node's own budget)
+                no = {sid for sid, k in added.items()
+                      if (m.self_contained or sid not in self._table) and not self._admit(k)}
+                if no:
+                    refused = refused | no
+            read_ids = read_ids | {sid for sid, k in added.items()
+                                   if (self._read is None or k[0] in self._read) and sid not in refused}
 
         def look(sid: int, what: str) -> SeriesKey:
             key = table.get(sid)
@@ -237,7 +280,7 @@ class SeriesDecoder:
         append = deltas.append
         if flagged:
             for sid, v in zip(ids, vals):
-                if sid in flagged:
+                if sid in flagged and sid not in refused:
                     fam, labels = table[sid]
                     append(CounterDelta(fam, labels, v, sid in sat, sid in rst))
                 elif sid in read_ids:
@@ -246,34 +289,67 @@ class SeriesDecoder:
             # the unread majority is filtered out in C (compress/map), never touched in Python
             for sid, v in compress(zip(ids, vals), map(read_ids.__contains__, ids)):
                 append(CounterDelta(*table[sid], v) if v else zero[sid])
-        skipped = len(ids) - len(deltas)
+        n_refused = sum(1 for sid in ids if sid in refused) if refused else 0  # neither read nor "unread"
+        skipped = len(ids) - len(deltas) - n_refused
         gauges = []
-        for sid, v in zip(m.gauge_ids, m.gauge_values):
+        gvals = m.gauge_values
+        # the same one C pass as for deltas: a NaN or an infinity makes the sum non-finite
+        if gvals and not math.isfinite(sum(gvals)):
+            for sid, v in zip(m.gauge_ids, gvals):
+                if not math.isfinite(v):
+                    raise MalformedBatch(f"gauge_values: series {look(sid, 'gauge_ids')[0]} has a non-finite value {v!r}")
+        for sid, v in zip(m.gauge_ids, gvals):
             fam, labels = look(sid, "gauge_ids")
+            if refused and sid in refused:
+                n_refused += 1
+                continue
             gauges.append(Sample(fam, labels, v))
         ranks = []
         for r in m.ranks:
-            if not r.job or len(r.job) > 128:
-                raise MalformedBatch("ranks.job: required, at most 128 characters")
+            why = job_name_problem(r.job)
+            if why is not None:
+                raise MalformedBatch(f"ranks.job: {why}")
             if not (math.isfinite(r.step_seconds) and math.isfinite(r.comm_seconds) and math.isfinite(r.ts)):
                 raise MalformedBatch(f"ranks: job {r.job} rank {r.rank}: non-finite time")
+            if not (0 <= r.step_seconds <= MAX_SECONDS and 0 <= r.comm_seconds <= MAX_SECONDS and 0 <= r.ts <= MAX_TS):
+                raise MalformedBatch(f"ranks: job {r.job} rank {r.rank}: a time out of range (seconds in "
+                                     f"[0, {MAX_SECONDS:g}], ts in [0, {MAX_TS:g}])")
+            if r.step > MAX_STEP or r.local_rank > MAX_LOCAL_RANK or not -1 <= r.gpu <= MAX_GPU:
+                raise MalformedBatch(f"ranks: job {r.job} rank {r.rank}: step, local_rank or gpu out of range")
+            if any(not 0 <= p.value <= MAX_GROUP_VALUE for p in r.group):
+                raise MalformedBatch(f"ranks: job {r.job} rank {r.rank}: a group value out of range")
+            if r.job_id and (why := job_name_problem(r.job_id)) is not None:
+                raise MalformedBatch(f"ranks.job_id: {why}")
             ranks.append(RankTiming(
                 job=r.job, rank=r.rank, local_rank=r.local_rank, step=r.step, step_seconds=r.step_seconds,
                 comm_seconds=r.comm_seconds, ts=r.ts, node=node, gpu=r.gpu,
-                group=tuple((p.key, p.value) for p in r.group)))
+                group=tuple((p.key, p.value) for p in r.group), job_id=r.job_id))
         layouts = []
         for lay in m.layouts:
-            if not lay.job or len(lay.job) > 128:
-                raise MalformedBatch("layouts.job: required, at most 128 characters")
+            why = job_name_problem(lay.job)
+            if why is not None:
+                raise MalformedBatch(f"layouts.job: {why}")
+            if any(not 1 <= p.value <= MAX_GROUP_VALUE for p in lay.layout):
+                raise MalformedBatch(f"layouts: job {lay.job}: a layout value out of range")
             layouts.append(JobLayout(lay.job, tuple((p.key, p.value) for p in lay.layout)))
+        heartbeats = []
+        for h in m.heartbeats:
+            why = job_name_problem(h.job) or (job_name_problem(h.job_id) if h.job_id else None)
+            if why is not None:
+                raise MalformedBatch(f"heartbeats.job: {why}")
+            if not math.isfinite(h.ts) or not 0 <= h.ts <= MAX_TS or h.step > MAX_STEP or h.coll_sn > MAX_STEP:
+                raise MalformedBatch(f"heartbeats: job {h.job} rank {h.rank}: ts, step or coll_sn out of range")
+            heartbeats.append(Heartbeat(h.job, h.rank, h.step, h.coll_sn, h.in_collective, h.ts, node, h.job_id))
         if not m.self_contained and added:
-            self._table, self._zero, self._read_ids = table, zero, read_ids
+            self._table, self._zero, self._read_ids, self._refused = table, zero, read_ids, refused
             if added_gauges:
                 self._gauge_ids = gauge_ids | added_gauges
             if added_counters:
                 self._counter_ids = counter_ids | added_counters
+        self.refused_values += n_refused
         return NodeBatch(node=node, seq=m.seq, ts=m.ts, interval_seconds=m.interval_seconds,
                          deltas=tuple(deltas), gauges=tuple(gauges), ranks=tuple(ranks), layouts=tuple(layouts),
+                         heartbeats=tuple(heartbeats),
                          unread_deltas=skipped)
 
 

@@ -91,7 +91,7 @@ class IntPair(_message.Message):
     def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
 
 class RankTiming(_message.Message):
-    __slots__ = ("job", "rank", "local_rank", "step", "step_seconds", "comm_seconds", "ts", "gpu", "group")
+    __slots__ = ("job", "rank", "local_rank", "step", "step_seconds", "comm_seconds", "ts", "gpu", "group", "job_id")
     JOB_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,7 @@ class RankTiming(_message.Message):
     TS_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
     job: str
     rank: int
     local_rank: int
@@ -110,7 +111,26 @@ class RankTiming(_message.Message):
     ts: float
     gpu: int
     group: _containers.RepeatedCompositeFieldContainer[IntPair]
-    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., step: _Optional[int] = ..., step_seconds: _Optional[float] = ..., comm_seconds: _Optional[float] = ..., ts: _Optional[float] = ..., gpu: _Optional[int] = ..., group: _Optional[_Iterable[_Union[IntPair, _Mapping]]] = ...) -> None: ...
+    job_id: str
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., step: _Optional[int] = ..., step_seconds: _Optional[float] = ..., comm_seconds: _Optional[float] = ..., ts: _Optional[float] = ..., gpu: _Optional[int] = ..., group: _Optional[_Iterable[_Union[IntPair, _Mapping]]] = ..., job_id: _Optional[str] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("job", "rank", "step", "coll_sn", "in_collective", "ts", "job_id")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    COLL_SN_FIELD_NUMBER: _ClassVar[int]
+    IN_COLLECTIVE_FIELD_NUMBER: _ClassVar[int]
+    TS_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    rank: int
+    step: int
+    coll_sn: int
+    in_collective: bool
+    ts: float
+    job_id: str
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., coll_sn: _Optional[int] = ..., in_collective: _Optional[bool] = ..., ts: _Optional[float] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class JobLayout(_message.Message):
     __slots__ = ("job", "layout")
@@ -121,7 +141,7 @@ class JobLayout(_message.Message):
     def __init__(self, job: _Optional[str] = ..., layout: _Optional[_Iterable[_Union[IntPair, _Mapping]]] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("seq", "ts", "interval_seconds", "new_series", "delta_ids", "delta_values", "saturated_ids", "reset_ids", "gauge_ids", "gauge_values", "ranks", "layouts", "self_contained")
+    __slots__ = ("seq", "ts", "interval_seconds", "new_series", "delta_ids", "delta_values", "saturated_ids", "reset_ids", "gauge_ids", "gauge_values", "ranks", "layouts", "self_contained", "heartbeats")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TS_FIELD_NUMBER: _ClassVar[int]
     INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +155,7 @@ class Batch(_message.Message):
     RANKS_FIELD_NUMBER: _ClassVar[int]
     LAYOUTS_FIELD_NUMBER: _ClassVar[int]
     SELF_CONTAINED_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEATS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     ts: float
     interval_seconds: float
@@ -148,13 +169,16 @@ class Batch(_message.Message):
     ranks: _containers.RepeatedCompositeFieldContainer[RankTiming]
     layouts: _containers.RepeatedCompositeFieldContainer[JobLayout]
     self_contained: bool
-    def __init__(self, seq: _Optional[int] = ..., ts: _Optional[float] = ..., interval_seconds: _Optional[float] = ..., new_series: _Optional[_Iterable[_Union[SeriesDef, _Mapping]]] = ..., delta_ids: _Optional[_Iterable[int]] = ..., delta_values: _Optional[_Iterable[float]] = ..., saturated_ids: _Optional[_Iterable[int]] = ..., reset_ids: _Optional[_Iterable[int]] = ..., gauge_ids: _Optional[_Iterable[int]] = ..., gauge_values: _Optional[_Iterable[float]] = ..., ranks: _Optional[_Iterable[_Union[RankTiming, _Mapping]]] = ..., layouts: _Optional[_Iterable[_Union[JobLayout, _Mapping]]] = ..., self_contained: _Optional[bool] = ...) -> None: ...
+    heartbeats: _containers.RepeatedCompositeFieldContainer[Heartbeat]
+    def __init__(self, seq: _Optional[int] = ..., ts: _Optional[float] = ..., interval_seconds: _Optional[float] = ..., new_series: _Optional[_Iterable[_Union[SeriesDef, _Mapping]]] = ..., delta_ids: _Optional[_Iterable[int]] = ..., delta_values: _Optional[_Iterable[float]] = ..., saturated_ids: _Optional[_Iterable[int]] = ..., reset_ids: _Optional[_Iterable[int]] = ..., gauge_ids: _Optional[_Iterable[int]] = ..., gauge_values: _Optional[_Iterable[float]] = ..., ranks: _Optional[_Iterable[_Union[RankTiming, _Mapping]]] = ..., layouts: _Optional[_Iterable[_Union[JobLayout, _Mapping]]] = ..., self_contained: _Optional[bool] = ..., heartbeats: _Optional[_Iterable[_Union[Heartbeat, _Mapping]]] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("seq",)
+    __slots__ = ("seq", "dropped_reason")
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_REASON_FIELD_NUMBER: _ClassVar[int]
     seq: int
-    def __init__(self, seq: _Optional[int] = ...) -> None: ...
+    dropped_reason: str
+    def __init__(self, seq: _Optional[int] = ..., dropped_reason: _Optional[str] = ...) -> None: ...
 
 class Reject(_message.Message):
     __slots__ = ("reason", "seq")

@@ -481,7 +481,7 @@ class ClusterState:
                     C[K[name], nn, d] += int(lam) + (1 if r.random() < lam - int(lam) else 0)
 
         if k in ("slow_gpu", "nvlink_errors", "nvlink_down", "config_drift", "link_degraded", "link_down",
-                 "cable_degrading"):  # cable_degrading: BER and module readings come from _optics
+                 "cable_degrading", "rank_hang"):  # cable_degrading: BER and module readings come from _optics
             if k == "nvlink_errors":
                 ni = self.index[f.node]
                 for j, lo, hi in ((2, 5, 50), (4, 10, 200), (5, 0.1, 5)):

@@ -404,6 +404,16 @@ class Node:
             if self.dev and d["name"] == self.dev["name"] and a.fault == "hot_unplug" and self.active(t):
                 continue  # device gone (PCI remove / driver unbind)
             self._write_dev(sysd, root, d, drift=d is self.dev and a.fault == "config_drift" and self.active(t))
+        # The GPUs on the PCI bus (H100 SXM5: 10de:2330, 3D controller 0x030200), linked from
+        # /sys/bus/pci/devices as the kernel does (the agent's "pci" source counts them beside NVML).
+        bus = os.path.join(sysd, "bus", "pci", "devices")
+        for g in self.gpus:
+            bdf = g.nvml["pci_bus_id"][4:].lower()  # NVML's 8-digit domain -> sysfs' 4
+            fn = os.path.join(sysd, "devices", "pci0000:00", bdf)
+            w(os.path.join(fn, "vendor"), "0x10de")
+            w(os.path.join(fn, "device"), "0x2330")
+            w(os.path.join(fn, "class"), "0x030200")
+            symlink(os.path.relpath(fn, bus), os.path.join(bus, bdf))
         w(os.path.join(root, "nvml.json"),  # one GPU per line
           '{"gpus": [\n' + ",\n".join(json.dumps(g.nvml) for g in self.gpus) + "\n]}")
 

@@ -38,8 +38,9 @@ def _median_in(steps: list[tuple[float, float]], lo: float, hi: float) -> float 
     return statistics.median(inside) if inside else None
 
 
-def fault_impacts(scn: Scenario, interval: float = 1.0, spec: JobSpec = JobSpec()) -> list[list[dict]]:
+def fault_impacts(scn: Scenario, interval: float = 1.0, spec: JobSpec | None = None) -> list[list[dict]]:
     """Per fault (scenario order): ``[{"job", "step_slowdown"}]`` for every job it slows by >= 1%."""
+    spec = spec or JobSpec()
     clean = _step_starts(replace(scn, faults=()), interval, spec)
     out: list[list[dict]] = []
     for f in scn.faults:

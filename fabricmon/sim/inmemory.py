@@ -94,6 +94,9 @@ class Catalog:
         for kind, n in (("rdma_device", len(devs)), ("ib_port", len(devs) - eth), ("roce_port", eth),
                         ("roce_netdev", eth), ("netdev", eth), ("gpu", NGPU)):
             self.gauges.append(_Gauge("fabricmon_devices_discovered", (("kind", kind),), ("const", float(n))))
+        # infiniband source: the ports the agent config expects (default: at least one); pci source
+        self.gauges.append(_Gauge("fabricmon_devices_expected", (("kind", "rdma_port"),), ("const", 1.0)))
+        self.gauges.append(_Gauge("fabricmon_pci_nvidia_gpus", (), ("const", float(NGPU))))
 
     # -- infiniband source ----------------------------------------------------------------
     def _ib_port(self, d) -> None:

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..rank_timing import JobLayout, RankTiming, to_json
+from ..rank_timing import Heartbeat, JobLayout, RankTiming, to_json
 from .cluster import Effects
 from .hw import NGPU, NRAILS
 from .workload import Decoy
@@ -82,7 +82,8 @@ class SyntheticJob:
 
     def __init__(self, node_names: list[str], spec: JobSpec = JobSpec(), *, seed: int = 0,
                  epoch: float = 0.0, start: float = 0.0, index: Sequence[int] | None = None,
-                 job_id: str | None = None, decoys: Sequence[Decoy] = (), end: float = math.inf) -> None:
+                 job_id: str | None = None, decoys: Sequence[Decoy] = (), end: float = math.inf,
+                 hangs: Sequence[tuple[float, float | None, str, int]] = ()) -> None:
         n = len(node_names)
         if spec.pp < 1 or n % spec.pp:
             raise ValueError(f"pp={spec.pp} must divide the {n} nodes")
@@ -94,6 +95,9 @@ class SyntheticJob:
         self.key = job_key(spec.name, job_id)
         self.decoys = tuple(decoys)
         self.end = end
+        # rank_hang faults: (start, end or None, node, gpu): that rank never enters its next collective
+        self.hangs = tuple(hangs)
+        self.hung: tuple[int, int] | None = None  # (node position, gpu) while a hang holds the job
         self.step = 0
         self.t = start  # simulated time the next step starts
         self.checkpoint_step = 0  # the step a restart returns to
@@ -193,6 +197,14 @@ class SyntheticJob:
         while self.t < self.end:
             res = self.simulate_step(eff)
             step_s = float(res["step_seconds"])
+            hang = self._hang(self.t + step_s)
+            if hang is not None:
+                h_start, h_end, pos, gpu = hang
+                self.hung = (pos, gpu)
+                if h_end is None or h_end > t:
+                    break  # every peer waits in the collective the hung rank never enters
+                self.t, self.hung = max(self.t, h_end), None  # released: the step starts over
+                continue
             if self.t + step_s > t + 1e-9:
                 # not finished by t: simulated again next time, with the faults active then
                 break
@@ -203,6 +215,39 @@ class SyntheticJob:
                 self.checkpoint_step = self.step  # written only once the step completes
             self.completed.append((self.t, step_s))
             out.extend(self.timings(res, self.epoch + self.t))
+        return out
+
+    def _hang(self, step_end: float) -> tuple[float, float | None, int, int] | None:
+        """The rank_hang that stops the step ending at ``step_end``, if any (it began before the step ends)."""
+        for start, end, node, gpu in self.hangs:
+            pos = self.pos.get(node)
+            if pos is not None and start < step_end and (end is None or end > self.t):
+                return start, end, pos, gpu
+        return None
+
+    def heartbeats(self, t: float) -> list[Heartbeat]:
+        """Every rank's heartbeat at simulated time t (DESIGN "Jobs, decoys and cost"): its step, its
+        collective sequence number (two collectives a step: the TP and the DP one) and whether it is inside
+        one.  A hung job: the hung rank outside, its peers inside the next collective, all frozen."""
+        ts = self.epoch + t
+        name, job_id = self.spec.name, self.job_id or ""
+        base = 2 * self.step
+        out = []
+        if self.hung is not None:
+            hp, hg = self.hung
+            for i in range(self.n):
+                for g in range(NGPU):
+                    stuck = i == hp and g == hg
+                    out.append(Heartbeat(name, i * NGPU + g, self.step, base if stuck else base + 1, not stuck, ts,
+                                         self.names[i], job_id))
+            return out
+        share = self.spec.compute_seconds / max(self.last_step_seconds, 1e-6)
+        phase = (t - self.t) / max(self.last_step_seconds, 1e-6)
+        inside = phase > share  # past its compute: in the step's collectives
+        for i in range(self.n):
+            for g in range(NGPU):
+                out.append(Heartbeat(name, i * NGPU + g, self.step, base + int(inside), inside, ts, self.names[i],
+                                     job_id))
         return out
 
     def restart(self, at: float, node_names: list[str] | None = None, index: Sequence[int] | None = None) -> None:

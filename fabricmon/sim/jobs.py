@@ -12,17 +12,20 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..rank_timing import JobLayout, RankTiming
+from ..rank_timing import Heartbeat, JobLayout, RankTiming
 from .cluster import ClusterState, Effects
 from .hw import NRAILS
 from .job import JobSpec, SyntheticJob
 from .scenario import Scenario
 from .workload import ResolvedJob
 
+HEARTBEAT_S = 5.0  # fabricmon.client's heartbeat period
+
 
 class JobSet:
-    def __init__(self, scenario: Scenario, cluster: ClusterState, spec: JobSpec = JobSpec(), *,
+    def __init__(self, scenario: Scenario, cluster: ClusterState, spec: JobSpec | None = None, *,
                  epoch: float = 0.0) -> None:
+        spec = spec or JobSpec()
         self.cluster = cluster
         self.resolved: list[ResolvedJob] = scenario.resolved_jobs()
         seed = scenario.cluster.seed
@@ -31,9 +34,10 @@ class JobSet:
             decoys = [d for d in scenario.decoys if d.job == rj.name
                       or (d.node is not None and d.node in rj.nodes and d.kind != "background_errors")]
             name = rj.name if scenario.jobs else spec.name
+            hangs = [(f.start, f.end, f.node, f.gpu) for f in scenario.faults if f.kind == "rank_hang"]
             self.jobs.append(SyntheticJob(list(rj.nodes), replace(spec, name=name, pp=rj.pp), seed=seed,
                                           epoch=epoch, start=rj.start, index=[cluster.index[n] for n in rj.nodes],
-                                          job_id=rj.job_id, decoys=decoys, end=rj.end))
+                                          job_id=rj.job_id, decoys=decoys, end=rj.end, hangs=hangs))
         # (simulated time, job position, return time, new nodes or None), in time order
         self._restarts = sorted(
             (d.start, k, d.start + float(d.down or 0.0), d.nodes)
@@ -60,6 +64,15 @@ class JobSet:
             out += job.advance_to(t, eff)
         return out
 
+    def heartbeats(self, t_prev: float, t: float) -> list[Heartbeat]:
+        """Heartbeats sent in (t_prev, t]: every HEARTBEAT_S, by every rank of each running job."""
+        if int(t // HEARTBEAT_S) == int(t_prev // HEARTBEAT_S):
+            return []
+        out: list[Heartbeat] = []
+        for j in self.running(t):
+            out += j.heartbeats(t)
+        return out
+
     def running(self, t: float) -> list[SyntheticJob]:
         return [j for k, j in enumerate(self.jobs)
                 if t >= self._down_until[k] and j.t <= t + j.last_step_seconds and t < j.end]
@@ -80,7 +93,7 @@ class JobSet:
     def truth(self) -> list[dict]:
         """The report's ``jobs``: one entry per job with every completed step (none while it is down)."""
         out = []
-        for rj, j in zip(self.resolved, self.jobs):
+        for rj, j in zip(self.resolved, self.jobs, strict=True):
             out.append({"name": j.spec.name, "job_id": rj.job_id, "gpus": len(rj.nodes) * 8, "nodes": list(j.names),
                         "step_times": [[round(t, 3), round(s, 6)] for t, s in j.completed]})
         return out

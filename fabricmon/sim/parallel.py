@@ -33,13 +33,13 @@ AHEAD = 3  # steps a worker may run ahead of the caller
 def _pack(b: NodeBatch) -> tuple:
     return (b.node, b.seq, b.ts, b.interval_seconds,
             [(d.family, d.labels, d.delta, d.saturated, d.reset) for d in b.deltas],
-            [(g.family, g.labels, g.value) for g in b.gauges], b.ranks, b.layouts)
+            [(g.family, g.labels, g.value) for g in b.gauges], b.ranks, b.layouts, b.heartbeats)
 
 
 def _unpack(t: tuple) -> NodeBatch:
-    node, seq, ts, interval, deltas, gauges, ranks, layouts = t
+    node, seq, ts, interval, deltas, gauges, ranks, layouts, heartbeats = t
     return NodeBatch(node, seq, ts, interval, tuple(CounterDelta(*d) for d in deltas),
-                     tuple(Sample(*g) for g in gauges), ranks, layouts)
+                     tuple(Sample(*g) for g in gauges), ranks, layouts, heartbeats=heartbeats)
 
 
 def _worker(conn: Connection, scenario: Scenario, interval: float, base_dir: str, epoch: float,

@@ -27,7 +27,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import structlog
@@ -120,6 +120,7 @@ class SimulatedCluster:
         # batches of the initial poll made by start() before anyone set on_batch: delivered first
         self._undelivered: list[NodeBatch] = []
         self.steps = 0
+        self._heartbeats: dict[str, list] = {}  # this step's heartbeats by node
         # Tree mode: the node indexes this instance renders and polls (all by default).  The whole
         # cluster state and job still advance here: the simulation is deterministic, so parallel
         # workers (sim/parallel.py) each advance all of it and render and poll their own nodes.
@@ -205,9 +206,12 @@ class SimulatedCluster:
         st = StepStats(t=t_new)
         t0 = time.perf_counter()
         timings: list[RankTiming] = []
+        self._heartbeats = {}
         if self.jobs is not None:
             eff = c.effects(t_new)
             timings = self.jobs.advance_to(t_new, eff)
+            for hb in self.jobs.heartbeats(c.t, t_new):
+                self._heartbeats.setdefault(hb.node, []).append(hb)
         t1 = time.perf_counter()
         if self.jobs is not None:
             c.advance(self.interval, self.jobs.rail_bytes_per_second(t_new), self.jobs.nvlink_activity(t_new))
@@ -250,7 +254,8 @@ class SimulatedCluster:
     def _emit_memory(self, timings: list[RankTiming]) -> int:
         batches = self._builder.build(self._by_node(timings), self.layouts)
         for b in batches:
-            self._deliver(b)
+            hb = self._heartbeats.get(b.node)
+            self._deliver(replace(b, heartbeats=tuple(hb)) if hb else b)
         return len(batches)
 
     def _poll_all(self, timings: list[RankTiming]) -> int:
@@ -267,8 +272,10 @@ class SimulatedCluster:
                 self._seq[i] += 1
                 b = batch_from_snapshot(snap, self._filters[i], self._seq[i], tuple(ranks))
                 if self._seq[i] == 1 and self.layouts:
-                    b = NodeBatch(b.node, b.seq, b.ts, b.interval_seconds, b.deltas, b.gauges, b.ranks,
-                                  self.layouts)
+                    b = replace(b, layouts=self.layouts)
+                hb = self._heartbeats.get(name)
+                if hb:
+                    b = replace(b, heartbeats=tuple(hb))
                 self._deliver(b)
         return len(snaps)
 

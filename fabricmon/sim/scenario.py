@@ -50,6 +50,7 @@ KINDS: dict[str, tuple[str, str | None, str | None]] = {
     "config_drift": ("config", "config", "FabricConfigDrift"),
     "counter_reset": ("node", None, None),  # not a fault: must raise nothing
     "cable_degrading": ("link", "link", "FabricCableDegrading"),  # then FabricLinkFlapping from fails_at
+    "rank_hang": ("gpu", "gpu", "JobHung"),  # that rank never enters its next collective; heartbeats go on
 }
 
 # Default magnitude per kind and what it means.
@@ -68,6 +69,7 @@ MAGNITUDE: dict[str, float] = {
     "config_drift": 1.0,      # unused
     "counter_reset": 1.0,     # unused
     "cable_degrading": 1.0,   # RX power loss of the bad lane by fails_at: 4 dB x magnitude
+    "rank_hang": 1.0,         # unused
 }
 
 _OPTIONAL = ("node", "rail", "gpu", "link", "unit", "end", "magnitude", "period", "degrade", "fails_at")
@@ -374,8 +376,10 @@ def random_scenario(seed: int, nodes: int = 64, duration: float = 300.0, *, layo
     rng = random.Random(seed)
     layout = layout or rng.choice(("ib", "roce"))
     cluster = ClusterSpec(nodes=nodes, layout=layout, nodes_per_unit=nodes_per_unit, seed=seed)
-    # cable_degrading needs minutes of trend before its warning: benchmarks/bench_cable_lead.py runs it
-    kinds = [k for k in KINDS if not (layout == "ib" and k == "config_drift") and k != "cable_degrading"]
+    # cable_degrading needs minutes of trend before its warning (benchmarks/bench_cable_lead.py runs it);
+    # rank_hang needs a job on its node (bench_detection's workload scenarios)
+    kinds = [k for k in KINDS
+             if not (layout == "ib" and k == "config_drift") and k not in ("cable_degrading", "rank_hang")]
     count = 0 if rng.random() < p_none else rng.randint(1, max_faults)
     faults = []
     for _ in range(count):

@@ -140,6 +140,15 @@ class NodeTree:
                     guid.replace(":", "")[i:i + 2] for i in range(0, 16, 2))))
             files += [(os.path.join(nd, "mtu"), str(int(c.mtu[d.index]))),
                       (os.path.join(nd, "type"), "1" if d.ethernet else "32")]  # ARPHRD_ETHER / _INFINIBAND
+        # The node's GPUs on the PCI bus (H100 SXM5: 10de:2330, 3D controller 0x030200), linked from
+        # /sys/bus/pci/devices as the kernel does: what the agent's "pci" source counts beside NVML.
+        bus = os.path.join(self.sys, "bus", "pci", "devices")
+        for g in range(NGPU):
+            bdf = gpu_pci_bus_id(g)[4:].lower()  # NVML's 8-digit domain -> sysfs' 4
+            fn = os.path.join(self.sys, "devices", "pci0000:00", bdf)
+            files += [(os.path.join(fn, "vendor"), "0x10de"), (os.path.join(fn, "device"), "0x2330"),
+                      (os.path.join(fn, "class"), "0x030200")]
+            self._symlink(os.path.relpath(fn, bus), os.path.join(bus, bdf))
         os.makedirs(self.ethtool_dir, exist_ok=True)
         for path, content in files:
             os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import os
 
-
-_O_READ = os.O_RDONLY | os.O_CLOEXEC
+from .guarded_io import read_regular
 
 
 def read_text(path: str) -> str:
@@ -13,13 +12,12 @@ def read_text(path: str) -> str:
 
     One ``os.read`` on a raw fd: a buffered file object costs several times
     the syscalls themselves, and sysfs attributes are read whole by one read.
-    At most 4096 bytes (a sysfs page) are read, whatever the file's size.
+    At most 4096 bytes (a sysfs page) are read, whatever the file's size.  Opened
+    non-blocking without following a last symlink, and refused unless ``fstat`` on
+    the descriptor says regular file (guarded_io): a FIFO in a fixture or
+    ``--host-root`` tree cannot block discovery.
     """
-    fd = os.open(path, _O_READ)
-    try:
-        return os.read(fd, 4096).decode("ascii", "replace").strip()
-    finally:
-        os.close(fd)
+    return read_regular(path, 4096).decode("ascii", "replace").strip()
 
 
 def list_dir(path: str) -> list[str]:

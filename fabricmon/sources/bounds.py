@@ -151,9 +151,13 @@ def read_bounded(path: str, limit: int, flags: int = os.O_RDONLY | os.O_CLOEXEC)
     """At most ``limit`` bytes of ``path``; Rejected(too_long) when the file holds more.
 
     Reads ``limit + 1`` bytes so a file of exactly ``limit`` bytes is accepted
-    and one byte more is not; never more, whatever the file's size.
+    and one byte more is not; never more, whatever the file's size.  Opened non-blocking
+    and refused unless ``fstat`` on the descriptor says regular file (guarded_io): a FIFO
+    in a fixture dir cannot block the poll.  ``flags`` adds O_NOFOLLOW where wanted.
     """
-    fd = os.open(path, flags)
+    from .guarded_io import open_regular
+
+    fd, _ = open_regular(path, follow_symlinks=not flags & os.O_NOFOLLOW)
     try:
         chunks: list[bytes] = []
         left = limit + 1

@@ -21,6 +21,7 @@ import os
 import re
 import socket
 import struct
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ import structlog
 
 from ..config import EthtoolConfig
 from ..model import Labels, Reading, ReadingMemo, Semantics, SourceResult
-from .bounds import RejectCounts, Rejected, counter_from_text, read_bounded, valid_ifname
+from .bounds import Rejected, RejectCounts, counter_from_text, read_bounded, valid_ifname
 from .drivers import DriverTable, Match
 from .drivers.ethtool_tables import ALL as ALL_ETHTOOL_TABLES
 from .drivers.ethtool_tables import LEGACY_NAMES, STANDARD_GROUPS
@@ -50,6 +51,7 @@ from .drivers.families import (
     PHY_ERRORS,
     STORM_EVENTS,
 )
+from .guarded_io import KeyedWorkers, run_all
 from .errorlog import ErrorLog
 from .ethtool_groups import EthtoolNetlink, GroupsUnavailable, parse_groups_json, warm_up
 from .inventory import Inventory
@@ -130,11 +132,13 @@ class EthtoolIoctl:
         self._sock: socket.socket | None = None
         self._names: dict[str, list[str]] = {}
         self.string_refreshes = 0  # how often GSTRINGS ran (tests check the cache)
+        self._sock_lock = threading.Lock()  # interfaces are read from their own workers
 
     def _fd(self) -> int:
-        if self._sock is None:
-            self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        return self._sock.fileno()
+        with self._sock_lock:
+            if self._sock is None:
+                self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            return self._sock.fileno()
 
     def close(self) -> None:
         if self._sock is not None:
@@ -218,8 +222,8 @@ class EthtoolIoctl:
 
     def forget(self, keep: set[str]) -> None:
         """Drop cached names of interfaces no longer polled (hot-unplug, rename)."""
-        for name in [n for n in self._names if n not in keep]:
-            del self._names[name]
+        for name in [n for n in list(self._names) if n not in keep]:  # list(): a late worker may add
+            self._names.pop(name, None)
 
 
 def _headroom(count: int) -> int:
@@ -452,6 +456,11 @@ class EthtoolSource:
     """``ethtool`` statistics of every netdev backing an RDMA port, plus configured extras."""
 
     name = "ethtool"
+    # Each interface's ioctl (a firmware command on mlx5) or dump read runs on that interface's own
+    # daemon worker with a deadline (guarded_io): a netdev stuck in its driver costs its own series
+    # (collector_up 0, /readyz names it), is not asked again until the stuck call returns, and the
+    # poll keeps its deadline, so the poller calls it inline.
+    self_bounded = True
 
     def __init__(
         self,
@@ -479,6 +488,7 @@ class EthtoolSource:
         # same few hundred names come back every second.  Value: (export, known to a table).
         self._classes: dict[tuple[str, str], tuple[StatClass | None, bool]] = {}
         self._memo = ReadingMemo()
+        self._workers = KeyedWorkers("ethtool")
         self._labels: dict[tuple[str, str], Labels] = {}
         self._drivers: dict[str, str] = {}  # interface -> driver name, "" unknown
         self._logged: set[tuple[str, str]] = set()  # (driver, name) logged as unclassified
@@ -615,9 +625,17 @@ class EthtoolSource:
         if len(self._labels) > 4096:  # interfaces come and go (renames): keep the cache bounded
             self._labels.clear()
         read = 0
+        done, blocked = run_all(self._workers, {i: (self._read, (i,)) for i in ifaces}, 0.7 * self.timeout)
         for iface in ifaces:
+            if iface in blocked:
+                result.stuck.append(iface)
+                result.error(f"{iface}: {blocked[iface]}")
+                result.readings.append(memo.get(ETHTOOL_UP, (("interface", iface),), 0.0))
+                continue
             try:
-                dump = self._read(iface)
+                dump = done[iface]
+                if isinstance(dump, BaseException):
+                    raise dump
             except (OSError, Rejected) as exc:  # EthtoolError included: costs this interface only
                 if isinstance(exc, Rejected):
                     self._rejects.add(exc.reason)
@@ -653,9 +671,12 @@ class EthtoolSource:
         result.readings.extend(self._rejects.readings())
         result.readings.append(memo.get("fabricmon_devices_discovered", (("kind", "netdev"),), read))
         memo.commit()
+        if result.stuck:
+            result.up = False  # not every interface is monitored: say so
         self._ioctl.forget(set(ifaces))
         for name in [n for n in self._drivers if n not in ifaces]:
             del self._drivers[name]  # a netdev that went away may come back with another driver
+        self._workers.retire(ifaces)
         if result.messages:
             self._errlog.report(result.messages, self._path_of)
         return result
@@ -666,6 +687,7 @@ class EthtoolSource:
         return os.path.join(self.ethtool_dir, f"{subject}.txt")
 
     def close(self) -> None:
+        self._workers.close()  # never waits for a worker blocked in an ioctl
         self._ioctl.close()
         if self._groups is not None:
             self._groups.close()

@@ -2,21 +2,53 @@
 
 Host pressure explains stragglers that are not the fabric (a busy CPU, a host
 swapping, periodic GC pauses), so the aggregator sees it next to the fabric.
+
+Everything is read from ``host_root``/proc (``--host-root``, like node_exporter's
+``--path.rootfs``): in a container the host's / is a hostPath mount, and the
+container's own /proc would describe the container.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psutil
+import structlog
 
 from ..config import HostConfig
 from ..model import ReadingMemo, Semantics, SourceResult, reading
 from .inventory import Inventory
 from .registry import SourceContext, SourceSpec
 
+log = structlog.get_logger("fabricmon.agent")
+
 EXCLUDED_INTERFACES = frozenset({"lo"})
+
+# psutil reads its Linux /proc files from the module-global PROCFS_PATH at each call; the lock keeps
+# two host sources with different roots in one process (tests, simulations) from crossing.
+_PROCFS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _procfs(path: str) -> Iterator[None]:
+    with _PROCFS_LOCK:
+        before = psutil.PROCFS_PATH
+        psutil.PROCFS_PATH = path
+        try:
+            yield
+        finally:
+            psutil.PROCFS_PATH = before
+
+
+def _loadavg(procfs: str) -> float:
+    """1-minute load from PROCFS/loadavg ("0.52 0.58 0.59 1/467 12345"); os.getloadavg reads
+    only this process's /proc."""
+    with open(os.path.join(procfs, "loadavg"), "rb") as fh:
+        return float(fh.read(256).split()[0])
 
 
 def _busy_and_total(times: Any) -> tuple[float, float]:
@@ -48,17 +80,23 @@ class HostSource:
         *,
         timeout: float | None = None,
         cpu_times: Callable[[], Any] = psutil.cpu_times,
+        host_root: str = "/",
     ) -> None:
         # An explicit timeout wins over the section's.
         if timeout is None:
             timeout = (config or HostConfig()).timeout
         self.timeout = timeout
+        self.procfs = os.path.join(host_root, "proc")
         self._cpu_times = cpu_times
         self._last_cpu: tuple[float, float] | None = None
         self._memo = ReadingMemo()  # same Reading object while a value does not change
         self._nic_labels: dict[str, tuple] = {}
 
     def poll(self, inventory: Inventory) -> SourceResult:
+        with _procfs(self.procfs):
+            return self._poll()
+
+    def _poll(self) -> SourceResult:
         res = SourceResult(self.name)
         # Each part on its own: one failing psutil call costs only its series.
         try:
@@ -72,23 +110,23 @@ class HostSource:
                 self._last_cpu = (busy, total)
             # else: polled again within one clock tick; keep the baseline and
             # measure over the longer interval next time rather than report 0.
-        except (OSError, AttributeError) as exc:
+        except (OSError, AttributeError, ValueError, TypeError) as exc:
             res.error(f"host: cpu_times: {exc}")
         try:
-            res.readings.append(reading("fabricmon_host_load1", float(psutil.getloadavg()[0])))
-        except (OSError, AttributeError) as exc:
+            res.readings.append(reading("fabricmon_host_load1", _loadavg(self.procfs)))
+        except (OSError, ValueError, IndexError) as exc:
             res.error(f"host: loadavg: {exc}")
         try:
             mem = psutil.virtual_memory()
             res.readings.append(reading("fabricmon_host_memory_total_bytes", float(mem.total)))
             res.readings.append(reading("fabricmon_host_memory_available_bytes", float(mem.available)))
-        except OSError as exc:
+        except (OSError, ValueError, KeyError) as exc:
             res.error(f"host: memory: {exc}")
         try:
             # nowrap=False: psutil's own wrap compensation is process-global and
             # would hide a driver reset; the counter tracker sees raw values.
             nics = psutil.net_io_counters(pernic=True, nowrap=False)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             res.error(f"host: net_io_counters: {exc}")
             nics = {}
         mono = Semantics.MONOTONIC
@@ -116,6 +154,8 @@ class HostSource:
                 mk("fabricmon_host_network_errors_total", tx, c.errout, mono, 64, grp),
             ]
         memo.commit()
+        if res.errors and not res.readings:
+            res.up = False  # nothing of the host readable (a wrong host_root): the whole source failed
         return res
 
     def close(self) -> None:
@@ -123,9 +163,12 @@ class HostSource:
 
 
 def _build(config: HostConfig, context: SourceContext) -> HostSource | None:
-    if context.sysfs_root != "/sys":
-        return None  # psutil reads this host's /proc: meaningless for a fixture or simulated tree
-    return HostSource(config)
+    if context.sysfs_root == "/sys" or context.host_root != "/":
+        return HostSource(config, host_root=context.host_root)
+    # A fixture or simulated sysfs tree with this machine's /proc would mix two hosts.
+    log.info("host_source_off", reason="sysfs_root is not /sys and host_root is /: "
+             "set host_root (--host-root) to where the host's / is mounted", sysfs_root=context.sysfs_root)
+    return None
 
 
 SOURCE = SourceSpec("host", HostConfig, _build)

@@ -22,6 +22,15 @@ them monotonic.  Three facts drive the shape of this module:
   not change, the Readings themselves are cached.  Measured: ~3.3 ms CPU per
   poll on a 2-vCPU VM where open+read+close alone costs ~2.8 ms.
 
+Reads that block: a firmware-stuck HCA sleeps in the kernel inside a sysfs
+read.  Each device's ports are read on a daemon worker of that device
+(``guarded_io.KeyedWorkers``) and waited for with a deadline below the
+source's, so a stuck device costs its own series (and ``collector_up 0``, a
+``/readyz`` reason naming it) while every other device is served.  It is not
+read again until its stuck read returns.  The source bounds its own blocking
+(``self_bounded``): the poller calls it inline.  Each device keeps its own
+``ReadingMemo``: device workers run in parallel.
+
 Only known directories are listed (``os.listdir`` on the port's three counter
 dirs); nothing is walked recursively and counter files are opened with
 ``O_NOFOLLOW``, so sysfs symlink loops cannot trap the poller.
@@ -40,11 +49,12 @@ import structlog
 
 from ..config import InfinibandConfig
 from ..model import Labels, Reading, ReadingMemo, Semantics, SourceResult
-from .bounds import RejectCounts, Rejected, counter_from_bytes
+from .bounds import Rejected, RejectCounts, counter_from_bytes
 from .drivers.families import HW_LIFESPAN, HW_STAT, RETRIES
 from .drivers.rdma_tables import DEVICE_PREFIXES as RDMA_DEVICE_PREFIXES
 from .drivers.rdma_tables import MODULE_DRIVERS as RDMA_MODULE_DRIVERS
 from .drivers.rdma_tables import TABLES as RDMA_TABLES
+from .guarded_io import KeyedWorkers, read_regular, run_all
 from .errorlog import ErrorLog
 from .inventory import DeviceInfo, Inventory, PortInfo
 from .registry import SourceContext, SourceSpec
@@ -327,16 +337,15 @@ def hw_counter_semantics(name: str, driver: str = "mlx5") -> tuple[Semantics, in
 
 _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _O_SUBDIR = _O_DIR | os.O_NOFOLLOW
-_O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+# The counter loop opens ~500 files a poll: O_NONBLOCK instead of an fstat each (1 us apiece) keeps a
+# FIFO from blocking the open; what it reads (nothing) is refused as not a counter.
+_O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _READ_SIZE = 128  # counters are <= 20 digits; attributes ("400 Gb/sec (4X NDR)") are short
 
 
 def _read_at(dfd: int, name: str) -> bytes:
-    fd = os.open(name, _O_FILE, dir_fd=dfd)
-    try:
-        return os.read(fd, _READ_SIZE)
-    finally:
-        os.close(fd)
+    """An attribute file: refused unless fstat says regular file (guarded_io)."""
+    return read_regular(name, _READ_SIZE, dir_fd=dfd)
 
 
 _REJECT_REASON = re.compile(r": rejected \((\w+)\)")
@@ -425,6 +434,7 @@ class InfinibandSource:
     """Source ``infiniband``: every RDMA port of the inventory."""
 
     name = "infiniband"
+    self_bounded = True  # every read runs on a device worker, waited for with a deadline
 
     def __init__(self, config: InfinibandConfig | None = None, *, timeout: float | None = None) -> None:
         # Device include/exclude filters live in discovery (make_discover), so
@@ -438,14 +448,16 @@ class InfinibandSource:
         # (port key, subdir, legacy) -> (listing, slots); rebuilt when the listing changes.
         self._slots: dict[tuple[str, str, bool], tuple[list[str], list[_FileSlot]]] = {}
         # Per-port attribute Readings (state, rate, info, up): same object while unchanged.
-        self._memo = ReadingMemo()
+        self._memo = ReadingMemo()  # the poll thread's own readings
+        self._device_memos: dict[str, ReadingMemo] = {}  # per device: its worker's readings
+        self._workers = KeyedWorkers("ib")
         self._rejects = RejectCounts(self.name)
         self._errlog = ErrorLog(self.name)
         self._missing_log = ErrorLog(self.name, every=600.0, event="expected_devices_missing")
         self._logged: set[tuple[str, str]] = set()  # (device, hw_counters name) logged as unclassified
 
     def close(self) -> None:
-        pass  # no handles kept between polls
+        self._workers.close()  # never waits for a worker blocked in a read
 
     # -- poll -----------------------------------------------------------------
 
@@ -461,20 +473,37 @@ class InfinibandSource:
             if m:
                 self._rejects.add(m.group(1))
         unclassified: dict[str, set[str]] = {}
+        by_device: dict[str, list[PortInfo]] = {}
         for port in inventory.ports:
-            key = f"{port.device}/{port.port}"
-            try:
-                pp = self._poll_port(port, devices.get(port.device), ports_facts, inventory.sysfs_root)
-            except Exception as exc:  # a bug on one odd port must not cost the others
-                result.error(f"{key}: unexpected {type(exc).__name__}: {exc}")
+            by_device.setdefault(port.device, []).append(port)
+        calls = {}
+        for name, ports in by_device.items():
+            memo = self._device_memos.get(name)
+            if memo is None:
+                memo = self._device_memos[name] = ReadingMemo()
+            calls[name] = (self._poll_device, (ports, devices.get(name), memo, inventory.sysfs_root))
+        done, blocked = run_all(self._workers, calls, 0.7 * self.timeout)
+        for name in by_device:
+            if name in blocked:
+                result.stuck.append(name)
+                result.error(f"{name}: {blocked[name]}")
                 continue
-            if pp.unclassified is not None:
-                unclassified.setdefault(port.device, set()).update(pp.unclassified)
-            result.readings.extend(pp.readings)
-            for msg in pp.errors:
-                result.error(msg)
-            for reason in pp.rejected:
-                self._rejects.add(reason)
+            if isinstance(done[name], BaseException):  # _poll_device catches per port: a bug of its own
+                result.error(f"{name}: unexpected {type(done[name]).__name__}: {done[name]}")
+                continue
+            for key, pp, fact in done[name]:
+                if isinstance(pp, Exception):  # a bug on one odd port must not cost the others
+                    result.error(f"{key}: unexpected {type(pp).__name__}: {pp}")
+                    continue
+                if fact is not None:
+                    ports_facts[key] = fact
+                if pp.unclassified is not None:
+                    unclassified.setdefault(name, set()).update(pp.unclassified)
+                result.readings.extend(pp.readings)
+                for msg in pp.errors:
+                    result.error(msg)
+                for reason in pp.rejected:
+                    self._rejects.add(reason)
         for dev, names in unclassified.items():
             result.readings.append(self._memo.get(UNCLASSIFIED, (("device", dev),), len(names)))
             fresh = sorted(n for n in names if (dev, n) not in self._logged)
@@ -482,10 +511,19 @@ class InfinibandSource:
                 self._logged.update((dev, n) for n in fresh)
                 _log.info("rdma_hw_stat_unclassified", device=dev, driver=rdma_driver(dev), count=len(fresh),
                           names=fresh[:50])
+        if result.stuck:
+            result.up = False  # not every device is monitored: say so (collector_up 0, /readyz)
+        if len(self._device_memos) > len(by_device):  # unplugged devices: their memo and worker go
+            for name in [n for n in self._device_memos if n not in by_device]:
+                del self._device_memos[name]
+            self._workers.retire(by_device)
         result.readings.extend(
             self._memo.get("fabricmon_devices_discovered", (("kind", kind),), n)
             for kind, n in inventory.discovered_counts().items()
         )
+        # Beside what was found, what the config expects: FabricmonDevicesMissing compares them.
+        result.readings.append(self._memo.get("fabricmon_devices_expected", (("kind", "rdma_port"),),
+                                                    inventory.expected_ports))
         self._memo.commit()
         result.readings.extend(self._rejects.readings())
         if result.messages:
@@ -497,12 +535,28 @@ class InfinibandSource:
         if len(self._slots) > 3 * len(inventory.ports) + 3:
             # Forget ports that are gone (unplugged, renamed) so the cache stays bounded.
             live = {f"{p.device}/{p.port}" for p in inventory.ports}
-            for k in [k for k in self._slots if k[0] not in live]:
+            for k in [k for k in list(self._slots) if k[0] not in live]:  # list(): a late device worker may add
                 del self._slots[k]
         return result
 
+    def _poll_device(self, ports: list[PortInfo], dev: DeviceInfo | None, memo: ReadingMemo,
+                     sysfs_root: str = "") -> list[tuple[str, _PortPoll | Exception, dict | None]]:
+        """Every port of one device, on that device's worker: (port key, its poll or the error, its fact)."""
+        out: list[tuple[str, _PortPoll | Exception, dict | None]] = []
+        memo.begin()
+        for port in ports:
+            key = f"{port.device}/{port.port}"
+            facts: dict[str, dict] = {}
+            try:
+                pp: _PortPoll | Exception = self._poll_port(port, dev, facts, memo, sysfs_root)
+            except Exception as exc:
+                pp = exc
+            out.append((key, pp, facts.get(key)))
+        memo.commit()
+        return out
+
     def _poll_port(self, port: PortInfo, dev: DeviceInfo | None, facts: dict[str, dict],
-                   sysfs_root: str = "") -> _PortPoll:
+                   memo: ReadingMemo, sysfs_root: str = "") -> _PortPoll:
         key = f"{port.device}/{port.port}"
         pp = _PortPoll(key)
         try:
@@ -512,7 +566,7 @@ class InfinibandSource:
             pp.errors.append(f"{key}: port vanished or unreadable: {_oserror_text(exc)}")
             return pp
         try:
-            fact = self._read_attributes(pfd, port, dev, pp, sysfs_root)
+            fact = self._read_attributes(pfd, port, dev, pp, memo, sysfs_root)
             self._read_counters(pfd, port, pp)
         finally:
             os.close(pfd)
@@ -526,10 +580,10 @@ class InfinibandSource:
         return pp
 
     def _read_attributes(self, pfd: int, port: PortInfo, dev: DeviceInfo | None, pp: _PortPoll,
-                         sysfs_root: str = "") -> dict:
+                         memo: ReadingMemo, sysfs_root: str = "") -> dict:
         dp: Labels = (("device", port.device), ("port", port.port))
         add = pp.readings.append
-        mk = self._memo.get
+        mk = memo.get
         fact: dict = {
             "state": None, "state_id": None, "phys_state": None, "phys_state_id": None,
             "rate_gbps": None, "width": None, "speed": None,

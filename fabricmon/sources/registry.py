@@ -2,7 +2,8 @@
 
 Every source module declares itself with a module-level ``SOURCE = SourceSpec(name,
 config_class, build)``: ``name`` is its key under ``sources:`` in the agent config (and
-its ``collector`` label), ``config_class`` the dataclass of that section, and
+its ``collector`` label), ``config_class`` the dataclass of that section (None for a
+source without one, built always), and
 ``build(section, context)`` makes the source, or None when there is nothing to poll
 here.  ``MODULES`` lists the source modules in the order the agent polls them; a source
 whose section says ``enabled: false`` is not built.
@@ -24,7 +25,7 @@ from .base import Source
 C = TypeVar("C")
 
 # Source modules (relative to this package), in build and poll order.
-MODULES = ("infiniband", "ethtool", "fabric_config", "nvml.source", "transceiver", "host")
+MODULES = ("infiniband", "ethtool", "fabric_config", "nvml.source", "pci_gpus", "transceiver", "host")
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class SourceContext:
     """What sources need beyond their own section: where this host is read from."""
 
     sysfs_root: str = "/sys"
+    host_root: str = "/"  # where the host's / is seen (a container's hostPath mount): the host source's /proc
     ethtool_dir: str | None = None  # fixtures and simulation: ethtool -S dumps instead of the ioctl
     nvml: str = "auto"  # auto | off | fake:FILE
     profile: ProfileConfig = field(default_factory=ProfileConfig)  # what rail NICs are checked against
@@ -40,7 +42,7 @@ class SourceContext:
 @dataclass(frozen=True)
 class SourceSpec(Generic[C]):
     name: str
-    config_class: type[C]
+    config_class: type[C] | None  # None: no section of its own, always built
     build: Callable[[C, SourceContext], Source | None]
 
 
@@ -53,7 +55,7 @@ def build_sources(sections: Any, context: SourceContext) -> list[Source]:
     """The enabled sources, each from its section of ``sections`` (a ``SourcesConfig``)."""
     out: list[Source] = []
     for spec in source_specs():
-        section = getattr(sections, spec.name)
+        section = getattr(sections, spec.name) if spec.config_class is not None else None
         if not getattr(section, "enabled", True):
             continue
         source = spec.build(section, context)

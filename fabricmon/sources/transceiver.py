@@ -275,6 +275,20 @@ class ModuleSnapshot:
     taken_at: float = 0.0
     readings: dict[str, ModuleReading] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    denied: set[str] = field(default_factory=set)  # interfaces whose read the kernel refused (EPERM)
+
+
+# Why module EEPROM reads are refused, for the log and /metrics: the kernel checks CAP_NET_ADMIN in
+# the effective set (net/ethtool/ioctl.c: ETHTOOL_GMODULEEEPROM is not on the unprivileged list), and
+# a non-root process never gets an added capability into its effective set without ambient
+# capabilities, which container runtimes do not set: the agent must run as uid 0 with NET_ADMIN.
+DENIED_REASON = ("module EEPROM reads refused (EPERM): they need CAP_NET_ADMIN, which a non-root agent "
+                 "never holds; run it as uid 0 with capabilities drop ALL, add NET_ADMIN "
+                 "(deploy/kubernetes/overlays/optics) or turn sources.transceiver off")
+
+
+def _denied(exc: OSError) -> bool:
+    return exc.errno in (errno.EPERM, errno.EACCES)
 
 
 class ModuleReader:
@@ -304,6 +318,8 @@ class ModuleReader:
             except (OSError, ModuleFormatError) as exc:
                 # one bad module costs its own readings only
                 snap.errors[ifname] = str(exc)
+                if isinstance(exc, OSError) and _denied(exc):
+                    snap.denied.add(ifname)
         with self._lock:
             self._snap = snap
         return snap
@@ -426,9 +442,22 @@ class TransceiverSource:
                 self._reader.start()
             snap = self._reader.snapshot()
             age = self._clock() - snap.taken_at
-        for ifname, msg in snap.errors.items():
-            result.error(f"{ifname}: module: {msg}")
+        denied = snap.denied & set(snap.errors)
+        if denied and not snap.readings:
+            # Not one module readable and the kernel said why: the whole source is down, with that reason.
+            result.up = False
+            result.error(DENIED_REASON)
+            for ifname, msg in snap.errors.items():
+                if ifname not in denied:
+                    result.error(f"{ifname}: module: {msg}")
+        else:
+            for ifname, msg in snap.errors.items():
+                result.error(f"{ifname}: module: {msg}")
         self._errlog.report(result.messages)
+        # Only while reads are refused: other failures are fabricmon_collector_errors_total already.
+        if denied:
+            result.readings.append(Reading("fabricmon_transceiver_modules_unreadable",
+                                           (("reason", "permission"),), float(len(denied))))
         for device, port, ifname in ports:
             m = snap.readings.get(ifname)
             if m is not None:

@@ -20,6 +20,7 @@ from .backend import (
 from .backend_fake import FakeNvmlBackend
 from .backend_pynvml import PynvmlBackend
 from .worker import NvmlWorker
+from .xid import fatal_count
 
 log = structlog.get_logger("fabricmon.nvml")
 
@@ -88,6 +89,9 @@ def _gpu_readings(g: GpuReading, labels: _GpuLabels | None = None, memo: Reading
         tr = g.throttle_reasons
         for bit, lab in labels.throttle:
             add(mk("fabricmon_gpu_throttle_reason", lab, 1.0 if tr & bit else 0.0))
+    # One series per GPU from its first reading at 0, so the first fatal XID is an increase()
+    # and a Prometheus restart sees no new series to page on.
+    add(mk("fabricmon_gpu_xid_fatal_errors_total", gl, fatal_count(g.xid_counts), _MONO, 64, grp))
     for xid, count in sorted(g.xid_counts.items()):
         lab = labels.xid.get(xid)
         if lab is None:

@@ -1,0 +1,229 @@
+#!/usr/bin/env bash
+# Install fabricmon on a Debian 12 host (as root, with only the distribution's Python):
+# a venv under --prefix, the systemd units written for that prefix, the example configs and a token.
+#
+#   scripts/install.sh                       # agent and aggregator, venv in /opt/fabricmon
+#   scripts/install.sh --role agent          # agent nodes (no numpy)
+#   scripts/install.sh --uninstall           # remove the venv and the units; configs, token, state stay
+#   scripts/install.sh --uninstall --purge   # also the configs, the token and the state directories
+#   scripts/install.sh --check-config        # check-config the installed configs (after editing them)
+#
+# Options (defaults in brackets):
+#   --prefix DIR      the venv [/opt/fabricmon]; the units run DIR/bin/fabricmon
+#   --role ROLE       agent | aggregator | both [both]
+#   --wheel FILE      install this wheel instead of building one from this checkout
+#   --token-file FILE copy this token to SYSCONFDIR/fabricmon/token (else one is generated if none is there)
+#   --sysconfdir DIR  configs go to DIR/fabricmon, EnvironmentFiles to DIR/default [/etc]
+#   --unitdir DIR     where the units go [/etc/systemd/system]
+#   --statedir DIR    where the units' StateDirectory lives, for --purge [/var/lib]
+#   --no-apt          never run apt-get (fail instead when python3-venv is missing)
+#
+# Nothing is enabled or started: the script prints the systemctl commands.  Configs and the token
+# already in place are never overwritten (the new example is written beside them as *.dist).
+# Everything written outside the prefix is listed in PREFIX/share/fabricmon/installed-files,
+# which --uninstall reads, so it removes only what this script wrote.
+set -euo pipefail
+
+PREFIX=/opt/fabricmon
+ROLE=both
+WHEEL=""
+TOKEN_SRC=""
+SYSCONFDIR=/etc
+UNITDIR=/etc/systemd/system
+STATEDIR=/var/lib
+ACTION=install
+PURGE=0
+APT=1
+SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+die() { echo "install.sh: error: $*" >&2; exit 2; }
+note() { echo "install.sh: $*"; }
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prefix) PREFIX=${2:?}; shift 2 ;;
+    --role) ROLE=${2:?}; shift 2 ;;
+    --wheel) WHEEL=${2:?}; shift 2 ;;
+    --token-file) TOKEN_SRC=${2:?}; shift 2 ;;
+    --sysconfdir) SYSCONFDIR=${2:?}; shift 2 ;;
+    --unitdir) UNITDIR=${2:?}; shift 2 ;;
+    --statedir) STATEDIR=${2:?}; shift 2 ;;
+    --uninstall) ACTION=uninstall; shift ;;
+    --check-config) ACTION=check; shift ;;
+    --purge) PURGE=1; shift ;;
+    --no-apt) APT=0; shift ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown option: $1 (see --help)" ;;
+  esac
+done
+case "$ROLE" in agent) ROLES=(agent) ;; aggregator) ROLES=(aggregator) ;; both) ROLES=(agent aggregator) ;;
+  *) die "--role: $ROLE is not agent, aggregator or both" ;; esac
+[ "$PURGE" -eq 0 ] || [ "$ACTION" = uninstall ] || die "--purge goes with --uninstall"
+[ "$(id -u)" -eq 0 ] || die "run as root (the units and configs go to system directories)"
+case "$PREFIX" in /*) ;; *) die "--prefix must be an absolute path (the units name it)" ;; esac
+for d in "$SYSCONFDIR" "$UNITDIR" "$STATEDIR"; do case "$d" in /*) ;; *) die "$d: not an absolute path" ;; esac; done
+
+CONF="$SYSCONFDIR/fabricmon"
+MANIFEST="$PREFIX/share/fabricmon/installed-files"
+MARKER="$PREFIX/share/fabricmon/installed-by"
+systemd_running() { [ -d /run/systemd/system ] && [ "$UNITDIR" = /etc/systemd/system ]; }
+
+# check-config on the installed configs.  The configs name the token where systemd's LoadCredential=
+# puts it for the running unit (/run/credentials/<unit>/token); outside the unit that path does not
+# exist, so each config is checked as a copy naming the credential's source, $CONF/token.
+# The copy sits beside the original, so paths relative to the config resolve the same.
+check_configs() {
+  for r in "${ROLES[@]}"; do
+    check="$CONF/.check-config-$r.yaml"
+    sed "s#/run/credentials/fabricmon-$r.service/token#$CONF/token#g" "$CONF/$r.yaml" > "$check"
+    if ! "$PREFIX/bin/fabricmon" check-config --kind "$r" "$check" >/dev/null; then
+      rm -f -- "$check"
+      die "$CONF/$r.yaml does not pass check-config (above); fix it, then rerun"
+    fi
+    rm -f -- "$check"
+  done
+  [ "$ROLE" = agent ] || "$PREFIX/bin/fabricmon" check-config --kind topology "$CONF/topology.yaml" >/dev/null \
+    || die "$CONF/topology.yaml does not pass check-config (above)"
+}
+
+# ------------------------------------------------------------------ uninstall
+
+if [ "$ACTION" = uninstall ]; then
+  [ -f "$MARKER" ] || [ "$PURGE" -eq 1 ] || die "$PREFIX: no fabricmon installed by this script (no $MARKER)"
+  if systemd_running; then
+    for r in agent aggregator; do
+      systemctl disable --now "fabricmon-$r.service" >/dev/null 2>&1 || true
+    done
+  fi
+  # What `systemctl enable` linked (also when it ran without a running systemd, as in a chroot).
+  for r in agent aggregator; do
+    find "$UNITDIR" -mindepth 2 -maxdepth 2 -path "*.wants/fabricmon-$r.service" -type l -delete 2>/dev/null || true
+  done
+  if [ -f "$MARKER" ]; then
+    # Units and *.dist examples as listed; configs, the token and EnvironmentFiles are the
+    # operator's from the moment they are installed: only --purge removes them.
+    while IFS= read -r f; do
+      case "$f" in unit:*|doc:*) rm -f -- "${f#*:}" ;; esac
+    done < "$MANIFEST"
+    rm -rf -- "$PREFIX"
+  fi
+  if [ "$PURGE" -eq 1 ]; then
+    for r in agent aggregator; do
+      rm -f -- "$CONF/$r.yaml" "$CONF/$r.yaml.dist" "$SYSCONFDIR/default/fabricmon-$r" \
+        "$SYSCONFDIR/default/fabricmon-$r.dist"
+      # DynamicUser= keeps the data under private/ behind a symlink.
+      rm -rf -- "$STATEDIR/fabricmon-$r" "$STATEDIR/private/fabricmon-$r"
+    done
+    rm -f -- "$CONF/topology.yaml" "$CONF/topology.yaml.dist" "$CONF/token"
+    rmdir -- "$CONF" 2>/dev/null || note "kept $CONF: it holds files this script did not write"
+  fi
+  ! systemd_running || systemctl daemon-reload
+  if [ "$PURGE" -eq 1 ]; then note "removed $PREFIX, the units, configs, token and state"
+  else note "removed $PREFIX and the units; configs and token stay in $CONF (--purge removes them)"; fi
+  exit 0
+fi
+
+if [ "$ACTION" = check ]; then
+  [ -x "$PREFIX/bin/fabricmon" ] || die "$PREFIX: fabricmon is not installed there"
+  ROLES=()
+  for r in agent aggregator; do [ ! -f "$CONF/$r.yaml" ] || ROLES+=("$r"); done
+  [ ${#ROLES[@]} -gt 0 ] || die "$CONF: no agent.yaml or aggregator.yaml"
+  [ ! -f "$CONF/aggregator.yaml" ] || ROLE=both
+  [ -f "$CONF/aggregator.yaml" ] || ROLE=agent
+  check_configs
+  note "check-config: ${ROLES[*]}$([ "$ROLE" = agent ] || echo " topology") in $CONF ok"
+  exit 0
+fi
+
+# ------------------------------------------------------------------ install
+
+command -v python3 >/dev/null || die "python3 not found (apt-get install python3)"
+python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+  || die "python3 is $(python3 -V 2>&1): fabricmon needs 3.11 or newer (Debian 12 has 3.11)"
+# Debian splits ensurepip into python3-venv: without it `python3 -m venv` makes a venv without pip.
+if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+  [ "$APT" -eq 1 ] && command -v apt-get >/dev/null || die "python3-venv is missing (apt-get install python3-venv)"
+  note "installing python3-venv"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+fi
+
+if [ -e "$PREFIX" ] && [ ! -f "$MARKER" ]; then
+  [ -z "$(ls -A "$PREFIX" 2>/dev/null)" ] || die "$PREFIX exists and was not made by this script: choose another --prefix"
+fi
+python3 -m venv "$PREFIX"
+PIP=("$PREFIX/bin/python" -m pip --disable-pip-version-check -q)
+mkdir -p "$PREFIX/share/fabricmon"
+: > "$MANIFEST.new"
+
+work=$(mktemp -d)
+trap 'rm -rf -- "$work"' EXIT
+if [ -z "$WHEEL" ]; then
+  note "building the wheel from $SRC"
+  "${PIP[@]}" wheel --no-deps -w "$work" "$SRC"
+  WHEEL=$(ls "$work"/fabricmon-*.whl)
+fi
+[ -f "$WHEEL" ] || die "--wheel: $WHEEL: no such file"
+extra=""
+[ "$ROLE" = agent ] || extra="[aggregator]"
+# The locked, hash-checked dependencies first where this checkout has them, then fabricmon itself
+# without resolving anything more (the Containerfile does the same).
+lock="$SRC/requirements/$([ "$ROLE" = agent ] && echo agent || echo aggregator).lock"
+if [ -f "$lock" ]; then
+  "${PIP[@]}" install --require-hashes -r "$lock"
+  "${PIP[@]}" install --no-deps "$WHEEL"
+else
+  "${PIP[@]}" install "$WHEEL$extra"
+fi
+"$PREFIX/bin/fabricmon" --version >/dev/null
+
+# Write $2 from $1 with the paths of this install, recording it in the manifest as kind $3.
+# A config already there is kept and the new one written beside it as .dist.
+put() {
+  local from=$1 to=$2 kind=$3 mode=$4 tmp
+  mkdir -p "$(dirname "$to")"
+  tmp=$(mktemp "$to.XXXXXX")
+  sed -e "s#/usr/local/bin/fabricmon#$PREFIX/bin/fabricmon#g" \
+      -e "s#/etc/fabricmon/#$CONF/#g" \
+      -e "s#/etc/default/#$SYSCONFDIR/default/#g" "$from" > "$tmp"
+  chmod "$mode" "$tmp"
+  if [ "$kind" = config ] && [ -e "$to" ] && ! cmp -s "$tmp" "$to"; then
+    mv -f "$tmp" "$to.dist"
+    note "kept $to (the new example is $to.dist)"
+    echo "doc:$to.dist" >> "$MANIFEST.new"
+    return
+  fi
+  mv -f "$tmp" "$to"
+  echo "$kind:$to" >> "$MANIFEST.new"
+}
+
+for r in "${ROLES[@]}"; do
+  put "$SRC/systemd/fabricmon-$r.service" "$UNITDIR/fabricmon-$r.service" unit 0644
+  put "$SRC/systemd/etc/fabricmon/$r.yaml" "$CONF/$r.yaml" config 0644
+  put "$SRC/systemd/etc/default/fabricmon-$r" "$SYSCONFDIR/default/fabricmon-$r" config 0644
+done
+[ "$ROLE" = agent ] || put "$SRC/systemd/etc/fabricmon/topology.yaml" "$CONF/topology.yaml" config 0644
+
+# The token both roles read through LoadCredential= (the same on every agent and aggregator).
+if [ -n "$TOKEN_SRC" ]; then
+  [ -s "$TOKEN_SRC" ] || die "--token-file: $TOKEN_SRC: missing or empty"
+  install -m 0600 "$TOKEN_SRC" "$CONF/token"
+  echo "config:$CONF/token" >> "$MANIFEST.new"
+elif [ ! -e "$CONF/token" ]; then
+  (umask 077; "$PREFIX/bin/python" -c 'import secrets; print(secrets.token_hex(32))' > "$CONF/token")
+  echo "config:$CONF/token" >> "$MANIFEST.new"
+  note "generated $CONF/token: copy the same file to every agent and aggregator (or rerun with --token-file)"
+fi
+
+check_configs
+
+# Keep entries of an earlier install that this one did not rewrite (a .dist, a generated token).
+if [ -f "$MANIFEST" ]; then sort -u "$MANIFEST" "$MANIFEST.new" > "$MANIFEST.tmp"; else sort -u "$MANIFEST.new" > "$MANIFEST.tmp"; fi
+mv -f "$MANIFEST.tmp" "$MANIFEST"
+rm -f "$MANIFEST.new"
+echo "fabricmon $("$PREFIX/bin/fabricmon" --version | awk '{print $2}') role=$ROLE sysconfdir=$SYSCONFDIR unitdir=$UNITDIR" > "$MARKER"
+! systemd_running || systemctl daemon-reload
+
+note "installed $("$PREFIX/bin/fabricmon" --version) in $PREFIX"
+note "configs in $CONF (edit them, then: $PREFIX/bin/fabricmon check-config FILE)"
+for r in "${ROLES[@]}"; do note "start: systemctl enable --now fabricmon-$r"; done
