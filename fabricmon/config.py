@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .configload import ConfigError, build, check_hostport, check_range, check_regexes, load_yaml_file
-from .sources.bounds import valid_ifname
-from .textcheck import node_name_problem
+from .textcheck import node_name_problem, valid_ifname
 
 __all__ = ["AgentConfig", "ConfigError", "load_agent_config"]
 
@@ -40,7 +39,7 @@ def _timeout(value: float, path: str, source: str) -> None:
 
 
 @dataclass(frozen=True)
-class InfinibandSource:
+class InfinibandConfig:
     enabled: bool = True
     include: tuple[str, ...] = ()  # device-name regexes; empty means all
     exclude: tuple[str, ...] = ()  # filtered before any read: reads cost firmware commands
@@ -63,7 +62,7 @@ class InfinibandSource:
 
 
 @dataclass(frozen=True)
-class EthtoolSource:
+class EthtoolConfig:
     enabled: bool = True
     interfaces: tuple[str, ...] = ()  # extra netdevs beyond those backing RDMA ports
     allow: tuple[str, ...] = ()  # regexes of extra stat names exported as fabricmon_ethtool_stat
@@ -79,7 +78,7 @@ class EthtoolSource:
 
 
 @dataclass(frozen=True)
-class NvmlSource:
+class NvmlConfig:
     timeout: float = 2.0
 
     def validate(self, path: str, source: str) -> None:
@@ -87,7 +86,7 @@ class NvmlSource:
 
 
 @dataclass(frozen=True)
-class HostSource:
+class HostConfig:
     enabled: bool = True
     timeout: float = 0.5
 
@@ -96,7 +95,7 @@ class HostSource:
 
 
 @dataclass(frozen=True)
-class FabricConfigSource:
+class FabricConfigConfig:
     enabled: bool = True
     timeout: float = 0.5
 
@@ -105,7 +104,7 @@ class FabricConfigSource:
 
 
 @dataclass(frozen=True)
-class TransceiverSource:
+class TransceiverConfig:
     """Module EEPROM readings (temperature, Vcc, per-lane power and bias, alarm flags).  Off by default:
     the module EEPROM ioctl needs CAP_NET_ADMIN, and each read is a slow I2C transaction, so it runs
     on its own thread every ``interval`` seconds and the 1 s poll serves the last readings."""
@@ -119,17 +118,17 @@ class TransceiverSource:
 
 
 @dataclass(frozen=True)
-class Sources:
-    infiniband: InfinibandSource = field(default_factory=InfinibandSource)
-    ethtool: EthtoolSource = field(default_factory=EthtoolSource)
-    nvml: NvmlSource = field(default_factory=NvmlSource)
-    host: HostSource = field(default_factory=HostSource)
-    fabric_config: FabricConfigSource = field(default_factory=FabricConfigSource)
-    transceiver: TransceiverSource = field(default_factory=TransceiverSource)
+class SourcesConfig:
+    infiniband: InfinibandConfig = field(default_factory=InfinibandConfig)
+    ethtool: EthtoolConfig = field(default_factory=EthtoolConfig)
+    nvml: NvmlConfig = field(default_factory=NvmlConfig)
+    host: HostConfig = field(default_factory=HostConfig)
+    fabric_config: FabricConfigConfig = field(default_factory=FabricConfigConfig)
+    transceiver: TransceiverConfig = field(default_factory=TransceiverConfig)
 
 
 @dataclass(frozen=True)
-class Profile:
+class ProfileConfig:
     """The lossless-fabric profile rail NICs are checked against."""
 
     roce_priority: int = 3
@@ -155,7 +154,7 @@ class Profile:
 
 
 @dataclass(frozen=True)
-class Stream:
+class StreamConfig:
     """Agent -> aggregator stream settings."""
 
     token_file: str | None = None
@@ -172,7 +171,7 @@ class Stream:
 
 
 @dataclass(frozen=True)
-class Intake:
+class IntakeConfig:
     """Rank-timing intake on the node (loopback and a Unix socket only)."""
 
     listen: str | None = "127.0.0.1:9723"
@@ -205,7 +204,7 @@ class Intake:
 
 
 @dataclass(frozen=True)
-class Log:
+class LogConfig:
     format: str = "auto"  # auto: console on a TTY, JSON otherwise
     level: str = "info"
 
@@ -223,7 +222,7 @@ UNIT_RANGE = (0, 1 << 20)
 
 
 @dataclass(frozen=True)
-class KubernetesShards:
+class KubernetesShardsConfig:
     """Aggregator replicas are a StatefulSet behind a headless Service: replica k owns units
     k*units_per_shard .. (k+1)*units_per_shard - 1 (shardmap.kubernetes_aggregator)."""
 
@@ -242,7 +241,7 @@ class KubernetesShards:
 
 
 @dataclass(frozen=True)
-class NodeLabel:
+class NodeLabelConfig:
     """Read this node's unit from a label on its Kubernetes Node object (GET /api/v1/nodes/NAME
     with the pod's service-account token; the agent's ClusterRole needs get on nodes)."""
 
@@ -261,7 +260,7 @@ class NodeLabel:
 
 
 @dataclass(frozen=True)
-class ShardSelect:
+class ShardConfig:
     """Sharded aggregators: the agent streams to the replica owning its scalable unit.
 
     Replicas from ``map`` (a static shard map, bare metal) or ``kubernetes`` (StatefulSet names);
@@ -269,10 +268,10 @@ class ShardSelect:
     in ``topology``, the node's label (``node_label``, read from the API server at run time)."""
 
     map: str | None = None
-    kubernetes: KubernetesShards | None = None
+    kubernetes: KubernetesShardsConfig | None = None
     unit: int | None = None
     topology: str | None = None
-    node_label: NodeLabel | None = None
+    node_label: NodeLabelConfig | None = None
     # the replica (its position in ``map``, or its StatefulSet ordinal) that takes nodes missing from
     # ``topology``: they are monitored there without rail or leaf (DESIGN "Topology from the fabric")
     unknown_owner: int = 0
@@ -304,12 +303,12 @@ class AgentConfig:
     aggregator: str | None = None
     nccl_inspector_dir: str | None = None
     rails: dict[str, int] = field(default_factory=dict)  # device -> rail; default: device order
-    sources: Sources = field(default_factory=Sources)
-    profile: Profile = field(default_factory=Profile)
-    stream: Stream = field(default_factory=Stream)
-    intake: Intake = field(default_factory=Intake)
-    log: Log = field(default_factory=Log)
-    shard: ShardSelect | None = None  # instead of aggregator: the replica that owns this node's unit
+    sources: SourcesConfig = field(default_factory=SourcesConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    stream: StreamConfig = field(default_factory=StreamConfig)
+    intake: IntakeConfig = field(default_factory=IntakeConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    shard: ShardConfig | None = None  # instead of aggregator: the replica that owns this node's unit
 
     def validate(self, path: str, source: str) -> None:
         check_hostport(self.listen, "listen", source)

@@ -52,3 +52,11 @@ def node_name_problem(value: object) -> str | None:
 
 def job_name_problem(value: object) -> str | None:
     return name_problem(value, MAX_JOB_NAME)
+
+
+# Linux netdev names: at most IFNAMSIZ - 1 = 15 bytes, no "/", no whitespace, not "." or ".."
+# (net/core/dev.c dev_valid_name).  A name is also a file name under --ethtool-dir.  Here, not in
+# sources/, because the agent config checks sources.ethtool.interfaces with it too.
+def valid_ifname(name: str) -> bool:
+    return (0 < len(name) < 16 and name not in (".", "..") and name.isprintable()
+            and not any(c in name for c in "/: \t") and name.isascii())

@@ -25,7 +25,7 @@ from fabricmon.aggregator.config import DetectionSettings
 from fabricmon.aggregator.engine import Engine
 from fabricmon.aggregator.http_api import HttpApi
 from fabricmon.aggregator.server import start_grpc_server
-from fabricmon.config import Intake, Stream
+from fabricmon.config import IntakeConfig, StreamConfig
 from fabricmon.sim.agents import sim_agent_config
 from fabricmon.sim.cluster import ClusterState
 from fabricmon.sim.hw import NGPU, NRAILS
@@ -190,8 +190,8 @@ class LiveAgent:
         self.intake_port = free_port()
         cfg = dataclasses.replace(
             base, aggregator=aggregator,
-            stream=Stream(spool_dir=str(spool_dir or tmp / "spool"), spool_max_bytes=spool_max_bytes),
-            intake=Intake(listen=f"127.0.0.1:{self.intake_port}", socket=None))
+            stream=StreamConfig(spool_dir=str(spool_dir or tmp / "spool"), spool_max_bytes=spool_max_bytes),
+            intake=IntakeConfig(listen=f"127.0.0.1:{self.intake_port}", socket=None))
         self.agent = build_live_agent(cfg, stream_backoff=(0.05, 0.5))
         self.first_seq = self.agent.stream.stats()["next_seq"]  # before the first poll
         self.port = self.agent.start_http("127.0.0.1:0")

@@ -398,7 +398,7 @@ def live_fabric(scenario: Any, workdir: Path, *, rule_files: Sequence[str | Path
             _write_probe_nvml(nvml_file, 0)
             intake = RankIntake(probe_node)
             cfg = AgentConfig(node_name=probe_node, nvml=f"fake:{nvml_file}", interval=1.0, listen="127.0.0.1:0")
-            probe_agent = build_agent(cfg, sources=[HostSource(cfg), intake, make_nvml_source(cfg),
+            probe_agent = build_agent(cfg, sources=[HostSource(cfg.sources.host), intake, make_nvml_source(cfg.nvml),
                                                     NcclInspectorSource(str(nccl_dir), timeout=0.5)])
             probe_agent.start_http("127.0.0.1:0")
             probe_agent.start_polling()

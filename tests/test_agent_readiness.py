@@ -22,7 +22,7 @@ from fabricmon.agent.wiring import build_live_agent
 from fabricmon.aggregator.config import DetectionSettings
 from fabricmon.aggregator.engine import Engine
 from fabricmon.aggregator.server import start_grpc_server
-from fabricmon.config import Intake, Stream
+from fabricmon.config import IntakeConfig, StreamConfig
 from fabricmon.sim.agents import sim_agent_config
 
 pytestmark = pytest.mark.integration
@@ -38,8 +38,8 @@ def node(tmp_path_factory):
 def _agent(node: SimNode, tmp: Path, aggregator: str, token_file: Path):
     cfg = dataclasses.replace(
         sim_agent_config(node.tree, 0.5), aggregator=aggregator,
-        stream=Stream(spool_dir=str(tmp / "spool"), token_file=str(token_file)),
-        intake=Intake(listen=f"127.0.0.1:{free_port()}", socket=None))
+        stream=StreamConfig(spool_dir=str(tmp / "spool"), token_file=str(token_file)),
+        intake=IntakeConfig(listen=f"127.0.0.1:{free_port()}", socket=None))
     agent = build_live_agent(cfg, stream_backoff=(0.05, 0.5))
     port = agent.start_http("127.0.0.1:0")
     agent.start_polling()

@@ -19,7 +19,7 @@ import yaml
 from fabricmon.agent.shard_target import resolve_static
 from fabricmon.aggregator.config import load_aggregator_config
 from fabricmon.cli import build_parser
-from fabricmon.config import ShardSelect, load_agent_config
+from fabricmon.config import ShardConfig, load_agent_config
 from fabricmon.shardmap import Replica, ShardMap, kubernetes_aggregator, ownership_problems
 from fabricmon.topology import load_topology
 
@@ -101,7 +101,7 @@ def test_agents_dial_the_replicas_the_aggregators_are(objs, tmp_path):
     # every unit of the topology is dialled at the replica whose ordinal owns it
     name = sts["metadata"]["name"]
     for unit in load_topology(agg.topology).units():
-        _, target = resolve_static(ShardSelect(kubernetes=k, unit=unit), "n", "cm")
+        _, target = resolve_static(ShardConfig(kubernetes=k, unit=unit), "n", "cm")
         ordinal = int(target.replica.rsplit("-", 1)[1])
         assert ordinal < sts["spec"]["replicas"] and unit in agg.shard.owned(f"{name}-{ordinal}", "cm")
     # the node name the label is read for is the Kubernetes node name

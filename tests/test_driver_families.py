@@ -195,7 +195,7 @@ def test_aws_efa() -> None:
 def test_an_unknown_name_is_counted_logged_once_and_raw_only_through_the_allowlist(tmp_path, capsys) -> None:
     import re
 
-    from fabricmon.config import EthtoolSource as EthtoolConfig
+    from fabricmon.config import EthtoolConfig
     from fabricmon.sources.inventory import Inventory
 
     eth = tmp_path / "ethtool"

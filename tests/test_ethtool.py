@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fabricmon.agent.exporter import exposition
 from fabricmon.agent.poller import Poller
-from fabricmon.config import EthtoolSource as EthtoolConfig
+from fabricmon.config import EthtoolConfig
 from fabricmon.counters import CounterTracker
 from fabricmon.metrics import SPECS
 from fabricmon.model import Reading, Semantics
@@ -326,7 +326,7 @@ _NS_SCRIPT = r"""
 import json, socket, sys
 from fabricmon.logs import configure_logging
 configure_logging("json", "warning", stream=sys.stderr)  # stdout carries the JSON result
-from fabricmon.config import EthtoolSource as C
+from fabricmon.config import EthtoolConfig as C
 from fabricmon.sources.ethtool import EthtoolIoctl, EthtoolError, EthtoolSource
 
 # a few frames across the pair, so the link has carried traffic (AF_PACKET: no IP needed)
@@ -394,12 +394,14 @@ def test_ioctl_matches_ethtool_binary_on_veth(veth_ns: str) -> None:
 
 
 def test_agent_config_supplies_allowlist_and_ethtool_dir(tmp_path: Path) -> None:
-    from fabricmon.config import AgentConfig, Sources
+    from fabricmon.agent.runtime import source_context
+    from fabricmon.config import AgentConfig, SourcesConfig
+    from fabricmon.sources.ethtool import SOURCE
 
     (tmp_path / "eth0.txt").write_text("NIC statistics:\n     rx_vport_rdma_unicast_bytes: 42\n     rx_packets: 1\n")
     cfg = AgentConfig(ethtool_dir=str(tmp_path),
-                      sources=Sources(ethtool=EthtoolConfig(interfaces=("eth0",), allow=("^rx_vport_",))))
-    src = EthtoolSource(cfg)  # as agent/runtime.py builds it
+                      sources=SourcesConfig(ethtool=EthtoolConfig(interfaces=("eth0",), allow=("^rx_vport_",))))
+    src = SOURCE.build(cfg.sources.ethtool, source_context(cfg))  # as agent/runtime.py builds it
     res = src.poll(_Inv([]))  # type: ignore[arg-type]
     stats = [(r.family, dict(r.labels), r.value) for r in res.readings if r.family == "fabricmon_ethtool_stat"]
     assert stats == [("fabricmon_ethtool_stat", {"interface": "eth0", "stat": "rx_vport_rdma_unicast_bytes"}, 42)]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fabricmon.config import Profile
+from fabricmon.config import ProfileConfig
 from fabricmon.metrics import SPECS
 from fabricmon.sources.ethtool import PfcInfo
 from fabricmon.sources.fabric_config import (
@@ -50,7 +50,7 @@ def checks(root: Path, **kw) -> tuple[dict[tuple[str, str], float], FabricConfig
 # --- pure ----------------------------------------------------------------------------------------
 
 
-P = Profile()
+P = ProfileConfig()
 
 
 def test_evaluate_roce_all_ok_and_each_drift() -> None:
@@ -269,12 +269,14 @@ def test_dcbnl_not_available_on_veth_means_no_pfc_checks() -> None:
 
 
 def test_agent_config_supplies_profile_and_ethtool_dir(tmp_path: Path) -> None:
+    from fabricmon.agent.runtime import source_context
     from fabricmon.config import AgentConfig
+    from fabricmon.sources.fabric_config import SOURCE
 
     root = gen_fixture(tmp_path / "fx", "--layout", "roce", "--fault", "none", "--seed", "2")
     cfg = AgentConfig(sysfs_root=str(root / "sys"), ethtool_dir=str(root / "ethtool"),
-                      profile=Profile(trust="pcp", mtu=9216))
-    src = FabricConfigSource(cfg)  # as agent/runtime.py builds it
+                      profile=ProfileConfig(trust="pcp", mtu=9216))
+    src = SOURCE.build(cfg.sources.fabric_config, source_context(cfg))  # as agent/runtime.py builds it
     assert src.ethtool_dir == cfg.ethtool_dir and src.profile.trust == "pcp"
     res = src.poll(discover(cfg.sysfs_root))
     bad = {dict(r.labels)["check"] for r in res.readings if r.value == 0.0}

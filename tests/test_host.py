@@ -114,10 +114,14 @@ def test_poll_within_one_tick_keeps_baseline() -> None:
 def test_constructed_from_agent_config() -> None:
     from dataclasses import replace
 
-    from fabricmon.config import AgentConfig, HostSource as HostConfig, Sources
+    from fabricmon.agent.runtime import source_context
+    from fabricmon.config import AgentConfig, HostConfig, SourcesConfig
+    from fabricmon.sources.host import SOURCE
 
-    cfg = AgentConfig(sources=replace(Sources(), host=HostConfig(timeout=0.25)))
-    src = HostSource(cfg)
-    assert src.name == "host" and src.timeout == 0.25
+    cfg = AgentConfig(sources=replace(SourcesConfig(), host=HostConfig(timeout=0.25)))
+    src = SOURCE.build(cfg.sources.host, source_context(cfg))  # as agent/runtime.py builds it
+    assert src is not None and src.name == "host" and src.timeout == 0.25
     assert HostSource().timeout == HostConfig().timeout
-    assert HostSource(cfg, timeout=1.5).timeout == 1.5
+    assert HostSource(cfg.sources.host, timeout=1.5).timeout == 1.5
+    # a fixture or simulated sysfs tree: this machine's /proc would describe another host
+    assert SOURCE.build(cfg.sources.host, source_context(replace(cfg, sysfs_root="/tmp/fx/sys"))) is None

@@ -431,7 +431,7 @@ def test_ethtool_source_any_dump(tmp_path_factory, files) -> None:
         def netdevs(self):
             return list(files)
 
-    from fabricmon.config import EthtoolSource as C
+    from fabricmon.config import EthtoolConfig as C
 
     src = eth.EthtoolSource(config=C(allow=(".",)), ethtool_dir=str(d))
     poller = Poller("n", [src], lambda: Inv(), inline_all=True)  # type: ignore[arg-type,return-value]

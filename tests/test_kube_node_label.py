@@ -12,7 +12,7 @@ import pytest
 
 from fabricmon.agent.kube_node import NodeLabelError, in_cluster_api_server, read_node_label
 from fabricmon.agent.shard_target import ShardCollector, ShardTarget, label_lookup, resolve_static
-from fabricmon.config import KubernetesShards, NodeLabel, ShardSelect
+from fabricmon.config import KubernetesShardsConfig, NodeLabelConfig, ShardConfig
 
 pytest.importorskip("cryptography", reason="tests/certs.py makes the test CA with cryptography")
 
@@ -117,9 +117,9 @@ def test_in_cluster_address_from_the_kubelet_env():
         in_cluster_api_server({})
 
 
-def _select(api: FakeApiServer) -> ShardSelect:
-    return ShardSelect(kubernetes=KubernetesShards(units_per_shard=4, namespace="fm"),
-                       node_label=NodeLabel(api_server=api.url, token_file=str(api.token_file), ca_file=api.ca,
+def _select(api: FakeApiServer) -> ShardConfig:
+    return ShardConfig(kubernetes=KubernetesShardsConfig(units_per_shard=4, namespace="fm"),
+                       node_label=NodeLabelConfig(api_server=api.url, token_file=str(api.token_file), ca_file=api.ca,
                                             timeout=1.0))
 
 
@@ -186,7 +186,7 @@ def _samples(shard: ShardTarget) -> dict[str, float]:
 
 
 def test_info_metric_names_the_replica(tmp_path: Path):
-    sel = ShardSelect(kubernetes=KubernetesShards(units_per_shard=2, namespace="fm", port=9731), unit=5)
+    sel = ShardConfig(kubernetes=KubernetesShardsConfig(units_per_shard=2, namespace="fm", port=9731), unit=5)
     replicas, target = resolve_static(sel, "n1", "agent.yaml")
     shard = ShardTarget("n1", replicas, lambda a: None, target=target).start()
     info = [s for fam in ShardCollector(shard).collect() for s in fam.samples if s.name == "fabricmon_agent_shard_info"]

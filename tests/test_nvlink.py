@@ -210,14 +210,15 @@ def test_fake_backend_yaml(tmp_path: Path) -> None:
 
 
 def test_make_nvml_source_modes(tmp_path: Path) -> None:
-    from fabricmon.config import AgentConfig
+    from fabricmon.config import AgentConfig, NvmlConfig
 
-    assert make_nvml_source(AgentConfig(nvml="off")) is None
-    fake = make_nvml_source(AgentConfig(nvml=f"fake:{tmp_path / 'nvml.json'}"))
+    assert make_nvml_source("off") is None
+    fake = make_nvml_source(f"fake:{tmp_path / 'nvml.json'}")
     assert isinstance(fake, NvmlSource) and isinstance(fake.backend, FakeNvmlBackend)
-    auto = make_nvml_source(AgentConfig(nvml="auto"))
+    auto = make_nvml_source("auto")
     assert isinstance(auto, NvmlSource) and isinstance(auto.backend, PynvmlBackend)
     assert auto.name == "nvml" and auto.timeout == AgentConfig().sources.nvml.timeout
+    assert make_nvml_source("auto", NvmlConfig(timeout=0.7)).timeout == 0.7  # type: ignore[union-attr]
 
 
 class _NoLibraryStub:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 
 from fabricmon.batch import NodeBatch
@@ -122,3 +124,15 @@ def test_decoder_counts_but_does_not_build_unread_families():
             ("fabricmon_ib_port_transmit_bytes_total", 0.0, True)]
         assert got.unread_deltas == 1
         assert full.decode(m, "n1").deltas == deltas
+
+
+def test_retired_settings_field_is_reserved_and_ignored():
+    # AggregatorMessage field 2 was ``Settings settings`` (double interval_seconds = 1), never sent by
+    # an aggregator and now reserved: bytes in that old shape parse to a message with nothing set.
+    assert 2 not in pb.AggregatorMessage.DESCRIPTOR.fields_by_number
+    assert "settings" not in pb.AggregatorMessage.DESCRIPTOR.fields_by_name
+    # tag 2 length-delimited, 9 bytes: tag 1 fixed64, the double 5.0
+    old = bytes([0x12, 0x09, 0x09]) + struct.pack("<d", 5.0)
+    msg = pb.AggregatorMessage.FromString(old)
+    assert msg.WhichOneof("msg") is None
+    assert pb.AggregatorMessage.FromString(pb.AggregatorMessage(ack=pb.Ack(seq=7)).SerializeToString()).ack.seq == 7

@@ -9,7 +9,7 @@ import pytest
 
 from fabricmon.agent.exporter import exposition
 from fabricmon.agent.nccl_inspector import NcclInspectorSource
-from fabricmon.config import Profile
+from fabricmon.config import ProfileConfig
 from fabricmon.counters import CounterTracker
 from fabricmon.model import Snapshot
 from fabricmon.sources.ethtool import EthtoolSource, PfcInfo
@@ -37,7 +37,7 @@ def test_realformat_exposition_is_promtool_clean(tmp_path):
     roce = fixture("sysfs", "mlx5-roce-400gaui8")
     port = PortInfo("mlx5_0", "1", str(roce / "class/infiniband/mlx5_0/ports/1"), "Ethernet", "ens1np0", "0")
     vf = PfcInfo(TRUST_UNKNOWN, frozenset({3}))
-    cfg = FabricConfigSource(dcb_reader=lambda _i: vf, profile=Profile(rate_gbps=400.0))
+    cfg = FabricConfigSource(dcb_reader=lambda _i: vf, profile=ProfileConfig(rate_gbps=400.0))
     readings += cfg.poll(Inventory(str(tmp_path), ports=(port,))).readings
     nccl = tmp_path / "nccl"
     nccl.mkdir()

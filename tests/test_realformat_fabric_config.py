@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from fabricmon.config import Profile
+from fabricmon.config import ProfileConfig
 from fabricmon.metrics import SPECS
 from fabricmon.sources.ethtool import PfcInfo, parse_pfc_summary
 from fabricmon.sources.fabric_config import (
@@ -45,7 +45,7 @@ def test_dual_port_hca_gives_one_series_per_port():
 @pytest.mark.parametrize("tree,gbps", [("mlx5-roce-400gaui8", 400.0), ("mlx5-roce-200gaui2", 200.0)])
 def test_roce_lane_modes_in_ib_clothing_are_not_a_width_fault(tree, gbps):
     # mlx5 reports 400GAUI-8 as "8X HDR" and 200GAUI-2 as "2X NDR": healthy links, not degraded ones.
-    got = poll(tree, [("mlx5_0", "1", "Ethernet", "")], profile=Profile(rate_gbps=gbps))
+    got = poll(tree, [("mlx5_0", "1", "Ethernet", "")], profile=ProfileConfig(rate_gbps=gbps))
     assert got == {(FAMILY, "mlx5_0", "1", "rate"): 1.0}
 
 
@@ -61,7 +61,7 @@ def test_dcb_app_table_dscp_pcp_and_empty():
 
 def test_unknown_trust_is_not_drift():
     good = PortFacts("Ethernet", 4, 400.0, 4, 9000, True, True, PfcInfo("dscp", frozenset({3})))
-    verdict = evaluate(replace(good, pfc=PfcInfo(TRUST_UNKNOWN, frozenset({3}))), Profile())
+    verdict = evaluate(replace(good, pfc=PfcInfo(TRUST_UNKNOWN, frozenset({3}))), ProfileConfig())
     assert verdict["trust"] is None and verdict["pfc"] is True
 
 
@@ -69,7 +69,7 @@ def test_vf_trust_exported_as_unknown(tmp_path):
     root = fixture("sysfs", "mlx5-roce-400gaui8")
     port = PortInfo("mlx5_0", "1", str(root / "class/infiniband/mlx5_0/ports/1"), "Ethernet", "enp94s0f0np0", "0")
     vf = PfcInfo(TRUST_UNKNOWN, frozenset({3}))
-    src = FabricConfigSource(dcb_reader=lambda _i: vf, profile=Profile(rate_gbps=400.0))
+    src = FabricConfigSource(dcb_reader=lambda _i: vf, profile=ProfileConfig(rate_gbps=400.0))
     res = src.poll(Inventory(str(tmp_path), ports=(port,)))
     got = {(r.family, dict(r.labels)["check"]): r.value for r in res.readings}
     assert got[(UNKNOWN_FAMILY, "trust")] == 1.0

@@ -136,7 +136,7 @@ def test_agent_sighup_rereads_its_token_file_and_reconnects_with_the_new_token(t
     from agentrig import SimNode, sim_agent_config
 
     from fabricmon.agent.wiring import build_live_agent
-    from fabricmon.config import Intake, Stream
+    from fabricmon.config import IntakeConfig, StreamConfig
 
     shared = tmp_path / "shared.token"
     shared.write_text("first-token-aaaaaaaa\nsecond-token-bbbbbbbb\n")
@@ -145,8 +145,8 @@ def test_agent_sighup_rereads_its_token_file_and_reconnects_with_the_new_token(t
     mine = tmp_path / "agent.token"
     mine.write_text("first-token-aaaaaaaa\n")
     cfg = dataclasses.replace(sim_agent_config(node.tree, 0.5), aggregator=f"127.0.0.1:{agg.grpc}",
-                              stream=Stream(spool_dir=str(tmp_path / "spool"), token_file=str(mine)),
-                              intake=Intake(listen=None, socket=None))
+                              stream=StreamConfig(spool_dir=str(tmp_path / "spool"), token_file=str(mine)),
+                              intake=IntakeConfig(listen=None, socket=None))
     agent = build_live_agent(cfg, stream_backoff=(0.05, 0.5))
     agent.start_polling()
     try:

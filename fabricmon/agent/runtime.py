@@ -15,8 +15,10 @@ import structlog
 from ..buildinfo import ReloadStatus, runtime_exposition
 from ..config import AgentConfig
 from ..configload import ConfigError, split_hostport
+from ..sources import registry
 from ..sources.base import Source
 from ..sources.inventory import Inventory, discover
+from ..sources.registry import SourceContext
 from ..textcheck import node_name_problem
 from .exporter import AgentHTTPServer, RenderedSnapshot
 from .poller import Poller
@@ -70,39 +72,15 @@ def _node_name(cfg: AgentConfig) -> tuple[str, str]:
     return socket.gethostname().split(".")[0], "hostname"
 
 
+def source_context(cfg: AgentConfig) -> SourceContext:
+    """The host facts sources read besides their own ``sources.<name>`` section."""
+    return SourceContext(sysfs_root=cfg.sysfs_root, host_root=cfg.host_root, ethtool_dir=cfg.ethtool_dir,
+                         nvml=cfg.nvml, profile=cfg.profile)
+
+
 def build_sources(cfg: AgentConfig) -> list[Source]:
-    from ..sources.ethtool import EthtoolSource
-    from ..sources.fabric_config import FabricConfigSource
-    from ..sources.host import HostSource
-    from ..sources.infiniband import InfinibandSource
-    from ..sources.nvml.source import make_nvml_source
-    from ..sources.pci_gpus import PciGpuSource
-
-    sources: list[Source] = []
-    s = cfg.sources
-    if s.infiniband.enabled:
-        sources.append(InfinibandSource(cfg))
-    if s.ethtool.enabled:
-        sources.append(EthtoolSource(cfg))
-    if s.fabric_config.enabled:
-        sources.append(FabricConfigSource(cfg))
-    nvml = make_nvml_source(cfg)
-    if nvml is not None:
-        sources.append(nvml)
-    # Always: GPUs on the PCI bus that NVML does not report (absent, or nvml: off) say so in a metric.
-    sources.append(PciGpuSource(cfg.sysfs_root))
-    if s.transceiver.enabled:
-        from ..sources.transceiver import TransceiverSource
-
-        sources.append(TransceiverSource(cfg))
-    if s.host.enabled:
-        if cfg.sysfs_root == "/sys" or cfg.host_root != "/":
-            sources.append(HostSource(cfg))
-        else:
-            # A fixture or simulated sysfs tree with this machine's /proc would mix two hosts.
-            log.info("host_source_off", reason="sysfs_root is not /sys and host_root is /: "
-                     "set host_root (--host-root) to where the host's / is mounted", sysfs_root=cfg.sysfs_root)
-    return sources
+    """The enabled sources (sources/registry.py), each from its own section."""
+    return registry.build_sources(cfg.sources, source_context(cfg))
 
 
 def make_discover(cfg: AgentConfig) -> Callable[[], Inventory]:

@@ -21,7 +21,7 @@ import structlog
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ..config import ShardSelect, parse_unit
+from ..config import ShardConfig, parse_unit
 from ..configload import ConfigError
 from ..shardmap import STATEFULSET, ShardMap, kubernetes_aggregator, load_shard_map
 from .kube_node import NodeLabelError, in_cluster_api_server, read_node_label
@@ -41,7 +41,7 @@ class Target:
 class Replicas:
     """Unit -> replica, from a shard map or the StatefulSet's naming rule."""
 
-    sel: ShardSelect
+    sel: ShardConfig
     shard_map: ShardMap | None
 
     def target(self, unit: int, via: str) -> Target:
@@ -52,7 +52,7 @@ class Replicas:
                 raise LookupError(f"unit {unit} is owned by no replica of {self.sel.map}")
             return Target(unit, r.name, r.address, via)
         k = self.sel.kubernetes
-        assert k is not None  # ShardSelect.validate: map or kubernetes
+        assert k is not None  # ShardConfig.validate: map or kubernetes
         return Target(unit, f"{STATEFULSET}-{unit // k.units_per_shard}",
                       kubernetes_aggregator(unit, k.units_per_shard, k.namespace, k.port), via)
 
@@ -72,7 +72,7 @@ class Replicas:
                       "unknown_owner")
 
 
-def load_replicas(sel: ShardSelect, source: str) -> Replicas:
+def load_replicas(sel: ShardConfig, source: str) -> Replicas:
     if sel.map is None:
         return Replicas(sel, None)
     try:
@@ -81,7 +81,7 @@ def load_replicas(sel: ShardSelect, source: str) -> Replicas:
         raise ConfigError(f"{source}: shard.map: {exc}") from None
 
 
-def static_unit(sel: ShardSelect, node: str, source: str) -> tuple[int | None, str] | None:
+def static_unit(sel: ShardConfig, node: str, source: str) -> tuple[int | None, str] | None:
     """(unit, via) when the config alone gives the unit, (None, "unknown_owner") for a node missing from
     ``shard.topology`` with no label to read; None when the node label must be read."""
     if sel.unit is not None:
@@ -104,7 +104,7 @@ def static_unit(sel: ShardSelect, node: str, source: str) -> tuple[int | None, s
     return None
 
 
-def resolve_static(sel: ShardSelect, node: str, source: str) -> tuple[Replicas, Target | None]:
+def resolve_static(sel: ShardConfig, node: str, source: str) -> tuple[Replicas, Target | None]:
     """Everything the config decides: the replicas, and the target when the unit is known without
     the API server.  Raises ConfigError (start-up and ``check-config --kind agent``)."""
     replicas = load_replicas(sel, source)
@@ -119,7 +119,7 @@ def resolve_static(sel: ShardSelect, node: str, source: str) -> tuple[Replicas, 
         raise ConfigError(f"{source}: {key}: {exc}") from None
 
 
-def label_lookup(sel: ShardSelect, node: str) -> Callable[[], int]:
+def label_lookup(sel: ShardConfig, node: str) -> Callable[[], int]:
     """Reads the node's unit from its label; raises NodeLabelError (with what to fix)."""
     nl = sel.node_label
     assert nl is not None

@@ -180,12 +180,6 @@ class Ack(_message.Message):
     dropped_reason: str
     def __init__(self, seq: _Optional[int] = ..., dropped_reason: _Optional[str] = ...) -> None: ...
 
-class Settings(_message.Message):
-    __slots__ = ("interval_seconds",)
-    INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
-    interval_seconds: float
-    def __init__(self, interval_seconds: _Optional[float] = ...) -> None: ...
-
 class Reject(_message.Message):
     __slots__ = ("reason", "seq")
     REASON_FIELD_NUMBER: _ClassVar[int]
@@ -203,13 +197,11 @@ class Subscription(_message.Message):
     def __init__(self, delta_families: _Optional[_Iterable[str]] = ..., gauge_families: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AggregatorMessage(_message.Message):
-    __slots__ = ("ack", "settings", "reject", "subscription")
+    __slots__ = ("ack", "reject", "subscription")
     ACK_FIELD_NUMBER: _ClassVar[int]
-    SETTINGS_FIELD_NUMBER: _ClassVar[int]
     REJECT_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     ack: Ack
-    settings: Settings
     reject: Reject
     subscription: Subscription
-    def __init__(self, ack: _Optional[_Union[Ack, _Mapping]] = ..., settings: _Optional[_Union[Settings, _Mapping]] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ..., subscription: _Optional[_Union[Subscription, _Mapping]] = ...) -> None: ...
+    def __init__(self, ack: _Optional[_Union[Ack, _Mapping]] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ..., subscription: _Optional[_Union[Subscription, _Mapping]] = ...) -> None: ...

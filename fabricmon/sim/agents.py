@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..config import (
-    AgentConfig, EthtoolSource, FabricConfigSource, InfinibandSource, NvmlSource, Sources, TransceiverSource,
+    AgentConfig, EthtoolConfig, FabricConfigConfig, InfinibandConfig, NvmlConfig, SourcesConfig, TransceiverConfig,
 )
 from .tree import NodeTree
 
@@ -19,9 +19,9 @@ def sim_agent_config(tree: NodeTree, interval: float = 1.0) -> AgentConfig:
     return AgentConfig(
         sysfs_root=tree.sys, ethtool_dir=tree.ethtool_dir, node_name=tree.name, interval=interval,
         nvml=f"fake:{tree.nvml_file}", listen="127.0.0.1:0",
-        sources=Sources(infiniband=InfinibandSource(timeout=t), ethtool=EthtoolSource(timeout=t),
-                        nvml=NvmlSource(timeout=t), fabric_config=FabricConfigSource(timeout=t),
-                        transceiver=TransceiverSource(enabled=True, interval=30.0)),
+        sources=SourcesConfig(infiniband=InfinibandConfig(timeout=t), ethtool=EthtoolConfig(timeout=t),
+                              nvml=NvmlConfig(timeout=t), fabric_config=FabricConfigConfig(timeout=t),
+                              transceiver=TransceiverConfig(enabled=True, interval=30.0)),
     )
 
 

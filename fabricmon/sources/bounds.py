@@ -27,6 +27,7 @@ from collections.abc import Iterable
 
 from ..model import Reading, Semantics
 from ..rejected import InputRejected
+from ..textcheck import valid_ifname
 
 __all__ = [
     "MAX_COUNTER_DIGITS",
@@ -136,13 +137,6 @@ def check_gauge(value: object, lo: float, hi: float, what: str = "value") -> flo
     if not lo <= v <= hi:
         raise Rejected("out_of_range", f"{what} {v:g} outside {lo:g}..{hi:g}")
     return v
-
-
-# Linux netdev names: at most IFNAMSIZ - 1 = 15 bytes, no "/", no whitespace, not "." or ".."
-# (net/core/dev.c dev_valid_name).  A name is also a file name under --ethtool-dir.
-def valid_ifname(name: str) -> bool:
-    return (0 < len(name) < 16 and name not in (".", "..") and name.isprintable()
-            and not any(c in name for c in "/: \t") and name.isascii())
 
 
 MAX_LABEL_TEXT = 128  # device attributes used as label values (fw_ver, board_id, node_guid, hca_type)

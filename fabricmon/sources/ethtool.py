@@ -28,8 +28,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from ..config import AgentConfig
-from ..config import EthtoolSource as EthtoolConfig
+from ..config import EthtoolConfig
 from ..model import Labels, Reading, ReadingMemo, Semantics, SourceResult
 from .bounds import Rejected, RejectCounts, counter_from_text, read_bounded, valid_ifname
 from .drivers import DriverTable, Match
@@ -56,6 +55,7 @@ from .guarded_io import KeyedWorkers, run_all
 from .errorlog import ErrorLog
 from .ethtool_groups import EthtoolNetlink, GroupsUnavailable, parse_groups_json, warm_up
 from .inventory import Inventory
+from .registry import SourceContext, SourceSpec
 
 __all__ = [
     "ECN_MARKED", "ETHTOOL_STAT", "ETHTOOL_UNCLASSIFIED", "ETHTOOL_UP", "GLOBAL_PAUSE_FRAMES", "GLOBAL_PAUSE_SECONDS",
@@ -464,19 +464,17 @@ class EthtoolSource:
 
     def __init__(
         self,
-        cfg: AgentConfig | None = None,
-        *,
         config: EthtoolConfig | None = None,
+        *,
         ethtool_dir: str | None = None,
         ioctl: EthtoolIoctl | None = None,
         groups: EthtoolNetlink | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``cfg`` as the runtime passes it; ``config``/``ethtool_dir`` override its parts (tests)."""
-        self.config = config or (cfg.sources.ethtool if cfg is not None else EthtoolConfig())
+        self.config = config or EthtoolConfig()
         self.timeout = self.config.timeout
         # None: the ioctl on this host; set: <dir>/<if>.txt (fixtures, simulator)
-        self.ethtool_dir = ethtool_dir if ethtool_dir is not None else (cfg.ethtool_dir if cfg is not None else None)
+        self.ethtool_dir = ethtool_dir
         self._ioctl = ioctl or EthtoolIoctl()
         # the standard stats groups over ethtool netlink; None once the host showed it has none
         self._groups: EthtoolNetlink | None = groups or EthtoolNetlink()
@@ -693,3 +691,10 @@ class EthtoolSource:
         self._ioctl.close()
         if self._groups is not None:
             self._groups.close()
+
+
+def _build(config: EthtoolConfig, context: SourceContext) -> EthtoolSource:
+    return EthtoolSource(config, ethtool_dir=context.ethtool_dir)
+
+
+SOURCE = SourceSpec("ethtool", EthtoolConfig, _build)

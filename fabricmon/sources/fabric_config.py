@@ -50,14 +50,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..config import AgentConfig
-from ..config import FabricConfigSource as FabricConfigConfig
-from ..config import Profile
+from ..config import FabricConfigConfig, ProfileConfig
 from ..model import ReadingMemo, SourceResult
 from .base_io import read_text
 from .ethtool import PfcInfo, parse_pfc_summary
 from .infiniband import netdev_speed_gbps, parse_rate, parse_state
 from .inventory import Inventory, PortInfo
+from .registry import SourceContext, SourceSpec
 
 FAMILY = "fabricmon_fabric_config_ok"
 UNKNOWN_FAMILY = "fabricmon_fabric_config_unknown"
@@ -82,7 +81,7 @@ class PortFacts:
     pfc: PfcInfo | None = None
 
 
-def evaluate(facts: PortFacts, profile: Profile) -> dict[str, bool | None]:
+def evaluate(facts: PortFacts, profile: ProfileConfig) -> dict[str, bool | None]:
     """Check results for one rail port: True/False, None when the host cannot
     tell (unknown, not drift); a check without its facts is absent."""
     out: dict[str, bool | None] = {}
@@ -252,21 +251,19 @@ class FabricConfigSource:
 
     def __init__(
         self,
-        cfg: AgentConfig | None = None,
-        *,
         config: FabricConfigConfig | None = None,
-        profile: Profile | None = None,
+        *,
+        profile: ProfileConfig | None = None,
         ethtool_dir: str | None = None,
         dcb_reader: Callable[[str], PfcInfo] = read_dcb,
         dcb_cache_seconds: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``cfg`` as the runtime passes it; the keyword arguments override its parts (tests)."""
-        self.config = config or (cfg.sources.fabric_config if cfg is not None else FabricConfigConfig())
-        self.profile = profile or (cfg.profile if cfg is not None else Profile())
+        self.config = config or FabricConfigConfig()
+        self.profile = profile or ProfileConfig()
         self.timeout = self.config.timeout
         # None: dcbnl on this host; set: <dir>/<if>.pfc.txt (fixtures, simulator)
-        self.ethtool_dir = ethtool_dir if ethtool_dir is not None else (cfg.ethtool_dir if cfg is not None else None)
+        self.ethtool_dir = ethtool_dir
         self._dcb_reader = dcb_reader
         # dcbnl GETs on mlx5 become firmware register reads; config drifts on
         # a scale of minutes, so a real host asks at most every few seconds.
@@ -385,3 +382,10 @@ class FabricConfigSource:
 
     def close(self) -> None:
         self._dcb_cache.clear()
+
+
+def _build(config: FabricConfigConfig, context: SourceContext) -> FabricConfigSource:
+    return FabricConfigSource(config, profile=context.profile, ethtool_dir=context.ethtool_dir)
+
+
+SOURCE = SourceSpec("fabric_config", FabricConfigConfig, _build)

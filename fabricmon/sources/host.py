@@ -17,11 +17,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import psutil
+import structlog
 
-from ..config import AgentConfig
-from ..config import HostSource as HostConfig
+from ..config import HostConfig
 from ..model import ReadingMemo, Semantics, SourceResult, reading
 from .inventory import Inventory
+from .registry import SourceContext, SourceSpec
+
+log = structlog.get_logger("fabricmon.agent")
 
 EXCLUDED_INTERFACES = frozenset({"lo"})
 
@@ -73,18 +76,15 @@ class HostSource:
 
     def __init__(
         self,
-        cfg: AgentConfig | None = None,
+        config: HostConfig | None = None,
         *,
         timeout: float | None = None,
         cpu_times: Callable[[], Any] = psutil.cpu_times,
-        host_root: str | None = None,
+        host_root: str = "/",
     ) -> None:
-        # Same construction as the other sources (runtime passes the AgentConfig);
-        # an explicit timeout or host_root wins over the config's.
+        # An explicit timeout wins over the section's.
         if timeout is None:
-            timeout = cfg.sources.host.timeout if cfg is not None else HostConfig().timeout
-        if host_root is None:
-            host_root = cfg.host_root if cfg is not None else "/"
+            timeout = (config or HostConfig()).timeout
         self.timeout = timeout
         self.procfs = os.path.join(host_root, "proc")
         self._cpu_times = cpu_times
@@ -160,3 +160,15 @@ class HostSource:
 
     def close(self) -> None:
         pass  # nothing held open
+
+
+def _build(config: HostConfig, context: SourceContext) -> HostSource | None:
+    if context.sysfs_root == "/sys" or context.host_root != "/":
+        return HostSource(config, host_root=context.host_root)
+    # A fixture or simulated sysfs tree with this machine's /proc would mix two hosts.
+    log.info("host_source_off", reason="sysfs_root is not /sys and host_root is /: "
+             "set host_root (--host-root) to where the host's / is mounted", sysfs_root=context.sysfs_root)
+    return None
+
+
+SOURCE = SourceSpec("host", HostConfig, _build)

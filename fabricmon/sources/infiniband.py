@@ -43,10 +43,11 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import structlog
 
+from ..config import InfinibandConfig
 from ..model import Labels, Reading, ReadingMemo, Semantics, SourceResult
 from .bounds import Rejected, RejectCounts, counter_from_bytes
 from .drivers.families import HW_LIFESPAN, HW_STAT, RETRIES
@@ -56,9 +57,7 @@ from .drivers.rdma_tables import TABLES as RDMA_TABLES
 from .guarded_io import KeyedWorkers, read_regular, run_all
 from .errorlog import ErrorLog
 from .inventory import DeviceInfo, Inventory, PortInfo
-
-if TYPE_CHECKING:
-    from ..config import AgentConfig
+from .registry import SourceContext, SourceSpec
 
 __all__ = [
     "EXT_SUPERSEDES",
@@ -437,12 +436,11 @@ class InfinibandSource:
     name = "infiniband"
     self_bounded = True  # every read runs on a device worker, waited for with a deadline
 
-    def __init__(self, cfg: AgentConfig | None = None, *, timeout: float | None = None) -> None:
+    def __init__(self, config: InfinibandConfig | None = None, *, timeout: float | None = None) -> None:
         # Device include/exclude filters live in discovery (make_discover), so
         # excluded devices are never read; only the deadline is needed here.
-        if timeout is None:
-            timeout = cfg.sources.infiniband.timeout if cfg is not None else 0.5
-        self.timeout = timeout
+        # An explicit timeout wins over the section's.
+        self.timeout = timeout if timeout is not None else (config or InfinibandConfig()).timeout
         # (port key, subdir) pairs seen on an earlier poll.  A counter dir that
         # never existed (bnxt_re has no counters/) is not an error; one that
         # existed and is gone now is.
@@ -772,3 +770,10 @@ class InfinibandSource:
             return names
         finally:
             os.close(sfd)
+
+
+def _build(config: InfinibandConfig, context: SourceContext) -> InfinibandSource:
+    return InfinibandSource(config)
+
+
+SOURCE = SourceSpec("infiniband", InfinibandConfig, _build)

@@ -17,6 +17,7 @@ import os
 from ..model import SourceResult, reading
 from .base_io import list_dir, read_text
 from .inventory import Inventory
+from .registry import SourceContext, SourceSpec
 
 NVIDIA_VENDOR = 0x10DE
 DISPLAY_BASE_CLASS = 0x03
@@ -64,3 +65,11 @@ class PciGpuSource:
 
     def close(self) -> None:
         pass
+
+
+def _build(config: None, context: SourceContext) -> PciGpuSource:
+    # Always: GPUs on the PCI bus that NVML does not report (absent, or nvml: off) say so in a metric.
+    return PciGpuSource(context.sysfs_root)
+
+
+SOURCE: SourceSpec[None] = SourceSpec("pci", None, _build)

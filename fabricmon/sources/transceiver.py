@@ -48,15 +48,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from ..config import TransceiverConfig
 from ..model import Reading, SourceResult
 from .errorlog import ErrorLog
 from .ethtool import SIOCETHTOOL, EthtoolError, _ifreq
 from .inventory import Inventory
-
-if TYPE_CHECKING:
-    from ..config import AgentConfig
+from .registry import SourceContext, SourceSpec
 
 ETHTOOL_GMODULEINFO = 0x00000042
 ETHTOOL_GMODULEEEPROM = 0x00000043
@@ -397,12 +395,11 @@ class TransceiverSource:
     name = "transceiver"
     self_bounded = True  # poll only copies a snapshot
 
-    def __init__(self, cfg: AgentConfig | None = None, *, ethtool_dir: str | None = None,
+    def __init__(self, config: TransceiverConfig | None = None, *, ethtool_dir: str | None = None,
                  ioctl: ModuleEepromIoctl | None = None, clock: Callable[[], float] = time.time) -> None:
-        conf = cfg.sources.transceiver if cfg is not None else None
-        self.interval = conf.interval if conf is not None else 60.0
+        self.interval = (config or TransceiverConfig()).interval
         self.timeout = 1.0
-        self.ethtool_dir = ethtool_dir if ethtool_dir is not None else (cfg.ethtool_dir if cfg is not None else None)
+        self.ethtool_dir = ethtool_dir
         self._clock = clock
         self._ports: list[tuple[str, str, str]] = []  # (device, port, netdev) of the last inventory
         self._lock = threading.Lock()
@@ -474,3 +471,10 @@ class TransceiverSource:
         if self._ioctl is not None:
             self._ioctl.close()
             self._ioctl = None
+
+
+def _build(config: TransceiverConfig, context: SourceContext) -> TransceiverSource:
+    return TransceiverSource(config, ethtool_dir=context.ethtool_dir)
+
+
+SOURCE = SourceSpec("transceiver", TransceiverConfig, _build)

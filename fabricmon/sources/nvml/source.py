@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import threading
-from typing import Any
 
 import structlog
 
+from ...config import NvmlConfig
 from ...model import Labels, Reading, ReadingMemo, Semantics, SourceResult, reading
 from ..bounds import RejectCounts, screen_readings
 from ..errorlog import ErrorLog
 from ..inventory import Inventory
+from ..registry import SourceContext, SourceSpec
 from .backend import (
     ALL_NVLINK_ERROR_TYPES, ERROR_PATHS, NO_PATH, NVLINK_ERROR_TYPES, THROTTLE_REASONS, TRAFFIC_PATHS, GpuLost,
     GpuReading, NvmlBackend, NvmlError, NvmlLibraryMissing,
@@ -304,12 +305,18 @@ class NvmlSource:
         return True
 
 
-def make_nvml_source(cfg: Any) -> NvmlSource | None:
-    """Build the source from an ``AgentConfig`` (``nvml``: auto | off | fake:FILE)."""
-    mode: str = cfg.nvml
-    timeout: float = cfg.sources.nvml.timeout
+def make_nvml_source(mode: str, config: NvmlConfig | None = None) -> NvmlSource | None:
+    """The source for the agent's ``nvml`` mode (auto | off | fake:FILE); None when off."""
+    timeout = (config or NvmlConfig()).timeout
     if mode == "off":
         return None
     if mode.startswith("fake:"):
         return NvmlSource(FakeNvmlBackend(mode[5:]), timeout=timeout)
     return NvmlSource(PynvmlBackend(), timeout=timeout)
+
+
+def _build(config: NvmlConfig, context: SourceContext) -> NvmlSource | None:
+    return make_nvml_source(context.nvml, config)
+
+
+SOURCE = SourceSpec("nvml", NvmlConfig, _build)
