@@ -218,6 +218,8 @@ def workload_scenario(seed: int, nodes: int, duration: float, nodes_per_unit: in
     # it would be invisible while the job is down, which measures the scenario, not the detector
     restarting = {n for d in decoys if d["kind"] == "job_restart" for n in by_job[d["job"]]}
     faults = tuple(f for f in faults if not (f.kind in ("slow_gpu", "rank_hang") and f.node in restarting))
+    # nor on an idle node: a slow GPU that runs no rank slows nothing (only its throttle reason shows)
+    faults = tuple(f for f in faults if not (f.kind == "slow_gpu" and f.node not in in_job))
     if rng.random() < 0.4:  # a hung rank on a job's node no decoy touches (JobHung within 60 s)
         hosts = [n for n in in_job if n in free and n not in restarting and not any(f.node == n for f in faults)]
         if hosts:
