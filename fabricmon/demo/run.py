@@ -270,9 +270,14 @@ def _report(p, ground, incidents, scores, notes, wall, steps, jobs=(), decoys=()
             res = "open"
         p(f"  {g['kind']:<16} {g['component']:<26} {h['alertname']:<24} {h['component_type']:<6} "
           f"{h['first_seen'] - g['start']:+6.1f}s  {res}")
+        if h.get("impact"):  # what the aggregator measured (alerts carry it as the impact annotation)
+            p("    incident impact: " + "; ".join(
+                f"{x['job']} " + ("stopped" if x["stopped"] else "no clean baseline" if x["step_slowdown"] is None
+                                  else f"{x['step_slowdown'] * 100:.1f}% slower")
+                + f" ({x['gpu_hours_per_hour']:.0f} GPU-hours/hour)" for x in h["impact"]))
         if g.get("impact"):
-            p("    costs (standalone): " + "; ".join(f"{x['job']} {x['step_slowdown'] * 100:.1f}% slower"
-                                                  for x in g["impact"]))
+            p("    truth (standalone): " + "; ".join(f"{x['job']} {x['step_slowdown'] * 100:.1f}% slower"
+                                                   for x in g["impact"]))
     extra = [i for i in incidents if i["id"] in scores["unmatched_incidents"]]  # pages only (info: per decoy)
     for i in extra:
         p(f"  (unexpected) {i['alertname']} {i['component_type']} {i['component']} at t={i['first_seen']:.0f}s")
