@@ -405,6 +405,17 @@ def job() -> Board:
     b.ts("Collective bytes per second", [(f"sum by (collective) (rate(fabricmon_nccl_collective_bytes_total{{{N}}}[{RATE}]))",
                                           "{{collective}}")], "Bps", min_val=0)
     b.row("Incidents")
+    b.panel("table", "What open incidents cost each job (GPU-hours per hour)",
+            [(f'sort_desc(fabricmon_incident_gpu_hours_per_hour{{{C}, hpc_job=~"$hpc_job"}})', "")], "none",
+            w=24, h=8, instant=True, table=True,
+            description="Per open incident and job whose ranks use its component: the job's GPUs x (1 - 1/(1 + "
+                        "step slowdown)), the slowdown measured against the job's last 20 clean steps (aggregator). "
+                        "Costliest first; the alert's impact annotation says the same in words.",
+            transformations=[{"id": "organize", "options": {
+                "excludeByName": {"Time": True, "__name__": True, "instance": True, "job": True},
+                "indexByName": {"hpc_job": 0, "alertname": 1, "component": 2, "Value": 3},
+                "renameByName": {"Value": "GPU-hours per hour"}}},
+                {"id": "sortBy", "options": {"sort": [{"field": "GPU-hours per hour", "desc": True}]}}])
     b.ts("Open incidents by alert", [(f"sum by (alertname, component_type) (fabricmon_incidents_open{{{C}}})",
                                       "{{alertname}} ({{component_type}})")], "none", min_val=0)
     b.ts("Most suspected components", [(f"topk(10, fabricmon_component_suspicion{{{C}}})", "{{component}}")],

@@ -18,7 +18,8 @@ JSON_DIR = DASH / "json"
 RECORDING_RULES = REPO / "deploy" / "prometheus" / "fabricmon-recording.rules.yml"
 AGGREGATOR_METRICS = {"fabricmon_agents_connected", "fabricmon_ingest_samples_total", "fabricmon_component_suspicion",
                       "fabricmon_rank_lateness_score", "fabricmon_incidents_open", "fabricmon_alerts_sent_total",
-                      "fabricmon_incident_open", "fabricmon_incident_started_timestamp_seconds"}
+                      "fabricmon_incident_open", "fabricmon_incident_started_timestamp_seconds",
+                      "fabricmon_incident_gpu_hours_per_hour"}
 PROMETHEUS_BUILTIN = {"up"}  # per-target scrape health, written by Prometheus itself
 REQUIRED_VARS = ["datasource", "cluster", "hpc_job", "rail", "leaf", "node"]
 
