@@ -94,7 +94,6 @@ class Engine:
         self.rank_timings_dropped: dict[str, int] = {}
         self._drop_logged: set[tuple[str, str]] = set()
         self._unknown_warned: set[str] = set()
-        self._first_tick: float | None = None
         self.last_tick = None
         self.started_at: float | None = None  # sample time of the first tick (agents_down's restart grace)
         self.suspicion: dict[Component, float] = {}
@@ -134,10 +133,10 @@ class Engine:
     def _never_connected(self, now: float) -> list[str]:
         """Topology nodes with no batch and no hello after a grace of max(60 s, 5 intervals) from the first
         tick: a restart does not list the whole cluster while agents reconnect."""
-        if self._first_tick is None:
+        if self.started_at is None:
             return []
         iv = max((ns.interval for ns in self.nodes.values()), default=1.0)
-        if now - self._first_tick < restart_grace(self.settings, iv):
+        if now - self.started_at < restart_grace(self.settings, iv):
             return []
         return sorted(n for n, ns in self.nodes.items()
                       if n in self.topology.nodes and not ns.ever_seen and not ns.connected)
@@ -277,8 +276,6 @@ class Engine:
             scale_holds(findings, self._interval_of, self.settings.hold_s)
             changed = self.manager.update(findings, now, relations)
             self.last_tick = now
-            if self._first_tick is None:
-                self._first_tick = now
             self.ticks_total += 1
         dt = self.clock() - t0
         self.tick_seconds_last = dt
