@@ -5,8 +5,8 @@ is the cheapest thing on the node to read and the most urgent.  Every ``link_wat
 (default 1 s) this reads only the few files that change when a link changes state, the files the
 sources already read with the sources' own parsers:
 
-* per RDMA port (InfiniBand and RoCE): ``ports/<p>/state`` and ``phys_state`` (``parse_state``,
-  ``parse_phys_state``) and ``counters/link_downed`` (``parse_counter`` at its PMA width): a
+* per RDMA port (InfiniBand and RoCE): ``ports/<p>/state``, ``phys_state`` and ``rate`` (``parse_state``,
+  ``parse_phys_state``, ``parse_rate``: a link retrained at half width stays ACTIVE) and ``counters/link_downed`` (``parse_counter`` at its PMA width): a
   down-and-up between two watch passes still moves ``link_downed``;
 * per netdev (a RoCE port's, and ``sources.ethtool.interfaces``): ``class/net/<if>/operstate``,
   ``carrier_changes`` and ``carrier_down_count`` where the kernel has them (``carrier_down_count``
@@ -34,12 +34,12 @@ import structlog
 
 from ..sources.errorlog import ErrorLog
 from ..sources.guarded_io import KeyedWorkers, read_regular, run_all
-from ..sources.infiniband import PMA_ERROR_WIDTHS, parse_counter, parse_phys_state, parse_state
+from ..sources.infiniband import PMA_ERROR_WIDTHS, parse_counter, parse_phys_state, parse_rate, parse_state
 from ..sources.inventory import Inventory
 
 log = structlog.get_logger("fabricmon.linkwatch")
 
-_READ_SIZE = 128  # the longest is phys_state ("7: Phy Test")
+_READ_SIZE = 128  # the longest is rate ("400 Gb/sec (4X NDR)")
 
 
 def _state(data: bytes) -> int:
@@ -48,6 +48,11 @@ def _state(data: bytes) -> int:
 
 def _phys_state(data: bytes) -> int:
     return parse_phys_state(data.decode("ascii", "replace"))[0]
+
+
+def _rate(data: bytes) -> tuple[float, int]:
+    r = parse_rate(data.decode("ascii", "replace"))
+    return r.gbps, r.width_lanes
 
 
 def _link_downed(data: bytes) -> int:
@@ -77,6 +82,7 @@ class Watched:
 PORT_FILES: tuple[Watched, ...] = (
     Watched("state", _state, optional=False),
     Watched("phys_state", _phys_state, optional=False),
+    Watched("rate", _rate, optional=False),  # a link that retrained at a lower width or speed stays ACTIVE
     Watched("counters/link_downed", _link_downed, optional=True),  # bnxt_re and irdma have no counters/
 )
 # Relative to class/net/<if>.
@@ -141,12 +147,15 @@ class LinkWatch:
     pass (the simulator calls it on its own clock); ``run`` repeats it on a fixed cadence."""
 
     def __init__(self, inventory: Callable[[], Inventory | None], request_poll: Callable[[], None],
-                 interval: float, deadline: float | None = None) -> None:
+                 interval: float, deadline: float | None = None, inline: bool = False) -> None:
         self._inventory = inventory
         self._request_poll = request_poll
         self.interval = interval
         # a pass must end well before the next one: a stuck device is left behind after this long
         self.deadline = deadline if deadline is not None else max(0.05, 0.5 * interval)
+        # inline: read in the calling thread, without deadlines.  Only for trees that cannot block (the
+        # simulator's files on tmpfs, read by hundreds of simulated agents in one process).
+        self._inline = inline
         self._workers = KeyedWorkers("linkwatch")
         self._last: dict[str, object] = {}  # path -> last parsed value (files read fine last pass)
         self._absent: set[str] = set()  # optional files never seen on this link: not watched
@@ -171,7 +180,13 @@ class LinkWatch:
             by_worker.setdefault(link.worker, []).append(link)
         for worker, group in by_worker.items():
             calls[worker] = (_read_group, (group,))
-        done, blocked = run_all(self._workers, calls, self.deadline) if calls else ({}, {})
+        if self._inline:
+            done: dict[Hashable, object] = {k: fn(*args) for k, (fn, args) in calls.items()}
+            blocked: dict[Hashable, str] = {}
+        elif calls:
+            done, blocked = run_all(self._workers, calls, self.deadline)
+        else:
+            done, blocked = {}, {}
         changed: list[str] = []
         unwatched: list[str] = []
         messages: list[str] = []

@@ -329,14 +329,14 @@ def build_agent(
     srcs = build_sources(cfg) if sources is None else sources
     poller = Poller(node, srcs, make_discover(cfg), clock=clock, inline_all=inline_sources)
     agent = Agent(cfg=cfg, node=node, poller=poller, clock=clock, _built=list(srcs) if sources is None else None)
-    agent.link_watch = make_link_watch(cfg, poller)
+    agent.link_watch = make_link_watch(cfg, poller, inline=inline_sources)
     return agent
 
 
-def make_link_watch(cfg: AgentConfig, poller: Poller) -> LinkWatch | None:
+def make_link_watch(cfg: AgentConfig, poller: Poller, inline: bool = False) -> LinkWatch | None:
     """The link watch of this config: None when disabled (0) or when it would not be faster than the
     polls themselves (``link_watch_interval`` >= ``interval``: every poll already reads link state)."""
     every = cfg.link_watch_interval
     if every <= 0 or every >= cfg.interval:
         return None
-    return LinkWatch(lambda: poller.inventory, poller.request_poll, every)
+    return LinkWatch(lambda: poller.inventory, poller.request_poll, every, inline=inline)

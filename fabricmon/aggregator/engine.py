@@ -164,7 +164,7 @@ class Engine:
             if hello.boot_id:
                 ns.boot_id = hello.boot_id
             if hello.interval_seconds > 0:
-                ns.interval = hello.interval_seconds
+                ns.interval = ns.announced_interval = hello.interval_seconds
             ns.connected = True
             self.cluster_clock.connected(hello.node)
             for nic in hello.nics:
@@ -225,7 +225,11 @@ class Engine:
                 ns.last_ts = ts
             ns.ever_seen = True
             if batch.interval_seconds > 0:
-                ns.interval = batch.interval_seconds
+                # A batch's interval is the time since the node's previous poll.  An off-cadence poll (the
+                # agent's link watch) is shorter than the cadence the hello announced, and must not shrink
+                # the windows, the lateness bound or the agents-down silence; a poll that fell behind
+                # (slow sources) is longer, and does widen them.
+                ns.interval = max(batch.interval_seconds, ns.announced_interval)
             self.batches_total += 1
             self.samples_total += len(batch.deltas) + batch.unread_deltas + len(batch.gauges) + len(batch.ranks)
             if batch.deltas:

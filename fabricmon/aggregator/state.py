@@ -116,7 +116,8 @@ class NodeState:
     boot_id: str = ""
     last_seq: int = -1
     last_ts: float = -math.inf
-    interval: float = 1.0
+    interval: float = 1.0  # the poll cadence: windows, lateness, holds and the agents-down silence scale with it
+    announced_interval: float = 0.0  # the cadence the node's hello gave (0: none): a batch never lowers below it
     connected: bool = False
     ever_seen: bool = False
     grace_batches: int = 0  # error deltas ignored for this many batches (after a reboot)
