@@ -274,8 +274,10 @@ class Poller:
         if not self.gate.take():
             self.off_cadence_held_total += 1
             return None
-        self.off_cadence_polls_total += 1
-        return self.poll_once()
+        try:
+            return self.poll_once()
+        finally:  # counted once its snapshot is the latest
+            self.off_cadence_polls_total += 1
 
     def poll_regular(self) -> Snapshot:
         """A poll of the cadence: it serves any request pending now and opens the gate again."""
