@@ -6,8 +6,9 @@ is the cheapest thing on the node to read and the most urgent.  Every ``link_wat
 sources already read with the sources' own parsers:
 
 * per RDMA port (InfiniBand and RoCE): ``ports/<p>/state``, ``phys_state`` and ``rate`` (``parse_state``,
-  ``parse_phys_state``, ``parse_rate``: a link retrained at half width stays ACTIVE) and ``counters/link_downed`` (``parse_counter`` at its PMA width): a
-  down-and-up between two watch passes still moves ``link_downed``;
+  ``parse_phys_state``, ``parse_rate``: a link retrained at half width stays ACTIVE) and
+  ``counters/link_downed`` (``parse_counter`` at its PMA width): a down-and-up between two watch
+  passes still moves ``link_downed``;
 * per netdev (a RoCE port's, and ``sources.ethtool.interfaces``): ``class/net/<if>/operstate``,
   ``carrier_changes`` and ``carrier_down_count`` where the kernel has them (``carrier_down_count``
   since 4.16): the carrier counts catch a bounce between two passes.

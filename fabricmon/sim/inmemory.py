@@ -430,7 +430,9 @@ class BatchBuilder:
             self._prev_raw, self._prev_g, self._prev_p = raw, gvals, gpres
         else:  # only these nodes polled: the others keep their baseline
             assert self._prev_raw is not None and self._prev_g is not None and self._prev_p is not None
-            self._prev_raw[:, sel], self._prev_g[:, sel], self._prev_p[:, sel] = raw[:, sel], gvals[:, sel], gpres[:, sel]
+            self._prev_raw[:, sel] = raw[:, sel]
+            self._prev_g[:, sel] = gvals[:, sel]
+            self._prev_p[:, sel] = gpres[:, sel]
 
         fam, lab = self.c_family, self.c_labels
         gfam = [g.family for g in self.catalog.gauges]

@@ -322,7 +322,9 @@ class SimulatedCluster:
                     continue
                 allowed &= ~fire
                 c.advance(t_k - c.t, *rates)
-                batches = self._builder.build({}, (), nodes=np.flatnonzero(fire).tolist())
+                builder = self._builder
+                assert builder is not None  # memory mode: made by start()
+                batches = builder.build({}, (), nodes=np.flatnonzero(fire).tolist())
                 for b in batches:
                     self._deliver(b)
             else:
