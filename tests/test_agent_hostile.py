@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentrig import Aggregator, LiveAgent, SimNode, SlowClients, hostile_lines, http_get, metric, wait_until
+from support.agentrig import Aggregator, LiveAgent, SimNode, SlowClients, hostile_lines, http_get, metric, wait_until
 
 pytestmark = pytest.mark.integration
 

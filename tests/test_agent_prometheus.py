@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from promtools import free_port, running_prometheus, wait_until
+from support.promtools import free_port, running_prometheus, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrig import SimNode, free_port, http_get, metric, parse_metrics, wait_until
+from support.agentrig import SimNode, free_port, http_get, metric, parse_metrics, wait_until
 from fabricmon.agent.wiring import build_live_agent
 from fabricmon.aggregator.config import DetectionSettings
 from fabricmon.aggregator.engine import Engine
@@ -52,7 +52,7 @@ def _stays_ready(url: str, seconds: float) -> tuple[int, bytes]:
     last = http_get(url)
     if last[0] != 200:
         return last
-    wait_until(lambda: http_get(url)[0] != 200, seconds, every=0.25)
+    wait_until(lambda: http_get(url)[0] != 200, seconds, interval=0.25)
     return http_get(url)
 
 

@@ -18,7 +18,7 @@ from fabricmon.cli import _load_agent, build_parser
 from fabricmon.config import ConfigError, load_agent_config
 from fabricmon.topology import generate_topology
 
-REPO = Path(__file__).resolve().parents[1]
+from support.paths import REPO
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from agentrig import Aggregator, LiveAgent, SimNode, SlowClients, hostile_lines, http_get, parse_metrics, wait_until
+from support.agentrig import Aggregator, LiveAgent, SimNode, SlowClients, hostile_lines, http_get, parse_metrics, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.soak]
 

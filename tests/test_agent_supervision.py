@@ -16,7 +16,7 @@ import threading
 
 import pytest
 
-from agentrig import LiveAgent, SimNode, free_port, http_get, metric, parse_metrics, wait_until
+from support.agentrig import LiveAgent, SimNode, free_port, http_get, metric, parse_metrics, wait_until
 from fabricmon.agent.supervise import Supervisor
 
 pytestmark = pytest.mark.integration

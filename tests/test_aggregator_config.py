@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from promtools import PROMTOOL, free_port, require_binary, wait_until
+from support.promtools import PROMTOOL, free_port, require_binary, wait_until
 
 from fabricmon.aggregator.config import check_files, load_aggregator_config
 from fabricmon.cli import main

@@ -13,7 +13,7 @@ from fabricmon.aggregator.config import ConfigError, ShardSettings, load_aggrega
 from fabricmon.shardmap import kubernetes_aggregator
 from fabricmon.topology import generate_topology
 
-REPO = Path(__file__).resolve().parents[1]
+from support.paths import REPO
 
 
 def _config(tmp_path: Path, shard) -> Path:

@@ -249,7 +249,7 @@ def test_a_high_but_plausible_seq_from_another_session_does_not_silence_the_live
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
     pytest.importorskip("cryptography")
-    from certs import make_pki
+    from support.certs import make_pki
 
     return make_pki(tmp_path_factory.mktemp("pki"), {
         "node1": ("node-001", ()),
@@ -384,8 +384,8 @@ def test_drops_and_refusals_are_exported_on_metrics():
 
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from waiting import wait_until
-from grpcraw import raw_stream
+from support.waiting import wait_until
+from support.grpcraw import raw_stream
 
 
 @settings(max_examples=200, deadline=None)

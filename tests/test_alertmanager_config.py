@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from promtools import REPO, amtool, running_alertmanager, wait_until
+from support.promtools import REPO, amtool, running_alertmanager, wait_until
 
 CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 DESIGN_ALERTS = {

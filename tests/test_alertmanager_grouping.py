@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from promtools import REPO, running_alertmanager, wait_until
+from support.promtools import REPO, running_alertmanager, wait_until
 
 from fabricmon.demo.local_alertmanager import WebhookReceiver
 

@@ -11,8 +11,8 @@ import time
 
 import pytest
 import yaml
-from promtools import ALERTMANAGER, Alertmanager, _start, free_port, require_binary, wait_until
-from test_alertmanager_client import Webhook, _am_config, _incident
+from support.promtools import ALERTMANAGER, Alertmanager, _start, free_port, require_binary, wait_until
+from support.amrig import Webhook, _am_config, _incident
 
 from fabricmon.aggregator.alertmanager import AlertmanagerClient
 from fabricmon.aggregator.incidents import IncidentManager
@@ -39,7 +39,7 @@ def _start_peer(workdir, hook_url: str, listen: int, peer: int) -> Alertmanager:
 
 
 def _peers(am: Alertmanager) -> int:
-    from promtools import http
+    from support.promtools import http
 
     status, body = http("GET", f"{am.url}/api/v2/status")
     return len(body["cluster"]["peers"]) if status == 200 else 0

@@ -14,7 +14,7 @@ import re
 
 import pytest
 import yaml
-from promtools import REPO, amtool, running_alertmanager, wait_until
+from support.promtools import REPO, amtool, running_alertmanager, wait_until
 
 from fabricmon.aggregator.incidents import SEVERITY
 

@@ -4,9 +4,9 @@ resends from the aggregator's last ack, seqs unchanged, and an ack is the oldest
 from __future__ import annotations
 
 import sys
-from pathlib import Path
+from support.paths import REPO
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bench_soak import Resend  # noqa: E402
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from waiting import wait_until
+from support.waiting import wait_until
 
 from fabricmon.agent.exporter import exposition
 from fabricmon.agent.runtime import build_agent

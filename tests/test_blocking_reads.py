@@ -25,8 +25,10 @@ from fabricmon.sources import guarded_io
 from fabricmon.sources.base_io import read_text
 from fabricmon.sources.infiniband import InfinibandSource
 from fabricmon.sources.inventory import Inventory, discover
-from nccllines import rec
-from waiting import wait_until
+from support.nccllines import rec
+from support.waiting import wait_until
+from support.paths import REPO
+from support.blocking import _Blocking
 
 
 def _in_thread(fn, timeout: float = 5.0):
@@ -91,25 +93,6 @@ def test_fifo_swapped_in_after_the_scan_does_not_block_the_tail(tmp_path, monkey
 # ---------------------------------------------------------------- stuck sources and devices
 
 
-class _Blocking:
-    """A source whose poll blocks until released, as a read stuck in a driver does."""
-
-    name = "stuckdrv"
-    timeout = 0.2
-
-    def __init__(self) -> None:
-        self.release = threading.Event()
-        self.calls = 0
-
-    def poll(self, inventory) -> SourceResult:
-        self.calls += 1
-        self.release.wait()
-        return SourceResult(self.name)
-
-    def close(self) -> None:
-        pass
-
-
 class _Fine:
     name = "fine"
     timeout = 0.5
@@ -143,7 +126,7 @@ def test_agent_exits_while_a_read_is_stuck():
     code = textwrap.dedent("""
         import threading, sys
         sys.path.insert(0, "tests")
-        from test_blocking_reads import _Blocking
+        from support.blocking import _Blocking
         from fabricmon.agent.poller import Poller
         from fabricmon.sources.inventory import Inventory
         p = Poller("node-000", [_Blocking()], lambda: Inventory(sysfs_root=""))
@@ -155,7 +138,7 @@ def test_agent_exits_while_a_read_is_stuck():
     t0 = time.monotonic()
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20,
-                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                             cwd=REPO)
     except subprocess.TimeoutExpired:
         pytest.fail("the process did not exit with a source stuck in a read")
     assert out.returncode == 0 and "closed" in out.stdout, out.stderr[-2000:]

@@ -7,7 +7,6 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -21,7 +20,7 @@ from fabricmon.sim.inmemory import BatchBuilder
 from fabricmon.sim.scenario import ClusterSpec, Scenario, scenario_from_dict
 from fabricmon.topology import generate_topology
 
-ROOT = Path(__file__).resolve().parent.parent
+from support.paths import REPO as ROOT
 T0 = 1764000000.0
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from procrig import REPO, Proc, agent_config, busy_port, free_port, metrics, render_node, short_dir, wait_until
+from support.procrig import REPO, Proc, agent_config, busy_port, free_port, metrics, render_node, short_dir, wait_until
 
 from fabricmon.cli import build_parser, main
 
@@ -104,7 +104,7 @@ def test_busy_port_is_one_line_exit_2(tmp_path) -> None:
 
 
 def test_aggregator_busy_port_is_one_line_exit_2(tmp_path) -> None:
-    from procrig import topology_yaml
+    from support.procrig import topology_yaml
 
     sock, port = busy_port()
     try:
@@ -129,7 +129,7 @@ def test_placeholder_token_refused(tmp_path) -> None:
     placeholder = next(iter((secret.get("stringData") or secret.get("data")).values()))
     token = tmp_path / "token"
     token.write_text(placeholder + "\n")
-    from procrig import topology_yaml
+    from support.procrig import topology_yaml
 
     agg = tmp_path / "aggregator.yaml"
     agg.write_text(yaml.safe_dump({"topology": str(topology_yaml(tmp_path / "t.yaml")),
@@ -185,7 +185,7 @@ def test_intake_socket_mode_validated(tmp_path, capsys, value, ok) -> None:
 
 
 def _secret_configs(tmp_path: Path, token: Path) -> tuple[Path, Path]:
-    from procrig import topology_yaml
+    from support.procrig import topology_yaml
 
     agg = tmp_path / "aggregator.yaml"
     agg.write_text(yaml.safe_dump({"topology": str(topology_yaml(tmp_path / "t.yaml")),

@@ -16,7 +16,7 @@ from fabricmon.collect import Limits, collect, ethtool_text, extract_capture, pf
 from fabricmon.configload import ConfigError
 from fabricmon.sim.fixture import write_fixture
 from fabricmon.sources.ethtool import parse_ethtool_stats, parse_pfc_summary
-from golden_cases import NodeInput, agent_exposition
+from support.golden_cases import NodeInput, agent_exposition
 
 
 def capture_of(root: Path, out: Path, **kw) -> dict:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from test_engine import Cluster, flaky, synced_ranks
+from support.enginerig import Cluster, flaky, synced_ranks
 
 from fabricmon import components
 from fabricmon.aggregator.engine import Engine

@@ -21,7 +21,7 @@ import typing
 
 
 from fabricmon.configload import ConfigError
-from promtools import REPO
+from support.promtools import REPO
 
 SCRIPT = REPO / "scripts" / "config_reference.py"
 DOC = REPO / "docs" / "configuration.md"

@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 
 import pytest
-from promtools import REPO, RULE_FILES, live_fabric, wait_until
-from test_prometheus_live import substitute
+from support.promtools import REPO, RULE_FILES, live_fabric, wait_until
+from support.promlive import substitute
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 from fabricmon.aggregator.engine import READ_DELTA_FAMILIES
 from fabricmon.demo.wire import CodecWire
 from fabricmon.sim.runner import SimulatedCluster
 from fabricmon.sim.scenario import default_scenario
 
-REPO = Path(__file__).resolve().parents[1]
+from support.paths import REPO
 
 
 def test_codec_wire_delivers_what_the_engine_reads_and_drops_a_replayed_seq():

@@ -12,11 +12,10 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from support.paths import REPO
 SCENARIO = REPO / "examples" / "scenarios" / "cable-then-leaf.yaml"
 CABLE = ("FabricLinkErrors", "node-003/mlx5_2/1")
 LEAF = ("FabricLeafDegraded", "leaf-u0-r2")

@@ -20,12 +20,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from promtools import REPO, promtool
+from support.k8s import CRD_KINDS, K8S_VERSION
+from support.promtools import REPO, promtool
 
 K8S = REPO / "deploy" / "kubernetes"
 OVERLAYS = ["ib", "roce"]
-K8S_VERSION = "1.30.0"  # oldest Kubernetes the manifests claim (policy/v1 PDB, PSA labels)
-CRD_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 PLACEHOLDER_TOKEN = "CHANGE-ME"  # the aggregator refuses this literal (shared with the process's secret checks)
 
 

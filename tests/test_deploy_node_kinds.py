@@ -29,7 +29,7 @@ import yaml
 
 from fabricmon.cli import build_parser
 from fabricmon.config import load_agent_config
-from test_deploy_file_access import K8S, kubectl, render
+from support.k8s import K8S, kubectl, render
 
 REPO = K8S.parent.parent
 README = REPO / "deploy" / "README.md"
@@ -220,7 +220,7 @@ def test_optics_overlay_security_context() -> None:
         # The hostPath dirs go to the uid that now writes them.
         assert "chown -R 0:0 " in pod["initContainers"][0]["command"][-1]
     # Only there: the overlay it builds on runs the agent as 65534 with no capability.
-    from test_deploy_file_access import identity
+    from support.k8s import identity
 
     roce = _pod(rendered("overlays/roce"), "DaemonSet", "fabricmon-agent")
     assert identity(roce, roce["containers"][0]).uid == 65534
@@ -236,7 +236,7 @@ def test_optics_overlay_turns_the_transceiver_source_on(tmp_path) -> None:
 
 
 def _all_kustomizations() -> list[str]:
-    from test_deploy_file_access import KUSTOMIZATIONS
+    from support.k8s import KUSTOMIZATIONS
 
     return KUSTOMIZATIONS
 
@@ -245,7 +245,7 @@ def _all_kustomizations() -> list[str]:
 def test_added_capabilities_only_for_uid_0(path: str) -> None:
     """A capability in `add` reaches the effective set only of a uid 0 process (no ambient
     capabilities in container runtimes): anywhere else it is a grant that does nothing."""
-    from test_deploy_file_access import identity, pod_templates
+    from support.k8s import identity, pod_templates
 
     for where, spec in pod_templates(rendered(path)):
         for c in [*spec.get("initContainers", []), *spec.get("containers", [])]:
@@ -373,7 +373,7 @@ def test_documented_images_override(tmp_path) -> None:
     objs = render(site)
     want = f"{images[0]['newName']}@{images[0]['digest']}" if "digest" in images[0] else \
         f"{images[0]['newName']}:{images[0]['newTag']}"
-    from test_deploy_file_access import pod_templates
+    from support.k8s import pod_templates
 
     seen = [c["image"] for _, spec in pod_templates(objs)
             for c in [*spec.get("initContainers", []), *spec.get("containers", [])]]
@@ -386,7 +386,7 @@ def test_new_kustomizations_validate(path: str) -> None:
     Kubernetes 1.30 OpenAPI schemas (kubernetes-validate, strict)."""
     import kubernetes_validate as kv
 
-    from test_deploy_kubernetes import CRD_KINDS, K8S_VERSION
+    from support.k8s import CRD_KINDS, K8S_VERSION
 
     objs = rendered(path)
     assert objs

@@ -22,8 +22,9 @@ from fabricmon.cli import build_parser
 from fabricmon.config import ShardConfig, load_agent_config
 from fabricmon.shardmap import Replica, ShardMap, kubernetes_aggregator, ownership_problems
 from fabricmon.topology import load_topology
+from support.paths import REPO
 
-SHARDED = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes" / "sharded"
+SHARDED = REPO / "deploy" / "kubernetes" / "sharded"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 

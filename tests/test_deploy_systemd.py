@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from promtools import REPO
+from support.promtools import REPO
 
 SYSTEMD = REPO / "systemd"
 UNITS = ["fabricmon-agent.service", "fabricmon-aggregator.service"]

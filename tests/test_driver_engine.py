@@ -30,8 +30,9 @@ from fabricmon.sources.ethtool import EthtoolSource
 from fabricmon.sources.infiniband import InfinibandSource
 from fabricmon.sources.inventory import discover
 from fabricmon.topology import generate_topology
+from support.paths import FIXTURES
 
-TREE = Path(__file__).parent / "fixtures" / "drivers" / "bnxt-thor2-gen1" / "node"
+TREE = FIXTURES / "drivers" / "bnxt-thor2-gen1" / "node"
 T0 = 1_764_000_000.0
 NODE = "node-003"
 GAUGES = ("active_qps", "active_cqs", "active_mrs", "db_fifo_register")

@@ -25,9 +25,11 @@ from fabricmon.model import Snapshot
 from fabricmon.sources.ethtool import EthtoolSource, parse_ethtool_stats
 from fabricmon.sources.infiniband import InfinibandSource
 from fabricmon.sources.inventory import discover
+from support import paths
+from support.paths import REPO
 
-FIXTURES = Path(__file__).parent / "fixtures" / "drivers"
-GOLDEN = Path(__file__).parent / "golden" / "drivers"  # one per fixture tree (not golden_cases.py)
+FIXTURES = paths.FIXTURES / "drivers"
+GOLDEN = paths.GOLDEN / "drivers"  # one per fixture tree (not golden_cases.py)
 UPDATE = os.environ.get("FABRICMON_UPDATE_GOLDEN") == "1"
 PAUSE_FRAMES = "fabricmon_pfc_pause_frames_total"
 PAUSE_SECONDS = "fabricmon_pfc_pause_seconds_total"
@@ -73,7 +75,7 @@ def golden(tree: str, body: str) -> None:
     text = "\n".join(lines) + "\n"
     if UPDATE:
         path.write_text(text)
-    assert path.exists(), f"{path.name} missing: run FABRICMON_UPDATE_GOLDEN=1 pytest {__file__}"
+    assert path.exists(), f"{path.name} missing: run FABRICMON_UPDATE_GOLDEN=1 pytest {Path(__file__).resolve().relative_to(REPO)}"
     assert text == path.read_text(), f"{path.name} differs (FABRICMON_UPDATE_GOLDEN=1 regenerates it)"
 
 

@@ -30,7 +30,7 @@ from fabricmon.demo.local_alertmanager import WebhookReceiver
 from fabricmon.sim.runner import SimulatedCluster
 from fabricmon.sim.scenario import ClusterSpec, Scenario
 
-from promtools import REPO, free_port, start_alertmanager, wait_until
+from support.promtools import REPO, free_port, start_alertmanager, wait_until
 
 pytestmark = pytest.mark.integration
 

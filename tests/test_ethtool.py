@@ -36,10 +36,10 @@ from fabricmon.sources.ethtool import (
 )
 from fabricmon.sources.inventory import discover
 
-from fixturegen import gen_fixture
-from netns import need_netns
+from support.fixturegen import gen_fixture
+from support.netns import need_netns
 
-REPO = Path(__file__).resolve().parents[1]
+from support.paths import REPO
 
 
 # --- parsers ---------------------------------------------------------------------------------

@@ -16,10 +16,10 @@ from fabricmon.sources.bounds import Rejected
 from fabricmon.sources.ethtool import EthtoolSource
 from fabricmon.sources.ethtool_groups import parse_groups_json
 from fabricmon.sources.inventory import Inventory
-from netns import need_netns
-from realformat import fixture
+from support.netns import need_netns
+from support.realformat import fixture
 
-REPO = Path(__file__).resolve().parents[1]
+from support.paths import REPO
 PHY = "fabricmon_netdev_phy_errors_total"
 
 

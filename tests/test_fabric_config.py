@@ -27,10 +27,10 @@ from fabricmon.sources.fabric_config import (
 )
 from fabricmon.sources.inventory import discover
 
-from fixturegen import gen_fixture
-from netns import need_netns
+from support.fixturegen import gen_fixture
+from support.netns import need_netns
 
-REPO = Path(__file__).resolve().parents[1]
+from support.paths import REPO
 RAILS = [f"mlx5_{i}" for i in range(8)]
 
 

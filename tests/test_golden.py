@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from golden_cases import CASES, GOLDEN, TS, agent_exposition, normalize
-from goldenfile import match_golden
+from support.golden_cases import CASES, GOLDEN, TS, agent_exposition, normalize
+from support.goldenfile import match_golden
 
 
 def assert_matches_golden(name: str, got: str) -> None:

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
-from goldenfile import match_golden
-from promtools import REPO, start_alertmanager
-from waiting import wait_until
+from support.goldenfile import match_golden
+from support.promtools import REPO, start_alertmanager
+from support.waiting import wait_until
 
 from fabricmon.aggregator.alertmanager import AlertmanagerClient
 from fabricmon.aggregator.engine import Engine
@@ -29,9 +29,10 @@ from fabricmon.aggregator.runtime import AggregatorRuntime
 from fabricmon.demo.local_alertmanager import WebhookReceiver
 from fabricmon.sim.runner import SimulatedCluster
 from fabricmon.sim.scenario import default_scenario, load_scenario
+from support import paths
 
 pytestmark = pytest.mark.integration
-GOLDEN = Path(__file__).parent / "golden" / "alerts"
+GOLDEN = paths.GOLDEN / "alerts"
 SCENARIOS = {
     "default": lambda: default_scenario(nodes=32, duration=100, nodes_per_unit=16, seed=7),
     "cable-then-leaf": lambda: load_scenario(REPO / "examples/scenarios/cable-then-leaf.yaml"),
@@ -109,7 +110,7 @@ def _webhook_alerts(scn, tmp_path: Path, with_status: bool = False) -> list:
 def test_webhook_payload_matches_golden(name: str, tmp_path: Path) -> None:
     got = json.dumps(_run(name, tmp_path), indent=1, sort_keys=True) + "\n"
     match_golden(GOLDEN / f"{name}.json", got, produced_by="webhook payload",
-                 regenerate=f"pytest tests/{Path(__file__).name}")
+                 regenerate=f"pytest {Path(__file__).resolve().relative_to(REPO)}")
 
 
 def test_a_fault_on_a_jobs_path_reaches_alertmanager_with_its_job_and_cost(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import time
 
 import pytest
 import yaml
-from procrig import REPO, free_port, http_get, wait_until
+from support.procrig import REPO, free_port, http_get, wait_until
 
 from fabricmon.agent.spool import MemorySpool
 from fabricmon.agent.stream import StreamClient

@@ -7,7 +7,7 @@ import os
 import tempfile
 
 import pytest
-from waiting import wait_until
+from support.waiting import wait_until
 
 from fabricmon.agent.intake import RankIntake
 from fabricmon.aggregator.engine import Engine

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fabricmon.agent.exporter import AgentHTTPServer, RenderedSnapshot, exposition, make_registry
 from fabricmon.httpserve import RoutedHTTPServer
 from fabricmon.model import Sample, Snapshot, SourceStatus
-from waiting import wait_until
+from support.waiting import wait_until
 
 
 def snapshot(*jobs: str) -> Snapshot:

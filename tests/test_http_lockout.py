@@ -14,7 +14,7 @@ import socket
 import threading
 
 import pytest
-from waiting import wait_until
+from support.waiting import wait_until
 
 from fabricmon.agent.intake import RankIntake
 from fabricmon.httpserve import RoutedHTTPServer

@@ -11,8 +11,9 @@ from __future__ import annotations
 import ast
 import functools
 from pathlib import Path
+from support.paths import REPO
 
-PACKAGE = Path(__file__).resolve().parents[1] / "fabricmon"
+PACKAGE = REPO / "fabricmon"
 
 
 def _modules(package: Path) -> dict[str, tuple[Path, bool]]:

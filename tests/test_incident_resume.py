@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
-from test_alertmanager_client import Webhook, _start_am
-from test_engine import Cluster, _port, _set_state
-from waiting import wait_until
+from support.amrig import Webhook, _start_am
+from support.enginerig import Cluster, _port, _set_state
+from support.waiting import wait_until
 
 from fabricmon import components
 from fabricmon.aggregator import incident_store

@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fabricmon.aggregator.http_api import AggregatorCollector
-from promtools import PROMTOOL, require_binary
-from test_engine import Cluster, flaky
+from support.promtools import PROMTOOL, require_binary
+from support.enginerig import Cluster, flaky
 
 
 def _scrape(engine) -> tuple[bytes, dict[str, list]]:

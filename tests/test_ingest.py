@@ -9,7 +9,7 @@ blinding a detector silently.
 
 from __future__ import annotations
 
-from test_sim_inmemory import faults_for
+from support.simrig import faults_for
 
 from fabricmon.aggregator.config import DetectionSettings
 from fabricmon.aggregator.engine import Engine

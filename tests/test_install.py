@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from netns import need_netns
-from promtools import REPO
+from support.netns import need_netns
+from support.promtools import REPO
 
 INSTALL = REPO / "scripts" / "install.sh"
 NOBODY = 65534

@@ -15,7 +15,8 @@ from structlog.testing import capture_logs
 from fabricmon import client as fm_client
 from fabricmon.agent.intake import RankIntake
 from fabricmon.rank_timing import JobLayout, RankTiming
-from waiting import wait_until
+from support.waiting import wait_until
+from support.paths import REPO
 
 GOOD = {"job": "llm-7b", "rank": 17, "local_rank": 1, "step": 1200, "step_seconds": 1.82, "comm_seconds": 0.41,
         "ts": 1764000000.5}
@@ -141,9 +142,8 @@ def test_example_hook_imports_without_torch(monkeypatch, tmp_path):
     monkeypatch.setenv("FABRICMON_RANKS_SOCKET", str(tmp_path / "none.sock"))
     monkeypatch.setenv("FABRICMON_RANKS_HTTP", "")
     import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "examples" / "pytorch_hook.py"
+    path = REPO / "examples" / "pytorch_hook.py"
     spec = importlib.util.spec_from_file_location("pytorch_hook_example", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -15,7 +15,7 @@ from fabricmon.agent.intake import RankIntake
 from fabricmon.agent.poller import Poller
 from fabricmon.proto import fabricmon_pb2 as pb
 from fabricmon.sources.inventory import Inventory
-from waiting import wait_until
+from support.waiting import wait_until
 
 GOOD = {"job": "llm-7b", "rank": 17, "local_rank": 1, "step": 1200, "step_seconds": 1.82, "comm_seconds": 0.41,
         "ts": 1764000000.5}

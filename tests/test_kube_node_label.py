@@ -16,8 +16,8 @@ from fabricmon.config import KubernetesShardsConfig, NodeLabelConfig, ShardConfi
 
 pytest.importorskip("cryptography", reason="tests/certs.py makes the test CA with cryptography")
 
-from kubeapi import FakeApiServer  # noqa: E402
-from waiting import wait_until  # noqa: E402
+from support.kubeapi import FakeApiServer  # noqa: E402
+from support.waiting import wait_until  # noqa: E402
 
 KEY = "fabricmon.io/unit"
 
@@ -87,7 +87,7 @@ def test_timeout_is_an_error_not_a_hang(api):
 def test_untrusted_certificate_is_refused(api, tmp_path):
     other = tmp_path / "other"
     other.mkdir()
-    from certs import make_pki
+    from support.certs import make_pki
 
     wrong_ca = make_pki(other, {})["ca"]
     api.nodes["gpu-node-7"] = {KEY: "1"}

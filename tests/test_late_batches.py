@@ -5,7 +5,7 @@ fired once and resolved once, instead of resolved between batches and fired agai
 from __future__ import annotations
 
 import pytest
-from test_engine import T0, Cluster, flaky
+from support.enginerig import T0, Cluster, flaky
 
 from fabricmon import components
 from fabricmon.aggregator.incidents import Finding

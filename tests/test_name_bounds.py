@@ -13,7 +13,7 @@ from fabricmon.aggregator.server import start_grpc_server
 from fabricmon.batch import NicHello, NodeHello
 from fabricmon.model import Sample, Snapshot
 from fabricmon.topology import generate_topology
-from waiting import wait_until
+from support.waiting import wait_until
 
 NODE = "node-000"
 

@@ -8,7 +8,7 @@ import os
 from fabricmon.agent.nccl_inspector import NcclInspectorSource
 from fabricmon.counters import CounterTracker
 from fabricmon.model import Semantics
-from nccllines import rec
+from support.nccllines import rec
 
 
 def values(res) -> dict:

@@ -12,7 +12,7 @@ from fabricmon.agent.nccl_inspector import NcclInspectorSource
 from fabricmon.agent.poller import Poller
 from fabricmon.model import Reading, Semantics, SourceResult
 from fabricmon.sources.inventory import Inventory
-from nccllines import rec
+from support.nccllines import rec
 
 
 class Steady:

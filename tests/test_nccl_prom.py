@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from realformat import fixture
+from support.realformat import fixture
 
 from fabricmon.agent.nccl_inspector import PROM_MAX_AGE_S, PROM_MAX_BYTES, NcclInspectorSource
 from fabricmon.agent.nccl_prom import parse_prom_line, uuid_of_file

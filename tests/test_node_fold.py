@@ -6,9 +6,9 @@ Alertmanager 0.25 and its webhook."""
 from __future__ import annotations
 
 import pytest
-from test_alertmanager_client import Webhook, _start_am
-from test_engine import Cluster, _port, _set_state
-from waiting import wait_until
+from support.amrig import Webhook, _start_am
+from support.enginerig import Cluster, _port, _set_state
+from support.waiting import wait_until
 
 from fabricmon.aggregator.alertmanager import AlertmanagerClient
 

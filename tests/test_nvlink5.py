@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from test_nvlink import StubPynvml, no_inventory, series, source_status, val
+from support.nvmlstub import StubPynvml, no_inventory, series, source_status, val
 
 from fabricmon.agent.poller import Poller
 from fabricmon.sources.nvml.backend import NVLINK5_ERROR_TYPES

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-from promtools import live_fabric, running_alertmanager, wait_until
-from test_prometheus_rules import _mixin
+from support.promtools import live_fabric, running_alertmanager, wait_until
+from support.mixin import _mixin
 
 from fabricmon.aggregator.alertmanager import AlertmanagerClient
 from fabricmon.demo.local_alertmanager import WebhookReceiver

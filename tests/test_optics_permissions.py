@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from test_deploy_file_access import K8S, kubectl, render
+from support.k8s import K8S, kubectl, render
 
 PROBE = r"""
 import json, time

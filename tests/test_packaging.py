@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from promtools import REPO
+from support.promtools import REPO
 
 PKG = REPO / "fabricmon"
 # Packages an agent node runs (plus the top-level modules they import): no numpy there.

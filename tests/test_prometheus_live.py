@@ -34,8 +34,9 @@ from pathlib import Path
 
 import pytest
 
-from promtools import REPO, RULE_FILES, alert_for_seconds, http, live_fabric, wait_until
-from test_dashboards import _panels, metric_names
+from support.promtools import REPO, RULE_FILES, alert_for_seconds, http, live_fabric, wait_until
+from support.dashboards import _panels, metric_names
+from support.promlive import substitute
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -43,8 +44,6 @@ DASHBOARDS = sorted((REPO / "dashboards" / "json").glob("*.json"))
 FAULT_START = 5.0
 ACTIVE_BOUND_S = 30.0   # injection -> alert pending (expression true) on the faulted component
 FIRING_BOUND_S = 60.0   # injection -> firing, for alerts with for: <= 30s
-# Grafana's $__rate_interval at a 1 s scrape: max(4 x scrape interval, step + scrape) = 4 s.
-RATE_INTERVAL = "4s"
 
 # Panels allowed to return nothing in this scenario, with the reason (title -> why).
 MAY_BE_EMPTY = {
@@ -69,12 +68,6 @@ def _scenario():
     scn = scn.with_fault("pfc_storm", node="node-003", rail=2, start=FAULT_START)
     scn = scn.with_fault("nvlink_down", node="node-007", gpu=1, link=2, start=FAULT_START)
     return scn.with_fault("slow_gpu", node="node-001", gpu=2, start=FAULT_START)
-
-
-def substitute(expr: str) -> str:
-    """A panel query as Grafana sends it with every variable at "All" (``.*``)."""
-    expr = expr.replace("$__rate_interval", RATE_INTERVAL)
-    return re.sub(r"\$\{?(\w+)\}?", ".*", expr)
 
 
 def panel_queries() -> list[tuple[str, str, str, dict]]:
@@ -204,7 +197,7 @@ def test_dashboards_and_alerts_on_live_data(tmp_path: Path) -> None:
         assert named - present == set(), f"dashboards name metrics nothing exports: {sorted(named - present)}"
         agg_instance = [t for t in prom.query("up == 1") if t["metric"]["job"] == "fabricmon-aggregator"]
         agg_names = set(_label_values(prom, "__name__", f'{{instance="{agg_instance[0]["metric"]["instance"]}"}}'))
-        from test_dashboards import AGGREGATOR_METRICS
+        from support.dashboards import AGGREGATOR_METRICS
 
         assert AGGREGATOR_METRICS <= agg_names, f"not from the aggregator: {AGGREGATOR_METRICS - agg_names}"
 

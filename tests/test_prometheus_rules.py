@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -10,9 +9,9 @@ import sys
 import pytest
 import yaml
 
-from promtools import REPO, promtool
+from support.promtools import REPO, promtool
+from support.mixin import MIXIN, PROM, _mixin
 
-PROM = REPO / "deploy" / "prometheus"
 RULE_FILES = sorted(PROM.glob("*.rules.yml"))
 TEST_FILES = sorted((PROM / "tests").glob("*.test.yml"))
 PROMETHEUS_ALERTS = {
@@ -27,7 +26,6 @@ SELF_ALERTS = {"FabricmonAggregatorDown", "FabricmonAlertDeliveryFailing", "Fabr
                # blind spots: what an agent cannot see, it says (issue 25)
                "FabricmonAgentStreamDown", "FabricmonAgentRefused", "FabricmonSpoolDropping",
                "FabricmonGPUsUnmonitored", "FabricmonDevicesMissing", "FabricmonReloadFailed"}
-MIXIN = PROM / "mixin.py"
 CONTRACT_LABELS = {"severity", "component_type", "component", "node", "rail", "leaf", "gpu", "job", "cluster"}
 COMPONENT_TYPES = {"link", "nic", "gpu", "node", "rail", "leaf", "spine", "config", "nvlink", "service"}
 
@@ -38,14 +36,6 @@ def _rules() -> list[dict]:
         for group in yaml.safe_load(f.read_text())["groups"]:
             out.extend(group["rules"])
     return out
-
-
-def _mixin():
-    spec = importlib.util.spec_from_file_location("fabricmon_rules_mixin", MIXIN)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_rule_files_are_the_mixins_output(tmp_path) -> None:
@@ -151,7 +141,7 @@ def test_every_alert_is_tested_firing_and_not_firing() -> None:
 @pytest.mark.integration
 def test_real_prometheus_loads_and_evaluates_the_rules(tmp_path) -> None:
     """A real Prometheus (started by tests/promtools.py) loads the rules and evaluates them without error."""
-    from promtools import http, running_prometheus, wait_until
+    from support.promtools import http, running_prometheus, wait_until
 
     with running_prometheus(tmp_path / "prom", rule_files=RULE_FILES, evaluation_interval="1s",
                             external_labels={"cluster": "test"}) as prom:

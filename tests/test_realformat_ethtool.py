@@ -14,7 +14,7 @@ from fabricmon.sources.ethtool import (
     parse_ethtool_stats,
     stat_readings,
 )
-from realformat import text
+from support.realformat import text
 
 
 def readings(name: str, iface: str = "eth0") -> dict:

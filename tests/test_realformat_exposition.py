@@ -16,7 +16,7 @@ from fabricmon.sources.ethtool import EthtoolSource, PfcInfo
 from fabricmon.sources.fabric_config import TRUST_UNKNOWN, FabricConfigSource
 from fabricmon.sources.infiniband import InfinibandSource
 from fabricmon.sources.inventory import Inventory, PortInfo
-from realformat import fixture
+from support.realformat import fixture
 
 PROMTOOL = shutil.which("promtool")
 

@@ -19,7 +19,7 @@ from fabricmon.sources.fabric_config import (
     parse_dcb_ieee,
 )
 from fabricmon.sources.inventory import Inventory, PortInfo
-from realformat import fixture, text
+from support.realformat import fixture, text
 
 
 def poll(tree: str, ports: list[tuple[str, str, str, str]], **kw) -> dict:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from fabricmon.sources.infiniband import InfinibandSource, data_rate_gbps, parse_rate
 from fabricmon.sources.inventory import Inventory, PortInfo
-from realformat import fixture
+from support.realformat import fixture
 
 
 def poll_mlx4() -> dict:

@@ -9,7 +9,7 @@ import pytest
 
 from fabricmon.agent.nccl_inspector import MAX_P2P_PEERS, NcclInspectorSource
 from fabricmon.agent.nccl_records import Header, Marker, Op, parse_object
-from realformat import fixture
+from support.realformat import fixture
 
 
 def by_family(res) -> dict:

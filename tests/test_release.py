@@ -17,7 +17,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from fabricmon import __version__
-from promtools import REPO
+from support.promtools import REPO
 
 CONTAINERFILE = REPO / "Containerfile"
 LOCKS = REPO / "requirements"

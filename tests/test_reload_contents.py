@@ -11,8 +11,8 @@ import shutil
 
 import pytest
 import yaml
-from aggrig import Agent, Aggregator, Rig, link_errors, topology_doc
-from waiting import wait_until
+from support.aggrig import Agent, Aggregator, Rig, link_errors, topology_doc
+from support.waiting import wait_until
 
 from fabricmon.agent.stream import TlsFiles
 
@@ -68,7 +68,7 @@ def test_topology_additions_apply_removals_resolve_and_ownership_changes_are_ref
 
 
 def test_certificate_and_ca_bundle_rotation_apply_to_new_handshakes(tmp_path, rig):
-    from certs import make_pki
+    from support.certs import make_pki
 
     (tmp_path / "old").mkdir()
     (tmp_path / "new").mkdir()

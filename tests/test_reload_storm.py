@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from aggrig import Aggregator, Rig
-from waiting import wait_until
+from support.aggrig import Aggregator, Rig
+from support.waiting import wait_until
 
 NODES = 4096
 TICK = 0.25

@@ -5,7 +5,7 @@ FabricmonAgentDown, while its agent reconnects and replays a spool older than th
 from __future__ import annotations
 
 import pytest
-from test_engine import T0, Cluster
+from support.enginerig import T0, Cluster
 
 from fabricmon.aggregator.agents_down import restart_grace
 from fabricmon.aggregator.config import DetectionSettings

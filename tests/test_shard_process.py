@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import yaml
-from procrig import Proc, free_port, metrics, wait_until
+from support.procrig import Proc, free_port, metrics, wait_until
 
 from fabricmon.sim.cluster import ClusterState
 from fabricmon.sim.hw import NGPU, NRAILS

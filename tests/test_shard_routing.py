@@ -28,7 +28,7 @@ from fabricmon.sim.cluster import ClusterState
 from fabricmon.sim.hw import NGPU, NRAILS
 from fabricmon.sim.scenario import ClusterSpec, Scenario
 from fabricmon.sim.tree import NodeTree
-from waiting import wait_until
+from support.waiting import wait_until
 
 pytest.importorskip("numpy", reason="the aggregator needs numpy (fabricmon[aggregator])")
 
@@ -118,7 +118,7 @@ def _ingested(rt, node: str) -> bool:
 
 def test_each_agent_lands_on_the_replica_owning_its_unit(cluster, tmp_path):
     pytest.importorskip("cryptography", reason="tests/certs.py makes the API server's test CA")
-    from kubeapi import FakeApiServer
+    from support.kubeapi import FakeApiServer
 
     api = FakeApiServer(tmp_path / "api")
     api.nodes["node-003"] = {"fabricmon.io/unit": "1"}
@@ -163,7 +163,7 @@ def test_agent_waits_for_its_label_and_keeps_exporting(cluster, tmp_path):
     """The API server refuses (no RBAC yet): the agent polls and serves /metrics, /readyz says why;
     once allowed, the stream starts towards the label's replica."""
     pytest.importorskip("cryptography", reason="tests/certs.py makes the API server's test CA")
-    from kubeapi import FakeApiServer
+    from support.kubeapi import FakeApiServer
 
     api = FakeApiServer(tmp_path / "api")
     api.nodes["node-001"] = {"fabricmon.io/unit": "0"}

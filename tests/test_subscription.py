@@ -18,8 +18,8 @@ from fabricmon.proto import fabricmon_pb2 as pb
 from fabricmon.proto.subscription import (
     MAX_FAMILIES, BadSubscription, Subscription, filter_batch, subscription_from_pb,
 )
-from grpcraw import raw_stream
-from waiting import wait_until
+from support.grpcraw import raw_stream
+from support.waiting import wait_until
 
 P = (("device", "mlx5_0"), ("port", "1"))
 ERR = CounterDelta("fabricmon_ib_port_errors_total", P + (("counter", "symbol_error"),), 2.0)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import structlog
 import yaml
-from topology_fabrics import FABRICS
+from support.topology_fabrics import FABRICS
 
 from fabricmon.cli import main
 from fabricmon.configload import ConfigError
@@ -23,8 +23,9 @@ from fabricmon.topology_import.ibnetdiscover import IbnetParseError, parse_ibnet
 from fabricmon.topology_import.naming import CaKind, ca_name, switch_name
 from fabricmon.topology_import.nodemap import NodeMapError, parse_node_name_map
 from fabricmon.topology_import.run import import_topology
+from support.paths import FIXTURES
 
-FIX = Path(__file__).parent / "fixtures" / "topology_import"
+FIX = FIXTURES / "topology_import"
 PUBLIC = FIX / "public"
 IBSIM = FIX / "ibsim"
 LLDP = FIX / "lldp"

@@ -13,8 +13,9 @@ from fabricmon.cli import main
 from fabricmon.components import Component, Kind
 from fabricmon.configload import ConfigError
 from fabricmon.topology import generate_topology, load_topology
+from support.paths import FIXTURES
 
-IBSIM = Path(__file__).parent / "fixtures" / "topology_import" / "ibsim"
+IBSIM = FIXTURES / "topology_import" / "ibsim"
 
 
 def _ids(path: dict[Kind, Component]) -> dict[str, str]:
@@ -158,7 +159,7 @@ def test_engine_runs_unchanged_on_imported_topologies_and_labels_the_named_leaf(
                                                                                 rail) -> None:
     """The aggregator's engine (not edited here) takes a version-2 topology through the Topology interface:
     a flaky cable is alerted with its imported leaf name, and without a rail label on a fat tree."""
-    from test_engine import T0, Feed, flaky
+    from support.enginerig import T0, Feed, flaky
 
     from fabricmon.aggregator.config import DetectionSettings
     from fabricmon.aggregator.engine import Engine

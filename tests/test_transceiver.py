@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from fabricmon.sources.transceiver import (
     ModuleFormatError, ModuleReader, parse_module, read_module_file, watts_to_dbm,
 )
+from support.paths import FIXTURES
 
-FIX = os.path.join(os.path.dirname(__file__), "fixtures", "transceiver")
+FIX = str(FIXTURES / "transceiver")
 
 
 def _load(name: str) -> bytes:

@@ -17,9 +17,9 @@ import threading
 
 import pytest
 import yaml
-from agentrig import http_get
-from procrig import Proc, free_port, metrics, wait_until
-from test_engine import T0, Cluster, flaky
+from support.agentrig import http_get
+from support.procrig import Proc, free_port, metrics, wait_until
+from support.enginerig import T0, Cluster, flaky
 
 from fabricmon.aggregator.engine import Engine
 from fabricmon.sim.cluster import ClusterState

@@ -13,9 +13,9 @@ import subprocess
 
 import pytest
 import yaml
-from certs import make_pki
-from procrig import Proc, agent_config, free_port, render_node, short_dir, topology_yaml, wait_until
-from promtools import find_binary
+from support.certs import make_pki
+from support.procrig import Proc, agent_config, free_port, render_node, short_dir, topology_yaml, wait_until
+from support.promtools import find_binary
 
 from fabricmon.aggregator.engine import Engine
 from fabricmon.aggregator.http_api import HttpApi
@@ -226,8 +226,8 @@ def test_real_prometheus_scrapes_over_tls_with_basic_auth(tmp_path) -> None:
     import json
     import urllib.parse
 
-    from promtools import http as prom_http
-    from promtools import prometheus_config, running_prometheus
+    from support.promtools import http as prom_http
+    from support.promtools import prometheus_config, running_prometheus
 
     from fabricmon.agent.runtime import build_agent
     from fabricmon.sim.agents import sim_agent_config

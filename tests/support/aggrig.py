@@ -5,14 +5,14 @@ for the reload, rotation and revocation tests.  Everything is read back over HTT
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import yaml
-from waiting import wait_until
+from support.net import free_port  # noqa: F401 (re-exported)
+from support.waiting import wait_until
 
 from fabricmon.agent.spool import MemorySpool
 from fabricmon.agent.stream import StreamClient
@@ -21,12 +21,6 @@ from fabricmon.aggregator.service import run_aggregator
 from fabricmon.batch import NodeHello
 from fabricmon.model import CounterDelta, Snapshot
 from fabricmon.topology import rail_nics
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def topology_doc(nodes: dict[str, int], cluster: str = "rig") -> dict:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-ROOT = Path(__file__).parent / "fixtures" / "realformat"
+from support.paths import FIXTURES
+
+ROOT = FIXTURES / "realformat"
 
 
 def fixture(*parts: str) -> Path:

@@ -22,7 +22,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -36,7 +35,9 @@ from typing import Any
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+from support.net import free_port  # noqa: F401 (re-exported)
+from support.paths import REPO
+from support.waiting import wait_until
 
 # Binary names, first found wins (Debian names the Alertmanager binary differently).
 PROMETHEUS = ("prometheus",)
@@ -60,29 +61,6 @@ def require_binary(names: Sequence[str]) -> str:
         pytest.skip(f"{' / '.join(names)} not installed (CI installs it; apt-get install "
                     f"prometheus prometheus-alertmanager)")
     return path
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(predicate: Callable[[], Any], deadline: float, what: str, interval: float = 0.05) -> Any:
-    """Poll ``predicate`` until it returns a truthy value or ``deadline`` seconds pass."""
-    end = time.monotonic() + deadline
-    last_exc: BaseException | None = None
-    while True:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except (OSError, urllib.error.URLError, ValueError) as exc:  # not up yet
-            last_exc = exc
-        if time.monotonic() >= end:
-            raise TimeoutError(f"timed out after {deadline}s waiting for {what}"
-                               + (f" (last error: {last_exc})" if last_exc else ""))
-        time.sleep(interval)
 
 
 def http(method: str, url: str, body: Any = None, timeout: float = 5.0) -> tuple[int, Any]:

@@ -18,9 +18,8 @@ from fabricmon.agent.nccl_inspector import NcclInspectorSource
 from fabricmon.agent.runtime import build_agent, build_sources
 from fabricmon.config import load_agent_config
 from fabricmon.sim.fixture import write_fixture
+from support.paths import FIXTURES, GOLDEN  # noqa: F401 (GOLDEN: re-exported for test_golden)
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
-GOLDEN = Path(__file__).resolve().parent / "golden"
 NODE = "node-000"
 # Every golden snapshot is taken at this time, so the timestamp and age lines are fixed.
 TS = 1764000000.0

@@ -13,7 +13,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from certs import make_pki
+from support.certs import make_pki
 
 
 class FakeApiServer:

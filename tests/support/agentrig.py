@@ -13,7 +13,6 @@ import dataclasses
 import json
 import socket
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -22,6 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fabricmon.agent.wiring import build_live_agent
 from fabricmon.aggregator.config import DetectionSettings
+from support.net import free_port  # noqa: F401 (re-exported for the rigs' users)
+from support.waiting import wait_until  # noqa: F401
+
 from fabricmon.aggregator.engine import Engine
 from fabricmon.aggregator.http_api import HttpApi
 from fabricmon.aggregator.server import start_grpc_server
@@ -32,21 +34,6 @@ from fabricmon.sim.hw import NGPU, NRAILS
 from fabricmon.sim.scenario import ClusterSpec, Scenario
 from fabricmon.sim.tree import NodeTree
 from fabricmon.topology import generate_topology
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(pred, timeout: float = 15.0, every: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(every)
-    return bool(pred())
 
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
