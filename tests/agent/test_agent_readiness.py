@@ -6,7 +6,7 @@ aggregator's own alerts and the agents' stream metrics already report.  So: the 
 (nothing listens) or refusing the stream (a real gRPC server with another token) leaves /readyz at
 200 while batches spool; a token the agent cannot read (the Kubernetes Secret defect: root:root
 0440 for a non-root uid; here a missing or empty file, since the tests may run as root) is 503
-naming the file, as are expected devices missing (tests/test_input_bounds.py).  All real over
+naming the file, as are expected devices missing (tests/sources/test_input_bounds.py).  All real over
 127.0.0.1: the agent as `fabricmon agent` wires it, on a simulated node tree.
 """
 

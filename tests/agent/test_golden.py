@@ -1,8 +1,8 @@
 """Golden expositions: the agent's whole /metrics output for each fixture kind, held to tests/golden/*.prom.
 
 A change to any metric name, label, value or help text shows up here as a unified diff.  After an
-intended change, regenerate and review: ``FABRICMON_UPDATE_GOLDEN=1 pytest tests/test_golden.py``.
-Cases are in tests/golden_cases.py (one line per fixture kind).
+intended change, regenerate and review: ``FABRICMON_UPDATE_GOLDEN=1 pytest tests/agent/test_golden.py``.
+Cases are in tests/support/golden_cases.py (one line per fixture kind).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from support.goldenfile import match_golden
 
 
 def assert_matches_golden(name: str, got: str) -> None:
-    match_golden(GOLDEN / f"{name}.prom", got, produced_by="agent output", regenerate="pytest tests/test_golden.py")
+    match_golden(GOLDEN / f"{name}.prom", got, produced_by="agent output", regenerate="pytest tests/agent/test_golden.py")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

@@ -1,6 +1,6 @@
 """The agent reads its unit from its Kubernetes node label: request, errors, retries, /readyz, metrics.
 
-A loopback HTTPS server with a test CA stands in for the API server (tests/kubeapi.py).
+A loopback HTTPS server with a test CA stands in for the API server (tests/support/kubeapi.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from fabricmon.agent.kube_node import NodeLabelError, in_cluster_api_server, rea
 from fabricmon.agent.shard_target import ShardCollector, ShardTarget, label_lookup, resolve_static
 from fabricmon.config import KubernetesShardsConfig, NodeLabelConfig, ShardConfig
 
-pytest.importorskip("cryptography", reason="tests/certs.py makes the test CA with cryptography")
+pytest.importorskip("cryptography", reason="tests/support/certs.py makes the test CA with cryptography")
 
 from support.kubeapi import FakeApiServer  # noqa: E402
 from support.waiting import wait_until  # noqa: E402

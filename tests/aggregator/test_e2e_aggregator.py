@@ -6,7 +6,7 @@ The simulator runs as fast as it can (no pacing) on its own clock: sample times 
 wall clock (agents' clocks never run ahead of Alertmanager's).  Every delay asserted on detection
 is in *sample* seconds; Alertmanager delivery is asserted on wall time with deadline polls.
 
-The wrong-token case is covered by tests/test_stream.py (test_wrong_token_is_unauthenticated_and_logged).
+The wrong-token case is covered by tests/agent/test_stream.py (test_wrong_token_is_unauthenticated_and_logged).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ tests/golden/alerts/<scenario>.json.  Normalized: times, incident ids and genera
 here), and the digits of the description (counts of errors, ranks and seconds change with when
 Alertmanager's group fires); the evidence list after "Evidence:" and the measured ``impact`` and
 ``impact_json`` are dropped for the same reason (the cost test below checks them).
-After an intended change: ``FABRICMON_UPDATE_GOLDEN=1 pytest tests/test_golden_alerts.py``, review the diff.
+After an intended change: ``FABRICMON_UPDATE_GOLDEN=1 pytest tests/aggregator/test_golden_alerts.py``, review the diff.
 """
 
 from __future__ import annotations

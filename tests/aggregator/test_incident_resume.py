@@ -1,7 +1,7 @@
 """A restarted aggregator resumes its open incidents (issue 25, "restarts that page nobody"): they are
 persisted atomically with what was sent, restored under their own ids at start and reconciled with
 Alertmanager's active alerts, so a fault still there is not fired again and one that cleared while
-the aggregator was down is resolved once.  Engine-level batches (tests/test_engine.py's Cluster),
+the aggregator was down is resolved once.  Engine-level batches (tests/aggregator/test_engine.py's Cluster),
 the aggregator's AlertmanagerClient and a real Alertmanager 0.25 with a webhook."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The ingest stage reads labels by name: positions come from metrics.SPECS, and the series agents send keep them.
 
-``tests/test_sim_inmemory.py`` shows the simulator's batches equal the real agent pipeline's; here
+``tests/sim/test_sim_inmemory.py`` shows the simulator's batches equal the real agent pipeline's; here
 every series of a family the detectors read, in those batches, carries the labels the ingest
 stage reads at the positions it resolved from ``metrics.SPECS``.  Reordering a family's labels in
 SPECS moves the positions with it; a source that sent them in another order fails here instead of

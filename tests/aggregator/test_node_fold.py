@@ -1,5 +1,5 @@
 """A node whose NICs fail together is one node incident, one notification (issue 25; DESIGN: "one
-host slow on all rails is the host").  Engine-level with hand-built batches (tests/test_engine.py's
+host slow on all rails is the host").  Engine-level with hand-built batches (tests/aggregator/test_engine.py's
 Cluster), then the same incidents through the aggregator's AlertmanagerClient to a real
 Alertmanager 0.25 and its webhook."""
 

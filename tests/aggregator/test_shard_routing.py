@@ -117,7 +117,7 @@ def _ingested(rt, node: str) -> bool:
 
 
 def test_each_agent_lands_on_the_replica_owning_its_unit(cluster, tmp_path):
-    pytest.importorskip("cryptography", reason="tests/certs.py makes the API server's test CA")
+    pytest.importorskip("cryptography", reason="tests/support/certs.py makes the API server's test CA")
     from support.kubeapi import FakeApiServer
 
     api = FakeApiServer(tmp_path / "api")
@@ -162,7 +162,7 @@ def test_each_agent_lands_on_the_replica_owning_its_unit(cluster, tmp_path):
 def test_agent_waits_for_its_label_and_keeps_exporting(cluster, tmp_path):
     """The API server refuses (no RBAC yet): the agent polls and serves /metrics, /readyz says why;
     once allowed, the stream starts towards the label's replica."""
-    pytest.importorskip("cryptography", reason="tests/certs.py makes the API server's test CA")
+    pytest.importorskip("cryptography", reason="tests/support/certs.py makes the API server's test CA")
     from support.kubeapi import FakeApiServer
 
     api = FakeApiServer(tmp_path / "api")

@@ -45,7 +45,7 @@ def test_group_by_and_every_inhibition_has_equal() -> None:
         == ["cluster", "component"]
     assert pairs[(('alertname=~"NVLinkDown|GPUXidFatal"',), ('alertname=~"NVLinkErrors|StragglerRank"',))] \
         == ["cluster", "node", "gpu"]
-    # Scoped to the ranks that use the shared component (tests/test_alertmanager_inhibitions.py).
+    # Scoped to the ranks that use the shared component (tests/deploy/test_alertmanager_inhibitions.py).
     assert pairs[(('alertname="SlowRanksSharedComponent"', 'component_type="leaf"'), ('alertname="StragglerRank"',))] \
         == ["cluster", "hpc_job", "leaf"]
     assert pairs[(('alertname=~"FabricLinkDown|FabricLeafDegraded"',),

@@ -4,7 +4,7 @@ Real agents (a simulated 8-node cluster in tree mode) scraped by a real Promethe
 repository's recording rules, and an aggregator target that is down (nothing listens on its port),
 so every aggregator series is absent: every cell of the Fabric map's incident panels must read
 "no data / aggregator down" through the panel's own value mappings, not "OK".  With the aggregator
-up the same cells read "OK" or a severity (tests/test_prometheus_live.py).
+up the same cells read "OK" or a severity (tests/deploy/test_prometheus_live.py).
 """
 
 from __future__ import annotations

@@ -267,7 +267,7 @@ def _serves(policy_rule: dict, container: dict, port_name: str) -> bool:
     return any(_port_number(container, p["port"]) == _port_number(container, port_name) for p in policy_rule["ports"])
 
 
-# Where the agents run (one DaemonSet per node kind): tests/test_deploy_node_kinds.py.
+# Where the agents run (one DaemonSet per node kind): tests/deploy/test_deploy_node_kinds.py.
 
 
 def test_aggregator_pdb(rendered) -> None:
@@ -304,7 +304,7 @@ def test_aggregator_networkpolicy(rendered) -> None:
 def test_one_image_the_containerfile_builds(rendered) -> None:
     """Every container runs the image the Containerfile builds, tagged with the package version."""
     _, objs = rendered
-    from fabricmon import __version__ as version  # the one version source (tests/test_release.py)
+    from fabricmon import __version__ as version  # the one version source (tests/deploy/test_release.py)
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     images = {c["image"] for o in objs if o["kind"] in ("DaemonSet", "Deployment", "StatefulSet")

@@ -9,7 +9,7 @@ Rendered with the real kustomize (`kubectl kustomize`).  Checked here:
 - the two DaemonSets are the same pod but for the listed differences;
 - expected_ports per kind, through the real agent's readiness on a node tree without RDMA ports;
 - the optics overlay's securityContext as rendered, and that an added capability is only ever given
-  to a uid 0 container (tests/test_optics_permissions.py shows why on the real ioctl);
+  to a uid 0 container (tests/deploy/test_optics_permissions.py shows why on the real ioctl);
 - each workload's Pod Security Standards level (v1.30 baseline/restricted rules, computed from the
   rendered pod) and the namespace's enforce label, against the table in deploy/README.md;
 - the documented kustomize `images:` override, rendered from the README's own text.
@@ -294,7 +294,7 @@ def pss_level(spec: dict) -> str:
 def _readme_table() -> dict[str, dict[str, str]]:
     """deploy/README.md's workload table, by workload (first column)."""
     text = README.read_text()
-    start = text.index("<!-- workloads table: tests/test_deploy_node_kinds.py -->")
+    start = text.index("<!-- workloads table: tests/deploy/test_deploy_node_kinds.py -->")
     rows = [ln for ln in text[start:].splitlines()[1:] if ln.startswith("|")]
     if not rows:
         return {}
@@ -359,7 +359,7 @@ def test_pss_levels_and_the_namespace_admits_its_pods() -> None:
 def test_documented_images_override(tmp_path) -> None:
     """The README's site kustomization, rendered: every fabricmon container takes the pinned image."""
     text = README.read_text()
-    m = re.search(r"<!-- images override: tests/test_deploy_node_kinds.py -->\n```yaml\n(.*?)```", text, re.S)
+    m = re.search(r"<!-- images override: tests/deploy/test_deploy_node_kinds.py -->\n```yaml\n(.*?)```", text, re.S)
     assert m, "deploy/README.md: the images: override example is missing"
     doc = yaml.safe_load(m.group(1))
     images = doc["images"]
@@ -382,7 +382,7 @@ def test_documented_images_override(tmp_path) -> None:
 
 @pytest.mark.parametrize("path", ["overlays/optics", "examples/training-pod"])
 def test_new_kustomizations_validate(path: str) -> None:
-    """The objects the overlays of tests/test_deploy_kubernetes.py do not cover, against the same
+    """The objects the overlays of tests/deploy/test_deploy_kubernetes.py do not cover, against the same
     Kubernetes 1.30 OpenAPI schemas (kubernetes-validate, strict)."""
     import kubernetes_validate as kv
 

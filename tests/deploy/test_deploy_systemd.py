@@ -63,7 +63,7 @@ def test_units_are_hardened(name: str) -> None:
     role = "agent" if "agent" in name else "aggregator"
     # DynamicUser: each unit its own state directory (a shared one would change owner at each start).
     assert u["Service.StateDirectory"] == [f"fabricmon-{role}"]
-    assert u["Service.ExecReload"] == ["/bin/kill -HUP $MAINPID"]  # SIGHUP reloads (tests/test_signals.py)
+    assert u["Service.ExecReload"] == ["/bin/kill -HUP $MAINPID"]  # SIGHUP reloads (tests/agent/test_signals.py)
     assert u["Service.EnvironmentFile"] == [f"-/etc/default/fabricmon-{role}"]
     assert u["Service.ExecStart"] == [
         f"/usr/local/bin/fabricmon {role} --config /etc/fabricmon/{role}.yaml $FABRICMON_ARGS"]

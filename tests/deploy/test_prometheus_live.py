@@ -126,7 +126,7 @@ def test_dashboards_and_alerts_on_live_data(tmp_path: Path) -> None:
     for_s = alert_for_seconds()
     t0 = time.monotonic()
     # One aggregator replica down: the fault rules, the aggregator's fallback, speak (with every
-    # replica up they are silent: tests/test_one_sender.py).
+    # replica up they are silent: tests/aggregator/test_one_sender.py).
     with live_fabric(scn, tmp_path, rule_files=RULE_FILES, down_aggregator_replica=True) as lf:
         prom = lf.prom
         injected = {(g.alertname, g.component): lf.epoch + g.start for g in truth}

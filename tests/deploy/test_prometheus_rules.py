@@ -140,7 +140,7 @@ def test_every_alert_is_tested_firing_and_not_firing() -> None:
 
 @pytest.mark.integration
 def test_real_prometheus_loads_and_evaluates_the_rules(tmp_path) -> None:
-    """A real Prometheus (started by tests/promtools.py) loads the rules and evaluates them without error."""
+    """A real Prometheus (started by tests/support/promtools.py) loads the rules and evaluates them without error."""
     from support.promtools import http, running_prometheus, wait_until
 
     with running_prometheus(tmp_path / "prom", rule_files=RULE_FILES, evaluation_interval="1s",

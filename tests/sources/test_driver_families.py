@@ -7,7 +7,7 @@ the tree like the agent does, polls the real sources, tracks and renders the exp
 checks a hand-written expectation (raw name -> family and labels) against the values in the
 fixture files: the expectation is written here, independently of fabricmon's driver tables.
 Regenerate the .prom goldens after an intended change: ``FABRICMON_UPDATE_GOLDEN=1 pytest
-tests/test_driver_families.py``.
+tests/sources/test_driver_families.py``.
 """
 
 from __future__ import annotations

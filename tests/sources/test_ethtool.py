@@ -135,7 +135,7 @@ def test_phy_errors_keep_their_name_as_counter_label(name: str) -> None:
     assert c is not None and c.family == PHY_ERRORS and _labels(c) == {"counter": name}
     assert c.semantics is Semantics.MONOTONIC
     # rx_out_of_buffer and dev_internal_queue_oob (formerly dev_out_of_buffer) are 32-bit and
-    # wrap: see tests/test_realformat_ethtool.py.
+    # wrap: see tests/realformat/test_realformat_ethtool.py.
 
 
 def test_allowlist_gates_everything_else() -> None:

@@ -2,7 +2,7 @@
 legacy calls answer NOT_SUPPORTED, the legacy path on Hopper, and a GPU that supports neither.
 
 The real nvidia-ml-py module with only the library's entry points replaced (``StubPynvml`` of
-tests/test_nvlink.py: pynvml's own constants, error class and ``c_nvmlFieldValue_t``).  What each
+tests/sources/test_nvlink.py: pynvml's own constants, error class and ``c_nvmlFieldValue_t``).  What each
 stub GPU answers follows nvml.h (NVIDIA/go-nvml gen/nvml/nvml.h, NVML API 13):
 
 * NVML_FI_DEV_NVLINK_COUNT_XMIT_BYTES/RCV_BYTES (202/204) "Total Tx/Rx bytes on the link in

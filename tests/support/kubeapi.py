@@ -1,7 +1,7 @@
 """A loopback HTTPS server standing in for the Kubernetes API server's ``GET /api/v1/nodes/NAME``.
 
 This machine has no cluster: the agent's node-label lookup talks to this instead, over real TLS
-(a test CA from tests/certs.py) with a bearer token.  Each test sets what it answers: a Node
+(a test CA from tests/support/certs.py) with a bearer token.  Each test sets what it answers: a Node
 object with labels, an HTTP error, or nothing at all (a hang, for timeouts).
 """
 
