@@ -7,9 +7,10 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import yaml
-from support.promtools import ALERTMANAGER, Alertmanager, _start, free_port, require_binary
+
 from fabricmon import components
 from fabricmon.aggregator.incidents import Finding, IncidentManager
+from support.promtools import ALERTMANAGER, Alertmanager, _start, free_port, require_binary
 
 
 class Webhook:

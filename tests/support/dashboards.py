@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import re
 
-
-
 AGGREGATOR_METRICS = {"fabricmon_agents_connected", "fabricmon_ingest_samples_total", "fabricmon_component_suspicion",
                       "fabricmon_rank_lateness_score", "fabricmon_incidents_open", "fabricmon_alerts_sent_total",
                       "fabricmon_incident_open", "fabricmon_incident_started_timestamp_seconds",

@@ -11,7 +11,6 @@ from fabricmon.model import CounterDelta, Sample
 from fabricmon.rank_timing import RankTiming
 from fabricmon.topology import generate_topology
 
-
 T0 = 1_764_000_000.0
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
 from support.paths import REPO
 
 K8S_VERSION = "1.30.0"  # oldest Kubernetes the manifests claim (policy/v1 PDB, PSA labels)

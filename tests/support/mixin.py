@@ -7,7 +7,6 @@ import sys
 
 from support.promtools import REPO
 
-
 PROM = REPO / "deploy" / "prometheus"
 
 

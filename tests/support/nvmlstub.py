@@ -8,6 +8,7 @@ from typing import Any
 
 import pynvml
 from prometheus_client.parser import text_string_to_metric_families
+
 from fabricmon.agent.exporter import exposition
 from fabricmon.model import Snapshot
 from fabricmon.sources.inventory import Inventory

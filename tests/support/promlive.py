@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import re
 
-
-
 # Grafana's $__rate_interval at a 1 s scrape: max(4 x scrape interval, step + scrape) = 4 s.
 RATE_INTERVAL = "4s"
 

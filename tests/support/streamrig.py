@@ -9,7 +9,6 @@ from fabricmon.agent.stream import StreamClient
 from fabricmon.batch import NodeBatch, NodeHello
 from fabricmon.model import CounterDelta, Sample, Snapshot
 
-
 P = (("device", "mlx5_0"), ("port", "1"))
 
 
