@@ -549,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     receiver = None
     if a.fault_minutes > 0 or a.shards > 1:
         from fabricmon.demo.local_alertmanager import WebhookReceiver
-        from tests.promtools import start_alertmanager
+        from tests.support.promtools import start_alertmanager
 
         receiver = WebhookReceiver()
         receiver.start()
