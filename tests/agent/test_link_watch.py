@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from agentrig import http_get, metric, parse_metrics
+from support.agentrig import http_get, metric, parse_metrics
 
 from fabricmon.agent import linkwatch as lw
 from fabricmon.agent.linkwatch import LinkWatch, watched_links

@@ -5,7 +5,7 @@ silence) stays what its hello announced, and a sub-threshold error rate stays be
 
 from __future__ import annotations
 
-from test_engine import T0, Cluster, _port
+from support.enginerig import T0, Cluster, _port
 
 from fabricmon.aggregator.config import DetectionSettings
 from fabricmon.aggregator.lateness import LATE_INTERVALS, node_time
