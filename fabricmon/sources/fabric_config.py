@@ -77,11 +77,11 @@ class PortFacts:
     state: int | None = None
     rate_gbps: float | None = None
     width: int | None = None
-    lanes_from_link_modes: bool = False  # width is the netdev's link-mode lanes (RoCE), not the sysfs rate's
     mtu: int | None = None
     ecn_np: bool | None = None
     ecn_rp: bool | None = None
     pfc: PfcInfo | None = None
+    lanes_from_link_modes: bool = False  # width is the netdev's link-mode lanes (RoCE), not the sysfs rate's
 
 
 def evaluate(facts: PortFacts, profile: ProfileConfig) -> dict[str, bool | None]:
