@@ -56,8 +56,8 @@ from ..model import ReadingMemo, SourceResult
 from .base_io import read_text
 from .ethtool import PfcInfo, parse_pfc_summary
 from .infiniband import netdev_speed_gbps, parse_rate, parse_state
-from .link_modes import LaneCache
 from .inventory import Inventory, PortInfo
+from .link_modes import LaneCache
 from .registry import SourceContext, SourceSpec
 
 FAMILY = "fabricmon_fabric_config_ok"

@@ -251,14 +251,15 @@ def discover(
             hit = cache.get(name)
             if hit is not None and hit[0] == identity[name]:
                 info = hit[1]
-                raw.append((name, dpath, RailCandidate(name, info.hca_type, info.pci_id, min(info.netdevs, default=""))))
+                cand = RailCandidate(name, info.hca_type, info.pci_id, min(info.netdevs, default=""))
+                raw.append((name, dpath, cand))
                 continue
         dev_dir = os.path.join(dpath, "device")
         vendor, product = _read_or(os.path.join(dev_dir, "vendor")), _read_or(os.path.join(dev_dir, "device"))
         pci_id = f"{vendor}:{product}" if _PCI_ID.fullmatch(vendor) and _PCI_ID.fullmatch(product) else ""
-        netdevs = [n for n in list_dir(os.path.join(dev_dir, "net")) if valid_ifname(n)]
+        own = [n for n in list_dir(os.path.join(dev_dir, "net")) if valid_ifname(n)]
         raw.append((name, dpath, RailCandidate(name, _read_label(os.path.join(dpath, "hca_type"), errors), pci_id,
-                                               min(netdevs, default=""))))
+                                               min(own, default=""))))
     rail_of = assign_rails([c for _, _, c in raw], rails or {}, rail_memory)
 
     devices: list[DeviceInfo] = []

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .ethtool_groups import GroupsUnavailable, warm_up
 from .ethtool_groups import EthtoolNetlink as _GroupsReader
+from .ethtool_groups import GroupsUnavailable, warm_up
 
 ETHTOOL_MSG_LINKMODES_GET = 4  # position in the ETHTOOL_MSG_* user enum
 ETHTOOL_FLAG_COMPACT_BITSETS = 1
