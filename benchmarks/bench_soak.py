@@ -503,6 +503,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes-per-unit", type=int, default=32)
     ap.add_argument("--markdown", action="store_true", help="print the per-minute table as markdown")
     a = ap.parse_args(argv)
+    # SIGTERM (a CI timeout, `kill`) unwinds through the finally below like Ctrl-C does: without it
+    # the aggregators and Alertmanager this run started outlive it, holding CPU and ports.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if (a.kill_shard is None) != (a.kill_at_minute is None):
         ap.error("--kill-shard and --kill-at-minute go together")
     if a.kill_shard is not None:
