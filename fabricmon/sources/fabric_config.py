@@ -335,7 +335,8 @@ class FabricConfigSource:
                 return parsed.gbps, parsed.width_lanes, False
 
             fact("rate", rate)
-        gbps, width, from_modes = values.get("rate", (None, None, False))  # type: ignore[misc]
+        rate_fact = values.get("rate")
+        gbps, width, from_modes = rate_fact if isinstance(rate_fact, tuple) else (None, None, False)
 
         if port.link_layer == "Ethernet" and port.netdev:
             net = os.path.join(sysfs_root, "class", "net", port.netdev)

@@ -13,10 +13,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from support.paths import FIXTURES
 
 from fabricmon.sources.inventory import RailCandidate, assign_rails, discover, rail_keys
 
-TREE = Path(__file__).parent / "fixtures" / "drivers" / "bnxt-thor2-gen1" / "node"
+TREE = FIXTURES / "drivers" / "bnxt-thor2-gen1" / "node"
 IB = "sys/class/infiniband"
 
 

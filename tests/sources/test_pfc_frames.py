@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support.paths import FIXTURES
 
 from fabricmon.agent.stream_batches import BatchMaker
 from fabricmon.aggregator.config import DetectionSettings
@@ -29,7 +30,7 @@ from fabricmon.sources.infiniband import InfinibandSource
 from fabricmon.sources.inventory import discover
 from fabricmon.topology import generate_topology
 
-DRIVERS = Path(__file__).parent / "fixtures" / "drivers"
+DRIVERS = FIXTURES / "drivers"
 T0 = 1_764_000_000.0
 NODE = "node-003"
 # ice at the fixture's 100 Gb/s: XOFF frames a second a port sends while paused throughout (5,960)
