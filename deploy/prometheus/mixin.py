@@ -456,6 +456,20 @@ max without (device, port) (
         (max by (cluster, node, interface) (rate(fabricmon_pfc_pause_seconds_total{direction="rx"}[1m])) > 0.1)
           * on (cluster, node, interface) group_left (device, port) fabricmon:ib_port:info{interface!=""}
       )
+      or on (cluster, node, device, port)
+      # paused by XOFF frames where the driver counts no pause time (ice): over the full-pause frame rate
+      max by (cluster, node, device, port) (
+        (
+          max by (cluster, node, interface) (
+            sum by (cluster, node, interface, traffic_class) (
+              rate(fabricmon_pfc_frames_by_traffic_class_total{direction="rx",type="xoff"}[1m])
+            )
+              / on (cluster, node, interface) group_left
+            max by (cluster, node, interface) (fabricmon_pfc_xoff_refresh_frames_per_second > 0)
+          ) > 0.1
+        )
+          * on (cluster, node, interface) group_left (device, port) fabricmon:ib_port:info{interface!=""}
+      )
     )
       * on (cluster, node, device, port) group_left (rail, leaf) fabricmon:ib_port:info,
     "component", "/", "node", "device", "port"
