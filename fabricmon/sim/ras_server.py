@@ -135,11 +135,13 @@ def _vtuple(v: str) -> tuple[int, ...]:
 
 @dataclass
 class FakeRasServer:
-    """Listens on 127.0.0.1 (port 0: any free one).  ``state()`` is called per STATUS.  ``behaviour``:
-    ``normal``; ``silent`` (accepts, never answers: a stopped process's socket); ``huge`` (a document of
-    ``huge_bytes``); ``garbage`` (answers STATUS with ``garbage``)."""
+    """Listens on 127.0.0.1 (port 0: any free one).  ``state()`` is called per STATUS, unless ``document``
+    (bytes sent as they are, e.g. a documented sample) is given.  ``behaviour``: ``normal``; ``silent``
+    (accepts, never answers: a stopped process's socket); ``huge`` (a document of ``huge_bytes``);
+    ``garbage`` (answers STATUS with ``garbage``)."""
 
-    state: Callable[[], FakeStatus]
+    state: Callable[[], FakeStatus] = FakeStatus
+    document: bytes | None = None
     version: str = "2.29.1"
     behaviour: str = "normal"
     huge_bytes: int = 40 * 1024 * 1024
@@ -154,7 +156,7 @@ class FakeRasServer:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((self.host, self.port))
         self._sock.listen(16)
-        self._sock.settimeout(0.2)
+        self._sock.settimeout(0.05)  # how soon close() is noticed
         self.port = self._sock.getsockname()[1]
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -241,6 +243,9 @@ class FakeRasServer:
             return
         if self.behaviour == "garbage":
             conn.sendall(self.garbage)
+            return
+        if self.document is not None:
+            conn.sendall(self.document)
             return
         st = self.state()
         if json_fmt:

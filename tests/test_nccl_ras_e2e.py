@@ -1,0 +1,118 @@
+"""A hung job's NCCL RAS, end to end over real sockets: heartbeats announcing RAS cross real agents'
+gRPC streams into the aggregator; when the job turns suspect the aggregator asks one agent (a node
+that is not the hung rank's) on its stream; that agent queries a loopback server speaking RAS's
+protocol with NCCL's documented JSON (a missing rank); the answer comes back on the stream and the
+JobHung incident's evidence (/api/incidents) names the missing rank.  Without RAS JobHung fires at
+the same tick."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+from fabricmon.agent.spool import MemorySpool
+from fabricmon.agent.stream import StreamClient
+from fabricmon.aggregator.engine import Engine
+from fabricmon.aggregator.server import start_grpc_server
+from fabricmon.batch import NodeHello
+from fabricmon.model import Snapshot
+from fabricmon.rank_timing import Heartbeat
+from fabricmon.sim.ras_server import FakeRasServer
+from fabricmon.topology import generate_topology
+from waiting import wait_until
+
+DOC = (Path(__file__).parent / "fixtures" / "nccl" / "ras" / "doc-2.29.1-status-missing-rank.json").read_bytes()
+NODES = ("node-000", "node-001")
+
+
+class Beats:
+    """The agent's intake as the stream reads it: heartbeats handed over per batch."""
+
+    def __init__(self) -> None:
+        self.pending: list[Heartbeat] = []
+
+    def drain(self):
+        return [], []
+
+    def drain_heartbeats(self) -> list[Heartbeat]:
+        out, self.pending = self.pending, []
+        return out
+
+
+def _run(ras_addr: str, rounds: int = 8) -> tuple[Engine, list[float], dict]:
+    """Job "llm" (id j1): rank 0 on node-000 enters its collective at round 1 and waits, rank 1 on
+    node-001 never does; heartbeats every 5 s of sample time.  The engine ticks after each round."""
+    topo = generate_topology(2, nodes_per_unit=2, gpus_per_node=8)
+    engine = Engine(topo, cluster="t")
+    srv = start_grpc_server(engine, "127.0.0.1:0", lock=engine.lock)
+    t0 = float(int(time.time()) - 120)
+    beats = {n: Beats() for n in NODES}
+    clients = {n: StreamClient(srv.address, n, (lambda n=n: NodeHello(n, "test", 5.0, gpus=8, boot_id="b")),
+                               MemorySpool(), intake=beats[n], backoff_min=0.05, backoff_max=0.3,
+                               hello_timeout=3.0).start() for n in NODES}
+    fired: list[float] = []
+    try:
+        assert wait_until(lambda: all(c.connected for c in clients.values()))
+        for i in range(rounds):
+            ts = t0 + 5 * i
+            for r, node in enumerate(NODES):
+                inside = r == 0 and i >= 1
+                beats[node].pending.append(Heartbeat("llm", r, 3, 7 + int(inside), inside, ts, "", "j1", ras_addr))
+            for n, c in clients.items():
+                c.offer(Snapshot(node=n, ts=ts, seq=i + 1, samples=(), deltas=(), interval_seconds=5.0, sources=()))
+            assert wait_until(lambda: engine.batches_total >= 2 * (i + 1))
+            # a query planned at the last tick went down after this round's ack: its answer, before the tick
+            assert wait_until(lambda: not any(j.pending for j in engine.ras.jobs.values()), 15)
+            engine.tick(ts)
+            if any(x.alertname == "JobHung" for x in engine.open_incidents()) and not fired:
+                fired.append(ts - t0)
+        agents = {n: c.stats()["nccl_ras"]["outcomes"] for n, c in clients.items()}
+    finally:
+        for c in clients.values():
+            c.stop(2.0)
+        srv.stop(0.5)
+    return engine, fired, agents
+
+
+def test_rank_hang_job_hung_evidence_names_the_missing_rank_ras_reports():
+    with FakeRasServer(document=DOC) as ras:
+        engine, fired, agents = _run(ras.addr)
+        assert ras.commands[:4] == ["CLIENT PROTOCOL 2", "TIMEOUT 5", "SET FORMAT json", "STATUS"]
+        assert ras.queries == 1  # once per suspicion: the back-off (60 s) outlasts the run
+    (inc,) = [i for i in engine.open_incidents() if i.alertname == "JobHung"]
+    assert inc.labels["rank"] == "1" and inc.labels["node"] == "node-001"
+    ras_ev = [e for e in inc.evidence if e.startswith("NCCL RAS")]
+    assert len(ras_ev) == 1, inc.evidence
+    assert "asked on node-000" in ras_ev[0]  # a node of the job that is not the hung rank's
+    assert "missing: rank 1 (the rank the heartbeats name) (process 1524345 on 172.16.64.245" in ras_ev[0]
+    assert "unresponsive" in ras_ev[0] and "NCCL 2.29.1" in ras_ev[0]
+    assert agents["node-000"]["ok"] == 1 and sum(agents["node-001"].values()) == 0
+    assert engine.ras.outcomes["ok"] == 1 and engine.ras.sent_total == 1
+    # what an operator reads from /api/incidents carries it too
+    from fabricmon.aggregator.runtime import AggregatorRuntime
+
+    rt = AggregatorRuntime(engine, http_listen=("127.0.0.1", 0)).start()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{rt.http.port}/api/incidents", timeout=5) as resp:
+            body = json.loads(resp.read())
+        with urllib.request.urlopen(f"http://127.0.0.1:{rt.http.port}/metrics", timeout=5) as resp:
+            metrics = resp.read().decode()
+    finally:
+        rt.stop()
+    incs = body if isinstance(body, list) else body.get("incidents", [])
+    hung = [i for i in incs if i["alertname"] == "JobHung"]
+    assert any("missing: rank 1" in e for e in hung[0]["evidence"])
+    assert 'fabricmon_nccl_ras_queries_total{outcome="ok"} 1.0' in metrics
+    assert "fabricmon_nccl_ras_queries_sent_total 1.0" in metrics
+
+
+def test_without_ras_job_hung_fires_at_the_same_tick_and_unreachable_ras_says_so():
+    with FakeRasServer(document=DOC) as ras:
+        _, with_ras, _ = _run(ras.addr)
+    engine, without, agents = _run("127.0.0.1:1")  # nothing listens there: RAS refused
+    assert with_ras and with_ras == without
+    (inc,) = [i for i in engine.open_incidents() if i.alertname == "JobHung"]
+    assert any(e.startswith("NCCL RAS could not be asked on node-000: refused") for e in inc.evidence)
+    assert agents["node-000"]["refused"] == 1
