@@ -227,3 +227,88 @@ def test_evidence_for_a_rank_behind_for_all_fine_and_for_no_answer():
     assert "hang is in the application" in line
     (line,) = ras_lines(query_status("127.0.0.1:1"), "node-001", 5.0, set())
     assert line.startswith("NCCL RAS could not be asked on node-001: refused")
+
+
+# ------------------------------------------------------------------ the aggregator's planner (pure)
+
+
+def _tracker_with_hang(t_end: float, ras: str = "localhost:28028", since: float = 0.0):
+    """Ranks 0-7 on node-a wait inside the collective from ``since``; rank 8 on node-b never enters."""
+    from fabricmon.aggregator.hangs import HeartbeatTracker
+    from fabricmon.rank_timing import Heartbeat
+
+    tr = HeartbeatTracker()
+    t = since - 5.0
+    while t <= t_end:
+        for r in range(9):
+            node = "node-a" if r < 8 else "node-b"
+            inside = r < 8 and t >= since
+            tr.add(Heartbeat("llm", r, 1, 10 + int(inside), inside, t, node, "", ras), node)
+        t += 5.0
+    return tr
+
+
+def test_planner_asks_once_per_suspicion_from_a_node_not_the_suspects_and_backs_off():
+    from fabricmon.aggregator.ras_queries import ANSWER_S, BACKOFF_S, SUSPECT_S, RasQueries
+    from fabricmon.nccl_ras.client import QueryResult
+
+    rq = RasQueries()
+    rq.plan(_tracker_with_hang(5.0), 5.0)
+    assert rq.sent_total == 0  # progress stopped 5 s ago: not yet suspect
+    now = SUSPECT_S
+    tr = _tracker_with_hang(now)
+    rq.plan(tr, now)
+    assert rq.take("node-b") == []  # the hung rank's node: its stopped process may hold the socket
+    (q,) = rq.take("node-a")
+    assert (q.job, q.addr, q.timeout_s) == ("llm", "localhost:28028", 5)
+    assert rq.take("node-a") == []
+    rq.plan(tr, now + 1)
+    assert rq.sent_total == 1  # one per suspicion
+    forged = RasReport(q.id, "llm", "", QueryResult("ok", "", 0.1, None))
+    assert not rq.report("node-b", forged, now + 2)  # not the node asked
+    assert rq.report("node-a", RasReport(q.id, "llm", "", QueryResult("timeout", "slow", 11.0)), now + 2)
+    assert rq.outcomes["timeout"] == 1
+    later = now + BACKOFF_S[0]
+    rq.plan(_tracker_with_hang(later), later)
+    (q2,) = rq.take("node-a")  # the hang lasts: asked again after the back-off
+    assert q2.id != q.id
+    rq.plan(_tracker_with_hang(later + ANSWER_S + 1), later + ANSWER_S + 1)
+    assert rq.outcomes["unanswered"] == 1
+    from fabricmon.aggregator.hangs import Hang
+
+    (line,) = rq.evidence(Hang("llm", "", (8,), ("node-b",), 0.0, 8))
+    assert "could not be asked on node-a: unanswered" in line
+
+
+def test_planner_never_asks_a_job_without_ras_and_forgets_a_suspicion_that_ended():
+    from fabricmon.aggregator.ras_queries import RasQueries
+
+    rq = RasQueries()
+    rq.plan(_tracker_with_hang(30.0, ras=""), 30.0)
+    assert rq.sent_total == 0 and rq.outbox == {}
+    rq.plan(_tracker_with_hang(30.0), 30.0)
+    assert rq.sent_total == 1
+    from fabricmon.aggregator.hangs import HeartbeatTracker
+
+    rq.plan(HeartbeatTracker(), 31.0)  # no hang any more
+    assert rq.jobs == {}
+    rq.plan(_tracker_with_hang(80.0, since=50.0), 80.0)  # a new suspicion: asked at once
+    assert rq.sent_total == 2
+
+
+def test_a_job_s_heartbeats_announce_its_ras_address(monkeypatch):
+    from fabricmon.client import HeartbeatSender, nccl_ras_addr
+    from fabricmon.rank_timing import RankTimingError, parse_line
+
+    monkeypatch.delenv("FABRICMON_NCCL_RAS", raising=False)
+    monkeypatch.delenv("NCCL_RAS_ENABLE", raising=False)
+    monkeypatch.setenv("NCCL_RAS_ADDR", "localhost:12345")
+    assert nccl_ras_addr() == ""  # opt-in
+    assert nccl_ras_addr(True) == "localhost:12345"
+    monkeypatch.setenv("FABRICMON_NCCL_RAS", "1")
+    h = parse_line(HeartbeatSender("llm", 3, job_id="j", socket_path="", http="").line(), node="n")
+    assert h.nccl_ras == "localhost:12345"
+    monkeypatch.setenv("NCCL_RAS_ENABLE", "0")  # NCCL runs no RAS: nothing to ask
+    assert nccl_ras_addr(True) == ""
+    with pytest.raises(RankTimingError, match="nccl_ras"):
+        parse_line('{"job":"j","rank":1,"heartbeat":{"step":1},"nccl_ras":"no-port"}', now=1.0)

@@ -116,3 +116,42 @@ def test_without_ras_job_hung_fires_at_the_same_tick_and_unreachable_ras_says_so
     (inc,) = [i for i in engine.open_incidents() if i.alertname == "JobHung"]
     assert any(e.startswith("NCCL RAS could not be asked on node-000: refused") for e in inc.evidence)
     assert agents["node-000"]["refused"] == 1
+
+
+def test_the_simulator_s_rank_hang_is_asked_of_its_loopback_ras_and_named_behind():
+    """The demo/bench path: the simulator's jobs announce a loopback RAS speaking NCCL's protocol; the
+    engine's queries reach it through the agent's querier; the hung rank is named behind its peers."""
+    from fabricmon.demo.wire import CodecWire
+    from fabricmon.sim.runner import SimulatedCluster
+    from fabricmon.sim.scenario import scenario_from_dict
+
+    scn = scenario_from_dict({
+        "cluster": {"nodes": 4, "layout": "ib", "nodes_per_unit": 4, "seed": 3}, "duration": 45,
+        "jobs": [{"name": "vlm-13b", "nodes": [2, 3]}],
+        "faults": [{"kind": "rank_hang", "node": "node-003", "gpu": 5, "start": 12, "end": 44}]}, "hang.yaml")
+    sim = SimulatedCluster(scn, mode="memory", epoch=1_764_000_000.0, nccl_ras=True)
+    engine = Engine(sim.topology, cluster="t")
+    wire = CodecWire(engine.hello, engine.ingest, engine.read_delta_families)
+    sim.start()
+    for h in sim.hellos():
+        wire.connect(h)
+    sim.on_batch = wire.deliver
+    sim.ras.attach(engine.ras_waiting, engine.take_ras_queries, engine.ras_report)
+    evidence: list[str] = []
+    try:
+        while sim.t + 1 <= scn.duration:
+            sim.step()
+            if engine.ras.jobs and any(j.pending for j in engine.ras.jobs.values()):
+                wait_until(lambda: not any(j.pending for j in engine.ras.jobs.values()), 15)
+            engine.tick(sim.now())
+            for i in engine.open_incidents():
+                if i.alertname == "JobHung":
+                    evidence = list(i.evidence)
+    finally:
+        sim.close()
+    rank = 1 * 8 + 5  # node-003 is the job's second node
+    ras = [e for e in evidence if e.startswith("NCCL RAS")]
+    assert ras and f"behind: rank {rank} (the rank the heartbeats name) (process " in ras[0], evidence
+    assert "on 10.0.0.3," in ras[0] and "AllReduce" in ras[0]
+    assert "asked on node-002" in ras[0]  # the job's first node that is not the hung rank's
+    assert sum(s.queries for s in sim.ras.servers) == engine.ras.sent_total >= 1

@@ -353,6 +353,11 @@ class Engine:
         return ns is not None and ns.connected
 
     # ------------------------------------------------------------------ NCCL RAS (ras_queries.py)
+    def ras_waiting(self) -> list[str]:
+        """Nodes with RAS queries queued (the simulator's stand-in for the streams)."""
+        with self.lock:
+            return list(self.ras.outbox)
+
     def take_ras_queries(self, node: str) -> list[RasQuery]:
         """The RAS queries to send down ``node``'s stream now (the servicer, after each ack)."""
         with self.lock:
