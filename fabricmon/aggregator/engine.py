@@ -36,11 +36,11 @@ from .detectors import FOLDABLE, congestion_of, evaluate_gpu, evaluate_link
 from .drift import config_drift
 from .folding import LeafFolder
 from .hangs import HeartbeatTracker, hung_job_findings
-from .ras_queries import RasQueries
 from .incidents import Finding, Incident, IncidentManager, Relation
 from .ingest import DELTA_ROUTES, GAUGE_ROUTES, Ingest
 from .lateness import node_time, scale_holds
 from .node_folding import NodeFolder
+from .ras_queries import RasQueries
 from .state import LinkState, Registry
 from .stragglers import StragglerTracker
 

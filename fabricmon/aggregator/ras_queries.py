@@ -28,7 +28,7 @@ import structlog
 from ..nccl_ras.client import QueryResult
 from ..nccl_ras.status import RankNote
 from ..proto.ras import REPORT_OUTCOMES, RasQuery, RasReport
-from .hangs import Hang, HeartbeatTracker
+from .hangs import ALIVE_S, Hang, HeartbeatTracker, RankBeat
 
 log = structlog.get_logger("fabricmon.aggregator.ras")
 
@@ -105,10 +105,8 @@ class RasQueries:
                      stalled_s=round(now - h.since, 1))
 
     @staticmethod
-    def _pick(ranks: dict, suspect_nodes: set[str], now: float, tracker: HeartbeatTracker,
+    def _pick(ranks: dict[int, RankBeat], suspect_nodes: set[str], now: float, tracker: HeartbeatTracker,
               live: Callable[[str], bool]) -> tuple[str, str] | None:
-        from .hangs import ALIVE_S
-
         cands = sorted({(b.node, b.nccl_ras) for b in ranks.values()
                         if b.nccl_ras and now - b.ts <= ALIVE_S and live(b.node)})
         if not cands:

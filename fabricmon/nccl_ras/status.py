@@ -31,6 +31,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from .protocol import TEXT_STATUS_START
 
@@ -146,13 +147,13 @@ def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
-def _obj(v: object, where: str) -> dict:
+def _obj(v: object, where: str) -> dict[str, Any]:
     if not isinstance(v, dict):
         raise RasFormatError("bad_json", f"{where}: expected an object, got {type(v).__name__}")
     return v
 
 
-def _list(v: object, where: str, limit: int) -> list:
+def _list(v: object, where: str, limit: int) -> list[Any]:
     if not isinstance(v, list):
         raise RasFormatError("bad_json", f"{where}: expected an array, got {type(v).__name__}")
     if len(v) > limit:
@@ -160,7 +161,7 @@ def _list(v: object, where: str, limit: int) -> list:
     return v
 
 
-def _int(o: dict, key: str, where: str, lo: int, hi: int) -> int:
+def _int(o: dict[str, Any], key: str, where: str, lo: int, hi: int) -> int:
     v = o.get(key)
     if isinstance(v, bool) or not isinstance(v, int):
         raise RasFormatError("bad_json", f"{where}.{key}: expected an integer, got {_short(v)}")
@@ -169,14 +170,14 @@ def _int(o: dict, key: str, where: str, lo: int, hi: int) -> int:
     return v
 
 
-def _bool(o: dict, key: str, where: str) -> bool:
+def _bool(o: dict[str, Any], key: str, where: str) -> bool:
     v = o.get(key)
     if not isinstance(v, bool):
         raise RasFormatError("bad_json", f"{where}.{key}: expected true or false, got {_short(v)}")
     return v
 
 
-def _str(o: dict, key: str, where: str) -> str:
+def _str(o: dict[str, Any], key: str, where: str) -> str:
     v = o.get(key)
     if not isinstance(v, str):
         raise RasFormatError("bad_json", f"{where}.{key}: expected a string, got {_short(v)}")

@@ -13,9 +13,9 @@ import math
 from collections.abc import Callable
 from itertools import compress
 
-from ..nccl_ras.protocol import BadAddress, parse_addr
 from ..batch import NicHello, NodeBatch, NodeHello
 from ..model import CounterDelta, Labels, Sample
+from ..nccl_ras.protocol import BadAddress, parse_addr
 from ..rank_timing import (
     MAX_GPU,
     MAX_GROUP_VALUE,

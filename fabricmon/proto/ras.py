@@ -7,6 +7,7 @@ short strings.  Either side refuses what is out of bounds with ``BadRasMessage``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..nccl_ras.client import OUTCOMES, QueryResult
@@ -94,7 +95,7 @@ def _text(v: str, where: str, limit: int = MAX_TEXT) -> str:
     return v
 
 
-def _notes(rows, where: str) -> tuple[RankNote, ...]:  # rows: a repeated RasRank field
+def _notes(rows: Sequence[pb.RasRank], where: str) -> tuple[RankNote, ...]:
     if len(rows) > MAX_LISTED:
         raise BadRasMessage(f"{where}: {len(rows)} ranks, at most {MAX_LISTED}")
     out = []

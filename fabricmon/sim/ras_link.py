@@ -15,6 +15,7 @@ as the ``RasReport`` bytes an agent sends, decoded as the server decodes them.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from ..agent.ras_query import RasQuerier
@@ -68,7 +69,7 @@ class SimRas:
                 qr = self._queriers.get(node)
                 if qr is None:
                     qr = self._queriers[node] = RasQuerier()
-                qr.submit(q.to_pb().ras_query, lambda data, node=node: self._deliver(node, data))
+                qr.submit(q.to_pb().ras_query, partial(self._deliver, node))
                 n += 1
         return n
 
