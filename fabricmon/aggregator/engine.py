@@ -343,9 +343,10 @@ class Engine:
             self.started_at = now  # the first tick: the restart grace of agents_down runs from here
         findings.extend(agents_down(self.nodes.values(), s, self.cluster, now, self.started_at))
         findings.extend(unknown_nodes_finding(self.unknown_nodes(), self.cluster))
-        self.ras.plan(self.heartbeats, now, self._connected)
-        findings.extend(hung_job_findings(self.heartbeats.hangs(now), self._rank_gpu, self.topology, self.cluster,
-                                          self.ras.evidence))
+        # one pass over the heartbeats: the suspects (RAS is asked) at 10 s, the hung among them at 20 s
+        suspects = self.ras.plan(self.heartbeats, now, self._connected)
+        hung = [h for h in suspects if now - h.since >= self.heartbeats.stall_s]
+        findings.extend(hung_job_findings(hung, self._rank_gpu, self.topology, self.cluster, self.ras.evidence))
         return findings, relations
 
     def _connected(self, node: str) -> bool:

@@ -66,9 +66,13 @@ class RasQueries:
     outcomes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
     _next_id: int = 0
 
-    def plan(self, tracker: HeartbeatTracker, now: float, live: Callable[[str], bool] = lambda n: True) -> None:
-        """Queue a query for each newly suspect job that announces RAS (or whose back-off ran out)."""
-        suspects: dict[JobKey, Hang] = {(h.job, h.job_id): h for h in tracker.hangs(now, self.suspect_s)}
+    def plan(self, tracker: HeartbeatTracker, now: float, live: Callable[[str], bool] = lambda n: True,
+             found: list[Hang] | None = None) -> list[Hang]:
+        """Queue a query for each newly suspect job that announces RAS (or whose back-off ran out); the
+        suspects (``found``: the tracker's answer at ``suspect_s`` when the caller already has it)."""
+        # never later than JobHung (a tracker with a shorter stall): suspects are a superset of the hung
+        found = tracker.hangs(now, min(self.suspect_s, tracker.stall_s)) if found is None else found
+        suspects: dict[JobKey, Hang] = {(h.job, h.job_id): h for h in found}
         for key in [k for k in self.jobs if k not in suspects]:
             del self.jobs[key]  # progress resumed or the job ended: the suspicion is over
         for key, h in suspects.items():
@@ -103,6 +107,7 @@ class RasQueries:
             self.sent_total += 1
             log.info("nccl_ras_query", job=h.job, job_id=h.job_id, node=node, addr=addr, query=q.id,
                      stalled_s=round(now - h.since, 1))
+        return found
 
     @staticmethod
     def _pick(ranks: dict[int, RankBeat], suspect_nodes: set[str], now: float, tracker: HeartbeatTracker,
