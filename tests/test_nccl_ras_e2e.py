@@ -12,6 +12,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import grpc
+
 from fabricmon.agent.spool import MemorySpool
 from fabricmon.agent.stream import StreamClient
 from fabricmon.aggregator.engine import Engine
@@ -155,3 +157,27 @@ def test_the_simulator_s_rank_hang_is_asked_of_its_loopback_ras_and_named_behind
     assert "on 10.0.0.3," in ras[0] and "AllReduce" in ras[0]
     assert "asked on node-002" in ras[0]  # the job's first node that is not the hung rank's
     assert sum(s.queries for s in sim.ras.servers) == engine.ras.sent_total >= 1
+
+
+def test_a_malformed_or_unasked_ras_report_is_counted_and_the_stream_goes_on():
+    """A RasReport the aggregator cannot believe (an unknown outcome; a report for no query) never cuts
+    the node's telemetry stream: the batch after it is still acked."""
+    from fabricmon.proto import codec
+    from fabricmon.proto import fabricmon_pb2 as pb
+    from grpcraw import raw_stream
+
+    engine = Engine(generate_topology(2, nodes_per_unit=2, gpus_per_node=8), cluster="t")
+    srv = start_grpc_server(engine, "127.0.0.1:0", lock=engine.lock)
+    ts = float(int(time.time()))
+    try:
+        msgs = [pb.AgentMessage(hello=codec.hello_to_pb(NodeHello("node-000", "t", 5.0))),
+                pb.AgentMessage(ras_report=pb.RasReport(id=1, job="llm", outcome="pwned")),
+                pb.AgentMessage(ras_report=pb.RasReport(id=9, job="llm", outcome="ok", nccl_version="2.29.1")),
+                pb.AgentMessage(batch=pb.Batch(seq=5, ts=ts, interval_seconds=5.0))]
+        resp, code = raw_stream(srv.address, msgs, timeout=5.0)
+        stats = srv.stats()
+    finally:
+        srv.stop(0.5)
+    assert code == grpc.StatusCode.OK and [m.ack.seq for m in resp if m.WhichOneof("msg") == "ack"] == [0, 5]
+    assert stats["ras_reports_refused_total"] == 1
+    assert engine.ras.outcomes["ok"] == 0  # the unasked one is ignored, not believed
