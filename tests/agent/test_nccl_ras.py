@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 import socket
-from pathlib import Path
 
 import pytest
+from support.paths import FIXTURES
 
 from fabricmon.aggregator.ras_queries import ras_lines
 from fabricmon.nccl_ras import protocol as p
@@ -16,10 +16,16 @@ from fabricmon.nccl_ras.client import query_status
 from fabricmon.nccl_ras.status import RasFormatError, parse_status, summarize
 from fabricmon.proto.ras import RasReport, report_from_pb, report_to_pb
 from fabricmon.sim.ras_server import (
-    FakeComm, FakeMissing, FakeRank, FakeRasServer, FakeStatus, hung_job_status, render_json,
+    FakeComm,
+    FakeMissing,
+    FakeRank,
+    FakeRasServer,
+    FakeStatus,
+    hung_job_status,
+    render_json,
 )
 
-FIX = Path(__file__).parent / "fixtures" / "nccl" / "ras"
+FIX = FIXTURES / "nccl" / "ras"
 DOC = (FIX / "doc-2.29.1-status-missing-rank.json").read_bytes()
 # the documented sample's values, to render it again (ras.rst "JSON Output")
 DOC_STATUS = FakeStatus(comms=(FakeComm(0xae94423cfbb2ef4a, 0xb7e7187447156001, 0xb8242ed28a71381e, 2,
