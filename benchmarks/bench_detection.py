@@ -243,9 +243,13 @@ def make_scenario(i: int, args) -> Scenario:
 def run_one(seed: int, scn: Scenario, args, rig: AmRig | None) -> dict:
     # sample time behind the wall clock (agents' clocks in the past, never in Alertmanager's future)
     epoch = float(int(time.time() - args.duration - 120)) if rig else 1764000000.0
-    sim = SimulatedCluster(scn, mode=args.mode, interval=args.interval, epoch=epoch, link_watch=args.link_watch)
+    sim = SimulatedCluster(scn, mode=args.mode, interval=args.interval, epoch=epoch, link_watch=args.link_watch,
+                           nccl_ras=True)
     cluster = f"bench-{seed}"
     engine = Engine(sim.topology, cluster=cluster)
+    # every job's NCCL RAS on loopback, asked on suspicion through the agent's querier (sim/ras_link.py)
+    if sim.ras is not None:
+        sim.ras.attach(engine.ras_waiting, engine.take_ras_queries, engine.ras_report)
     sender = AlertmanagerClient([rig.url], cluster=cluster, resend_seconds=300.0) if rig is not None else None
     submitted: dict[str, float] = {}
 
@@ -296,7 +300,8 @@ def run_one(seed: int, scn: Scenario, args, rig: AmRig | None) -> dict:
     if rt.tick_errors_total:
         raise RuntimeError(f"scenario seed {seed}: {rt.tick_errors_total} detection ticks raised")
     return {"seed": seed, "scenario": scn, "ground": ground, "decoys": decoys, "incidents": incidents, "score": sc,
-            "am_latency": am_lat, "wall": wall, "overlap": False, "workload": bool(scn.jobs)}
+            "am_latency": am_lat, "wall": wall, "overlap": False, "workload": bool(scn.jobs),
+            "nccl_ras": {k: v for k, v in engine.ras.outcomes.items() if v}}
 
 
 def main(argv: list[str] | None = None) -> int:

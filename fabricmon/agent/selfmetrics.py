@@ -15,6 +15,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from .ras_query import QUERY_OUTCOMES
 from .stream import AGGREGATOR_DROP_REASONS, BATCH_DROP_REASONS, REFUSAL_REASONS
 from .wire_guard import ITEM_REASONS
 
@@ -115,6 +116,21 @@ class AgentSelfCollector:
             items = s.get("items_dropped", {})
             for reason in ITEM_REASONS:
                 fam.add_metric([node, reason], float(items.get(reason, 0)))
+            yield fam
+            ras = s.get("nccl_ras", {})
+            fam = CounterMetricFamily("fabricmon_agent_nccl_ras_queries",
+                                      "NCCL RAS queries the aggregator asked this agent to run, by outcome: ok, "
+                                      "refused, unreachable, timeout, old_protocol (NCCL < 2.28.7, no JSON), "
+                                      "bad_reply, bad_json, too_large, not_local, bad_address, busy, bad_query.",
+                                      labels=["node", "outcome"])
+            outcomes = ras.get("outcomes", {})
+            for outcome in QUERY_OUTCOMES:
+                fam.add_metric([node, outcome], float(outcomes.get(outcome, 0)))
+            yield fam
+            fam = CounterMetricFamily("fabricmon_agent_nccl_ras_query_seconds",
+                                      "Seconds spent in NCCL RAS queries (on their own thread, off the poll loop).",
+                                      labels=["node"])
+            fam.add_metric([node], float(ras.get("seconds_total", 0.0)))
             yield fam
         if self._threads is not None:
             st = self._threads()

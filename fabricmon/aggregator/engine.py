@@ -24,6 +24,7 @@ import structlog
 
 from ..batch import NodeBatch, NodeHello
 from ..components import Component, Kind
+from ..proto.ras import RasQuery, RasReport
 from ..topology import Topology
 from .admission import ClusterClock
 from .agents_down import agents_down, restart_grace, unknown_nodes_finding
@@ -39,6 +40,7 @@ from .incidents import Finding, Incident, IncidentManager, Relation
 from .ingest import DELTA_ROUTES, GAUGE_ROUTES, Ingest
 from .lateness import node_time, scale_holds
 from .node_folding import NodeFolder
+from .ras_queries import RasQueries
 from .state import LinkState, Registry
 from .stragglers import StragglerTracker
 
@@ -75,6 +77,7 @@ class Engine:
         self.config_nodes = reg.config_nodes
         self.stragglers = StragglerTracker(s)
         self.heartbeats = HeartbeatTracker()
+        self.ras = RasQueries()  # NCCL RAS of suspect jobs, asked through one of their agents
         self.cost = IncidentCost(topology)
         self.cable = CableHealth(s)
         self.manager = IncidentManager(default_hold_s=s.hold_s)
@@ -344,8 +347,32 @@ class Engine:
             self.started_at = now  # the first tick: the restart grace of agents_down runs from here
         findings.extend(agents_down(self.nodes.values(), s, self.cluster, now, self.started_at))
         findings.extend(unknown_nodes_finding(self.unknown_nodes(), self.cluster))
-        findings.extend(hung_job_findings(self.heartbeats.hangs(now), self._rank_gpu, self.topology, self.cluster))
+        # one pass over the heartbeats: the suspects (RAS is asked) at 10 s, the hung among them at 20 s
+        suspects = self.ras.plan(self.heartbeats, now, self._connected)
+        hung = [h for h in suspects if now - h.since >= self.heartbeats.stall_s]
+        findings.extend(hung_job_findings(hung, self._rank_gpu, self.topology, self.cluster, self.ras.evidence))
         return findings, relations
+
+    def _connected(self, node: str) -> bool:
+        ns = self.nodes.get(node)
+        return ns is not None and ns.connected
+
+    # ------------------------------------------------------------------ NCCL RAS (ras_queries.py)
+    def ras_waiting(self) -> list[str]:
+        """Nodes with RAS queries queued (the simulator's stand-in for the streams)."""
+        with self.lock:
+            return list(self.ras.outbox)
+
+    def take_ras_queries(self, node: str) -> list[RasQuery]:
+        """The RAS queries to send down ``node``'s stream now (the servicer, after each ack)."""
+        with self.lock:
+            return self.ras.take(node) if self.ras.outbox else []
+
+    def ras_report(self, node: str, report: RasReport) -> bool:
+        """An agent's answer to a RAS query; it joins the job's JobHung evidence at the next tick."""
+        with self.lock:
+            now = self.last_tick if self.last_tick is not None else self.cluster_clock.now()
+            return self.ras.report(node, report, now)
 
     def _rank_gpu(self, job: str, job_id: str, rank: int) -> int | None:
         """The GPU index of a job's rank, from its rank timings (heartbeats carry none)."""
@@ -388,6 +415,8 @@ class Engine:
                 "incident_cost": [(inc.alertname, inc.component, i.job, i.gpu_hours_per_hour)
                                   for inc in self.manager.open_incidents() for i in inc.impact],
                 "ticks_total": self.ticks_total,
+                "nccl_ras_sent_total": self.ras.sent_total,
+                "nccl_ras_outcomes": dict(self.ras.outcomes),
                 "tick_seconds_last": self.tick_seconds_last,
                 "tick_seconds_sum": self.tick_seconds_sum,
                 "newest_ts": self.newest_ts,

@@ -124,6 +124,22 @@ class AggregatorCollector:
             g.add_metric([a, comp, job], cost)
         yield g
         yield from _incident_series(self.engine.open_incidents())
+        c = CounterMetricFamily("fabricmon_nccl_ras_queries_sent",
+                                "NCCL RAS queries sent to an agent of a job suspected of hanging (one per "
+                                "suspicion, repeated after a back-off while it lasts).")
+        c.add_metric([], snap.get("nccl_ras_sent_total", 0))
+        yield c
+        c = CounterMetricFamily("fabricmon_nccl_ras_queries",
+                                "NCCL RAS queries answered, by outcome (ok; refused, unreachable, timeout, "
+                                "old_protocol, bad_reply, bad_json, too_large, not_local, bad_address, busy as the "
+                                "agent reported; unanswered: no report within 30 s).", labels=["outcome"])
+        for outcome, n in sorted(snap.get("nccl_ras_outcomes", {}).items()):
+            c.add_metric([outcome], n)
+        yield c
+        c = CounterMetricFamily("fabricmon_nccl_ras_reports_refused",
+                                "RAS reports from agents refused as malformed (dropped; the stream goes on).")
+        c.add_metric([], grpc.get("ras_reports_refused_total", 0))
+        yield c
         c = CounterMetricFamily("fabricmon_alerts_sent", "Alerts posted to Alertmanager, by result.",
                                 labels=["result"])
         sent = dict(self.sender.sent_total) if self.sender is not None else {}

@@ -15,6 +15,7 @@ from itertools import compress
 
 from ..batch import NicHello, NodeBatch, NodeHello
 from ..model import CounterDelta, Labels, Sample
+from ..nccl_ras.protocol import BadAddress, parse_addr
 from ..rank_timing import (
     MAX_GPU,
     MAX_GROUP_VALUE,
@@ -134,7 +135,8 @@ class SeriesEncoder:
             out.layouts.append(pb.JobLayout(job=lay.job, layout=[pb.IntPair(key=k, value=v) for k, v in lay.layout]))
         for h in b.heartbeats:
             out.heartbeats.append(pb.Heartbeat(job=h.job, rank=h.rank, step=h.step, coll_sn=h.coll_sn,
-                                               in_collective=h.in_collective, ts=h.ts, job_id=h.job_id))
+                                               in_collective=h.in_collective, ts=h.ts, job_id=h.job_id,
+                                               nccl_ras=h.nccl_ras))
         return out
 
 
@@ -339,7 +341,13 @@ class SeriesDecoder:
                 raise MalformedBatch(f"heartbeats.job: {why}")
             if not math.isfinite(h.ts) or not 0 <= h.ts <= MAX_TS or h.step > MAX_STEP or h.coll_sn > MAX_STEP:
                 raise MalformedBatch(f"heartbeats: job {h.job} rank {h.rank}: ts, step or coll_sn out of range")
-            heartbeats.append(Heartbeat(h.job, h.rank, h.step, h.coll_sn, h.in_collective, h.ts, node, h.job_id))
+            if h.nccl_ras:
+                try:
+                    parse_addr(h.nccl_ras)
+                except BadAddress as exc:
+                    raise MalformedBatch(f"heartbeats: job {h.job} rank {h.rank}: nccl_ras: {exc}") from None
+            heartbeats.append(Heartbeat(h.job, h.rank, h.step, h.coll_sn, h.in_collective, h.ts, node, h.job_id,
+                                        h.nccl_ras))
         if not m.self_contained and added:
             self._table, self._zero, self._read_ids, self._refused = table, zero, read_ids, refused
             if added_gauges:

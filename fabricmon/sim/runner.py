@@ -50,6 +50,7 @@ from .hw import NRAILS, NGPU
 from .job import JobSpec
 from .jobs import JobSet
 from .scenario import Scenario
+from .ras_link import SimRas
 
 log = structlog.get_logger("fabricmon.sim")
 
@@ -94,6 +95,7 @@ class SimulatedCluster:
         nodes: list[int] | None = None,
         link_watch: float = 1.0,
         on_watch_tick: Callable[[float], None] | None = None,
+        nccl_ras: bool = False,
     ) -> None:
         if mode not in ("tree", "memory"):
             raise ValueError(f"mode must be tree or memory, got {mode!r}")
@@ -122,6 +124,9 @@ class SimulatedCluster:
         self.cluster = ClusterState(scenario, epoch=epoch)
         # every job of the scenario (one "llm-7b" on every node without ``jobs:``), with its decoys
         self.jobs = JobSet(scenario, self.cluster, job, epoch=epoch) if job is not None else None
+        # nccl_ras: every job announces a loopback RAS speaking NCCL's protocol; ``ras.attach`` links the
+        # aggregator's queries to it (sim/ras_link.py)
+        self.ras = SimRas(self.jobs.jobs) if nccl_ras and self.jobs is not None else None
         self.trees: list = []
         self.agents: list = []
         self.http_ports: dict[str, int] = {}
@@ -251,6 +256,8 @@ class SimulatedCluster:
             st.batches = self._poll_all(timings) if self.agents else 0
             st.poll_s = time.perf_counter() - t3
         self.steps += 1
+        if self.ras is not None:
+            self.ras.pump()  # what each agent's stream does after its batch's ack
         if self.progress is not None:
             self.progress(st)
         return st
@@ -401,6 +408,8 @@ class SimulatedCluster:
         if self._closed:
             return
         self._closed = True
+        if self.ras is not None:
+            self.ras.close()
         for a in self.agents:
             try:
                 a.stop()
