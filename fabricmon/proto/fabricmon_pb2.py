@@ -24,43 +24,43 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x66\x61\x62ricmon/proto/fabricmon.proto\x12\x0c\x66\x61\x62ricmon.v1\"a\n\x0c\x41gentMessage\x12$\n\x05hello\x18\x01 \x01(\x0b\x32\x13.fabricmon.v1.HelloH\x00\x12$\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x13.fabricmon.v1.BatchH\x00\x42\x05\n\x03msg\"\x84\x01\n\x03Nic\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\t\x12\x0c\n\x04rail\x18\x03 \x01(\t\x12\x12\n\nlink_layer\x18\x04 \x01(\t\x12\x0e\n\x06netdev\x18\x05 \x01(\t\x12\x11\n\trate_gbps\x18\x06 \x01(\x01\x12\r\n\x05width\x18\x07 \x01(\r\x12\x0b\n\x03gpu\x18\x08 \x01(\x11\"\xa0\x01\n\x05Hello\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x15\n\ragent_version\x18\x02 \x01(\t\x12\x18\n\x10interval_seconds\x18\x03 \x01(\x01\x12\x1f\n\x04nics\x18\x04 \x03(\x0b\x32\x11.fabricmon.v1.Nic\x12\x0c\n\x04gpus\x18\x05 \x01(\r\x12\x0f\n\x07\x62oot_id\x18\x06 \x01(\t\x12\x18\n\x10protocol_version\x18\x07 \x01(\r\"$\n\x05Label\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"t\n\tSeriesDef\x12\n\n\x02id\x18\x01 \x01(\r\x12\x0e\n\x06\x66\x61mily\x18\x02 \x01(\t\x12#\n\x06labels\x18\x03 \x03(\x0b\x32\x13.fabricmon.v1.Label\x12&\n\x04kind\x18\x04 \x01(\x0e\x32\x18.fabricmon.v1.SeriesKind\"%\n\x07IntPair\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03\"\xc4\x01\n\nRankTiming\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x12\n\nlocal_rank\x18\x03 \x01(\r\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12\x14\n\x0cstep_seconds\x18\x05 \x01(\x01\x12\x14\n\x0c\x63omm_seconds\x18\x06 \x01(\x01\x12\n\n\x02ts\x18\x07 \x01(\x01\x12\x0b\n\x03gpu\x18\x08 \x01(\x11\x12$\n\x05group\x18\t \x03(\x0b\x32\x15.fabricmon.v1.IntPair\x12\x0e\n\x06job_id\x18\n \x01(\t\"x\n\tHeartbeat\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x0f\n\x07\x63oll_sn\x18\x04 \x01(\x04\x12\x15\n\rin_collective\x18\x05 \x01(\x08\x12\n\n\x02ts\x18\x06 \x01(\x01\x12\x0e\n\x06job_id\x18\x07 \x01(\t\"?\n\tJobLayout\x12\x0b\n\x03job\x18\x01 \x01(\t\x12%\n\x06layout\x18\x02 \x03(\x0b\x32\x15.fabricmon.v1.IntPair\"\xfb\x02\n\x05\x42\x61tch\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\n\n\x02ts\x18\x02 \x01(\x01\x12\x18\n\x10interval_seconds\x18\x03 \x01(\x01\x12+\n\nnew_series\x18\x04 \x03(\x0b\x32\x17.fabricmon.v1.SeriesDef\x12\x11\n\tdelta_ids\x18\x05 \x03(\r\x12\x14\n\x0c\x64\x65lta_values\x18\x06 \x03(\x01\x12\x15\n\rsaturated_ids\x18\x07 \x03(\r\x12\x11\n\treset_ids\x18\x08 \x03(\r\x12\x11\n\tgauge_ids\x18\t \x03(\r\x12\x14\n\x0cgauge_values\x18\n \x03(\x01\x12\'\n\x05ranks\x18\x0b \x03(\x0b\x32\x18.fabricmon.v1.RankTiming\x12(\n\x07layouts\x18\x0c \x03(\x0b\x32\x17.fabricmon.v1.JobLayout\x12\x16\n\x0eself_contained\x18\r \x01(\x08\x12+\n\nheartbeats\x18\x0e \x03(\x0b\x32\x17.fabricmon.v1.Heartbeat\"*\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x16\n\x0e\x64ropped_reason\x18\x02 \x01(\t\"%\n\x06Reject\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\">\n\x0cSubscription\x12\x16\n\x0e\x64\x65lta_families\x18\x01 \x03(\t\x12\x16\n\x0egauge_families\x18\x02 \x03(\t\"\xa8\x01\n\x11\x41ggregatorMessage\x12 \n\x03\x61\x63k\x18\x01 \x01(\x0b\x32\x11.fabricmon.v1.AckH\x00\x12&\n\x06reject\x18\x03 \x01(\x0b\x32\x14.fabricmon.v1.RejectH\x00\x12\x32\n\x0csubscription\x18\x04 \x01(\x0b\x32\x1a.fabricmon.v1.SubscriptionH\x00\x42\x05\n\x03msgJ\x04\x08\x02\x10\x03R\x08settings*Y\n\nSeriesKind\x12\x1b\n\x17SERIES_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13SERIES_KIND_COUNTER\x10\x01\x12\x15\n\x11SERIES_KIND_GAUGE\x10\x02\x32Y\n\x0c\x46\x61\x62ricStream\x12I\n\x06Stream\x12\x1a.fabricmon.v1.AgentMessage\x1a\x1f.fabricmon.v1.AggregatorMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x66\x61\x62ricmon/proto/fabricmon.proto\x12\x0c\x66\x61\x62ricmon.v1\"a\n\x0c\x41gentMessage\x12$\n\x05hello\x18\x01 \x01(\x0b\x32\x13.fabricmon.v1.HelloH\x00\x12$\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x13.fabricmon.v1.BatchH\x00\x42\x05\n\x03msg\"\x97\x01\n\x03Nic\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\t\x12\x0c\n\x04rail\x18\x03 \x01(\t\x12\x12\n\nlink_layer\x18\x04 \x01(\t\x12\x0e\n\x06netdev\x18\x05 \x01(\t\x12\x11\n\trate_gbps\x18\x06 \x01(\x01\x12\r\n\x05width\x18\x07 \x01(\r\x12\x0b\n\x03gpu\x18\x08 \x01(\x11\x12\x11\n\tnode_guid\x18\t \x01(\t\"\xa0\x01\n\x05Hello\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x15\n\ragent_version\x18\x02 \x01(\t\x12\x18\n\x10interval_seconds\x18\x03 \x01(\x01\x12\x1f\n\x04nics\x18\x04 \x03(\x0b\x32\x11.fabricmon.v1.Nic\x12\x0c\n\x04gpus\x18\x05 \x01(\r\x12\x0f\n\x07\x62oot_id\x18\x06 \x01(\t\x12\x18\n\x10protocol_version\x18\x07 \x01(\r\"$\n\x05Label\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"t\n\tSeriesDef\x12\n\n\x02id\x18\x01 \x01(\r\x12\x0e\n\x06\x66\x61mily\x18\x02 \x01(\t\x12#\n\x06labels\x18\x03 \x03(\x0b\x32\x13.fabricmon.v1.Label\x12&\n\x04kind\x18\x04 \x01(\x0e\x32\x18.fabricmon.v1.SeriesKind\"%\n\x07IntPair\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03\"\xc4\x01\n\nRankTiming\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x12\n\nlocal_rank\x18\x03 \x01(\r\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12\x14\n\x0cstep_seconds\x18\x05 \x01(\x01\x12\x14\n\x0c\x63omm_seconds\x18\x06 \x01(\x01\x12\n\n\x02ts\x18\x07 \x01(\x01\x12\x0b\n\x03gpu\x18\x08 \x01(\x11\x12$\n\x05group\x18\t \x03(\x0b\x32\x15.fabricmon.v1.IntPair\x12\x0e\n\x06job_id\x18\n \x01(\t\"x\n\tHeartbeat\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x0f\n\x07\x63oll_sn\x18\x04 \x01(\x04\x12\x15\n\rin_collective\x18\x05 \x01(\x08\x12\n\n\x02ts\x18\x06 \x01(\x01\x12\x0e\n\x06job_id\x18\x07 \x01(\t\"?\n\tJobLayout\x12\x0b\n\x03job\x18\x01 \x01(\t\x12%\n\x06layout\x18\x02 \x03(\x0b\x32\x15.fabricmon.v1.IntPair\"\xfb\x02\n\x05\x42\x61tch\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\n\n\x02ts\x18\x02 \x01(\x01\x12\x18\n\x10interval_seconds\x18\x03 \x01(\x01\x12+\n\nnew_series\x18\x04 \x03(\x0b\x32\x17.fabricmon.v1.SeriesDef\x12\x11\n\tdelta_ids\x18\x05 \x03(\r\x12\x14\n\x0c\x64\x65lta_values\x18\x06 \x03(\x01\x12\x15\n\rsaturated_ids\x18\x07 \x03(\r\x12\x11\n\treset_ids\x18\x08 \x03(\r\x12\x11\n\tgauge_ids\x18\t \x03(\r\x12\x14\n\x0cgauge_values\x18\n \x03(\x01\x12\'\n\x05ranks\x18\x0b \x03(\x0b\x32\x18.fabricmon.v1.RankTiming\x12(\n\x07layouts\x18\x0c \x03(\x0b\x32\x17.fabricmon.v1.JobLayout\x12\x16\n\x0eself_contained\x18\r \x01(\x08\x12+\n\nheartbeats\x18\x0e \x03(\x0b\x32\x17.fabricmon.v1.Heartbeat\"*\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x16\n\x0e\x64ropped_reason\x18\x02 \x01(\t\"%\n\x06Reject\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\">\n\x0cSubscription\x12\x16\n\x0e\x64\x65lta_families\x18\x01 \x03(\t\x12\x16\n\x0egauge_families\x18\x02 \x03(\t\"\xa8\x01\n\x11\x41ggregatorMessage\x12 \n\x03\x61\x63k\x18\x01 \x01(\x0b\x32\x11.fabricmon.v1.AckH\x00\x12&\n\x06reject\x18\x03 \x01(\x0b\x32\x14.fabricmon.v1.RejectH\x00\x12\x32\n\x0csubscription\x18\x04 \x01(\x0b\x32\x1a.fabricmon.v1.SubscriptionH\x00\x42\x05\n\x03msgJ\x04\x08\x02\x10\x03R\x08settings*Y\n\nSeriesKind\x12\x1b\n\x17SERIES_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13SERIES_KIND_COUNTER\x10\x01\x12\x15\n\x11SERIES_KIND_GAUGE\x10\x02\x32Y\n\x0c\x46\x61\x62ricStream\x12I\n\x06Stream\x12\x1a.fabricmon.v1.AgentMessage\x1a\x1f.fabricmon.v1.AggregatorMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fabricmon.proto.fabricmon_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SERIESKIND']._serialized_start=1727
-  _globals['_SERIESKIND']._serialized_end=1816
+  _globals['_SERIESKIND']._serialized_start=1746
+  _globals['_SERIESKIND']._serialized_end=1835
   _globals['_AGENTMESSAGE']._serialized_start=49
   _globals['_AGENTMESSAGE']._serialized_end=146
   _globals['_NIC']._serialized_start=149
-  _globals['_NIC']._serialized_end=281
-  _globals['_HELLO']._serialized_start=284
-  _globals['_HELLO']._serialized_end=444
-  _globals['_LABEL']._serialized_start=446
-  _globals['_LABEL']._serialized_end=482
-  _globals['_SERIESDEF']._serialized_start=484
-  _globals['_SERIESDEF']._serialized_end=600
-  _globals['_INTPAIR']._serialized_start=602
-  _globals['_INTPAIR']._serialized_end=639
-  _globals['_RANKTIMING']._serialized_start=642
-  _globals['_RANKTIMING']._serialized_end=838
-  _globals['_HEARTBEAT']._serialized_start=840
-  _globals['_HEARTBEAT']._serialized_end=960
-  _globals['_JOBLAYOUT']._serialized_start=962
-  _globals['_JOBLAYOUT']._serialized_end=1025
-  _globals['_BATCH']._serialized_start=1028
-  _globals['_BATCH']._serialized_end=1407
-  _globals['_ACK']._serialized_start=1409
-  _globals['_ACK']._serialized_end=1451
-  _globals['_REJECT']._serialized_start=1453
-  _globals['_REJECT']._serialized_end=1490
-  _globals['_SUBSCRIPTION']._serialized_start=1492
-  _globals['_SUBSCRIPTION']._serialized_end=1554
-  _globals['_AGGREGATORMESSAGE']._serialized_start=1557
-  _globals['_AGGREGATORMESSAGE']._serialized_end=1725
-  _globals['_FABRICSTREAM']._serialized_start=1818
-  _globals['_FABRICSTREAM']._serialized_end=1907
+  _globals['_NIC']._serialized_end=300
+  _globals['_HELLO']._serialized_start=303
+  _globals['_HELLO']._serialized_end=463
+  _globals['_LABEL']._serialized_start=465
+  _globals['_LABEL']._serialized_end=501
+  _globals['_SERIESDEF']._serialized_start=503
+  _globals['_SERIESDEF']._serialized_end=619
+  _globals['_INTPAIR']._serialized_start=621
+  _globals['_INTPAIR']._serialized_end=658
+  _globals['_RANKTIMING']._serialized_start=661
+  _globals['_RANKTIMING']._serialized_end=857
+  _globals['_HEARTBEAT']._serialized_start=859
+  _globals['_HEARTBEAT']._serialized_end=979
+  _globals['_JOBLAYOUT']._serialized_start=981
+  _globals['_JOBLAYOUT']._serialized_end=1044
+  _globals['_BATCH']._serialized_start=1047
+  _globals['_BATCH']._serialized_end=1426
+  _globals['_ACK']._serialized_start=1428
+  _globals['_ACK']._serialized_end=1470
+  _globals['_REJECT']._serialized_start=1472
+  _globals['_REJECT']._serialized_end=1509
+  _globals['_SUBSCRIPTION']._serialized_start=1511
+  _globals['_SUBSCRIPTION']._serialized_end=1573
+  _globals['_AGGREGATORMESSAGE']._serialized_start=1576
+  _globals['_AGGREGATORMESSAGE']._serialized_end=1744
+  _globals['_FABRICSTREAM']._serialized_start=1837
+  _globals['_FABRICSTREAM']._serialized_end=1926
 # @@protoc_insertion_point(module_scope)
