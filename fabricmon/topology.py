@@ -350,6 +350,31 @@ class Topology:
                     names.add(leaf_id(n.unit, nic.rail))
         return sorted(names, key=_natural)
 
+    def leaf_groups(self) -> dict[int, list[str]]:
+        """Unit (leaf group) -> its leaves: a scalable unit's leaves (one per rail), a fat tree's one leaf,
+        an imported fabric's leaves that share nodes.  The grain shards own."""
+        out: dict[int, set[str]] = {}
+        for n in self.nodes.values():
+            for nic in (*n.nics, *n.unbound):
+                leaf = nic.leaf if nic.leaf is not None else (leaf_id(n.unit, nic.rail) if nic.rail is not None
+                                                              else None)
+                if leaf is not None:
+                    out.setdefault(n.unit, set()).add(leaf)
+        return {u: sorted(v, key=_natural) for u, v in sorted(out.items())}
+
+    def units_of_leaves(self, leaves: tuple[str, ...] | list[str], where: str) -> tuple[int, ...]:
+        """The units (leaf groups) holding ``leaves``; ConfigError naming ``where`` for a leaf the topology
+        does not have.  A group is owned whole: naming one of its leaves names the group."""
+        unit_of = {leaf: u for u, group in self.leaf_groups().items() for leaf in group}
+        out: list[int] = []
+        for i, leaf in enumerate(leaves):
+            if leaf not in unit_of:
+                near = ", ".join(list(unit_of)[:4])
+                raise ConfigError(f"{where}[{i}]: leaf {leaf!r} is not in the topology (it has {near}...)")
+            if unit_of[leaf] not in out:
+                out.append(unit_of[leaf])
+        return tuple(sorted(out))
+
     def spines_of(self, leaf: str) -> tuple[str, ...]:
         """Imported spine names of ``leaf`` (generated topologies: every ``spine-<i>``)."""
         if self.version >= 2:

@@ -213,3 +213,79 @@ def test_hello_binds_lldp_interfaces_to_devices(tmp_path) -> None:
     ("ens3f0np0", None), ("eth0", None), ("b8ce:f603:00a1", None), ("0x", None), ("0x1g", None)])
 def test_canonical_guid(text: str, want: str | None) -> None:
     assert canonical_guid(text) == want
+
+
+# ---------------------------------------------------------------------------- shards own leaf groups
+def _import(tmp_path: Path, fixture: str, name: str) -> Path:
+    out = tmp_path / name
+    assert main(["topology", "import", "--cluster", "lab", "-o", str(out), "--log-level", "error",
+                 "--ibnetdiscover", str(IMPORT / "ibsim" / fixture)]) == 0
+    return out
+
+
+def _shard_map(tmp_path: Path, topology: str, replicas: list[dict]) -> Path:
+    p = tmp_path / "shards.yaml"
+    p.write_text(yaml.safe_dump({"topology": topology, "replicas": replicas}, sort_keys=False))
+    return p
+
+
+def test_shards_of_an_imported_topology_own_leaf_groups_by_leaf_name(tmp_path, capsys) -> None:
+    """rail-optimized.out (ibnetdiscover against ibsim): scalable units su00.. of four leaves each.  A replica
+    naming one leaf of a unit owns the unit whole, check-config says so, and an agent of that unit and the
+    aggregator replica agree on the owner."""
+    from fabricmon.agent.shard_target import resolve_static
+    from fabricmon.aggregator.config import load_aggregator_config
+    from fabricmon.aggregator.service import build_engine
+    from fabricmon.config import ShardConfig
+
+    topo_path = _import(tmp_path, "rail-optimized.out", "topology.yaml")
+    topo = load_topology(topo_path)
+    groups = topo.leaf_groups()
+    assert len(groups) >= 2 and groups[0] == ["leaf-su00-r0", "leaf-su00-r1", "leaf-su00-r2", "leaf-su00-r3"]
+    rest = [leaf for u, g in groups.items() if u >= 1 for leaf in g]
+    p = _shard_map(tmp_path, "topology.yaml", [
+        {"name": "agg-0", "address": "127.0.0.1:9721", "leaves": ["leaf-su00-r2"]},
+        {"name": "agg-1", "address": "127.0.0.1:9731", "leaves": rest}])
+    assert main(["check-config", str(p)]) == 0
+    out = capsys.readouterr().out
+    n0 = len(topo.nodes_in_unit(0))
+    assert f"agg-0 (127.0.0.1:9721): 1 leaf group(s), {n0} nodes: unit 0 (leaf-su00-r0, leaf-su00-r1, leaf-su00-r2, " \
+           f"leaf-su00-r3)" in out, out
+    assert "agg-0 also owns leaf-su00-r0, leaf-su00-r1, leaf-su00-r3: they share nodes with the leaves it names" in out
+    assert f"agg-1 (127.0.0.1:9731): {len(groups) - 1} leaf group(s), {len(topo.nodes) - n0} nodes" in out
+    # the agent of a node in unit 1 finds agg-1 by the same rule
+    node1 = topo.nodes_in_unit(1)[0]
+    _, target = resolve_static(ShardConfig(map=str(p), topology=str(topo_path)), node1, "agent.yaml")
+    assert (target.replica, target.address, target.via) == ("agg-1", "127.0.0.1:9731", "topology")
+    _, target = resolve_static(ShardConfig(map=str(p), topology=str(topo_path)), topo.nodes_in_unit(0)[0], "a.yaml")
+    assert target.replica == "agg-0"
+    # and the aggregator replica with shard.leaves owns exactly those nodes
+    cfg = tmp_path / "aggregator.yaml"
+    cfg.write_text(yaml.safe_dump({"topology": "topology.yaml", "auth": {"insecure": True},
+                                   "shard": {"leaves": ["leaf-su00-r2"]}}))
+    engine = build_engine(load_aggregator_config(cfg), hostname="agg-0")
+    assert engine.shard_units == frozenset({0})
+    assert sorted(engine.nodes) == sorted(topo.nodes_in_unit(0))
+    assert engine.registry.owned(topo.nodes_in_unit(0)[1]) and not engine.registry.owned(node1)
+
+
+def test_shard_leaves_split_a_group_or_name_no_leaf_are_refused(tmp_path, capsys) -> None:
+    topo_path = _import(tmp_path, "rail-optimized.out", "topology.yaml")
+    topo = load_topology(topo_path)
+    rest = [leaf for u, g in topo.leaf_groups().items() if u >= 1 for leaf in g]
+    split = _shard_map(tmp_path, "topology.yaml", [
+        {"name": "agg-0", "address": "127.0.0.1:9721", "leaves": ["leaf-su00-r0", "leaf-su00-r1"]},
+        {"name": "agg-1", "address": "127.0.0.1:9731", "leaves": ["leaf-su00-r3", *rest]}])
+    assert main(["check-config", str(split)]) == 2
+    err = capsys.readouterr().err
+    assert ("shards.yaml: replicas: unit 0 (leaf-su00-r0, leaf-su00-r1, leaf-su00-r2, leaf-su00-r3): owned by "
+            "2 replicas (agg-0, agg-1); a unit's leaves must stay in one shard") in err, err
+    typo = _shard_map(tmp_path, "topology.yaml", [
+        {"name": "agg-0", "address": "127.0.0.1:9721", "leaves": ["leaf-su00-r0"]},
+        {"name": "agg-1", "address": "127.0.0.1:9731", "leaves": ["leaf-su0l-r0", *rest]}])
+    assert main(["check-config", str(typo)]) == 2
+    assert "shards.yaml: replicas[1].leaves[0]: leaf 'leaf-su0l-r0' is not in the topology" in capsys.readouterr().err
+    both = _shard_map(tmp_path, "topology.yaml", [
+        {"name": "agg-0", "address": "127.0.0.1:9721", "leaves": ["leaf-su00-r0"], "units": [0]}])
+    assert main(["check-config", str(both)]) == 2
+    assert "replicas[0].leaves: give units or leaves, not both" in capsys.readouterr().err
