@@ -289,3 +289,51 @@ def test_shard_leaves_split_a_group_or_name_no_leaf_are_refused(tmp_path, capsys
         {"name": "agg-0", "address": "127.0.0.1:9721", "leaves": ["leaf-su00-r0"], "units": [0]}])
     assert main(["check-config", str(both)]) == 2
     assert "replicas[0].leaves: give units or leaves, not both" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- the topology as series
+def _exposition(engine: Engine) -> str:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from fabricmon.aggregator.http_api import AggregatorCollector
+
+    reg = CollectorRegistry()
+    reg.register(AggregatorCollector(engine))
+    return generate_latest(reg).decode()
+
+
+def test_aggregator_exports_the_topology_it_owns_with_named_leaves(tmp_path) -> None:
+    """/metrics carries fabricmon_topology_port_info (what the recording rules join rail and leaf from, as
+    deploy/prometheus/tests/fabricmon-topology.test.yml feeds them) and fabricmon_topology_leaf_info; a
+    shard exports only the ports it owns; a NIC known only by GUID appears once a hello binds it; the
+    exposition passes promtool check metrics."""
+    import subprocess
+
+    from promtools import PROMTOOL, require_binary
+
+    from fabricmon.aggregator.config import DetectionSettings as Settings
+
+    topo = load_topology(fat_tree_halves(tmp_path))
+    text = _exposition(Engine(topo, Settings()))
+    ports = [ln for ln in text.splitlines() if ln.startswith("fabricmon_topology_port_info{")]
+    assert len(ports) == 64
+    assert ('fabricmon_topology_port_info{device="mlx5_5",leaf="leaf-a3",node="gpu-a17-02",port="1",rail=""} 1.0'
+            in ports)
+    assert 'fabricmon_topology_leaf_info{leaf="leaf-a3",spine="spine-02"} 1.0' in text
+    lint = subprocess.run([require_binary(PROMTOOL), "check", "metrics"], input=text.encode(), capture_output=True,
+                          timeout=60)
+    assert lint.returncode == 0 and not lint.stdout.strip(), lint
+    # a shard owning leaf group 0 of rail-optimized.out exports only its nodes' ports
+    ro = load_topology(_import(tmp_path, "rail-optimized.out", "ro.yaml"))
+    shard = Engine(ro, Settings(), shard_units=(0,))
+    nodes = {ln.split('node="')[1].split('"')[0] for ln in _exposition(shard).splitlines()
+             if ln.startswith("fabricmon_topology_port_info{")}
+    assert nodes == set(ro.nodes_in_unit(0))
+    # forms-plane-a: gpu-a17-04's CAs are known by GUID only; its hello binds them, then they are series
+    fa = load_topology(_import(tmp_path, "forms-plane-a.out", "fa.yaml"))
+    eng = Engine(fa, Settings())
+    assert 'node="gpu-a17-04"' not in _exposition(eng)
+    eng.hello(Node("gpu-a17-04", [("mlx5_0", "ib0", "b8ce:f603:00a1:1010")]).hello())
+    got = [ln for ln in _exposition(eng).splitlines() if 'node="gpu-a17-04"' in ln]
+    assert got == ['fabricmon_topology_port_info{device="mlx5_0",leaf="leaf-a0",node="gpu-a17-04",port="1",'
+                   'rail="0"} 1.0'], got

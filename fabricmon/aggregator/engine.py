@@ -382,6 +382,25 @@ class Engine:
         with self.lock:
             return sum(1 for ns in self.nodes.values() if ns.connected)
 
+    def topology_series(self) -> tuple[list[tuple[str, str, str, str, str]], list[tuple[str, str]]]:
+        """The topology this replica owns, as Prometheus reads it: (node, device, port, rail, leaf) per
+        NIC port (named leaves; rail "" on a fat tree) and (leaf, spine) per uplink (spine "" for a leaf
+        with none known).  The recording rules take rail and leaf from here."""
+        with self.lock:
+            topo, reg = self.topology, self.registry
+            ports: list[tuple[str, str, str, str, str]] = []
+            leaves: set[str] = set()
+            for name, spec in topo.nodes.items():
+                if not reg.owned(name):
+                    continue
+                for nic in spec.nics:
+                    leaf = topo.leaf_of_nic(name, nic.device) or ""
+                    ports.append((name, nic.device, str(nic.port), "" if nic.rail is None else str(nic.rail), leaf))
+                    if leaf:
+                        leaves.add(leaf)
+            uplinks = [(leaf, spine) for leaf in sorted(leaves) for spine in (topo.spines_of(leaf) or ("",))]
+            return ports, uplinks
+
     def metrics_snapshot(self) -> dict:
         with self.lock:
             open_counts: dict[tuple[str, str], int] = {}
