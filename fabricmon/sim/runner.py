@@ -100,8 +100,7 @@ class SimulatedCluster:
         self.progress = progress
         self.http = http
         self.keep_trees = keep_trees
-        self.topology: Topology = generate_topology(c.nodes, layout=c.layout, nodes_per_unit=c.nodes_per_unit,
-                                                    rails=NRAILS, gpus_per_node=NGPU, cluster="sim")
+        self.topology: Topology = c.build_topology()  # rail-optimized, a fat tree, or the scenario's file
         self.cluster = ClusterState(scenario, epoch=epoch)
         # every job of the scenario (one "llm-7b" on every node without ``jobs:``), with its decoys
         self.jobs = JobSet(scenario, self.cluster, job, epoch=epoch) if job is not None else None
