@@ -325,7 +325,9 @@ ALERT_GROUPS = [
         Alert(
             'FabricLinkDown', for_='hard', severity='critical', component_type='link',
             summary='Fabric link {{ $labels.component }} is not ACTIVE',
-            description='Port {{ $labels.component }} ({{ with $labels.rail }}rail {{ . }}, {{ end }}leaf {{ $labels.leaf }}) reports an IB state other than ACTIVE. Jobs using this link on {{ $labels.node }} lose bandwidth or hang in collectives.',
+            description='Port {{ $labels.component }} ({{ with $labels.rail }}rail {{ . }}, {{ end }}leaf '
+                        '{{ $labels.leaf }}) reports an IB state other than ACTIVE. Jobs using this link on '
+                        '{{ $labels.node }} lose bandwidth or hang in collectives.',
             expr='''
 max without (device, port) (
   label_join(

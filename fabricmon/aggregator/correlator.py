@@ -338,8 +338,8 @@ def _group(topo: Topology, lst: list) -> list[tuple[Component, list]]:
     # (the rings of a rail-optimized job span units, so every rank of the rail waits for it).  On a
     # fabric that is not rail-optimized (a fat tree: rail None) the leaf the topology puts the NIC on
     # is the grain: the ranks behind one slow leaf are late together, whatever their GPU index.
-    by_rail: dict[int, list] = defaultdict(list)
-    by_own_leaf: dict[Component, list] = defaultdict(list)
+    by_rail: dict[int, list[Straggler]] = defaultdict(list)
+    by_own_leaf: dict[Component, list[Straggler]] = defaultdict(list)
     compute = []
     for st in lst:
         nic = topo.nic_for_gpu(st.node, st.gpu) if st.node in topo.nodes else None

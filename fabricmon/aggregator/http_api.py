@@ -11,6 +11,7 @@ default is ``all``), ``?id=`` selects one.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -149,7 +150,7 @@ class AggregatorCollector:
         yield g
 
 
-def _topology_series(engine: Engine):
+def _topology_series(engine: Engine) -> Iterator[GaugeMetricFamily]:
     """The topology this replica owns: the recording rules join rail and leaf from it (named leaves
     everywhere Prometheus shows a leaf).  One series per NIC port, as many as the agents'
     fabricmon_ib_port_info, and one per leaf uplink; a NIC the topology knows only by GUID or netdev
@@ -158,13 +159,13 @@ def _topology_series(engine: Engine):
     g = GaugeMetricFamily("fabricmon_topology_port_info", "A NIC port of the topology and the leaf it is cabled "
                           "to (rail empty where the fabric is not rail-optimized); value 1.",
                           labels=["node", "device", "port", "rail", "leaf"])
-    for row in ports:
-        g.add_metric(list(row), 1)
+    for port in ports:
+        g.add_metric(list(port), 1)
     yield g
     g = GaugeMetricFamily("fabricmon_topology_leaf_info", "A leaf of the topology and a spine it uplinks to "
                           "(spine empty when none is known); value 1.", labels=["leaf", "spine"])
-    for row in uplinks:
-        g.add_metric(list(row), 1)
+    for uplink in uplinks:
+        g.add_metric(list(uplink), 1)
     yield g
 
 

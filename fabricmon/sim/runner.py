@@ -35,9 +35,8 @@ import structlog
 from ..batch import NodeBatch, NodeHello
 from ..model import Snapshot
 from ..rank_timing import RankTiming
-from ..topology import Topology, generate_topology
+from ..topology import Topology
 from .cluster import EPOCH, ClusterState
-from .hw import NRAILS, NGPU
 from .job import JobSpec
 from .jobs import JobSet
 from .scenario import Scenario

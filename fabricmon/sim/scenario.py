@@ -440,6 +440,7 @@ def ground_truth(f: Fault, cluster: ClusterSpec) -> GroundTruth:
             return GroundTruth(f.kind, "leaf", f.leaf, f.start, end, alert, rail=rail, leaf=f.leaf)
         leaf = leaf_id(f.unit, f.rail)
         return GroundTruth(f.kind, "leaf", leaf, f.start, end, alert, rail=f.rail, leaf=leaf)
+    assert f.node is not None  # Fault.validate: every other target names its node
     if target == "link":
         dev = f.device_index
         rail = dev if dev is not None and dev != FRONTEND else None
