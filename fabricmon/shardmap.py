@@ -160,7 +160,8 @@ def check_ownership(shards: ShardMap, source: str, topology_path: str | None = N
         raise ConfigError(f"{source}: topology: required to check unit ownership (key or --topology)")
     topo = load_topology(path)
     shards = resolve_leaves(shards, topo, source)
-    problems = ownership_problems(shards, topo.units(), topo.leaf_groups())
+    # an imported topology's unit numbers are the import's: name their leaves (a generated unit is its number)
+    problems = ownership_problems(shards, topo.units(), topo.leaf_groups() if topo.version >= 2 else None)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise ConfigError(f"{source}: replicas: {problems[0]}{more}")
