@@ -170,8 +170,27 @@ class Engine:
                 ns.interval = ns.announced_interval = hello.interval_seconds
             ns.connected = True
             self.cluster_clock.connected(hello.node)
+            self._bind(hello)
             for nic in hello.nics:
                 reg.announce(ns, nic.device, str(nic.port), nic.rail, nic.netdev)
+
+    def _bind(self, hello: NodeHello) -> None:
+        """An imported topology knows some NICs only by node GUID (``gpu-a17-03 HCA-1``) or netdev (LLDP):
+        the hello names their RDMA devices, so their links get the leaf the fabric says."""
+        spec = self.topology.nodes.get(hello.node)
+        if spec is None or not spec.unbound:
+            return
+        names: dict[str, str] = {}
+        for nic in hello.nics:
+            for key in (nic.node_guid, nic.netdev):
+                if key:
+                    names[key] = nic.device
+        bound = self.topology.bind_devices(hello.node, names)
+        left = self.topology.nodes[hello.node].unbound
+        if bound or left:
+            _log.info("topology_bound", node=hello.node, bound=bound, unbound=len(left),
+                      hint="" if not left else "NICs of the topology this hello names by neither node GUID "
+                                               "nor netdev stay unmonitored at leaf level")
 
     def disconnected(self, node: str) -> None:
         with self.lock:
@@ -330,7 +349,7 @@ class Engine:
         loud = {f.component for f in findings if f.component.kind is Kind.LINK and f.fire
                 and f.alertname in ("FabricLinkDown", "FabricLinkFlapping", "FabricLinkErrors")}
         findings.extend(self.cable.evaluate(now, loud))
-        node_findings, node_relations = self.node_folder.fold(foldable, now)
+        node_findings, node_relations = self.node_folder.fold(foldable, now, self.folder.folding_leaves(foldable))
         leaf_findings, relations = self.folder.fold_links(foldable, now)
         findings.extend(leaf_findings)
         findings.extend(node_findings)
@@ -393,6 +412,25 @@ class Engine:
     def agents_connected(self) -> int:
         with self.lock:
             return sum(1 for ns in self.nodes.values() if ns.connected)
+
+    def topology_series(self) -> tuple[list[tuple[str, str, str, str, str]], list[tuple[str, str]]]:
+        """The topology this replica owns, as Prometheus reads it: (node, device, port, rail, leaf) per
+        NIC port (named leaves; rail "" on a fat tree) and (leaf, spine) per uplink (spine "" for a leaf
+        with none known).  The recording rules take rail and leaf from here."""
+        with self.lock:
+            topo, reg = self.topology, self.registry
+            ports: list[tuple[str, str, str, str, str]] = []
+            leaves: set[str] = set()
+            for name, spec in topo.nodes.items():
+                if not reg.owned(name):
+                    continue
+                for nic in spec.nics:
+                    leaf = topo.leaf_of_nic(name, nic.device) or ""
+                    ports.append((name, nic.device, str(nic.port), "" if nic.rail is None else str(nic.rail), leaf))
+                    if leaf:
+                        leaves.add(leaf)
+            uplinks = [(leaf, spine) for leaf in sorted(leaves) for spine in (topo.spines_of(leaf) or ("",))]
+            return ports, uplinks
 
     def metrics_snapshot(self) -> dict:
         with self.lock:

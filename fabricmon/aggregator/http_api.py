@@ -11,6 +11,7 @@ default is ``all``), ``?id=`` selects one.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -54,6 +55,7 @@ class AggregatorCollector:
                               "may add and remove nodes).")
         g.add_metric([], len(self.engine.topology.nodes))
         yield g
+        yield from _topology_series(self.engine)
         c = CounterMetricFamily("fabricmon_ingest_samples", "Deltas, gauges and rank timings ingested.")
         c.add_metric([], snap["samples_total"])
         yield c
@@ -162,6 +164,25 @@ class AggregatorCollector:
                               "The cluster clock detection runs at (wall clock, or the nodes' median sample time).")
         g.add_metric([], snap["newest_ts"])
         yield g
+
+
+def _topology_series(engine: Engine) -> Iterator[GaugeMetricFamily]:
+    """The topology this replica owns: the recording rules join rail and leaf from it (named leaves
+    everywhere Prometheus shows a leaf).  One series per NIC port, as many as the agents'
+    fabricmon_ib_port_info, and one per leaf uplink; a NIC the topology knows only by GUID or netdev
+    appears once an agent's hello binds it."""
+    ports, uplinks = engine.topology_series()
+    g = GaugeMetricFamily("fabricmon_topology_port_info", "A NIC port of the topology and the leaf it is cabled "
+                          "to (rail empty where the fabric is not rail-optimized); value 1.",
+                          labels=["node", "device", "port", "rail", "leaf"])
+    for port in ports:
+        g.add_metric(list(port), 1)
+    yield g
+    g = GaugeMetricFamily("fabricmon_topology_leaf_info", "A leaf of the topology and a spine it uplinks to "
+                          "(spine empty when none is known); value 1.", labels=["leaf", "spine"])
+    for uplink in uplinks:
+        g.add_metric(list(uplink), 1)
+    yield g
 
 
 # One series per OPEN incident (resolved ones disappear): bounded by the open incidents, and what the

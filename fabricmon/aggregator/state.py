@@ -166,7 +166,10 @@ def build_link_state(topo: Topology, node: str, device: str, port: str, netdev: 
         return LinkState(node, device, str(port), netdev, None, unit, "", -1, None, None, cluster)
     else:
         return None
-    leaf = topo.leaf_of(node, rail) if unit is not None else ""
+    if spec is not None:
+        leaf = topo.leaf_of_nic(node, device) or ""  # the NIC's own leaf: a fat tree's is no rail's
+    else:
+        leaf = topo.guess_leaf(node, rail) or ""
     return LinkState(node, device, str(port), netdev, rail, unit, leaf, gpu, exp_gbps, exp_width, cluster)
 
 

@@ -42,6 +42,7 @@ MAX_VALUE = 1024
 MAX_RATE_GBPS = 1e5
 MAX_WIDTH = 64
 MAX_GPUS = 1024
+MAX_GUID_TEXT = 64  # "0x" and 16 hex digits, or sysfs' "b8ce:f603:00a1:b2c3": far below
 
 SeriesKey = tuple[str, Labels]
 UNSPECIFIED = pb.SERIES_KIND_UNSPECIFIED  # an agent older than SeriesDef.kind
@@ -61,7 +62,8 @@ def hello_to_pb(h: NodeHello) -> pb.Hello:
     return pb.Hello(
         node=h.node, agent_version=h.agent_version, interval_seconds=h.interval_seconds,
         nics=[pb.Nic(device=n.device, port=n.port, rail=n.rail, link_layer=n.link_layer, netdev=n.netdev,
-                     rate_gbps=n.rate_gbps, width=max(0, int(n.width)), gpu=int(n.gpu)) for n in h.nics],
+                     rate_gbps=n.rate_gbps, width=max(0, int(n.width)), gpu=int(n.gpu), node_guid=n.node_guid)
+              for n in h.nics],
         gpus=max(0, int(h.gpus)), boot_id=h.boot_id, protocol_version=PROTOCOL_VERSION,
     )
 
@@ -82,10 +84,12 @@ def hello_from_pb(m: pb.Hello) -> NodeHello:
             raise MalformedBatch(f"hello.nics[{i}].rate_gbps: must be finite in [0, {MAX_RATE_GBPS:g}], got {n.rate_gbps!r}")
         if n.width > MAX_WIDTH or not -1 <= n.gpu <= MAX_GPU:
             raise MalformedBatch(f"hello.nics[{i}]: width {n.width} or gpu {n.gpu} out of range")
+        if len(n.node_guid) > MAX_GUID_TEXT:
+            raise MalformedBatch(f"hello.nics[{i}].node_guid: {len(n.node_guid)} characters, at most {MAX_GUID_TEXT}")
     return NodeHello(
         node=m.node, agent_version=m.agent_version, interval_seconds=m.interval_seconds,
-        nics=tuple(NicHello(n.device, n.port, n.rail, n.link_layer, n.netdev, n.rate_gbps, n.width, n.gpu)
-                   for n in m.nics),
+        nics=tuple(NicHello(n.device, n.port, n.rail, n.link_layer, n.netdev, n.rate_gbps, n.width, n.gpu,
+                             n.node_guid) for n in m.nics),
         gpus=m.gpus, boot_id=m.boot_id,
     )
 

@@ -27,7 +27,7 @@ class AgentMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ..., ras_report: _Optional[_Union[RasReport, _Mapping]] = ...) -> None: ...
 
 class Nic(_message.Message):
-    __slots__ = ("device", "port", "rail", "link_layer", "netdev", "rate_gbps", "width", "gpu")
+    __slots__ = ("device", "port", "rail", "link_layer", "netdev", "rate_gbps", "width", "gpu", "node_guid")
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
     RAIL_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class Nic(_message.Message):
     RATE_GBPS_FIELD_NUMBER: _ClassVar[int]
     WIDTH_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
+    NODE_GUID_FIELD_NUMBER: _ClassVar[int]
     device: str
     port: str
     rail: str
@@ -44,7 +45,8 @@ class Nic(_message.Message):
     rate_gbps: float
     width: int
     gpu: int
-    def __init__(self, device: _Optional[str] = ..., port: _Optional[str] = ..., rail: _Optional[str] = ..., link_layer: _Optional[str] = ..., netdev: _Optional[str] = ..., rate_gbps: _Optional[float] = ..., width: _Optional[int] = ..., gpu: _Optional[int] = ...) -> None: ...
+    node_guid: str
+    def __init__(self, device: _Optional[str] = ..., port: _Optional[str] = ..., rail: _Optional[str] = ..., link_layer: _Optional[str] = ..., netdev: _Optional[str] = ..., rate_gbps: _Optional[float] = ..., width: _Optional[int] = ..., gpu: _Optional[int] = ..., node_guid: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("node", "agent_version", "interval_seconds", "nics", "gpus", "boot_id", "protocol_version")

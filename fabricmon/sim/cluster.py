@@ -159,6 +159,9 @@ class ClusterState:
     # ------------------------------------------------------------------ faults
     def _fault_targets(self, f: Fault) -> tuple[list[int], list[int]]:
         """(node indexes, device indexes) a NIC-level fault touches."""
+        if f.leaf is not None:  # a leaf by its topology name (a fat tree's, an imported one's)
+            names, devs = self.scenario.cluster.leaf_targets(f.leaf) or ([], [])
+            return [self.index[name] for name in names], devs
         if f.unit is not None:
             return list(self.unit_nodes(f.unit)), [f.rail]
         n = self.index[f.node]

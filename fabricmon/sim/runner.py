@@ -44,9 +44,8 @@ import structlog
 from ..batch import NodeBatch, NodeHello
 from ..model import Snapshot
 from ..rank_timing import RankTiming
-from ..topology import Topology, generate_topology
+from ..topology import Topology
 from .cluster import EPOCH, ClusterState
-from .hw import NRAILS, NGPU
 from .job import JobSpec
 from .jobs import JobSet
 from .scenario import Scenario
@@ -119,8 +118,7 @@ class SimulatedCluster:
         self.progress = progress
         self.http = http
         self.keep_trees = keep_trees
-        self.topology: Topology = generate_topology(c.nodes, layout=c.layout, nodes_per_unit=c.nodes_per_unit,
-                                                    rails=NRAILS, gpus_per_node=NGPU, cluster="sim")
+        self.topology: Topology = c.build_topology()  # rail-optimized, a fat tree, or the scenario's file
         self.cluster = ClusterState(scenario, epoch=epoch)
         # every job of the scenario (one "llm-7b" on every node without ``jobs:``), with its decoys
         self.jobs = JobSet(scenario, self.cluster, job, epoch=epoch) if job is not None else None
