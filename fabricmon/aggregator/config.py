@@ -332,6 +332,23 @@ def _readable(path: str) -> str | None:
     return None
 
 
+def state_dir_problem(directory: Path) -> str | None:
+    """None when the aggregator can keep its state file in ``directory``: it exists and is writable, or
+    it does not exist yet and its nearest existing parent is a writable directory (the aggregator makes
+    it at start; systemd's StateDirectory= makes it only when the unit first starts, after an
+    install's check-config)."""
+    if directory.is_dir():
+        return None if os.access(directory, os.W_OK | os.X_OK) else f"directory {directory} is not writable"
+    parent = directory
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} (above {directory}) is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"directory {directory} does not exist and {parent} is not writable to make it"
+    return None
+
+
 def check_files(cfg: AggregatorConfig, source: str, *, parse_topology: bool = True) -> None:
     """Every file the config names exists and is readable, and the ones the aggregator parses
     parse: what ``check-config`` and the aggregator's start check alike.  A reload passes
@@ -339,8 +356,10 @@ def check_files(cfg: AggregatorConfig, source: str, *, parse_topology: bool = Tr
     problem = _readable(cfg.topology)
     if problem:
         raise ConfigError(f"{source}: topology: {problem}")
-    if cfg.state_file and not Path(cfg.state_file).parent.is_dir():
-        raise ConfigError(f"{source}: state_file: directory {Path(cfg.state_file).parent} does not exist")
+    if cfg.state_file:
+        problem = state_dir_problem(Path(cfg.state_file).parent)
+        if problem:
+            raise ConfigError(f"{source}: state_file: {problem}")
     for name, path in cfg.auth.files():
         problem = _readable(path)
         if problem:
