@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from fabricmon.agent.intake import RankIntake
 from fabricmon.agent.nccl_records import REJECT_REASONS as NCCL_REASONS
-from fabricmon.agent.nccl_records import Ignored, Marker, NcclRecordError, Op
+from fabricmon.agent.nccl_records import Ignored, NcclRecordError, Op
 from fabricmon.agent.nccl_records import parse_line as parse_nccl_line
 from fabricmon.proto import fabricmon_pb2 as pb
 from fabricmon.rank_timing import REJECT_REASONS, JobLayout, RankTiming, RankTimingError, parse_line
@@ -138,7 +138,7 @@ def check_nccl(raw: bytes) -> None:
         event(f"rejected: {exc.reason}")
         return
     event("accepted")
-    assert isinstance(r, (Op, Marker, Ignored))
+    assert isinstance(r, (Op, Ignored))
     if isinstance(r, Ignored):
         return
     check_string(r.header.comm, 64)
