@@ -62,7 +62,7 @@ from ..model import Reading, Semantics, SourceResult
 from ..sources.bounds import Rejected, read_bounded
 from .nccl_prom import PromSample, parse_prom_line, uuid_of_file
 from ..sources.guarded_io import open_regular
-from .nccl_records import MAX_LINE, REJECT_REASONS, Header, Ignored, NcclRecordError, parse_line
+from .nccl_records import MAX_LINE, REJECT_REASONS, Header, NcclRecordError, parse_line
 
 log = structlog.get_logger("fabricmon.nccl_inspector")
 
@@ -447,8 +447,6 @@ class NcclInspectorSource:
             rec = parse_line(line)
         except NcclRecordError as exc:
             self._reject(exc.reason, str(exc), errors, path)
-            return
-        if isinstance(rec, Ignored):
             return
         h = rec.header
         if rec.kind == "coll":

@@ -9,8 +9,7 @@ string any NVIDIA/nccl commit writes, ``inspectorCommInfoMetaHeader``):
 * ``{"header": ..., "metadata": ..., "p2p_perf": {"p2p": "Send"|"Recv",
   "p2p_peer": N, "p2p_msg_size_bytes", "p2p_exec_time_us", "p2p_busbw_gbs", ...}}``
   -- one point-to-point operation (NCCL 2.30 tracks them by default,
-  ``NCCL_INSPECTOR_ENABLE_P2P=1``): pipeline-parallel traffic;
-* ``{"proxy_trace": {...}}`` (opt-in proxy tracing): not exported.
+  ``NCCL_INSPECTOR_ENABLE_P2P=1``): pipeline-parallel traffic.
 
 Every operation line carries its own header; a line of any other shape (no header,
 or neither ``coll_perf`` nor ``p2p_perf``) is refused with ``missing_field``.
@@ -32,7 +31,7 @@ from dataclasses import dataclass
 from ..rejected import InputRejected
 from ..textcheck import label_text_ok
 
-__all__ = ["Header", "Op", "Ignored", "NcclRecordError", "REJECT_REASONS", "P2P_DIRECTIONS",
+__all__ = ["Header", "Op", "NcclRecordError", "REJECT_REASONS", "P2P_DIRECTIONS",
            "parse_line", "parse_object", "MAX_LINE"]
 
 #: p2p_perf.p2p -> the ``direction`` label (the Contract's rx/tx).
@@ -73,11 +72,6 @@ class Op:
     exec_us: float | None
     size_bytes: int | None
     busbw_gbs: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class Ignored:
-    """A well-formed record this agent does not export (proxy traces)."""
 
 
 def _reject_constant(name: str):
@@ -154,12 +148,10 @@ def _perf(obj: dict, key: str) -> dict:
     return perf
 
 
-def parse_object(obj) -> Op | Ignored:
+def parse_object(obj) -> Op:
     """Classify and validate one decoded JSON line.  Raises NcclRecordError."""
     if not isinstance(obj, dict):
         raise NcclRecordError("not_object", "expected a JSON object")
-    if "proxy_trace" in obj:
-        return Ignored()
     if "header" not in obj:
         raise NcclRecordError("missing_field", "header: required")
     header = parse_header(obj["header"])
@@ -184,7 +176,7 @@ def parse_object(obj) -> Op | Ignored:
     raise NcclRecordError("missing_field", "coll_perf or p2p_perf: required")
 
 
-def parse_line(line: bytes) -> Op | Ignored:
+def parse_line(line: bytes) -> Op:
     """One NCCL Inspector JSON line; raises NcclRecordError with a reason of REJECT_REASONS."""
     if len(line) > MAX_LINE:
         raise NcclRecordError("too_long", f"line over {MAX_LINE} bytes")

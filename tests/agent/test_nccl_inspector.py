@@ -147,15 +147,16 @@ def test_lines_of_an_unknown_shape_are_refused_and_counted(tmp_path):
     unknown = [{"header": header, "dump_stats": {"coll_dropped_total": 5}},  # header, but no operation
                {"coll_perf": {"coll": "AllReduce", "coll_sn": 2}},  # an operation, but no header
                {"header": header, "metadata": {"inspector_output_format_version": "v4.0"}},
+               {"proxy_trace": {"channel_id": 0}},  # no NVIDIA/nccl commit writes this key either
                [header], "coll_perf", None]
     (tmp_path / "p.log").write_text("".join(json.dumps(u) + "\n" for u in unknown) + rec())
     res = src.poll()
     assert count(res) == 1 and res.up
-    assert src.rejected["missing_field"] == 3 and src.rejected["not_object"] == 3
-    assert src.bad_lines_total == 6 and res.errors == 6
+    assert src.rejected["missing_field"] == 4 and src.rejected["not_object"] == 3
+    assert src.bad_lines_total == 7 and res.errors == 7
     refused = {dict(r.labels)["reason"]: r.value for r in res.readings
                if r.family == "fabricmon_intake_lines_total" and dict(r.labels)["result"] == "rejected"}
-    assert refused["missing_field"] == 3 and refused["not_object"] == 3
+    assert refused["missing_field"] == 4 and refused["not_object"] == 3
     assert {r.family for r in nccl(res)} == {
         "fabricmon_nccl_collectives_total", "fabricmon_nccl_collective_seconds_total",
         "fabricmon_nccl_collective_bytes_total", "fabricmon_nccl_bus_bandwidth_bytes_per_second"}
