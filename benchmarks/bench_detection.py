@@ -52,9 +52,9 @@ from fabricmon.aggregator.engine import Engine  # noqa: E402
 from fabricmon.aggregator.runtime import AggregatorRuntime  # noqa: E402
 from fabricmon.demo.local_alertmanager import WebhookReceiver  # noqa: E402
 from fabricmon.demo.scoring import score  # noqa: E402
-from fabricmon.sim.runner import SimulatedCluster  # noqa: E402
 from fabricmon.sim.hw import NGPU, NRAILS  # noqa: E402
 from fabricmon.sim.impact import fault_impacts  # noqa: E402
+from fabricmon.sim.runner import SimulatedCluster  # noqa: E402
 from fabricmon.sim.scenario import ClusterSpec, Fault, Scenario, random_scenario, scenario_from_dict  # noqa: E402
 from fabricmon.topology import node_name  # noqa: E402
 

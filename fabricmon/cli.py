@@ -246,7 +246,6 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 def _reload_agent(agent, args: argparse.Namespace, log) -> None:
     from .logs import configure_logging
-
     from .webconfig import load_web_config
 
     try:
@@ -292,8 +291,8 @@ def cmd_aggregator(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .logs import configure_logging
     from .demo.run import run_demo
+    from .logs import configure_logging
 
     configure_logging(args.log_format or "console", args.log_level or "warning")
     return run_demo(args)

@@ -64,8 +64,8 @@ import structlog
 
 from ..model import Reading, Semantics, SourceResult
 from ..sources.bounds import Rejected, read_bounded
-from .nccl_prom import PromSample, parse_prom_line, uuid_of_file
 from ..sources.guarded_io import open_regular
+from .nccl_prom import PromSample, parse_prom_line, uuid_of_file
 from .nccl_records import MAX_LINE, REJECT_REASONS, Header, Ignored, Marker, NcclRecordError, parse_line
 
 log = structlog.get_logger("fabricmon.nccl_inspector")

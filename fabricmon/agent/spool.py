@@ -33,8 +33,8 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Callable
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog

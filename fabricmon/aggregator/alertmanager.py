@@ -44,7 +44,7 @@ import urllib.error
 import urllib.request
 from collections import deque
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import structlog
 
@@ -69,7 +69,7 @@ _OPENER = urllib.request.build_opener(_NoRedirect)
 
 
 def rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class _Url:

@@ -23,8 +23,8 @@ from __future__ import annotations
 from ..components import Component, Kind
 from .config import DetectionSettings
 from .detectors import leaf_fold_threshold
-from .state import LinkState
 from .incidents import Finding, Relation
+from .state import LinkState
 
 LEAF = "FabricLeafDegraded"
 CONGESTION = "FabricCongestion"

@@ -19,10 +19,10 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from ..buildinfo import add_runtime_collectors
 from ..httpserve import TEXT, RoutedHTTPServer, landing_page, probe
 from .admission import TS_AHEAD, TS_BEHIND, TS_STALE
-from .name_bounds import KINDS as NAME_KINDS
-from .stragglers import REFUSE_REASONS as STEP_REFUSALS
 from .alertmanager import RESULTS, rfc3339
 from .engine import LATENESS_EXPORTED_PER_JOB, Engine
+from .name_bounds import KINDS as NAME_KINDS
+from .stragglers import REFUSE_REASONS as STEP_REFUSALS
 
 # Why a batch never reached the detectors: the servicer's seq checks and the engine's time admission.
 DROP_REASONS = ("duplicate", "seq_ahead", TS_AHEAD, TS_BEHIND, TS_STALE)

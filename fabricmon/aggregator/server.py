@@ -288,7 +288,7 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
         self.counters["streams_total"] += 1
         try:
             first = await asyncio.wait_for(context.read(), self._hello_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("stream_refused", peer=peer, reason="no hello in time")
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no hello in time")
             return

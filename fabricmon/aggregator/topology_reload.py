@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..configload import ConfigError
 from ..components import Component, Kind
+from ..configload import ConfigError
 from ..topology import Topology
 from .incidents import Incident
 

@@ -32,9 +32,27 @@ from dataclasses import dataclass
 import numpy as np
 
 from .hw import (
-    DOWN_RATE, ETH_STATS, FRONTEND, HW_CONG64, HW_PPCNT64, HW_Q32, HW_ROCE_ACCL32, LANE_DGBPS, NDEV, NGPU,
-    NRAILS, NVLINK_KIB_S, NVLINKS, NCOUNTERS, PMA_ERR_WIDTH, PRIO_SHARE, SPEED_IDX, SPEEDS,
-    THROTTLE_THERMAL, K, device_specs,
+    DOWN_RATE,
+    ETH_STATS,
+    FRONTEND,
+    HW_CONG64,
+    HW_PPCNT64,
+    HW_Q32,
+    HW_ROCE_ACCL32,
+    LANE_DGBPS,
+    NCOUNTERS,
+    NDEV,
+    NGPU,
+    NRAILS,
+    NVLINK_KIB_S,
+    NVLINKS,
+    PMA_ERR_WIDTH,
+    PRIO_SHARE,
+    SPEED_IDX,
+    SPEEDS,
+    THROTTLE_THERMAL,
+    K,
+    device_specs,
 )
 from .scenario import Fault, Scenario
 

@@ -96,9 +96,27 @@ import sys
 
 from fabricmon.sim import hw as simhw
 from fabricmon.sim.hw import (
-    DOWN_RATE, ETH_STATS, GPU_NAME, HW_CONG64, HW_LIFESPAN_MS, HW_PPCNT64, HW_Q32, HW_ROCE_ACCL32, LANE_DGBPS,
-    NGPU, NVLINK_KIB_S, NVLINKS, PMA_ERR_WIDTH, PMA_TRAFFIC, PRIO_SHARE, SPEEDS, THROTTLE_THERMAL, U32,
-    gpu_pci_bus_id, mac_from_guid, rate_str,
+    DOWN_RATE,
+    ETH_STATS,
+    GPU_NAME,
+    HW_CONG64,
+    HW_LIFESPAN_MS,
+    HW_PPCNT64,
+    HW_Q32,
+    HW_ROCE_ACCL32,
+    LANE_DGBPS,
+    NGPU,
+    NVLINK_KIB_S,
+    NVLINKS,
+    PMA_ERR_WIDTH,
+    PMA_TRAFFIC,
+    PRIO_SHARE,
+    SPEEDS,
+    THROTTLE_THERMAL,
+    U32,
+    gpu_pci_bus_id,
+    mac_from_guid,
+    rate_str,
 )
 
 # --fault kind -> its target: "nic" (--fault-dev), "gpu" (--fault-gpu, --fault-link) or None.

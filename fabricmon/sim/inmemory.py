@@ -37,8 +37,22 @@ from ..sources.infiniband import classify as ib_classify
 from ..sources.nvml.backend import ERROR_PATHS, NO_PATH, NVLINK_ERROR_TYPES, THROTTLE_REASONS, TRAFFIC_PATHS
 from .cluster import ClusterState
 from .hw import (
-    DOWN_RATE, ETH_STATS, GPU_NAME, HW_CONG64, HW_LIFESPAN_MS, HW_PPCNT64, HW_Q32, HW_ROCE_ACCL32, LANE_DGBPS,
-    NGPU, NVLINKS, PMA_ERR_WIDTH, PMA_TRAFFIC, SPEEDS, K, gpu_pci_bus_id,
+    DOWN_RATE,
+    ETH_STATS,
+    GPU_NAME,
+    HW_CONG64,
+    HW_LIFESPAN_MS,
+    HW_PPCNT64,
+    HW_Q32,
+    HW_ROCE_ACCL32,
+    LANE_DGBPS,
+    NGPU,
+    NVLINKS,
+    PMA_ERR_WIDTH,
+    PMA_TRAFFIC,
+    SPEEDS,
+    K,
+    gpu_pci_bus_id,
 )
 
 _LANE = np.array([LANE_DGBPS[s] for s in SPEEDS], dtype=np.float64)

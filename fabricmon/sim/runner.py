@@ -37,7 +37,7 @@ from ..model import Snapshot
 from ..rank_timing import RankTiming
 from ..topology import Topology, generate_topology
 from .cluster import EPOCH, ClusterState
-from .hw import NRAILS, NGPU
+from .hw import NGPU, NRAILS
 from .job import JobSpec
 from .jobs import JobSet
 from .scenario import Scenario

@@ -28,8 +28,25 @@ from pathlib import Path
 
 from .cluster import ClusterState
 from .hw import (
-    DOWN_RATE, ETH_Q32, ETH_STATS, HW_CONG64, HW_LIFESPAN_MS, HW_PPCNT64, HW_Q32, HW_ROCE_ACCL32, LANE_DGBPS, NGPU,
-    NVLINKS, PMA_ERR_WIDTH, PMA_TRAFFIC, SPEEDS, GPU_NAME, K, gpu_pci_bus_id, mac_from_guid, rate_str,
+    DOWN_RATE,
+    ETH_Q32,
+    ETH_STATS,
+    GPU_NAME,
+    HW_CONG64,
+    HW_LIFESPAN_MS,
+    HW_PPCNT64,
+    HW_Q32,
+    HW_ROCE_ACCL32,
+    LANE_DGBPS,
+    NGPU,
+    NVLINKS,
+    PMA_ERR_WIDTH,
+    PMA_TRAFFIC,
+    SPEEDS,
+    K,
+    gpu_pci_bus_id,
+    mac_from_guid,
+    rate_str,
 )
 
 _M64 = (1 << 64) - 1

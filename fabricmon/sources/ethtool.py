@@ -30,7 +30,7 @@ import structlog
 
 from ..config import EthtoolConfig
 from ..model import Labels, Reading, ReadingMemo, Semantics, SourceResult
-from .bounds import Rejected, RejectCounts, counter_from_text, read_bounded, valid_ifname
+from .bounds import RejectCounts, Rejected, counter_from_text, read_bounded, valid_ifname
 from .drivers import DriverTable, Match
 from .drivers.ethtool_tables import ALL as ALL_ETHTOOL_TABLES
 from .drivers.ethtool_tables import LEGACY_NAMES, STANDARD_GROUPS
@@ -51,9 +51,9 @@ from .drivers.families import (
     PHY_ERRORS,
     STORM_EVENTS,
 )
-from .guarded_io import KeyedWorkers, run_all
 from .errorlog import ErrorLog
 from .ethtool_groups import EthtoolNetlink, GroupsUnavailable, parse_groups_json, warm_up
+from .guarded_io import KeyedWorkers, run_all
 from .inventory import Inventory
 from .registry import SourceContext, SourceSpec
 

@@ -10,7 +10,14 @@ from typing import Any
 
 from ..bounds import Rejected, check_gauge, counter_value, read_bounded
 from .backend import (
-    ERROR_PATHS, NO_PATH, NVLINK5_ERROR_TYPES, TRAFFIC_PATHS, GpuLost, GpuReading, LinkReading, NvmlCallError,
+    ERROR_PATHS,
+    NO_PATH,
+    NVLINK5_ERROR_TYPES,
+    TRAFFIC_PATHS,
+    GpuLost,
+    GpuReading,
+    LinkReading,
+    NvmlCallError,
     NvmlLibraryMissing,
 )
 

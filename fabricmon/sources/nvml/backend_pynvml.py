@@ -12,8 +12,16 @@ from typing import Any, TypeVar
 import structlog
 
 from .backend import (
-    NO_PATH, NVLINK5_ERROR_TYPES, TRAFFIC_PATHS, GpuLost, GpuReading, LinkReading, NvmlCallError, NvmlError,
-    NvmlLibraryMissing, NvmlNotSupported,
+    NO_PATH,
+    NVLINK5_ERROR_TYPES,
+    TRAFFIC_PATHS,
+    GpuLost,
+    GpuReading,
+    LinkReading,
+    NvmlCallError,
+    NvmlError,
+    NvmlLibraryMissing,
+    NvmlNotSupported,
 )
 
 log = structlog.get_logger("fabricmon.nvml")

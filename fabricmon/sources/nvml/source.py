@@ -14,8 +14,17 @@ from ..errorlog import ErrorLog
 from ..inventory import Inventory
 from ..registry import SourceContext, SourceSpec
 from .backend import (
-    ALL_NVLINK_ERROR_TYPES, ERROR_PATHS, NO_PATH, NVLINK_ERROR_TYPES, THROTTLE_REASONS, TRAFFIC_PATHS, GpuLost,
-    GpuReading, NvmlBackend, NvmlError, NvmlLibraryMissing,
+    ALL_NVLINK_ERROR_TYPES,
+    ERROR_PATHS,
+    NO_PATH,
+    NVLINK_ERROR_TYPES,
+    THROTTLE_REASONS,
+    TRAFFIC_PATHS,
+    GpuLost,
+    GpuReading,
+    NvmlBackend,
+    NvmlError,
+    NvmlLibraryMissing,
 )
 from .backend_fake import FakeNvmlBackend
 from .backend_pynvml import PynvmlBackend
