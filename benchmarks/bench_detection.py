@@ -426,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     phantom: list[str] = []
     for r in results:
         ground, incs = r["ground"], r["incidents"]
-        for fi, g in enumerate(ground):
+        for g in ground:
             if "impact" not in g or not g.get("component"):
                 continue
             hits = sorted((i for i in incs if i["component"] == g["component"] and i.get("impact")),

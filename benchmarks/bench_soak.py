@@ -94,7 +94,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_freshness import cpu_seconds, free_port, http_get, rss_mib, wait_for  # noqa: E402
-from soak_verdict import RESTART_STARTUP_ALLOWANCE_S, agent_down_pages, refired, verdict_line
+from soak_verdict import RESTART_STARTUP_ALLOWANCE_S, agent_down_pages, refired, verdict_line  # noqa: E402 - sys.path is set just above
 
 # README "Detection" (benchmarks/bench_detection.py, 1 s interval): injection -> incident open,
 # (median, p90) in sample seconds; the webhook adds Alertmanager's group_wait and delivery.
@@ -435,7 +435,7 @@ def check_faults(a, scn, alerts: list, wall0: float, end_wall: float, kill: dict
     lines, reasons = [], []
     gts = scn.ground_truth()
     matched_any = set()
-    for i, (f, gt) in enumerate(zip(scn.faults, gts)):
+    for i, (f, gt) in enumerate(zip(scn.faults, gts, strict=True)):
         across = bool(kill) and i == 2  # build_scenario: the fault started one interval before the kill
         start_wall = wall0 + f.start
         mine = [(t, st, al) for t, st, al in alerts if (al.get("labels") or {}).get("component") == gt.component]

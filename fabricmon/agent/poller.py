@@ -99,7 +99,7 @@ class Poller:
             readings: list[Reading] = []
             statuses: list[SourceStatus] = []
             facts: dict = {"inventory": inventory}
-            for st, (result, duration) in zip(self._states, results):
+            for st, (result, duration) in zip(self._states, results, strict=True):
                 st.errors_total += result.errors
                 if result.messages:
                     st.last_error = result.messages[-1]
@@ -145,7 +145,7 @@ class Poller:
             return r.semantics is Semantics.GAUGE or math.isfinite(v)
 
         statuses = list(statuses)
-        for i, (st, (result, _)) in enumerate(zip(self._states, results)):
+        for i, (st, (result, _)) in enumerate(zip(self._states, results, strict=True)):
             bad = sum(1 for r in result.readings if not usable(r))
             if bad:
                 st.errors_total += bad

@@ -260,8 +260,8 @@ class AlertmanagerClient:
     def _once(self, u: _Url | None = None) -> None:
         """One delivery round for ``u`` (its own thread), or for every URL in turn (tests)."""
         self._resends_due()
-        for u in ([u] if u is not None else self.urls):
-            self._deliver(u)
+        for each in ([u] if u is not None else self.urls):
+            self._deliver(each)
 
     def _deliver(self, u: _Url) -> None:
         now = time.monotonic()
@@ -278,7 +278,7 @@ class AlertmanagerClient:
         status = self._post(u, body)
         if status == REJECTED and len(body) > 1:
             # which alerts? Alertmanager kept the valid ones; re-posting those is harmless (dedup)
-            results = [(e, self._post(u, [b])) for e, b in zip(items, body)]
+            results = [(e, self._post(u, [b])) for e, b in zip(items, body, strict=True)]
         else:
             results = [(e, status) for e in items]
         with self._lock:

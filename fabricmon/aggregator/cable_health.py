@@ -171,7 +171,7 @@ class CableHealth:
             fire_any |= fire
             keep_any |= keep
             # --- lanes: who carries the errors, and is that lane climbing ---
-            lanes = [sum(col) for col in zip(*[b[3] for b in bk])]
+            lanes = [sum(col) for col in zip(*[b[3] for b in bk], strict=True)]  # 8 lanes each
             total = sum(lanes)
             if total > 0:
                 top = max(range(8), key=lambda i: lanes[i])

@@ -169,7 +169,7 @@ class Reloader:
             material = _check_tls(ServerTls(a.tls_cert, a.tls_key, a.tls_client_ca), source)
             if grpc is not None and grpc.tls is not None and grpc.tls.current != material:
                 names = [n for n, x, y in zip(("auth.tls_key", "auth.tls_cert", "auth.tls_client_ca"),
-                                              grpc.tls.current, material) if x != y]
+                                              grpc.tls.current, material, strict=True) if x != y]
                 out.append((f"{', '.join(names)} (contents: new handshakes)", lambda: grpc.tls.update(material)))
         try:
             digest = file_digest(new.topology)

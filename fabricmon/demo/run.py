@@ -152,7 +152,7 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
         incidents = [_rel(i.to_dict(), epoch) for i in engine.incidents()]
         decoys = sim.decoys_truth()
         jobs = sim.jobs_truth()  # step times are simulated seconds since the scenario started
-        for g, impact in zip(ground, fault_impacts(scenario, args.interval)):
+        for g, impact in zip(ground, fault_impacts(scenario, args.interval), strict=True):
             g["impact"] = impact  # each fault's standalone cost to each job (sim/impact.py)
         scores = score(ground, incidents, duration=scenario.duration, decoys=decoys)
         notes = notifications(receiver, pace) if receiver is not None and am is not None else None
@@ -253,7 +253,7 @@ def _report(p, ground, incidents, scores, notes, wall, steps, jobs=(), decoys=()
         what = ", ".join(f"{i['alertname']} {i['component']}" for i in found[:2]) or "nothing raised"
         p(f"  decoy {d['kind']:<18} {where:<24} {what} ({len(found)} info finding(s), {len(per['page_ids'])} page(s))")
     p("  injected fault                             detected as                                   delay  resolved")
-    for fi, g in enumerate(ground):
+    for g in ground:
         hits = [i for i in incidents if g.get("component") and i["component"] == g["component"]]
         if not g.get("component"):
             p(f"  {g['kind']:<16} (not a fault)              {'nothing raised, as expected' if not incidents else ''}")

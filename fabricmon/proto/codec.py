@@ -117,7 +117,7 @@ class SeriesEncoder:
         ids = [get((d.family, d.labels)) or self._id((d.family, d.labels), out) for d in b.deltas]
         out.delta_ids.extend(ids)
         out.delta_values.extend([d.delta for d in b.deltas])
-        for sid, d in zip(ids, b.deltas):
+        for sid, d in zip(ids, b.deltas, strict=True):
             if d.saturated:
                 out.saturated_ids.append(sid)
             if d.reset:
@@ -253,7 +253,7 @@ class SeriesDecoder:
         # One pass in C over all values: a NaN or an infinity makes the sum non-finite, a negative the
         # minimum negative.  Only then (or on a sum that merely overflowed) is each value looked at.
         if vals and (not math.isfinite(sum(vals)) or min(vals) < 0):
-            for sid, v in zip(ids, vals):
+            for sid, v in zip(ids, vals, strict=True):
                 if not math.isfinite(v) or v < 0:
                     raise MalformedBatch(f"delta_values: series {look(sid, 'delta_ids')[0]} has a bad delta {v!r}")
         # Kinds as the agent defined them (isdisjoint runs in C: no per-delta Python on the hot path).
@@ -279,7 +279,7 @@ class SeriesDecoder:
         deltas = []
         append = deltas.append
         if flagged:
-            for sid, v in zip(ids, vals):
+            for sid, v in zip(ids, vals, strict=True):
                 if sid in flagged and sid not in refused:
                     fam, labels = table[sid]
                     append(CounterDelta(fam, labels, v, sid in sat, sid in rst))
@@ -287,7 +287,7 @@ class SeriesDecoder:
                     append(CounterDelta(*table[sid], v) if v else zero[sid])
         else:
             # the unread majority is filtered out in C (compress/map), never touched in Python
-            for sid, v in compress(zip(ids, vals), map(read_ids.__contains__, ids)):
+            for sid, v in compress(zip(ids, vals, strict=True), map(read_ids.__contains__, ids)):
                 append(CounterDelta(*table[sid], v) if v else zero[sid])
         n_refused = sum(1 for sid in ids if sid in refused) if refused else 0  # neither read nor "unread"
         skipped = len(ids) - len(deltas) - n_refused
@@ -295,10 +295,10 @@ class SeriesDecoder:
         gvals = m.gauge_values
         # the same one C pass as for deltas: a NaN or an infinity makes the sum non-finite
         if gvals and not math.isfinite(sum(gvals)):
-            for sid, v in zip(m.gauge_ids, gvals):
+            for sid, v in zip(m.gauge_ids, gvals, strict=True):
                 if not math.isfinite(v):
                     raise MalformedBatch(f"gauge_values: series {look(sid, 'gauge_ids')[0]} has a non-finite value {v!r}")
-        for sid, v in zip(m.gauge_ids, gvals):
+        for sid, v in zip(m.gauge_ids, gvals, strict=True):
             fam, labels = look(sid, "gauge_ids")
             if refused and sid in refused:
                 n_refused += 1

@@ -588,7 +588,7 @@ class ClusterState:
 
     def uuid(self, node: int, gpu: int) -> str:
         a, b, c = (int(x) for x in self.uuid_bits[node, gpu])
-        h = "%016x%016x" % (a << 2 | (c & 3), b << 2 | (c >> 2 & 3))  # 128 random bits
+        h = f"{a << 2 | (c & 3):016x}{b << 2 | (c >> 2 & 3):016x}"  # 128 random bits
         return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
     def node_guid(self, node: int, dev: int) -> str:

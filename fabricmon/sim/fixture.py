@@ -170,7 +170,7 @@ def symlink(target: str, link: str) -> None:
 
 
 def guid(rng: random.Random, oui: str) -> str:
-    raw = oui + "%010x" % rng.getrandbits(40)
+    raw = oui + f"{rng.getrandbits(40):010x}"
     return ":".join(raw[i:i + 4] for i in range(0, 16, 4))
 
 
@@ -276,7 +276,7 @@ class Gpu:
     def __init__(self, rng: random.Random, index: int, uptime: float):
         self.rng = rng
         self.load = rng.uniform(0.15, 0.4)  # NVLink utilization of the running job
-        h = "%032x" % rng.getrandbits(128)
+        h = f"{rng.getrandbits(128):032x}"
         self.nvml = {"index": index, "uuid": f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}",
                      "name": GPU_NAME, "pci_bus_id": gpu_pci_bus_id(index),
                      "utilization": 0, "throttle_reasons": 0, "xid": [],

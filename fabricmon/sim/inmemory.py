@@ -454,7 +454,7 @@ class BatchBuilder:
                     a, b = bounds[j], bounds[j + 1]
                     if a != b:
                         per_node_deltas[j] = [mk(fam[r], lab[r], d, s_, x) for r, d, s_, x in
-                                              zip(rrl[a:b], dl[a:b], sl[a:b], rl[a:b])]
+                                              zip(rrl[a:b], dl[a:b], sl[a:b], rl[a:b], strict=True)]
         g = np.ascontiguousarray(gchanged[:, sel].T)
         gv_t = np.ascontiguousarray(gvals[:, sel].T)
         out: list[NodeBatch] = []
@@ -462,7 +462,7 @@ class BatchBuilder:
             grows = np.flatnonzero(g[j])
             gv = gv_t[j, grows].tolist()
             gauges = [Sample(gfam[r], glab[r] if glab[r] is not None else gfn[r](n), v)
-                      for r, v in zip(grows.tolist(), gv)]
+                      for r, v in zip(grows.tolist(), gv, strict=True)]
             name = c.names[n]
             out.append(NodeBatch(node=name, seq=seq, ts=ts, interval_seconds=interval,
                                  deltas=tuple(per_node_deltas[j]), gauges=tuple(gauges),

@@ -45,6 +45,8 @@ from .scenario import Scenario
 log = structlog.get_logger("fabricmon.sim")
 
 MAX_TREE_NODES = 256
+# the job every node runs unless told otherwise (JobSpec is frozen: one shared default is safe)
+DEFAULT_JOB = JobSpec()
 
 
 @dataclass
@@ -73,7 +75,7 @@ class SimulatedCluster:
         mode: str = "tree",
         interval: float = 1.0,
         base_dir: str | Path | None = None,
-        job: JobSpec | None = JobSpec(),
+        job: JobSpec | None = DEFAULT_JOB,
         epoch: float = EPOCH,
         http: bool = False,
         on_snapshot: Callable[[str, Snapshot, list[RankTiming]], None] | None = None,

@@ -216,7 +216,7 @@ class EthtoolIoctl:
                 self._names[interface] = names
             values = self.stat_values(interface, len(names))
             if len(values) == len(names):
-                return list(zip(names, values))
+                return list(zip(names, values, strict=True))
             self._names.pop(interface, None)  # the set changed between the calls: names are stale
         raise EthtoolError(interface, "GSTATS", errno.EAGAIN)
 
@@ -356,7 +356,7 @@ def parse_pfc_summary(text: str) -> PfcInfo:
         elif fields[0] == "enabled" and prios is not None and enabled is None:
             flags = fields[1:]
             if len(flags) == len(prios) and all(f in ("0", "1") for f in flags):
-                enabled = frozenset(p for p, f in zip(prios, flags) if f == "1")
+                enabled = frozenset(p for p, f in zip(prios, flags, strict=True) if f == "1")
     return PfcInfo(trust, enabled)
 
 

@@ -119,7 +119,7 @@ def import_ibnetdiscover(fabrics: list[tuple[str, IbFabric]], *, node_names: dic
             out.skipped_firmware_default.append((guid, descriptions.get(guid, "")))
     nics_by_key: dict[tuple[int, int], Nic] = {}
     switch_links: dict[int, set[int]] = defaultdict(set)
-    for (guid, port), (peer, peer_port, source) in edges.items():
+    for (guid, port), (peer, _peer_port, source) in edges.items():
         own_kind, peer_kind = kinds.get(guid), kinds.get(peer)
         if own_kind == "switch" and peer_kind == "switch":
             switch_links[guid].add(peer)

@@ -380,7 +380,7 @@ class PynvmlBackend:
 
         if st.errors_path not in (None, "legacy"):
             st.counter_calls.clear()  # NVLink5 counters, or none: the legacy calls are never made
-        pairs = [(f, m) for f, m in zip(st.fields, st.meanings) if keep(m)]
+        pairs = [(f, m) for f, m in zip(st.fields, st.meanings, strict=True) if keep(m)]
         if len(pairs) != len(st.fields):
             st.fields = [f for f, _ in pairs]
             st.meanings = [m for _, m in pairs]
@@ -400,7 +400,7 @@ class PynvmlBackend:
         got: list[tuple[tuple, int]] = []
         if st.fields:
             values = self._call(index, nv.nvmlDeviceGetFieldValues, h, st.fields)
-            for meaning, fv in zip(st.meanings, values):
+            for meaning, fv in zip(st.meanings, values, strict=True):  # one value per field asked
                 ret = fv.nvmlReturn
                 if ret == nv.NVML_ERROR_GPU_IS_LOST:
                     raise GpuLost(index)

@@ -136,7 +136,9 @@ def _gpu_readings(g: GpuReading, labels: _GpuLabels | None = None, memo: Reading
             add(mk("fabricmon_nvlink_transmit_bytes_total", ll, tx, _MONO, 64, grp))
         if rx is not None:
             add(mk("fabricmon_nvlink_receive_bytes_total", ll, rx, _MONO, 64, grp))
-        for (etype, lab), value in zip(errs, (lk.replay, lk.recovery, lk.crc_flit, lk.crc_data)):
+        # the legacy four lead ALL_NVLINK_ERROR_TYPES, in NVLINK_ERROR_TYPES' order
+        legacy = (lk.replay, lk.recovery, lk.crc_flit, lk.crc_data)
+        for (_etype, lab), value in zip(errs[:_N_LEGACY], legacy, strict=True):
             if value is not None:
                 add(mk("fabricmon_nvlink_errors_total", lab, value, _MONO, 64, grp))
         if lk.nvlink5_errors:
