@@ -9,8 +9,8 @@ faults (``overlap_scenario(seed)``, seeds after those): a fault on a link under 
 degrades later (the link fault ending while the leaf is degraded, or outliving it), or a slow GPU
 on a node whose NIC is bad (on the GPU's own rail or another).  Overlapping faults are where
 incident ownership goes wrong (a link alert folded into its leaf and never resolved, a compute
-straggler blamed on the bad NIC beside it): both faults must be found.  The simulator runs in memory mode (the NodeBatches
-the agents would stream), a fresh ``Engine`` ingests them and is ticked every interval at the
+straggler blamed on the bad NIC beside it): both faults must be found.  The simulator runs in memory
+mode (the NodeBatches the agents would stream), a fresh ``Engine`` ingests them and is ticked every interval at the
 newest sample time, and ``fabricmon.demo.scoring.score`` scores the incidents against the
 ground truth.  Precision and recall are micro-averaged over all scenarios (incidents and
 faults summed), the delays are sample seconds from injection to incident open.
@@ -518,7 +518,8 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {kind} | {k['faults']} | {k['detected']} | {k['detected'] / k['faults']:.2f} | "
                      f"{k['alertname_ok']}/{k['detected']} | {fmt(pct(k['delays'], 0.5))} | "
                      f"{fmt(pct(k['delays'], 0.9))} | {fmt(pct(k['am'], 0.5))} |")
-    lines.append(f"| false positives (incidents matching no fault) | | {per_kind['(false positive)']['fp']} | | | | | |")
+    fp = per_kind['(false positive)']['fp']
+    lines.append(f"| false positives (incidents matching no fault) | | {fp} | | | | | |")
     if am_note:
         lines += ["", f"Alertmanager latency not measured: {am_note}"]
     if misses or fps or slow or phantom:

@@ -18,8 +18,8 @@ second (utime + stime from /proc/<pid>/stat), RSS (VmRSS), and freshness: the ag
 newest data at a query, for the median node (Prometheus: query time minus the median of the
 scraped ``fabricmon_snapshot_timestamp_seconds``, the nodes' own sample times; aggregator, run
 with ``clock.mode: sample``: wall time minus ``fabricmon_cluster_clock_timestamp_seconds``,
-the median of the nodes' newest ingested sample times).  Extrapolation to 1,024 and 4,096 nodes is linear in the measured per-node
-cost.  The last line is ``central CPU ratio aggregator/prometheus = X``.
+the median of the nodes' newest ingested sample times).  Extrapolation to 1,024 and 4,096 nodes is linear in the
+measured per-node cost.  The last line is ``central CPU ratio aggregator/prometheus = X``.
 
 ``--profile OUT`` runs the aggregator under cProfile instead (its gRPC event loop thread
 and the tick thread, from the end of the warm-up on: the steady state, not the first
@@ -293,7 +293,8 @@ def orchestrate(a: argparse.Namespace) -> int:
             time.sleep(min(1.37, max(0.0, end - time.monotonic())))  # off the 1 s grid on purpose
             now = time.time()
             try:
-                ages["prometheus"].append(now - prom_query(prom_port, "quantile(0.5, fabricmon_snapshot_timestamp_seconds)"))
+                ages["prometheus"].append(now - prom_query(prom_port,
+                                                           "quantile(0.5, fabricmon_snapshot_timestamp_seconds)"))
                 up.append(prom_query(prom_port, "sum(up)"))
             except Exception:  # noqa: BLE001 - a slow query is a missed reading, not a failure
                 pass

@@ -68,7 +68,8 @@ def node_deltas(rng: random.Random, nics: int = 8, gpus: int = 8) -> tuple[Count
                 lab = (("interface", iface), ("priority", str(prio)), ("direction", d))
                 bg = prio == 3
                 out.append(CounterDelta("fabricmon_pfc_pause_frames_total", lab, float(rng.randint(0, 2)) if bg else 0))
-                out.append(CounterDelta("fabricmon_pfc_pause_seconds_total", lab, rng.randint(0, 20) * 1e-6 if bg else 0))
+                out.append(CounterDelta("fabricmon_pfc_pause_seconds_total", lab,
+                                        rng.randint(0, 20) * 1e-6 if bg else 0))
         out += [CounterDelta("fabricmon_netdev_phy_errors_total", (("interface", iface), ("counter", c)), 0.0)
                 for c in PHY]
         out.append(CounterDelta("fabricmon_netdev_phy_received_bit_total", (("interface", iface),), 1e11))

@@ -131,8 +131,10 @@ def main(argv=None) -> int:
     if "poll_s" in t:
         print(f"  real agents' polls           {t['poll_s'] * 1e3:8.1f} ms  = {t['poll_per_node_ms']:.2f} ms/node")
     print(f"in-memory mode, {m['nodes']} nodes, per interval (median of {a.steps}):")
-    print(f"  setup (state + catalog)      {m['setup_s'] * 1e3:8.1f} ms (first batch {m['first_batch_s'] * 1e3:.0f} ms)")
-    print(f"  job                          {m['job_s'] * 1e3:8.1f} ms ({m['rank_timings_per_interval']:.0f} rank timings)")
+    print(f"  setup (state + catalog)      {m['setup_s'] * 1e3:8.1f} ms "
+          f"(first batch {m['first_batch_s'] * 1e3:.0f} ms)")
+    print(f"  job                          {m['job_s'] * 1e3:8.1f} ms ({m['rank_timings_per_interval']:.0f} rank "
+          f"timings)")
     print(f"  advance cluster              {m['advance_s'] * 1e3:8.1f} ms")
     print(f"  batches                      {m['batches_s'] * 1e3:8.1f} ms ({m['deltas_per_interval']:.0f} deltas, "
           f"{m['deltas_per_node']:.0f}/node, {m['us_per_delta']:.2f} us/delta; "

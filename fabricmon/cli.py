@@ -46,7 +46,8 @@ def _agent_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sysfs-root", dest="sysfs_root", help="sysfs mount (default /sys)")
     p.add_argument("--host-root", dest="host_root",
                    help="where the host's / is mounted, for its /proc (default /; in a container e.g. /host)")
-    p.add_argument("--ethtool-dir", dest="ethtool_dir", help="directory of <if>.txt ethtool -S dumps (fixtures and simulation)")
+    p.add_argument("--ethtool-dir", dest="ethtool_dir",
+                   help="directory of <if>.txt ethtool -S dumps (fixtures and simulation)")
     p.add_argument("--node-name", dest="node_name", help="node label (default: hostname)")
     p.add_argument("--listen", help="HOST:PORT for /metrics, /healthz, /readyz (default 0.0.0.0:9720)")
     p.add_argument("--interval", type=float, help="poll interval in seconds (default 1)")
@@ -133,7 +134,8 @@ def _demo_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fabricmon", description="Fabric telemetry and fault localization for GPU clusters.")
+    parser = argparse.ArgumentParser(prog="fabricmon",
+                                     description="Fabric telemetry and fault localization for GPU clusters.")
     parser.add_argument("--version", action="version", version=f"fabricmon {__version__}")
     _global_flags(parser, None)
     sub = parser.add_subparsers(dest="command", required=True)

@@ -101,7 +101,8 @@ class SnapshotCollector:
         yield age
 
 
-def make_registry(get_snapshot: Callable[[], Snapshot | None], clock: Callable[[], float] = time.time) -> CollectorRegistry:
+def make_registry(get_snapshot: Callable[[], Snapshot | None],
+                  clock: Callable[[], float] = time.time) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(get_snapshot, clock))
     return registry
@@ -136,7 +137,8 @@ def render_snapshot(snapshot: Snapshot, prefixes: dict | None = None) -> bytes:
         spec = ALL_SPECS.get(name)
         if spec is None:
             continue
-        out.append(f"# HELP {name} {_escape_help(spec.help)}\n# TYPE {name} {'counter' if spec.kind == 'counter' else 'gauge'}\n")
+        out.append(f"# HELP {name} {_escape_help(spec.help)}\n# TYPE {name} "
+                   f"{'counter' if spec.kind == 'counter' else 'gauge'}\n")
         for smp in samples:
             key = (name, smp.labels, snapshot.node)
             prefix = prefixes.get(key)

@@ -302,7 +302,8 @@ class NcclInspectorSource:
             res.readings.append(Reading("fabricmon_nccl_dropped_records_total",
                                         (("rank", rank), ("comm", comm), ("kind", kind)), total, Semantics.MONOTONIC))
         for rank, comm, name in self._comms:
-            res.readings.append(Reading("fabricmon_nccl_comm_info", (("rank", rank), ("comm", comm), ("comm_name", name)), 1))
+            res.readings.append(Reading("fabricmon_nccl_comm_info",
+                                        (("rank", rank), ("comm", comm), ("comm_name", name)), 1))
         for (kind, rank, comm, *rest), vals in interval_bw.items():
             if kind == "coll":
                 family = "fabricmon_nccl_bus_bandwidth_bytes_per_second"

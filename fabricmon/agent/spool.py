@@ -246,7 +246,8 @@ class Spool(MemorySpool):
                     os.unlink(entry.path)
                 except OSError:
                     pass
-                log.warning("spool_entry_skipped", file=entry.name, reason="leftover temporary file (interrupted write)")
+                log.warning("spool_entry_skipped", file=entry.name,
+                            reason="leftover temporary file (interrupted write)")
                 self.corrupt_total += 1
                 continue
             m = _NAME.match(entry.name)

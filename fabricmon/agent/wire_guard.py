@@ -79,7 +79,8 @@ def series_ok(family: object, labels: object) -> bool:
     try:
         if len(labels) > MAX_LABELS:  # type: ignore[arg-type]
             return False
-        return all(_text(k, MAX_NAME) and _text(v, MAX_VALUE, empty_ok=True) for k, v in labels)  # type: ignore[union-attr]
+        return all(_text(k, MAX_NAME) and _text(v, MAX_VALUE, empty_ok=True) for k,
+                   v in labels)  # type: ignore[union-attr]
     except (TypeError, ValueError):
         return False
 
@@ -134,7 +135,8 @@ class WireGuard:
                 self.dropped["delta"] += 1
             else:
                 deltas.append(d)
-        gauges = self._keep(b.gauges, lambda s: self._series((s.family, s.labels)) and isinstance(s.value, (int, float)),
+        gauges = self._keep(b.gauges,
+                            lambda s: self._series((s.family, s.labels)) and isinstance(s.value, (int, float)),
                             "series")
         ranks = self._keep(b.ranks, rank_ok, "rank")
         layouts = self._keep(b.layouts, layout_ok, "layout")

@@ -61,7 +61,8 @@ def load(path: str | Path) -> list[tuple[Incident, dict | None]]:
     try:
         body = json.loads(p.read_text())
         if not isinstance(body, dict) or body.get("schema") != SCHEMA:
-            raise ValueError(f"schema: expected {SCHEMA}, got {body.get('schema') if isinstance(body, dict) else body!r}")
+            raise ValueError(f"schema: expected {SCHEMA}, got "
+                             f"{body.get('schema') if isinstance(body, dict) else body!r}")
         out = []
         for i, rec in enumerate(body.get("incidents", [])):
             missing = [k for k in _FIELDS if k not in rec]

@@ -78,7 +78,8 @@ def hello_from_pb(m: pb.Hello) -> NodeHello:
         raise MalformedBatch(f"hello.gpus: {m.gpus} is over {MAX_GPUS}")
     for i, n in enumerate(m.nics):
         if not (math.isfinite(n.rate_gbps) and 0 <= n.rate_gbps <= MAX_RATE_GBPS):
-            raise MalformedBatch(f"hello.nics[{i}].rate_gbps: must be finite in [0, {MAX_RATE_GBPS:g}], got {n.rate_gbps!r}")
+            raise MalformedBatch(f"hello.nics[{i}].rate_gbps: must be finite in [0, {MAX_RATE_GBPS:g}], got "
+                                 f"{n.rate_gbps!r}")
         if n.width > MAX_WIDTH or not -1 <= n.gpu <= MAX_GPU:
             raise MalformedBatch(f"hello.nics[{i}]: width {n.width} or gpu {n.gpu} out of range")
     return NodeHello(
@@ -201,7 +202,8 @@ class SeriesDecoder:
         if len(ids) != len(vals):
             raise MalformedBatch(f"delta_ids ({len(ids)}) and delta_values ({len(vals)}) differ in length")
         if len(m.gauge_ids) != len(m.gauge_values):
-            raise MalformedBatch(f"gauge_ids ({len(m.gauge_ids)}) and gauge_values ({len(m.gauge_values)}) differ in length")
+            raise MalformedBatch(f"gauge_ids ({len(m.gauge_ids)}) and gauge_values ({len(m.gauge_values)}) differ in "
+                                 f"length")
         table = {} if m.self_contained else self._table
         zero = {} if m.self_contained else self._zero
         read_ids = set() if m.self_contained else self._read_ids
@@ -297,7 +299,8 @@ class SeriesDecoder:
         if gvals and not math.isfinite(sum(gvals)):
             for sid, v in zip(m.gauge_ids, gvals, strict=True):
                 if not math.isfinite(v):
-                    raise MalformedBatch(f"gauge_values: series {look(sid, 'gauge_ids')[0]} has a non-finite value {v!r}")
+                    raise MalformedBatch(f"gauge_values: series {look(sid, 'gauge_ids')[0]} has a non-finite value "
+                                         f"{v!r}")
         for sid, v in zip(m.gauge_ids, gvals, strict=True):
             fam, labels = look(sid, "gauge_ids")
             if refused and sid in refused:

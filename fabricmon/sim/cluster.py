@@ -384,7 +384,8 @@ class ClusterState:
         act = np.ones(self.n) if nvlink_activity is None else nvlink_activity
         self._optics(dt, t_new)
         self._nvlink_traffic(np.full((self.n, 1, 1), float(dt)), act if job_running else act * 0, t_new)
-        self.util = self.rng.integers(88, 100, size=(self.n, NGPU)) if job_running else np.zeros((self.n, NGPU), np.int64)
+        self.util = self.rng.integers(88, 100, size=(self.n, NGPU)) if job_running else np.zeros((self.n, NGPU),
+                                                                                                 np.int64)
         self.throttle[:] = 0
         for f in active:
             if f.kind == "slow_gpu":

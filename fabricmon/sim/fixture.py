@@ -4,7 +4,8 @@ The repository's own fixture writer (tests use it through ``tests/conftest.py``'
 also ``python -m fabricmon.sim.fixture --root DIR ...``).  Unlike ``sim.tree``, which renders a node of a
 simulated *cluster* over time, this writes one node in isolation as N numbered snapshots with a single
 fault and a manifest (``fixture.json``) saying what evidence each snapshot must show.  The hardware facts
-(devices, counter names and widths, formats) are ``sim.hw``'s, so both writers agree.  Writes, under ROOT (with --snapshots N > 1: under ROOT/t0 .. ROOT/t{N-1}):
+(devices, counter names and widths, formats) are ``sim.hw``'s, so both writers agree.  Writes, under ROOT
+(with --snapshots N > 1: under ROOT/t0 .. ROOT/t{N-1}):
 
   hostname                      the node name (--node-name, default node-000), as in /etc/hostname
   sys/class/infiniband/<dev>/{node_guid,sys_image_guid,fw_ver,hca_type,board_id,hw_rev,node_type,node_desc}

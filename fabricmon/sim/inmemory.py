@@ -156,7 +156,8 @@ class Catalog:
                                               ("C", K[kname], d.index, xform, int(plan.scale))))
                 if plan.semantics is Semantics.SATURATING:
                     G.append(_Gauge("fabricmon_ib_port_error_saturated", lab, ("sat", len(self.counters) - 1)))
-        unknown = sum(1 for subdir, name, _ in files if subdir == "hw_counters" and ib_classify(subdir, name).unclassified)
+        unknown = sum(1 for subdir, name,
+                      _ in files if subdir == "hw_counters" and ib_classify(subdir, name).unclassified)
         G.append(_Gauge(HW_UNCLASSIFIED, (("device", d.name),), ("const", unknown)))
 
     # -- transceiver source ------------------------------------------------------------------
@@ -189,7 +190,8 @@ class Catalog:
                                               ("C", K["eth:" + name], d.index, ("mask", cls.width), 1)))
         self.gauges.append(_Gauge(ETHTOOL_UP, (("interface", d.ifname),), ("const", 1.0)))
         unknown = sum(1 for name in ETH_STATS if lookup_stat(name) is None)
-        self.gauges.append(_Gauge(ETHTOOL_UNCLASSIFIED, (("interface", d.ifname), ("driver", "unknown")), ("const", unknown)))
+        self.gauges.append(_Gauge(ETHTOOL_UNCLASSIFIED, (("interface", d.ifname), ("driver", "unknown")),
+                                  ("const", unknown)))
 
     # -- fabric_config source -------------------------------------------------------------------
     def _fabric_config(self, d) -> None:

@@ -235,7 +235,8 @@ class NodeTree:
             if d.ethernet:
                 rxb, txb = v[kx["eth:rx_bytes"]], v[kx["eth:tx_bytes"]]
                 rxp, txp = v[kx["eth:rx_packets"]], v[kx["eth:tx_packets"]]
-                crc, oob, disc = v[kx["eth:rx_crc_errors_phy"]], v[kx["eth:rx_out_of_buffer"]], v[kx["eth:rx_discards_phy"]]
+                crc, oob = v[kx["eth:rx_crc_errors_phy"]], v[kx["eth:rx_out_of_buffer"]]
+                disc = v[kx["eth:rx_discards_phy"]]
             else:
                 rxb, txb = v[kx["pma:port_rcv_data"]] * 4 // 100, v[kx["pma:port_xmit_data"]] * 4 // 100
                 rxp, txp = v[kx["pma:port_rcv_packets"]] // 100, v[kx["pma:port_xmit_packets"]] // 100

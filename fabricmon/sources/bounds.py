@@ -175,7 +175,8 @@ def read_bounded(path: str, limit: int, flags: int = os.O_RDONLY | os.O_CLOEXEC)
     return data
 
 
-def screen_readings(readings: Iterable[Reading], rejects: RejectCounts, errors: list[str] | None = None) -> list[Reading]:
+def screen_readings(readings: Iterable[Reading], rejects: RejectCounts,
+                    errors: list[str] | None = None) -> list[Reading]:
     """The Readings whose values are finite and, for counters, integers within their width.
 
     The last guard before the counter tracker (which would raise on a NaN

@@ -90,7 +90,8 @@ def _gpu_readings(g: GpuReading, labels: _GpuLabels | None = None, memo: Reading
     mk = memo.get
     grp = labels.group
     gl = labels.gpu
-    out: list[Reading] = [mk("fabricmon_gpu_info", labels.info[nvlink_summary(g)], 1.0), mk("fabricmon_gpu_up", gl, 1.0)]
+    out: list[Reading] = [mk("fabricmon_gpu_info", labels.info[nvlink_summary(g)], 1.0),
+                          mk("fabricmon_gpu_up", gl, 1.0)]
     add = out.append
     if g.utilization is not None:
         add(mk("fabricmon_gpu_utilization_ratio", gl, min(max(g.utilization / 100.0, 0.0), 1.0)))
