@@ -74,7 +74,7 @@ class Component:
             return True
         if other.__class__ is not Component:
             return NotImplemented
-        return self.id == other.id and self.kind is other.kind  # type: ignore[attr-defined]
+        return self.id == other.id and self.kind is other.kind
 
     def __hash__(self) -> int:
         return hash(self.id)

@@ -19,10 +19,17 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from .. import components as comp
 from ..components import Component, Kind
+
+if TYPE_CHECKING:
+    from ..topology import Topology
+    from .incidents import Finding, IncidentManager
+    from .stragglers import StragglerTracker
 
 BASELINE_STEPS = 20
 MAX_STEPS = 4096  # per job: at a step a second, an hour of history
@@ -48,7 +55,7 @@ class JobImpact:
     stopped: bool
     gpu_hours_per_hour: float
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"job": self.job, "job_id": self.job_id or None,
                 "step_slowdown": None if self.step_slowdown is None else round(self.step_slowdown, 4),
                 "stopped": self.stopped, "gpu_hours_per_hour": round(self.gpu_hours_per_hour, 2)}
@@ -78,7 +85,7 @@ class StepLog:
         js.seconds.append(seconds)
 
     def impact(self, job: str, first_seen: float, now: float,
-               other_open: list[tuple[float, float]] = ()) -> JobImpact | None:
+               other_open: Sequence[tuple[float, float]] = ()) -> JobImpact | None:
         """``other_open``: (opened, closed or now) of the job's other incidents, kept out of the baseline."""
         js = self.jobs.get(job)
         if js is None:
@@ -126,11 +133,11 @@ class IncidentCost:
     the ``hpc_job`` label, fixed when the incident first fires (the hurt job with most GPUs) so measured
     cost updates annotations, never the alert's identity."""
 
-    def __init__(self, topology) -> None:
+    def __init__(self, topology: Topology) -> None:
         self.topology = topology
         self.steps = StepLog()
         self._index: dict[Component, set[str]] = {}  # component -> job keys whose ranks use it
-        self._index_key: tuple = ()
+        self._index_key: tuple[tuple[str, int], ...] = ()
         self._gpus: dict[str, int] = {}
 
     def record(self, job_key: str, job: str, job_id: str, step: int, end_ts: float, seconds: float) -> None:
@@ -138,7 +145,7 @@ class IncidentCost:
         js = self.steps.jobs[job_key]
         js.name = job
 
-    def _rebuild(self, tracker) -> None:
+    def _rebuild(self, tracker: StragglerTracker) -> None:
         key = tuple((k, len(j.ranks)) for k, j in tracker.jobs.items())
         if key == self._index_key:
             return
@@ -163,7 +170,8 @@ class IncidentCost:
             component = comp.nic(component.node, component.device) if component.device else comp.node(component.node)
         return self._index.get(component, set())
 
-    def annotate(self, findings: list, manager, now: float, tracker) -> None:
+    def annotate(self, findings: list[Finding], manager: IncidentManager, now: float,
+                 tracker: StragglerTracker) -> None:
         self._rebuild(tracker)
         # every incident of the last hour, open or not, with the jobs it touches: a baseline step is clean
         # only when none of them was open on the job

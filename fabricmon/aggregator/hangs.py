@@ -13,9 +13,15 @@ The rank that hangs it is the one its peers wait for: outside the collective (or
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..rank_timing import Heartbeat
+
+if TYPE_CHECKING:
+    from ..topology import Topology
+    from .incidents import Finding
 
 HEARTBEAT_S = 5.0
 # no coll_sn moved for this long (four heartbeats): with 5 s polls and the tick, named within about 35 s;
@@ -104,14 +110,15 @@ class HeartbeatTracker:
         return out
 
 
-def hung_job_findings(hangs: list[Hang], gpu_of, topology, cluster: str) -> list:
+def hung_job_findings(hangs: list[Hang], gpu_of: Callable[[str, str, int], int | None], topology: Topology,
+                      cluster: str) -> list[Finding]:
     """``JobHung`` (critical) per hung job, on the first rank the others wait for (its GPU, as the topology
     hands it out, when its rank timings told which, else its node); the other culprits in the evidence.
     A node the topology lacks still gets its GPU (without rail or leaf)."""
     from .. import components as comp
     from .incidents import Finding
 
-    out = []
+    out: list[Finding] = []
     for h in hangs:
         rank = h.ranks[0]
         gpu = gpu_of(h.job, h.job_id, rank)

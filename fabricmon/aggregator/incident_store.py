@@ -40,19 +40,19 @@ _FIELDS = ("id", "alertname", "severity", "component_type", "component", "labels
            "last_seen", "ranks", "jobs", "description", "related_to", "absorbed", "version", "hold_s")
 
 
-def _record(inc: Incident, sent: dict | None) -> dict[str, Any]:
+def _record(inc: Incident, sent: dict[str, Any] | None) -> dict[str, Any]:
     rec = {k: getattr(inc, k) for k in _FIELDS}
     rec["sent"] = sent
     return rec
 
 
-def save(path: str | Path, incidents: Iterable[Incident], sent: dict[str, dict]) -> None:
+def save(path: str | Path, incidents: Iterable[Incident], sent: dict[str, dict[str, Any]]) -> None:
     """Every open incident and the alert last sent for it (``sent``: incident id -> labels/annotations)."""
     body = {"schema": SCHEMA, "incidents": [_record(i, sent.get(i.id)) for i in incidents if i.open]}
     atomic_write_bytes(path, json.dumps(body, sort_keys=True).encode(), fsync=True)
 
 
-def load(path: str | Path) -> list[tuple[Incident, dict | None]]:
+def load(path: str | Path) -> list[tuple[Incident, dict[str, Any] | None]]:
     """The persisted open incidents; [] (and one log line naming the file and problem) when the file is
     missing, unreadable or not this format."""
     p = Path(path)
@@ -125,7 +125,7 @@ def component_of(component_type: str, component: str, labels: dict[str, str]) ->
     raise ValueError(f"component: {component!r} is no {kind.value} id")
 
 
-def restore(manager: IncidentManager, records: list[tuple[Incident, dict | None]], now: float,
+def restore(manager: IncidentManager, records: list[tuple[Incident, dict[str, Any] | None]], now: float,
             grace_s: float) -> list[Incident]:
     """Open the persisted incidents again under their ids; their evidence clock starts at ``now`` and
     their hold covers the restart grace, so only a fault that stays silent past it resolves."""

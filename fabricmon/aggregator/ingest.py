@@ -23,7 +23,7 @@ from ..batch import NodeBatch
 from ..metrics import SPECS
 from .cable_health import CableHealth
 from .config import DetectionSettings
-from .state import GpuEvent, GpuState, LinkEvent, LinkState, NodeState, Registry
+from .state import Event, GpuEvent, GpuState, LinkEvent, LinkState, NodeState, Registry
 
 # PMA error counters that mean a bad cable / transceiver / port (not congestion)
 PMA_ERRORS = frozenset({
@@ -161,8 +161,8 @@ class Ingest:
          xid_r) = _DELTA_MEMBERS
         err, recov, downed, phy, retry, storm, cnp_e, xwait, pause_tx, pause_rx = _LINK_EVENTS
         gpu_xid = GpuEvent.XID
-        pending: list = []  # (link or GPU, event)
-        cable: list = []  # (link, bits, lane or None): FEC-corrected bits for cable_health
+        pending: list[tuple[LinkState | GpuState, Event]] = []
+        cable: list[tuple[LinkState, float, int | None]] = []  # (link, bits, lane or None): FEC-corrected bits for cable_health
         resets: set[str] = set()
         by_netdev = ns.by_netdev
         retry_floor = 0.1 * s.retries_min * min(1.0, iv / s.window_s)
@@ -247,13 +247,13 @@ class Ingest:
                 if link is not None:
                     cable.append((link, v, None))
             elif route is nvlink_errors:
-                kind = NVLINK_EVENTS.get(lab[at[2]][1])
-                if kind is None:
+                gkind = NVLINK_EVENTS.get(lab[at[2]][1])
+                if gkind is None:
                     continue
                 g = self._gpu(ns, lab[at[0]][1])
                 if g is not None:
                     try:
-                        pending.append((g, (ts, kind, v, int(lab[at[1]][1]))))
+                        pending.append((g, (ts, gkind, v, int(lab[at[1]][1]))))
                     except ValueError:
                         continue
             elif route is xid_r:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -31,15 +31,20 @@ from .http_api import HttpApi
 from .incidents import Incident
 from .server import GrpcServer, start_grpc_server
 
+if TYPE_CHECKING:
+    from ..buildinfo import ReloadStatus
+    from ..webconfig import WebConfig
+
 log = structlog.get_logger("fabricmon.aggregator")
 
 
 class AggregatorRuntime:
-    def __init__(self, engine: Engine, *, grpc_listen: str | None = None, grpc_kwargs: dict | None = None,
+    def __init__(self, engine: Engine, *, grpc_listen: str | None = None,
+                 grpc_kwargs: dict[str, Any] | None = None,
                  http_listen: tuple[str, int] | None = None, sender: AlertmanagerClient | None = None,
                  tick_seconds: float = 0.25,
                  on_changed: Callable[[list[Incident], float], None] | None = None,
-                 http_web=None, reload_status=None) -> None:
+                 http_web: WebConfig | None = None, reload_status: ReloadStatus | None = None) -> None:
         self.engine = engine
         self.sender = sender
         self.tick_seconds = tick_seconds
