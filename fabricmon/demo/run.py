@@ -26,7 +26,7 @@ from ..atomic import atomic_write_text
 from ..configload import ConfigError
 from ..sim.impact import fault_impacts
 from ..sim.parallel import ParallelTreeCluster
-from ..sim.runner import SimulatedCluster
+from ..sim.runner import ClusterSim, SimulatedCluster
 from ..sim.scenario import Scenario, default_scenario, load_scenario
 from .scoring import score
 from .wire import CodecWire
@@ -60,6 +60,7 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
     epoch = float(int(time.time() - scenario.duration - 60))
     workers = args.workers if args.workers is not None else min(os.cpu_count() or 1, 4)
     memory = getattr(args, "mode", "tree") == "memory"
+    sim: ClusterSim
     if memory:
         sim = SimulatedCluster(scenario, mode="memory", interval=args.interval, epoch=epoch)
     elif workers > 1:
@@ -86,9 +87,13 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
     sender = AlertmanagerClient([am.url] if am else [], cluster=sim.topology.cluster, resend_seconds=30.0)
     rt = AggregatorRuntime(engine, http_listen=("127.0.0.1", 0), sender=sender).start()
     http = rt.http
+    assert http is not None  # http_listen was given
     c = scenario.cluster
     ground = sim.ground_truth()
-    p = lambda *a: print(*a, file=out, flush=True)  # noqa: E731
+
+    def p(*a: object) -> None:
+        print(*a, file=out, flush=True)
+
     p(f"fabricmon demo: {c.nodes} nodes ({c.layout}, {c.nodes_per_unit} per unit, 8 GPUs and 8 rail NICs each), "
       f"{scenario.duration:.0f} s simulated at {args.speed:g}x, agent interval {args.interval:g} s")
     if memory:

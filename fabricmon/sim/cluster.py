@@ -178,8 +178,8 @@ class ClusterState:
     def _fault_targets(self, f: Fault) -> tuple[list[int], list[int]]:
         """(node indexes, device indexes) a NIC-level fault touches."""
         if f.unit is not None:
-            return list(self.unit_nodes(f.unit)), [f.rail]
-        n = self.index[f.node]
+            return list(self.unit_nodes(f.unit)), [f.the_rail]
+        n = self.index[f.the_node]
         dev = f.device_index
         if dev is None:  # config_drift without rail: every rail NIC of the node
             return [n], list(range(NRAILS))
@@ -188,7 +188,7 @@ class ClusterState:
     def _flap_down(self, f: Fault, t: float) -> bool:
         period = f.period or DEFAULT_FLAP_PERIOD
         if f.kind == "cable_degrading":
-            return t >= f.fails_at and ((t - f.fails_at) % period) < period / 2
+            return t >= f.the_fails_at and ((t - f.the_fails_at) % period) < period / 2
         return ((t - f.start) % period) < period / 2
 
     # ------------------------------------------------------------------ optics (BER, module readings)
@@ -235,7 +235,7 @@ class ClusterState:
             nodes, devs = self._fault_targets(f)
             ni, d = nodes[0], devs[0]
             lane = self.bad_lane[id(f)]
-            p = min(1.0, (t - f.start) / (f.fails_at - f.start))
+            p = min(1.0, (t - f.start) / (f.the_fails_at - f.start))
             # the bad lane's BER climbs (linear in log) to the FEC limit by fails_at
             lane_log[ni, d, lane] = self.ber_log[ni, d] + (DEGRADED_BER_LOG - self.ber_log[ni, d]) * p
             rx[ni, d, lane] -= 4.0 * f.mag * p
@@ -338,11 +338,11 @@ class ClusterState:
                           "ecn_congestion": f.mag}[k]
                 bw[np.ix_(nodes, devs)] *= factor
             elif k == "slow_gpu":
-                gpu[self.index[f.node], f.gpu] *= f.mag
+                gpu[self.index[f.the_node], f.the_gpu] *= f.mag
             elif k == "nvlink_errors":
-                tp[self.index[f.node]] *= 1 + 0.05 * f.mag  # replays cost NVLink bandwidth
+                tp[self.index[f.the_node]] *= 1 + 0.05 * f.mag  # replays cost NVLink bandwidth
             elif k == "nvlink_down":
-                tp[self.index[f.node]] *= NVLINKS / (NVLINKS - 1) * 1.05  # 17 links left, uneven routing
+                tp[self.index[f.the_node]] *= NVLINKS / (NVLINKS - 1) * 1.05  # 17 links left, uneven routing
         return Effects(bw, gpu, tp)
 
     # ------------------------------------------------------------------ time
@@ -366,7 +366,7 @@ class ClusterState:
         for f in resets:
             # driver reload part-way through the interval: every counter of every mlx5 device restarts
             self._applied_resets.add(id(f))
-            ni = self.index[f.node]
+            ni = self.index[f.the_node]
             self.C[:, ni, :] = 0
             self.downs[ni, :] = 0
             dt_arr[ni, :] = dt * self.frng.uniform(0.2, 0.8)
@@ -389,7 +389,7 @@ class ClusterState:
         self.throttle[:] = 0
         for f in active:
             if f.kind == "slow_gpu":
-                self.throttle[self.index[f.node], f.gpu] = THROTTLE_THERMAL
+                self.throttle[self.index[f.the_node], f.the_gpu] = THROTTLE_THERMAL
         self.t = t_new
         self.tick += 1
 
@@ -468,7 +468,7 @@ class ClusterState:
         self.nvl_up[:] = True
         for f in self.scenario.faults:
             if f.kind == "nvlink_down" and f.active(t):
-                self.nvl_up[self.index[f.node], f.gpu, f.link] = False
+                self.nvl_up[self.index[f.the_node], f.the_gpu, f.the_link] = False
         self.nvl[0] += tx * self.nvl_up  # a down link carries nothing: its counters stay flat
         self.nvl[1] += rx * self.nvl_up
 
@@ -479,7 +479,7 @@ class ClusterState:
             if d.kind != "background_errors" or not d.active(t, math.inf):
                 continue
             rng = np.random.default_rng([self.scenario.cluster.seed, 7, k, self.tick])
-            self.C[K["pma:symbol_error"], self.index[d.node], d.rail] += int(rng.poisson(d.value("rate") * dt))
+            self.C[K["pma:symbol_error"], self.index[d.the_node], d.the_rail] += int(rng.poisson(d.value("rate") * dt))
 
     def _evidence(self, f: Fault, dt: float, t: float) -> None:
         """Counter evidence of one active fault over dt seconds (per-second rates of the fixture's
@@ -502,7 +502,7 @@ class ClusterState:
         if k in ("slow_gpu", "nvlink_errors", "nvlink_down", "config_drift", "link_degraded", "link_down",
                  "cable_degrading", "rank_hang"):  # cable_degrading: BER and module readings come from _optics
             if k == "nvlink_errors":
-                ni = self.index[f.node]
+                ni = self.index[f.the_node]
                 for j, lo, hi in ((2, 5, 50), (4, 10, 200), (5, 0.1, 5)):
                     self.nvl[j, ni, f.gpu, f.link] += int(r.uniform(lo, hi) * dt * mag)
                 lam = 0.2 * dt * mag

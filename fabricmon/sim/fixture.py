@@ -94,6 +94,7 @@ import random
 import re
 import shutil
 import sys
+from typing import Any
 
 from fabricmon.sim import hw as simhw
 from fabricmon.sim.hw import (
@@ -278,7 +279,7 @@ class Gpu:
         self.rng = rng
         self.load = rng.uniform(0.15, 0.4)  # NVLink utilization of the running job
         h = f"{rng.getrandbits(128):032x}"
-        self.nvml = {"index": index, "uuid": f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}",
+        self.nvml: dict[str, Any] = {"index": index, "uuid": f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}",
                      "name": GPU_NAME, "pci_bus_id": gpu_pci_bus_id(index),
                      "utilization": 0, "throttle_reasons": 0, "xid": [],
                      "links": [dict(state=1, tx_kib=0, rx_kib=0, replay=0, recovery=0,
@@ -318,10 +319,17 @@ class Node:
             self.extra_ports.append(dict(fe, port_num=2, ifname=fe["ifname"][:-4] + "1np1",
                                          port=Port(random.Random(rng.getrandbits(64)), fe["link_layer"],
                                                    fe["lanes"], fe["speed"], rng.uniform(0.01, 0.1), a.wrap)))
-        self.dev = next((d for d in self.devs if d["name"] == a.fault_dev), None)
+        self.dev: dict[str, Any] | None = next((d for d in self.devs if d["name"] == a.fault_dev), None)
         if a.fault == "link_degraded":
-            lanes, speed = self.dev["lanes"], self.dev["speed"]
+            lanes, speed = self.fault_device["lanes"], self.fault_device["speed"]
             self.degraded = (lanes // 2, speed) if a.degrade == "width" else (lanes, SPEEDS[SPEEDS.index(speed) - 1])
+
+    @property
+    def fault_device(self) -> dict[str, Any]:
+        """The --fault-dev device of a NIC fault (main() refuses a name this node lacks)."""
+        if self.dev is None:
+            raise ValueError(f"--fault-dev {self.args.fault_dev}: no such device")
+        return self.dev
 
     def active(self, t: int) -> bool:
         a = self.args
@@ -577,6 +585,7 @@ class Node:
                 "slow_gpu": [f"{g} {when}: throttle_reasons 0x60 (HwThermalSlowdown 0x40 | SwThermalSlowdown 0x20)",
                              "utilization stays high; no fabric or NVLink error evidence anywhere"],
             }[f]
+        d = self.fault_device
         port, ifn = f"{d['name']} port 1", d["ifname"]
         if f == "link_degraded":
             deg = rate_str(*self.degraded)

@@ -23,6 +23,7 @@ import gc
 import uuid as _uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 
@@ -210,7 +211,7 @@ class Catalog:
         grp = f"gpu{g}"
         G = self.gauges
         G.append(_Gauge("fabricmon_gpu_info", None, ("const", 1.0),
-                        lambda n, g=g: (("gpu", str(g)), ("uuid", c.uuid(n, g)), ("name", GPU_NAME),
+                        lambda n: (("gpu", str(g)), ("uuid", c.uuid(n, g)), ("name", GPU_NAME),
                                         ("pci_bus_id", gpu_pci_bus_id(g)), ("nvlink_counters", "legacy"))))
         G.append(_Gauge("fabricmon_gpu_up", (("gpu", gpu),), ("const", 1.0)))
         G.append(_Gauge("fabricmon_gpu_utilization_ratio", (("gpu", gpu),), ("util", g)))
@@ -278,7 +279,7 @@ class BatchBuilder:
         self._prev_p: np.ndarray | None = None
         self._prev_ts: float | None = None
         self.seq = 0
-        self._onehot = None
+        self._onehot: np.ndarray | None = None  # (groups, series): each series' counter group
 
     # ------------------------------------------------------------------ read-out
     def raw_counters(self) -> np.ndarray:
@@ -401,15 +402,17 @@ class BatchBuilder:
         ts = c.ts()
         raw = self.raw_counters()
         gvals, gpres = self.gauges(raw)
-        first = self._prev_raw is None
+        old = self._prev_raw
+        first = old is None
         interval = 0.0 if self._prev_ts is None else ts - self._prev_ts
         self.seq += 1
         seq = self.seq
-        if first:
+        delta_f: np.ndarray | None = None  # with sat and rst: None on the first read (no deltas yet)
+        sat: np.ndarray | None = None
+        rst: np.ndarray | None = None
+        if old is None:
             emit = np.zeros(raw.shape, dtype=bool)
-            delta_f = sat = rst = None
         else:
-            old = self._prev_raw
             dec = raw < old
             if dec.any():
                 # a group whose 64-bit monotonic counters went backwards was reset (driver reload)
@@ -428,19 +431,21 @@ class BatchBuilder:
             sat = self.c_satur[:, None] & (raw >= self.c_satlim[:, None])
             emit = (delta != 0) | sat | rst
             delta_f = delta.astype(np.float64) * self.c_scale[:, None]
-        gchanged = gpres if first else gpres & (~self._prev_p | (gvals != self._prev_g))
+        prev_p = self._prev_p
+        gchanged = gpres if prev_p is None else gpres & (~prev_p | (gvals != self._prev_g))
         self._prev_raw, self._prev_g, self._prev_p, self._prev_ts = raw, gvals, gpres, ts
 
         fam, lab = self.c_family, self.c_labels
         gfam = [g.family for g in self.catalog.gauges]
         glab = [g.labels for g in self.catalog.gauges]
-        gfn = [g.label_fn for g in self.catalog.gauges]
+        # label_fn is set wherever labels is None
+        gfn = [cast(Callable[[int], Labels], g.label_fn) for g in self.catalog.gauges]
         node_list = list(range(c.n)) if nodes is None else list(nodes)
         sel = np.asarray(node_list, dtype=np.int64)
         ranks = ranks or {}
         # every emitted delta at once, ordered by node then series (the agent's reading order)
         per_node_deltas: list[list[CounterDelta]] = [[] for _ in node_list]
-        if not first:
+        if delta_f is not None and sat is not None and rst is not None:
             e = np.ascontiguousarray(emit[:, sel].T)  # (nodes, series)
             flat = np.flatnonzero(e)
             if flat.size:
@@ -463,7 +468,7 @@ class BatchBuilder:
         for j, n in enumerate(node_list):
             grows = np.flatnonzero(g[j])
             gv = gv_t[j, grows].tolist()
-            gauges = [Sample(gfam[r], glab[r] if glab[r] is not None else gfn[r](n), v)
+            gauges = [Sample(gfam[r], lb if (lb := glab[r]) is not None else gfn[r](n), v)
                       for r, v in zip(grows.tolist(), gv, strict=True)]
             name = c.names[n]
             out.append(NodeBatch(node=name, seq=seq, ts=ts, interval_seconds=interval,
@@ -473,11 +478,18 @@ class BatchBuilder:
 
 
 _obj_new = object.__new__
-_set_family = CounterDelta.family.__set__
-_set_labels = CounterDelta.labels.__set__
-_set_delta = CounterDelta.delta.__set__
-_set_saturated = CounterDelta.saturated.__set__
-_set_reset = CounterDelta.reset.__set__
+
+
+def _slot_setter(name: str) -> Callable[[CounterDelta, Any], None]:
+    descriptor: Any = CounterDelta.__dict__[name]  # the slot's member descriptor (what CounterDelta.<name> is)
+    return cast(Callable[[CounterDelta, Any], None], descriptor.__set__)
+
+
+_set_family = _slot_setter("family")
+_set_labels = _slot_setter("labels")
+_set_delta = _slot_setter("delta")
+_set_saturated = _slot_setter("saturated")
+_set_reset = _slot_setter("reset")
 
 
 def _new_delta(family: str, labels: Labels, delta: float, saturated: bool, reset: bool) -> CounterDelta:

@@ -29,6 +29,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
@@ -41,6 +42,9 @@ from .hw import NGPU, NRAILS
 from .job import JobSpec
 from .jobs import JobSet
 from .scenario import Scenario
+
+if TYPE_CHECKING:
+    from .inmemory import BatchBuilder
 
 log = structlog.get_logger("fabricmon.sim")
 
@@ -67,6 +71,26 @@ class StepStats:
         return self.advance_s + self.job_s + self.render_s + self.poll_s + self.batch_s
 
 
+class ClusterSim(Protocol):
+    """What the demo drives: SimulatedCluster, or ParallelTreeCluster (sim/parallel.py) over worker processes."""
+
+    topology: Topology
+    scenario: Scenario
+    interval: float
+    on_batch: Callable[[NodeBatch], object] | None
+
+    @property
+    def t(self) -> float: ...
+    def now(self) -> float: ...
+    def start(self) -> None: ...
+    def hellos(self) -> list[NodeHello]: ...
+    def step(self) -> StepStats: ...
+    def close(self) -> None: ...
+    def ground_truth(self) -> list[dict[str, Any]]: ...
+    def jobs_truth(self) -> list[dict[str, Any]]: ...
+    def decoys_truth(self) -> list[dict[str, Any]]: ...
+
+
 class SimulatedCluster:
     def __init__(
         self,
@@ -79,7 +103,7 @@ class SimulatedCluster:
         epoch: float = EPOCH,
         http: bool = False,
         on_snapshot: Callable[[str, Snapshot, list[RankTiming]], None] | None = None,
-        on_batch: Callable[[NodeBatch], None] | None = None,
+        on_batch: Callable[[NodeBatch], object] | None = None,
         progress: Callable[[StepStats], None] | None = None,
         poll_workers: int | None = None,
         max_tree_nodes: int = MAX_TREE_NODES,
@@ -98,7 +122,7 @@ class SimulatedCluster:
         self.mode = mode
         self.interval = float(interval)
         self.on_snapshot = on_snapshot
-        self.on_batch = on_batch
+        self.on_batch: Callable[[NodeBatch], object] | None = on_batch
         self.progress = progress
         self.http = http
         self.keep_trees = keep_trees
@@ -112,7 +136,7 @@ class SimulatedCluster:
         self.http_ports: dict[str, int] = {}
         self._own_base = False
         self.base_dir: str | None = None
-        self._builder = None
+        self._builder: BatchBuilder | None = None  # memory mode, from start()
         self._filters: list = []
         self._seq: list[int] = []
         self._pool: cf.ThreadPoolExecutor | None = None
@@ -171,6 +195,7 @@ class SimulatedCluster:
         from .inmemory import GaugeFilter
         from .tree import NodeTree
 
+        assert self.base_dir is not None  # tree mode has one (__init__)
         os.makedirs(self.base_dir, exist_ok=True)
         for i in self._node_index:
             name = c.names[i]
@@ -191,6 +216,7 @@ class SimulatedCluster:
         """The hello each node's agent sends when it connects."""
         if self.mode == "memory":
             self.start()
+            assert self._builder is not None
             return self._builder.hellos()
         from ..agent.stream_batches import hello_from_snapshot
 
@@ -254,6 +280,7 @@ class SimulatedCluster:
         self.on_batch(batch)
 
     def _emit_memory(self, timings: list[RankTiming]) -> int:
+        assert self._builder is not None  # start() in memory mode
         batches = self._builder.build(self._by_node(timings), self.layouts)
         for b in batches:
             hb = self._heartbeats.get(b.node)
@@ -264,6 +291,7 @@ class SimulatedCluster:
         from .inmemory import batch_from_snapshot
 
         by_node = self._by_node(timings)
+        assert self._pool is not None  # start() in tree mode
         snaps = list(self._pool.map(lambda a: a.poller.poll_once(), self.agents))
         for i, snap in enumerate(snaps):
             name = self.cluster.names[self._node_index[i]]

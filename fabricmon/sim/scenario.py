@@ -181,6 +181,43 @@ class Fault:
         if self.degrade is not None and self.degrade not in ("width", "speed"):
             raise fail("degrade", f"must be width or speed, got {self.degrade!r}")
 
+    # -- the fields validate() requires of the kinds that read them: typed, never None ---------------
+    @property
+    def the_node(self) -> str:
+        if self.node is None:
+            raise ValueError(f"fault {self.kind}: node is required")
+        return self.node
+
+    @property
+    def the_rail(self) -> int:
+        if self.rail is None:
+            raise ValueError(f"fault {self.kind}: rail is required")
+        return self.rail
+
+    @property
+    def the_gpu(self) -> int:
+        if self.gpu is None:
+            raise ValueError(f"fault {self.kind}: gpu is required")
+        return self.gpu
+
+    @property
+    def the_link(self) -> int:
+        if self.link is None:
+            raise ValueError(f"fault {self.kind}: link is required")
+        return self.link
+
+    @property
+    def the_unit(self) -> int:
+        if self.unit is None:
+            raise ValueError(f"fault {self.kind}: unit is required")
+        return self.unit
+
+    @property
+    def the_fails_at(self) -> float:
+        if self.fails_at is None:
+            raise ValueError(f"fault {self.kind}: fails_at is required")
+        return self.fails_at
+
     # -- derived ---------------------------------------------------------------------------
     @property
     def mag(self) -> float:
@@ -235,8 +272,8 @@ class Scenario:
         if not self.duration > 0:
             raise ConfigError(f"{source}: duration: must be > 0, got {self.duration}")
         if self.jobs or self.decoys:
-            names = self.cluster.node_names()
-            check_decoys(self.decoys, resolve_jobs(self.jobs, names, self.duration, source), names, source)
+            all_names = self.cluster.node_names()
+            check_decoys(self.decoys, resolve_jobs(self.jobs, all_names, self.duration, source), all_names, source)
         names = set(self.cluster.node_names()) if self.cluster.nodes <= 100000 else set()
         n = self.cluster.nodes
         for i, f in enumerate(self.faults):
@@ -312,22 +349,23 @@ def ground_truth(f: Fault, cluster: ClusterSpec) -> GroundTruth:
     if ctype is None:
         return GroundTruth(f.kind, None, None, f.start, end, None, node=f.node)
     if target == "leaf":
-        leaf = leaf_id(f.unit, f.rail)
+        leaf = leaf_id(f.the_unit, f.the_rail)
         return GroundTruth(f.kind, "leaf", leaf, f.start, end, alert, rail=f.rail, leaf=leaf)
-    unit = int(f.node.rsplit("-", 1)[1]) // cluster.nodes_per_unit
+    node = f.the_node
+    unit = int(node.rsplit("-", 1)[1]) // cluster.nodes_per_unit
     if target == "link":
         dev = f.device_index
         rail = dev if dev is not None and dev != FRONTEND else None
-        return GroundTruth(f.kind, "link", link_id(f.node, f"mlx5_{dev}", 1), f.start, end, alert, node=f.node,
+        return GroundTruth(f.kind, "link", link_id(node, f"mlx5_{dev}", 1), f.start, end, alert, node=node,
                            rail=rail, leaf=leaf_id(unit, rail) if rail is not None else None, fails_at=f.fails_at)
     if target == "config":
-        comp = nic_id(f.node, f"mlx5_{f.rail}") if f.rail is not None else f.node
-        return GroundTruth(f.kind, "config", comp, f.start, end, alert, node=f.node, rail=f.rail,
+        comp = nic_id(node, f"mlx5_{f.rail}") if f.rail is not None else node
+        return GroundTruth(f.kind, "config", comp, f.start, end, alert, node=node, rail=f.rail,
                            leaf=leaf_id(unit, f.rail) if f.rail is not None else None)
     if target == "nvlink":
-        return GroundTruth(f.kind, "nvlink", nvlink_id(f.node, f.gpu, f.link), f.start, end, alert, node=f.node,
+        return GroundTruth(f.kind, "nvlink", nvlink_id(node, f.the_gpu, f.the_link), f.start, end, alert, node=node,
                            gpu=f.gpu)
-    return GroundTruth(f.kind, "gpu", gpu_id(f.node, f.gpu), f.start, end, alert, node=f.node, gpu=f.gpu)
+    return GroundTruth(f.kind, "gpu", gpu_id(node, f.the_gpu), f.start, end, alert, node=node, gpu=f.gpu)
 
 
 def scenario_from_dict(data: dict, source: str = "<scenario>") -> Scenario:

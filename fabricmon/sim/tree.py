@@ -196,7 +196,7 @@ class NodeTree:
             up = up_row[i]
             ll = d.link_layer
             lanes, speed = lanes_row[i], SPEEDS[speed_row[i]]
-            port = os.path.join(self._ibdev(d), "ports", "1") if build_paths else None
+            port = os.path.join(self._ibdev(d), "ports", "1") if build_paths else ""  # read only with ap
             out += ["4: ACTIVE" if up else "1: DOWN",
                     "5: LinkUp" if up else ("2: Polling" if ll == "InfiniBand" else "3: Disabled"),
                     rate_str(lanes, speed) if up else rate_str(*DOWN_RATE[ll]),
@@ -225,7 +225,7 @@ class NodeTree:
                     ap(os.path.join(port, "hw_counters", name))
             # netdev
             dn = downs_row[i]
-            nd = self._netdev(d) if build_paths else None
+            nd = self._netdev(d) if build_paths else ""  # read only with ap
             out += ["up" if up else "down", "1" if up else "0", str(2 + 2 * dn - (0 if up else 1)), str(1 + dn),
                     str(1 + dn - (0 if up else 1)), str(LANE_DGBPS[speed] * lanes * 100 if up else -1)]
             if ap:
