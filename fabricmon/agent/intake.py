@@ -38,6 +38,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import cast
 
 import structlog
 
@@ -413,7 +414,7 @@ class RankIntake:
                             with self._lock:
                                 self._unix_clients = len(bufs)
                             continue
-                        c = key.fileobj
+                        c = cast(socket.socket, key.fileobj)  # the rest are client connections
                         if c not in bufs:
                             continue  # closed earlier in this round
                         try:

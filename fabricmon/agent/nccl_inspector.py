@@ -59,10 +59,11 @@ import os
 import stat
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
-from ..model import Reading, Semantics, SourceResult
+from ..model import Labels, Reading, Semantics, SourceResult
 from ..sources.bounds import Rejected, read_bounded
 from ..sources.guarded_io import open_regular
 from .nccl_prom import PromSample, parse_prom_line, uuid_of_file
@@ -234,18 +235,19 @@ class NcclInspectorSource:
         seen: set[tuple[int, int]] = set()
         # Evict series silent for a long time (each job brings new comm ids) before reading,
         # so their slots are free for this poll's records.
-        for table in (self._series, self._p2p):
+        tables: tuple[dict[Any, _Series], ...] = (self._series, self._p2p)
+        for table in tables:
             expired = [k for k, s in table.items() if now - s.last_seen > self._ttl]
-            for key in expired:
-                del table[key]
+            for old in expired:
+                del table[old]
             self.expired_total += len(expired)
-        for key in [k for k, seen in self._comms.items() if now - seen > self._ttl]:
-            del self._comms[key]
-        for key in [k for k, (_, seen) in self._dropped.items() if now - seen > self._ttl]:
-            del self._dropped[key]
+        for comm_key in [k for k, seen in self._comms.items() if now - seen > self._ttl]:
+            del self._comms[comm_key]
+        for drop_key in [k for k, (_, seen) in self._dropped.items() if now - seen > self._ttl]:
+            del self._dropped[drop_key]
         live = {k[:3] for k in self._p2p}
-        for key in [k for k in self._peers if k not in live]:
-            del self._peers[key]
+        for peer_key in [k for k in self._peers if k not in live]:
+            del self._peers[peer_key]
         kinds = dict.fromkeys(FILE_KINDS, 0)
         prom_seen: set[tuple[int, int]] = set()
         for path, st in self._scan(errors):
@@ -285,7 +287,7 @@ class NcclInspectorSource:
         if len(errors) > 20:
             res.error(f"... and {len(errors) - 20} more")
         for (rank, comm, coll), s in self._series.items():
-            labels = (("rank", rank), ("comm", comm), ("collective", coll))
+            labels: Labels = (("rank", rank), ("comm", comm), ("collective", coll))
             res.readings.append(Reading("fabricmon_nccl_collectives_total", labels, s.count, Semantics.MONOTONIC))
             res.readings.append(Reading("fabricmon_nccl_collective_seconds_total", labels, int(s.exec_us),
                                         Semantics.MONOTONIC, scale=1e-6))

@@ -177,11 +177,11 @@ class Poller:
                 started.append((st, None, 0.0))  # still stuck from an earlier poll
                 continue
             try:
-                fut = self._workers.submit(st.source.name, self._timed_poll, st.source, inventory)
+                submitted = self._workers.submit(st.source.name, self._timed_poll, st.source, inventory)
             except Stuck:  # a source of the same name, replaced by a reload, still blocked
                 started.append((st, None, 0.0))
                 continue
-            started.append((st, fut, time.monotonic()))
+            started.append((st, submitted, time.monotonic()))
         inline_out: dict[int, tuple[SourceResult, float]] = {}
         for st in inline:
             t0 = time.perf_counter()
