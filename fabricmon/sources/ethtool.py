@@ -556,7 +556,11 @@ class EthtoolSource:
             # The ioctl's values are u64 by construction; only repeated names
             # (a driver bug) are dropped so the exposition has no duplicates.
             seen: set[str] = set()
-            dups = [(n, Rejected("malformed", f"{n} appears twice")) for n, _ in stats if n in seen or seen.add(n)]
+            dups: list[tuple[str, Rejected]] = []
+            for n, _ in stats:
+                if n in seen:
+                    dups.append((n, Rejected("malformed", f"{n} appears twice")))
+                seen.add(n)
             if dups:
                 kept: dict[str, int] = {}
                 for n, v in stats:

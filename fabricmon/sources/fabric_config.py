@@ -49,6 +49,7 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..config import FabricConfigConfig, ProfileConfig
 from ..model import ReadingMemo, SourceResult
@@ -296,7 +297,7 @@ class FabricConfigSource:
 
     def port_facts(self, port: PortInfo, sysfs_root: str, result: SourceResult) -> PortFacts:
         """Gather the facts of one port; unreadable ones become one error each."""
-        values: dict[str, object] = {}
+        values: dict[str, Any] = {}  # each fact as its reader returned it (PortFacts types them)
 
         def fact(name: str, fn: Callable[[], object]) -> None:
             try:
@@ -325,7 +326,7 @@ class FabricConfigSource:
                 return parsed.gbps, parsed.width_lanes
 
             fact("rate", rate)
-        gbps, width = values.get("rate", (None, None))  # type: ignore[misc]
+        gbps, width = values.get("rate", (None, None))
 
         if port.link_layer == "Ethernet" and port.netdev:
             net = os.path.join(sysfs_root, "class", "net", port.netdev)
@@ -345,13 +346,13 @@ class FabricConfigSource:
             fact("pfc", lambda: self._pfc_info(port.netdev))
         return PortFacts(
             link_layer=port.link_layer,
-            state=values.get("state"),  # type: ignore[arg-type]
+            state=values.get("state"),
             rate_gbps=gbps,
             width=width,
-            mtu=values.get("mtu"),  # type: ignore[arg-type]
-            ecn_np=values.get("ecn_np"),  # type: ignore[arg-type]
-            ecn_rp=values.get("ecn_rp"),  # type: ignore[arg-type]
-            pfc=values.get("pfc"),  # type: ignore[arg-type]
+            mtu=values.get("mtu"),
+            ecn_np=values.get("ecn_np"),
+            ecn_rp=values.get("ecn_rp"),
+            pfc=values.get("pfc"),
         )
 
     def poll(self, inventory: Inventory) -> SourceResult:

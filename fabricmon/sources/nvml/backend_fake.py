@@ -3,6 +3,7 @@ fixture tool and the simulator, re-read every poll and checked like real NVML va
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections import Counter
 from pathlib import Path
@@ -125,7 +126,7 @@ class _Checked:
             return ""
         return text
 
-    def xid_counts(self, value: Any) -> dict[int, int]:
+    def xid_counts(self, value: Any) -> dict[builtins.int, builtins.int]:  # (int: the method above)
         """``xid`` is the list of XID codes seen so far (one entry per event), or a {code: count} mapping."""
         if not value:
             return {}
