@@ -321,9 +321,9 @@ def detect_kind(data: dict, source: str) -> str:
     if "apiVersion" in data and "kind" in data:
         k8s = data.get("kind")
         if k8s == "ConfigMap" and isinstance(data.get("data"), dict):
-            keys = ", ".join(f"data.{k}" for k in data["data"]) or "none"
+            inside = ", ".join(f"data.{k}" for k in data["data"]) or "none"
             raise ConfigError(f"{source}: this is a Kubernetes ConfigMap, not a fabricmon config; pass the "
-                              f"config inside it (keys: {keys}), e.g. kubectl get configmap "
+                              f"config inside it (keys: {inside}), e.g. kubectl get configmap "
                               f"{(data.get('metadata') or {}).get('name', 'NAME')} -o jsonpath='{{.data.KEY}}' > FILE")
         raise ConfigError(f"{source}: this is a Kubernetes {k8s}, not a fabricmon config")
     keys = set(data)

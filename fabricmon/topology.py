@@ -87,7 +87,7 @@ class NicSpec:
 
     def validate(self, path: str, source: str) -> None:
         for what, v in (("rail", self.rail), ("gpu", self.gpu), ("port", self.port)):
-            if v < 0:
+            if v is not None and v < 0:  # rail: None on a fat tree (version 2)
                 raise ConfigError(f"{source}: {path}.{what}: must be >= 0, got {v}")
         if not 0 < self.rate_gbps <= MAX_RATE_GBPS:
             raise ConfigError(f"{source}: {path}.rate_gbps: must be in (0, {MAX_RATE_GBPS:g}], got {self.rate_gbps}")

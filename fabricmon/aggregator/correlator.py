@@ -219,8 +219,8 @@ def _hosts_imbalance(s: DetectionSettings, job: str, node_groups: list[tuple[Com
 
 
 def _straggler_finding(topo: Topology, s: DetectionSettings, job: str, group: Component,
-                       members: list[Straggler], cands: list[Component], net: list[Component], ev: Evidence, fresh_nodes: set[str],
-                       cluster: str) -> Finding:
+                       members: list[Straggler], cands: list[Component], net: list[Component], ev: Evidence,
+                       fresh_nodes: set[str], cluster: str) -> Finding:
     """A straggler group no fabric component explains: StragglerRank, saying why the fabric is cleared."""
     ranks = tuple(sorted(m.rank for m in members))
     nodes = {m.node for m in members}

@@ -162,7 +162,8 @@ class Ingest:
         err, recov, downed, phy, retry, storm, cnp_e, xwait, pause_tx, pause_rx = _LINK_EVENTS
         gpu_xid = GpuEvent.XID
         pending: list[tuple[LinkState | GpuState, Event]] = []
-        cable: list[tuple[LinkState, float, int | None]] = []  # (link, bits, lane or None): FEC-corrected bits for cable_health
+        # (link, bits, lane or None): FEC-corrected bits for cable_health
+        cable: list[tuple[LinkState, float, int | None]] = []
         resets: set[str] = set()
         by_netdev = ns.by_netdev
         retry_floor = 0.1 * s.retries_min * min(1.0, iv / s.window_s)

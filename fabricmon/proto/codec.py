@@ -102,7 +102,7 @@ class SeriesEncoder:
     def __len__(self) -> int:
         return len(self._ids)
 
-    def _id(self, key: SeriesKey, out: pb.Batch, kind: int = COUNTER) -> int:
+    def _id(self, key: SeriesKey, out: pb.Batch, kind: pb.SeriesKind = COUNTER) -> int:
         sid = self._ids.get(key)
         if sid is None:
             sid = len(self._ids) + 1
@@ -278,7 +278,7 @@ class SeriesDecoder:
             for sid in ids:
                 look(sid, "delta_ids")
         flagged = sat | rst
-        deltas = []
+        deltas: list[CounterDelta] = []
         append = deltas.append
         if flagged:
             for sid, v in zip(ids, vals, strict=True):
