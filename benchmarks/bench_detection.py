@@ -47,16 +47,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fabricmon.aggregator.alertmanager import AlertmanagerClient  # noqa: E402
-from fabricmon.aggregator.engine import Engine  # noqa: E402
-from fabricmon.aggregator.runtime import AggregatorRuntime  # noqa: E402
-from fabricmon.demo.local_alertmanager import WebhookReceiver  # noqa: E402
-from fabricmon.demo.scoring import score  # noqa: E402
-from fabricmon.sim.hw import NGPU, NRAILS  # noqa: E402
-from fabricmon.sim.impact import fault_impacts  # noqa: E402
-from fabricmon.sim.runner import SimulatedCluster  # noqa: E402
-from fabricmon.sim.scenario import ClusterSpec, Fault, Scenario, random_scenario, scenario_from_dict  # noqa: E402
-from fabricmon.topology import node_name  # noqa: E402
+from fabricmon.aggregator.alertmanager import AlertmanagerClient
+from fabricmon.aggregator.engine import Engine
+from fabricmon.aggregator.runtime import AggregatorRuntime
+from fabricmon.demo.local_alertmanager import WebhookReceiver
+from fabricmon.demo.scoring import score
+from fabricmon.sim.hw import NGPU, NRAILS
+from fabricmon.sim.impact import fault_impacts
+from fabricmon.sim.runner import SimulatedCluster
+from fabricmon.sim.scenario import ClusterSpec, Fault, Scenario, random_scenario, scenario_from_dict
+from fabricmon.topology import node_name
 
 LINK_UNDER_LEAF = ("flaky_cable", "link_down", "link_flap", "link_degraded", "rdma_retransmits")
 HARD = ("link_down", "link_flap", "link_degraded", "nvlink_down", "flaky_cable")  # goal: seen within 3 s
@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.am_subset > 0:
         try:
             rig = AmRig()
-        except BaseException as exc:  # noqa: BLE001 - pytest.skip (binary missing) is a BaseException
+        except BaseException as exc:  # pytest.skip (binary missing) is a BaseException
             am_note = f"no Alertmanager ({type(exc).__name__}: {exc})"
             rig = None
     results = []

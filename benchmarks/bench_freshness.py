@@ -83,7 +83,7 @@ def rss_mib(pid: int) -> float:
 
 
 def http_get(url: str, timeout: float = 5.0) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback only
+    with urllib.request.urlopen(url, timeout=timeout) as r:  # loopback only
         return r.read()
 
 
@@ -101,7 +101,7 @@ def wait_for(pred, timeout: float, what: str) -> None:
         try:
             if pred():
                 return
-        except Exception:  # noqa: BLE001 - not up yet
+        except Exception:  # not up yet
             pass
         time.sleep(0.2)
     raise SystemExit(f"bench_freshness: timed out waiting for {what}")
@@ -296,11 +296,11 @@ def orchestrate(a: argparse.Namespace) -> int:
                 ages["prometheus"].append(now - prom_query(prom_port,
                                                            "quantile(0.5, fabricmon_snapshot_timestamp_seconds)"))
                 up.append(prom_query(prom_port, "sum(up)"))
-            except Exception:  # noqa: BLE001 - a slow query is a missed reading, not a failure
+            except Exception:  # a slow query is a missed reading, not a failure
                 pass
             try:
                 ages["aggregator"].append(time.time() - agg_clock(http_port))
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
         wall = time.monotonic() - t0
         c1 = {"aggregator": cpu_seconds(agg.pid), "prometheus": cpu_seconds(prom.pid), "nodes": cpu_seconds(nodes.pid)}

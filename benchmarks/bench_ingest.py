@@ -26,11 +26,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fabricmon.aggregator.engine import Engine  # noqa: E402
-from fabricmon.batch import NodeBatch  # noqa: E402
-from fabricmon.model import CounterDelta, Sample  # noqa: E402
-from fabricmon.rank_timing import RankTiming  # noqa: E402
-from fabricmon.topology import generate_topology  # noqa: E402
+from fabricmon.aggregator.engine import Engine
+from fabricmon.batch import NodeBatch
+from fabricmon.model import CounterDelta, Sample
+from fabricmon.rank_timing import RankTiming
+from fabricmon.topology import generate_topology
 
 PMA = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors", "port_rcv_remote_physical_errors",
        "port_rcv_switch_relay_errors", "port_xmit_discards", "port_xmit_constraint_errors",

@@ -19,12 +19,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fabricmon.sim.cluster import ClusterState  # noqa: E402
-from fabricmon.sim.inmemory import BatchBuilder  # noqa: E402
-from fabricmon.sim.job import JobSpec, SyntheticJob  # noqa: E402
-from fabricmon.sim.runner import SimulatedCluster  # noqa: E402
-from fabricmon.sim.scenario import default_scenario  # noqa: E402
-from fabricmon.sim.tree import NodeTree, default_base_dir  # noqa: E402
+from fabricmon.sim.cluster import ClusterState
+from fabricmon.sim.inmemory import BatchBuilder
+from fabricmon.sim.job import JobSpec, SyntheticJob
+from fabricmon.sim.runner import SimulatedCluster
+from fabricmon.sim.scenario import default_scenario
+from fabricmon.sim.tree import NodeTree, default_base_dir
 
 
 def med(xs: list[float]) -> float:

@@ -25,8 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from fabricmon.topology import load_topology  # noqa: E402 - sys.path is set just above
-from fabricmon.topology_import.ibnetgen import rail_optimized  # noqa: E402 - sys.path is set just above
+from fabricmon.topology import load_topology
+from fabricmon.topology_import.ibnetgen import rail_optimized
 
 SMALL = {"rails": 4, "nodes_per_leaf": 8, "spines_per_rail": 2,
          "cores": 2}  # tests/topology_fabrics.py rail_optimized_small

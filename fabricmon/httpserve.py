@@ -347,10 +347,10 @@ class RoutedHTTPServer:
                  max_connections: int = 64, header_timeout: float = 10.0, request_timeout: float = 60.0,
                  write_timeout: float = 10.0, web=None) -> None:
         class Handler(GuardedHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server API)
+            def do_GET(self) -> None:  # http.server API
                 self._serve(head=False)
 
-            def do_HEAD(self) -> None:  # noqa: N802
+            def do_HEAD(self) -> None:
                 self._serve(head=True)
 
             def _serve(self, head: bool) -> None:

@@ -473,7 +473,7 @@ class RankIntake:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def do_POST(self):  # noqa: N802 (http.server API)
+            def do_POST(self):  # http.server API
                 if self.path.split("?")[0] != "/v1/ranks":
                     self._reply(404, {"error": "not found; POST /v1/ranks"})
                     return
@@ -493,7 +493,7 @@ class RankIntake:
                 acc, rej, reasons = intake.submit_lines(body, origin="http")
                 self._reply(200 if acc or not rej else 400, {"accepted": acc, "rejected": rej, "errors": reasons})
 
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 if self.path == "/healthz":
                     self._reply(200, {"status": "ok"})
                 else:

@@ -202,7 +202,7 @@ class ShardTarget:
                             retry_in_seconds=wait)
                 self._stop.wait(wait)
                 continue
-            except Exception as exc:  # noqa: BLE001 - a bug here must not end the retries
+            except Exception as exc:  # a bug here must not end the retries
                 attempt += 1
                 self.failures_total += 1
                 self.problem = f"shard not resolved: {type(exc).__name__}: {exc}"

@@ -127,7 +127,7 @@ class Reloader:
             self.status.record(False)
             log.error("config_reload_failed", error=str(exc), detail="still running on the previous config")
             return False
-        except Exception as exc:  # noqa: BLE001 - a reload must never end the process
+        except Exception as exc:  # a reload must never end the process
             self.status.record(False)
             log.error("config_reload_failed", error=f"{type(exc).__name__}: {exc}",
                       detail="still running on the previous config")

@@ -95,7 +95,7 @@ class AggregatorRuntime:
         if self.grpc is not None:
             try:
                 self.grpc.stop(grace)
-            except Exception:  # noqa: BLE001 - keep shutting the rest down
+            except Exception:  # keep shutting the rest down
                 log.exception("grpc_stop_failed")
         if final_tick and self.last_tick is not None:
             now = self.engine.newest_ts
@@ -118,7 +118,7 @@ class AggregatorRuntime:
                 return []  # sample clock with no batch yet
         try:
             changed = self.engine.tick(now)
-        except Exception:  # noqa: BLE001 - one bad tick must not stop alerting
+        except Exception:  # one bad tick must not stop alerting
             self.tick_errors_total += 1
             log.exception("tick_failed")
             return []
@@ -151,7 +151,7 @@ class AggregatorRuntime:
             if between is not None:
                 try:
                     between()
-                except Exception:  # noqa: BLE001 - a failed reload must not stop the ticks
+                except Exception:  # a failed reload must not stop the ticks
                     log.exception("between_ticks_failed")
             for inc in self.tick():
                 if log_incidents:

@@ -171,7 +171,7 @@ def run_aggregator(cfg: AggregatorConfig, stop_event: threading.Event, *, web: W
             raise ConfigError(f"{exc} (address in use or not local)") from None
         log.error("aggregator_start_failed", error=str(exc))
         return 1
-    except Exception as exc:  # noqa: BLE001 - report and stop cleanly
+    except Exception as exc:  # report and stop cleanly
         log.error("aggregator_start_failed", error=str(exc))
         return 1
     log.info("aggregator_started", grpc=rt.grpc_address, http=cfg.http_listen, nodes=len(rt.engine.topology.nodes),
