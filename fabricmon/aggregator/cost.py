@@ -19,16 +19,15 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import components as comp
 from ..components import Component, Kind
 
 if TYPE_CHECKING:
     from ..topology import Topology
-    from .incidents import Finding, IncidentManager
     from .stragglers import StragglerTracker
 
 BASELINE_STEPS = 20
@@ -127,6 +126,32 @@ def impact_sentence(impacts: list[JobImpact], shown: int = 3) -> str:
     return "; ".join(parts)
 
 
+# What annotate reads of incidents.py's Finding, Incident and IncidentManager (incidents.py imports this
+# module for JobImpact: protocols keep the two apart, tests/core/test_import_cycles.py)
+class CostedFinding(Protocol):
+    alertname: str
+    component: Component
+    labels: dict[str, str]
+    fire: bool
+    keep: bool
+    jobs: tuple[str, ...]
+    severity: str
+    impact: tuple[JobImpact, ...]
+
+
+class CostedIncident(Protocol):
+    @property
+    def severity(self) -> str: ...
+    @property
+    def first_seen(self) -> float: ...
+    @property
+    def resolved_at(self) -> float | None: ...
+
+
+class OpenIncidents(Protocol):
+    def get_open(self, alertname: str, component: Component) -> CostedIncident | None: ...
+    def all_by_component(self) -> Iterable[tuple[Component, CostedIncident]]: ...
+
 class IncidentCost:
     """Attaches each finding's cost per job before the incident manager applies it: the jobs whose ranks
     use the finding's component (per the topology), their impact since the incident's ``first_seen``, and
@@ -170,7 +195,7 @@ class IncidentCost:
             component = comp.nic(component.node, component.device) if component.device else comp.node(component.node)
         return self._index.get(component, set())
 
-    def annotate(self, findings: list[Finding], manager: IncidentManager, now: float,
+    def annotate(self, findings: Iterable[CostedFinding], manager: OpenIncidents, now: float,
                  tracker: StragglerTracker) -> None:
         self._rebuild(tracker)
         # every incident of the last hour, open or not, with the jobs it touches: a baseline step is clean
