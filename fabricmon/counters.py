@@ -127,7 +127,7 @@ class CounterTracker:
             if hit is not None and hit.reading is r:
                 # Same object as last poll: same value, nothing to unwrap.
                 ident[rid] = hit
-                add_sample(hit.sample)  # type: ignore[arg-type]
+                add_sample(hit.sample)  # type: ignore[arg-type]  # set when hit was last processed
                 if type(hit) is _State:
                     hit.last_seen = ts
                     if hit.sat_sample is not None:

@@ -274,13 +274,13 @@ def ride_on_own_alerts(shared: dict[Component, Shared], findings: list[Finding],
         if f.alertname in EVIDENCE_ALERTS and (f.fire or f.keep):
             own[f.component].append(f)
             if f.component.kind is Kind.LINK:
-                own[f.component.parent()].append(f)  # type: ignore[index]
+                own[f.component.parent()].append(f)  # type: ignore[index]  # a link's parent: its NIC
     owned_by_incident: set[Component] = set()
     for alertname, component in open_keys:
         if alertname in EVIDENCE_ALERTS:
             owned_by_incident.add(component)
             if component.kind is Kind.LINK:
-                owned_by_incident.add(component.parent())  # type: ignore[arg-type]
+                owned_by_incident.add(component.parent())  # type: ignore[arg-type]  # a link's: its NIC
     for c in list(shared):
         if c in own or c in owned_by_incident:
             ent = shared.pop(c)

@@ -145,7 +145,7 @@ class Ingest:
         link = ns.links.get((device, port), _MISSING)
         if link is _MISSING:
             return self.registry.link(ns, device, port, None)
-        return link  # type: ignore[return-value]
+        return link  # type: ignore[return-value]  # not _MISSING: a LinkState or None
 
     def _gpu(self, ns: NodeState, gpu: str) -> GpuState | None:
         return ns.gpus.get(gpu) or self.registry.gpu(ns, gpu)

@@ -205,7 +205,7 @@ class Registry:
         """The port's state; None (remembered) for a port on no rail that no hello announced."""
         link = ns.links.get((device, port), _MISSING)
         if link is not _MISSING:
-            return link  # type: ignore[return-value]
+            return link  # type: ignore[return-value]  # not _MISSING: a LinkState or None
         link = build_link_state(self.topology, ns.name, device, port, netdev, hello_rail, self.cluster)
         ns.links[(device, port)] = link
         if link is not None:

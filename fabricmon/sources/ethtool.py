@@ -399,7 +399,8 @@ def classify_match(name: str, m: Match | None, allow: tuple[re.Pattern[str], ...
     """The export of one stat from its table row: its curated family, else the allowlist, else nothing."""
     rule = m.rule if m is not None else None
     if rule is not None and rule.family is not None:
-        return StatClass(rule.family, m.labels(), rule.semantics, rule.scale, rule.width)  # type: ignore[union-attr]
+        return StatClass(rule.family, m.labels(), rule.semantics, rule.scale,  # type: ignore[union-attr]  # rule: m's
+                         rule.width)
     if any(p.search(name) for p in allow):
         # Raw, as read: semantics unknown or not curated (some are gauges, some counters).
         return StatClass(ETHTOOL_STAT, (("stat", name),), Semantics.GAUGE)
