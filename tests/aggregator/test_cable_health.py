@@ -19,8 +19,8 @@ from fabricmon.sim.cluster import ClusterState
 from fabricmon.sim.inmemory import BatchBuilder
 from fabricmon.sim.scenario import ClusterSpec, Scenario, scenario_from_dict
 from fabricmon.topology import generate_topology
-
 from support.paths import REPO as ROOT
+
 T0 = 1764000000.0
 
 

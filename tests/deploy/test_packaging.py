@@ -42,7 +42,8 @@ def test_agent_and_sources_do_not_import_numpy() -> None:
 
 
 def _agent_args(fx: Path) -> list[str]:
-    return ["--log-level", "error", "agent", "--once", "--sysfs-root", str(fx / "sys"), "--ethtool-dir", str(fx / "ethtool"),
+    return ["--log-level", "error", "agent", "--once", "--sysfs-root", str(fx / "sys"), "--ethtool-dir",
+            str(fx / "ethtool"),
             "--nvml", f"fake:{fx / 'nvml.json'}", "--node-name", "node-007"]
 
 

@@ -16,6 +16,7 @@ from collections import Counter
 import pytest
 
 from support.paths import REPO
+
 SCENARIO = REPO / "examples" / "scenarios" / "cable-then-leaf.yaml"
 CABLE = ("FabricLinkErrors", "node-003/mlx5_2/1")
 LEAF = ("FabricLeafDegraded", "leaf-u0-r2")
