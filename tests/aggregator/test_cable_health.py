@@ -161,6 +161,7 @@ def test_scenario_needs_fails_at_after_start():
     assert (gt.alertname, gt.component, gt.fails_at) == ("FabricCableDegrading", "node-001/mlx5_1/1", 300)
 
 
+@pytest.mark.integration
 def test_demo_shows_the_warning_before_the_flap(tmp_path):
     """``fabricmon demo --scenario`` with real agents over simulated trees (RoCE: the BER path)."""
     report = tmp_path / "report.json"

@@ -45,6 +45,7 @@ def _incidents(port: int) -> list[dict]:
     return json.loads(body) if code == 200 else []
 
 
+@pytest.mark.integration
 def test_agent_with_unknown_hostname_gets_its_flaky_cable_alerted(tmp_path):
     (tmp_path / "topology.yaml").write_text(yaml.safe_dump({
         "cluster": "prod", "layout": SPEC.layout, "nodes_per_unit": SPEC.nodes_per_unit,

@@ -219,6 +219,7 @@ def test_client_cert_required(tmp_path) -> None:
 
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(find_binary(("prometheus",)) is None, reason="prometheus not installed")
 def test_real_prometheus_scrapes_over_tls_with_basic_auth(tmp_path) -> None:
     """Prometheus (Go's TLS, basic auth and gzip reader: it sends Accept-Encoding: gzip) scrapes the

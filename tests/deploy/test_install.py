@@ -167,6 +167,7 @@ def _systemd_setup(unit_name: str, unit: dict[str, list[str]], uid: int) -> list
     return lines
 
 
+@pytest.mark.integration
 def test_install_verify_run_uninstall(wheel: Path, root: Path, tmp_path: Path) -> None:
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze not installed (apt-get install systemd)")

@@ -99,6 +99,7 @@ def test_promtool_check_rules() -> None:
     assert "SUCCESS" in res.stdout
 
 
+@pytest.mark.integration
 def test_promtool_unit_tests() -> None:
     assert TEST_FILES
     res = promtool("test", "rules", *TEST_FILES)

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from fabricmon.aggregator.engine import READ_DELTA_FAMILIES
 from fabricmon.demo.wire import CodecWire
 from fabricmon.sim.runner import SimulatedCluster
@@ -35,6 +37,7 @@ def test_codec_wire_delivers_what_the_engine_reads_and_drops_a_replayed_seq():
     assert wire.bytes_total > 0
 
 
+@pytest.mark.integration
 def test_memory_demo_finds_the_default_faults(tmp_path):
     out = tmp_path / "report.json"
     proc = subprocess.run(

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.skipif(
     reason="needs the Alertmanager binary (Debian package prometheus-alertmanager)")
 
 
+@pytest.mark.integration
 def test_cable_then_leaf_both_found_each_alert_fired_and_resolved_once(tmp_path):
     out = tmp_path / "report.json"
     proc = subprocess.run(

@@ -47,6 +47,7 @@ def test_capture_exports_what_the_node_exported(tmp_path: Path, options: dict) -
     assert got == want
 
 
+@pytest.mark.integration
 def test_cli_collect_then_agent_once_capture(tmp_path: Path) -> None:
     root = tmp_path / "node"
     write_fixture(root, layout="roce", fault="rdma_retransmits", node_name="node-042")
