@@ -11,6 +11,10 @@ Two modes:
 * ``memory`` (large or long runs, benchmarks): no files; ``inmemory.BatchBuilder``
   produces the NodeBatch each agent would stream, to ``on_batch``.
 
+``rank_intake=True``: the training ranks' timings, heartbeats and layouts reach the batches as a
+job's client sends them, JSON lines into each node's real ``agent.intake.RankIntake``, drained
+each interval as the agent's stream does; without it they are handed to the batch as parsed values.
+
 Time: ``t`` is simulated seconds since the scenario started; sample times are
 ``epoch + t``.  ``step()`` advances by one agent interval (simulated seconds);
 ``run(speed=...)`` paces steps at ``speed`` simulated seconds per wall second
@@ -21,6 +25,7 @@ Time: ``t`` is simulated seconds since the scenario started; sample times are
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import os
 import shutil
 import threading
@@ -34,7 +39,7 @@ import structlog
 
 from ..batch import NodeBatch, NodeHello
 from ..model import Snapshot
-from ..rank_timing import RankTiming
+from ..rank_timing import Heartbeat, JobLayout, RankTiming, heartbeat_json, to_json
 from ..topology import Topology, generate_topology
 from .cluster import EPOCH, ClusterState
 from .hw import NRAILS, NGPU
@@ -83,6 +88,7 @@ class SimulatedCluster:
         max_tree_nodes: int = MAX_TREE_NODES,
         keep_trees: bool = False,
         nodes: list[int] | None = None,
+        rank_intake: bool = False,
     ) -> None:
         if mode not in ("tree", "memory"):
             raise ValueError(f"mode must be tree or memory, got {mode!r}")
@@ -121,6 +127,8 @@ class SimulatedCluster:
         self._undelivered: list[NodeBatch] = []
         self.steps = 0
         self._heartbeats: dict[str, list] = {}  # this step's heartbeats by node
+        self.rank_intake = rank_intake
+        self._intakes: dict = {}  # node -> agent.intake.RankIntake (rank_intake only)
         # Tree mode: the node indexes this instance renders and polls (all by default).  The whole
         # cluster state and job still advance here: the simulation is deterministic, so parallel
         # workers (sim/parallel.py) each advance all of it and render and poll their own nodes.
@@ -251,11 +259,41 @@ class SimulatedCluster:
                 self.on_batch(b)
         self.on_batch(batch)
 
+    def _via_intake(self, node: str, ranks: list[RankTiming], heartbeats: list[Heartbeat]
+                    ) -> tuple[tuple[RankTiming, ...], tuple[JobLayout, ...], tuple[Heartbeat, ...]]:
+        """What the node's agent streams of its ranks this interval: the lines a job's client writes
+        (``fabricmon.client``: no node, the agent adds it; the layouts once) through its RankIntake."""
+        from ..agent.intake import RankIntake
+
+        intake = self._intakes.get(node)
+        lines: list[str] = []
+        if intake is None:
+            intake = self._intakes[node] = RankIntake(node, clock=self.now)
+            lines += [json.dumps({"job": lay.job, "layout": dict(lay.layout)}, separators=(",", ":"))
+                      for lay in self.layouts]
+        lines += [to_json(replace(r, node="")) for r in ranks]
+        lines += [heartbeat_json(replace(h, node="")) for h in heartbeats]
+        if lines:
+            _, rejected, reasons = intake.submit_lines("\n".join(lines), origin="sim")
+            if rejected:  # the simulator wrote a line the agent refuses: a simulator bug, never silent
+                raise RuntimeError(f"{node}: the rank intake refused {rejected} simulated line(s): {reasons}")
+        got, layouts = intake.drain()
+        return tuple(got), tuple(layouts), tuple(intake.drain_heartbeats())
+
     def _emit_memory(self, timings: list[RankTiming]) -> int:
-        batches = self._builder.build(self._by_node(timings), self.layouts)
+        by_node = self._by_node(timings)
+        if self.rank_intake:
+            batches = self._builder.build()
+        else:
+            batches = self._builder.build(by_node, self.layouts)
         for b in batches:
             hb = self._heartbeats.get(b.node)
-            self._deliver(replace(b, heartbeats=tuple(hb)) if hb else b)
+            if self.rank_intake:
+                ranks, layouts, hbs = self._via_intake(b.node, by_node.get(b.node, []), hb or [])
+                b = replace(b, ranks=ranks, layouts=layouts, heartbeats=hbs)
+            elif hb:
+                b = replace(b, heartbeats=tuple(hb))
+            self._deliver(b)
         return len(batches)
 
     def _poll_all(self, timings: list[RankTiming]) -> int:
@@ -270,12 +308,17 @@ class SimulatedCluster:
                 self.on_snapshot(name, snap, ranks)
             if self.on_batch is not None or not self.steps:
                 self._seq[i] += 1
-                b = batch_from_snapshot(snap, self._filters[i], self._seq[i], tuple(ranks))
-                if self._seq[i] == 1 and self.layouts:
-                    b = replace(b, layouts=self.layouts)
                 hb = self._heartbeats.get(name)
-                if hb:
-                    b = replace(b, heartbeats=tuple(hb))
+                if self.rank_intake:
+                    got, layouts, hbs = self._via_intake(name, ranks, hb or [])
+                    b = replace(batch_from_snapshot(snap, self._filters[i], self._seq[i], got),
+                                layouts=layouts, heartbeats=hbs)
+                else:
+                    b = batch_from_snapshot(snap, self._filters[i], self._seq[i], tuple(ranks))
+                    if self._seq[i] == 1 and self.layouts:
+                        b = replace(b, layouts=self.layouts)
+                    if hb:
+                        b = replace(b, heartbeats=tuple(hb))
                 self._deliver(b)
         return len(snaps)
 
