@@ -52,6 +52,7 @@ from fabricmon.aggregator.engine import Engine  # noqa: E402
 from fabricmon.aggregator.runtime import AggregatorRuntime  # noqa: E402
 from fabricmon.demo.local_alertmanager import WebhookReceiver  # noqa: E402
 from fabricmon.demo.scoring import score  # noqa: E402
+from fabricmon.sim.drive import Drive  # noqa: E402
 from fabricmon.sim.runner import SimulatedCluster  # noqa: E402
 from fabricmon.sim.hw import NGPU, NRAILS  # noqa: E402
 from fabricmon.sim.impact import fault_impacts  # noqa: E402
@@ -259,13 +260,9 @@ def run_one(seed: int, scn: Scenario, args, rig: AmRig | None) -> dict:
     rt = AggregatorRuntime(engine, sender=sender, on_changed=on_changed).start()
     wall0 = time.perf_counter()
     try:
-        sim.start()
-        for h in sim.hellos():
-            engine.hello(h)
-        sim.on_batch = engine.ingest
-        while sim.t + sim.interval <= scn.duration + 1e-9:
-            sim.step()
-            rt.tick(sim.now())
+        drive = Drive(sim, rt)
+        drive.connect()
+        drive.run()
         if sender is not None:
             sender.flush(5.0)
     finally:

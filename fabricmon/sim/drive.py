@@ -75,34 +75,40 @@ class Pace:
 
 
 class Drive:
-    """``sim`` into ``runtime`` (or a bare ``engine``), optionally over the codec wire."""
+    """``sim`` into ``runtime`` (or a bare ``engine``), optionally over the codec wire.  Neither: the
+    simulator alone, paced (its agents scraped by a Prometheus, say)."""
 
     def __init__(self, sim: Simulator, runtime: AggregatorRuntime | None = None, *, engine: Engine | None = None,
                  wire: bool = False) -> None:
-        if (runtime is None) == (engine is None):
-            raise ValueError("give the aggregator as runtime or as engine, not both or neither")
+        if runtime is not None and engine is not None:
+            raise ValueError("give the aggregator as runtime or as engine, not both")
         self.sim = sim
         self.runtime = runtime
-        self.engine: Engine = runtime.engine if runtime is not None else engine  # type: ignore[assignment]
+        self.engine: Engine | None = runtime.engine if runtime is not None else engine
+        if wire and self.engine is None:
+            raise ValueError("wire=True needs an aggregator to deliver to")
         self.wire = CodecWire(self.engine.hello, self.engine.ingest, self.engine.read_delta_families) \
-            if wire else None
+            if wire and self.engine is not None else None
         self.steps = 0
         self.last: StepStats | None = None
 
     def connect(self) -> None:
         """Start the simulator and connect every node: its hello, then its batches as they come."""
         self.sim.start()
+        engine = self.engine
+        if engine is None:
+            return
         for h in self.sim.hellos():
             if self.wire is not None:
                 self.wire.connect(h)
             else:
-                self.engine.hello(h)
-        self.sim.on_batch = self.wire.deliver if self.wire is not None else self.engine.ingest
+                engine.hello(h)
+        self.sim.on_batch = self.wire.deliver if self.wire is not None else engine.ingest
 
     def tick(self, now: float) -> list[Incident]:
         if self.runtime is not None:
             return self.runtime.tick(now)
-        return self.engine.tick(now)
+        return self.engine.tick(now) if self.engine is not None else []
 
     def step(self) -> list[Incident]:
         """One interval: the simulator steps, its batches are ingested, the aggregator ticks at its clock;

@@ -723,6 +723,16 @@ def write_fixture(root, **options) -> dict:
     return write_fixture_argv(options_argv(root, options))
 
 
+def fixture_node(**options) -> Node:
+    """The fixture's node for ``write_fixture``'s keyword options (no root, nothing written), before its
+    first snapshot: ``node.step(t)`` advances it, its ports and GPUs hold the state a snapshot shows."""
+    ap = _parser()
+    ap.raising = True
+    a = ap.parse_args(options_argv("-", options))
+    resolve(ap, a)
+    return Node(a)
+
+
 def write_fixture_argv(argv: list[str]) -> dict:
     """``write_fixture`` by the command line's flags (``["--root", ROOT, "--layout", "roce", ...]``)."""
     ap = _parser()
