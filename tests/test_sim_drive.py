@@ -54,7 +54,8 @@ def test_the_rank_intake_hands_on_the_ranks_layouts_and_heartbeats_the_simulator
     got: dict[bool, list] = {}
     for via in (False, True):
         scn = default_scenario(nodes=nodes, duration=12, nodes_per_unit=nodes)
-        sim = SimulatedCluster(scn, mode=mode, rank_intake=via, base_dir=tmp_path / str(via) if mode == "tree" else None)
+        base = tmp_path / str(via) if mode == "tree" else None
+        sim = SimulatedCluster(scn, mode=mode, rank_intake=via, base_dir=base)
         batches: list = []
         sim.on_batch = batches.append
         with sim:

@@ -15,7 +15,7 @@ import pytest
 from fabricmon.sim import faults as fm
 from fabricmon.sim.cluster import ClusterState
 from fabricmon.sim.fixture import fixture_node
-from fabricmon.sim.hw import FRONTEND, K, NVL_FIELDS, SPEEDS
+from fabricmon.sim.hw import FRONTEND, NVL_FIELDS, SPEEDS, K
 from fabricmon.sim.scenario import ClusterSpec, Scenario
 
 pytest.importorskip("numpy")

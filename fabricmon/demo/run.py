@@ -26,8 +26,8 @@ from ..aggregator.engine import Engine
 from ..aggregator.runtime import AggregatorRuntime
 from ..atomic import atomic_write_text
 from ..configload import ConfigError
-from ..sim.impact import fault_impacts
 from ..sim.drive import Drive, Pace
+from ..sim.impact import fault_impacts
 from ..sim.parallel import ParallelTreeCluster
 from ..sim.runner import SimulatedCluster
 from ..sim.scenario import Scenario, default_scenario, load_scenario

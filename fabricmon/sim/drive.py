@@ -38,7 +38,7 @@ class Simulator(Protocol):
 
     scenario: Any
     interval: float
-    on_batch: Callable[[NodeBatch], None] | None
+    on_batch: Callable[[NodeBatch], Any] | None
 
     @property
     def t(self) -> float: ...

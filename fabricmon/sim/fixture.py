@@ -96,7 +96,7 @@ import sys
 
 from fabricmon.sim import hw as simhw
 from fabricmon.sim.faults import (
-    GAUGES, MODELS, degraded, fault_rng, link_down, nvlink_evidence, port_evidence, reset_fraction,
+    GAUGES, MODELS, FaultModel, degraded, fault_rng, link_down, nvlink_evidence, port_evidence, reset_fraction,
 )
 from fabricmon.sim.hw import (
     DOWN_RATE, ETH_STATS, GPU_NAME, HW_CONG64, HW_LIFESPAN_MS, HW_PPCNT64, HW_Q32, HW_ROCE_ACCL32, LANE_DGBPS,
@@ -312,7 +312,7 @@ class Node:
                                          port=Port(random.Random(rng.getrandbits(64)), fe["link_layer"],
                                                    fe["lanes"], fe["speed"], rng.uniform(0.01, 0.1), a.wrap)))
         self.dev = next((d for d in self.devs if d["name"] == a.fault_dev), None)
-        self.model = MODELS[a.fault] if a.fault != "none" else None
+        self.model = MODELS.get(a.fault, FaultModel())  # "none": a model that does nothing
         self.mag = MAGNITUDE.get(a.fault, 1.0)  # the scenario default (fixture-only kinds: 1)
         if a.fault == "link_degraded":
             lanes, speed = degraded(self.dev["lanes"], SPEED_IDX[self.dev["speed"]], a.degrade)
@@ -329,8 +329,8 @@ class Node:
         a, m, mag = self.args, self.model, self.mag
         s, on = (a.interval if t > 0 else 0.0), self.active(t)
         since = (t - (a.fault_start or 0)) * a.interval  # seconds since the fault began
-        reset_all = m is not None and m.resets_counters and t == a.fault_start
-        replug = m is not None and m.link == "absent" and t == a.fault_end
+        reset_all = m.resets_counters and t == a.fault_start
+        replug = m.link == "absent" and t == a.fault_end
         frac = reset_fraction(self.frng) if reset_all or replug else 0.0
         for d in self.devs:
             p, hit = d["port"], d is self.dev
@@ -343,8 +343,8 @@ class Node:
             elif not (hit and on and m.link == "absent"):
                 p.advance(s, rx_scale=1 - mag if hit and on and m.rx_share else 1.0)
             if hit:
-                for g in GAUGES:
-                    counters, short = p.counters(g)
+                for gauge in GAUGES:
+                    counters, short = p.counters(gauge)
                     if short in counters:
                         counters[short] = 0  # a gauge shows what the active fault sets it to, else 0
                 if on:

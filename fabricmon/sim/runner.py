@@ -42,7 +42,7 @@ from ..model import Snapshot
 from ..rank_timing import Heartbeat, JobLayout, RankTiming, heartbeat_json, to_json
 from ..topology import Topology, generate_topology
 from .cluster import EPOCH, ClusterState
-from .hw import NRAILS, NGPU
+from .hw import NGPU, NRAILS
 from .job import JobSpec
 from .jobs import JobSet
 from .scenario import Scenario
@@ -282,6 +282,7 @@ class SimulatedCluster:
 
     def _emit_memory(self, timings: list[RankTiming]) -> int:
         by_node = self._by_node(timings)
+        assert self._builder is not None
         if self.rank_intake:
             batches = self._builder.build()
         else:
