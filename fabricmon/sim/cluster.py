@@ -27,6 +27,7 @@ traffic noise or another fault's evidence.
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 
 import numpy as np
@@ -194,7 +195,10 @@ class ClusterState:
         self.bias_ma = self.bias_ma0.copy()
         self.temp_c = self.temp_c0.copy()
         self.lane_ber_log = np.repeat(self.ber_log[:, :, None], OPTIC_LANES, axis=2)
-        self.bad_lane = {id(f): self.frngs[i].randrange(OPTIC_LANES) for i, f in enumerate(self.scenario.faults)
+        # the degrading cable's bad lane: an optics property (the fixture has no optics), drawn from the
+        # stream the simulator has always drawn it from, so a scenario keeps its lane
+        lanes = random.Random(seed * 7919 + 17)
+        self.bad_lane = {id(f): lanes.randrange(OPTIC_LANES) for f in self.scenario.faults
                          if f.kind == "cable_degrading"}
         self._read_modules(0.0, self.rx_dbm0, self.temp_c0)
 
