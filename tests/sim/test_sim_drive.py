@@ -49,7 +49,7 @@ def test_through_the_codec_and_the_rank_intake_the_same_incidents_open_at_the_sa
     assert wired == direct
 
 
-@pytest.mark.parametrize(("mode", "nodes", "steps"), [("memory", 4, 12), ("tree", 2, 4)])
+@pytest.mark.parametrize(("mode", "nodes", "steps"), [("memory", 4, 12), ("tree", 2, 6)])
 def test_the_rank_intake_hands_on_the_ranks_layouts_and_heartbeats_the_simulator_made(mode, nodes, steps, tmp_path):
     got: dict[bool, list] = {}
     for via in (False, True):
