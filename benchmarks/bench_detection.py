@@ -47,16 +47,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fabricmon.aggregator.alertmanager import AlertmanagerClient
-from fabricmon.aggregator.engine import Engine
-from fabricmon.aggregator.runtime import AggregatorRuntime
-from fabricmon.demo.local_alertmanager import WebhookReceiver
-from fabricmon.demo.scoring import score
-from fabricmon.sim.hw import NGPU, NRAILS
-from fabricmon.sim.impact import fault_impacts
-from fabricmon.sim.runner import SimulatedCluster
-from fabricmon.sim.scenario import ClusterSpec, Fault, Scenario, random_scenario, scenario_from_dict
-from fabricmon.topology import node_name
+from fabricmon.aggregator.alertmanager import AlertmanagerClient  # noqa: E402
+from fabricmon.aggregator.engine import Engine  # noqa: E402
+from fabricmon.aggregator.runtime import AggregatorRuntime  # noqa: E402
+from fabricmon.demo.local_alertmanager import WebhookReceiver  # noqa: E402
+from fabricmon.demo.scoring import score  # noqa: E402
+from fabricmon.sim.drive import Drive  # noqa: E402
+from fabricmon.sim.hw import NGPU, NRAILS  # noqa: E402
+from fabricmon.sim.impact import fault_impacts  # noqa: E402
+from fabricmon.sim.runner import SimulatedCluster  # noqa: E402
+from fabricmon.sim.scenario import ClusterSpec, Fault, Scenario, random_scenario, scenario_from_dict  # noqa: E402
+from fabricmon.topology import node_name  # noqa: E402
 
 LINK_UNDER_LEAF = ("flaky_cable", "link_down", "link_flap", "link_degraded", "rdma_retransmits")
 HARD = ("link_down", "link_flap", "link_degraded", "nvlink_down", "flaky_cable")  # goal: seen within 3 s
@@ -263,16 +264,9 @@ def run_one(seed: int, scn: Scenario, args, rig: AmRig | None) -> dict:
     rt = AggregatorRuntime(engine, sender=sender, on_changed=on_changed).start()
     wall0 = time.perf_counter()
     try:
-        sim.start()
-        for h in sim.hellos():
-            engine.hello(h)
-        sim.on_batch = engine.ingest
-        # the real aggregator ticks every 0.25 s: an off-cadence batch (an agent's link watch) is judged
-        # at its own sample time, not at the next regular poll
-        sim.on_watch_tick = rt.tick
-        while sim.t + sim.interval <= scn.duration + 1e-9:
-            sim.step()
-            rt.tick(sim.now())
+        drive = Drive(sim, rt)
+        drive.connect()
+        drive.run()
         if sender is not None:
             sender.flush(5.0)
     finally:

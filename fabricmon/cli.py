@@ -131,6 +131,9 @@ def _demo_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", choices=["tree", "memory"], default="tree",
                    help="tree: real agents poll rendered node trees (small clusters); memory: in-memory batches "
                         "through the stream codec into the aggregator runtime (thousands of nodes)")
+    p.add_argument("--no-wire", action="store_true",
+                   help="hand the batches to the aggregator as values: skip the stream codec and the rank intake "
+                        "(both are on by default, as in production)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,6 +18,9 @@ tick, the cluster advances to that tick and the nodes concerned poll off their c
 between two regular polls (the poller's ``OffCadenceGate``): in tree mode the real agents' watches read
 their re-rendered trees and decide, in memory mode the same rule picks the nodes; ``on_watch_tick(ts)``
 is then called (a benchmark ticks its aggregator there).
+``rank_intake=True``: the training ranks' timings, heartbeats and layouts reach the batches as a
+job's client sends them, JSON lines into each node's real ``agent.intake.RankIntake``, drained
+each interval as the agent's stream does; without it they are handed to the batch as parsed values.
 
 Time: ``t`` is simulated seconds since the scenario started; sample times are
 ``epoch + t``.  ``step()`` advances by one agent interval (simulated seconds);
@@ -29,6 +32,7 @@ Time: ``t`` is simulated seconds since the scenario started; sample times are
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import os
 import shutil
 import threading
@@ -44,7 +48,7 @@ import structlog
 
 from ..batch import NodeBatch, NodeHello
 from ..model import Snapshot
-from ..rank_timing import RankTiming
+from ..rank_timing import Heartbeat, JobLayout, RankTiming, heartbeat_json, to_json
 from ..topology import Topology
 from .cluster import EPOCH, ClusterState
 from .job import JobSpec
@@ -121,6 +125,7 @@ class SimulatedCluster:
         link_watch: float = 1.0,
         on_watch_tick: Callable[[float], None] | None = None,
         nccl_ras: bool = False,
+        rank_intake: bool = False,
     ) -> None:
         if mode not in ("tree", "memory"):
             raise ValueError(f"mode must be tree or memory, got {mode!r}")
@@ -167,6 +172,8 @@ class SimulatedCluster:
         self._undelivered: list[NodeBatch] = []
         self.steps = 0
         self._heartbeats: dict[str, list] = {}  # this step's heartbeats by node
+        self.rank_intake = rank_intake
+        self._intakes: dict = {}  # node -> agent.intake.RankIntake (rank_intake only)
         # Tree mode: the node indexes this instance renders and polls (all by default).  The whole
         # cluster state and job still advance here: the simulation is deterministic, so parallel
         # workers (sim/parallel.py) each advance all of it and render and poll their own nodes.
@@ -305,12 +312,42 @@ class SimulatedCluster:
                 self.on_batch(b)
         self.on_batch(batch)
 
+    def _via_intake(self, node: str, ranks: list[RankTiming], heartbeats: list[Heartbeat]
+                    ) -> tuple[tuple[RankTiming, ...], tuple[JobLayout, ...], tuple[Heartbeat, ...]]:
+        """What the node's agent streams of its ranks this interval: the lines a job's client writes
+        (``fabricmon.client``: no node, the agent adds it; the layouts once) through its RankIntake."""
+        from ..agent.intake import RankIntake
+
+        intake = self._intakes.get(node)
+        lines: list[str] = []
+        if intake is None:
+            intake = self._intakes[node] = RankIntake(node, clock=self.now)
+            lines += [json.dumps({"job": lay.job, "layout": dict(lay.layout)}, separators=(",", ":"))
+                      for lay in self.layouts]
+        lines += [to_json(replace(r, node="")) for r in ranks]
+        lines += [heartbeat_json(replace(h, node="")) for h in heartbeats]
+        if lines:
+            _, rejected, reasons = intake.submit_lines("\n".join(lines), origin="sim")
+            if rejected:  # the simulator wrote a line the agent refuses: a simulator bug, never silent
+                raise RuntimeError(f"{node}: the rank intake refused {rejected} simulated line(s): {reasons}")
+        got, layouts = intake.drain()
+        return tuple(got), tuple(layouts), tuple(intake.drain_heartbeats())
+
     def _emit_memory(self, timings: list[RankTiming]) -> int:
+        by_node = self._by_node(timings)
         assert self._builder is not None  # start() in memory mode
-        batches = self._builder.build(self._by_node(timings), self.layouts)
+        if self.rank_intake:
+            batches = self._builder.build()
+        else:
+            batches = self._builder.build(by_node, self.layouts)
         for b in batches:
             hb = self._heartbeats.get(b.node)
-            self._deliver(replace(b, heartbeats=tuple(hb)) if hb else b)
+            if self.rank_intake:
+                ranks, layouts, hbs = self._via_intake(b.node, by_node.get(b.node, []), hb or [])
+                b = replace(b, ranks=ranks, layouts=layouts, heartbeats=hbs)
+            elif hb:
+                b = replace(b, heartbeats=tuple(hb))
+            self._deliver(b)
         return len(batches)
 
     def _poll_all(self, timings: list[RankTiming]) -> int:
@@ -326,12 +363,17 @@ class SimulatedCluster:
                 self.on_snapshot(name, snap, ranks)
             if self.on_batch is not None or not self.steps:
                 self._seq[i] += 1
-                b = batch_from_snapshot(snap, self._filters[i], self._seq[i], tuple(ranks))
-                if self._seq[i] == 1 and self.layouts:
-                    b = replace(b, layouts=self.layouts)
                 hb = self._heartbeats.get(name)
-                if hb:
-                    b = replace(b, heartbeats=tuple(hb))
+                if self.rank_intake:
+                    got, layouts, hbs = self._via_intake(name, ranks, hb or [])
+                    b = replace(batch_from_snapshot(snap, self._filters[i], self._seq[i], got),
+                                layouts=layouts, heartbeats=hbs)
+                else:
+                    b = batch_from_snapshot(snap, self._filters[i], self._seq[i], tuple(ranks))
+                    if self._seq[i] == 1 and self.layouts:
+                        b = replace(b, layouts=self.layouts)
+                    if hb:
+                        b = replace(b, heartbeats=tuple(hb))
                 self._deliver(b)
         return len(snaps)
 

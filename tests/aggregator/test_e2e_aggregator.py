@@ -27,6 +27,7 @@ from fabricmon.aggregator.alertmanager import AlertmanagerClient
 from fabricmon.aggregator.engine import Engine
 from fabricmon.aggregator.runtime import AggregatorRuntime
 from fabricmon.demo.local_alertmanager import WebhookReceiver
+from fabricmon.sim.drive import Drive
 from fabricmon.sim.runner import SimulatedCluster
 from fabricmon.sim.scenario import ClusterSpec, Scenario
 from support.promtools import REPO, free_port, start_alertmanager, wait_until
@@ -258,13 +259,9 @@ def _drive_memory(scn: Scenario, rig: AmRig) -> tuple[Engine, float, dict[str, f
 
     rt = AggregatorRuntime(eng, sender=sender, on_changed=on_changed).start()  # no gRPC: batches in memory
     try:
-        sim.start()
-        for h in sim.hellos():
-            eng.hello(h)
-        sim.on_batch = eng.ingest
-        while sim.t + 1.0 <= scn.duration + 1e-9:
-            sim.step()
-            rt.tick(sim.now())
+        drive = Drive(sim, rt)
+        drive.connect()
+        drive.run()
         assert rt.tick_errors_total == 0
         assert sender.flush(5.0), "Alertmanager client could not deliver"
     finally:

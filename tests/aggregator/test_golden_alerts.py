@@ -24,6 +24,7 @@ from fabricmon.aggregator.alertmanager import AlertmanagerClient
 from fabricmon.aggregator.engine import Engine
 from fabricmon.aggregator.runtime import AggregatorRuntime
 from fabricmon.demo.local_alertmanager import WebhookReceiver
+from fabricmon.sim.drive import Drive
 from fabricmon.sim.runner import SimulatedCluster
 from fabricmon.sim.scenario import default_scenario, load_scenario
 from support import paths
@@ -83,13 +84,9 @@ def _webhook_alerts(scn, tmp_path: Path, with_status: bool = False) -> list:
     sender = AlertmanagerClient([am.url], cluster="golden", resend_seconds=300.0)
     rt = AggregatorRuntime(engine, sender=sender).start()
     try:
-        sim.start()
-        for h in sim.hellos():
-            engine.hello(h)
-        sim.on_batch = engine.ingest
-        while sim.t + sim.interval <= scn.duration + 1e-9:
-            sim.step()
-            rt.tick(sim.now())
+        drive = Drive(sim, rt)
+        drive.connect()
+        drive.run()
         sender.flush(5.0)
         want = {(i.alertname, i.component, "firing" if i.open else "resolved") for i in engine.incidents()}
 

@@ -345,6 +345,7 @@ def live_fabric(scenario: Any, workdir: Path, *, rule_files: Sequence[str | Path
     from fabricmon.aggregator.engine import Engine
     from fabricmon.aggregator.http_api import HttpApi
     from fabricmon.config import AgentConfig
+    from fabricmon.sim.drive import Drive, Pace
     from fabricmon.sim.runner import SimulatedCluster
     from fabricmon.sources.host import HostSource
     from fabricmon.sources.nvml.source import make_nvml_source
@@ -366,9 +367,9 @@ def live_fabric(scenario: Any, workdir: Path, *, rule_files: Sequence[str | Path
         probe_node = names[0]
         if aggregator:
             engine = Engine(sim.topology, cluster=sim.topology.cluster)
-            for h in sim.hellos():
-                engine.hello(h)
-            sim.on_batch = engine.ingest
+        drive = Drive(sim, engine=engine)  # no engine: the simulator alone, its agents scraped
+        drive.connect()
+        if engine is not None:
             http_api = HttpApi(engine, ("127.0.0.1", 0))
             http_api.start()
         if probe:
@@ -413,17 +414,14 @@ def live_fabric(scenario: Any, workdir: Path, *, rule_files: Sequence[str | Path
         prom = start_prometheus(workdir / "prometheus", config, deadline)
         watcher = AlertWatcher(prom).start()
 
+        def on_step(_st, changed) -> None:
+            if engine is not None and on_incidents is not None:
+                on_incidents(changed, sim.now())
+
         def pump() -> None:
             try:
-                while not stop.is_set() and sim.t + sim.interval <= scenario.duration + 1e-9:
-                    # sample time epoch + t lands on wall time epoch + t
-                    if stop.wait(max(0.0, epoch + sim.t + sim.interval - time.time())):
-                        break
-                    sim.step()
-                    if engine is not None:
-                        changed = engine.tick(sim.now())
-                        if on_incidents is not None:
-                            on_incidents(changed, sim.now())
+                # sample time epoch + t lands on wall time epoch + t
+                drive.run(pace=Pace(1.0, origin=epoch, clock=time.time, lead=0.0), stop=stop, on_step=on_step)
             except BaseException as exc:  # surfaced by the caller through LiveFabric.errors
                 errors.append(exc)
 
