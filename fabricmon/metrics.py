@@ -64,6 +64,11 @@ SPECS: dict[str, MetricSpec] = _specs(
     ("fabricmon_pfc_frames_by_traffic_class_total", "counter",
      "PFC XOFF/XON frames per traffic class, where the NIC counts the priorities of a class together (ice).",
      ("interface", "traffic_class", "direction", "type")),
+    ("fabricmon_pfc_xoff_refresh_frames_per_second", "gauge",
+     "XOFF frames per second per priority or traffic class a port sends while it keeps its partner paused "
+     "without a break (link speed over the driver's XOFF refresh interval); only for drivers that count "
+     "pause in frames, not time (ice): XOFF frames per second over it is the share of time paused.",
+     ("interface",)),
     ("fabricmon_pfc_pause_transitions_total", "counter", "PFC XOFF to XON transitions received.", ("interface", "priority")),
     ("fabricmon_pfc_pause_storm_events_total", "counter", "Pause storm events (level warning or error).", ("interface", "level")),
     ("fabricmon_netdev_phy_errors_total", "counter", "Physical-layer errors and discards, by ethtool stat name.", ("interface", "counter")),

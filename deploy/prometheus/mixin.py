@@ -405,7 +405,7 @@ max without (device, port) (
             'FabricPFCStorm', for_='sustained', severity='critical', component_type='link',
             summary='PFC pause storm from {{ $labels.component }}',
             description='{{ $labels.component }} sends PFC/global pause more than half the time or reported a pause storm: its receiver is stuck or slow and back-pressures the fabric.',
-            comment='The port that emits pauses (tx) most of the time is the slow receiver: blame it, not its victims.\nPFC or, on ports configured for it, global (802.3x) pause.',
+            comment='The port that emits pauses (tx) most of the time is the slow receiver: blame it, not its victims.\nPFC or, on ports configured for it, global (802.3x) pause; pause time, or XOFF frames where the driver\ncounts no time (ice).',
             expr='''
 max without (device, port, interface) (
   label_join(
@@ -414,6 +414,17 @@ max without (device, port, interface) (
       or on (cluster, node, interface)
       # a port running 802.3x (global) pause has no per-priority counters moving at all
       max by (cluster, node, interface) (rate(fabricmon_global_pause_seconds_total{direction="tx"}[1m]) > 0.5)
+      or on (cluster, node, interface)
+      # a driver that counts XOFF frames and no pause time (ice, per traffic class): the frames sent over
+      # those of a port paused throughout (the agent's per-driver gauge) are the share of time paused
+      max by (cluster, node, interface) (
+        sum by (cluster, node, interface, traffic_class) (
+          rate(fabricmon_pfc_frames_by_traffic_class_total{direction="tx",type="xoff"}[1m])
+        )
+          / on (cluster, node, interface) group_left
+        max by (cluster, node, interface) (fabricmon_pfc_xoff_refresh_frames_per_second > 0)
+        > 0.5
+      )
       or on (cluster, node, interface)
       max by (cluster, node, interface) (increase(fabricmon_pfc_pause_storm_events_total[5m]) > 0)
     )
@@ -443,6 +454,20 @@ max without (device, port) (
       or on (cluster, node, device, port)
       max by (cluster, node, device, port) (
         (max by (cluster, node, interface) (rate(fabricmon_pfc_pause_seconds_total{direction="rx"}[1m])) > 0.1)
+          * on (cluster, node, interface) group_left (device, port) fabricmon:ib_port:info{interface!=""}
+      )
+      or on (cluster, node, device, port)
+      # paused by XOFF frames where the driver counts no pause time (ice): over the full-pause frame rate
+      max by (cluster, node, device, port) (
+        (
+          max by (cluster, node, interface) (
+            sum by (cluster, node, interface, traffic_class) (
+              rate(fabricmon_pfc_frames_by_traffic_class_total{direction="rx",type="xoff"}[1m])
+            )
+              / on (cluster, node, interface) group_left
+            max by (cluster, node, interface) (fabricmon_pfc_xoff_refresh_frames_per_second > 0)
+          ) > 0.1
+        )
           * on (cluster, node, interface) group_left (device, port) fabricmon:ib_port:info{interface!=""}
       )
     )

@@ -34,8 +34,13 @@ class LinkEvent(IntEnum):
     STORM = 5  # PFC pause storm events
     CNP = 6  # CNPs sent or handled, ECN-marked packets
     XWAIT = 7  # IB transmit wait
-    PAUSE_TX = 8  # PFC pause time emitted (sub: priority)
-    PAUSE_RX = 9  # PFC pause time received (sub: priority)
+    PAUSE_TX = 8  # PFC pause time emitted (sub: priority, or 8 + traffic class from XOFF frames)
+    PAUSE_RX = 9  # PFC pause time received (sub: as PAUSE_TX)
+
+
+#: a pause event's sub for a traffic class (ice counts the priorities of a class together): 8 + the
+#: class, apart from the priorities 0..7
+TRAFFIC_CLASS_SUB = 8
 
 
 class GpuEvent(IntEnum):
@@ -51,7 +56,8 @@ LINK_UP_PHYS = 5
 class LinkState:
     __slots__ = ("id", "node", "device", "port", "netdev", "rail", "unit", "leaf", "nic", "gpu",
                  "exp_gbps", "exp_width", "state", "phys", "rate_bps", "width", "ev", "down_since",
-                 "trans", "degraded_since", "evidence_since", "evidence_last", "labels", "seen_up")
+                 "trans", "degraded_since", "evidence_since", "evidence_last", "labels", "seen_up",
+                 "xoff_full_rate")
 
     def __init__(self, node: str, device: str, port: str, netdev: str, rail: int | None, unit: int | None,
                  leaf: str, gpu: int, exp_gbps: float | None, exp_width: int | None, cluster: str) -> None:
@@ -73,6 +79,8 @@ class LinkState:
         self.evidence_since: float | None = None  # start of the current run of fold-able evidence
         self.evidence_last = 0.0
         self.seen_up = False
+        # XOFF frames/s of a port paused throughout (frames-only drivers: the agent's per-driver gauge)
+        self.xoff_full_rate: float | None = None
         self.labels = self.id.labels(cluster)
 
     def is_down(self) -> bool:

@@ -31,7 +31,7 @@ import structlog
 from ..config import EthtoolConfig
 from ..model import Labels, Reading, ReadingMemo, Semantics, SourceResult
 from .bounds import Rejected, RejectCounts, counter_from_text, read_bounded, valid_ifname
-from .drivers import DriverTable, Match
+from .drivers import DriverTable, Match, XoffRefresh
 from .drivers.ethtool_tables import ALL as ALL_ETHTOOL_TABLES
 from .drivers.ethtool_tables import LEGACY_NAMES, STANDARD_GROUPS
 from .drivers.ethtool_tables import TABLES as ETHTOOL_TABLES
@@ -50,10 +50,12 @@ from .drivers.families import (
     PHY_CORRECTED,
     PHY_ERRORS,
     STORM_EVENTS,
+    XOFF_FULL_RATE,
 )
 from .guarded_io import KeyedWorkers, run_all
 from .errorlog import ErrorLog
 from .ethtool_groups import EthtoolNetlink, GroupsUnavailable, parse_groups_json, warm_up
+from .infiniband import netdev_speed_gbps
 from .inventory import Inventory
 from .registry import SourceContext, SourceSpec
 
@@ -384,6 +386,17 @@ def tables_for(driver: str | None) -> tuple[DriverTable, ...]:
     return (table,) if table is not None else ALL_ETHTOOL_TABLES
 
 
+def xoff_refresh_for(driver: str | None, families: set[str]) -> XoffRefresh | None:
+    """How the driver refreshes XOFF, for a netdev whose pause comes in frames only; None otherwise.
+
+    A driver no table knows is read with every table: its XOFF refresh is that of the one table whose
+    frames-only pause family its stats landed in."""
+    for table in tables_for(driver):
+        if table.xoff_refresh is not None and (driver in ETHTOOL_TABLES or PAUSE_FRAMES_TC in families):
+            return table.xoff_refresh
+    return None
+
+
 def lookup_stat(name: str, driver: str | None = None) -> Match | None:
     """The table row of one stat name, None when no table knows it (unclassified)."""
     if "/" in name:  # "<group>/<Stat>": a standard group (ethtool_groups.py), the same for every driver
@@ -665,6 +678,11 @@ class EthtoolSource:
                 result.readings.extend(r for r in stat_readings(iface, group_stats, export, memo, self._labels)
                                        if (r.family, r.labels) not in have)
             result.readings.append(memo.get(ETHTOOL_UP, (("interface", iface),), 1.0))
+            refresh = xoff_refresh_for(driver, {r.family for r in own})
+            speed = netdev_speed_gbps(inventory.sysfs_root, iface) if refresh is not None else None
+            if refresh is not None and speed is not None:  # no speed (link down): no denominator, no series
+                result.readings.append(memo.get(
+                    XOFF_FULL_RATE, (("interface", iface),), refresh.frames_per_second(speed)))
             result.readings.append(memo.get(
                 ETHTOOL_UNCLASSIFIED, (("interface", iface), ("driver", driver or "unknown")),
                 self._unclassified(iface, driver, dump.stats + group_stats)))
