@@ -24,10 +24,18 @@ from .base_io import list_dir, read_text
 # a PCI function as sysfs names it (domain:bus:device.function), lower-case hex
 BDF = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]")
 
-NVIDIA_VENDOR = "0x10de"
-# include/linux/pci_ids.h: PCI_CLASS_DISPLAY_VGA 0x0300, PCI_CLASS_DISPLAY_3D 0x0302 (SXM/HGX GPUs
-# are 3D controllers, 0x030200); an NVSwitch is a bridge (0x0680) and must not count as a GPU
-GPU_CLASSES = ("0x0300", "0x0302")
+NVIDIA_VENDOR = 0x10DE  # include/linux/pci_ids.h PCI_VENDOR_ID_NVIDIA
+DISPLAY_BASE_CLASS = 0x03  # PCI_BASE_CLASS_DISPLAY: 0x0300 VGA, 0x0302 3D controller (H100 SXM)
+
+
+def is_nvidia_gpu(vendor: str, pci_class: str) -> bool:
+    """``vendor`` and ``class`` file contents (hex with 0x) of one PCI function.  NVIDIA's
+    NVSwitches (class 0x0680) and Mellanox NICs are other classes."""
+    try:
+        return int(vendor, 16) == NVIDIA_VENDOR and (int(pci_class, 16) >> 16) == DISPLAY_BASE_CLASS
+    except ValueError:
+        return False
+
 
 # the metric label values (fabricmon_rail_assignment_info{pci_affinity}): one word per outcome
 PAIRED = "paired"
@@ -133,28 +141,27 @@ class GpuScan:
 
     The index is NVML's where its PCI bus ids are given (``nvml_bus_ids``, by NVML index), else
     PCI bus order, which is the order NVML and ``nvidia-smi`` number GPUs in on these nodes.  A
-    function's class and vendor are read once per BDF (the bus is listed every discovery)."""
+    function is read (class, vendor, path) once while it stays listed: the bus is listed at every
+    discovery, and a hot-plugged function is read when it appears."""
 
     def __init__(self) -> None:
-        self._is_gpu: dict[str, bool] = {}
+        self._seen: dict[str, PciPath | None] = {}  # BDF -> a GPU's PCI path, None: not a GPU
 
     def scan(self, sysfs_root: str, nvml_bus_ids: Sequence[str] = ()) -> list[PciPath]:
         base = os.path.join(sysfs_root, "bus", "pci", "devices")
         listed = [b for b in list_dir(base) if BDF.fullmatch(b)]
-        for gone in set(self._is_gpu) - set(listed):
-            del self._is_gpu[gone]
-        paths: dict[str, PciPath] = {}
-        for bdf in sorted(listed):
+        for gone in set(self._seen) - set(listed):
+            del self._seen[gone]
+        for bdf in listed:
+            if bdf in self._seen:
+                continue
             link = os.path.join(base, bdf)
-            if bdf not in self._is_gpu:
-                cls, vendor = _attr(link, "class"), _attr(link, "vendor")
-                if not cls or not vendor:
-                    continue  # unreadable now (vanishing): read again next time
-                self._is_gpu[bdf] = vendor == NVIDIA_VENDOR and cls.startswith(GPU_CLASSES)
-            if self._is_gpu[bdf]:
-                path = pci_path(os.path.realpath(link))
-                if path and path[-1] == bdf:
-                    paths[bdf] = path
+            cls, vendor = _attr(link, "class"), _attr(link, "vendor")
+            if not cls or not vendor:
+                continue  # unreadable now (vanishing): read again next time
+            path = pci_path(os.path.realpath(link)) if is_nvidia_gpu(vendor, cls) else None
+            self._seen[bdf] = path if path is None or (path and path[-1] == bdf) else None
+        paths = {bdf: p for bdf, p in self._seen.items() if p is not None}
         order = [normalize_bus_id(b) for b in nvml_bus_ids]
         if order and sorted(order) == sorted(paths):
             return [paths[b] for b in order]
