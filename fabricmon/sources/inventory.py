@@ -374,5 +374,7 @@ def discover(
     if cache is not None:
         for gone in set(cache) - set(identity):
             del cache[gone]
+    if not raw:  # no RDMA device: no rail rule to report
+        return Inventory(sysfs_root, (), (), tuple(errors), tuple(extra_netdevs), expected_ports)
     return Inventory(sysfs_root, tuple(devices), tuple(ports), tuple(errors), tuple(extra_netdevs), expected_ports,
                      plan.source, plan.affinity.reason, plan.affinity.detail)
