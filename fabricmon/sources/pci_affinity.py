@@ -115,8 +115,8 @@ def pair(nics: Mapping[str, PciPath], gpus: Sequence[PciPath]) -> Pairing:
     owner = {k: n for n, k in rails.items()}
     for n in near:  # a second NIC under a GPU's switch, less deep than the one that paired
         if n not in rails:
-            k = int(nic_best[n][1][0])
-            return Pairing(NOT_ONE_TO_ONE, f"{n} is under GPU {k}'s switch too (with {owner[k]})")
+            gpu = int(nic_best[n][1][0])
+            return Pairing(NOT_ONE_TO_ONE, f"{n} is under GPU {gpu}'s switch too (with {owner[gpu]})")
     return Pairing(PAIRED, f"{len(rails)} NICs paired with {len(gpus)} GPUs", rails)
 
 

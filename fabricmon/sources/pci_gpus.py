@@ -20,6 +20,7 @@ from .inventory import Inventory
 from .pci_affinity import is_nvidia_gpu  # one definition of "a GPU", shared with the rail pairing
 from .registry import SourceContext, SourceSpec
 
+
 class PciGpuSource:
     """Counts NVIDIA GPUs under ``<sysfs>/bus/pci/devices``.  The listing is cheap; the two
     small reads per function run again only when the listing changes (hot-plug), not every poll."""
