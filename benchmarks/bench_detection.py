@@ -243,9 +243,13 @@ def make_scenario(i: int, args) -> Scenario:
 def run_one(seed: int, scn: Scenario, args, rig: AmRig | None) -> dict:
     # sample time behind the wall clock (agents' clocks in the past, never in Alertmanager's future)
     epoch = float(int(time.time() - args.duration - 120)) if rig else 1764000000.0
-    sim = SimulatedCluster(scn, mode=args.mode, interval=args.interval, epoch=epoch)
+    sim = SimulatedCluster(scn, mode=args.mode, interval=args.interval, epoch=epoch, link_watch=args.link_watch,
+                           nccl_ras=True)
     cluster = f"bench-{seed}"
     engine = Engine(sim.topology, cluster=cluster)
+    # every job's NCCL RAS on loopback, asked on suspicion through the agent's querier (sim/ras_link.py)
+    if sim.ras is not None:
+        sim.ras.attach(engine.ras_waiting, engine.take_ras_queries, engine.ras_report)
     sender = AlertmanagerClient([rig.url], cluster=cluster, resend_seconds=300.0) if rig is not None else None
     submitted: dict[str, float] = {}
 
@@ -263,6 +267,9 @@ def run_one(seed: int, scn: Scenario, args, rig: AmRig | None) -> dict:
         for h in sim.hellos():
             engine.hello(h)
         sim.on_batch = engine.ingest
+        # the real aggregator ticks every 0.25 s: an off-cadence batch (an agent's link watch) is judged
+        # at its own sample time, not at the next regular poll
+        sim.on_watch_tick = rt.tick
         while sim.t + sim.interval <= scn.duration + 1e-9:
             sim.step()
             rt.tick(sim.now())
@@ -293,7 +300,8 @@ def run_one(seed: int, scn: Scenario, args, rig: AmRig | None) -> dict:
     if rt.tick_errors_total:
         raise RuntimeError(f"scenario seed {seed}: {rt.tick_errors_total} detection ticks raised")
     return {"seed": seed, "scenario": scn, "ground": ground, "decoys": decoys, "incidents": incidents, "score": sc,
-            "am_latency": am_lat, "wall": wall, "overlap": False, "workload": bool(scn.jobs)}
+            "am_latency": am_lat, "wall": wall, "overlap": False, "workload": bool(scn.jobs),
+            "nccl_ras": {k: v for k, v in engine.ras.outcomes.items() if v}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes-per-unit", type=int, default=8)
     ap.add_argument("--duration", type=float, default=240.0)
     ap.add_argument("--interval", type=float, default=1.0)
+    ap.add_argument("--link-watch", type=float, default=1.0,
+                    help="agents' link_watch_interval in seconds (0: off; only acts when shorter than --interval)")
     ap.add_argument("--am-subset", type=int, default=10, help="scenarios (with faults) measured through Alertmanager")
     ap.add_argument("--out", help="write the markdown table here")
     ap.add_argument("--json", help="write the raw numbers here")
@@ -473,8 +483,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(results)} scenarios (seeds {args.seed0}..{args.seed0 + len(results) - 1}: {args.scenarios} random, "
         f"{len(ov)} of two overlapping faults), "
         f"{args.nodes} nodes ({args.nodes_per_unit} per unit), {args.duration:.0f} s simulated each at a "
-        f"{args.interval:g} s agent interval, in-memory simulator, fresh Engine per scenario ticked every interval; "
-        f"{total_wall:.0f} s wall in all.",
+        f"{args.interval:g} s agent interval, in-memory simulator, fresh Engine per scenario ticked every interval"
+        + (f" and after each off-cadence batch (agents' link watch every {args.link_watch:g} s)"
+           if 0 < args.link_watch < args.interval else "")
+        + f"; {total_wall:.0f} s wall in all.",
         "",
         "| metric | value | target |",
         "|---|---|---|",

@@ -275,7 +275,9 @@ def overview() -> Board:
          "percentunit", min_val=0, max_val=1, description="Sum of port transmit rate over sum of link signalling rate.")
     b.ts("Transmit throughput per leaf",
          [(f'fabricmon:leaf_transmit_bytes:rate1m{{{C}, rail=~"$rail", leaf=~"$leaf"}}', "{{leaf}}")], "Bps", min_val=0,
-         links=[FABRIC_LEAF_LINK, LEAF_LINKS[0]], description="Needs the `unit` target label (deploy/README.md).")
+         links=[FABRIC_LEAF_LINK, LEAF_LINKS[0]],
+         description="Leaves by their topology names (the aggregator's fabricmon_topology_port_info, else the `unit` "
+                     "target label, deploy/README.md).")
     b.ts("Transmit utilization per leaf",
          [(f'fabricmon:leaf_transmit_utilization:ratio1m{{{C}, rail=~"$rail", leaf=~"$leaf"}}', "{{leaf}}")],
          "percentunit", min_val=0, max_val=1, links=[FABRIC_LEAF_LINK, LEAF_LINKS[0]])
@@ -458,19 +460,19 @@ def fabric() -> Board:
     leaf_sel = 'rail=~"$rail", leaf=~"$leaf", leaf!=""'
     worst_leaf = _worst("rail, leaf", leaf_sel, info)
     b.row("Rail x leaf")
-    b.panel("table", "Worst open incident: scalable unit x rail",
-            [(f'label_replace({worst_leaf}, "unit", "$1", "leaf", "leaf-u(.+)-r.+")', "")], "none", w=12, h=8,
+    b.panel("table", "Worst open incident per leaf", [(worst_leaf, "")], "none", w=12, h=8,
             instant=True, table=True, mappings=WORST_MAPPINGS, thresholds=WORST_THRESHOLDS,
-            transformations=[{"id": "groupingToMatrix", "options": {
-                "rowField": "unit", "columnField": "rail", "valueField": "Value", "emptyValue": "null"}}],
-            overrides=[{"matcher": {"id": "byName", "options": "unit\\rail"},
-                        "properties": [{"id": "custom.cellOptions", "value": {"type": "auto"}},
-                                       {"id": "displayName", "value": "unit \\ rail"}]}],
-            links=[_link("Nodes on leaf-u${__data.fields[0]}-r${__field.name}", "fabricmon-node",
-                         "var-rail=${__field.name}&var-leaf=leaf-u${__data.fields[0]}-r${__field.name}"),
-                   _link("Overview, rail ${__field.name}", "fabricmon-overview", "var-rail=${__field.name}")],
-            description="One cell per leaf (leaf-u<unit>-r<rail>): its worst open incident (links on it, the leaf "
-                        "itself). Needs the `unit` target label (deploy/README.md).")
+            transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True},
+                                                            "renameByName": {"Value": "worst incident"}}},
+                             {"id": "sortBy", "options": {"sort": [{"field": "leaf"}]}}],
+            links=[_link("Nodes on ${__data.fields.leaf}", "fabricmon-node",
+                         "var-rail=${__data.fields.rail}&var-leaf=${__data.fields.leaf}"),
+                   _link("Overview, ${__data.fields.leaf}", "fabricmon-overview",
+                         "var-rail=${__data.fields.rail}&var-leaf=${__data.fields.leaf}")],
+            description="One row per leaf, by the name the topology gives it (an imported fabric's leaf-a3, "
+                        "a generated leaf-u<unit>-r<rail>; no rail on a fat tree): its worst open incident (links "
+                        "on it, the leaf itself).  Leaf names come from the aggregator's "
+                        "fabricmon_topology_port_info, else from a `unit` target label (deploy/README.md).")
     b.panel("status-history", "Leaves: worst open incident", [(worst_leaf, "{{leaf}}")], "none", w=12, h=8,
             mappings=WORST_MAPPINGS, thresholds=WORST_THRESHOLDS, links=LEAF_LINKS,
             description="Rows are leaves, sorted by unit then rail.")

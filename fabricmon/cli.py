@@ -378,7 +378,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     elif kind == "shardmap":
         from .shardmap import check_ownership, load_shard_map
 
-        check_ownership(load_shard_map(args.file), args.file, getattr(args, "topology", None))
+        summary = check_ownership(load_shard_map(args.file), args.file, getattr(args, "topology", None))
     else:
         from .sim.scenario import load_scenario
 

@@ -159,9 +159,6 @@ SPECS: dict[str, MetricSpec] = _specs(
     ("fabricmon_nccl_p2p_bytes_total", "counter", "Sum of point-to-point message sizes.", ("rank", "comm", "direction", "peer")),
     ("fabricmon_nccl_p2p_bus_bandwidth_bytes_per_second", "gauge", "Mean point-to-point bus bandwidth over the last interval.",
      ("rank", "comm", "direction", "peer")),
-    ("fabricmon_nccl_dropped_records_total", "counter",
-     "Inspector records overwritten before a dump (v4.3 dump_stats *_dropped_total), by kind (coll, p2p).",
-     ("rank", "comm", "kind")),
     ("fabricmon_nccl_window_bus_bandwidth_bytes_per_second", "gauge",
      "NCCL Inspector Prometheus mode (NCCL 2.30): geometric-mean bus bandwidth of the last dump window (>= 30 s), "
      "its message-size and algorithm buckets folded; collective is the NCCL function (Send/Recv for p2p). "

@@ -220,8 +220,31 @@ def render(cfg: Config = CONFIG) -> dict[str, str]:
 
 RECORDING = [
     Group('fabricmon-topology', [
-        Record('fabricmon:ib_port:info',
+        Record('fabricmon:topology_port:info',
+        comment='The topology the aggregator runs on, one series per port (its fabricmon_topology_port_info):\n'
+                'value = when it last showed the port so.  While an aggregator target is down (the fallback\n'
+                'alerts fire then) the last copy recorded here holds, so those alerts keep the leaf names the\n'
+                'aggregator would give; topk keeps one copy per port (the newest) across a re-import.  [2m]:\n'
+                'longer than an evaluation interval, short so a port removed just before an outage stays gone.',
         expr='''
+topk by (cluster, node, device, port) (1,
+  max by (cluster, node, device, port, rail, leaf) (timestamp(fabricmon_topology_port_info{${aggregator_selector}}))
+)
+or on (cluster, node, device, port)
+(
+  topk by (cluster, node, device, port) (1, last_over_time(fabricmon:topology_port:info[2m]))
+  unless on (cluster)
+  (min by (cluster) (up{${aggregator_selector}}) == 1)
+)
+'''),
+        Record('fabricmon:ib_port:info',
+        comment='Port identity with the rail and leaf of the topology (named leaves, no rail on a fat tree);\n'
+                'without a topology series, leaf-u<unit>-r<rail> from a `unit` target label; else the rail alone.',
+        expr='''
+max by (cluster, node, device, port, interface) (fabricmon_ib_port_info)
+  * on (cluster, node, device, port) group_left (rail, leaf)
+group by (cluster, node, device, port, rail, leaf) (fabricmon:topology_port:info)
+or on (cluster, node, device, port)
 max by (cluster, node, device, port, rail, interface, leaf) (
   label_replace(
     label_join(fabricmon_ib_port_info{rail!="", unit!=""}, "leaf", "-r", "unit", "rail"),
@@ -231,13 +254,21 @@ max by (cluster, node, device, port, rail, interface, leaf) (
 or on (cluster, node, device, port)
 max by (cluster, node, device, port, rail, interface) (fabricmon_ib_port_info)
 '''),
+        Record('fabricmon:fabric_port:info',
+        comment='The fabric ports: on a rail, or on a leaf of the topology (a fat tree has no rails).  A\n'
+                'frontend NIC is neither.',
+        expr='''
+group by (cluster, node, device, port, rail, leaf) (
+  fabricmon:ib_port:info{rail!=""} or fabricmon:ib_port:info{leaf!=""}
+)
+'''),
         Record('fabricmon:ib_rail_port_rate_bytes_per_second:median',
-        comment='Expected link rate and width: the median over ACTIVE rail ports (no per-cluster constant needed).',
+        comment='Expected link rate and width: the median over ACTIVE fabric ports (no per-cluster constant needed).',
         expr='''
 quantile by (cluster) (0.5,
   fabricmon_ib_port_rate_bytes_per_second
     and on (cluster, node, device, port) (fabricmon_ib_port_state == 4)
-    and on (cluster, node, device, port) fabricmon:ib_port:info{rail!=""}
+    and on (cluster, node, device, port) fabricmon:fabric_port:info
 )
 '''),
         Record('fabricmon:ib_rail_port_width_lanes:median',
@@ -245,7 +276,7 @@ quantile by (cluster) (0.5,
 quantile by (cluster) (0.5,
   fabricmon_ib_port_width_lanes
     and on (cluster, node, device, port) (fabricmon_ib_port_state == 4)
-    and on (cluster, node, device, port) fabricmon:ib_port:info{rail!=""}
+    and on (cluster, node, device, port) fabricmon:fabric_port:info
 )
 '''),
     ]),
@@ -294,12 +325,14 @@ ALERT_GROUPS = [
         Alert(
             'FabricLinkDown', for_='hard', severity='critical', component_type='link',
             summary='Fabric link {{ $labels.component }} is not ACTIVE',
-            description='Port {{ $labels.component }} (rail {{ $labels.rail }}, leaf {{ $labels.leaf }}) reports an IB state other than ACTIVE. Jobs using this rail on {{ $labels.node }} lose bandwidth or hang in collectives.',
+            description='Port {{ $labels.component }} ({{ with $labels.rail }}rail {{ . }}, {{ end }}leaf '
+                        '{{ $labels.leaf }}) reports an IB state other than ACTIVE. Jobs using this link on '
+                        '{{ $labels.node }} lose bandwidth or hang in collectives.',
             expr='''
 max without (device, port) (
   label_join(
     max by (cluster, node, device, port) (fabricmon_ib_port_state != 4)
-      * on (cluster, node, device, port) group_left (rail, leaf) fabricmon:ib_port:info{rail!=""},
+      * on (cluster, node, device, port) group_left (rail, leaf) fabricmon:fabric_port:info,
     "component", "/", "node", "device", "port"
   )
 )
@@ -379,7 +412,7 @@ max without (device, port) (
       )
       and on (cluster, node, device, port) (fabricmon_ib_port_state == 4)
     )
-      * on (cluster, node, device, port) group_left (rail, leaf) fabricmon:ib_port:info{rail!=""},
+      * on (cluster, node, device, port) group_left (rail, leaf) fabricmon:fabric_port:info,
     "component", "/", "node", "device", "port"
   )
 )
@@ -759,11 +792,14 @@ Windows are [1m]: they assume a scrape interval of 15 s or less (4+ samples per 
 (Thanos/Mimir ruler) where `cluster` is a series label; in a single Prometheus it is
 an external label, absent at evaluation, and matching on it is a no-op.
 
-Leaf: not an agent label.  A node's port on rail R attaches to the leaf of its scalable
-unit U on rail R, spelled `leaf-u<U>-r<R>` (DESIGN component ids).  Give each agent
-target a `unit` target label (file_sd / relabeling, see deploy/README.md) and
-`fabricmon:ib_port:info` derives `leaf` from `unit` and the port's `rail`
-(from fabricmon_ib_port_info).  Without `unit`, ports still get `rail` and leaf is empty.
+Leaf: not an agent label.  The aggregator exports the topology it runs on as
+fabricmon_topology_port_info{node,device,port,rail,leaf} (named leaves of an imported
+topology, no rail on a fat tree) and fabricmon_topology_leaf_info{leaf,spine};
+`fabricmon:ib_port:info` takes rail and leaf from it.  While an aggregator is down the
+last copy holds (fabricmon:topology_port:info), so the fallback alerts name the same
+leaves.  Without the aggregator's series: give each agent target a `unit` target label
+(file_sd / relabeling, see deploy/README.md) and the leaf is `leaf-u<U>-r<R>` (the
+generated layout); without `unit`, ports still get `rail` and leaf is empty.
 """
 
 ALERTS_HEADER = """

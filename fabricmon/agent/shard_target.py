@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from ..config import ShardConfig, parse_unit
 from ..configload import ConfigError
-from ..shardmap import STATEFULSET, ShardMap, kubernetes_aggregator, load_shard_map
+from ..shardmap import STATEFULSET, ShardMap, kubernetes_aggregator, load_shard_map, resolve_leaves, uses_leaves
 from .kube_node import NodeLabelError, in_cluster_api_server, read_node_label
 
 log = structlog.get_logger("fabricmon.agent")
@@ -76,7 +76,18 @@ def load_replicas(sel: ShardConfig, source: str) -> Replicas:
     if sel.map is None:
         return Replicas(sel, None)
     try:
-        return Replicas(sel, load_shard_map(sel.map))
+        shards = load_shard_map(sel.map)
+        if uses_leaves(shards):
+            # replicas named by leaf (an imported topology): the same topology places the leaves in units,
+            # as it does on the aggregator, so both sides agree which replica owns this node
+            path = sel.topology or shards.topology
+            if not path:
+                raise ConfigError(f"{sel.map}: replicas: name leaves, so shard.topology (or the map's "
+                                  f"topology:) must give the topology that places them")
+            from ..topology import load_topology
+
+            shards = resolve_leaves(shards, load_topology(path), sel.map)
+        return Replicas(sel, shards)
     except ConfigError as exc:
         raise ConfigError(f"{source}: shard.map: {exc}") from None
 

@@ -187,6 +187,9 @@ class Session:
                     except BadSubscription as exc:
                         conn.subscription = None  # sending everything is always correct
                         log.warning("stream_subscription_refused", target=o.target, reason=str(exc))
+                elif kind == "ras_query":
+                    if st.ras is not None:  # run on the querier's thread; the answer goes out on this queue
+                        st.ras.submit(msg.ras_query, self.outq.put)
                 elif kind == "reject":
                     conn.reject = (msg.reject.seq, msg.reject.reason)
                     log.warning("stream_rejected", target=o.target, seq=msg.reject.seq, reason=msg.reject.reason)

@@ -66,7 +66,8 @@ def rank_ok(r: RankTiming) -> bool:
 
 def heartbeat_ok(h: Heartbeat) -> bool:
     return (_text(h.job, MAX_JOB) and _text(h.job_id, MAX_JOB, empty_ok=True) and _uint(h.rank, U32)
-            and _uint(h.step, U64) and _uint(h.coll_sn, U64) and isinstance(h.in_collective, bool) and _finite(h.ts))
+            and _uint(h.step, U64) and _uint(h.coll_sn, U64) and isinstance(h.in_collective, bool) and _finite(h.ts)
+            and _text(h.nccl_ras, MAX_JOB, empty_ok=True))
 
 
 def layout_ok(lay: JobLayout) -> bool:

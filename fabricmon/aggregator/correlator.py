@@ -36,7 +36,7 @@ from ..components import NETWORK_KINDS, Component, Kind
 from ..topology import Topology
 from .config import DetectionSettings
 from .incidents import Finding, Key
-from .stragglers import StragglerReport
+from .stragglers import Straggler, StragglerReport
 
 ALERT_LLR = {
     "FabricLinkDown": 6.0,
@@ -335,21 +335,31 @@ def _group(topo: Topology, lst: list) -> list[tuple[Component, list]]:
     """Split one job's persistent stragglers into (component, members)."""
     groups: list[tuple[Component, list]] = []
     # comm-late ranks of one rail on several hosts: a ring slowed by one component on that rail
-    # (the rings of a rail-optimized job span units, so every rank of the rail waits for it)
-    by_rail: dict[int, list] = defaultdict(list)
+    # (the rings of a rail-optimized job span units, so every rank of the rail waits for it).  On a
+    # fabric that is not rail-optimized (a fat tree: rail None) the leaf the topology puts the NIC on
+    # is the grain: the ranks behind one slow leaf are late together, whatever their GPU index.
+    by_rail: dict[int, list[Straggler]] = defaultdict(list)
+    by_own_leaf: dict[Component, list[Straggler]] = defaultdict(list)
     compute = []
     for st in lst:
         nic = topo.nic_for_gpu(st.node, st.gpu) if st.node in topo.nodes else None
-        if st.kind == "comm" and nic is not None:
+        if st.kind == "comm" and nic is not None and nic.rail is not None:
             by_rail[nic.rail].append(st)
+        elif st.kind == "comm" and nic is not None:
+            by_own_leaf[topo.leaf_for(st.node, nic)].append(st)
         else:
             compute.append(st)
     for r, members in by_rail.items():
-        leaves = {topo.leaf(m.node, r) for m in members}
+        leaves = {_leaf_of_rank(topo, m) for m in members}
         if len(leaves) == 1 and len({m.node for m in members}) >= 2:
             groups.append((next(iter(leaves)), members))
         else:
             groups.append((comp.rail(r), members))
+    for lf, members in by_own_leaf.items():
+        if len({m.node for m in members}) >= 2:
+            groups.append((lf, members))
+        else:
+            compute.extend(members)  # one host behind the leaf: its own NIC, link or GPU, judged below
     lst = compute
     by_node: dict[str, list] = defaultdict(list)
     for st in lst:
@@ -369,7 +379,7 @@ def _group(topo: Topology, lst: list) -> list[tuple[Component, list]]:
         if nic is None:
             singles.append(m)
             continue
-        by_leaf[topo.leaf(m.node, nic.rail)].append(m)
+        by_leaf[topo.leaf_for(m.node, nic)].append(m)
     for lf, members in by_leaf.items():
         if len({m.node for m in members}) >= 2:
             groups.append((lf, members))
@@ -394,15 +404,25 @@ def _candidates(topo: Topology, group: Component, members: list,
                 cands.setdefault(p[k])
         # NVLinks of the GPU carry their evidence on the GPU (see fuse_evidence)
     if group.kind in (Kind.RAIL, Kind.LEAF) and members and members[0].kind == "comm" and evidence:
-        # a ring is as slow as its slowest link: any component of the rail with evidence explains it
+        # a ring is as slow as its slowest link: any component of the rail with evidence explains it;
+        # with no rail (a fat tree's leaf) the components the topology puts on that leaf
         for c in evidence:
-            if c not in cands and _rail_of(topo, c) == group.rail:
+            if c in cands:
+                continue
+            if group.rail is not None and _rail_of(topo, c) == group.rail:
+                cands[c] = None
+            elif group.rail is None and group.kind is Kind.LEAF and c.kind in NETWORK_KINDS and c.leaf == group.id:
                 cands[c] = None
     if group.kind is Kind.NODE and group.node in topo.nodes:
         for nic in topo.nodes[group.node].nics:
             cands.setdefault(topo.link(group.node, nic))
             cands.setdefault(topo.nic_component(group.node, nic))
     return list(cands)
+
+
+def _leaf_of_rank(topo: Topology, m: Straggler) -> Component:
+    nic = topo.nic_for_gpu(m.node, m.gpu)
+    return topo.leaf_for(m.node, nic) if nic is not None else topo.leaf(m.node, None)
 
 
 def _rail_of(topo: Topology, c: Component) -> int | None:

@@ -53,7 +53,7 @@ class LeafFolder:
                 _note_evidence(link, now, s.hold_s)
             n_links = len(self.links_by_leaf.get(leaf, ())) or len(entries)
             ep = self.episodes.get(leaf)
-            if len(entries) >= leaf_fold_threshold(n_links, s):
+            if self._folds(leaf, entries):
                 if ep is None:
                     ep = self.episodes[leaf] = [now, now]
                 ep[1] = now
@@ -70,6 +70,20 @@ class LeafFolder:
                         f.keep, f.fire = f.keep or f.fire, False
                 findings.extend(fl)
         return findings, relations
+
+    def _folds(self, leaf: Component, entries: list[tuple[LinkState, list[Finding]]]) -> bool:
+        """Enough of the leaf's links with evidence at once, on at least two nodes: the links of one node
+        failing together are that node's fault (node_folding.py), even where a fat tree cables them all
+        to one leaf."""
+        n_links = len(self.links_by_leaf.get(leaf, ())) or len(entries)
+        return (len(entries) >= leaf_fold_threshold(n_links, self.settings)
+                and len({link.node for link, _ in entries}) >= 2)
+
+    def folding_leaves(self, candidates: dict[Component, list[tuple[LinkState, list[Finding]]]]
+                       ) -> frozenset[Component]:
+        """The leaves whose links fold into the leaf this tick: the node folder leaves their links alone
+        (a fat tree carries several NICs of each node on one leaf; rail-optimized, one per node)."""
+        return frozenset(leaf for leaf, entries in candidates.items() if self._folds(leaf, entries))
 
     def fold_congestion(self, congested: dict[Component, list[tuple[LinkState, Finding]]]
                         ) -> tuple[list[Finding], list[Relation]]:

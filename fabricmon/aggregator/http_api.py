@@ -11,6 +11,7 @@ default is ``all``), ``?id=`` selects one.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -54,6 +55,7 @@ class AggregatorCollector:
                               "may add and remove nodes).")
         g.add_metric([], len(self.engine.topology.nodes))
         yield g
+        yield from _topology_series(self.engine)
         c = CounterMetricFamily("fabricmon_ingest_samples", "Deltas, gauges and rank timings ingested.")
         c.add_metric([], snap["samples_total"])
         yield c
@@ -124,6 +126,22 @@ class AggregatorCollector:
             g.add_metric([a, comp, job], cost)
         yield g
         yield from _incident_series(self.engine.open_incidents())
+        c = CounterMetricFamily("fabricmon_nccl_ras_queries_sent",
+                                "NCCL RAS queries sent to an agent of a job suspected of hanging (one per "
+                                "suspicion, repeated after a back-off while it lasts).")
+        c.add_metric([], snap.get("nccl_ras_sent_total", 0))
+        yield c
+        c = CounterMetricFamily("fabricmon_nccl_ras_queries",
+                                "NCCL RAS queries answered, by outcome (ok; refused, unreachable, timeout, "
+                                "old_protocol, bad_reply, bad_json, too_large, not_local, bad_address, busy as the "
+                                "agent reported; unanswered: no report within 30 s).", labels=["outcome"])
+        for outcome, n in sorted(snap.get("nccl_ras_outcomes", {}).items()):
+            c.add_metric([outcome], n)
+        yield c
+        c = CounterMetricFamily("fabricmon_nccl_ras_reports_refused",
+                                "RAS reports from agents refused as malformed (dropped; the stream goes on).")
+        c.add_metric([], grpc.get("ras_reports_refused_total", 0))
+        yield c
         c = CounterMetricFamily("fabricmon_alerts_sent", "Alerts posted to Alertmanager, by result.",
                                 labels=["result"])
         sent = dict(self.sender.sent_total) if self.sender is not None else {}
@@ -146,6 +164,25 @@ class AggregatorCollector:
                               "The cluster clock detection runs at (wall clock, or the nodes' median sample time).")
         g.add_metric([], snap["newest_ts"])
         yield g
+
+
+def _topology_series(engine: Engine) -> Iterator[GaugeMetricFamily]:
+    """The topology this replica owns: the recording rules join rail and leaf from it (named leaves
+    everywhere Prometheus shows a leaf).  One series per NIC port, as many as the agents'
+    fabricmon_ib_port_info, and one per leaf uplink; a NIC the topology knows only by GUID or netdev
+    appears once an agent's hello binds it."""
+    ports, uplinks = engine.topology_series()
+    g = GaugeMetricFamily("fabricmon_topology_port_info", "A NIC port of the topology and the leaf it is cabled "
+                          "to (rail empty where the fabric is not rail-optimized); value 1.",
+                          labels=["node", "device", "port", "rail", "leaf"])
+    for port in ports:
+        g.add_metric(list(port), 1)
+    yield g
+    g = GaugeMetricFamily("fabricmon_topology_leaf_info", "A leaf of the topology and a spine it uplinks to "
+                          "(spine empty when none is known); value 1.", labels=["leaf", "spine"])
+    for uplink in uplinks:
+        g.add_metric(list(uplink), 1)
+    yield g
 
 
 # One series per OPEN incident (resolved ones disappear): bounded by the open incidents, and what the

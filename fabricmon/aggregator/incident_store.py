@@ -49,6 +49,8 @@ def _record(inc: Incident, sent: dict | None) -> dict[str, Any]:
 def save(path: str | Path, incidents: Iterable[Incident], sent: dict[str, dict]) -> None:
     """Every open incident and the alert last sent for it (``sent``: incident id -> labels/annotations)."""
     body = {"schema": SCHEMA, "incidents": [_record(i, sent.get(i.id)) for i in incidents if i.open]}
+    # the directory may not exist yet (check-config allows a creatable one): only this process reads it
+    Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     atomic_write_bytes(path, json.dumps(body, sort_keys=True).encode(), fsync=True)
 
 

@@ -58,6 +58,7 @@ from ..batch import NodeBatch, NodeHello
 from ..proto import fabricmon_pb2 as pb
 from ..proto import fabricmon_pb2_grpc as pb_grpc
 from ..proto.codec import MalformedBatch, SeriesDecoder, hello_from_pb
+from ..proto.ras import BadRasMessage, report_from_pb
 from ..proto.subscription import Subscription
 from .credentials import StreamCredentials, fingerprint
 from .name_bounds import KINDS as NAME_KINDS
@@ -164,7 +165,7 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
         self._gen = 0
         self.counters = dict(streams_total=0, unauthenticated_total=0, identity_refused_total=0,
                              rejected_total=0, batches_ingested_total=0, engine_errors_total=0,
-                             revoked_total=0)
+                             revoked_total=0, ras_reports_refused_total=0)
         self.dropped: dict[str, int] = {SEQ_DUPLICATE: 0, SEQ_AHEAD: 0}
         # sent before the hello's ack: agents then leave out what the engine never reads
         read_d = getattr(engine, "read_delta_families", None)
@@ -359,6 +360,9 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
             if msg is grpc.aio.EOF:
                 return
             kind = msg.WhichOneof("msg")
+            if kind == "ras_report":
+                self._ras_report(node, msg.ras_report)
+                continue
             if kind != "batch":
                 await self._refuse(context, peer, node, f"unexpected {kind or 'empty'} message after the hello")
                 return
@@ -386,6 +390,35 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
             if b.seq > self._last_seq.get(node, 0):
                 self._last_seq[node] = b.seq
             await context.write(_ack(b.seq, dropped))
+            await self._send_ras_queries(context, node)
+
+    async def _send_ras_queries(self, context, node: str) -> None:
+        """NCCL RAS queries the engine planned for this node (aggregator/ras_queries.py), after its ack:
+        a node streams a batch every interval, so a query goes down within one."""
+        take = getattr(self.engine, "take_ras_queries", None)
+        if take is None:
+            return
+        try:
+            with self._lock:
+                queries = take(node)
+        except Exception as exc:  # an engine bug must not kill the stream
+            self.counters["engine_errors_total"] += 1
+            log.error("engine_call_failed", call="take_ras_queries", error=f"{type(exc).__name__}: {exc}")
+            return
+        for q in queries:
+            await context.write(q.to_pb())
+
+    def _ras_report(self, node: str, m: pb.RasReport) -> None:
+        """An agent's RAS answer: a malformed one is counted and dropped (the node's telemetry goes on)."""
+        try:
+            rep = report_from_pb(m)
+        except BadRasMessage as exc:
+            self.counters["ras_reports_refused_total"] += 1
+            log.warning("ras_report_refused", node=node, reason=str(exc))
+            return
+        fn = getattr(self.engine, "ras_report", None)
+        if fn is not None:
+            self._engine(fn, node, rep)
 
     async def _refuse(self, context, peer: str, node: str, reason: str, seq: int = 0):
         self.counters["rejected_total"] += 1

@@ -43,9 +43,11 @@ def _tls(cfg: AggregatorConfig):
 def build_engine(cfg: AggregatorConfig, hostname: str | None = None) -> Engine:
     """``hostname`` (default: this host's) names the StatefulSet ordinal for shard.ordinal_from_hostname."""
     topo = load_topology(cfg.topology)
-    units = cfg.shard.owned(hostname or socket.gethostname(), "aggregator config")
+    units = cfg.shard.owned(hostname or socket.gethostname(), "aggregator config", topo)
     if units:
-        log.info("shard_units", units=list(units), ordinal_from_hostname=cfg.shard.ordinal_from_hostname)
+        groups = topo.leaf_groups()
+        log.info("shard_units", units=list(units), ordinal_from_hostname=cfg.shard.ordinal_from_hostname,
+                 leaves=[leaf for u in units for leaf in groups.get(u, ())][:64])
     clock = ClusterClock(cfg.clock.mode, max_skew_s=cfg.clock.max_skew_s, max_age_s=cfg.clock.max_age_s)
     return Engine(topo, cfg.detection, cluster=cfg.cluster or topo.cluster,
                   shard_units=units or None, cluster_clock=clock)

@@ -124,7 +124,8 @@ class NodeState:
     boot_id: str = ""
     last_seq: int = -1
     last_ts: float = -math.inf
-    interval: float = 1.0
+    interval: float = 1.0  # the poll cadence: windows, lateness, holds and the agents-down silence scale with it
+    announced_interval: float = 0.0  # the cadence the node's hello gave (0: none): a batch never lowers below it
     connected: bool = False
     ever_seen: bool = False
     grace_batches: int = 0  # error deltas ignored for this many batches (after a reboot)
@@ -165,7 +166,10 @@ def build_link_state(topo: Topology, node: str, device: str, port: str, netdev: 
         return LinkState(node, device, str(port), netdev, None, unit, "", -1, None, None, cluster)
     else:
         return None
-    leaf = topo.leaf_of(node, rail) if unit is not None else ""
+    if spec is not None:
+        leaf = topo.leaf_of_nic(node, device) or ""  # the NIC's own leaf: a fat tree's is no rail's
+    else:
+        leaf = topo.guess_leaf(node, rail) or ""
     return LinkState(node, device, str(port), netdev, rail, unit, leaf, gpu, exp_gbps, exp_width, cluster)
 
 

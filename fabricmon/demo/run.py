@@ -61,13 +61,19 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
     workers = args.workers if args.workers is not None else min(os.cpu_count() or 1, 4)
     memory = getattr(args, "mode", "tree") == "memory"
     if memory:
-        sim = SimulatedCluster(scenario, mode="memory", interval=args.interval, epoch=epoch)
+        sim = SimulatedCluster(scenario, mode="memory", interval=args.interval, epoch=epoch, nccl_ras=True)
     elif workers > 1:
         sim = ParallelTreeCluster(scenario, interval=args.interval, base_dir=args.workdir, epoch=epoch,
                                   workers=workers, log_level=args.log_level or "warning")
     else:
-        sim = SimulatedCluster(scenario, mode="tree", interval=args.interval, base_dir=args.workdir, epoch=epoch)
+        sim = SimulatedCluster(scenario, mode="tree", interval=args.interval, base_dir=args.workdir, epoch=epoch,
+                               nccl_ras=True)
     engine = Engine(sim.topology, cluster=sim.topology.cluster)
+    # each job's NCCL RAS on loopback (sim/ras_link.py), asked when the engine suspects a hang; the
+    # multi-process tree mode's jobs live in its workers, which run no RAS
+    ras = getattr(sim, "ras", None)
+    if ras is not None:
+        ras.attach(engine.ras_waiting, engine.take_ras_queries, engine.ras_report)
     sim.start()  # worker processes build their node trees while Alertmanager starts
     am = receiver = None
     if not args.no_alertmanager:
@@ -115,6 +121,7 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
         next_progress = 0.0
         steps = 0
         shown: dict[str, bool] = {}
+        ras_shown: set[tuple[str, str]] = set()
         pace = SimPace(args.speed)
         while sim.t + sim.interval <= scenario.duration + 1e-9:
             st = sim.step()
@@ -131,6 +138,12 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
                     detail = (inc.evidence[0] if inc.evidence else inc.description)[:90]
                     p(f"  [t={sim.t:6.0f}s] {state} {inc.alertname:<24} {inc.component_type:<5} "
                       f"{inc.component:<24} {detail}")
+            if engine.ras.jobs:  # a suspect job's RAS answer joins its JobHung's evidence when it comes
+                for inc in engine.open_incidents():
+                    for line in inc.evidence:
+                        if line.startswith("NCCL RAS") and (inc.id, line) not in ras_shown:
+                            ras_shown.add((inc.id, line))
+                            p(f"  [t={sim.t:6.0f}s]          {inc.alertname:<24} {inc.component:<30} {line[:160]}")
             if sim.t >= next_progress and wire is not None:
                 p(f"  [t={sim.t:6.0f}s] {c.nodes} node batches over the codec ({wire.bytes_total / 1e6:.0f} MB so "
                   f"far), {st.rank_timings} rank timings, {len(engine.open_incidents())} open incident(s), "

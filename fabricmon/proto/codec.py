@@ -15,6 +15,7 @@ from itertools import compress
 
 from ..batch import NicHello, NodeBatch, NodeHello
 from ..model import CounterDelta, Labels, Sample
+from ..nccl_ras.protocol import BadAddress, parse_addr
 from ..rank_timing import (
     MAX_GPU,
     MAX_GROUP_VALUE,
@@ -41,6 +42,7 @@ MAX_VALUE = 1024
 MAX_RATE_GBPS = 1e5
 MAX_WIDTH = 64
 MAX_GPUS = 1024
+MAX_GUID_TEXT = 64  # "0x" and 16 hex digits, or sysfs' "b8ce:f603:00a1:b2c3": far below
 
 SeriesKey = tuple[str, Labels]
 UNSPECIFIED = pb.SERIES_KIND_UNSPECIFIED  # an agent older than SeriesDef.kind
@@ -60,7 +62,8 @@ def hello_to_pb(h: NodeHello) -> pb.Hello:
     return pb.Hello(
         node=h.node, agent_version=h.agent_version, interval_seconds=h.interval_seconds,
         nics=[pb.Nic(device=n.device, port=n.port, rail=n.rail, link_layer=n.link_layer, netdev=n.netdev,
-                     rate_gbps=n.rate_gbps, width=max(0, int(n.width)), gpu=int(n.gpu)) for n in h.nics],
+                     rate_gbps=n.rate_gbps, width=max(0, int(n.width)), gpu=int(n.gpu), node_guid=n.node_guid)
+              for n in h.nics],
         gpus=max(0, int(h.gpus)), boot_id=h.boot_id, protocol_version=PROTOCOL_VERSION,
     )
 
@@ -81,10 +84,12 @@ def hello_from_pb(m: pb.Hello) -> NodeHello:
             raise MalformedBatch(f"hello.nics[{i}].rate_gbps: must be finite in [0, {MAX_RATE_GBPS:g}], got {n.rate_gbps!r}")
         if n.width > MAX_WIDTH or not -1 <= n.gpu <= MAX_GPU:
             raise MalformedBatch(f"hello.nics[{i}]: width {n.width} or gpu {n.gpu} out of range")
+        if len(n.node_guid) > MAX_GUID_TEXT:
+            raise MalformedBatch(f"hello.nics[{i}].node_guid: {len(n.node_guid)} characters, at most {MAX_GUID_TEXT}")
     return NodeHello(
         node=m.node, agent_version=m.agent_version, interval_seconds=m.interval_seconds,
-        nics=tuple(NicHello(n.device, n.port, n.rail, n.link_layer, n.netdev, n.rate_gbps, n.width, n.gpu)
-                   for n in m.nics),
+        nics=tuple(NicHello(n.device, n.port, n.rail, n.link_layer, n.netdev, n.rate_gbps, n.width, n.gpu,
+                             n.node_guid) for n in m.nics),
         gpus=m.gpus, boot_id=m.boot_id,
     )
 
@@ -134,7 +139,8 @@ class SeriesEncoder:
             out.layouts.append(pb.JobLayout(job=lay.job, layout=[pb.IntPair(key=k, value=v) for k, v in lay.layout]))
         for h in b.heartbeats:
             out.heartbeats.append(pb.Heartbeat(job=h.job, rank=h.rank, step=h.step, coll_sn=h.coll_sn,
-                                               in_collective=h.in_collective, ts=h.ts, job_id=h.job_id))
+                                               in_collective=h.in_collective, ts=h.ts, job_id=h.job_id,
+                                               nccl_ras=h.nccl_ras))
         return out
 
 
@@ -339,7 +345,13 @@ class SeriesDecoder:
                 raise MalformedBatch(f"heartbeats.job: {why}")
             if not math.isfinite(h.ts) or not 0 <= h.ts <= MAX_TS or h.step > MAX_STEP or h.coll_sn > MAX_STEP:
                 raise MalformedBatch(f"heartbeats: job {h.job} rank {h.rank}: ts, step or coll_sn out of range")
-            heartbeats.append(Heartbeat(h.job, h.rank, h.step, h.coll_sn, h.in_collective, h.ts, node, h.job_id))
+            if h.nccl_ras:
+                try:
+                    parse_addr(h.nccl_ras)
+                except BadAddress as exc:
+                    raise MalformedBatch(f"heartbeats: job {h.job} rank {h.rank}: nccl_ras: {exc}") from None
+            heartbeats.append(Heartbeat(h.job, h.rank, h.step, h.coll_sn, h.in_collective, h.ts, node, h.job_id,
+                                        h.nccl_ras))
         if not m.self_contained and added:
             self._table, self._zero, self._read_ids, self._refused = table, zero, read_ids, refused
             if added_gauges:

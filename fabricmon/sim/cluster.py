@@ -159,6 +159,9 @@ class ClusterState:
     # ------------------------------------------------------------------ faults
     def _fault_targets(self, f: Fault) -> tuple[list[int], list[int]]:
         """(node indexes, device indexes) a NIC-level fault touches."""
+        if f.leaf is not None:  # a leaf by its topology name (a fat tree's, an imported one's)
+            names, devs = self.scenario.cluster.leaf_targets(f.leaf) or ([], [])
+            return [self.index[name] for name in names], devs
         if f.unit is not None:
             return list(self.unit_nodes(f.unit)), [f.rail]
         n = self.index[f.node]
@@ -257,14 +260,12 @@ class ClusterState:
         """Link state, rates and config at t without advancing counters (sim/impact.py's job-only runs)."""
         self._set_fault_state(t)
 
-    def _set_fault_state(self, t: float) -> None:
-        """Link state, rate and config as of time t; counts down events on transitions."""
+    def link_state(self, t: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(up, lanes, speed), each (nodes, devices), of every link at time t, changing nothing: what
+        the simulated agents' link watch reads between their polls, and what ``_set_fault_state`` applies."""
         want_up = np.ones_like(self.up)
         lanes = np.broadcast_to(self.nominal_lanes, self.lanes.shape).copy()
         speed = np.broadcast_to(self.nominal_speed, self.speed.shape).copy()
-        pfc = np.zeros_like(self.pfc)
-        pfc[:, self.eth_mask, 3] = True
-        ecn = pfc.copy()
         for f in self.scenario.faults:
             if not f.active(t):
                 continue
@@ -279,7 +280,18 @@ class ClusterState:
                             speed[nn, d] = max(0, self.nominal_speed[d] - 1)
                         else:
                             lanes[nn, d] = max(1, self.nominal_lanes[d] // 2)
-            elif f.kind == "config_drift":
+        return want_up, lanes, speed
+
+    def _set_fault_state(self, t: float) -> None:
+        """Link state, rate and config as of time t; counts down events on transitions."""
+        want_up, lanes, speed = self.link_state(t)
+        pfc = np.zeros_like(self.pfc)
+        pfc[:, self.eth_mask, 3] = True
+        ecn = pfc.copy()
+        for f in self.scenario.faults:
+            if not f.active(t):
+                continue
+            if f.kind == "config_drift":
                 nodes, devs = self._fault_targets(f)
                 pfc[np.ix_(nodes, devs, [3])] = False
                 ecn[np.ix_(nodes, devs, [3])] = False

@@ -263,8 +263,10 @@ class BatchBuilder:
         self._prev_raw: np.ndarray | None = None
         self._prev_g: np.ndarray | None = None
         self._prev_p: np.ndarray | None = None
-        self._prev_ts: float | None = None
-        self.seq = 0
+        # per node: a node's link watch may emit a batch off the cadence (``build(nodes=...)``)
+        self._prev_ts: np.ndarray | None = None
+        self._seqs: np.ndarray | None = None
+        self.seq = 0  # builds so far
         self._onehot = None
 
     # ------------------------------------------------------------------ read-out
@@ -372,7 +374,8 @@ class BatchBuilder:
 
     def build(self, ranks: dict[str, list[RankTiming]] | None = None,
               layouts: tuple[JobLayout, ...] = (), nodes: list[int] | None = None) -> list[NodeBatch]:
-        """One NodeBatch per node (or for ``nodes``) for the cluster's current state."""
+        """One NodeBatch per node (or for ``nodes`` only: the others' next batch carries their deltas since
+        their own previous one) for the cluster's current state."""
         # Millions of small objects: the cyclic GC would rescan them all again and again while they
         # are built (none of them can form a cycle), so it pauses for the duration.
         was = gc.isenabled()
@@ -389,9 +392,9 @@ class BatchBuilder:
         raw = self.raw_counters()
         gvals, gpres = self.gauges(raw)
         first = self._prev_raw is None
-        interval = 0.0 if self._prev_ts is None else ts - self._prev_ts
+        if first and nodes is not None:
+            raise ValueError("the first build is of every node (their baseline)")
         self.seq += 1
-        seq = self.seq
         if first:
             emit = np.zeros(raw.shape, dtype=bool)
             delta_f = sat = rst = None
@@ -416,14 +419,28 @@ class BatchBuilder:
             emit = (delta != 0) | sat | rst
             delta_f = delta.astype(np.float64) * self.c_scale[:, None]
         gchanged = gpres if first else gpres & (~self._prev_p | (gvals != self._prev_g))
-        self._prev_raw, self._prev_g, self._prev_p, self._prev_ts = raw, gvals, gpres, ts
+        node_list = list(range(c.n)) if nodes is None else list(nodes)
+        sel = np.asarray(node_list, dtype=np.int64)
+        if self._prev_ts is None or self._seqs is None:
+            intervals = [0.0] * len(node_list)
+            self._prev_ts, self._seqs = np.full(c.n, ts), np.ones(c.n, dtype=np.int64)
+        else:
+            intervals = (ts - self._prev_ts[sel]).tolist()
+            self._prev_ts[sel] = ts
+            self._seqs[sel] += 1
+        seqs = self._seqs[sel].tolist()
+        if nodes is None:
+            self._prev_raw, self._prev_g, self._prev_p = raw, gvals, gpres
+        else:  # only these nodes polled: the others keep their baseline
+            assert self._prev_raw is not None and self._prev_g is not None and self._prev_p is not None
+            self._prev_raw[:, sel] = raw[:, sel]
+            self._prev_g[:, sel] = gvals[:, sel]
+            self._prev_p[:, sel] = gpres[:, sel]
 
         fam, lab = self.c_family, self.c_labels
         gfam = [g.family for g in self.catalog.gauges]
         glab = [g.labels for g in self.catalog.gauges]
         gfn = [g.label_fn for g in self.catalog.gauges]
-        node_list = list(range(c.n)) if nodes is None else list(nodes)
-        sel = np.asarray(node_list, dtype=np.int64)
         ranks = ranks or {}
         # every emitted delta at once, ordered by node then series (the agent's reading order)
         per_node_deltas: list[list[CounterDelta]] = [[] for _ in node_list]
@@ -453,7 +470,7 @@ class BatchBuilder:
             gauges = [Sample(gfam[r], glab[r] if glab[r] is not None else gfn[r](n), v)
                       for r, v in zip(grows.tolist(), gv)]
             name = c.names[n]
-            out.append(NodeBatch(node=name, seq=seq, ts=ts, interval_seconds=interval,
+            out.append(NodeBatch(node=name, seq=seqs[j], ts=ts, interval_seconds=intervals[j],
                                  deltas=tuple(per_node_deltas[j]), gauges=tuple(gauges),
                                  ranks=tuple(ranks.get(name, ())), layouts=tuple(layouts) if first else ()))
         return out

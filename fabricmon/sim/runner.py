@@ -11,6 +11,14 @@ Two modes:
 * ``memory`` (large or long runs, benchmarks): no files; ``inmemory.BatchBuilder``
   produces the NodeBatch each agent would stream, to ``on_batch``.
 
+Link watch: each simulated agent watches its links between polls as the real agent does
+(``agent/linkwatch.py``, ``link_watch`` seconds, default the agent's 1 s; only when shorter than the
+interval).  At each watch tick where some link's state (up, width, speed) differs from the previous
+tick, the cluster advances to that tick and the nodes concerned poll off their cadence, at most once
+between two regular polls (the poller's ``OffCadenceGate``): in tree mode the real agents' watches read
+their re-rendered trees and decide, in memory mode the same rule picks the nodes; ``on_watch_tick(ts)``
+is then called (a benchmark ticks its aggregator there).
+
 Time: ``t`` is simulated seconds since the scenario started; sample times are
 ``epoch + t``.  ``step()`` advances by one agent interval (simulated seconds);
 ``run(speed=...)`` paces steps at ``speed`` simulated seconds per wall second
@@ -30,17 +38,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import structlog
 
 from ..batch import NodeBatch, NodeHello
 from ..model import Snapshot
 from ..rank_timing import RankTiming
-from ..topology import Topology, generate_topology
+from ..topology import Topology
 from .cluster import EPOCH, ClusterState
-from .hw import NRAILS, NGPU
 from .job import JobSpec
 from .jobs import JobSet
 from .scenario import Scenario
+from .ras_link import SimRas
 
 log = structlog.get_logger("fabricmon.sim")
 
@@ -83,6 +92,9 @@ class SimulatedCluster:
         max_tree_nodes: int = MAX_TREE_NODES,
         keep_trees: bool = False,
         nodes: list[int] | None = None,
+        link_watch: float = 1.0,
+        on_watch_tick: Callable[[float], None] | None = None,
+        nccl_ras: bool = False,
     ) -> None:
         if mode not in ("tree", "memory"):
             raise ValueError(f"mode must be tree or memory, got {mode!r}")
@@ -95,16 +107,24 @@ class SimulatedCluster:
         self.scenario = scenario
         self.mode = mode
         self.interval = float(interval)
+        if not link_watch >= 0:
+            raise ValueError(f"link_watch must be >= 0, got {link_watch}")
+        # the agents' link watch period; 0 (or not shorter than the interval): no watch, as in the agent
+        self.link_watch = float(link_watch) if 0 < link_watch < interval else 0.0
+        self.on_watch_tick = on_watch_tick
+        self.watch_batches = 0  # off-cadence batches the link watch caused
         self.on_snapshot = on_snapshot
         self.on_batch = on_batch
         self.progress = progress
         self.http = http
         self.keep_trees = keep_trees
-        self.topology: Topology = generate_topology(c.nodes, layout=c.layout, nodes_per_unit=c.nodes_per_unit,
-                                                    rails=NRAILS, gpus_per_node=NGPU, cluster="sim")
+        self.topology: Topology = c.build_topology()  # rail-optimized, a fat tree, or the scenario's file
         self.cluster = ClusterState(scenario, epoch=epoch)
         # every job of the scenario (one "llm-7b" on every node without ``jobs:``), with its decoys
         self.jobs = JobSet(scenario, self.cluster, job, epoch=epoch) if job is not None else None
+        # nccl_ras: every job announces a loopback RAS speaking NCCL's protocol; ``ras.attach`` links the
+        # aggregator's queries to it (sim/ras_link.py)
+        self.ras = SimRas(self.jobs.jobs) if nccl_ras and self.jobs is not None else None
         self.trees: list = []
         self.agents: list = []
         self.http_ports: dict[str, int] = {}
@@ -175,7 +195,7 @@ class SimulatedCluster:
             tree = NodeTree(c, i, self.node_root(name))
             tree.render()
             self.trees.append(tree)
-            agent = make_sim_agent(tree, self.now, self.interval)
+            agent = make_sim_agent(tree, self.now, self.interval, self.link_watch)
             self.agents.append(agent)
             if self.http:
                 self.http_ports[name] = agent.start_http("127.0.0.1:0")
@@ -213,10 +233,11 @@ class SimulatedCluster:
             for hb in self.jobs.heartbeats(c.t, t_new):
                 self._heartbeats.setdefault(hb.node, []).append(hb)
         t1 = time.perf_counter()
-        if self.jobs is not None:
-            c.advance(self.interval, self.jobs.rail_bytes_per_second(t_new), self.jobs.nvlink_activity(t_new))
-        else:
-            c.advance(self.interval)
+        rates = ((self.jobs.rail_bytes_per_second(t_new), self.jobs.nvlink_activity(t_new))
+                 if self.jobs is not None else (None, None))
+        if self.link_watch:
+            self._watch_between(t_new, rates, st)
+        c.advance(t_new - c.t, *rates)
         t2 = time.perf_counter()
         st.job_s, st.advance_s = t1 - t0, t2 - t1
         st.rank_timings = len(timings)
@@ -227,9 +248,14 @@ class SimulatedCluster:
             st.files_written = sum(tree.render() for tree in self.trees)
             t3 = time.perf_counter()
             st.render_s = t3 - t2
+            for a in self.agents:  # the watch's pass of this tick: what changed since is in this poll
+                if a.link_watch is not None:
+                    a.link_watch.tick()
             st.batches = self._poll_all(timings) if self.agents else 0
             st.poll_s = time.perf_counter() - t3
         self.steps += 1
+        if self.ras is not None:
+            self.ras.pump()  # what each agent's stream does after its batch's ack
         if self.progress is not None:
             self.progress(st)
         return st
@@ -262,7 +288,7 @@ class SimulatedCluster:
         from .inmemory import batch_from_snapshot
 
         by_node = self._by_node(timings)
-        snaps = list(self._pool.map(lambda a: a.poller.poll_once(), self.agents))
+        snaps = list(self._pool.map(lambda a: a.poller.poll_regular(), self.agents))
         for i, snap in enumerate(snaps):
             name = self.cluster.names[self._node_index[i]]
             ranks = by_node.get(name, [])
@@ -278,6 +304,71 @@ class SimulatedCluster:
                     b = replace(b, heartbeats=tuple(hb))
                 self._deliver(b)
         return len(snaps)
+
+    def _watch_between(self, t_new: float, rates: tuple, st: StepStats) -> None:
+        """The agents' link watch between this step's two regular polls (see the module's docstring)."""
+        c = self.cluster
+        every = self.link_watch
+        t0 = c.t
+        base = (c.up, c.lanes, c.speed)
+        allowed = np.ones(c.n, dtype=bool)  # memory mode: each agent's OffCadenceGate
+        k = 1
+        while t0 + k * every < t_new - 1e-9:
+            t_k = t0 + k * every
+            k += 1
+            now = c.link_state(t_k)
+            moved = np.zeros(c.n, dtype=bool)
+            for a, b in zip(now, base, strict=True):
+                moved |= (a != b).any(axis=1)
+            base = now
+            if self.mode == "memory":
+                fire = moved & allowed
+                if not fire.any():
+                    continue
+                allowed &= ~fire
+                c.advance(t_k - c.t, *rates)
+                builder = self._builder
+                assert builder is not None  # memory mode: made by start()
+                batches = builder.build({}, (), nodes=np.flatnonzero(fire).tolist())
+                for b in batches:
+                    self._deliver(b)
+            else:
+                mine = moved[self._node_index]
+                if not mine.any():
+                    continue  # no tree's link files change: the watches would read what they read before
+                c.advance(t_k - c.t, *rates)
+                st.files_written += sum(tree.render() for tree in self.trees)
+                batches = self._watch_polls()
+            self.watch_batches += len(batches)
+            st.extra["watch_batches"] = st.extra.get("watch_batches", 0) + len(batches)
+            if batches and self.on_watch_tick is not None:
+                self.on_watch_tick(c.ts())
+
+    def _watch_polls(self) -> list[NodeBatch]:
+        """Tree mode: every real agent's link watch reads its tree; those that saw a change poll off the
+        cadence if their poller's gate allows."""
+        from .inmemory import batch_from_snapshot
+
+        out: list[NodeBatch] = []
+        for i, a in enumerate(self.agents):
+            watch = a.link_watch
+            if watch is None:
+                continue
+            before = watch.requests_total
+            watch.tick()
+            if watch.requests_total == before:
+                continue
+            snap = a.poller.poll_off_cadence()
+            if snap is None:
+                continue
+            name = self.cluster.names[self._node_index[i]]
+            if self.on_snapshot is not None:
+                self.on_snapshot(name, snap, [])
+            self._seq[i] += 1
+            b = batch_from_snapshot(snap, self._filters[i], self._seq[i], ())
+            out.append(b)
+            self._deliver(b)
+        return out
 
     def run(self, until: float | None = None, *, speed: float | None = None, stop: threading.Event | None = None,
             deadline: float | None = None) -> int:
@@ -315,6 +406,8 @@ class SimulatedCluster:
         if self._closed:
             return
         self._closed = True
+        if self.ras is not None:
+            self.ras.close()
         for a in self.agents:
             try:
                 a.stop()

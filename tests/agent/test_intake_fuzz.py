@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from fabricmon.agent.intake import RankIntake
 from fabricmon.agent.nccl_records import REJECT_REASONS as NCCL_REASONS
-from fabricmon.agent.nccl_records import Ignored, Marker, NcclRecordError, Op
+from fabricmon.agent.nccl_records import NcclRecordError, Op
 from fabricmon.agent.nccl_records import parse_line as parse_nccl_line
 from fabricmon.proto import fabricmon_pb2 as pb
 from fabricmon.rank_timing import REJECT_REASONS, JobLayout, RankTiming, RankTimingError, parse_line
@@ -138,18 +138,15 @@ def check_nccl(raw: bytes) -> None:
         event(f"rejected: {exc.reason}")
         return
     event("accepted")
-    assert isinstance(r, (Op, Marker, Ignored))
-    if isinstance(r, Ignored):
-        return
+    assert isinstance(r, Op)
     check_string(r.header.comm, 64)
     assert 0 <= int(r.header.rank) < 2**32
     if r.header.comm_name:
         check_string(r.header.comm_name, 128)
-    if isinstance(r, Op):
-        check_string(r.name, 64)
-        assert r.peer == "" or 0 <= int(r.peer) < 2**32
-        for v in (r.exec_us, r.size_bytes, r.busbw_gbs):
-            assert v is None or (math.isfinite(v) and v >= 0)
+    check_string(r.name, 64)
+    assert r.peer == "" or 0 <= int(r.peer) < 2**32
+    for v in (r.exec_us, r.size_bytes, r.busbw_gbs):
+        assert v is None or (math.isfinite(v) and v >= 0)
 
 
 @SETTINGS

@@ -37,6 +37,8 @@ SCENARIOS = {
     "default": lambda: default_scenario(nodes=32, duration=100, nodes_per_unit=16, seed=7),
     "cable-then-leaf": lambda: load_scenario(REPO / "examples/scenarios/cable-then-leaf.yaml"),
     "cable_degrading": lambda: load_scenario(REPO / "examples/scenarios/cable_degrading.yaml"),
+    # an imported fat tree: the leaf by its name, no rail label
+    "fat-tree-leaf": lambda: load_scenario(REPO / "examples/scenarios/fat-tree-leaf.yaml"),
 }
 AM_CONFIG = {
     "route": {"receiver": "hook", "group_by": ["cluster", "alertname", "component"], "group_wait": "0s",

@@ -114,9 +114,11 @@ def test_fabric_map_points_at_the_fault() -> None:
     every dashboard overlays open incidents as annotations; the existing views link nodes to the node view."""
     d = _dashboards()["fabricmon-fabric.json"]
     panels = {p["title"]: p for p in _panels(d)}
-    grid = panels["Worst open incident: scalable unit x rail"]
-    assert grid["type"] == "table" and grid["transformations"][0]["id"] == "groupingToMatrix"
+    grid = panels["Worst open incident per leaf"]  # keyed by the leaf's own name, not a leaf-u<U>-r<R> pattern
+    assert grid["type"] == "table" and grid["transformations"][0]["id"] == "organize"
     assert "fabricmon_incident_open" in grid["targets"][0]["expr"] and grid["targets"][0]["instant"]
+    assert "leaf-u" not in json.dumps([grid["targets"], grid["transformations"]])
+    assert any("var-leaf=${__data.fields.leaf}" in link["url"] for link in grid["fieldConfig"]["defaults"]["links"])
     leaves = panels["Leaves: worst open incident"]
     assert leaves["type"] == "status-history"
     urls = [link["url"] for link in leaves["fieldConfig"]["defaults"]["links"]]
