@@ -24,12 +24,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fabricmon.aggregator.engine import Engine  # noqa: E402
-from fabricmon.sim.cluster import ClusterState  # noqa: E402
-from fabricmon.sim.hw import NRAILS  # noqa: E402
-from fabricmon.sim.inmemory import BatchBuilder  # noqa: E402
-from fabricmon.sim.scenario import ClusterSpec, Scenario  # noqa: E402
-from fabricmon.topology import generate_topology, link_id, node_name  # noqa: E402
+from fabricmon.aggregator.engine import Engine
+from fabricmon.sim.cluster import ClusterState
+from fabricmon.sim.hw import NRAILS
+from fabricmon.sim.inmemory import BatchBuilder
+from fabricmon.sim.scenario import ClusterSpec, Scenario
+from fabricmon.topology import generate_topology, link_id, node_name
 
 
 def one(seed: int, nodes: int, interval: float) -> dict:

@@ -9,8 +9,8 @@ faults (``overlap_scenario(seed)``, seeds after those): a fault on a link under 
 degrades later (the link fault ending while the leaf is degraded, or outliving it), or a slow GPU
 on a node whose NIC is bad (on the GPU's own rail or another).  Overlapping faults are where
 incident ownership goes wrong (a link alert folded into its leaf and never resolved, a compute
-straggler blamed on the bad NIC beside it): both faults must be found.  The simulator runs in memory mode (the NodeBatches
-the agents would stream), a fresh ``Engine`` ingests them and is ticked every interval at the
+straggler blamed on the bad NIC beside it): both faults must be found.  The simulator runs in memory
+mode (the NodeBatches the agents would stream), a fresh ``Engine`` ingests them and is ticked every interval at the
 newest sample time, and ``fabricmon.demo.scoring.score`` scores the incidents against the
 ground truth.  Precision and recall are micro-averaged over all scenarios (incidents and
 faults summed), the delays are sample seconds from injection to incident open.
@@ -47,16 +47,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fabricmon.aggregator.alertmanager import AlertmanagerClient  # noqa: E402
-from fabricmon.aggregator.engine import Engine  # noqa: E402
-from fabricmon.aggregator.runtime import AggregatorRuntime  # noqa: E402
-from fabricmon.demo.local_alertmanager import WebhookReceiver  # noqa: E402
-from fabricmon.demo.scoring import score  # noqa: E402
-from fabricmon.sim.runner import SimulatedCluster  # noqa: E402
-from fabricmon.sim.hw import NGPU, NRAILS  # noqa: E402
-from fabricmon.sim.impact import fault_impacts  # noqa: E402
-from fabricmon.sim.scenario import ClusterSpec, Fault, Scenario, random_scenario, scenario_from_dict  # noqa: E402
-from fabricmon.topology import node_name  # noqa: E402
+from fabricmon.aggregator.alertmanager import AlertmanagerClient
+from fabricmon.aggregator.engine import Engine
+from fabricmon.aggregator.runtime import AggregatorRuntime
+from fabricmon.demo.local_alertmanager import WebhookReceiver
+from fabricmon.demo.scoring import score
+from fabricmon.sim.hw import NGPU, NRAILS
+from fabricmon.sim.impact import fault_impacts
+from fabricmon.sim.runner import SimulatedCluster
+from fabricmon.sim.scenario import ClusterSpec, Fault, Scenario, random_scenario, scenario_from_dict
+from fabricmon.topology import node_name
 
 LINK_UNDER_LEAF = ("flaky_cable", "link_down", "link_flap", "link_degraded", "rdma_retransmits")
 HARD = ("link_down", "link_flap", "link_degraded", "nvlink_down", "flaky_cable")  # goal: seen within 3 s
@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.am_subset > 0:
         try:
             rig = AmRig()
-        except BaseException as exc:  # noqa: BLE001 - pytest.skip (binary missing) is a BaseException
+        except BaseException as exc:  # pytest.skip (binary missing) is a BaseException
             am_note = f"no Alertmanager ({type(exc).__name__}: {exc})"
             rig = None
     results = []
@@ -436,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     phantom: list[str] = []
     for r in results:
         ground, incs = r["ground"], r["incidents"]
-        for fi, g in enumerate(ground):
+        for g in ground:
             if "impact" not in g or not g.get("component"):
                 continue
             hits = sorted((i for i in incs if i["component"] == g["component"] and i.get("impact")),
@@ -530,7 +530,8 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {kind} | {k['faults']} | {k['detected']} | {k['detected'] / k['faults']:.2f} | "
                      f"{k['alertname_ok']}/{k['detected']} | {fmt(pct(k['delays'], 0.5))} | "
                      f"{fmt(pct(k['delays'], 0.9))} | {fmt(pct(k['am'], 0.5))} |")
-    lines.append(f"| false positives (incidents matching no fault) | | {per_kind['(false positive)']['fp']} | | | | | |")
+    fp = per_kind['(false positive)']['fp']
+    lines.append(f"| false positives (incidents matching no fault) | | {fp} | | | | | |")
     if am_note:
         lines += ["", f"Alertmanager latency not measured: {am_note}"]
     if misses or fps or slow or phantom:

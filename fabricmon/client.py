@@ -89,10 +89,10 @@ def report_step(
     try:
         if local_rank is None:
             local_rank = _env_int("LOCAL_RANK") or 0
+        step_s, comm_s = float(step_seconds), float(comm_seconds)
         obj = {"job": str(job), "rank": int(rank), "local_rank": int(local_rank), "step": int(step),
-               "step_seconds": float(step_seconds), "comm_seconds": float(comm_seconds),
-               "ts": time.time() if ts is None else float(ts)}
-        if not (math.isfinite(obj["step_seconds"]) and math.isfinite(obj["comm_seconds"])):
+               "step_seconds": step_s, "comm_seconds": comm_s, "ts": time.time() if ts is None else float(ts)}
+        if not (math.isfinite(step_s) and math.isfinite(comm_s)):
             return False
         if gpu is not None:
             obj["gpu"] = int(gpu)
@@ -166,7 +166,7 @@ class HeartbeatSender:
         self._timeout = timeout
         self._sock: socket.socket | None = None
         self._stop = threading.Event()
-        self._thread = None
+        self._thread: threading.Thread | None = None
 
     def update(self, step: int | None = None, coll_sn: int | None = None, in_collective: bool | None = None) -> None:
         if step is not None:

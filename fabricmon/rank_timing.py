@@ -22,7 +22,6 @@ from .nccl_ras.protocol import BadAddress, parse_addr
 from .rejected import InputRejected
 from .textcheck import MAX_JOB_NAME, MAX_NODE_NAME, label_text_ok
 
-
 # Why a line was rejected: a fixed set, so the self-metric label stays bounded.
 REJECT_REASONS = ("too_long", "not_utf8", "not_json", "not_object", "missing_field", "bad_type", "out_of_range",
                   "bad_string")

@@ -105,7 +105,7 @@ class NicSpec:
 
     def validate(self, path: str, source: str) -> None:
         for what, v in (("rail", self.rail), ("gpu", self.gpu), ("port", self.port)):
-            if v < 0:
+            if v is not None and v < 0:  # rail: None on a fat tree (version 2)
                 raise ConfigError(f"{source}: {path}.{what}: must be >= 0, got {v}")
         if not 0 < self.rate_gbps <= MAX_RATE_GBPS:
             raise ConfigError(f"{source}: {path}.rate_gbps: must be in (0, {MAX_RATE_GBPS:g}], got {self.rate_gbps}")
@@ -141,7 +141,8 @@ class NodeSpec:
                 raise ConfigError(f"{source}: {path}.nics[{i}].device: duplicate NIC {nic.device!r} on {self.name}")
             devices.add(nic.device)
             if not 0 <= nic.gpu < self.gpus:
-                raise ConfigError(f"{source}: {path}.nics[{i}].gpu: {nic.gpu} is not a GPU of {self.name} (0..{self.gpus - 1})")
+                raise ConfigError(f"{source}: {path}.nics[{i}].gpu: {nic.gpu} is not a GPU of {self.name} "
+                                  f"(0..{self.gpus - 1})")
 
 
 @dataclass(frozen=True)
@@ -580,7 +581,8 @@ class NodeFileV2:
                 raise ConfigError(f"{source}: {path}.nics[{i}]: same NIC as nics[{seen[key]}] ({key[0]} port {key[1]})")
             seen[key] = i
             if nic.gpu is not None and not 0 <= nic.gpu < self.gpus:
-                raise ConfigError(f"{source}: {path}.nics[{i}].gpu: {nic.gpu} is not a GPU of {self.name} (0..{self.gpus - 1})")
+                raise ConfigError(f"{source}: {path}.nics[{i}].gpu: {nic.gpu} is not a GPU of {self.name} "
+                                  f"(0..{self.gpus - 1})")
 
 
 @dataclass(frozen=True)
@@ -680,7 +682,8 @@ def topology_from_v2(tf: TopologyFileV2) -> Topology:
             else:
                 gpu = place[i] % n.gpus  # until the agent's inventory (PCI affinity) says
             nic = NicSpec(device=f.device or "", rail=f.rail, gpu=gpu, port=f.port, rate_gbps=f.rate_gbps,
-                          width=f.width, leaf=f.leaf, node_guid=f"0x{int(f.node_guid, 16):016x}" if f.node_guid else None,
+                          width=f.width, leaf=f.leaf,
+                          node_guid=f"0x{int(f.node_guid, 16):016x}" if f.node_guid else None,
                           interface=f.interface)
             (bound if f.device else unbound).append(nic)
         first_leaf = next((f.leaf for f in n.nics if f.leaf is not None), None)

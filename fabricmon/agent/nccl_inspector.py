@@ -55,13 +55,14 @@ import os
 import stat
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
-from ..model import Reading, Semantics, SourceResult
+from ..model import Labels, Reading, Semantics, SourceResult
 from ..sources.bounds import Rejected, read_bounded
-from .nccl_prom import PromSample, parse_prom_line, uuid_of_file
 from ..sources.guarded_io import open_regular
+from .nccl_prom import PromSample, parse_prom_line, uuid_of_file
 from .nccl_records import MAX_LINE, REJECT_REASONS, Header, NcclRecordError, parse_line
 
 log = structlog.get_logger("fabricmon.nccl_inspector")
@@ -228,16 +229,17 @@ class NcclInspectorSource:
         seen: set[tuple[int, int]] = set()
         # Evict series silent for a long time (each job brings new comm ids) before reading,
         # so their slots are free for this poll's records.
-        for table in (self._series, self._p2p):
+        tables: tuple[dict[Any, _Series], ...] = (self._series, self._p2p)
+        for table in tables:
             expired = [k for k, s in table.items() if now - s.last_seen > self._ttl]
-            for key in expired:
-                del table[key]
+            for old in expired:
+                del table[old]
             self.expired_total += len(expired)
-        for key in [k for k, seen in self._comms.items() if now - seen > self._ttl]:
-            del self._comms[key]
+        for comm_key in [k for k, seen in self._comms.items() if now - seen > self._ttl]:
+            del self._comms[comm_key]
         live = {k[:3] for k in self._p2p}
-        for key in [k for k in self._peers if k not in live]:
-            del self._peers[key]
+        for peer_key in [k for k in self._peers if k not in live]:
+            del self._peers[peer_key]
         kinds = dict.fromkeys(FILE_KINDS, 0)
         prom_seen: set[tuple[int, int]] = set()
         for path, st in self._scan(errors):
@@ -276,7 +278,7 @@ class NcclInspectorSource:
         if len(errors) > 20:
             res.error(f"... and {len(errors) - 20} more")
         for (rank, comm, coll), s in self._series.items():
-            labels = (("rank", rank), ("comm", comm), ("collective", coll))
+            labels: Labels = (("rank", rank), ("comm", comm), ("collective", coll))
             res.readings.append(Reading("fabricmon_nccl_collectives_total", labels, s.count, Semantics.MONOTONIC))
             res.readings.append(Reading("fabricmon_nccl_collective_seconds_total", labels, int(s.exec_us),
                                         Semantics.MONOTONIC, scale=1e-6))
@@ -288,7 +290,8 @@ class NcclInspectorSource:
                                         Semantics.MONOTONIC, scale=1e-6))
             res.readings.append(Reading("fabricmon_nccl_p2p_bytes_total", labels, s.bytes, Semantics.MONOTONIC))
         for rank, comm, name in self._comms:
-            res.readings.append(Reading("fabricmon_nccl_comm_info", (("rank", rank), ("comm", comm), ("comm_name", name)), 1))
+            res.readings.append(Reading("fabricmon_nccl_comm_info",
+                                        (("rank", rank), ("comm", comm), ("comm_name", name)), 1))
         for (kind, rank, comm, *rest), vals in interval_bw.items():
             if kind == "coll":
                 family = "fabricmon_nccl_bus_bandwidth_bytes_per_second"

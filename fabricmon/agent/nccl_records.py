@@ -166,10 +166,10 @@ def parse_object(obj) -> Op:
         if kind == "coll":
             name, peer = _name(what, "coll_perf.coll", MAX_NAME), ""
         else:
-            name = P2P_DIRECTIONS.get(what) if isinstance(what, str) else None
-            if name is None:
+            direction = P2P_DIRECTIONS.get(what) if isinstance(what, str) else None
+            if direction is None:
                 raise NcclRecordError("bad_string", "p2p_perf.p2p: expected Send or Recv")
-            peer = _rank(perf.get("p2p_peer"), "p2p_perf.p2p_peer")
+            name, peer = direction, _rank(perf.get("p2p_peer"), "p2p_perf.p2p_peer")
         size = _measure(perf, section, f"{kind}_msg_size_bytes", MAX_MSG_BYTES)
         return Op(header, kind, name, peer, _measure(perf, section, f"{kind}_exec_time_us", MAX_EXEC_US),
                   None if size is None else int(size), _measure(perf, section, f"{kind}_busbw_gbs", MAX_BUSBW_GBS))

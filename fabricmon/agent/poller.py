@@ -132,7 +132,7 @@ class Poller:
             readings: list[Reading] = []
             statuses: list[SourceStatus] = []
             facts: dict = {"inventory": inventory}
-            for st, (result, duration) in zip(self._states, results):
+            for st, (result, duration) in zip(self._states, results, strict=True):
                 st.errors_total += result.errors
                 if result.messages:
                     st.last_error = result.messages[-1]
@@ -178,7 +178,7 @@ class Poller:
             return r.semantics is Semantics.GAUGE or math.isfinite(v)
 
         statuses = list(statuses)
-        for i, (st, (result, _)) in enumerate(zip(self._states, results)):
+        for i, (st, (result, _)) in enumerate(zip(self._states, results, strict=True)):
             bad = sum(1 for r in result.readings if not usable(r))
             if bad:
                 st.errors_total += bad
@@ -210,11 +210,11 @@ class Poller:
                 started.append((st, None, 0.0))  # still stuck from an earlier poll
                 continue
             try:
-                fut = self._workers.submit(st.source.name, self._timed_poll, st.source, inventory)
+                submitted = self._workers.submit(st.source.name, self._timed_poll, st.source, inventory)
             except Stuck:  # a source of the same name, replaced by a reload, still blocked
                 started.append((st, None, 0.0))
                 continue
-            started.append((st, fut, time.monotonic()))
+            started.append((st, submitted, time.monotonic()))
         inline_out: dict[int, tuple[SourceResult, float]] = {}
         for st in inline:
             t0 = time.perf_counter()

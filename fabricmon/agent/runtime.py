@@ -132,10 +132,13 @@ class Agent:
         self._rendered = rendered
         # Render in the poll thread right after each poll, so a scrape only copies bytes.
         self.poller.add_listener(rendered.refresh)
-        stream_stats = None
+        stream_stats: Callable[[], dict[str, Any]] | None = None
         if self.stream is not None or self.shard is not None:
             # A shard's stream may start after this (once the node label is read): zeros until then.
-            stream_stats = lambda: self.stream.stats() if self.stream is not None else {}  # noqa: E731
+            def current_stream_stats() -> dict[str, Any]:
+                return self.stream.stats() if self.stream is not None else {}
+
+            stream_stats = current_stream_stats
         self._self_body = self_exposition(AgentSelfCollector(self.node, stream_stats, self.supervisor.stats,
                                                              self.link_watch_stats))
         self._runtime_body = runtime_exposition(self.reload_status)
@@ -202,7 +205,7 @@ class Agent:
             for src in old_built:
                 try:
                     src.close()
-                except Exception as exc:  # noqa: BLE001 - a source that fails to close must not stop the reload
+                except Exception as exc:  # a source that fails to close must not stop the reload
                     log.warning("source_close_failed", collector=src.name, error=str(exc))
         self.cfg = new
         if self.stream is not None and new.stream.token_file:

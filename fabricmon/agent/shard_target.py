@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import structlog
 from prometheus_client import CollectorRegistry, generate_latest
@@ -146,12 +147,18 @@ def label_lookup(sel: ShardConfig, node: str) -> Callable[[], int]:
     return lookup
 
 
+class Stoppable(Protocol):
+    """What ``start_stream`` returns (the stream client)."""
+
+    def stop(self) -> object: ...
+
+
 class ShardTarget:
     """Finds the target (at once, or by retrying the label lookup in a thread) and hands it to
     ``start_stream`` once.  Stops the stream it started, so a stop racing a late lookup leaves
     nothing running."""
 
-    def __init__(self, node: str, replicas: Replicas, start_stream: Callable[[str], object], *,
+    def __init__(self, node: str, replicas: Replicas, start_stream: Callable[[str], Stoppable], *,
                  target: Target | None = None, lookup: Callable[[], int] | None = None,
                  backoff: tuple[float, float] = (0.5, 30.0)) -> None:
         if target is None and lookup is None:
@@ -165,7 +172,7 @@ class ShardTarget:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.target: Target | None = None
-        self.stream = None
+        self.stream: Stoppable | None = None
         self.problem = "" if target is not None else "unit not looked up yet"
         self.failures_total = 0
         self._pending = target
@@ -206,7 +213,7 @@ class ShardTarget:
                             retry_in_seconds=wait)
                 self._stop.wait(wait)
                 continue
-            except Exception as exc:  # noqa: BLE001 - a bug here must not end the retries
+            except Exception as exc:  # a bug here must not end the retries
                 attempt += 1
                 self.failures_total += 1
                 self.problem = f"shard not resolved: {type(exc).__name__}: {exc}"

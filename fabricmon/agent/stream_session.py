@@ -107,8 +107,9 @@ class Session:
         reader: threading.Thread | None = None
         call = None
         try:
-            rpc = channel.stream_stream(METHOD, request_serializer=None,
-                                        response_deserializer=pb.AggregatorMessage.FromString)
+            # requests go out serialized already (the encoder's bytes)
+            rpc: grpc.StreamStreamMultiCallable[bytes, pb.AggregatorMessage] = channel.stream_stream(
+                METHOD, request_serializer=None, response_deserializer=pb.AggregatorMessage.FromString)
             call = rpc(_requests(outq), metadata=metadata, wait_for_ready=False)
             reader = threading.Thread(target=self._read_responses, args=(call,),
                                       name="fabricmon-stream-acks", daemon=True)

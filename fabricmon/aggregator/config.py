@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 from ..configload import ConfigError, build, check_hostport, load_yaml_file
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
     from ..topology import Topology
 
 __all__ = ["AggregatorConfig", "AlertmanagerSettings", "AuthSettings", "ClockSettings", "ConfigError",
@@ -30,7 +32,7 @@ def _positive(value: float, path: str, source: str) -> None:
         raise ConfigError(f"{source}: {path}: must be > 0, got {value}")
 
 
-def _check_numbers(obj, path: str, source: str, *, positive: frozenset[str] = frozenset(),
+def _check_numbers(obj: DataclassInstance, path: str, source: str, *, positive: frozenset[str] = frozenset(),
                    ratios: frozenset[str] = frozenset(), signed: frozenset[str] = frozenset()) -> None:
     """Every number finite and >= 0 (``signed`` ones may be negative); ``positive`` > 0;
     ``ratios`` within [0, 1].  YAML's ``.nan`` and ``.inf`` are numbers too: a NaN tick

@@ -21,14 +21,14 @@ from collections import deque
 
 from .config import DetectionSettings
 from .incidents import Finding
-from .state import TRAFFIC_CLASS_SUB, GpuEvent, GpuState, LinkEvent, LinkState
+from .state import TRAFFIC_CLASS_SUB, Event, GpuEvent, GpuState, LinkEvent, LinkState
 
 STATE_NAMES = {1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
 PHYS_NAMES = {1: "Sleep", 2: "Polling", 3: "Disabled", 4: "PortConfigurationTraining", 5: "LinkUp",
               6: "LinkErrorRecovery", 7: "PhyTest"}
 
 
-def window_sums(ev: deque, now: float, w: float, n: int, kinds: int) -> list[list[float]]:
+def window_sums(ev: deque[Event], now: float, w: float, n: int, kinds: int) -> list[list[float]]:
     """Per kind, the sum of event values in each of the last ``n`` windows (0 = newest)."""
     out = [[0.0] * n for _ in range(kinds)]
     for ts, kind, value, _sub in ev:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import structlog
 
@@ -97,7 +98,7 @@ class Engine:
         self.rank_timings_dropped: dict[str, int] = {}
         self._drop_logged: set[tuple[str, str]] = set()
         self._unknown_warned: set[str] = set()
-        self.last_tick = None
+        self.last_tick: float | None = None
         self.started_at: float | None = None  # sample time of the first tick (agents_down's restart grace)
         self.suspicion: dict[Component, float] = {}
 
@@ -119,7 +120,7 @@ class Engine:
                      hint="not in the topology: monitored at node, NIC, link and GPU level without rail or leaf "
                           "(add it to the topology, or check the agent's --node-name)")
 
-    def nodes_view(self) -> dict:
+    def nodes_view(self) -> dict[str, Any]:
         """/api/nodes: every node this replica watches (topology nodes it owns, streaming nodes the
         topology lacks) and, once the start-up grace has passed, the topology nodes never heard from."""
         with self.lock:
@@ -432,7 +433,7 @@ class Engine:
             uplinks = [(leaf, spine) for leaf in sorted(leaves) for spine in (topo.spines_of(leaf) or ("",))]
             return ports, uplinks
 
-    def metrics_snapshot(self) -> dict:
+    def metrics_snapshot(self) -> dict[str, Any]:
         with self.lock:
             open_counts: dict[tuple[str, str], int] = {}
             for inc in self.manager.open_incidents():

@@ -23,8 +23,8 @@ from __future__ import annotations
 from ..components import Component, Kind
 from .config import DetectionSettings
 from .detectors import leaf_fold_threshold
-from .state import LinkState
 from .incidents import Finding, Relation
+from .state import LinkState
 
 LEAF = "FabricLeafDegraded"
 CONGESTION = "FabricCongestion"
@@ -60,12 +60,13 @@ class LeafFolder:
                 findings.append(self._leaf_finding(leaf, entries, n_links))
             since = ep[0] if ep is not None else None
             for link, fl in entries:
-                if since is not None and link.evidence_since < since - s.fold_grace_s:
+                began = link.evidence_since if link.evidence_since is not None else now  # set just above
+                if since is not None and began < since - s.fold_grace_s:
                     findings.extend(fl)  # failing before the leaf's episode began: its own fault
                     continue
                 if since is not None:
                     relations.extend(Relation((f.alertname, link.id), (LEAF, leaf)) for f in fl)
-                if (since is not None or len(entries) >= 2) and now - link.evidence_since < s.fold_grace_s:
+                if (since is not None or len(entries) >= 2) and now - began < s.fold_grace_s:
                     for f in fl:  # neighbours also show evidence: wait a little for the leaf to fire
                         f.keep, f.fire = f.keep or f.fire, False
                 findings.extend(fl)

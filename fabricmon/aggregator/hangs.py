@@ -13,9 +13,15 @@ The rank that hangs it is the one its peers wait for: outside the collective (or
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..rank_timing import Heartbeat
+
+if TYPE_CHECKING:
+    from ..topology import Topology
+    from .incidents import Finding
 
 HEARTBEAT_S = 5.0
 # no coll_sn moved for this long (four heartbeats): with 5 s polls and the tick, named within about 35 s;
@@ -109,7 +115,8 @@ class HeartbeatTracker:
         return out
 
 
-def hung_job_findings(hangs: list[Hang], gpu_of, topology, cluster: str, ras_evidence=None) -> list:
+def hung_job_findings(hangs: list[Hang], gpu_of: Callable[[str, str, int], int | None], topology: Topology,
+                      cluster: str, ras_evidence: Callable[[Hang], list[str]] | None = None) -> list[Finding]:
     """``JobHung`` (critical) per hung job, on the first rank the others wait for (its GPU, as the topology
     hands it out, when its rank timings told which, else its node); the other culprits in the evidence,
     and what the job's NCCL RAS said when it was asked (``ras_evidence(hang)``: lines, none without RAS).
@@ -117,7 +124,7 @@ def hung_job_findings(hangs: list[Hang], gpu_of, topology, cluster: str, ras_evi
     from .. import components as comp
     from .incidents import Finding
 
-    out = []
+    out: list[Finding] = []
     for h in hangs:
         rank = h.ranks[0]
         gpu = gpu_of(h.job, h.job_id, rank)

@@ -11,19 +11,27 @@ default is ``all``), ``?id=`` selects one.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
 
 from ..buildinfo import add_runtime_collectors
 from ..httpserve import TEXT, RoutedHTTPServer, landing_page, probe
 from .admission import TS_AHEAD, TS_BEHIND, TS_STALE
-from .name_bounds import KINDS as NAME_KINDS
-from .stragglers import REFUSE_REASONS as STEP_REFUSALS
 from .alertmanager import RESULTS, rfc3339
 from .engine import LATENESS_EXPORTED_PER_JOB, Engine
+from .name_bounds import KINDS as NAME_KINDS
+
+if TYPE_CHECKING:
+    from ..buildinfo import ReloadStatus
+    from ..webconfig import WebConfig
+    from .alertmanager import AlertmanagerClient
+    from .incidents import Incident
+from .stragglers import REFUSE_REASONS as STEP_REFUSALS
 
 # Why a batch never reached the detectors: the servicer's seq checks and the engine's time admission.
 DROP_REASONS = ("duplicate", "seq_ahead", TS_AHEAD, TS_BEHIND, TS_STALE)
@@ -33,12 +41,13 @@ REFUSAL_KEYS = (("unauthenticated", "unauthenticated_total"), ("identity", "iden
 
 
 class AggregatorCollector:
-    def __init__(self, engine: Engine, sender=None, grpc_stats=None) -> None:
+    def __init__(self, engine: Engine, sender: AlertmanagerClient | None = None,
+                 grpc_stats: Callable[[], dict[str, Any]] | None = None) -> None:
         self.engine = engine
         self.sender = sender
-        self.grpc_stats = grpc_stats or dict
+        self.grpc_stats: Callable[[], dict[str, Any]] = grpc_stats or dict
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         snap = self.engine.metrics_snapshot()
         g = GaugeMetricFamily("fabricmon_agents_connected", "Agents with an open stream.")
         g.add_metric([], snap["agents_connected"])
@@ -190,7 +199,7 @@ def _topology_series(engine: Engine) -> Iterator[GaugeMetricFamily]:
 INCIDENT_LABELS = ("alertname", "severity", "component_type", "component", "node", "rail", "leaf")
 
 
-def _incident_series(open_incidents):
+def _incident_series(open_incidents: Iterable[Incident]) -> Iterator[Metric]:
     is_open = GaugeMetricFamily("fabricmon_incident_open", "1 per open incident.", labels=list(INCIDENT_LABELS))
     started = GaugeMetricFamily("fabricmon_incident_started_timestamp_seconds",
                                 "When the open incident was first seen (cluster clock).", labels=list(INCIDENT_LABELS))
@@ -203,7 +212,7 @@ def _incident_series(open_incidents):
     yield started
 
 
-def incident_json(inc) -> dict:
+def incident_json(inc: Incident) -> dict[str, Any]:
     d = inc.to_dict()
     for k in ("first_seen", "last_seen", "resolved_at"):
         if d[k] is not None:
@@ -214,8 +223,9 @@ def incident_json(inc) -> dict:
 class HttpApi(RoutedHTTPServer):
     """/metrics, /api/incidents (?state=open|all, ?id=...), /api/nodes, /healthz, /readyz."""
 
-    def __init__(self, engine: Engine, listen: tuple[str, int], sender=None,
-                 ready=lambda: True, grpc_stats=None, web=None, reload_status=None) -> None:
+    def __init__(self, engine: Engine, listen: tuple[str, int], sender: AlertmanagerClient | None = None,
+                 ready: Callable[[], bool] = lambda: True, grpc_stats: Callable[[], dict[str, Any]] | None = None,
+                 web: WebConfig | None = None, reload_status: ReloadStatus | None = None) -> None:
         self.engine = engine
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(AggregatorCollector(engine, sender, grpc_stats))

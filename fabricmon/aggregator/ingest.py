@@ -24,7 +24,7 @@ from ..batch import NodeBatch
 from ..metrics import SPECS
 from .cable_health import CableHealth
 from .config import DetectionSettings
-from .state import TRAFFIC_CLASS_SUB, GpuEvent, GpuState, LinkEvent, LinkState, NodeState, Registry
+from .state import TRAFFIC_CLASS_SUB, Event, GpuEvent, GpuState, LinkEvent, LinkState, NodeState, Registry
 
 # PMA error counters that mean a bad cable / transceiver / port (not congestion)
 PMA_ERRORS = frozenset({
@@ -153,7 +153,7 @@ class Ingest:
         link = ns.links.get((device, port), _MISSING)
         if link is _MISSING:
             return self.registry.link(ns, device, port, None)
-        return link  # type: ignore[return-value]
+        return link  # type: ignore[return-value]  # not _MISSING: a LinkState or None
 
     def _gpu(self, ns: NodeState, gpu: str) -> GpuState | None:
         return ns.gpus.get(gpu) or self.registry.gpu(ns, gpu)
@@ -169,8 +169,9 @@ class Ingest:
          xid_r, pfc_xoff) = _DELTA_MEMBERS
         err, recov, downed, phy, retry, storm, cnp_e, xwait, pause_tx, pause_rx = _LINK_EVENTS
         gpu_xid = GpuEvent.XID
-        pending: list = []  # (link or GPU, event)
-        cable: list = []  # (link, bits, lane or None): FEC-corrected bits for cable_health
+        pending: list[tuple[LinkState | GpuState, Event]] = []
+        # (link, bits, lane or None): FEC-corrected bits for cable_health
+        cable: list[tuple[LinkState, float, int | None]] = []
         resets: set[str] = set()
         by_netdev = ns.by_netdev
         retry_floor = 0.1 * s.retries_min * min(1.0, iv / s.window_s)
@@ -274,13 +275,13 @@ class Ingest:
                 if link is not None:
                     cable.append((link, v, None))
             elif route is nvlink_errors:
-                kind = NVLINK_EVENTS.get(lab[at[2]][1])
-                if kind is None:
+                gkind = NVLINK_EVENTS.get(lab[at[2]][1])
+                if gkind is None:
                     continue
                 g = self._gpu(ns, lab[at[0]][1])
                 if g is not None:
                     try:
-                        pending.append((g, (ts, kind, v, int(lab[at[1]][1]))))
+                        pending.append((g, (ts, gkind, v, int(lab[at[1]][1]))))
                     except ValueError:
                         continue
             elif route is xid_r:

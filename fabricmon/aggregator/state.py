@@ -49,6 +49,9 @@ class GpuEvent(IntEnum):
     XID = 2  # a fatal XID (sub: the XID code)
 
 
+# A counter event: (sample time, LinkEvent or GpuEvent, value, sub: priority, NVLink index or XID; else 0)
+Event = tuple[float, int, float, int]
+
 ACTIVE_STATES = (4, 5)  # ACTIVE, ACTIVE_DEFER
 LINK_UP_PHYS = 5
 
@@ -72,9 +75,9 @@ class LinkState:
         self.phys: int | None = None
         self.rate_bps: float | None = None
         self.width: int | None = None
-        self.ev: deque = deque()
+        self.ev: deque[Event] = deque()
         self.down_since: float | None = None
-        self.trans: deque = deque()  # sample times of up -> down transitions
+        self.trans: deque[float] = deque()  # sample times of up -> down transitions
         self.degraded_since: float | None = None
         self.evidence_since: float | None = None  # start of the current run of fold-able evidence
         self.evidence_last = 0.0
@@ -107,7 +110,7 @@ class GpuState:
         self.id = gpu
         self.node, self.index = gpu.node, gpu.gpu if gpu.gpu is not None else -1
         self.nvl_down: dict[int, float] = {}  # link -> since
-        self.ev: deque = deque()
+        self.ev: deque[Event] = deque()
         self.throttle: set[str] = set()
         self.up: bool = True
         self.labels = gpu.labels(cluster)
@@ -134,7 +137,7 @@ class NodeState:
     by_device: dict[str, LinkState] = field(default_factory=dict)
     gpus: dict[str, GpuState] = field(default_factory=dict)
     config_fail: dict[str, dict[str, float]] = field(default_factory=dict)  # device -> check -> since
-    rank_keys: set = field(default_factory=set)
+    rank_keys: set[str] = field(default_factory=set)
 
 
 def build_link_state(topo: Topology, node: str, device: str, port: str, netdev: str,
@@ -214,7 +217,7 @@ class Registry:
         """The port's state; None (remembered) for a port on no rail that no hello announced."""
         link = ns.links.get((device, port), _MISSING)
         if link is not _MISSING:
-            return link  # type: ignore[return-value]
+            return link  # type: ignore[return-value]  # not _MISSING: a LinkState or None
         link = build_link_state(self.topology, ns.name, device, port, netdev, hello_rail, self.cluster)
         ns.links[(device, port)] = link
         if link is not None:

@@ -26,7 +26,7 @@ from ..atomic import atomic_write_text
 from ..configload import ConfigError
 from ..sim.impact import fault_impacts
 from ..sim.parallel import ParallelTreeCluster
-from ..sim.runner import SimulatedCluster
+from ..sim.runner import ClusterSim, SimulatedCluster
 from ..sim.scenario import Scenario, default_scenario, load_scenario
 from .scoring import score
 from .wire import CodecWire
@@ -60,6 +60,7 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
     epoch = float(int(time.time() - scenario.duration - 60))
     workers = args.workers if args.workers is not None else min(os.cpu_count() or 1, 4)
     memory = getattr(args, "mode", "tree") == "memory"
+    sim: ClusterSim
     if memory:
         sim = SimulatedCluster(scenario, mode="memory", interval=args.interval, epoch=epoch, nccl_ras=True)
     elif workers > 1:
@@ -92,9 +93,13 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
     sender = AlertmanagerClient([am.url] if am else [], cluster=sim.topology.cluster, resend_seconds=30.0)
     rt = AggregatorRuntime(engine, http_listen=("127.0.0.1", 0), sender=sender).start()
     http = rt.http
+    assert http is not None  # http_listen was given
     c = scenario.cluster
     ground = sim.ground_truth()
-    p = lambda *a: print(*a, file=out, flush=True)  # noqa: E731
+
+    def p(*a: object) -> None:
+        print(*a, file=out, flush=True)
+
     p(f"fabricmon demo: {c.nodes} nodes ({c.layout}, {c.nodes_per_unit} per unit, 8 GPUs and 8 rail NICs each), "
       f"{scenario.duration:.0f} s simulated at {args.speed:g}x, agent interval {args.interval:g} s")
     if memory:
@@ -165,7 +170,7 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
         incidents = [_rel(i.to_dict(), epoch) for i in engine.incidents()]
         decoys = sim.decoys_truth()
         jobs = sim.jobs_truth()  # step times are simulated seconds since the scenario started
-        for g, impact in zip(ground, fault_impacts(scenario, args.interval)):
+        for g, impact in zip(ground, fault_impacts(scenario, args.interval), strict=True):
             g["impact"] = impact  # each fault's standalone cost to each job (sim/impact.py)
         scores = score(ground, incidents, duration=scenario.duration, decoys=decoys)
         notes = notifications(receiver, pace) if receiver is not None and am is not None else None
@@ -266,7 +271,7 @@ def _report(p, ground, incidents, scores, notes, wall, steps, jobs=(), decoys=()
         what = ", ".join(f"{i['alertname']} {i['component']}" for i in found[:2]) or "nothing raised"
         p(f"  decoy {d['kind']:<18} {where:<24} {what} ({len(found)} info finding(s), {len(per['page_ids'])} page(s))")
     p("  injected fault                             detected as                                   delay  resolved")
-    for fi, g in enumerate(ground):
+    for g in ground:
         hits = [i for i in incidents if g.get("component") and i["component"] == g["component"]]
         if not g.get("component"):
             p(f"  {g['kind']:<16} (not a fault)              {'nothing raised, as expected' if not incidents else ''}")

@@ -81,7 +81,8 @@ def hello_from_pb(m: pb.Hello) -> NodeHello:
         raise MalformedBatch(f"hello.gpus: {m.gpus} is over {MAX_GPUS}")
     for i, n in enumerate(m.nics):
         if not (math.isfinite(n.rate_gbps) and 0 <= n.rate_gbps <= MAX_RATE_GBPS):
-            raise MalformedBatch(f"hello.nics[{i}].rate_gbps: must be finite in [0, {MAX_RATE_GBPS:g}], got {n.rate_gbps!r}")
+            raise MalformedBatch(f"hello.nics[{i}].rate_gbps: must be finite in [0, {MAX_RATE_GBPS:g}], got "
+                                 f"{n.rate_gbps!r}")
         if n.width > MAX_WIDTH or not -1 <= n.gpu <= MAX_GPU:
             raise MalformedBatch(f"hello.nics[{i}]: width {n.width} or gpu {n.gpu} out of range")
         if len(n.node_guid) > MAX_GUID_TEXT:
@@ -106,7 +107,7 @@ class SeriesEncoder:
     def __len__(self) -> int:
         return len(self._ids)
 
-    def _id(self, key: SeriesKey, out: pb.Batch, kind: int = COUNTER) -> int:
+    def _id(self, key: SeriesKey, out: pb.Batch, kind: pb.SeriesKind = COUNTER) -> int:
         sid = self._ids.get(key)
         if sid is None:
             sid = len(self._ids) + 1
@@ -122,7 +123,7 @@ class SeriesEncoder:
         ids = [get((d.family, d.labels)) or self._id((d.family, d.labels), out) for d in b.deltas]
         out.delta_ids.extend(ids)
         out.delta_values.extend([d.delta for d in b.deltas])
-        for sid, d in zip(ids, b.deltas):
+        for sid, d in zip(ids, b.deltas, strict=True):
             if d.saturated:
                 out.saturated_ids.append(sid)
             if d.reset:
@@ -207,7 +208,8 @@ class SeriesDecoder:
         if len(ids) != len(vals):
             raise MalformedBatch(f"delta_ids ({len(ids)}) and delta_values ({len(vals)}) differ in length")
         if len(m.gauge_ids) != len(m.gauge_values):
-            raise MalformedBatch(f"gauge_ids ({len(m.gauge_ids)}) and gauge_values ({len(m.gauge_values)}) differ in length")
+            raise MalformedBatch(f"gauge_ids ({len(m.gauge_ids)}) and gauge_values ({len(m.gauge_values)}) differ in "
+                                 f"length")
         table = {} if m.self_contained else self._table
         zero = {} if m.self_contained else self._zero
         read_ids = set() if m.self_contained else self._read_ids
@@ -259,7 +261,7 @@ class SeriesDecoder:
         # One pass in C over all values: a NaN or an infinity makes the sum non-finite, a negative the
         # minimum negative.  Only then (or on a sum that merely overflowed) is each value looked at.
         if vals and (not math.isfinite(sum(vals)) or min(vals) < 0):
-            for sid, v in zip(ids, vals):
+            for sid, v in zip(ids, vals, strict=True):
                 if not math.isfinite(v) or v < 0:
                     raise MalformedBatch(f"delta_values: series {look(sid, 'delta_ids')[0]} has a bad delta {v!r}")
         # Kinds as the agent defined them (isdisjoint runs in C: no per-delta Python on the hot path).
@@ -282,10 +284,10 @@ class SeriesDecoder:
             for sid in ids:
                 look(sid, "delta_ids")
         flagged = sat | rst
-        deltas = []
+        deltas: list[CounterDelta] = []
         append = deltas.append
         if flagged:
-            for sid, v in zip(ids, vals):
+            for sid, v in zip(ids, vals, strict=True):
                 if sid in flagged and sid not in refused:
                     fam, labels = table[sid]
                     append(CounterDelta(fam, labels, v, sid in sat, sid in rst))
@@ -293,7 +295,7 @@ class SeriesDecoder:
                     append(CounterDelta(*table[sid], v) if v else zero[sid])
         else:
             # the unread majority is filtered out in C (compress/map), never touched in Python
-            for sid, v in compress(zip(ids, vals), map(read_ids.__contains__, ids)):
+            for sid, v in compress(zip(ids, vals, strict=True), map(read_ids.__contains__, ids)):
                 append(CounterDelta(*table[sid], v) if v else zero[sid])
         n_refused = sum(1 for sid in ids if sid in refused) if refused else 0  # neither read nor "unread"
         skipped = len(ids) - len(deltas) - n_refused
@@ -301,10 +303,11 @@ class SeriesDecoder:
         gvals = m.gauge_values
         # the same one C pass as for deltas: a NaN or an infinity makes the sum non-finite
         if gvals and not math.isfinite(sum(gvals)):
-            for sid, v in zip(m.gauge_ids, gvals):
+            for sid, v in zip(m.gauge_ids, gvals, strict=True):
                 if not math.isfinite(v):
-                    raise MalformedBatch(f"gauge_values: series {look(sid, 'gauge_ids')[0]} has a non-finite value {v!r}")
-        for sid, v in zip(m.gauge_ids, gvals):
+                    raise MalformedBatch(f"gauge_values: series {look(sid, 'gauge_ids')[0]} has a non-finite value "
+                                         f"{v!r}")
+        for sid, v in zip(m.gauge_ids, gvals, strict=True):
             fam, labels = look(sid, "gauge_ids")
             if refused and sid in refused:
                 n_refused += 1

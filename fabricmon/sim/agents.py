@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..config import (
-    AgentConfig, EthtoolConfig, FabricConfigConfig, InfinibandConfig, NvmlConfig, SourcesConfig, TransceiverConfig,
+    AgentConfig,
+    EthtoolConfig,
+    FabricConfigConfig,
+    InfinibandConfig,
+    NvmlConfig,
+    SourcesConfig,
+    TransceiverConfig,
 )
 from .tree import NodeTree
 

@@ -32,9 +32,27 @@ from dataclasses import dataclass
 import numpy as np
 
 from .hw import (
-    DOWN_RATE, ETH_STATS, FRONTEND, HW_CONG64, HW_PPCNT64, HW_Q32, HW_ROCE_ACCL32, LANE_DGBPS, NDEV, NGPU,
-    NRAILS, NVLINK_KIB_S, NVLINKS, NCOUNTERS, PMA_ERR_WIDTH, PRIO_SHARE, SPEED_IDX, SPEEDS,
-    THROTTLE_THERMAL, K, device_specs,
+    DOWN_RATE,
+    ETH_STATS,
+    FRONTEND,
+    HW_CONG64,
+    HW_PPCNT64,
+    HW_Q32,
+    HW_ROCE_ACCL32,
+    LANE_DGBPS,
+    NCOUNTERS,
+    NDEV,
+    NGPU,
+    NRAILS,
+    NVLINK_KIB_S,
+    NVLINKS,
+    PMA_ERR_WIDTH,
+    PRIO_SHARE,
+    SPEED_IDX,
+    SPEEDS,
+    THROTTLE_THERMAL,
+    K,
+    device_specs,
 )
 from .scenario import Fault, Scenario
 
@@ -163,8 +181,8 @@ class ClusterState:
             names, devs = self.scenario.cluster.leaf_targets(f.leaf) or ([], [])
             return [self.index[name] for name in names], devs
         if f.unit is not None:
-            return list(self.unit_nodes(f.unit)), [f.rail]
-        n = self.index[f.node]
+            return list(self.unit_nodes(f.unit)), [f.the_rail]
+        n = self.index[f.the_node]
         dev = f.device_index
         if dev is None:  # config_drift without rail: every rail NIC of the node
             return [n], list(range(NRAILS))
@@ -173,7 +191,7 @@ class ClusterState:
     def _flap_down(self, f: Fault, t: float) -> bool:
         period = f.period or DEFAULT_FLAP_PERIOD
         if f.kind == "cable_degrading":
-            return t >= f.fails_at and ((t - f.fails_at) % period) < period / 2
+            return t >= f.the_fails_at and ((t - f.the_fails_at) % period) < period / 2
         return ((t - f.start) % period) < period / 2
 
     # ------------------------------------------------------------------ optics (BER, module readings)
@@ -220,7 +238,7 @@ class ClusterState:
             nodes, devs = self._fault_targets(f)
             ni, d = nodes[0], devs[0]
             lane = self.bad_lane[id(f)]
-            p = min(1.0, (t - f.start) / (f.fails_at - f.start))
+            p = min(1.0, (t - f.start) / (f.the_fails_at - f.start))
             # the bad lane's BER climbs (linear in log) to the FEC limit by fails_at
             lane_log[ni, d, lane] = self.ber_log[ni, d] + (DEGRADED_BER_LOG - self.ber_log[ni, d]) * p
             rx[ni, d, lane] -= 4.0 * f.mag * p
@@ -332,11 +350,11 @@ class ClusterState:
                           "ecn_congestion": f.mag}[k]
                 bw[np.ix_(nodes, devs)] *= factor
             elif k == "slow_gpu":
-                gpu[self.index[f.node], f.gpu] *= f.mag
+                gpu[self.index[f.the_node], f.the_gpu] *= f.mag
             elif k == "nvlink_errors":
-                tp[self.index[f.node]] *= 1 + 0.05 * f.mag  # replays cost NVLink bandwidth
+                tp[self.index[f.the_node]] *= 1 + 0.05 * f.mag  # replays cost NVLink bandwidth
             elif k == "nvlink_down":
-                tp[self.index[f.node]] *= NVLINKS / (NVLINKS - 1) * 1.05  # 17 links left, uneven routing
+                tp[self.index[f.the_node]] *= NVLINKS / (NVLINKS - 1) * 1.05  # 17 links left, uneven routing
         return Effects(bw, gpu, tp)
 
     # ------------------------------------------------------------------ time
@@ -360,7 +378,7 @@ class ClusterState:
         for f in resets:
             # driver reload part-way through the interval: every counter of every mlx5 device restarts
             self._applied_resets.add(id(f))
-            ni = self.index[f.node]
+            ni = self.index[f.the_node]
             self.C[:, ni, :] = 0
             self.downs[ni, :] = 0
             dt_arr[ni, :] = dt * self.frng.uniform(0.2, 0.8)
@@ -378,11 +396,12 @@ class ClusterState:
         act = np.ones(self.n) if nvlink_activity is None else nvlink_activity
         self._optics(dt, t_new)
         self._nvlink_traffic(np.full((self.n, 1, 1), float(dt)), act if job_running else act * 0, t_new)
-        self.util = self.rng.integers(88, 100, size=(self.n, NGPU)) if job_running else np.zeros((self.n, NGPU), np.int64)
+        self.util = self.rng.integers(88, 100, size=(self.n, NGPU)) if job_running else np.zeros((self.n, NGPU),
+                                                                                                 np.int64)
         self.throttle[:] = 0
         for f in active:
             if f.kind == "slow_gpu":
-                self.throttle[self.index[f.node], f.gpu] = THROTTLE_THERMAL
+                self.throttle[self.index[f.the_node], f.the_gpu] = THROTTLE_THERMAL
         self.t = t_new
         self.tick += 1
 
@@ -461,7 +480,7 @@ class ClusterState:
         self.nvl_up[:] = True
         for f in self.scenario.faults:
             if f.kind == "nvlink_down" and f.active(t):
-                self.nvl_up[self.index[f.node], f.gpu, f.link] = False
+                self.nvl_up[self.index[f.the_node], f.the_gpu, f.the_link] = False
         self.nvl[0] += tx * self.nvl_up  # a down link carries nothing: its counters stay flat
         self.nvl[1] += rx * self.nvl_up
 
@@ -472,7 +491,7 @@ class ClusterState:
             if d.kind != "background_errors" or not d.active(t, math.inf):
                 continue
             rng = np.random.default_rng([self.scenario.cluster.seed, 7, k, self.tick])
-            self.C[K["pma:symbol_error"], self.index[d.node], d.rail] += int(rng.poisson(d.value("rate") * dt))
+            self.C[K["pma:symbol_error"], self.index[d.the_node], d.the_rail] += int(rng.poisson(d.value("rate") * dt))
 
     def _evidence(self, f: Fault, dt: float, t: float) -> None:
         """Counter evidence of one active fault over dt seconds (per-second rates of the fixture's
@@ -495,7 +514,7 @@ class ClusterState:
         if k in ("slow_gpu", "nvlink_errors", "nvlink_down", "config_drift", "link_degraded", "link_down",
                  "cable_degrading", "rank_hang"):  # cable_degrading: BER and module readings come from _optics
             if k == "nvlink_errors":
-                ni = self.index[f.node]
+                ni = self.index[f.the_node]
                 for j, lo, hi in ((2, 5, 50), (4, 10, 200), (5, 0.1, 5)):
                     self.nvl[j, ni, f.gpu, f.link] += int(r.uniform(lo, hi) * dt * mag)
                 lam = 0.2 * dt * mag
@@ -582,7 +601,7 @@ class ClusterState:
 
     def uuid(self, node: int, gpu: int) -> str:
         a, b, c = (int(x) for x in self.uuid_bits[node, gpu])
-        h = "%016x%016x" % (a << 2 | (c & 3), b << 2 | (c >> 2 & 3))  # 128 random bits
+        h = f"{a << 2 | (c & 3):016x}{b << 2 | (c >> 2 & 3):016x}"  # 128 random bits
         return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
     def node_guid(self, node: int, dev: int) -> str:

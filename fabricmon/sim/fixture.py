@@ -4,7 +4,8 @@ The repository's own fixture writer (tests use it through ``tests/conftest.py``'
 also ``python -m fabricmon.sim.fixture --root DIR ...``).  Unlike ``sim.tree``, which renders a node of a
 simulated *cluster* over time, this writes one node in isolation as N numbered snapshots with a single
 fault and a manifest (``fixture.json``) saying what evidence each snapshot must show.  The hardware facts
-(devices, counter names and widths, formats) are ``sim.hw``'s, so both writers agree.  Writes, under ROOT (with --snapshots N > 1: under ROOT/t0 .. ROOT/t{N-1}):
+(devices, counter names and widths, formats) are ``sim.hw``'s, so both writers agree.  Writes, under ROOT
+(with --snapshots N > 1: under ROOT/t0 .. ROOT/t{N-1}):
 
   hostname                      the node name (--node-name, default node-000), as in /etc/hostname
   sys/class/infiniband/<dev>/{node_guid,sys_image_guid,fw_ver,hca_type,board_id,hw_rev,node_type,node_desc}
@@ -93,12 +94,31 @@ import random
 import re
 import shutil
 import sys
+from typing import Any
 
 from fabricmon.sim import hw as simhw
 from fabricmon.sim.hw import (
-    DOWN_RATE, ETH_STATS, GPU_NAME, HW_CONG64, HW_LIFESPAN_MS, HW_PPCNT64, HW_Q32, HW_ROCE_ACCL32, LANE_DGBPS,
-    NGPU, NVLINK_KIB_S, NVLINKS, PMA_ERR_WIDTH, PMA_TRAFFIC, PRIO_SHARE, SPEEDS, THROTTLE_THERMAL, U32,
-    gpu_pci_bus_id, mac_from_guid, rate_str,
+    DOWN_RATE,
+    ETH_STATS,
+    GPU_NAME,
+    HW_CONG64,
+    HW_LIFESPAN_MS,
+    HW_PPCNT64,
+    HW_Q32,
+    HW_ROCE_ACCL32,
+    LANE_DGBPS,
+    NGPU,
+    NVLINK_KIB_S,
+    NVLINKS,
+    PMA_ERR_WIDTH,
+    PMA_TRAFFIC,
+    PRIO_SHARE,
+    SPEEDS,
+    THROTTLE_THERMAL,
+    U32,
+    gpu_pci_bus_id,
+    mac_from_guid,
+    rate_str,
 )
 
 # --fault kind -> its target: "nic" (--fault-dev), "gpu" (--fault-gpu, --fault-link) or None.
@@ -152,7 +172,7 @@ def symlink(target: str, link: str) -> None:
 
 
 def guid(rng: random.Random, oui: str) -> str:
-    raw = oui + "%010x" % rng.getrandbits(40)
+    raw = oui + f"{rng.getrandbits(40):010x}"
     return ":".join(raw[i:i + 4] for i in range(0, 16, 4))
 
 
@@ -258,8 +278,8 @@ class Gpu:
     def __init__(self, rng: random.Random, index: int, uptime: float):
         self.rng = rng
         self.load = rng.uniform(0.15, 0.4)  # NVLink utilization of the running job
-        h = "%032x" % rng.getrandbits(128)
-        self.nvml = {"index": index, "uuid": f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}",
+        h = f"{rng.getrandbits(128):032x}"
+        self.nvml: dict[str, Any] = {"index": index, "uuid": f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}",
                      "name": GPU_NAME, "pci_bus_id": gpu_pci_bus_id(index),
                      "utilization": 0, "throttle_reasons": 0, "xid": [],
                      "links": [dict(state=1, tx_kib=0, rx_kib=0, replay=0, recovery=0,
@@ -299,10 +319,17 @@ class Node:
             self.extra_ports.append(dict(fe, port_num=2, ifname=fe["ifname"][:-4] + "1np1",
                                          port=Port(random.Random(rng.getrandbits(64)), fe["link_layer"],
                                                    fe["lanes"], fe["speed"], rng.uniform(0.01, 0.1), a.wrap)))
-        self.dev = next((d for d in self.devs if d["name"] == a.fault_dev), None)
+        self.dev: dict[str, Any] | None = next((d for d in self.devs if d["name"] == a.fault_dev), None)
         if a.fault == "link_degraded":
-            lanes, speed = self.dev["lanes"], self.dev["speed"]
+            lanes, speed = self.fault_device["lanes"], self.fault_device["speed"]
             self.degraded = (lanes // 2, speed) if a.degrade == "width" else (lanes, SPEEDS[SPEEDS.index(speed) - 1])
+
+    @property
+    def fault_device(self) -> dict[str, Any]:
+        """The --fault-dev device of a NIC fault (main() refuses a name this node lacks)."""
+        if self.dev is None:
+            raise ValueError(f"--fault-dev {self.args.fault_dev}: no such device")
+        return self.dev
 
     def active(self, t: int) -> bool:
         a = self.args
@@ -558,6 +585,7 @@ class Node:
                 "slow_gpu": [f"{g} {when}: throttle_reasons 0x60 (HwThermalSlowdown 0x40 | SwThermalSlowdown 0x20)",
                              "utilization stays high; no fabric or NVLink error evidence anywhere"],
             }[f]
+        d = self.fault_device
         port, ifn = f"{d['name']} port 1", d["ifname"]
         if f == "link_degraded":
             deg = rate_str(*self.degraded)

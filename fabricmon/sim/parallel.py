@@ -85,13 +85,13 @@ class ParallelTreeCluster:
     """The part of SimulatedCluster's interface the demo uses, over ``workers`` processes."""
 
     def __init__(self, scenario: Scenario, *, interval: float = 1.0, base_dir: str | None = None,
-                 epoch: float, workers: int = 2, on_batch: Callable[[NodeBatch], None] | None = None,
+                 epoch: float, workers: int = 2, on_batch: Callable[[NodeBatch], object] | None = None,
                  log_level: str = "warning") -> None:
         from .tree import default_base_dir
 
         self.scenario = scenario
         self.interval = float(interval)
-        self.on_batch = on_batch
+        self.on_batch: Callable[[NodeBatch], object] | None = on_batch
         self.log_level = log_level
         self._own_base = base_dir is None
         self.base_dir = str(base_dir or default_base_dir())

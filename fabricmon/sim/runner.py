@@ -37,6 +37,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import structlog
@@ -48,12 +49,17 @@ from ..topology import Topology
 from .cluster import EPOCH, ClusterState
 from .job import JobSpec
 from .jobs import JobSet
-from .scenario import Scenario
 from .ras_link import SimRas
+from .scenario import Scenario
+
+if TYPE_CHECKING:
+    from .inmemory import BatchBuilder
 
 log = structlog.get_logger("fabricmon.sim")
 
 MAX_TREE_NODES = 256
+# the job every node runs unless told otherwise (JobSpec is frozen: one shared default is safe)
+DEFAULT_JOB = JobSpec()
 
 
 @dataclass
@@ -74,6 +80,26 @@ class StepStats:
         return self.advance_s + self.job_s + self.render_s + self.poll_s + self.batch_s
 
 
+class ClusterSim(Protocol):
+    """What the demo drives: SimulatedCluster, or ParallelTreeCluster (sim/parallel.py) over worker processes."""
+
+    topology: Topology
+    scenario: Scenario
+    interval: float
+    on_batch: Callable[[NodeBatch], object] | None
+
+    @property
+    def t(self) -> float: ...
+    def now(self) -> float: ...
+    def start(self) -> None: ...
+    def hellos(self) -> list[NodeHello]: ...
+    def step(self) -> StepStats: ...
+    def close(self) -> None: ...
+    def ground_truth(self) -> list[dict[str, Any]]: ...
+    def jobs_truth(self) -> list[dict[str, Any]]: ...
+    def decoys_truth(self) -> list[dict[str, Any]]: ...
+
+
 class SimulatedCluster:
     def __init__(
         self,
@@ -82,11 +108,11 @@ class SimulatedCluster:
         mode: str = "tree",
         interval: float = 1.0,
         base_dir: str | Path | None = None,
-        job: JobSpec | None = JobSpec(),
+        job: JobSpec | None = DEFAULT_JOB,
         epoch: float = EPOCH,
         http: bool = False,
         on_snapshot: Callable[[str, Snapshot, list[RankTiming]], None] | None = None,
-        on_batch: Callable[[NodeBatch], None] | None = None,
+        on_batch: Callable[[NodeBatch], object] | None = None,
         progress: Callable[[StepStats], None] | None = None,
         poll_workers: int | None = None,
         max_tree_nodes: int = MAX_TREE_NODES,
@@ -114,7 +140,7 @@ class SimulatedCluster:
         self.on_watch_tick = on_watch_tick
         self.watch_batches = 0  # off-cadence batches the link watch caused
         self.on_snapshot = on_snapshot
-        self.on_batch = on_batch
+        self.on_batch: Callable[[NodeBatch], object] | None = on_batch
         self.progress = progress
         self.http = http
         self.keep_trees = keep_trees
@@ -130,7 +156,7 @@ class SimulatedCluster:
         self.http_ports: dict[str, int] = {}
         self._own_base = False
         self.base_dir: str | None = None
-        self._builder = None
+        self._builder: BatchBuilder | None = None  # memory mode, from start()
         self._filters: list = []
         self._seq: list[int] = []
         self._pool: cf.ThreadPoolExecutor | None = None
@@ -189,6 +215,7 @@ class SimulatedCluster:
         from .inmemory import GaugeFilter
         from .tree import NodeTree
 
+        assert self.base_dir is not None  # tree mode has one (__init__)
         os.makedirs(self.base_dir, exist_ok=True)
         for i in self._node_index:
             name = c.names[i]
@@ -209,6 +236,7 @@ class SimulatedCluster:
         """The hello each node's agent sends when it connects."""
         if self.mode == "memory":
             self.start()
+            assert self._builder is not None
             return self._builder.hellos()
         from ..agent.stream_batches import hello_from_snapshot
 
@@ -278,6 +306,7 @@ class SimulatedCluster:
         self.on_batch(batch)
 
     def _emit_memory(self, timings: list[RankTiming]) -> int:
+        assert self._builder is not None  # start() in memory mode
         batches = self._builder.build(self._by_node(timings), self.layouts)
         for b in batches:
             hb = self._heartbeats.get(b.node)
@@ -288,6 +317,7 @@ class SimulatedCluster:
         from .inmemory import batch_from_snapshot
 
         by_node = self._by_node(timings)
+        assert self._pool is not None  # start() in tree mode
         snaps = list(self._pool.map(lambda a: a.poller.poll_regular(), self.agents))
         for i, snap in enumerate(snaps):
             name = self.cluster.names[self._node_index[i]]
@@ -318,8 +348,8 @@ class SimulatedCluster:
             k += 1
             now = c.link_state(t_k)
             moved = np.zeros(c.n, dtype=bool)
-            for a, b in zip(now, base, strict=True):
-                moved |= (a != b).any(axis=1)
+            for now_k, base_k in zip(now, base, strict=True):
+                moved |= (now_k != base_k).any(axis=1)
             base = now
             if self.mode == "memory":
                 fire = moved & allowed

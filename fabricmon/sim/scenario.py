@@ -37,7 +37,15 @@ from pathlib import Path
 
 from ..configload import ConfigError, build, load_yaml_file
 from ..topology import (
-    Topology, generate_fat_tree, generate_topology, gpu_id, leaf_id, link_id, load_topology, nic_id, node_name,
+    Topology,
+    generate_fat_tree,
+    generate_topology,
+    gpu_id,
+    leaf_id,
+    link_id,
+    load_topology,
+    nic_id,
+    node_name,
     nvlink_id,
 )
 from .hw import FRONTEND, NGPU, NRAILS, NVLINKS
@@ -254,6 +262,43 @@ class Fault:
         if self.degrade is not None and self.degrade not in ("width", "speed"):
             raise fail("degrade", f"must be width or speed, got {self.degrade!r}")
 
+    # -- the fields validate() requires of the kinds that read them: typed, never None ---------------
+    @property
+    def the_node(self) -> str:
+        if self.node is None:
+            raise ValueError(f"fault {self.kind}: node is required")
+        return self.node
+
+    @property
+    def the_rail(self) -> int:
+        if self.rail is None:
+            raise ValueError(f"fault {self.kind}: rail is required")
+        return self.rail
+
+    @property
+    def the_gpu(self) -> int:
+        if self.gpu is None:
+            raise ValueError(f"fault {self.kind}: gpu is required")
+        return self.gpu
+
+    @property
+    def the_link(self) -> int:
+        if self.link is None:
+            raise ValueError(f"fault {self.kind}: link is required")
+        return self.link
+
+    @property
+    def the_unit(self) -> int:
+        if self.unit is None:
+            raise ValueError(f"fault {self.kind}: unit is required")
+        return self.unit
+
+    @property
+    def the_fails_at(self) -> float:
+        if self.fails_at is None:
+            raise ValueError(f"fault {self.kind}: fails_at is required")
+        return self.fails_at
+
     # -- derived ---------------------------------------------------------------------------
     @property
     def mag(self) -> float:
@@ -308,8 +353,8 @@ class Scenario:
         if not self.duration > 0:
             raise ConfigError(f"{source}: duration: must be > 0, got {self.duration}")
         if self.jobs or self.decoys:
-            names = self.cluster.node_names()
-            check_decoys(self.decoys, resolve_jobs(self.jobs, names, self.duration, source), names, source)
+            all_names = self.cluster.node_names()
+            check_decoys(self.decoys, resolve_jobs(self.jobs, all_names, self.duration, source), all_names, source)
         names = set(self.cluster.node_names()) if self.cluster.nodes <= 100000 else set()
         n = self.cluster.nodes
         for i, f in enumerate(self.faults):
@@ -438,7 +483,7 @@ def ground_truth(f: Fault, cluster: ClusterSpec) -> GroundTruth:
             rails = {_rail_label(cluster, n, d) for n in nodes for d in devs}
             rail = rails.pop() if len(rails) == 1 else None
             return GroundTruth(f.kind, "leaf", f.leaf, f.start, end, alert, rail=rail, leaf=f.leaf)
-        leaf = leaf_id(f.unit, f.rail)
+        leaf = leaf_id(f.the_unit, f.the_rail)
         return GroundTruth(f.kind, "leaf", leaf, f.start, end, alert, rail=f.rail, leaf=leaf)
     assert f.node is not None  # Fault.validate: every other target names its node
     if target == "link":
@@ -452,9 +497,9 @@ def ground_truth(f: Fault, cluster: ClusterSpec) -> GroundTruth:
         return GroundTruth(f.kind, "config", comp, f.start, end, alert, node=f.node,
                            rail=_rail_label(cluster, f.node, f.rail), leaf=_leaf_of(cluster, f.node, f.rail))
     if target == "nvlink":
-        return GroundTruth(f.kind, "nvlink", nvlink_id(f.node, f.gpu, f.link), f.start, end, alert, node=f.node,
-                           gpu=f.gpu)
-    return GroundTruth(f.kind, "gpu", gpu_id(f.node, f.gpu), f.start, end, alert, node=f.node, gpu=f.gpu)
+        return GroundTruth(f.kind, "nvlink", nvlink_id(f.node, f.the_gpu, f.the_link), f.start, end, alert,
+                           node=f.node, gpu=f.gpu)
+    return GroundTruth(f.kind, "gpu", gpu_id(f.node, f.the_gpu), f.start, end, alert, node=f.node, gpu=f.gpu)
 
 
 def scenario_from_dict(data: dict, source: str = "<scenario>") -> Scenario:

@@ -30,7 +30,7 @@ import structlog
 
 from ..config import EthtoolConfig
 from ..model import Labels, Reading, ReadingMemo, Semantics, SourceResult
-from .bounds import Rejected, RejectCounts, counter_from_text, read_bounded, valid_ifname
+from .bounds import RejectCounts, Rejected, counter_from_text, read_bounded, valid_ifname
 from .drivers import DriverTable, Match, XoffRefresh
 from .drivers.ethtool_tables import ALL as ALL_ETHTOOL_TABLES
 from .drivers.ethtool_tables import LEGACY_NAMES, STANDARD_GROUPS
@@ -52,9 +52,9 @@ from .drivers.families import (
     STORM_EVENTS,
     XOFF_FULL_RATE,
 )
-from .guarded_io import KeyedWorkers, run_all
 from .errorlog import ErrorLog
 from .ethtool_groups import EthtoolNetlink, GroupsUnavailable, parse_groups_json, warm_up
+from .guarded_io import KeyedWorkers, run_all
 from .infiniband import netdev_speed_gbps
 from .inventory import Inventory
 from .registry import SourceContext, SourceSpec
@@ -218,7 +218,7 @@ class EthtoolIoctl:
                 self._names[interface] = names
             values = self.stat_values(interface, len(names))
             if len(values) == len(names):
-                return list(zip(names, values))
+                return list(zip(names, values, strict=True))
             self._names.pop(interface, None)  # the set changed between the calls: names are stale
         raise EthtoolError(interface, "GSTATS", errno.EAGAIN)
 
@@ -358,7 +358,7 @@ def parse_pfc_summary(text: str) -> PfcInfo:
         elif fields[0] == "enabled" and prios is not None and enabled is None:
             flags = fields[1:]
             if len(flags) == len(prios) and all(f in ("0", "1") for f in flags):
-                enabled = frozenset(p for p, f in zip(prios, flags) if f == "1")
+                enabled = frozenset(p for p, f in zip(prios, flags, strict=True) if f == "1")
     return PfcInfo(trust, enabled)
 
 
@@ -412,7 +412,8 @@ def classify_match(name: str, m: Match | None, allow: tuple[re.Pattern[str], ...
     """The export of one stat from its table row: its curated family, else the allowlist, else nothing."""
     rule = m.rule if m is not None else None
     if rule is not None and rule.family is not None:
-        return StatClass(rule.family, m.labels(), rule.semantics, rule.scale, rule.width)  # type: ignore[union-attr]
+        return StatClass(rule.family, m.labels(), rule.semantics, rule.scale,  # type: ignore[union-attr]  # rule: m's
+                         rule.width)
     if any(p.search(name) for p in allow):
         # Raw, as read: semantics unknown or not curated (some are gauges, some counters).
         return StatClass(ETHTOOL_STAT, (("stat", name),), Semantics.GAUGE)
@@ -569,7 +570,11 @@ class EthtoolSource:
             # The ioctl's values are u64 by construction; only repeated names
             # (a driver bug) are dropped so the exposition has no duplicates.
             seen: set[str] = set()
-            dups = [(n, Rejected("malformed", f"{n} appears twice")) for n, _ in stats if n in seen or seen.add(n)]
+            dups: list[tuple[str, Rejected]] = []
+            for n, _ in stats:
+                if n in seen:
+                    dups.append((n, Rejected("malformed", f"{n} appears twice")))
+                seen.add(n)
             if dups:
                 kept: dict[str, int] = {}
                 for n, v in stats:

@@ -50,6 +50,7 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..config import FabricConfigConfig, ProfileConfig
 from ..model import ReadingMemo, SourceResult
@@ -302,7 +303,7 @@ class FabricConfigSource:
 
     def port_facts(self, port: PortInfo, sysfs_root: str, result: SourceResult) -> PortFacts:
         """Gather the facts of one port; unreadable ones become one error each."""
-        values: dict[str, object] = {}
+        values: dict[str, Any] = {}  # each fact as its reader returned it (PortFacts types them)
 
         def fact(name: str, fn: Callable[[], object]) -> None:
             try:
@@ -356,7 +357,7 @@ class FabricConfigSource:
             fact("pfc", lambda: self._pfc_info(port.netdev))
         return PortFacts(
             link_layer=port.link_layer,
-            state=values.get("state"),  # type: ignore[arg-type]
+            state=values.get("state"),
             rate_gbps=gbps,
             width=width,
             lanes_from_link_modes=from_modes,

@@ -49,13 +49,13 @@ import structlog
 
 from ..config import InfinibandConfig
 from ..model import Labels, Reading, ReadingMemo, Semantics, SourceResult
-from .bounds import Rejected, RejectCounts, counter_from_bytes
+from .bounds import RejectCounts, Rejected, counter_from_bytes
 from .drivers.families import HW_LIFESPAN, HW_STAT, RETRIES
 from .drivers.rdma_tables import DEVICE_PREFIXES as RDMA_DEVICE_PREFIXES
 from .drivers.rdma_tables import MODULE_DRIVERS as RDMA_MODULE_DRIVERS
 from .drivers.rdma_tables import TABLES as RDMA_TABLES
-from .guarded_io import KeyedWorkers, read_regular, run_all
 from .errorlog import ErrorLog
+from .guarded_io import KeyedWorkers, read_regular, run_all
 from .inventory import DeviceInfo, Inventory, PortInfo
 from .link_modes import LaneCache
 from .registry import SourceContext, SourceSpec

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-from support.agentrig import http_get, metric, parse_metrics
 
 from fabricmon.agent import linkwatch as lw
 from fabricmon.agent.linkwatch import LinkWatch, watched_links
@@ -19,6 +18,7 @@ from fabricmon.agent.runtime import build_agent, make_link_watch
 from fabricmon.config import AgentConfig, ConfigError, load_agent_config
 from fabricmon.model import Reading, Semantics, SourceResult
 from fabricmon.sources.inventory import Inventory, discover
+from support.agentrig import http_get, metric, parse_metrics
 
 DEV = "mlx5_3"
 

@@ -8,7 +8,6 @@ import json
 import socket
 
 import pytest
-from support.paths import FIXTURES
 
 from fabricmon.aggregator.ras_queries import ras_lines
 from fabricmon.nccl_ras import protocol as p
@@ -24,6 +23,7 @@ from fabricmon.sim.ras_server import (
     hung_job_status,
     render_json,
 )
+from support.paths import FIXTURES
 
 FIX = FIXTURES / "nccl" / "ras"
 DOC = (FIX / "doc-2.29.1-status-missing-rank.json").read_bytes()

@@ -19,8 +19,8 @@ from fabricmon.sim.cluster import ClusterState
 from fabricmon.sim.inmemory import BatchBuilder
 from fabricmon.sim.scenario import ClusterSpec, Scenario, scenario_from_dict
 from fabricmon.topology import generate_topology
-
 from support.paths import REPO as ROOT
+
 T0 = 1764000000.0
 
 
@@ -161,6 +161,7 @@ def test_scenario_needs_fails_at_after_start():
     assert (gt.alertname, gt.component, gt.fails_at) == ("FabricCableDegrading", "node-001/mlx5_1/1", 300)
 
 
+@pytest.mark.integration
 def test_demo_shows_the_warning_before_the_flap(tmp_path):
     """``fabricmon demo --scenario`` with real agents over simulated trees (RoCE: the BER path)."""
     report = tmp_path / "report.json"

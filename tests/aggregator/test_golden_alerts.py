@@ -19,9 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-from support.goldenfile import match_golden
-from support.promtools import REPO, start_alertmanager
-from support.waiting import wait_until
 
 from fabricmon.aggregator.alertmanager import AlertmanagerClient
 from fabricmon.aggregator.engine import Engine
@@ -30,6 +27,9 @@ from fabricmon.demo.local_alertmanager import WebhookReceiver
 from fabricmon.sim.runner import SimulatedCluster
 from fabricmon.sim.scenario import default_scenario, load_scenario
 from support import paths
+from support.goldenfile import match_golden
+from support.promtools import REPO, start_alertmanager
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 GOLDEN = paths.GOLDEN / "alerts"

@@ -7,7 +7,6 @@ import os
 import tempfile
 
 import pytest
-from support.waiting import wait_until
 
 from fabricmon.agent.intake import RankIntake
 from fabricmon.aggregator.engine import Engine
@@ -20,6 +19,7 @@ from fabricmon.proto.codec import MalformedBatch, SeriesDecoder, SeriesEncoder
 from fabricmon.rank_timing import Heartbeat, RankTimingError, heartbeat_json, parse_line
 from fabricmon.sim.runner import SimulatedCluster
 from fabricmon.sim.scenario import scenario_from_dict
+from support.waiting import wait_until
 
 pytest.importorskip("numpy")
 

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
-from support.amrig import Webhook, _start_am
-from support.enginerig import Cluster, _port, _set_state
-from support.waiting import wait_until
 
 from fabricmon import components
 from fabricmon.aggregator import incident_store
 from fabricmon.aggregator.alertmanager import AlertmanagerClient
 from fabricmon.aggregator.service import resume_incidents
 from fabricmon.components import Component, Kind
+from support.amrig import Webhook, _start_am
+from support.enginerig import Cluster, _port, _set_state
+from support.waiting import wait_until
 
 LINK = "node-001/mlx5_6/1"
 
@@ -85,7 +85,8 @@ def test_a_restart_neither_fires_again_nor_forgets_to_resolve(tmp_path, rig, sti
     state, first_id = _first_life(tmp_path, am)
     assert wait_until(lambda: _statuses(hook) == ["firing"], 10), _statuses(hook)
     saved = json.loads(Path(state).read_text())
-    assert [(r["alertname"], r["component"], r["id"]) for r in saved["incidents"]] == [("FabricLinkDown", LINK, first_id)]
+    assert [(r["alertname"], r["component"], r["id"]) for r in saved["incidents"]] == [("FabricLinkDown", LINK,
+                                                                                        first_id)]
     assert saved["incidents"][0]["sent"]["labels"]["component"] == LINK
     # The second life: the same topology, a fresh engine and sender, the state file.
     b = Cluster(nodes=4, nodes_per_unit=4)

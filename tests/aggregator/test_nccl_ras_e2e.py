@@ -12,8 +12,6 @@ import time
 import urllib.request
 
 import grpc
-from support.paths import FIXTURES
-from support.waiting import wait_until
 
 from fabricmon.agent.spool import MemorySpool
 from fabricmon.agent.stream import StreamClient
@@ -24,6 +22,8 @@ from fabricmon.model import Snapshot
 from fabricmon.rank_timing import Heartbeat
 from fabricmon.sim.ras_server import FakeRasServer
 from fabricmon.topology import generate_topology
+from support.paths import FIXTURES
+from support.waiting import wait_until
 
 DOC = (FIXTURES / "nccl" / "ras" / "doc-2.29.1-status-missing-rank.json").read_bytes()
 NODES = ("node-000", "node-001")
@@ -162,10 +162,9 @@ def test_the_simulator_s_rank_hang_is_asked_of_its_loopback_ras_and_named_behind
 def test_a_malformed_or_unasked_ras_report_is_counted_and_the_stream_goes_on():
     """A RasReport the aggregator cannot believe (an unknown outcome; a report for no query) never cuts
     the node's telemetry stream: the batch after it is still acked."""
-    from support.grpcraw import raw_stream
-
     from fabricmon.proto import codec
     from fabricmon.proto import fabricmon_pb2 as pb
+    from support.grpcraw import raw_stream
 
     engine = Engine(generate_topology(2, nodes_per_unit=2, gpus_per_node=8), cluster="t")
     srv = start_grpc_server(engine, "127.0.0.1:0", lock=engine.lock)

@@ -5,10 +5,9 @@ silence) stays what its hello announced, and a sub-threshold error rate stays be
 
 from __future__ import annotations
 
-from support.enginerig import T0, Cluster, _port
-
 from fabricmon.aggregator.config import DetectionSettings
 from fabricmon.aggregator.lateness import LATE_INTERVALS, node_time
+from support.enginerig import T0, Cluster, _port
 
 IV = 5.0
 SICK, DOWN_DEV, ERR_DEV = "node-003", "mlx5_3", "mlx5_1"

@@ -312,9 +312,8 @@ def test_aggregator_exports_the_topology_it_owns_with_named_leaves(tmp_path) -> 
     exposition passes promtool check metrics."""
     import subprocess
 
-    from support.promtools import PROMTOOL, require_binary
-
     from fabricmon.aggregator.config import DetectionSettings as Settings
+    from support.promtools import PROMTOOL, require_binary
 
     topo = load_topology(fat_tree_halves(tmp_path))
     text = _exposition(Engine(topo, Settings()))

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from support.promtools import REPO, promtool
 from support.dashboards import AGGREGATOR_METRICS, _panels, metric_names
+from support.promtools import REPO, promtool
 
 DASH = REPO / "dashboards"
 JSON_DIR = DASH / "json"
@@ -131,7 +131,8 @@ def test_fabric_map_points_at_the_fault() -> None:
     for name, dash in _dashboards().items():
         assert any("fabricmon_incident_open" in e for e in _annotation_exprs(dash)), f"{name}: no incident annotations"
     for name in ("fabricmon-overview.json", "fabricmon-job.json"):
-        assert any(link["url"].startswith("/d/fabricmon-node/?var-node=") for _, link in _links(_dashboards()[name])), name
+        assert any(link["url"].startswith("/d/fabricmon-node/?var-node=") for _,
+                   link in _links(_dashboards()[name])), name
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in JSON_DIR.glob("*.json")))

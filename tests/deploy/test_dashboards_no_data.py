@@ -13,8 +13,9 @@ import json
 from pathlib import Path
 
 import pytest
-from support.promtools import REPO, RULE_FILES, live_fabric, wait_until
+
 from support.promlive import substitute
+from support.promtools import REPO, RULE_FILES, live_fabric, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

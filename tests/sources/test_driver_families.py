@@ -75,7 +75,8 @@ def golden(tree: str, body: str) -> None:
     text = "\n".join(lines) + "\n"
     if UPDATE:
         path.write_text(text)
-    assert path.exists(), f"{path.name} missing: run FABRICMON_UPDATE_GOLDEN=1 pytest {Path(__file__).resolve().relative_to(REPO)}"
+    here = Path(__file__).resolve().relative_to(REPO)
+    assert path.exists(), f"{path.name} missing: run FABRICMON_UPDATE_GOLDEN=1 pytest {here}"
     assert text == path.read_text(), f"{path.name} differs (FABRICMON_UPDATE_GOLDEN=1 regenerates it)"
 
 

@@ -15,8 +15,6 @@ import subprocess
 import sys
 
 import pytest
-from support.netns import need_netns
-from support.paths import FIXTURES, REPO
 
 from fabricmon.config import ProfileConfig
 from fabricmon.sources.ethtool_groups import GroupsUnavailable
@@ -24,6 +22,8 @@ from fabricmon.sources.fabric_config import FabricConfigSource
 from fabricmon.sources.infiniband import InfinibandSource
 from fabricmon.sources.inventory import discover
 from fabricmon.sources.link_modes import LaneCache, LinkModes, decode_reply
+from support.netns import need_netns
+from support.paths import FIXTURES, REPO
 
 REPLIES = FIXTURES / "ethtool_netlink"
 DRIVERS = FIXTURES / "drivers"

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support.paths import FIXTURES
 
 from fabricmon.agent.stream_batches import BatchMaker
 from fabricmon.aggregator.config import DetectionSettings
@@ -29,6 +28,7 @@ from fabricmon.sources.ethtool import EthtoolSource
 from fabricmon.sources.infiniband import InfinibandSource
 from fabricmon.sources.inventory import discover
 from fabricmon.topology import generate_topology
+from support.paths import FIXTURES
 
 DRIVERS = FIXTURES / "drivers"
 T0 = 1_764_000_000.0

@@ -13,9 +13,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support.paths import FIXTURES
 
 from fabricmon.sources.inventory import RailCandidate, assign_rails, discover, rail_keys
+from support.paths import FIXTURES
 
 TREE = FIXTURES / "drivers" / "bnxt-thor2-gen1" / "node"
 IB = "sys/class/infiniband"
