@@ -8,9 +8,6 @@ import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from support.paths import FIXTURES
-from support.pcitree import build_sysfs, load, switch_pairs
-
 from fabricmon.sources.pci_affinity import (
     NO_GPU,
     NO_SHARED_SWITCH,
@@ -22,6 +19,8 @@ from fabricmon.sources.pci_affinity import (
     pci_path,
     shared_depth,
 )
+from support.paths import FIXTURES
+from support.pcitree import build_sysfs, load, switch_pairs
 
 H100 = "hgx-h100-ibm-gx3d.topo.xml"
 A100 = "a100-8gpu-4cx6-simai.topo.xml"

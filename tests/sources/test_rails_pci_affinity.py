@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
-from support.paths import FIXTURES
-from support.pcitree import build_sysfs, load, switch_pairs
 
 from fabricmon.sources.infiniband import InfinibandSource
 from fabricmon.sources.inventory import Inventory, RailLog, discover
 from fabricmon.sources.pci_affinity import NO_GPU, NO_SHARED_SWITCH, NOT_ONE_TO_ONE, PAIRED, GpuScan
+from support.paths import FIXTURES
+from support.pcitree import build_sysfs, load, switch_pairs
 
 
 def _rails(inv: Inventory) -> dict[str, str]:
