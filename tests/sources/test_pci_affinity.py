@@ -123,3 +123,15 @@ def test_an_nvswitch_is_not_a_gpu(tmp_path: Path) -> None:
     sys_dir = _with(root, tmp_path)
     assert "0000:f3:00.0" not in [p[-1] for p in GpuScan().scan(str(sys_dir))]
     assert _pairing(sys_dir).reason == PAIRED
+
+
+def test_a_gpu_without_a_nic_under_its_switch(tmp_path: Path) -> None:
+    root = copy.deepcopy(load(H100))
+    cpu = root.findall("cpu")[0]
+    second = _bridges(root)[1]
+    nic = next(k for k in second.findall("pci") if k.find("nic") is not None)  # mlx5_6 to a root port
+    second.remove(nic)
+    cpu.append(nic)
+    got = _pairing(_with(root, tmp_path))
+    assert got.reason == NOT_ONE_TO_ONE and not got.rails
+    assert got.detail == "GPU 1 shares a PCIe switch with no NIC"
