@@ -226,6 +226,10 @@ SPECS: dict[str, MetricSpec] = _specs(
      ("collector", "reason")),
     ("fabricmon_devices_discovered", "gauge",
      "Devices found by discovery, by kind (rdma_device, ib_port, roce_port, roce_netdev, netdev, gpu).", ("kind",)),
+    ("fabricmon_rail_assignment_info", "gauge",
+     "1: which rule gave the rail labels (source: configured, pci_affinity, hca_type, pci_id, netdev, none) and "
+     "the PCI pairing of rail NICs with GPUs (pci_affinity: paired, no_gpu, no_nic, no_shared_switch, "
+     "not_one_to_one).", ("source", "pci_affinity")),
     ("fabricmon_devices_expected", "gauge",
      "Devices the config expects, by kind (rdma_port: sources.infiniband.expected_ports, IB and RoCE ports together).",
      ("kind",)),

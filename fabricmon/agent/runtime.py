@@ -17,7 +17,8 @@ from ..config import AgentConfig
 from ..configload import ConfigError, split_hostport
 from ..sources import registry
 from ..sources.base import Source
-from ..sources.inventory import Inventory, discover
+from ..sources.inventory import Inventory, RailLog, discover
+from ..sources.pci_affinity import GpuScan
 from ..sources.registry import SourceContext
 from ..textcheck import node_name_problem
 from .exporter import AgentHTTPServer, RenderedSnapshot
@@ -89,10 +90,14 @@ def make_discover(cfg: AgentConfig) -> Callable[[], Inventory]:
     extra = cfg.sources.ethtool.interfaces
     rail_memory: dict[str, str] = {}
     cache: dict = {}
+    gpu_scan = GpuScan()  # the PCI bus' GPUs, for rails by PCI affinity: each function read once
+    rail_log = RailLog()
 
     def _discover() -> Inventory:
-        return discover(cfg.sysfs_root, ib.include, ib.exclude, dict(cfg.rails), extra, rail_memory, cache,
-                        ib.min_ports if ib.enabled else 0)
+        inv = discover(cfg.sysfs_root, ib.include, ib.exclude, dict(cfg.rails), extra, rail_memory, cache,
+                       ib.min_ports if ib.enabled else 0, gpu_scan)
+        rail_log(inv)
+        return inv
 
     return _discover
 

@@ -527,6 +527,10 @@ class InfinibandSource:
             self._memo.get("fabricmon_devices_discovered", (("kind", kind),), n)
             for kind, n in inventory.discovered_counts().items()
         )
+        if inventory.rail_source:  # which rule gave the rails, and why PCI affinity did or did not
+            result.readings.append(self._memo.get(
+                "fabricmon_rail_assignment_info",
+                (("source", inventory.rail_source), ("pci_affinity", inventory.rail_affinity)), 1))
         # Beside what was found, what the config expects: FabricmonDevicesMissing compares them.
         result.readings.append(self._memo.get("fabricmon_devices_expected", (("kind", "rdma_port"),),
                                                     inventory.expected_ports))

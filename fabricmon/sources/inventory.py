@@ -11,10 +11,16 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import structlog
 
 from .base_io import list_dir, read_text
 from .bounds import valid_ifname, valid_label_text
+from .pci_affinity import NO_GPU, PAIRED, GpuScan, Pairing, PciPath, pair, pci_path
+
+log = structlog.get_logger("fabricmon.inventory")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +46,7 @@ class DeviceInfo:
     rail: str
     netdevs: tuple[str, ...]
     pci_id: str = ""  # "<vendor>:<device>" of the PCI function ("0x14e4:0x1760"), "" unreadable
+    pci_path: PciPath = ()  # the BDFs from the root port down to the function, () unreadable
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,9 @@ class Inventory:
     errors: tuple[str, ...] = ()  # discovery problems (unreadable device attributes)
     extra_netdevs: tuple[str, ...] = field(default=())  # configured netdevs without an RDMA port
     expected_ports: int = 0  # the config expects at least this many RDMA ports (0: no expectation)
+    rail_source: str = ""  # the rule that gave the rails (RailPlan.source); "" no discovery ran
+    rail_affinity: str = ""  # the PCI pairing's outcome (pci_affinity.PAIRED or why not)
+    rail_affinity_detail: str = ""  # ... in words, for the log
 
     def discovered_counts(self) -> dict[str, int]:
         """``fabricmon_devices_discovered{kind}``: what discovery found, by kind.
@@ -154,6 +164,7 @@ class RailCandidate:
     hca_type: str
     pci_id: str = ""  # "<vendor>:<device>" of the PCI function, "" unreadable
     netdev: str = ""
+    pci_path: PciPath = ()  # root port .. function, for the pairing with GPUs (pci_affinity.py)
 
 
 def _shared(keys: list[str]) -> bool:
@@ -180,30 +191,51 @@ def rail_keys(devices: list[RailCandidate]) -> tuple[str, list[str]]:
     return "none", ["" for _ in devices]
 
 
-def assign_rails(
-    devices: list[RailCandidate] | list[tuple[str, str]], configured: dict[str, int],
-    memory: dict[str, str] | None = None,
-) -> dict[str, str]:
-    """Map device name -> rail string.
+@dataclass(frozen=True)
+class RailPlan:
+    rails: dict[str, str]  # device name -> rail, "" for a device that serves none
+    source: str  # configured | pci_affinity | hca_type | pci_id | netdev | none
+    affinity: Pairing  # the PCI pairing, whether or not it gave the rails
 
-    ``devices`` in natural order.  Configured rails win.  Otherwise the rail NICs are the devices
-    of the most common model (a DGX-style node has eight identical rail NICs and a different
-    frontend NIC), numbered in device order; any other device serves no rail.  The model comes
-    from the first of ``rail_keys``' sources that tells one.
 
-    ``memory`` (kept by the caller across polls) makes the derived rails
-    sticky: when mlx5_3 is hot-unplugged, mlx5_4..7 keep rails 4..7 instead of
-    being renumbered, and a re-probed device gets its old rail back.
+def plan_rails(
+    devices: Sequence[RailCandidate] | Sequence[tuple[str, str]], configured: dict[str, int],
+    memory: dict[str, str] | None = None, gpus: Sequence[PciPath] = (),
+) -> RailPlan:
+    """Map device name -> rail string, by the first rule that applies:
+
+    1. the configured map (``rails:``);
+    2. PCI affinity: rail k is the NIC under GPU k's PCIe switch, when every GPU (``gpus``, in GPU
+       index order) pairs one-to-one with a NIC (pci_affinity.pair); a NIC under no GPU's switch
+       (frontend, storage) serves no rail;
+    3. the rail NICs are the devices of the most common model (a DGX-style node has eight
+       identical rail NICs and a different frontend NIC), numbered in device order; any other
+       device serves no rail.  The model comes from the first of ``rail_keys``' sources that
+       tells one (``hca_type``, PCI id, netdev name).
+
+    ``devices`` in natural order.  ``memory`` (kept by the caller across polls) makes the rails
+    sticky: when mlx5_3 is hot-unplugged (its GPU then pairs with nothing, and rule 3 decides),
+    mlx5_4..7 keep rails 4..7 instead of being renumbered, and a re-probed device gets its old
+    rail back.
     """
     cands = [d if isinstance(d, RailCandidate) else RailCandidate(d[0], d[1]) for d in devices]
+    pairing = pair({d.name: d.pci_path for d in cands}, gpus)
+    memory = {} if memory is None else memory
     if configured:
-        return {d.name: str(configured[d.name]) if d.name in configured else "" for d in cands}
-    _, keys = rail_keys(cands)
+        return RailPlan({d.name: str(configured[d.name]) if d.name in configured else "" for d in cands},
+                        "configured", pairing)
+    if pairing.reason == PAIRED:
+        rails = {d.name: str(pairing.rails[d.name]) if d.name in pairing.rails else "" for d in cands}
+        used = {r for r in rails.values() if r}
+        for name in [n for n, r in memory.items() if n not in rails and r in used]:
+            del memory[name]  # an absent device's old rail is a paired NIC's now
+        memory.update(rails)
+        return RailPlan(rails, "pci_affinity", pairing)
+    source, keys = rail_keys(cands)
     counts = Counter(k for k in keys if k)
     common = counts.most_common(1)[0][0] if counts else None
-    memory = {} if memory is None else memory
     taken = {r for r in memory.values() if r}
-    rails: dict[str, str] = {}
+    rails = {}
     for d, key in zip(cands, keys, strict=True):
         name = d.name
         if name in memory:
@@ -214,7 +246,36 @@ def assign_rails(
             free = next(i for i in range(len(taken) + 1) if str(i) not in taken)
             rails[name] = memory[name] = str(free)
             taken.add(str(free))
-    return rails
+    return RailPlan(rails, source, pairing)
+
+
+def assign_rails(
+    devices: Sequence[RailCandidate] | Sequence[tuple[str, str]], configured: dict[str, int],
+    memory: dict[str, str] | None = None, gpus: Sequence[PciPath] = (),
+) -> dict[str, str]:
+    """``plan_rails``' map alone."""
+    return plan_rails(devices, configured, memory, gpus).rails
+
+
+class RailLog:
+    """One log line per change of the rail rule or the PCI pairing's outcome (discovery runs every
+    poll): which rule gave the rails, and where PCI affinity did not, why."""
+
+    def __init__(self) -> None:
+        self._last: tuple[str, str, str] | None = None
+
+    def __call__(self, inv: Inventory) -> None:
+        key = (inv.rail_source, inv.rail_affinity, inv.rail_affinity_detail)
+        if not inv.rail_source or key == self._last:
+            return
+        self._last = key
+        rails = {d.name: d.rail for d in inv.devices if d.rail}
+        if inv.rail_affinity == PAIRED or inv.rail_affinity == NO_GPU or inv.rail_source == "configured":
+            log.info("rails_assigned", source=inv.rail_source, pci_affinity=inv.rail_affinity,
+                     detail=inv.rail_affinity_detail, rails=rails)
+        else:  # a GPU node whose rail NICs do not pair with its GPUs: the next rule numbers them
+            log.warning("rails_not_from_pci_affinity", reason=inv.rail_affinity, detail=inv.rail_affinity_detail,
+                        source=inv.rail_source, rails=rails)
 
 
 def discover(
@@ -226,6 +287,7 @@ def discover(
     rail_memory: dict[str, str] | None = None,
     cache: dict | None = None,
     expected_ports: int = 0,
+    gpu_scan: GpuScan | None = None,
 ) -> Inventory:
     """Discover RDMA devices.  ``cache`` (kept by the caller across polls) skips
     re-reading a device whose sysfs entry is the same one as last time (same
@@ -251,16 +313,21 @@ def discover(
             hit = cache.get(name)
             if hit is not None and hit[0] == identity[name]:
                 info = hit[1]
-                cand = RailCandidate(name, info.hca_type, info.pci_id, min(info.netdevs, default=""))
+                cand = RailCandidate(name, info.hca_type, info.pci_id, min(info.netdevs, default=""), info.pci_path)
                 raw.append((name, dpath, cand))
                 continue
         dev_dir = os.path.join(dpath, "device")
         vendor, product = _read_or(os.path.join(dev_dir, "vendor")), _read_or(os.path.join(dev_dir, "device"))
         pci_id = f"{vendor}:{product}" if _PCI_ID.fullmatch(vendor) and _PCI_ID.fullmatch(product) else ""
         own = [n for n in list_dir(os.path.join(dev_dir, "net")) if valid_ifname(n)]
+        # class/infiniband/<dev>/device links to the PCI function; resolving one
+        # link is safe (walking the tree is what loops).
+        real = os.path.realpath(dev_dir)
         raw.append((name, dpath, RailCandidate(name, _read_label(os.path.join(dpath, "hca_type"), errors), pci_id,
-                                               min(own, default=""))))
-    rail_of = assign_rails([c for _, _, c in raw], rails or {}, rail_memory)
+                                               min(own, default=""), pci_path(real) if os.path.isdir(real) else ())))
+    gpus = (gpu_scan or GpuScan()).scan(sysfs_root) if raw else []
+    plan = plan_rails([c for _, _, c in raw], rails or {}, rail_memory, gpus)
+    rail_of = plan.rails
 
     devices: list[DeviceInfo] = []
     ports: list[PortInfo] = []
@@ -273,8 +340,6 @@ def discover(
         if not os.path.isdir(dpath):
             continue  # vanished between listing and now
         first_port = len(ports)
-        # class/infiniband/<dev>/device links to the PCI function; resolving one
-        # link is safe (walking the tree is what loops).
         real = os.path.realpath(os.path.join(dpath, "device"))
         pci_bdf = os.path.basename(real) if os.path.isdir(real) else ""
         dev_dir = os.path.join(dpath, "device")
@@ -283,6 +348,7 @@ def discover(
         netdevs = tuple(n for n in list_dir(os.path.join(dev_dir, "net")) if valid_ifname(n))
         info = DeviceInfo(
             name=name, path=dpath, pci_bdf=pci_bdf, numa_node=numa, hca_type=cand.hca_type, pci_id=cand.pci_id,
+            pci_path=cand.pci_path,
             fw_ver=_read_label(os.path.join(dpath, "fw_ver"), errors),
             node_guid=_read_label(os.path.join(dpath, "node_guid"), errors),
             board_id=_read_label(os.path.join(dpath, "board_id"), errors),
@@ -308,4 +374,7 @@ def discover(
     if cache is not None:
         for gone in set(cache) - set(identity):
             del cache[gone]
-    return Inventory(sysfs_root, tuple(devices), tuple(ports), tuple(errors), tuple(extra_netdevs), expected_ports)
+    if not raw:  # no RDMA device: no rail rule to report
+        return Inventory(sysfs_root, (), (), tuple(errors), tuple(extra_netdevs), expected_ports)
+    return Inventory(sysfs_root, tuple(devices), tuple(ports), tuple(errors), tuple(extra_netdevs), expected_ports,
+                     plan.source, plan.affinity.reason, plan.affinity.detail)

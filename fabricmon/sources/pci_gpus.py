@@ -17,18 +17,8 @@ import os
 from ..model import SourceResult, reading
 from .base_io import list_dir, read_text
 from .inventory import Inventory
+from .pci_affinity import is_nvidia_gpu  # one definition of "a GPU", shared with the rail pairing
 from .registry import SourceContext, SourceSpec
-
-NVIDIA_VENDOR = 0x10DE
-DISPLAY_BASE_CLASS = 0x03
-
-
-def is_nvidia_gpu(vendor: str, pci_class: str) -> bool:
-    """``vendor`` and ``class`` file contents (hex with 0x) of one PCI function."""
-    try:
-        return int(vendor, 16) == NVIDIA_VENDOR and (int(pci_class, 16) >> 16) == DISPLAY_BASE_CLASS
-    except ValueError:
-        return False
 
 
 class PciGpuSource:
