@@ -39,8 +39,11 @@ class AggregatorRuntime:
                  http_listen: tuple[str, int] | None = None, sender: AlertmanagerClient | None = None,
                  tick_seconds: float = 0.25,
                  on_changed: Callable[[list[Incident], float], None] | None = None,
-                 http_web=None, reload_status=None) -> None:
+                 http_web=None, reload_status=None, background: tuple = ()) -> None:
+        """``background``: helpers with ``start()``/``stop()`` that run beside the ticks (the cross-shard
+        evidence poller), started after the sender and stopped with it."""
         self.engine = engine
+        self.background = tuple(background)
         self.sender = sender
         self.tick_seconds = tick_seconds
         self.on_changed = on_changed
@@ -73,6 +76,8 @@ class AggregatorRuntime:
             self.http.start()
         if self.sender is not None:
             self.sender.start()
+        for b in self.background:
+            b.start()
         if self._grpc_listen is not None:
             try:
                 self.grpc = start_grpc_server(self.engine, self._grpc_listen, **self._grpc_kwargs)
@@ -99,6 +104,8 @@ class AggregatorRuntime:
         self._stop_parts(flush)
 
     def _stop_parts(self, flush: float) -> None:
+        for b in self.background:
+            b.stop()
         if self.sender is not None:
             self.sender.stop(flush_timeout=flush)
         if self.http is not None:
