@@ -233,3 +233,55 @@ def test_grace_setting_is_validated():
         DetectionSettings(cross_shard_grace_intervals=0).validate("detection", "x.yaml")
     with pytest.raises(ConfigError, match="cross_shard_grace_intervals: at most 30"):
         DetectionSettings(cross_shard_grace_intervals=31).validate("detection", "x.yaml")
+
+
+def test_real_alertmanager_remote_fault_silences_then_its_absence_pages(tmp_path):
+    """Shard A's FabricLinkErrors on rail 3 posted to a real Alertmanager (the shipped inhibitions), shard B
+    reading it back with the real poller: B's comm-late rail-3 ranks do not page while it is active, and
+    page (a StragglerRank active at Alertmanager, not inhibited) once nothing remote explains them."""
+    import yaml
+
+    from support.paths import REPO
+    from support.promtools import running_alertmanager
+
+    shipped = yaml.safe_load((REPO / "deploy" / "alertmanager" / "alertmanager.yml").read_text())
+    cfg = {"route": {"receiver": "null", "group_by": ["cluster", "alertname", "component"]},
+           "receivers": [{"name": "null"}], "inhibit_rules": shipped["inhibit_rules"]}
+    with running_alertmanager(cfg, tmp_path / "am") as am:
+        rig = Rig(DetectionSettings(cross_shard_grace_intervals=3))
+        a_sender = AlertmanagerClient([am.url], cluster="test", shard="units 0")
+        b_sender = AlertmanagerClient([am.url], cluster="test", shard="units 1")
+        src = AlertmanagerEvidence([am.url], cluster="test", topo=rig.topo, own_units=frozenset({1}),
+                                   poll_s=1.0, timeout=2.0)
+        rig.b.remote = src
+        rig.fault = rig.slow_rail3 = True
+
+        def second(n: int) -> None:
+            for _ in range(n):
+                rig.step()
+                a_sender.submit(rig.a.open_incidents(), rig.t)
+                a_sender._once()
+                b_sender.submit([i for i in rig.b.incidents() if i.version], rig.t)
+                b_sender._once()
+                src.poll_once()  # the poller's body, on the test's clock: no thread timing
+
+        second(40)
+        active = {(x["labels"]["alertname"], x["labels"]["component"]) for x in am.get_alerts(cluster="test")
+                  if x["status"]["state"] != "unprocessed"}
+        assert ("FabricLinkErrors", f"{FAULT_NODE}/{FAULT_DEV}/1") in active
+        assert not [k for k in active if k[0] == "StragglerRank"], active
+        assert [e["alertname"] for e in rig.b.explained_remote()] == ["FabricLinkErrors"]
+        assert src.stats.polls["ok"] >= 40 and src.stats.polls["error"] == 0
+
+        # shard A's incident resolved at Alertmanager (its fault's evidence gone elsewhere), B's ranks still late
+        link = next(i for i in rig.a.open_incidents() if i.alertname == "FabricLinkErrors")
+        resolved = a_sender.payload(a_sender._snapshot(link))
+        resolved["endsAt"] = resolved["startsAt"]
+        am.post_alerts([resolved])
+        rig.fault = False
+        rig.a = Engine(rig.topo, rig.a.settings, shard_units=(0,))  # A forgets it: nothing re-sends it
+        second(15)
+        pages = {x["labels"]["component"]: x["status"]["state"] for x in am.get_alerts(cluster="test")
+                 if x["labels"]["alertname"] == "StragglerRank"}
+        assert pages and set(pages.values()) == {"active"}, pages
+        assert rig.b.explained_remote() == []
