@@ -37,10 +37,10 @@ from ..components import NETWORK_KINDS, Component, Kind
 from ..topology import Topology
 from .config import DetectionSettings
 from .incidents import Finding, Key
-from .stragglers import StragglerReport
+from .stragglers import Straggler, StragglerReport
 
 if TYPE_CHECKING:
-    from .remote_evidence import CrossShard
+    from .remote_evidence import CrossShard, RemoteIncident
 FIRE, WAIT = "fire", "wait"  # CrossShard.judge's verdicts when no remote incident explains a group
 
 ALERT_LLR = {
@@ -225,7 +225,8 @@ def localize_stragglers(topo: Topology, s: DetectionSettings, report: StragglerR
     return out, shared
 
 
-def _cross_shard(topo: Topology, cross: CrossShard, job: str, group: Component, members: list) -> object:
+def _cross_shard(topo: Topology, cross: CrossShard, job: str, group: Component,
+                 members: list[Straggler]) -> RemoteIncident | str:
     """The remote incident explaining a comm-late group with no local evidence, else FIRE or WAIT."""
     rail = group.rail if group.kind in (Kind.RAIL, Kind.LEAF) else None
     if rail is None:

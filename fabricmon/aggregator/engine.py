@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 
@@ -378,14 +378,14 @@ class Engine:
     def open_incidents(self) -> list[Incident]:
         return self.incidents(include_resolved=False)
 
-    def explained_remote(self) -> list[dict]:
+    def explained_remote(self) -> list[dict[str, Any]]:
         """/api/incidents entries for the other shards' incidents that explain stragglers of this shard (one
         per remote incident, ``"remote": true``): the local ranks and jobs riding on it, and why."""
         with self.lock:
             cross = self.cross
             if cross is None or not cross.explained:
                 return []
-            by_remote: dict[tuple[str, str], dict] = {}
+            by_remote: dict[tuple[str, str], dict[str, Any]] = {}
             for e in cross.explained:
                 r = e.remote
                 ent = by_remote.get((r.alertname, r.component.id))

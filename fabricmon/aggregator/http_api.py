@@ -11,9 +11,11 @@ default is ``all``), ``?id=`` selects one.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ..buildinfo import add_runtime_collectors
@@ -22,7 +24,7 @@ from .admission import TS_AHEAD, TS_BEHIND, TS_STALE
 from .name_bounds import KINDS as NAME_KINDS
 from .stragglers import REFUSE_REASONS as STEP_REFUSALS
 from .alertmanager import RESULTS, rfc3339
-from .engine import LATENESS_EXPORTED_PER_JOB, Engine
+from .engine import LATENESS_EXPORTED_PER_JOB, Engine, RemoteSource
 
 # Why a batch never reached the detectors: the servicer's seq checks and the engine's time admission.
 DROP_REASONS = ("duplicate", "seq_ahead", TS_AHEAD, TS_BEHIND, TS_STALE)
@@ -167,7 +169,7 @@ def _incident_series(open_incidents):
     yield started
 
 
-def _cross_shard_series(cross: dict | None, remote):
+def _cross_shard_series(cross: dict[str, Any] | None, remote: RemoteSource | None) -> Iterator[Metric]:
     """Sharded only: stragglers another shard's incident explains, and whether that source is read."""
     if cross is None:
         return
@@ -192,7 +194,7 @@ def _cross_shard_series(cross: dict | None, remote):
     c = CounterMetricFamily("fabricmon_remote_evidence_polls",
                             "Reads of the other shards' open fabric alerts from Alertmanager, by result (error: no "
                             "Alertmanager answered; their faults then explain nothing here).", labels=["result"])
-    polls = snap["polls"] if snap is not None else {}
+    polls: Any = snap["polls"] if snap is not None else {}
     for result in ("ok", "error"):
         c.add_metric([result], polls.get(result, 0))
     yield c

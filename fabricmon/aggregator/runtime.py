@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -34,12 +34,20 @@ from .server import GrpcServer, start_grpc_server
 log = structlog.get_logger("fabricmon.aggregator")
 
 
+class Background(Protocol):
+    """A helper that runs beside the ticks in its own thread (remote_evidence.AlertmanagerEvidence)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
 class AggregatorRuntime:
     def __init__(self, engine: Engine, *, grpc_listen: str | None = None, grpc_kwargs: dict | None = None,
                  http_listen: tuple[str, int] | None = None, sender: AlertmanagerClient | None = None,
                  tick_seconds: float = 0.25,
                  on_changed: Callable[[list[Incident], float], None] | None = None,
-                 http_web=None, reload_status=None, background: tuple = ()) -> None:
+                 http_web=None, reload_status=None, background: tuple[Background, ...] = ()) -> None:
         """``background``: helpers with ``start()``/``stop()`` that run beside the ticks (the cross-shard
         evidence poller), started after the sender and stopped with it."""
         self.engine = engine

@@ -124,7 +124,8 @@ def shard_name(units: frozenset[int] | None) -> str:
     """``units 0-15`` (ranges of the owned units): how the other shards name this one."""
     if not units:
         return ""
-    parts, run = [], []
+    parts: list[str] = []
+    run: list[int] = []
     for u in sorted(units):
         if run and u != run[-1] + 1:
             parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
