@@ -284,3 +284,54 @@ def test_real_alertmanager_remote_fault_silences_then_its_absence_pages(tmp_path
                  if x["labels"]["alertname"] == "StragglerRank"}
         assert pages and set(pages.values()) == {"active"}, pages
         assert rig.b.explained_remote() == []
+
+
+def test_sharded_service_polls_alertmanager_off_the_tick_and_counts_an_unreachable_one(tmp_path):
+    """``build_runtime`` from a sharded config: the poller runs in its own thread; an Alertmanager that
+    refuses connections is a counted error on /metrics while ticks go on; unsharded, no poller."""
+    import socket
+    import urllib.request
+
+    import yaml
+
+    from fabricmon.aggregator.config import load_aggregator_config
+    from fabricmon.aggregator.remote_evidence import AlertmanagerEvidence
+    from fabricmon.aggregator.service import build_runtime
+    from support.waiting import wait_until
+
+    with socket.socket() as s:  # a loopback port nobody listens on: connection refused
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    (tmp_path / "topology.yaml").write_text(yaml.safe_dump(
+        {"cluster": "c1", "layout": "roce", "nodes_per_unit": 2, "generate": {"nodes": 4, "gpus_per_node": 8,
+                                                                                "rails": 8}}))
+
+    def config(shard: bool) -> object:
+        body = {"topology": "topology.yaml", "grpc_listen": "127.0.0.1:0", "http_listen": "127.0.0.1:0",
+                "tick_seconds": 0.05, "auth": {"insecure": True},
+                "alertmanager": {"urls": [dead], "evidence_poll_seconds": 0.1, "timeout": 0.5}}
+        if shard:
+            body["shard"] = {"units": [1]}
+        p = tmp_path / f"agg-{shard}.yaml"
+        p.write_text(yaml.safe_dump(body))
+        return load_aggregator_config(p)
+
+    assert build_runtime(config(False)).engine.remote is None
+    rt = build_runtime(config(True))
+    assert isinstance(rt.engine.remote, AlertmanagerEvidence) and rt.background == (rt.engine.remote,)
+    rt.start()
+    try:
+        def errors() -> float:
+            with urllib.request.urlopen(f"http://127.0.0.1:{rt.http_port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+            line = next(x for x in text.splitlines()
+                        if x.startswith('fabricmon_remote_evidence_polls_total{result="error"}'))
+            return float(line.rsplit(" ", 1)[1])
+
+        wait_until(lambda: errors() >= 2, 10.0, "the unreachable Alertmanager counted")
+        t0 = rt.engine.ticks_total
+        rt.tick(1_764_000_000.0)  # a tick does not wait for the poller
+        rt.tick(1_764_000_001.0)
+        assert rt.engine.ticks_total == t0 + 2 and rt.engine.remote.incidents() == ()
+    finally:
+        rt.stop(grace=0.5, flush=0.2)
