@@ -31,6 +31,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
@@ -216,7 +217,7 @@ class AlertmanagerEvidence:
                 return ()
             return self._incidents
 
-    def snapshot(self) -> dict[str, object]:
+    def snapshot(self) -> dict[str, Any]:
         with self._lock:
             return {"polls": dict(self.stats.polls), "malformed": self.stats.malformed,
                     "last_ok_wall": self.stats.last_ok_wall, "incidents": len(self._incidents)

@@ -240,6 +240,7 @@ def test_real_alertmanager_remote_fault_silences_then_its_absence_pages(tmp_path
     reading it back with the real poller: B's comm-late rail-3 ranks do not page while it is active, and
     page (a StragglerRank active at Alertmanager, not inhibited) once nothing remote explains them."""
     import yaml
+
     from support.paths import REPO
     from support.promtools import running_alertmanager
 
