@@ -235,6 +235,7 @@ def test_grace_setting_is_validated():
         DetectionSettings(cross_shard_grace_intervals=31).validate("detection", "x.yaml")
 
 
+@pytest.mark.integration
 def test_real_alertmanager_remote_fault_silences_then_its_absence_pages(tmp_path):
     """Shard A's FabricLinkErrors on rail 3 posted to a real Alertmanager (the shipped inhibitions), shard B
     reading it back with the real poller: B's comm-late rail-3 ranks do not page while it is active, and
@@ -287,6 +288,7 @@ def test_real_alertmanager_remote_fault_silences_then_its_absence_pages(tmp_path
         assert rig.b.explained_remote() == []
 
 
+@pytest.mark.integration
 def test_sharded_service_polls_alertmanager_off_the_tick_and_counts_an_unreachable_one(tmp_path):
     """``build_runtime`` from a sharded config: the poller runs in its own thread; an Alertmanager that
     refuses connections is a counted error on /metrics while ticks go on; unsharded, no poller."""
