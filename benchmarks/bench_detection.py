@@ -96,7 +96,9 @@ class AmRig:
     }
 
     def __init__(self) -> None:
-        from tests.support.promtools import start_alertmanager
+        # tests/support imports its siblings as the top-level package ``support`` (tests/ on the path)
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from support.promtools import start_alertmanager
 
         self.receiver = WebhookReceiver()
         self.receiver.start()

@@ -549,7 +549,9 @@ def main(argv: list[str] | None = None) -> int:
     receiver = None
     if a.fault_minutes > 0 or a.shards > 1:
         from fabricmon.demo.local_alertmanager import WebhookReceiver
-        from tests.support.promtools import start_alertmanager
+        # tests/support imports its siblings as the top-level package ``support`` (tests/ on the path)
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from support.promtools import start_alertmanager
 
         receiver = WebhookReceiver()
         receiver.start()

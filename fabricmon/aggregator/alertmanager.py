@@ -92,7 +92,8 @@ class _Url:
 class AlertmanagerClient:
     def __init__(self, urls: tuple[str, ...] | list[str], *, cluster: str = "", resend_seconds: float = 30.0,
                  timeout: float = 5.0, queue_max: int = 10000, generator_url: str = "",
-                 runbook_base: str = "", wall: Callable[[], float] = time.time, max_batch: int = 200) -> None:
+                 runbook_base: str = "", wall: Callable[[], float] = time.time, max_batch: int = 200,
+                 shard: str = "") -> None:
         self.urls = [_Url(u) for u in urls]
         self.cluster = cluster
         self.resend_seconds = resend_seconds
@@ -102,6 +103,7 @@ class AlertmanagerClient:
         self.runbook_base = runbook_base
         self.wall = wall
         self.max_batch = max_batch
+        self.shard = shard  # the ``shard`` annotation: which shard sent it (read back by the other shards)
         self.sent_total: dict[str, int] = dict.fromkeys(RESULTS, 0)
         self._active: dict[str, dict[str, Any]] = {}  # id -> snapshot of an open incident
         self._lock = threading.Lock()
@@ -167,6 +169,7 @@ class AlertmanagerClient:
                 "impact": impact_sentence(inc.impact),
                 "impact_json": json.dumps([i.to_dict() for i in inc.impact], separators=(",", ":"))
                 if inc.impact else "",
+                "shard": self.shard,
             },
             "starts": inc.first_seen,
             "last_seen": inc.last_seen,

@@ -134,6 +134,9 @@ class DetectionSettings:
     # --- correlator ---
     medium_evidence: float = 2.5  # log-odds sum at which a component explains slow ranks
     prior_log_odds: float = -4.0
+    # sharded (shard.units set): agent intervals a comm-late StragglerRank with no local evidence waits
+    # for another shard's fabric incident on its rail to explain it before it opens (remote_evidence.py)
+    cross_shard_grace_intervals: int = 3
 
     _POSITIVE = frozenset((
         "window_s", "persist_windows", "of_windows", "hold_s", "state_hold_s", "history_s", "link_errors_min",
@@ -144,7 +147,7 @@ class DetectionSettings:
         "agent_down_s", "straggler_z", "straggler_mad_floor", "straggler_window", "straggler_persist",
         "straggler_mass_ratio", "straggler_hold_s", "medium_evidence", "cable_bucket_s", "cable_window_s",
         "cable_min_buckets", "cable_min_readings", "cable_ber_slope", "cable_rx_slope_db", "cable_persist",
-        "cable_hold_s", "cable_lane_share", "cable_ber_rise", "cable_rx_drop_db"))
+        "cable_hold_s", "cable_lane_share", "cable_ber_rise", "cable_rx_drop_db", "cross_shard_grace_intervals"))
     _RATIOS = frozenset(("degraded_rate_ratio", "pfc_keep_ratio", "pfc_victim_ratio", "leaf_fold_ratio",
                          "straggler_mass_ratio", "straggler_min_impact", "cable_lane_share"))
 
@@ -157,6 +160,9 @@ class DetectionSettings:
             raise ConfigError(f"{source}: {path}.congestion_persist_windows: need 1 <= persist <= of <= 16")
         if not 1 <= self.straggler_persist <= self.straggler_window <= 64:
             raise ConfigError(f"{source}: {path}.straggler_persist: need 1 <= persist <= window <= 64")
+        if self.cross_shard_grace_intervals > 30:
+            raise ConfigError(f"{source}: {path}.cross_shard_grace_intervals: at most 30 (a longer wait delays a "
+                              f"real page), got {self.cross_shard_grace_intervals}")
 
 
 @dataclass(frozen=True)
@@ -167,9 +173,12 @@ class AlertmanagerSettings:
     queue_max: int = 10000
     generator_url: str = ""  # base URL of this aggregator's HTTP API, for generatorURL
     runbook_base: str = "https://github.com/fabricmon/fabricmon/blob/main/docs/runbooks.md#"
+    # sharded: how often the other shards' open fabric alerts are read back from Alertmanager (remote_evidence.py)
+    evidence_poll_seconds: float = 5.0
 
     def validate(self, path: str, source: str) -> None:
-        _check_numbers(self, path, source, positive=frozenset(("resend_seconds", "timeout", "queue_max")))
+        _check_numbers(self, path, source, positive=frozenset(("resend_seconds", "timeout", "queue_max",
+                                                               "evidence_poll_seconds")))
         for i, u in enumerate(self.urls):
             if not u.startswith(("http://", "https://")):
                 raise ConfigError(f"{source}: {path}.urls[{i}]: expected an http(s) URL, got {u!r}")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .. import components as comp
 from ..components import NETWORK_KINDS, Component, Kind
@@ -37,6 +38,10 @@ from ..topology import Topology
 from .config import DetectionSettings
 from .incidents import Finding, Key
 from .stragglers import Straggler, StragglerReport
+
+if TYPE_CHECKING:
+    from .remote_evidence import CrossShard, RemoteIncident
+FIRE, WAIT = "fire", "wait"  # CrossShard.judge's verdicts when no remote incident explains a group
 
 ALERT_LLR = {
     "FabricLinkDown": 6.0,
@@ -96,12 +101,15 @@ def correlate(
     fresh_nodes: set[str],
     cluster: str,
     open_keys: frozenset[Key] = frozenset(),
+    cross: CrossShard | None = None,
 ) -> CorrelationResult:
     """``throttled``: GPU -> active slow-down reasons; ``fresh_nodes``: names of the nodes with recent
-    counters; ``open_keys``: (alertname, component) of the open incidents (read-only)."""
+    counters; ``open_keys``: (alertname, component) of the open incidents (read-only); ``cross``: in a
+    sharded deployment, the other shards' fabric incidents for comm-late groups with no local evidence
+    (remote_evidence.CrossShard, begun for this tick by the caller)."""
     ev = fuse_evidence(findings, open_keys, throttled)
     attach_hurt_ranks(topo, findings, report)
-    out, shared = localize_stragglers(topo, settings, report, throttled, ev, fresh_nodes, cluster)
+    out, shared = localize_stragglers(topo, settings, report, throttled, ev, fresh_nodes, cluster, cross)
     ride_on_own_alerts(shared, findings, open_keys)
     out.extend(shared_component_findings(topo, settings, shared, cluster))
     out.extend(stage_findings(settings, report, cluster))
@@ -164,7 +172,7 @@ def attach_hurt_ranks(topo: Topology, findings: list[Finding], report: Straggler
 
 def localize_stragglers(topo: Topology, s: DetectionSettings, report: StragglerReport,
                         throttled: dict[Component, set[str]], ev: Evidence, fresh_nodes: set[str],
-                        cluster: str) -> tuple[list[Finding], dict[Component, Shared]]:
+                        cluster: str, cross: CrossShard | None = None) -> tuple[list[Finding], dict[Component, Shared]]:
     """Per job, group the persistent stragglers over the topology and blame each group: a component
     with medium evidence (``Shared``), else a compute straggler or a load imbalance (findings)."""
     out: list[Finding] = []
@@ -202,8 +210,31 @@ def localize_stragglers(topo: Topology, s: DetectionSettings, report: StragglerR
             net = [c for c in cands if c.kind in NETWORK_KINDS and ev.llr.get(c, 0.0) > 0]
             if members[0].kind == "comm" and (net or best_v > 0):
                 continue  # weak evidence explains it (congestion): hurt ranks ride on that finding
-            out.append(_straggler_finding(topo, s, job, group, members, cands, net, ev, fresh_nodes, cluster))
+            wait = False
+            if cross is not None and members[0].kind == "comm":
+                # sharded: the ring may be slowed by a fault another shard holds (remote_evidence.py)
+                verdict = _cross_shard(topo, cross, job, group, members)
+                if not isinstance(verdict, str):
+                    continue  # rides on the remote incident: visible as explained, no page here
+                wait = verdict == WAIT
+            f = _straggler_finding(topo, s, job, group, members, cands, net, ev, fresh_nodes, cluster)
+            if wait:
+                f.fire = False  # within the grace: an open one is kept, a new one waits for a remote incident
+                f.evidence.append("waiting for another shard's fabric incident on this rail (cross-shard grace)")
+            out.append(f)
     return out, shared
+
+
+def _cross_shard(topo: Topology, cross: CrossShard, job: str, group: Component,
+                 members: list[Straggler]) -> RemoteIncident | str:
+    """The remote incident explaining a comm-late group with no local evidence, else FIRE or WAIT."""
+    rail = group.rail if group.kind in (Kind.RAIL, Kind.LEAF) else None
+    if rail is None:
+        nic = topo.nic_for_gpu(members[0].node, members[0].gpu) if members[0].node in topo.nodes else None
+        rail = nic.rail if nic is not None else None
+    if rail is None:
+        return FIRE  # no rail known: nothing remote can be matched to it, and nothing to wait for
+    return cross.judge(job, rail, group, tuple(sorted(m.rank for m in members)))
 
 
 def _hosts_imbalance(s: DetectionSettings, job: str, node_groups: list[tuple[Component, list[Straggler]]],

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -42,6 +42,7 @@ from .ingest import DELTA_ROUTES, GAUGE_ROUTES, Ingest
 from .lateness import node_time, scale_holds
 from .node_folding import NodeFolder
 from .ras_queries import RasQueries
+from .remote_evidence import CrossShard, RemoteIncident
 from .state import LinkState, Registry
 from .stragglers import StragglerTracker
 
@@ -52,6 +53,14 @@ READ_DELTA_FAMILIES = frozenset(DELTA_ROUTES)
 # dashboards read topk(10) of it.
 LATENESS_EXPORTED_PER_JOB = 32
 _log = structlog.get_logger("fabricmon.aggregator.engine")
+
+
+class RemoteSource(Protocol):
+    """The other shards' open fabric incidents (remote_evidence.AlertmanagerEvidence): a non-blocking read."""
+
+    def incidents(self) -> tuple[RemoteIncident, ...]: ...
+
+    def snapshot(self) -> dict[str, Any]: ...
 
 
 class Engine:
@@ -101,6 +110,9 @@ class Engine:
         self.last_tick: float | None = None
         self.started_at: float | None = None  # sample time of the first tick (agents_down's restart grace)
         self.suspicion: dict[Component, float] = {}
+        # sharded: comm-late stragglers another shard's fabric incident explains (remote_evidence.py)
+        self.cross = CrossShard() if self.shard_units else None
+        self.remote: RemoteSource | None = None  # set by the service when it has Alertmanagers to read
 
     @property
     def settings(self) -> DetectionSettings:
@@ -295,8 +307,14 @@ class Engine:
             # the agents-down rule's silence (agents_down.py): a node polled every 10 s is not stale at 15 s
             down_s = self.settings.agent_down_s
             fresh = {n for n, ns in self.nodes.items() if now - ns.last_ts < max(down_s, 5 * ns.interval)}
+            cross = self.cross
+            if cross is not None:
+                remote = self.remote.incidents() if self.remote is not None else ()
+                cross.begin(now, remote, self.settings.cross_shard_grace_intervals * self._interval_of(None))
             corr = correlate(self.topology, self.settings, findings, report, throttled, fresh, self.cluster,
-                             self.manager.open_keys())
+                             self.manager.open_keys(), cross)
+            if cross is not None:
+                cross.end()
             findings.extend(corr.findings)
             self.suspicion = corr.suspicion
             self.cost.annotate(findings, self.manager, now, self.stragglers)
@@ -410,6 +428,38 @@ class Engine:
     def open_incidents(self) -> list[Incident]:
         return self.incidents(include_resolved=False)
 
+    def explained_remote(self) -> list[dict[str, Any]]:
+        """/api/incidents entries for the other shards' incidents that explain stragglers of this shard (one
+        per remote incident, ``"remote": true``): the local ranks and jobs riding on it, and why."""
+        with self.lock:
+            cross = self.cross
+            if cross is None or not cross.explained:
+                return []
+            by_remote: dict[tuple[str, str], dict[str, Any]] = {}
+            for e in cross.explained:
+                r = e.remote
+                ent = by_remote.get((r.alertname, r.component.id))
+                if ent is None:
+                    lab = r.component.labels(self.cluster)
+                    ent = by_remote[(r.alertname, r.component.id)] = {
+                        "id": f"remote/{r.incident_id}", "remote": True, "alertname": r.alertname, "severity": "",
+                        "component_type": r.component.kind.value, "component": r.component.id, "labels": lab,
+                        "evidence": [], "description": f"explained by {r.name()}: comm-late stragglers of this "
+                        "shard on its rail with clean local counters ride on it (no StragglerRank page here)",
+                        "ranks": set(), "jobs": set(), "first_seen": cross.first_explained.get(
+                            (r.alertname, r.component.id), self.last_tick),
+                        "last_seen": self.last_tick, "resolved_at": None, "related_to": "", "absorbed": [],
+                        "impact": [], "resolved_reason": ""}
+                ent["evidence"].append(f"{len(e.ranks)} comm-late rank(s) of {e.job} on {e.group.id} (rail {e.rail}) "
+                                       f"explained by {r.name()}")
+                ent["ranks"].update(e.ranks)
+                ent["jobs"].add(e.job)
+            out = []
+            for ent in by_remote.values():
+                ent["ranks"], ent["jobs"] = sorted(ent["ranks"]), sorted(ent["jobs"])
+                out.append(ent)
+            return out
+
     def agents_connected(self) -> int:
         with self.lock:
             return sum(1 for ns in self.nodes.values() if ns.connected)
@@ -453,6 +503,7 @@ class Engine:
                 # one series per open incident and hurt job (bounded by the open incidents)
                 "incident_cost": [(inc.alertname, inc.component, i.job, i.gpu_hours_per_hour)
                                   for inc in self.manager.open_incidents() for i in inc.impact],
+                "cross_shard": self.cross.stats() if self.cross is not None else None,
                 "ticks_total": self.ticks_total,
                 "nccl_ras_sent_total": self.ras.sent_total,
                 "nccl_ras_outcomes": dict(self.ras.outcomes),

@@ -23,7 +23,7 @@ from ..buildinfo import add_runtime_collectors
 from ..httpserve import TEXT, RoutedHTTPServer, landing_page, probe
 from .admission import TS_AHEAD, TS_BEHIND, TS_STALE
 from .alertmanager import RESULTS, rfc3339
-from .engine import LATENESS_EXPORTED_PER_JOB, Engine
+from .engine import LATENESS_EXPORTED_PER_JOB, Engine, RemoteSource
 from .name_bounds import KINDS as NAME_KINDS
 
 if TYPE_CHECKING:
@@ -160,6 +160,7 @@ class AggregatorCollector:
         g = GaugeMetricFamily("fabricmon_alerts_queued", "Alert transitions waiting for delivery.")
         g.add_metric([], self.sender.pending() if self.sender is not None else 0)
         yield g
+        yield from _cross_shard_series(snap["cross_shard"], self.engine.remote)
         c = CounterMetricFamily("fabricmon_tick_duration_seconds", "Time spent in detection ticks.")
         c.add_metric([], snap["tick_seconds_sum"])
         yield c
@@ -212,6 +213,46 @@ def _incident_series(open_incidents: Iterable[Incident]) -> Iterator[Metric]:
     yield started
 
 
+def _cross_shard_series(cross: dict[str, Any] | None, remote: RemoteSource | None) -> Iterator[Metric]:
+    """Sharded only: stragglers another shard's incident explains, and whether that source is read."""
+    if cross is None:
+        return
+    g = GaugeMetricFamily("fabricmon_stragglers_explained_remote",
+                          "Comm-late straggler ranks of this shard, with clean local counters, that another shard's "
+                          "open fabric incident on their rail explains (no StragglerRank page), by its alertname.",
+                          labels=["alertname"])
+    for a, n in sorted(cross["explained_ranks"].items()):
+        g.add_metric([a], n)
+    yield g
+    c = CounterMetricFamily("fabricmon_straggler_groups_explained_remote",
+                            "Times a comm-late straggler group (job, rail) became explained by another shard's "
+                            "fabric incident.")
+    c.add_metric([], cross["explained_total"])
+    yield c
+    g = GaugeMetricFamily("fabricmon_stragglers_cross_shard_waiting",
+                          "Comm-late straggler groups with no local evidence waiting out the cross-shard grace "
+                          "(detection.cross_shard_grace_intervals) before StragglerRank opens.")
+    g.add_metric([], cross["waiting"])
+    yield g
+    snap = remote.snapshot() if remote is not None else None
+    c = CounterMetricFamily("fabricmon_remote_evidence_polls",
+                            "Reads of the other shards' open fabric alerts from Alertmanager, by result (error: no "
+                            "Alertmanager answered; their faults then explain nothing here).", labels=["result"])
+    polls: Any = snap["polls"] if snap is not None else {}
+    for result in ("ok", "error"):
+        c.add_metric([result], polls.get(result, 0))
+    yield c
+    g = GaugeMetricFamily("fabricmon_remote_evidence_incidents",
+                          "Other shards' open fabric incidents in the last fresh read (0 when stale or never read).")
+    g.add_metric([], snap["incidents"] if snap is not None else 0)
+    yield g
+    g = GaugeMetricFamily("fabricmon_remote_evidence_last_success_timestamp_seconds",
+                          "Wall time of the last successful read of the other shards' alerts (0: never, or no "
+                          "Alertmanager configured).")
+    g.add_metric([], snap["last_ok_wall"] if snap is not None else 0.0)
+    yield g
+
+
 def incident_json(inc: Incident) -> dict[str, Any]:
     d = inc.to_dict()
     for k in ("first_seen", "last_seen", "resolved_at"):
@@ -253,6 +294,14 @@ class HttpApi(RoutedHTTPServer):
         if state not in ("open", "all"):
             return 400, b"state must be open or all\n", TEXT
         incs = self.engine.incidents(include_resolved=state == "all")
+        # sharded: the other shards' incidents that explain stragglers here (``"remote": true``), open by nature
+        remote = self.engine.explained_remote()
+        for r in remote:
+            for k in ("first_seen", "last_seen"):
+                if r[k] is not None:
+                    r[k] = rfc3339(r[k])
         if "id" in q:
             incs = [i for i in incs if i.id in q["id"]]
-        return 200, json.dumps([incident_json(i) for i in incs], indent=1).encode(), "application/json"
+            remote = [r for r in remote if r["id"] in q["id"]]
+        body = [incident_json(i) for i in incs] + remote
+        return 200, json.dumps(body, indent=1).encode(), "application/json"

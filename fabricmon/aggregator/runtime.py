@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
@@ -38,14 +38,26 @@ if TYPE_CHECKING:
 log = structlog.get_logger("fabricmon.aggregator")
 
 
+class Background(Protocol):
+    """A helper that runs beside the ticks in its own thread (remote_evidence.AlertmanagerEvidence)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
 class AggregatorRuntime:
     def __init__(self, engine: Engine, *, grpc_listen: str | None = None,
                  grpc_kwargs: dict[str, Any] | None = None,
                  http_listen: tuple[str, int] | None = None, sender: AlertmanagerClient | None = None,
                  tick_seconds: float = 0.25,
                  on_changed: Callable[[list[Incident], float], None] | None = None,
-                 http_web: WebConfig | None = None, reload_status: ReloadStatus | None = None) -> None:
+                 http_web: WebConfig | None = None, reload_status: ReloadStatus | None = None,
+                 background: tuple[Background, ...] = ()) -> None:
+        """``background``: helpers with ``start()``/``stop()`` that run beside the ticks (the cross-shard
+        evidence poller), started after the sender and stopped with it."""
         self.engine = engine
+        self.background = tuple(background)
         self.sender = sender
         self.tick_seconds = tick_seconds
         self.on_changed = on_changed
@@ -78,6 +90,8 @@ class AggregatorRuntime:
             self.http.start()
         if self.sender is not None:
             self.sender.start()
+        for b in self.background:
+            b.start()
         if self._grpc_listen is not None:
             try:
                 self.grpc = start_grpc_server(self.engine, self._grpc_listen, **self._grpc_kwargs)
@@ -104,6 +118,8 @@ class AggregatorRuntime:
         self._stop_parts(flush)
 
     def _stop_parts(self, flush: float) -> None:
+        for b in self.background:
+            b.stop()
         if self.sender is not None:
             self.sender.stop(flush_timeout=flush)
         if self.http is not None:

@@ -27,6 +27,7 @@ from .config import AggregatorConfig
 from .credentials import load_credentials
 from .engine import Engine
 from .reload import Reloader
+from .remote_evidence import AlertmanagerEvidence
 from .runtime import AggregatorRuntime
 
 if TYPE_CHECKING:
@@ -109,7 +110,13 @@ def build_runtime(cfg: AggregatorConfig, web: WebConfig | None = None, reload_st
     am = cfg.alertmanager
     sender = AlertmanagerClient(am.urls, cluster=engine.cluster, resend_seconds=am.resend_seconds,
                                 timeout=am.timeout, queue_max=am.queue_max, generator_url=am.generator_url,
-                                runbook_base=am.runbook_base)
+                                runbook_base=am.runbook_base, shard=shard_name(engine.shard_units))
+    remote = None
+    if engine.shard_units is not None and am.urls:
+        remote = AlertmanagerEvidence(am.urls, cluster=engine.cluster, topo=engine.topology,
+                                      own_units=engine.shard_units, poll_s=am.evidence_poll_seconds,
+                                      timeout=min(am.timeout, am.evidence_poll_seconds))
+        engine.remote = remote
     owned = sum(1 for spec in engine.topology.nodes.values()
                 if engine.shard_units is None or spec.unit in engine.shard_units)
     grpc_kwargs = {**grpc_auth_kwargs(cfg), "max_connections": fit_descriptors(cfg.grpc_limits.connections_for(owned)),
@@ -118,7 +125,22 @@ def build_runtime(cfg: AggregatorConfig, web: WebConfig | None = None, reload_st
     return AggregatorRuntime(engine, grpc_listen=cfg.grpc_listen, grpc_kwargs=grpc_kwargs,
                              http_listen=split_hostport(cfg.http_listen), sender=sender,
                              tick_seconds=cfg.tick_seconds, http_web=web, reload_status=reload_status,
-                             on_changed=on_changed)
+                             on_changed=on_changed, background=(remote,) if remote is not None else ())
+
+
+def shard_name(units: frozenset[int] | None) -> str:
+    """``units 0-15`` (ranges of the owned units): how the other shards name this one."""
+    if not units:
+        return ""
+    parts: list[str] = []
+    run: list[int] = []
+    for u in sorted(units):
+        if run and u != run[-1] + 1:
+            parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(u)
+    parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return "units " + ",".join(parts)
 
 
 def resume_incidents(path: str, engine: Engine, sender: AlertmanagerClient,
