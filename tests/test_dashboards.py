@@ -21,7 +21,7 @@ AGGREGATOR_METRICS = {"fabricmon_agents_connected", "fabricmon_ingest_samples_to
                       "fabricmon_incident_open", "fabricmon_incident_started_timestamp_seconds",
                       "fabricmon_incident_gpu_hours_per_hour"}
 PROMETHEUS_BUILTIN = {"up"}  # per-target scrape health, written by Prometheus itself
-REQUIRED_VARS = ["datasource", "cluster", "hpc_job", "rail", "leaf", "node"]
+REQUIRED_VARS = ["datasource", "cluster", "hpc_job", "job_id", "rail", "leaf", "node"]
 
 PROMQL_FUNCTIONS = {
     "abs", "absent", "absent_over_time", "avg_over_time", "ceil", "changes", "clamp", "clamp_max", "clamp_min",
