@@ -95,7 +95,7 @@ class AmRig:
     }
 
     def __init__(self) -> None:
-        from tests.promtools import start_alertmanager
+        from tests.support.promtools import start_alertmanager
 
         self.receiver = WebhookReceiver()
         self.receiver.start()

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 
 from fabricmon.sim.scenario import KINDS, ClusterSpec, Scenario  # noqa: E402
-from promtools import PROMETHEUS, RULE_FILES, alert_for_seconds, find_binary, live_fabric  # noqa: E402
+from support.promtools import PROMETHEUS, RULE_FILES, alert_for_seconds, find_binary, live_fabric  # noqa: E402
 
 DEFAULT_KINDS = ("flaky_cable", "link_down", "pfc_storm", "nvlink_errors", "config_drift")
 # Where each kind is injected (node index is the kind's position; rails/GPUs spread out).

@@ -503,6 +503,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes-per-unit", type=int, default=32)
     ap.add_argument("--markdown", action="store_true", help="print the per-minute table as markdown")
     a = ap.parse_args(argv)
+    # SIGTERM (a CI timeout, `kill`) unwinds through the finally below like Ctrl-C does: without it
+    # the aggregators and Alertmanager this run started outlive it, holding CPU and ports.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if (a.kill_shard is None) != (a.kill_at_minute is None):
         ap.error("--kill-shard and --kill-at-minute go together")
     if a.kill_shard is not None:
@@ -546,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     receiver = None
     if a.fault_minutes > 0 or a.shards > 1:
         from fabricmon.demo.local_alertmanager import WebhookReceiver
-        from tests.promtools import start_alertmanager
+        from tests.support.promtools import start_alertmanager
 
         receiver = WebhookReceiver()
         receiver.start()
@@ -661,6 +664,10 @@ def main(argv: list[str] | None = None) -> int:
             return component in shards[k]["open"], k
 
         f_reasons, lines = check_faults(a, scn, receiver.alerts(), res["wall0"], end_wall, res["kill"], open_at_owner)
+        # every notification as the webhook got it (arrival time relative to the start, status, alert)
+        (work / "webhook.json").write_text(json.dumps(
+            [{"t": round(t - res["wall0"], 2), "status": st, "labels": al.get("labels", {})}
+             for t, st, al in receiver.alerts()], indent=1))
         receiver.stop()
         for line in lines:
             print(line)
@@ -674,7 +681,7 @@ def main(argv: list[str] | None = None) -> int:
     if ok:
         shutil.rmtree(work, ignore_errors=True)
     else:
-        print(f"kept for a look: {work} (aggregator configs and logs, Alertmanager's)")
+        print(f"kept for a look: {work} (aggregator configs and logs, Alertmanager's, webhook.json)")
     print(verdict_line(reasons, f"{a.nodes} nodes, {a.shards} shard(s), {a.minutes:g} min at {a.interval:g} s"
                        + (f", shard {a.kill_shard} killed at minute {a.kill_at_minute:g}" if kill else "")
                        + ": no AgentDown page, no alert resolved and fired again, every fault localized"),

@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 from fabricmon.topology import load_topology
 from fabricmon.topology_import.ibnetgen import rail_optimized
 
-SMALL = {"rails": 4, "nodes_per_leaf": 8, "spines_per_rail": 2, "cores": 2}  # tests/topology_fabrics.py rail_optimized_small
+SMALL = {"rails": 4, "nodes_per_leaf": 8, "spines_per_rail": 2, "cores": 2}  # tests/support/topology_fabrics.py rail_optimized_small
 REAL = REPO / "tests" / "fixtures" / "topology_import" / "ibsim" / "rail-optimized.out"
 
 

@@ -6,7 +6,7 @@
 
 Plain dicts rather than grafana-foundation-sdk: the SDK is a public preview whose PyPI
 versions carry epochs (an unpinned install picks an old Grafana schema), and the classic
-model is what Grafana 10-13 provision from files.  tests/test_dashboards.py checks the
+model is what Grafana 10-13 provision from files.  tests/deploy/test_dashboards.py checks the
 structure, that regeneration changes nothing, and that every metric queried exists
 (fabricmon/metrics.py, deploy/prometheus recording rules, aggregator metrics).
 

@@ -4,14 +4,14 @@ typed config classes (fabricmon.config.AgentConfig, fabricmon.aggregator.config.
 fabricmon.topology.TopologyFile).
 
     python scripts/config_reference.py           # rewrite docs/configuration.md
-    python scripts/config_reference.py --check   # exit 1 if it differs (CI: tests/test_config_reference.py)
+    python scripts/config_reference.py --check   # exit 1 if it differs (CI: tests/core/test_config_reference.py)
 
 Per key: the type as annotated, the default (the dataclass's), the meaning and whether SIGHUP
 applies it.  The meaning is the comment on the field's line in the class, else the comment lines
 just above it, else the nested class's docstring for a section; keys the code leaves uncommented
 get theirs from docs/config-meanings.yaml (key -> text), which may name only existing keys.
 SIGHUP: the agent's Agent.RELOADABLE sections, the aggregator's `detection` (what
-service.reload_aggregator applies; tests/test_config_reference.py exercises both); the topology is
+service.reload_aggregator applies; tests/core/test_config_reference.py exercises both); the topology is
 read at start only.
 """
 

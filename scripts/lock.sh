@@ -8,7 +8,7 @@
 # requirements/test.lock        + the test extra (CI: scripts/test.sh)
 # requirements/build.lock       build + setuptools, from requirements/build.in (the Containerfile's build stage)
 # Each is installed with `pip install --require-hashes -r LOCK`, then fabricmon itself with
-# --no-deps (Containerfile, scripts/install.sh, scripts/test.sh); tests/test_release.py checks that
+# --no-deps (Containerfile, scripts/install.sh, scripts/test.sh); tests/deploy/test_release.py checks that
 # every lock covers pyproject.toml's requirements.  Resolve for the image's Python (3.11).
 set -euo pipefail
 cd "$(dirname "$0")/.."

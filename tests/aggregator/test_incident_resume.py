@@ -1,0 +1,153 @@
+"""A restarted aggregator resumes its open incidents (issue 25, "restarts that page nobody"): they are
+persisted atomically with what was sent, restored under their own ids at start and reconciled with
+Alertmanager's active alerts, so a fault still there is not fired again and one that cleared while
+the aggregator was down is resolved once.  Engine-level batches (tests/aggregator/test_engine.py's Cluster),
+the aggregator's AlertmanagerClient and a real Alertmanager 0.25 with a webhook."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+from support.amrig import Webhook, _start_am
+from support.enginerig import Cluster, _port, _set_state
+from support.waiting import wait_until
+
+from fabricmon import components
+from fabricmon.aggregator import incident_store
+from fabricmon.aggregator.alertmanager import AlertmanagerClient
+from fabricmon.aggregator.service import resume_incidents
+from fabricmon.components import Component, Kind
+
+LINK = "node-001/mlx5_6/1"
+
+
+def _step(c: Cluster, sender: AlertmanagerClient, persist, inject=None) -> None:
+    c.t += 1.0
+    if inject is not None:
+        inject(c)
+    for f in c.feeds.values():
+        c.engine.ingest(f.batch(c.t, first=c.first))
+    c.first = False
+    changed = c.engine.tick(c.t)
+    if changed:
+        sender.submit(changed, c.t)
+        persist(changed, c.t)
+
+
+def _down(cl: Cluster) -> None:
+    _set_state(cl, "node-001", "mlx5_6", 1, 2)
+
+
+def _up(cl: Cluster) -> None:
+    _set_state(cl, "node-001", "mlx5_6", 4, 5)
+
+
+@pytest.fixture
+def rig(tmp_path):
+    hook = Webhook()
+    am = _start_am(tmp_path / "am", hook.url)
+    yield hook, am
+    am.stop()
+    hook.close()
+
+
+def _first_life(tmp_path, am) -> tuple[str, str]:
+    """An aggregator that opens FabricLinkDown on LINK, then dies (SIGKILL: nothing resolved)."""
+    state = str(tmp_path / "incidents.json")
+    a = Cluster(nodes=4, nodes_per_unit=4)
+    sender = AlertmanagerClient([am.url], cluster="test", resend_seconds=300.0)
+    sender.start()
+    persist = resume_incidents(state, a.engine, sender, now=a.t)
+    for _ in range(3):
+        _step(a, sender, persist)
+    _step(a, sender, persist, lambda cl: (_down(cl), cl.feeds["node-001"].add(
+        "fabricmon_ib_port_errors_total", _port("mlx5_6") + (("counter", "link_downed"),), 1)))
+    for _ in range(3):
+        _step(a, sender, persist)
+    sender.flush(timeout=5.0)
+    sender.stop(flush_timeout=0.0)
+    inc = a.engine.manager.get_open("FabricLinkDown", LINK)
+    assert inc is not None
+    return state, inc.id
+
+
+def _statuses(hook: Webhook) -> list[str]:
+    return [a["status"] for n in hook.received for a in n["alerts"] if a["labels"]["component"] == LINK]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("still_down", [True, False])
+def test_a_restart_neither_fires_again_nor_forgets_to_resolve(tmp_path, rig, still_down):
+    hook, am = rig
+    state, first_id = _first_life(tmp_path, am)
+    assert wait_until(lambda: _statuses(hook) == ["firing"], 10), _statuses(hook)
+    saved = json.loads(Path(state).read_text())
+    assert [(r["alertname"], r["component"], r["id"]) for r in saved["incidents"]] == [("FabricLinkDown", LINK, first_id)]
+    assert saved["incidents"][0]["sent"]["labels"]["component"] == LINK
+    # The second life: the same topology, a fresh engine and sender, the state file.
+    b = Cluster(nodes=4, nodes_per_unit=4)
+    b.t += 30.0  # it was down for 30 s
+    if still_down:
+        _down(b)
+    sender = AlertmanagerClient([am.url], cluster="test", resend_seconds=300.0)
+    sender.start()
+    try:
+        persist = resume_incidents(state, b.engine, sender, now=b.t)
+        inc = b.engine.manager.get_open("FabricLinkDown", LINK)
+        assert inc is not None and inc.id == first_id
+        for _ in range(20):
+            _step(b, sender, persist)
+        sender.flush(timeout=5.0)
+        wait_until(lambda: False, 2.0)  # a second firing would reach the webhook within group_interval (1 s)
+        assert _statuses(hook) == ["firing"], _statuses(hook)
+        if still_down:
+            _step(b, sender, persist, _up)
+        for _ in range(70):  # past the restart grace (60 s) and the link's hold
+            _step(b, sender, persist)
+        sender.flush(timeout=5.0)
+        assert wait_until(lambda: _statuses(hook) == ["firing", "resolved"], 10), _statuses(hook)
+        assert [i.id for i in b.engine.incidents() if i.component == LINK] == [first_id]
+        assert json.loads(Path(state).read_text())["incidents"] == []
+    finally:
+        sender.stop(flush_timeout=0.0)
+
+
+def test_a_bad_state_file_is_named_and_ignored(tmp_path):
+    bad = tmp_path / "incidents.json"
+    bad.write_text('{"schema": 1, "incidents": [{"id": "x"}]}')
+    assert incident_store.load(bad) == []
+    assert incident_store.load(tmp_path / "absent.json") == []
+    bad.write_text("{not json")
+    assert incident_store.load(bad) == []
+
+
+def test_a_stored_id_parses_back_to_the_component_the_engine_keys_it_by(tmp_path):
+    """The store is an input edge: its (component_type, component) becomes the Component the detectors
+    hand out, with node and device filled (a restored link's NIC is ``node/dev``, never ``/``)."""
+    link = incident_store.component_of("link", LINK, {"node": "node-001", "rail": "6", "leaf": "leaf-u0-r6"})
+    assert link == components.link("node-001", "mlx5_6") and link.parent() == components.nic("node-001", "mlx5_6")
+    assert link.parent().id == "node-001/mlx5_6" and link.labels() == {"node": "node-001", "rail": "6",
+                                                                      "leaf": "leaf-u0-r6"}
+    nv = incident_store.component_of("nvlink", "node-001/gpu2/nvlink5", {"node": "node-001", "gpu": "2"})
+    assert nv == components.nvlink("node-001", 2, 5) and nv.parent() == components.gpu("node-001", 2)
+    assert incident_store.component_of("job", "llm/stage3", {}) == components.job("llm", 3)
+    assert incident_store.component_of("config", "topology", {}) == Component(Kind.CONFIG, "topology")
+    assert incident_store.component_of("config", "node-001/mlx5_6", {}) == components.config("node-001", "mlx5_6")
+    assert incident_store.component_of("leaf", "leaf-a3", {"rail": "3"}).rail == 3
+    for ctype, cid in (("link", "node-001/mlx5_6"), ("gpu", "node-001/mlx5_6"), ("rail", "leaf-a3"), ("widget", "x")):
+        with pytest.raises(ValueError):
+            incident_store.component_of(ctype, cid, {})
+    # a bad id makes the file unusable like any other bad content: named once, the aggregator starts empty
+    rec = {"id": "FabricLinkDown-x", "alertname": "FabricLinkDown", "severity": "critical", "component_type": "link",
+           "component": "node-001/mlx5_6", "labels": {}, "evidence": [], "first_seen": 1.0, "last_seen": 1.0,
+           "ranks": [], "jobs": [], "description": "", "related_to": "", "absorbed": [], "version": 1, "hold_s": 15.0}
+    bad = tmp_path / "incidents.json"
+    bad.write_text(json.dumps({"schema": 1, "incidents": [rec]}))
+    with capture_logs() as logs:
+        assert incident_store.load(bad) == []
+    assert [e["error"] for e in logs] == ["incidents[0].component: 'node-001/mlx5_6' is no link id"], logs
+    bad.write_text(json.dumps({"schema": 1, "incidents": [{**rec, "component": LINK}]}))
+    assert [i.component for i, _ in incident_store.load(bad)] == [LINK]
