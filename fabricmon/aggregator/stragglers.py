@@ -370,7 +370,7 @@ class StragglerTracker:
     def lateness_by_job(self, top: int | None = None) -> list[tuple[str, str, int, float]]:
         """(job, job_id, rank, score) as ``lateness_scores``: job_id ("" when the job sends none) keeps
         two jobs of one name apart in /metrics."""
-        out = []
+        out: list[tuple[str, str, int, float]] = []
         for j in self.jobs.values():
             items = j.ranks.items()
             best = (heapq.nlargest(top, items, key=lambda ri: ri[1].score) if top is not None

@@ -51,7 +51,7 @@ MAY_BE_EMPTY = {
     "Collectors up (nodes failing per collector)": "no collector fails (count of collectors == 0)",
     "Spines and rails: worst open incident": "no spine or whole-rail fault in this scenario (present only while one is open)",
     "Software findings (info, never paged)": "no software decoy in this one-job scenario "
-                                             "(tests/test_dashboard_jobs.py runs two jobs with decoys)",
+                                             "(tests/deploy/test_dashboard_jobs.py runs two jobs with decoys)",
 }
 # Alerts a fault may legitimately raise besides its own (component ids are checked for those).
 SECONDARY = {"FabricCongestion"}  # a PFC storm pauses its partner: congestion there is the symptom
