@@ -252,7 +252,8 @@ def prometheus(exported, tmp_path_factory):
     try:
         with running_prometheus(tmp_path_factory.mktemp("prom"), cfg) as prom:
             wait_until(lambda: len(prom.query('up == 1')) == len(exported)
-                       and prom.query("fabricmon_nccl_collectives_total")
+                       # two scrapes: the panels' rate() needs two samples of a counter
+                       and prom.query("rate(fabricmon_nccl_collectives_total[1m])")
                        and prom.query("fabricmon_incident_open"), 20.0, "every target scraped", interval=0.2)
             yield prom
     finally:
