@@ -5,8 +5,8 @@
 
 Each scenario (fixed seeds ``--seed0 ..``) is a random cluster (layout ib or roce) with one
 ``cable_degrading`` fault on a random node and rail: start 30-120 s, ramp ``fails_at - start`` of
-8-25 minutes, then flaps for 60 s.  The in-memory simulator (with the agents' module readings) feeds
-a fresh ``Engine`` directly, ticked every interval at the newest sample time.  Measured: lead time
+8-25 minutes, then flaps for 60 s.  The in-memory simulator (with the agents' module readings, no
+job) feeds a fresh ``Engine`` through the drive harness (``sim.drive``), ticked every interval.  Measured: lead time
 (``fails_at`` minus the warning's open time, on the faulted link; a warning after ``fails_at`` or
 none is a miss), and every FabricCableDegrading on any other link (a healthy link warned), with the
 healthy link-hours observed.  RoCE links give BER and lane evidence plus RX power; IB links have
@@ -25,11 +25,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fabricmon.aggregator.engine import Engine  # noqa: E402
-from fabricmon.sim.cluster import ClusterState  # noqa: E402
+from fabricmon.sim.drive import Drive  # noqa: E402
 from fabricmon.sim.hw import NRAILS  # noqa: E402
-from fabricmon.sim.inmemory import BatchBuilder  # noqa: E402
+from fabricmon.sim.runner import SimulatedCluster  # noqa: E402
 from fabricmon.sim.scenario import ClusterSpec, Scenario  # noqa: E402
-from fabricmon.topology import generate_topology, link_id, node_name  # noqa: E402
+from fabricmon.topology import link_id, node_name  # noqa: E402
 
 
 def one(seed: int, nodes: int, interval: float) -> dict:
@@ -42,26 +42,25 @@ def one(seed: int, nodes: int, interval: float) -> dict:
     scn = Scenario(ClusterSpec(nodes=nodes, layout=layout, nodes_per_unit=nodes, seed=seed), fails_at + 60.0)
     scn = scn.with_fault("cable_degrading", node=node, rail=rail, start=start, fails_at=fails_at)
     target = link_id(node, f"mlx5_{rail}", 1)
-    c = ClusterState(scn)
-    b = BatchBuilder(c, interval, optics=True)
-    e = Engine(generate_topology(nodes, layout=layout, nodes_per_unit=nodes))
-    for h in b.hellos():
-        e.hello(h)
+    sim = SimulatedCluster(scn, mode="memory", interval=interval, job=None)
+    c = sim.cluster
     opened: float | None = None
     others: set[str] = set()
-    steps = int(scn.duration / interval)
-    for step in range(steps + 1):
-        if step:
-            c.advance(interval)
-        for batch in b.build():
-            e.ingest(batch)
-        for inc in e.tick(c.ts()):
+
+    def on_step(_st, changed) -> None:
+        nonlocal opened
+        for inc in changed:
             if inc.alertname != "FabricCableDegrading" or inc.resolved_at is not None:
                 continue
             if inc.component == target:
                 opened = c.t if opened is None else opened
             else:
                 others.add(inc.component)
+
+    drive = Drive(sim, engine=Engine(sim.topology))
+    drive.connect()
+    drive.run(on_step=on_step)
+    sim.close()
     lead = fails_at - opened if opened is not None and opened < fails_at else None
     healthy_links = nodes * len(c.devs) - 1
     return {"seed": seed, "layout": layout, "ramp_s": fails_at - start, "lead_s": lead,

@@ -9,8 +9,8 @@ faults (``overlap_scenario(seed)``, seeds after those): a fault on a link under 
 degrades later (the link fault ending while the leaf is degraded, or outliving it), or a slow GPU
 on a node whose NIC is bad (on the GPU's own rail or another).  Overlapping faults are where
 incident ownership goes wrong (a link alert folded into its leaf and never resolved, a compute
-straggler blamed on the bad NIC beside it): both faults must be found.  The simulator runs in memory mode (the NodeBatches
-the agents would stream), a fresh ``Engine`` ingests them and is ticked every interval at the
+straggler blamed on the bad NIC beside it): both faults must be found.  The simulator runs in memory
+mode (the NodeBatches the agents would stream), a fresh ``Engine`` ingests them and is ticked every interval at the
 newest sample time, and ``fabricmon.demo.scoring.score`` scores the incidents against the
 ground truth.  Precision and recall are micro-averaged over all scenarios (incidents and
 faults summed), the delays are sample seconds from injection to incident open.
@@ -52,9 +52,10 @@ from fabricmon.aggregator.engine import Engine  # noqa: E402
 from fabricmon.aggregator.runtime import AggregatorRuntime  # noqa: E402
 from fabricmon.demo.local_alertmanager import WebhookReceiver  # noqa: E402
 from fabricmon.demo.scoring import score  # noqa: E402
-from fabricmon.sim.runner import SimulatedCluster  # noqa: E402
+from fabricmon.sim.drive import Drive  # noqa: E402
 from fabricmon.sim.hw import NGPU, NRAILS  # noqa: E402
 from fabricmon.sim.impact import fault_impacts  # noqa: E402
+from fabricmon.sim.runner import SimulatedCluster  # noqa: E402
 from fabricmon.sim.scenario import ClusterSpec, Fault, Scenario, random_scenario, scenario_from_dict  # noqa: E402
 from fabricmon.topology import node_name  # noqa: E402
 
@@ -243,9 +244,13 @@ def make_scenario(i: int, args) -> Scenario:
 def run_one(seed: int, scn: Scenario, args, rig: AmRig | None) -> dict:
     # sample time behind the wall clock (agents' clocks in the past, never in Alertmanager's future)
     epoch = float(int(time.time() - args.duration - 120)) if rig else 1764000000.0
-    sim = SimulatedCluster(scn, mode=args.mode, interval=args.interval, epoch=epoch)
+    sim = SimulatedCluster(scn, mode=args.mode, interval=args.interval, epoch=epoch, link_watch=args.link_watch,
+                           nccl_ras=True)
     cluster = f"bench-{seed}"
     engine = Engine(sim.topology, cluster=cluster)
+    # every job's NCCL RAS on loopback, asked on suspicion through the agent's querier (sim/ras_link.py)
+    if sim.ras is not None:
+        sim.ras.attach(engine.ras_waiting, engine.take_ras_queries, engine.ras_report)
     sender = AlertmanagerClient([rig.url], cluster=cluster, resend_seconds=300.0) if rig is not None else None
     submitted: dict[str, float] = {}
 
@@ -259,13 +264,9 @@ def run_one(seed: int, scn: Scenario, args, rig: AmRig | None) -> dict:
     rt = AggregatorRuntime(engine, sender=sender, on_changed=on_changed).start()
     wall0 = time.perf_counter()
     try:
-        sim.start()
-        for h in sim.hellos():
-            engine.hello(h)
-        sim.on_batch = engine.ingest
-        while sim.t + sim.interval <= scn.duration + 1e-9:
-            sim.step()
-            rt.tick(sim.now())
+        drive = Drive(sim, rt)
+        drive.connect()
+        drive.run()
         if sender is not None:
             sender.flush(5.0)
     finally:
@@ -293,7 +294,8 @@ def run_one(seed: int, scn: Scenario, args, rig: AmRig | None) -> dict:
     if rt.tick_errors_total:
         raise RuntimeError(f"scenario seed {seed}: {rt.tick_errors_total} detection ticks raised")
     return {"seed": seed, "scenario": scn, "ground": ground, "decoys": decoys, "incidents": incidents, "score": sc,
-            "am_latency": am_lat, "wall": wall, "overlap": False, "workload": bool(scn.jobs)}
+            "am_latency": am_lat, "wall": wall, "overlap": False, "workload": bool(scn.jobs),
+            "nccl_ras": {k: v for k, v in engine.ras.outcomes.items() if v}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes-per-unit", type=int, default=8)
     ap.add_argument("--duration", type=float, default=240.0)
     ap.add_argument("--interval", type=float, default=1.0)
+    ap.add_argument("--link-watch", type=float, default=1.0,
+                    help="agents' link_watch_interval in seconds (0: off; only acts when shorter than --interval)")
     ap.add_argument("--am-subset", type=int, default=10, help="scenarios (with faults) measured through Alertmanager")
     ap.add_argument("--out", help="write the markdown table here")
     ap.add_argument("--json", help="write the raw numbers here")
@@ -321,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.am_subset > 0:
         try:
             rig = AmRig()
-        except BaseException as exc:  # noqa: BLE001 - pytest.skip (binary missing) is a BaseException
+        except BaseException as exc:  # pytest.skip (binary missing) is a BaseException
             am_note = f"no Alertmanager ({type(exc).__name__}: {exc})"
             rig = None
     results = []
@@ -426,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     phantom: list[str] = []
     for r in results:
         ground, incs = r["ground"], r["incidents"]
-        for fi, g in enumerate(ground):
+        for g in ground:
             if "impact" not in g or not g.get("component"):
                 continue
             hits = sorted((i for i in incs if i["component"] == g["component"] and i.get("impact")),
@@ -473,8 +477,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(results)} scenarios (seeds {args.seed0}..{args.seed0 + len(results) - 1}: {args.scenarios} random, "
         f"{len(ov)} of two overlapping faults), "
         f"{args.nodes} nodes ({args.nodes_per_unit} per unit), {args.duration:.0f} s simulated each at a "
-        f"{args.interval:g} s agent interval, in-memory simulator, fresh Engine per scenario ticked every interval; "
-        f"{total_wall:.0f} s wall in all.",
+        f"{args.interval:g} s agent interval, in-memory simulator, fresh Engine per scenario ticked every interval"
+        + (f" and after each off-cadence batch (agents' link watch every {args.link_watch:g} s)"
+           if 0 < args.link_watch < args.interval else "")
+        + f"; {total_wall:.0f} s wall in all.",
         "",
         "| metric | value | target |",
         "|---|---|---|",
@@ -518,7 +524,8 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {kind} | {k['faults']} | {k['detected']} | {k['detected'] / k['faults']:.2f} | "
                      f"{k['alertname_ok']}/{k['detected']} | {fmt(pct(k['delays'], 0.5))} | "
                      f"{fmt(pct(k['delays'], 0.9))} | {fmt(pct(k['am'], 0.5))} |")
-    lines.append(f"| false positives (incidents matching no fault) | | {per_kind['(false positive)']['fp']} | | | | | |")
+    fp = per_kind['(false positive)']['fp']
+    lines.append(f"| false positives (incidents matching no fault) | | {fp} | | | | | |")
     if am_note:
         lines += ["", f"Alertmanager latency not measured: {am_note}"]
     if misses or fps or slow or phantom:

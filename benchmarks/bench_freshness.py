@@ -18,8 +18,8 @@ second (utime + stime from /proc/<pid>/stat), RSS (VmRSS), and freshness: the ag
 newest data at a query, for the median node (Prometheus: query time minus the median of the
 scraped ``fabricmon_snapshot_timestamp_seconds``, the nodes' own sample times; aggregator, run
 with ``clock.mode: sample``: wall time minus ``fabricmon_cluster_clock_timestamp_seconds``,
-the median of the nodes' newest ingested sample times).  Extrapolation to 1,024 and 4,096 nodes is linear in the measured per-node
-cost.  The last line is ``central CPU ratio aggregator/prometheus = X``.
+the median of the nodes' newest ingested sample times).  Extrapolation to 1,024 and 4,096 nodes is linear in the
+measured per-node cost.  The last line is ``central CPU ratio aggregator/prometheus = X``.
 
 ``--profile OUT`` runs the aggregator under cProfile instead (its gRPC event loop thread
 and the tick thread, from the end of the warm-up on: the steady state, not the first
@@ -83,7 +83,7 @@ def rss_mib(pid: int) -> float:
 
 
 def http_get(url: str, timeout: float = 5.0) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback only
+    with urllib.request.urlopen(url, timeout=timeout) as r:  # loopback only
         return r.read()
 
 
@@ -101,7 +101,7 @@ def wait_for(pred, timeout: float, what: str) -> None:
         try:
             if pred():
                 return
-        except Exception:  # noqa: BLE001 - not up yet
+        except Exception:  # not up yet
             pass
         time.sleep(0.2)
     raise SystemExit(f"bench_freshness: timed out waiting for {what}")
@@ -293,13 +293,14 @@ def orchestrate(a: argparse.Namespace) -> int:
             time.sleep(min(1.37, max(0.0, end - time.monotonic())))  # off the 1 s grid on purpose
             now = time.time()
             try:
-                ages["prometheus"].append(now - prom_query(prom_port, "quantile(0.5, fabricmon_snapshot_timestamp_seconds)"))
+                ages["prometheus"].append(now - prom_query(prom_port,
+                                                           "quantile(0.5, fabricmon_snapshot_timestamp_seconds)"))
                 up.append(prom_query(prom_port, "sum(up)"))
-            except Exception:  # noqa: BLE001 - a slow query is a missed reading, not a failure
+            except Exception:  # a slow query is a missed reading, not a failure
                 pass
             try:
                 ages["aggregator"].append(time.time() - agg_clock(http_port))
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
         wall = time.monotonic() - t0
         c1 = {"aggregator": cpu_seconds(agg.pid), "prometheus": cpu_seconds(prom.pid), "nodes": cpu_seconds(nodes.pid)}

@@ -26,11 +26,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fabricmon.aggregator.engine import Engine  # noqa: E402
-from fabricmon.batch import NodeBatch  # noqa: E402
-from fabricmon.model import CounterDelta, Sample  # noqa: E402
-from fabricmon.rank_timing import RankTiming  # noqa: E402
-from fabricmon.topology import generate_topology  # noqa: E402
+from fabricmon.aggregator.engine import Engine
+from fabricmon.batch import NodeBatch
+from fabricmon.model import CounterDelta, Sample
+from fabricmon.rank_timing import RankTiming
+from fabricmon.topology import generate_topology
 
 PMA = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors", "port_rcv_remote_physical_errors",
        "port_rcv_switch_relay_errors", "port_xmit_discards", "port_xmit_constraint_errors",
@@ -68,7 +68,8 @@ def node_deltas(rng: random.Random, nics: int = 8, gpus: int = 8) -> tuple[Count
                 lab = (("interface", iface), ("priority", str(prio)), ("direction", d))
                 bg = prio == 3
                 out.append(CounterDelta("fabricmon_pfc_pause_frames_total", lab, float(rng.randint(0, 2)) if bg else 0))
-                out.append(CounterDelta("fabricmon_pfc_pause_seconds_total", lab, rng.randint(0, 20) * 1e-6 if bg else 0))
+                out.append(CounterDelta("fabricmon_pfc_pause_seconds_total", lab,
+                                        rng.randint(0, 20) * 1e-6 if bg else 0))
         out += [CounterDelta("fabricmon_netdev_phy_errors_total", (("interface", iface), ("counter", c)), 0.0)
                 for c in PHY]
         out.append(CounterDelta("fabricmon_netdev_phy_received_bit_total", (("interface", iface),), 1e11))

@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 
-from fabricmon.sim.scenario import KINDS, ClusterSpec, Scenario  # noqa: E402
-from support.promtools import PROMETHEUS, RULE_FILES, alert_for_seconds, find_binary, live_fabric  # noqa: E402
+from fabricmon.sim.scenario import KINDS, ClusterSpec, Scenario
+from support.promtools import PROMETHEUS, RULE_FILES, alert_for_seconds, find_binary, live_fabric
 
 DEFAULT_KINDS = ("flaky_cable", "link_down", "pfc_storm", "nvlink_errors", "config_drift")
 # Where each kind is injected (node index is the kind's position; rails/GPUs spread out).

@@ -19,12 +19,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fabricmon.sim.cluster import ClusterState  # noqa: E402
-from fabricmon.sim.inmemory import BatchBuilder  # noqa: E402
-from fabricmon.sim.job import JobSpec, SyntheticJob  # noqa: E402
-from fabricmon.sim.runner import SimulatedCluster  # noqa: E402
-from fabricmon.sim.scenario import default_scenario  # noqa: E402
-from fabricmon.sim.tree import NodeTree, default_base_dir  # noqa: E402
+from fabricmon.sim.cluster import ClusterState
+from fabricmon.sim.inmemory import BatchBuilder
+from fabricmon.sim.job import JobSpec, SyntheticJob
+from fabricmon.sim.runner import SimulatedCluster
+from fabricmon.sim.scenario import default_scenario
+from fabricmon.sim.tree import NodeTree, default_base_dir
 
 
 def med(xs: list[float]) -> float:
@@ -131,8 +131,10 @@ def main(argv=None) -> int:
     if "poll_s" in t:
         print(f"  real agents' polls           {t['poll_s'] * 1e3:8.1f} ms  = {t['poll_per_node_ms']:.2f} ms/node")
     print(f"in-memory mode, {m['nodes']} nodes, per interval (median of {a.steps}):")
-    print(f"  setup (state + catalog)      {m['setup_s'] * 1e3:8.1f} ms (first batch {m['first_batch_s'] * 1e3:.0f} ms)")
-    print(f"  job                          {m['job_s'] * 1e3:8.1f} ms ({m['rank_timings_per_interval']:.0f} rank timings)")
+    print(f"  setup (state + catalog)      {m['setup_s'] * 1e3:8.1f} ms "
+          f"(first batch {m['first_batch_s'] * 1e3:.0f} ms)")
+    print(f"  job                          {m['job_s'] * 1e3:8.1f} ms ({m['rank_timings_per_interval']:.0f} rank "
+          f"timings)")
     print(f"  advance cluster              {m['advance_s'] * 1e3:8.1f} ms")
     print(f"  batches                      {m['batches_s'] * 1e3:8.1f} ms ({m['deltas_per_interval']:.0f} deltas, "
           f"{m['deltas_per_node']:.0f}/node, {m['us_per_delta']:.2f} us/delta; "

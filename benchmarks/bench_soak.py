@@ -93,7 +93,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_freshness import cpu_seconds, free_port, http_get, rss_mib, wait_for  # noqa: E402
+from bench_freshness import cpu_seconds, free_port, http_get, rss_mib, wait_for
 from soak_verdict import RESTART_STARTUP_ALLOWANCE_S, agent_down_pages, refired, verdict_line
 
 # README "Detection" (benchmarks/bench_detection.py, 1 s interval): injection -> incident open,
@@ -372,7 +372,7 @@ async def _nodes(a, scn, targets: dict[int, str], shard_of_node: dict[str, int],
                 try:
                     c = cpu_seconds(pid)
                     rss = rss_mib(pid)
-                except Exception:  # noqa: BLE001 - killed and not yet back
+                except Exception:  # killed and not yet back
                     c, rss = sh["c_prev"], float("nan")
                 base = sh["c_prev"] if pid == sh["pid_prev"] else 0.0  # restarted: counts from zero
                 mine = [n for n in nodes.values() if n.shard == sh["index"]]
@@ -388,7 +388,7 @@ async def _nodes(a, scn, targets: dict[int, str], shard_of_node: dict[str, int],
             sh = shards[a.kill_shard]
             try:
                 kill_info["ingested_before_kill"] = agg_metric(sh["http"], "fabricmon_ingest_batches_total")
-            except Exception:  # noqa: BLE001
+            except Exception:
                 kill_info["ingested_before_kill"] = None
             os.kill(sh["proc"].pid, signal.SIGKILL)
             sh["proc"].wait(10)
@@ -435,7 +435,7 @@ def check_faults(a, scn, alerts: list, wall0: float, end_wall: float, kill: dict
     lines, reasons = [], []
     gts = scn.ground_truth()
     matched_any = set()
-    for i, (f, gt) in enumerate(zip(scn.faults, gts)):
+    for i, (f, gt) in enumerate(zip(scn.faults, gts, strict=True)):
         across = bool(kill) and i == 2  # build_scenario: the fault started one interval before the kill
         start_wall = wall0 + f.start
         mine = [(t, st, al) for t, st, al in alerts if (al.get("labels") or {}).get("component") == gt.component]

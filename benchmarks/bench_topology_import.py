@@ -28,7 +28,8 @@ sys.path.insert(0, str(REPO))
 from fabricmon.topology import load_topology
 from fabricmon.topology_import.ibnetgen import rail_optimized
 
-SMALL = {"rails": 4, "nodes_per_leaf": 8, "spines_per_rail": 2, "cores": 2}  # tests/support/topology_fabrics.py rail_optimized_small
+# tests/support/topology_fabrics.py rail_optimized_small
+SMALL = {"rails": 4, "nodes_per_leaf": 8, "spines_per_rail": 2, "cores": 2}
 REAL = REPO / "tests" / "fixtures" / "topology_import" / "ibsim" / "rail-optimized.out"
 
 
@@ -49,7 +50,8 @@ def generator_matches_ibsim(live: bool) -> str | None:
                                stderr=subprocess.DEVNULL)
         try:
             for _ in range(100):
-                run = subprocess.run(["ibsim-run", "ibnetdiscover"], check=False, cwd=tmp, capture_output=True, text=True, timeout=20)
+                run = subprocess.run(["ibsim-run", "ibnetdiscover"], check=False, cwd=tmp, capture_output=True,
+                                     text=True, timeout=20)
                 if run.returncode == 0:
                     break
                 time.sleep(0.1)

@@ -117,7 +117,8 @@ LEAF_LINKS = [
 ]
 FABRIC_LEAF_LINK = _link("Fabric view, ${__field.labels.leaf}", "fabricmon-fabric",
                          "var-rail=${__field.labels.rail}&var-leaf=${__field.labels.leaf}")
-FABRIC_RAIL_LINK = _link("Fabric view, rail ${__field.labels.rail}", "fabricmon-fabric", "var-rail=${__field.labels.rail}")
+FABRIC_RAIL_LINK = _link("Fabric view, rail ${__field.labels.rail}", "fabricmon-fabric",
+                         "var-rail=${__field.labels.rail}")
 
 # ------------------------------------------------------------------ builders
 
@@ -237,7 +238,8 @@ class Board:
 # present exactly while the incident is open.
 INCIDENT_ANNOTATION = {
     "name": "Open incidents", "datasource": DS, "enable": True, "hide": False, "iconColor": "red",
-    "expr": f'max by (alertname, severity, component_type, component, node, rail, leaf) ({INCIDENT}{{{C}, rail=~"$rail|", '
+    "expr": f'max by (alertname, severity, component_type, component, node, rail, leaf) '
+                       f'({INCIDENT}{{{C}, rail=~"$rail|", '
             f'leaf=~"$leaf|", node=~"$node|"}})',
     "step": "15s", "refId": "Incidents", "useValueForTime": False,
     "titleFormat": "{{alertname}} {{component}}",
@@ -272,7 +274,8 @@ def variables() -> list[dict]:
          "current": {}, "options": [], "refresh": 1, "regex": "", "hide": 0, "multi": False, "includeAll": False},
         _query_var("cluster", "Cluster", "label_values(fabricmon_ib_port_info, cluster)"),
         _query_var("hpc_job", "Training job", f"label_values(fabricmon_rank_step_seconds{{{C}}}, hpc_job)"),
-        _query_var("job_id", "Job id", f'label_values(fabricmon_rank_step_seconds{{{C}, hpc_job=~"$hpc_job"}}, job_id)'),
+        _query_var("job_id", "Job id",
+                   f'label_values(fabricmon_rank_step_seconds{{{C}, hpc_job=~"$hpc_job"}}, job_id)'),
         _query_var("rail", "Rail", f"label_values(fabricmon_ib_port_info{{{C}}}, rail)"),
         _query_var("leaf", "Leaf", f'label_values(fabricmon:ib_port:info{{{C}, rail=~"$rail"}}, leaf)'),
         _query_var("node", "Node", f'label_values(fabricmon:ib_port:info{{{C}, rail=~"$rail", leaf=~"$leaf"}}, node)'),
@@ -294,41 +297,52 @@ def overview() -> Board:
            thresholds=[(None, "green"), (1, "orange")], description="Incidents open in the aggregator.")
     b.stat("Agents connected", f"sum(fabricmon_agents_connected{{{C}}})", "none",
            description="Agent streams connected to the aggregator(s).")
-    b.stat("NICs with config drift", f"count(count by (cluster, node, device) (fabricmon_fabric_config_ok{{{N}}} == 0)) or vector(0)",
+    b.stat("NICs with config drift",
+           f"count(count by (cluster, node, device) (fabricmon_fabric_config_ok{{{N}}} == 0)) or vector(0)",
            "none", thresholds=[(None, "green"), (1, "orange")],
            description="RoCE rail NICs failing at least one lossless-profile check.")
     b.row("Rails and leaves")
-    b.ts("Transmit throughput per rail", [(f'fabricmon:rail_transmit_bytes:rate1m{{{C}, rail=~"$rail"}}', "rail {{rail}}")],
+    b.ts("Transmit throughput per rail",
+         [(f'fabricmon:rail_transmit_bytes:rate1m{{{C}, rail=~"$rail"}}', "rail {{rail}}")],
          "Bps", min_val=0, links=[FABRIC_RAIL_LINK])
-    b.ts("Transmit utilization per rail", [(f'fabricmon:rail_transmit_utilization:ratio1m{{{C}, rail=~"$rail"}}', "rail {{rail}}")],
+    b.ts("Transmit utilization per rail",
+         [(f'fabricmon:rail_transmit_utilization:ratio1m{{{C}, rail=~"$rail"}}', "rail {{rail}}")],
          "percentunit", min_val=0, max_val=1, description="Sum of port transmit rate over sum of link signalling rate.")
     b.ts("Transmit throughput per leaf",
          [(f'fabricmon:leaf_transmit_bytes:rate1m{{{C}, rail=~"$rail", leaf=~"$leaf"}}', "{{leaf}}")], "Bps", min_val=0,
-         links=[FABRIC_LEAF_LINK, LEAF_LINKS[0]], description="Needs the `unit` target label (deploy/README.md).")
+         links=[FABRIC_LEAF_LINK, LEAF_LINKS[0]],
+         description="Leaves by their topology names (the aggregator's fabricmon_topology_port_info, else the `unit` "
+                     "target label, deploy/README.md).")
     b.ts("Transmit utilization per leaf",
          [(f'fabricmon:leaf_transmit_utilization:ratio1m{{{C}, rail=~"$rail", leaf=~"$leaf"}}', "{{leaf}}")],
          "percentunit", min_val=0, max_val=1, links=[FABRIC_LEAF_LINK, LEAF_LINKS[0]])
     b.row("Links")
     b.ts("Top 10 ports by link errors",
-         [(f"topk(10, sum by (node, device, port) ({_by_port(f'rate(fabricmon_ib_port_errors_total{{{N}}}[{RATE}])')}))",
+         [(f"topk(10, sum by (node, device, port) "
+           f"({_by_port(f'rate(fabricmon_ib_port_errors_total{{{N}}}[{RATE}])')}))",
            "{{node}}/{{device}}/{{port}}")], "cps", min_val=0, links=[NODE_LINK])
     b.ts("Top 10 ports by RDMA transport retries",
-         [(f"topk(10, sum by (node, device, port) ({_by_port(f'rate(fabricmon_rdma_transport_retries_total{{{N}}}[{RATE}])')}))",
+         [(f"topk(10, sum by (node, device, port) "
+           f"({_by_port(f'rate(fabricmon_rdma_transport_retries_total{{{N}}}[{RATE}])')}))",
            "{{node}}/{{device}}/{{port}}")], "cps", min_val=0, links=[NODE_LINK])
     b.ts("Lowest link rate per rail",
          [(f"min by (rail) ({_by_port(f'fabricmon_ib_port_rate_bytes_per_second{{{N}}}', 'rail')})", "rail {{rail}}")],
          "Bps", min_val=0, description="A rail whose minimum drops below its peers has a degraded link.")
     b.ts("Top 10 ports by transmit wait (IB congestion)",
-         [(f"topk(10, sum by (node, device, port) ({_by_port(f'rate(fabricmon_ib_port_transmit_wait_total{{{N}}}[{RATE}])')}))",
+         [(f"topk(10, sum by (node, device, port) "
+           f"({_by_port(f'rate(fabricmon_ib_port_transmit_wait_total{{{N}}}[{RATE}])')}))",
            "{{node}}/{{device}}/{{port}}")], "cps", min_val=0, links=[NODE_LINK])
     b.row("Lossless Ethernet (RoCE)")
     b.ts("Top 10 PFC pause ratio (time paused)",
-         [(f"topk(10, max by (node, interface, direction) ({_by_iface(f'rate(fabricmon_pfc_pause_seconds_total{{{N}}}[{RATE}])')}))",
+         [(f"topk(10, max by (node, interface, direction) "
+           f"({_by_iface(f'rate(fabricmon_pfc_pause_seconds_total{{{N}}}[{RATE}])')}))",
            "{{node}} {{interface}} {{direction}}")], "percentunit", min_val=0, links=[NODE_LINK],
          description="tx: this port is pausing its peer (slow receiver); rx: this port is being paused (victim).")
     b.ts("CNP and ECN per rail",
-         [(f"sum by (rail) ({_by_port(f'rate(fabricmon_roce_cnp_sent_total{{{N}}}[{RATE}])', 'rail')})", "CNP sent rail {{rail}}"),
-          (f"sum by (rail) ({_by_port(f'rate(fabricmon_roce_ecn_marked_packets_total{{{N}}}[{RATE}])', 'rail')})", "ECN marked rail {{rail}}")],
+         [(f"sum by (rail) ({_by_port(f'rate(fabricmon_roce_cnp_sent_total{{{N}}}[{RATE}])', 'rail')})",
+           "CNP sent rail {{rail}}"),
+          (f"sum by (rail) ({_by_port(f'rate(fabricmon_roce_ecn_marked_packets_total{{{N}}}[{RATE}])', 'rail')})",
+           "ECN marked rail {{rail}}")],
          "pps", min_val=0)
     b.row("Aggregator")
     b.ts("Most suspected components",
@@ -343,13 +357,16 @@ def node() -> Board:
     b = Board("fabricmon-node", "fabricmon / Node drill-down",
               "One node: RDMA ports, lossless Ethernet, NVLink and GPUs, host.", ["node"])
     b.row("RDMA ports")
-    b.ts("Receive throughput", [(f"sum by (node, device, port) ({_by_port(f'rate(fabricmon_ib_port_receive_bytes_total{{{N}}}[{RATE}])')})",
+    b.ts("Receive throughput",
+         [(f"sum by (node, device, port) ({_by_port(f'rate(fabricmon_ib_port_receive_bytes_total{{{N}}}[{RATE}])')})",
                                  "{{node}} {{device}}/{{port}}")], "Bps", min_val=0)
-    b.ts("Transmit throughput", [(f"sum by (node, device, port) ({_by_port(f'rate(fabricmon_ib_port_transmit_bytes_total{{{N}}}[{RATE}])')})",
+    b.ts("Transmit throughput",
+         [(f"sum by (node, device, port) ({_by_port(f'rate(fabricmon_ib_port_transmit_bytes_total{{{N}}}[{RATE}])')})",
                                   "{{node}} {{device}}/{{port}}")], "Bps", min_val=0)
     b.ts("Transmit utilization (of link data rate)",
          [(f"sum by (node, device, port) ({_by_port(f'rate(fabricmon_ib_port_transmit_bytes_total{{{N}}}[{RATE}])')})"
-           f" / on (node, device, port) max by (node, device, port) (fabricmon_ib_port_data_rate_bytes_per_second{{{N}}} > 0)",
+           f" / on (node, device, port) max by (node, device, port) "
+           f"(fabricmon_ib_port_data_rate_bytes_per_second{{{N}}} > 0)",
            "{{node}} {{device}}/{{port}}")], "percentunit", min_val=0, max_val=1)
     b.ts("Port state / physical state",
          [(f"fabricmon_ib_port_state{{{N}}}", "{{node}} {{device}}/{{port}} state"),
@@ -358,50 +375,64 @@ def node() -> Board:
     b.ts("Link rate and width", [(f"fabricmon_ib_port_rate_bytes_per_second{{{N}}}", "{{node}} {{device}}/{{port}}")],
          "Bps", min_val=0)
     b.ts("Link width", [(f"fabricmon_ib_port_width_lanes{{{N}}}", "{{node}} {{device}}/{{port}}")], "none", min_val=0)
-    b.ts("PMA error counters", [(f"sum by (node, device, port, counter) (rate(fabricmon_ib_port_errors_total{{{N}}}[{RATE}]))",
+    b.ts("PMA error counters",
+         [(f"sum by (node, device, port, counter) (rate(fabricmon_ib_port_errors_total{{{N}}}[{RATE}]))",
                                  "{{node}} {{device}}/{{port}} {{counter}}")], "cps", min_val=0)
     b.ts("Saturated counters (rate unknown)", [(f"fabricmon_ib_port_error_saturated{{{N}}} == 1",
                                                  "{{node}} {{device}}/{{port}} {{counter}}")], "none",
          description="A narrow PMA counter pinned at its maximum: clear it (perfquery -x -R).")
-    b.ts("RDMA transport retries", [(f"sum by (node, device, counter) (rate(fabricmon_rdma_transport_retries_total{{{N}}}[{RATE}]))",
+    b.ts("RDMA transport retries",
+         [(f"sum by (node, device, counter) (rate(fabricmon_rdma_transport_retries_total{{{N}}}[{RATE}]))",
                                      "{{node}} {{device}} {{counter}}")], "cps", min_val=0)
     b.ts("Transmit wait", [(f"sum by (node, device, port) (rate(fabricmon_ib_port_transmit_wait_total{{{N}}}[{RATE}]))",
                             "{{node}} {{device}}/{{port}}")], "cps", min_val=0)
     b.row("RoCE congestion and PFC")
     b.ts("CNP / ECN", [
         (f"sum by (node, device) (rate(fabricmon_roce_cnp_sent_total{{{N}}}[{RATE}]))", "{{node}} {{device}} CNP sent"),
-        (f"sum by (node, device) (rate(fabricmon_roce_cnp_handled_total{{{N}}}[{RATE}]))", "{{node}} {{device}} CNP handled"),
-        (f"sum by (node, device) (rate(fabricmon_roce_cnp_ignored_total{{{N}}}[{RATE}]))", "{{node}} {{device}} CNP ignored"),
-        (f"sum by (node, device) (rate(fabricmon_roce_ecn_marked_packets_total{{{N}}}[{RATE}]))", "{{node}} {{device}} ECN marked"),
+        (f"sum by (node, device) (rate(fabricmon_roce_cnp_handled_total{{{N}}}[{RATE}]))",
+         "{{node}} {{device}} CNP handled"),
+        (f"sum by (node, device) (rate(fabricmon_roce_cnp_ignored_total{{{N}}}[{RATE}]))",
+         "{{node}} {{device}} CNP ignored"),
+        (f"sum by (node, device) (rate(fabricmon_roce_ecn_marked_packets_total{{{N}}}[{RATE}]))",
+         "{{node}} {{device}} ECN marked"),
     ], "pps", min_val=0)
-    b.ts("PFC pause ratio", [(f"sum by (node, interface, priority, direction) (rate(fabricmon_pfc_pause_seconds_total{{{N}}}[{RATE}]))",
+    b.ts("PFC pause ratio",
+         [(f"sum by (node, interface, priority, direction) (rate(fabricmon_pfc_pause_seconds_total{{{N}}}[{RATE}]))",
                               "{{node}} {{interface}} prio {{priority}} {{direction}}")], "percentunit", min_val=0)
-    b.ts("PFC pause frames", [(f"sum by (node, interface, priority, direction) (rate(fabricmon_pfc_pause_frames_total{{{N}}}[{RATE}]))",
+    b.ts("PFC pause frames",
+         [(f"sum by (node, interface, priority, direction) (rate(fabricmon_pfc_pause_frames_total{{{N}}}[{RATE}]))",
                                "{{node}} {{interface}} prio {{priority}} {{direction}}")], "pps", min_val=0)
-    b.ts("PHY errors and discards", [(f"sum by (node, interface, counter) (rate(fabricmon_netdev_phy_errors_total{{{N}}}[{RATE}]))",
+    b.ts("PHY errors and discards",
+         [(f"sum by (node, interface, counter) (rate(fabricmon_netdev_phy_errors_total{{{N}}}[{RATE}]))",
                                       "{{node}} {{interface}} {{counter}}")], "cps", min_val=0)
     b.ts("Lossless config checks failing", [(f"fabricmon_fabric_config_ok{{{N}}} == 0",
                                              "{{node}} {{device}}/{{port}} {{interface}} {{check}}")],
-         "none", links=[NODE_LINK], description="Present only while a check fails. A check the host cannot answer (a VF's empty "
+         "none", links=[NODE_LINK],
+         description="Present only while a check fails. A check the host cannot answer (a VF's empty "
                              "DCB APP table) is fabricmon_fabric_config_unknown, not a failure.")
     b.row("GPUs and NVLink")
-    b.ts("NVLink transmit per GPU", [(f"sum by (node, gpu) (rate(fabricmon_nvlink_transmit_bytes_total{{{N}}}[{RATE}]))",
+    b.ts("NVLink transmit per GPU",
+         [(f"sum by (node, gpu) (rate(fabricmon_nvlink_transmit_bytes_total{{{N}}}[{RATE}]))",
                                       "{{node}} gpu{{gpu}}")], "Bps", min_val=0)
     b.ts("NVLink receive per GPU", [(f"sum by (node, gpu) (rate(fabricmon_nvlink_receive_bytes_total{{{N}}}[{RATE}]))",
                                      "{{node}} gpu{{gpu}}")], "Bps", min_val=0)
     b.ts("NVLink errors", [(f"sum by (node, gpu, link, type) (rate(fabricmon_nvlink_errors_total{{{N}}}[{RATE}]))",
                             "{{node}} gpu{{gpu}} nvlink{{link}} {{type}}")], "cps", min_val=0)
-    b.ts("NVLinks down", [(f"count by (node, gpu) (fabricmon_nvlink_up{{{N}}} == 0)", "{{node}} gpu{{gpu}}")], "none", min_val=0)
+    b.ts("NVLinks down", [(f"count by (node, gpu) (fabricmon_nvlink_up{{{N}}} == 0)", "{{node}} gpu{{gpu}}")], "none",
+         min_val=0)
     b.ts("XID errors", [(f"sum by (node, gpu, xid) (increase(fabricmon_gpu_xid_errors_total{{{N}}}[{RATE}]))",
                          "{{node}} gpu{{gpu}} xid {{xid}}")], "none", min_val=0)
     b.ts("GPU utilization", [(f"fabricmon_gpu_utilization_ratio{{{N}}}", "{{node}} gpu{{gpu}}")], "percentunit",
          min_val=0, max_val=1)
-    b.ts("Clock throttle reasons active", [(f"fabricmon_gpu_throttle_reason{{{N}}} == 1", "{{node}} gpu{{gpu}} {{reason}}")],
+    b.ts("Clock throttle reasons active",
+         [(f"fabricmon_gpu_throttle_reason{{{N}}} == 1", "{{node}} gpu{{gpu}} {{reason}}")],
          "none", description="Thermal or power throttling explains a compute straggler.")
-    b.ts("PCIe replays", [(f"sum by (node, gpu) (rate(fabricmon_gpu_pcie_replay_total{{{N}}}[{RATE}]))", "{{node}} gpu{{gpu}}")],
+    b.ts("PCIe replays",
+         [(f"sum by (node, gpu) (rate(fabricmon_gpu_pcie_replay_total{{{N}}}[{RATE}]))", "{{node}} gpu{{gpu}}")],
          "cps", min_val=0)
     b.row("Host")
-    b.ts("CPU utilization", [(f"fabricmon_host_cpu_utilization_ratio{{{N}}}", "{{node}}")], "percentunit", min_val=0, max_val=1)
+    b.ts("CPU utilization", [(f"fabricmon_host_cpu_utilization_ratio{{{N}}}", "{{node}}")], "percentunit", min_val=0,
+         max_val=1)
     b.ts("Memory available", [(f"fabricmon_host_memory_available_bytes{{{N}}}", "{{node}}")], "bytes", min_val=0)
     return b
 
@@ -490,15 +521,19 @@ def self_monitoring() -> Board:
          [(f"count by (collector) (fabricmon_collector_up{{{N}}} == 0)", "{{collector}}")], "none", min_val=0)
     b.ts("Collector duration (max over nodes)",
          [(f"max by (collector) (fabricmon_collector_duration_seconds{{{N}}})", "{{collector}}")], "s", min_val=0)
-    b.ts("Collector errors", [(f"sum by (collector) (rate(fabricmon_collector_errors_total{{{N}}}[{RATE}]))", "{{collector}}")],
+    b.ts("Collector errors",
+         [(f"sum by (collector) (rate(fabricmon_collector_errors_total{{{N}}}[{RATE}]))", "{{collector}}")],
          "cps", min_val=0)
     b.ts("Snapshot age (max over nodes)", [(f"max(fabricmon_snapshot_age_seconds{{{N}}})", "max age")], "s", min_val=0)
     b.row("Aggregator")
-    b.ts("Agents connected", [(f"sum by (cluster) (fabricmon_agents_connected{{{C}}})", "connected")], "none", min_val=0)
+    b.ts("Agents connected", [(f"sum by (cluster) (fabricmon_agents_connected{{{C}}})", "connected")], "none",
+         min_val=0)
     b.ts("Ingest rate", [(f"sum(rate(fabricmon_ingest_samples_total{{{C}}}[{RATE}]))", "samples/s")], "cps", min_val=0)
-    b.ts("Alerts sent to Alertmanager", [(f"sum by (result) (rate(fabricmon_alerts_sent_total{{{C}}}[{RATE}]))", "{{result}}")],
+    b.ts("Alerts sent to Alertmanager",
+         [(f"sum by (result) (rate(fabricmon_alerts_sent_total{{{C}}}[{RATE}]))", "{{result}}")],
          "cps", min_val=0)
-    b.ts("Open incidents", [(f"sum by (alertname) (fabricmon_incidents_open{{{C}}})", "{{alertname}}")], "none", min_val=0)
+    b.ts("Open incidents", [(f"sum by (alertname) (fabricmon_incidents_open{{{C}}})", "{{alertname}}")], "none",
+         min_val=0)
     return b
 
 
@@ -510,19 +545,19 @@ def fabric() -> Board:
     leaf_sel = 'rail=~"$rail", leaf=~"$leaf", leaf!=""'
     worst_leaf = _worst("rail, leaf", leaf_sel, info)
     b.row("Rail x leaf")
-    b.panel("table", "Worst open incident: scalable unit x rail",
-            [(f'label_replace({worst_leaf}, "unit", "$1", "leaf", "leaf-u(.+)-r.+")', "")], "none", w=12, h=8,
+    b.panel("table", "Worst open incident per leaf", [(worst_leaf, "")], "none", w=12, h=8,
             instant=True, table=True, mappings=WORST_MAPPINGS, thresholds=WORST_THRESHOLDS,
-            transformations=[{"id": "groupingToMatrix", "options": {
-                "rowField": "unit", "columnField": "rail", "valueField": "Value", "emptyValue": "null"}}],
-            overrides=[{"matcher": {"id": "byName", "options": "unit\\rail"},
-                        "properties": [{"id": "custom.cellOptions", "value": {"type": "auto"}},
-                                       {"id": "displayName", "value": "unit \\ rail"}]}],
-            links=[_link("Nodes on leaf-u${__data.fields[0]}-r${__field.name}", "fabricmon-node",
-                         "var-rail=${__field.name}&var-leaf=leaf-u${__data.fields[0]}-r${__field.name}"),
-                   _link("Overview, rail ${__field.name}", "fabricmon-overview", "var-rail=${__field.name}")],
-            description="One cell per leaf (leaf-u<unit>-r<rail>): its worst open incident (links on it, the leaf "
-                        "itself). Needs the `unit` target label (deploy/README.md).")
+            transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True},
+                                                            "renameByName": {"Value": "worst incident"}}},
+                             {"id": "sortBy", "options": {"sort": [{"field": "leaf"}]}}],
+            links=[_link("Nodes on ${__data.fields.leaf}", "fabricmon-node",
+                         "var-rail=${__data.fields.rail}&var-leaf=${__data.fields.leaf}"),
+                   _link("Overview, ${__data.fields.leaf}", "fabricmon-overview",
+                         "var-rail=${__data.fields.rail}&var-leaf=${__data.fields.leaf}")],
+            description="One row per leaf, by the name the topology gives it (an imported fabric's leaf-a3, "
+                        "a generated leaf-u<unit>-r<rail>; no rail on a fat tree): its worst open incident (links "
+                        "on it, the leaf itself).  Leaf names come from the aggregator's "
+                        "fabricmon_topology_port_info, else from a `unit` target label (deploy/README.md).")
     b.panel("status-history", "Leaves: worst open incident", [(worst_leaf, "{{leaf}}")], "none", w=12, h=8,
             mappings=WORST_MAPPINGS, thresholds=WORST_THRESHOLDS, links=LEAF_LINKS,
             description="Rows are leaves, sorted by unit then rail.")
@@ -532,13 +567,15 @@ def fabric() -> Board:
             thresholds=[(None, "green"), (0.01, "orange"), (1, "red")],
             description="PMA error counters of the leaf's node ports, per second.")
     b.panel("status-history", "Leaves: worst PFC pause ratio",
-            [(f"max by (rail, leaf) ({_by_iface(f'rate(fabricmon_pfc_pause_seconds_total{{{N}}}[{RATE}])', 'rail, leaf')})",
+            [(f"max by (rail, leaf) "
+              f"({_by_iface(f'rate(fabricmon_pfc_pause_seconds_total{{{N}}}[{RATE}])', 'rail, leaf')})",
               "{{leaf}}")], "percentunit", w=12, h=8, min_val=0, links=LEAF_LINKS,
             thresholds=[(None, "green"), (0.01, "orange"), (0.1, "red")],
             description="Share of time the worst host port on the leaf was paused or pausing (RoCE).")
     b.row("Nodes, spines and rails")
     b.panel("status-history", "Nodes: worst open incident",
-            [(_worst("node", 'node=~"$node", node!=""', f'fabricmon:ib_port:info{{{C}, rail=~"$rail", leaf=~"$leaf", node=~"$node"}}'),
+            [(_worst("node", 'node=~"$node", node!=""',
+                     f'fabricmon:ib_port:info{{{C}, rail=~"$rail", leaf=~"$leaf", node=~"$node"}}'),
               "{{node}}")], "none", w=12, h=8, mappings=WORST_MAPPINGS, thresholds=WORST_THRESHOLDS,
             links=[NODE_LINK], description="Incidents on the node or on its NICs, links, GPUs and NVLinks.")
     b.panel("status-history", "Spines and rails: worst open incident",

@@ -23,6 +23,7 @@ class NicHello:
     rate_gbps: float
     width: int
     gpu: int = -1  # nearest GPU, -1 unknown
+    node_guid: str = ""  # the device's node GUID (sysfs spelling), "" unknown
 
 
 @dataclass(frozen=True, slots=True)

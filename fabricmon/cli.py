@@ -46,7 +46,8 @@ def _agent_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sysfs-root", dest="sysfs_root", help="sysfs mount (default /sys)")
     p.add_argument("--host-root", dest="host_root",
                    help="where the host's / is mounted, for its /proc (default /; in a container e.g. /host)")
-    p.add_argument("--ethtool-dir", dest="ethtool_dir", help="directory of <if>.txt ethtool -S dumps (fixtures and simulation)")
+    p.add_argument("--ethtool-dir", dest="ethtool_dir",
+                   help="directory of <if>.txt ethtool -S dumps (fixtures and simulation)")
     p.add_argument("--node-name", dest="node_name", help="node label (default: hostname)")
     p.add_argument("--listen", help="HOST:PORT for /metrics, /healthz, /readyz (default 0.0.0.0:9720)")
     p.add_argument("--interval", type=float, help="poll interval in seconds (default 1)")
@@ -130,10 +131,14 @@ def _demo_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", choices=["tree", "memory"], default="tree",
                    help="tree: real agents poll rendered node trees (small clusters); memory: in-memory batches "
                         "through the stream codec into the aggregator runtime (thousands of nodes)")
+    p.add_argument("--no-wire", action="store_true",
+                   help="hand the batches to the aggregator as values: skip the stream codec and the rank intake "
+                        "(both are on by default, as in production)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fabricmon", description="Fabric telemetry and fault localization for GPU clusters.")
+    parser = argparse.ArgumentParser(prog="fabricmon",
+                                     description="Fabric telemetry and fault localization for GPU clusters.")
     parser.add_argument("--version", action="version", version=f"fabricmon {__version__}")
     _global_flags(parser, None)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -246,7 +251,6 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 def _reload_agent(agent, args: argparse.Namespace, log) -> None:
     from .logs import configure_logging
-
     from .webconfig import load_web_config
 
     try:
@@ -292,8 +296,8 @@ def cmd_aggregator(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .logs import configure_logging
     from .demo.run import run_demo
+    from .logs import configure_logging
 
     configure_logging(args.log_format or "console", args.log_level or "warning")
     return run_demo(args)
@@ -320,9 +324,9 @@ def detect_kind(data: dict, source: str) -> str:
     if "apiVersion" in data and "kind" in data:
         k8s = data.get("kind")
         if k8s == "ConfigMap" and isinstance(data.get("data"), dict):
-            keys = ", ".join(f"data.{k}" for k in data["data"]) or "none"
+            inside = ", ".join(f"data.{k}" for k in data["data"]) or "none"
             raise ConfigError(f"{source}: this is a Kubernetes ConfigMap, not a fabricmon config; pass the "
-                              f"config inside it (keys: {keys}), e.g. kubectl get configmap "
+                              f"config inside it (keys: {inside}), e.g. kubectl get configmap "
                               f"{(data.get('metadata') or {}).get('name', 'NAME')} -o jsonpath='{{.data.KEY}}' > FILE")
         raise ConfigError(f"{source}: this is a Kubernetes {k8s}, not a fabricmon config")
     keys = set(data)
@@ -378,7 +382,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     elif kind == "shardmap":
         from .shardmap import check_ownership, load_shard_map
 
-        check_ownership(load_shard_map(args.file), args.file, getattr(args, "topology", None))
+        summary = check_ownership(load_shard_map(args.file), args.file, getattr(args, "topology", None))
     else:
         from .sim.scenario import load_scenario
 

@@ -89,10 +89,10 @@ def report_step(
     try:
         if local_rank is None:
             local_rank = _env_int("LOCAL_RANK") or 0
+        step_s, comm_s = float(step_seconds), float(comm_seconds)
         obj = {"job": str(job), "rank": int(rank), "local_rank": int(local_rank), "step": int(step),
-               "step_seconds": float(step_seconds), "comm_seconds": float(comm_seconds),
-               "ts": time.time() if ts is None else float(ts)}
-        if not (math.isfinite(obj["step_seconds"]) and math.isfinite(obj["comm_seconds"])):
+               "step_seconds": step_s, "comm_seconds": comm_s, "ts": time.time() if ts is None else float(ts)}
+        if not (math.isfinite(step_s) and math.isfinite(comm_s)):
             return False
         if gpu is not None:
             obj["gpu"] = int(gpu)
@@ -115,6 +115,23 @@ def report_layout(job: str, layout: dict[str, int], socket_path=_UNSET, http=_UN
 
 
 HEARTBEAT_SECONDS = 5.0
+NCCL_RAS_DEFAULT_ADDR = "localhost:28028"  # NCCL's default NCCL_RAS_ADDR
+
+
+def nccl_ras_addr(want: bool | str | None = None) -> str:
+    """The RAS address a rank's heartbeats announce, "" for none.  ``want``: True (the job's
+    ``$NCCL_RAS_ADDR``, else NCCL's default ``localhost:28028``), an address, False (never), or None:
+    ``$FABRICMON_NCCL_RAS`` decides (``1`` as True, a HOST:PORT as that address, unset or ``0`` off).
+    Off whenever ``$NCCL_RAS_ENABLE`` is ``0``: NCCL then runs no RAS to ask.  Opt-in because only
+    NCCL 2.28.7 and later answer in JSON, which the job knows and the agent does not."""
+    if os.environ.get("NCCL_RAS_ENABLE", "").strip() == "0":
+        return ""
+    if want is None:
+        env = os.environ.get("FABRICMON_NCCL_RAS", "").strip()
+        want = env if ":" in env else env.lower() in ("1", "true", "yes")
+    if want is True:
+        return os.environ.get("NCCL_RAS_ADDR", "").strip() or NCCL_RAS_DEFAULT_ADDR
+    return want if isinstance(want, str) else ""
 
 
 class HeartbeatSender:
@@ -124,13 +141,19 @@ class HeartbeatSender:
     heartbeats that go on while ``coll_sn`` stays.  Falls back to the HTTP intake, per line, when the
     socket is unavailable; never raises into the training loop.
 
-        hb = start_heartbeat("llm-70b", rank=17, job_id=os.environ.get("SLURM_JOB_ID"))
+        hb = start_heartbeat("llm-70b", rank=17, job_id=os.environ.get("SLURM_JOB_ID"), nccl_ras=True)
         hb.update(step=step, coll_sn=sn, in_collective=True)
+
+    ``nccl_ras`` (see ``nccl_ras_addr``) announces the job's NCCL RAS address: when the aggregator
+    suspects the job of hanging, one agent of the job queries it and the ranks it reports missing or dead
+    go into the ``JobHung`` evidence.
     """
 
     def __init__(self, job: str, rank: int, *, job_id: str | None = None, interval: float = HEARTBEAT_SECONDS,
-                 socket_path=_UNSET, http=_UNSET, timeout: float = DEFAULT_TIMEOUT) -> None:
+                 socket_path=_UNSET, http=_UNSET, timeout: float = DEFAULT_TIMEOUT,
+                 nccl_ras: bool | str | None = None) -> None:
         self.job, self.rank, self.job_id = str(job), int(rank), job_id
+        self.nccl_ras = nccl_ras_addr(nccl_ras)
         self.interval = float(interval)
         self.step = 0
         self.coll_sn = 0
@@ -143,7 +166,7 @@ class HeartbeatSender:
         self._timeout = timeout
         self._sock: socket.socket | None = None
         self._stop = threading.Event()
-        self._thread = None
+        self._thread: threading.Thread | None = None
 
     def update(self, step: int | None = None, coll_sn: int | None = None, in_collective: bool | None = None) -> None:
         if step is not None:
@@ -158,6 +181,8 @@ class HeartbeatSender:
                      "heartbeat": {"step": self.step, "coll_sn": self.coll_sn, "in_collective": self.in_collective}}
         if self.job_id:
             obj["job_id"] = str(self.job_id)
+        if self.nccl_ras:
+            obj["nccl_ras"] = self.nccl_ras
         return json.dumps(obj, separators=(",", ":"))
 
     def beat(self) -> bool:

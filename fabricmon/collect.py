@@ -194,6 +194,8 @@ class _SysfsCapture:
         self.ar.add_dir(top_rel)
         for dirpath, dirs, files in os.walk(top, followlinks=False):
             rel_dir = self.rel(dirpath)
+            if rel_dir is None:  # never: the walk stays under top (no links followed), which is inside
+                continue
             keep = []
             for d in sorted(dirs):
                 p = os.path.join(dirpath, d)
@@ -240,8 +242,8 @@ class _SysfsCapture:
         self.tree(ibdev)
         netdevs: list[str] = []
         pci = os.path.realpath(os.path.join(ibdev, "device"))
-        if os.path.isdir(pci) and self.rel(pci) is not None:
-            pci_rel = self.rel(pci)
+        pci_rel = self.rel(pci) if os.path.isdir(pci) else None
+        if pci_rel is not None:
             for attr in PCI_ATTRS:
                 p = os.path.join(pci, attr)
                 if os.path.isfile(p) and not os.path.islink(p):
@@ -501,7 +503,7 @@ def extract_capture(archive: str, dest: str, limits: Limits = Limits()) -> dict:
         except (OSError, EOFError, zlib.error, tarfile.TarError) as exc:
             reason = (str(exc).splitlines() or [type(exc).__name__])[0]
             raise ConfigError(f"--capture {archive}: damaged archive: {reason}") from exc
-        members = []
+        members: list[tarfile.TarInfo] = []
         total = 0
         for m in listed:
             if len(members) >= limits.max_files:

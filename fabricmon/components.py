@@ -25,10 +25,10 @@ that renders its id, and (if it has a parent that shares its evidence, like a li
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 
-class Kind(str, Enum):
+class Kind(StrEnum):
     """DESIGN.md's component_type: the value is the label."""
 
     LINK = "link"
@@ -41,9 +41,6 @@ class Kind(str, Enum):
     SPINE = "spine"
     CONFIG = "config"
     JOB = "job"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 # the kinds a network fault lives on (what compute stragglers are never blamed on)
@@ -77,7 +74,7 @@ class Component:
             return True
         if other.__class__ is not Component:
             return NotImplemented
-        return self.id == other.id and self.kind is other.kind  # type: ignore[attr-defined]
+        return self.id == other.id and self.kind is other.kind
 
     def __hash__(self) -> int:
         return hash(self.id)

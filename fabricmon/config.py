@@ -17,6 +17,7 @@ __all__ = ["AgentConfig", "ConfigError", "load_agent_config"]
 # Every bound is finite: NaN and infinities are refused already when the YAML
 # value is converted, and a command-line value is checked against these again.
 INTERVAL_RANGE = (0.01, 3600.0)  # seconds; .inf would poll once and look ready forever
+LINK_WATCH_RANGE = (0.1, 3600.0)  # seconds; 0 disables the link watch
 TIMEOUT_RANGE = (0.001, 600.0)  # seconds, per source poll
 SPOOL_BYTES_RANGE = (4096, 1 << 40)
 MTU_RANGE = (68, 65535)
@@ -299,6 +300,7 @@ class AgentConfig:
     node_name: str | None = None
     listen: str = "0.0.0.0:9720"
     interval: float = 1.0
+    link_watch_interval: float = 1.0
     nvml: str = "auto"
     aggregator: str | None = None
     nccl_inspector_dir: str | None = None
@@ -318,6 +320,11 @@ class AgentConfig:
                               f"this node's unit), not both")
         _positive(self.interval, "interval", source)
         check_range(self.interval, *INTERVAL_RANGE, "interval", source, "s")
+        if not math.isfinite(self.link_watch_interval):
+            raise ConfigError(f"{source}: link_watch_interval: must be a finite number, got {self.link_watch_interval}")
+        if self.link_watch_interval != 0:
+            check_range(self.link_watch_interval, *LINK_WATCH_RANGE, "link_watch_interval", source,
+                        "s (or 0 to disable)")
         if not self.host_root or not self.host_root.startswith("/"):
             raise ConfigError(f"{source}: host_root: must be an absolute path, got {self.host_root!r}")
         if not (self.nvml in ("auto", "off") or (self.nvml.startswith("fake:") and len(self.nvml) > 5)):

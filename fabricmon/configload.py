@@ -59,7 +59,7 @@ def convert(tp: Any, value: Any, path: str, source: str) -> Any:
         if len(non_none) == 1:
             return convert(non_none[0], value, path, source)
         raise fail("unsupported union type")
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if value is None:
             value = {}
         if not isinstance(value, dict):
@@ -123,7 +123,8 @@ def build(cls: type[T], data: dict, path: str, source: str) -> T:
     Keys may be spelled with hyphens as on the command line.  After the fields
     are converted the class's ``validate(path, source)`` (if any) runs.
     """
-    hints, fields = _class_shape(cls)
+    shape_of: type = cls  # mypy does not take a type[T] for Hashable (functools.cache)
+    hints, fields = _class_shape(shape_of)
     kwargs: dict[str, Any] = {}
     for raw_key, value in data.items():
         key = str(raw_key).replace("-", "_")

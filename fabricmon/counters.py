@@ -127,7 +127,7 @@ class CounterTracker:
             if hit is not None and hit.reading is r:
                 # Same object as last poll: same value, nothing to unwrap.
                 ident[rid] = hit
-                add_sample(hit.sample)  # type: ignore[arg-type]
+                add_sample(hit.sample)  # type: ignore[arg-type]  # set when hit was last processed
                 if type(hit) is _State:
                     hit.last_seen = ts
                     if hit.sat_sample is not None:
@@ -185,10 +185,10 @@ class CounterTracker:
             # Raw units are tracked as integers; the scale (e.g. microseconds to
             # seconds) applies to what is exported only.
             value = float(total) * scale
-            smp = st.sample
-            if smp is None or smp.value != value:
-                smp = st.sample = Sample(family, labels, value)
-            add_sample(smp)
+            last = st.sample
+            if last is None or last.value != value:
+                last = st.sample = Sample(family, labels, value)
+            add_sample(last)
             st.reading = r
             ident[rid] = st
             if sem is SATURATING:

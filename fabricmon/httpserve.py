@@ -261,7 +261,8 @@ class GuardedHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def setup(self) -> None:
-        self.timeout = self.server.header_timeout  # each recv; the deadline bounds the sum
+        # each recv (StreamRequestHandler.setup applies it per connection); the deadline bounds the sum
+        self.timeout = self.server.header_timeout  # type: ignore[misc]  # a ClassVar in the stubs
         self._guard_key = self.request
         ctx = getattr(self.server, "ssl_context", None)
         if ctx is not None:
@@ -272,7 +273,7 @@ class GuardedHandler(BaseHTTPRequestHandler):
             self.server.rewrap(self._guard_key, tls)
             self.request = tls
         super().setup()
-        self.wfile = _DeadlineWriter(self, self.wfile)
+        self.wfile = _DeadlineWriter(self, self.wfile)  # type: ignore[assignment]  # write and flush suffice
 
     def finish(self) -> None:
         try:
@@ -346,10 +347,10 @@ class RoutedHTTPServer:
                  max_connections: int = 64, header_timeout: float = 10.0, request_timeout: float = 60.0,
                  write_timeout: float = 10.0, web=None) -> None:
         class Handler(GuardedHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server API)
+            def do_GET(self) -> None:  # http.server API
                 self._serve(head=False)
 
-            def do_HEAD(self) -> None:  # noqa: N802
+            def do_HEAD(self) -> None:
                 self._serve(head=True)
 
             def _serve(self, head: bool) -> None:
@@ -378,7 +379,7 @@ class RoutedHTTPServer:
                     self._send(code, join_plain(parts), ctype, head)
 
             def _send(self, code: int, body: bytes, ctype: str, head: bool = False,
-                      extra: list[tuple[str, str]] = ()) -> None:
+                      extra: Sequence[tuple[str, str]] = ()) -> None:
                 self.send_response(code)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))

@@ -20,7 +20,8 @@ def configure_logging(fmt: str = "auto", level: str = "info", stream=None) -> No
         structlog.processors.StackInfoRenderer(),
         structlog.processors.format_exc_info,
     ]
-    renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty()) if fmt == "console" else structlog.processors.JSONRenderer()
+    renderer = (structlog.dev.ConsoleRenderer(colors=stream.isatty()) if fmt == "console"
+                else structlog.processors.JSONRenderer())
     structlog.configure(
         processors=[*processors, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -154,7 +155,7 @@ class SourceStatus:
     stuck: tuple[str, ...] = ()  # what blocks past its deadline: the source itself, or its devices
 
 
-def _fast_frozen_init(cls: type) -> None:
+def _fast_frozen_init(cls: Any) -> None:  # a dataclass, rewritten through attributes no type declares
     """Replace a frozen slots dataclass's generated ``__init__`` with one that
     stores through the slot descriptors directly.
 
@@ -165,7 +166,7 @@ def _fast_frozen_init(cls: type) -> None:
     """
     import inspect
 
-    names = [f for f in cls.__dataclass_fields__]  # type: ignore[attr-defined]
+    names = [f for f in cls.__dataclass_fields__]
     sig = inspect.signature(cls.__init__)
     params = []
     for p in list(sig.parameters.values())[1:]:
@@ -175,7 +176,7 @@ def _fast_frozen_init(cls: type) -> None:
     body = "\n".join(f"    _s_{n}(self, {n})" for n in names)
     src = f"def __init__(self, {', '.join(params)}):\n{body}\n"
     # Bind the setters and defaults as closure-free globals of the new function.
-    exec(src, ns)  # noqa: S102 - generated from the dataclass's own field names
+    exec(src, ns)  # generated from the dataclass's own field names
     init = ns["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__doc__ = cls.__init__.__doc__

@@ -7,7 +7,9 @@
 ``{"job": "llm-70b", "job_id": "slurm-81723", "rank": 17, "heartbeat": {"step": 1200,
 "coll_sn": 48211, "in_collective": true}, "ts": 1764000000.5}`` comes every 5 s from a rank's
 background thread (DESIGN "Jobs, decoys and cost"): heartbeats that go on while ``coll_sn`` stays is
-a hung job, heartbeats that stop an ended or restarting one.  The agent adds ``node``.
+a hung job, heartbeats that stop an ended or restarting one; a heartbeat's optional ``nccl_ras``
+(``"localhost:28028"``, the job's NCCL_RAS_ADDR) asks for the job's NCCL RAS to be queried when it is
+suspected of hanging.  The agent adds ``node``.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ import json
 import math
 from dataclasses import dataclass, field
 
+from .nccl_ras.protocol import BadAddress, parse_addr
 from .rejected import InputRejected
 from .textcheck import MAX_JOB_NAME, MAX_NODE_NAME, label_text_ok
-
 
 # Why a line was rejected: a fixed set, so the self-metric label stays bounded.
 REJECT_REASONS = ("too_long", "not_utf8", "not_json", "not_object", "missing_field", "bad_type", "out_of_range",
@@ -56,6 +58,7 @@ class Heartbeat:
     ts: float
     node: str = ""
     job_id: str = ""
+    nccl_ras: str = ""  # the job's NCCL RAS address when it asks to be queried on suspicion, else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,9 +182,17 @@ def parse_line(line: str | bytes, *, node: str = "",
         flag = hb.get("in_collective", False)
         if not isinstance(flag, bool):
             raise RankTimingError("bad_type", f"heartbeat.in_collective: expected true or false, got {_short(flag)}")
+        ras = obj.get("nccl_ras")
+        if ras is not None:
+            if not isinstance(ras, str):
+                raise RankTimingError("bad_type", f"nccl_ras: expected HOST:PORT, got {_short(ras)}")
+            try:
+                parse_addr(ras)
+            except BadAddress as exc:
+                raise RankTimingError("bad_string", f"nccl_ras: {exc}") from None
         return Heartbeat(job=job, rank=_int(obj, "rank", 0, MAX_RANK), step=_int(hb, "step", 0, MAX_STEP),
                          coll_sn=_int(hb, "coll_sn", 0, MAX_STEP, default=0), in_collective=flag,
-                         ts=_seconds(obj, "ts", MAX_TS, default=now), node=node, job_id=job_id)
+                         ts=_seconds(obj, "ts", MAX_TS, default=now), node=node, job_id=job_id, nccl_ras=ras or "")
     group = _pairs(obj["group"], "group", 0) if obj.get("group") is not None else ()
     return RankTiming(
         job=job,
@@ -219,4 +230,6 @@ def heartbeat_json(h: Heartbeat) -> str:
         obj["job_id"] = h.job_id
     if h.node:
         obj["node"] = h.node
+    if h.nccl_ras:
+        obj["nccl_ras"] = h.nccl_ras
     return json.dumps(obj, separators=(",", ":"))

@@ -44,6 +44,24 @@ def node_name(index: int, n_nodes: int) -> str:
     return f"node-{index:0{width}d}"
 
 
+def canonical_guid(text: str) -> str | None:
+    """A node GUID as ``0x`` and 16 hex digits, from ``0xb8cef60300a1b2c3`` (ibnetdiscover, topology files)
+    or ``b8ce:f603:00a1:b2c3`` (sysfs ``node_guid``, the agent's label) or 16 bare hex digits; else None."""
+    t = text.strip().lower()
+    if ":" in t:
+        parts = t.split(":")
+        if len(parts) != 4 or not all(len(p) == 4 for p in parts):
+            return None
+        t = "".join(parts)
+    elif t.startswith("0x"):
+        t = t[2:]
+    elif len(t) != 16:  # bare hex only at full width: a netdev like "eth0" is no GUID
+        return None
+    if not t or len(t) > 16 or any(c not in "0123456789abcdef" for c in t):
+        return None
+    return f"0x{int(t, 16):016x}"
+
+
 def link_id(node: str, device: str, port: str | int = 1) -> str:
     return f"{node}/{device}/{port}"
 
@@ -87,7 +105,7 @@ class NicSpec:
 
     def validate(self, path: str, source: str) -> None:
         for what, v in (("rail", self.rail), ("gpu", self.gpu), ("port", self.port)):
-            if v < 0:
+            if v is not None and v < 0:  # rail: None on a fat tree (version 2)
                 raise ConfigError(f"{source}: {path}.{what}: must be >= 0, got {v}")
         if not 0 < self.rate_gbps <= MAX_RATE_GBPS:
             raise ConfigError(f"{source}: {path}.rate_gbps: must be in (0, {MAX_RATE_GBPS:g}], got {self.rate_gbps}")
@@ -123,7 +141,8 @@ class NodeSpec:
                 raise ConfigError(f"{source}: {path}.nics[{i}].device: duplicate NIC {nic.device!r} on {self.name}")
             devices.add(nic.device)
             if not 0 <= nic.gpu < self.gpus:
-                raise ConfigError(f"{source}: {path}.nics[{i}].gpu: {nic.gpu} is not a GPU of {self.name} (0..{self.gpus - 1})")
+                raise ConfigError(f"{source}: {path}.nics[{i}].gpu: {nic.gpu} is not a GPU of {self.name} "
+                                  f"(0..{self.gpus - 1})")
 
 
 @dataclass(frozen=True)
@@ -193,6 +212,7 @@ class Topology:
     leaf_spines: dict[str, tuple[str, ...]] = field(default_factory=dict)
     _leaf_by_rail: dict[tuple[str, int | None], str] = field(default_factory=dict, repr=False)
     _by_guid: dict[str, tuple[str, NicSpec]] = field(default_factory=dict, repr=False)
+    _bound_names: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)  # bind_devices' inputs
 
     def __post_init__(self) -> None:
         for n in self.nodes.values():
@@ -227,6 +247,16 @@ class Topology:
         unit = self.nodes[node].unit
         return leaf_id(unit, rail) if rail is not None else f"leaf-u{unit}"
 
+    def guess_leaf(self, node: str, rail: int | None) -> str | None:
+        """The leaf of a port the topology does not list, by its rail from the agent's hello: the generated
+        ``leaf-u<unit>-r<rail>``, or in an imported topology the leaf the node's NIC on that rail uses;
+        None where neither says (an imported fabric names no leaf it was not shown)."""
+        if rail is None:
+            return None
+        if self.version >= 2:
+            return self._leaf_by_rail.get((node, rail))
+        return self.leaf_of(node, rail)
+
     def leaf_of_nic(self, node: str, device: str) -> str | None:
         nic = self.nic(node, device)
         if nic is None:
@@ -235,38 +265,46 @@ class Topology:
                                                       if nic.rail is not None else None)
 
     def nic_by_guid(self, node_guid: str) -> tuple[str, NicSpec] | None:
-        """(node, NIC) of a CA node GUID as ``fabricmon_ib_port_info`` writes it (``0x`` and 16 hex digits)."""
-        try:
-            key = f"0x{int(node_guid, 16):016x}"
-        except ValueError:
-            return None
-        return self._by_guid.get(key)
+        """(node, NIC) of a CA node GUID, in any spelling ``canonical_guid`` reads."""
+        key = canonical_guid(node_guid)
+        return self._by_guid.get(key) if key is not None else None
 
     def bind_devices(self, node: str, names: dict[str, str]) -> int:
         """Name the RDMA device of ``node``'s unbound NICs from the agent's inventory: ``names`` maps a node
-        GUID (``0x...``) or a netdev to the device (``mlx5_3``).  Returns how many NICs were bound."""
+        GUID (``0x...`` or sysfs' ``b8ce:f603:00a1:b2c3``) or a netdev to the device (``mlx5_3``).  Returns
+        how many NICs were bound.  The names are remembered (``rebind``), so a reloaded topology file binds
+        the same way before it is compared with this one."""
         spec = self.nodes.get(node)
         if spec is None or not spec.unbound:
             return 0
-        keyed = {}
+        keyed: dict[str, str] = {}
         for k, v in names.items():
-            try:
-                keyed[f"0x{int(k, 16):016x}" if k.lower().startswith("0x") else k] = v
-            except ValueError:
+            if k and v:
                 keyed[k] = v
+                guid = canonical_guid(k)
+                if guid is not None:
+                    keyed[guid] = v
         bound, still = list(spec.nics), []
+        taken = {nic.device for nic in spec.nics}
         for nic in spec.unbound:
             device = keyed.get(nic.node_guid or "") or keyed.get(nic.interface or "")
-            if device:
+            if device and device not in taken:
                 bound.append(replace(nic, device=device))
+                taken.add(device)
             else:
                 still.append(nic)
         if len(still) == len(spec.unbound):
             return 0
+        self._bound_names.setdefault(node, {}).update(names)
         new = replace(spec, nics=tuple(bound), unbound=tuple(still))
         self.nodes[node] = new
         self._index(new)
         return len(spec.unbound) - len(still)
+
+    def rebind(self, other: Topology) -> None:
+        """Bind this (freshly loaded) topology's NICs as ``other``'s were bound by the agents' hellos."""
+        for node, names in other._bound_names.items():
+            self.bind_devices(node, names)
 
     # --- typed identities (components.py) ---
     def _leaf_name(self, node: str, nic: NicSpec) -> str:
@@ -275,6 +313,10 @@ class Topology:
 
     def leaf(self, node: str, rail: int | None) -> Component:
         return comp.leaf(self.leaf_of(node, rail), rail)
+
+    def leaf_for(self, node: str, nic: NicSpec) -> Component:
+        """The leaf ``nic`` is cabled to, as the topology says (a fat tree's leaf is no rail's)."""
+        return comp.leaf(self._leaf_name(node, nic), nic.rail)
 
     def link(self, node: str, nic: NicSpec) -> Component:
         return comp.link(node, nic.device, nic.port, nic.rail, self._leaf_name(node, nic))
@@ -308,6 +350,31 @@ class Topology:
                 elif nic.rail is not None:
                     names.add(leaf_id(n.unit, nic.rail))
         return sorted(names, key=_natural)
+
+    def leaf_groups(self) -> dict[int, list[str]]:
+        """Unit (leaf group) -> its leaves: a scalable unit's leaves (one per rail), a fat tree's one leaf,
+        an imported fabric's leaves that share nodes.  The grain shards own."""
+        out: dict[int, set[str]] = {}
+        for n in self.nodes.values():
+            for nic in (*n.nics, *n.unbound):
+                leaf = nic.leaf if nic.leaf is not None else (leaf_id(n.unit, nic.rail) if nic.rail is not None
+                                                              else None)
+                if leaf is not None:
+                    out.setdefault(n.unit, set()).add(leaf)
+        return {u: sorted(v, key=_natural) for u, v in sorted(out.items())}
+
+    def units_of_leaves(self, leaves: tuple[str, ...] | list[str], where: str) -> tuple[int, ...]:
+        """The units (leaf groups) holding ``leaves``; ConfigError naming ``where`` for a leaf the topology
+        does not have.  A group is owned whole: naming one of its leaves names the group."""
+        unit_of = {leaf: u for u, group in self.leaf_groups().items() for leaf in group}
+        out: list[int] = []
+        for i, leaf in enumerate(leaves):
+            if leaf not in unit_of:
+                near = ", ".join(list(unit_of)[:4])
+                raise ConfigError(f"{where}[{i}]: leaf {leaf!r} is not in the topology (it has {near}...)")
+            if unit_of[leaf] not in out:
+                out.append(unit_of[leaf])
+        return tuple(sorted(out))
 
     def spines_of(self, leaf: str) -> tuple[str, ...]:
         """Imported spine names of ``leaf`` (generated topologies: every ``spine-<i>``)."""
@@ -414,6 +481,36 @@ def generate_topology(
     return Topology(cluster, layout, nodes_per_unit, spines, specs)
 
 
+def generate_fat_tree(
+    nodes: int,
+    *,
+    nodes_per_leaf: int,
+    layout: str = "ib",
+    gpus_per_node: int = 8,
+    nics: int = 8,
+    spines: int = 4,
+    cluster: str = "sim",
+    rate_gbps: float = 400.0,
+) -> Topology:
+    """A fat tree: every NIC of a node on one leaf, ``nodes_per_leaf`` nodes per leaf, each leaf on every
+    spine; not rail-optimized (no rail labels).  Leaf k is ``leaf-u<k>`` (each leaf is its own leaf group)."""
+    if nodes_per_leaf < 1:
+        raise ValueError(f"nodes_per_leaf must be >= 1, got {nodes_per_leaf}")
+    spine_names = tuple(spine_id(i) for i in range(spines))
+    specs: dict[str, NodeSpec] = {}
+    leaf_spines: dict[str, tuple[str, ...]] = {}
+    for i in range(nodes):
+        unit = i // nodes_per_leaf
+        leaf = f"leaf-u{unit}"
+        leaf_spines[leaf] = spine_names
+        name = node_name(i, nodes)
+        specs[name] = NodeSpec(name=name, unit=unit, gpus=gpus_per_node, nics=tuple(
+            NicSpec(device=f"mlx5_{k}", rail=None, gpu=k % gpus_per_node, rate_gbps=rate_gbps, leaf=leaf)
+            for k in range(nics)))
+    return Topology(cluster, layout, nodes_per_leaf, spines, specs, version=2, rail_optimized=False,
+                    leaf_spines=leaf_spines)
+
+
 def load_topology(path: str | Path) -> Topology:
     data = load_yaml_file(path)
     version = data.get("version", 1)
@@ -484,7 +581,8 @@ class NodeFileV2:
                 raise ConfigError(f"{source}: {path}.nics[{i}]: same NIC as nics[{seen[key]}] ({key[0]} port {key[1]})")
             seen[key] = i
             if nic.gpu is not None and not 0 <= nic.gpu < self.gpus:
-                raise ConfigError(f"{source}: {path}.nics[{i}].gpu: {nic.gpu} is not a GPU of {self.name} (0..{self.gpus - 1})")
+                raise ConfigError(f"{source}: {path}.nics[{i}].gpu: {nic.gpu} is not a GPU of {self.name} "
+                                  f"(0..{self.gpus - 1})")
 
 
 @dataclass(frozen=True)
@@ -584,7 +682,8 @@ def topology_from_v2(tf: TopologyFileV2) -> Topology:
             else:
                 gpu = place[i] % n.gpus  # until the agent's inventory (PCI affinity) says
             nic = NicSpec(device=f.device or "", rail=f.rail, gpu=gpu, port=f.port, rate_gbps=f.rate_gbps,
-                          width=f.width, leaf=f.leaf, node_guid=f"0x{int(f.node_guid, 16):016x}" if f.node_guid else None,
+                          width=f.width, leaf=f.leaf,
+                          node_guid=f"0x{int(f.node_guid, 16):016x}" if f.node_guid else None,
                           interface=f.interface)
             (bound if f.device else unbound).append(nic)
         first_leaf = next((f.leaf for f in n.nics if f.leaf is not None), None)

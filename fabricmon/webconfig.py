@@ -202,7 +202,8 @@ def load_web_config(path: str | None) -> WebConfig | None:
         raise ConfigError(f"{source}: must be a mapping")
     unknown = sorted(set(data) - TOP_KEYS)
     if unknown:
-        raise ConfigError(f"{source}: {unknown[0]}: not supported by fabricmon (supported: {', '.join(sorted(TOP_KEYS))})")
+        raise ConfigError(f"{source}: {unknown[0]}: not supported by fabricmon (supported: "
+                          f"{', '.join(sorted(TOP_KEYS))})")
     base = Path(path).resolve().parent
     cfg = WebConfig(source)
     if data.get("tls_server_config") is not None:

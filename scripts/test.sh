@@ -33,11 +33,18 @@ PY=${PYTHON:-python3}
 .venv/bin/kubectl version --client 2>/dev/null | sed 's/^/kubectl: /' || echo "kubectl: missing (Kubernetes render tests will skip)" >&2
 
 set +e
+# ruff and mypy first (scripts/lint.sh; about 10-30 s): a finding fails the run, after the tests.
+bash scripts/lint.sh
+lint_rc=$?
 .venv/bin/python -m pytest "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then
   echo "pytest collected no tests" >&2
   exit 1
+fi
+if [ "$lint_rc" -ne 0 ]; then
+  echo "lint: ruff or mypy reported findings (above); bash scripts/lint.sh to rerun" >&2
+  [ "$rc" -ne 0 ] || rc=1
 fi
 exit "$rc"

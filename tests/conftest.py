@@ -69,7 +69,7 @@ class FixtureMaker:
         if not todo:
             return
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            for options, root in zip(todo, pool.map(self._generate, todo)):
+            for options, root in zip(todo, pool.map(self._generate, todo), strict=True):
                 self._cache[self._key(options)] = root
 
 

@@ -143,7 +143,8 @@ def _substitute(expr: str, cfg: Config, where: str) -> str:
 
 
 def _plain(text: str) -> bool:
-    return "\n" not in text.strip() and ": " not in text and " #" not in text and text.strip()[:1] not in "{[&*!|>'\"%@`#-?:,"
+    return ("\n" not in text.strip() and ": " not in text and " #" not in text
+            and text.strip()[:1] not in "{[&*!|>'\"%@`#-?:,")
 
 
 def rule_dict(rule: Record | Alert, cfg: Config, fallback: bool = False) -> dict:
@@ -220,8 +221,31 @@ def render(cfg: Config = CONFIG) -> dict[str, str]:
 
 RECORDING = [
     Group('fabricmon-topology', [
-        Record('fabricmon:ib_port:info',
+        Record('fabricmon:topology_port:info',
+        comment='The topology the aggregator runs on, one series per port (its fabricmon_topology_port_info):\n'
+                'value = when it last showed the port so.  While an aggregator target is down (the fallback\n'
+                'alerts fire then) the last copy recorded here holds, so those alerts keep the leaf names the\n'
+                'aggregator would give; topk keeps one copy per port (the newest) across a re-import.  [2m]:\n'
+                'longer than an evaluation interval, short so a port removed just before an outage stays gone.',
         expr='''
+topk by (cluster, node, device, port) (1,
+  max by (cluster, node, device, port, rail, leaf) (timestamp(fabricmon_topology_port_info{${aggregator_selector}}))
+)
+or on (cluster, node, device, port)
+(
+  topk by (cluster, node, device, port) (1, last_over_time(fabricmon:topology_port:info[2m]))
+  unless on (cluster)
+  (min by (cluster) (up{${aggregator_selector}}) == 1)
+)
+'''),
+        Record('fabricmon:ib_port:info',
+        comment='Port identity with the rail and leaf of the topology (named leaves, no rail on a fat tree);\n'
+                'without a topology series, leaf-u<unit>-r<rail> from a `unit` target label; else the rail alone.',
+        expr='''
+max by (cluster, node, device, port, interface) (fabricmon_ib_port_info)
+  * on (cluster, node, device, port) group_left (rail, leaf)
+group by (cluster, node, device, port, rail, leaf) (fabricmon:topology_port:info)
+or on (cluster, node, device, port)
 max by (cluster, node, device, port, rail, interface, leaf) (
   label_replace(
     label_join(fabricmon_ib_port_info{rail!="", unit!=""}, "leaf", "-r", "unit", "rail"),
@@ -231,13 +255,21 @@ max by (cluster, node, device, port, rail, interface, leaf) (
 or on (cluster, node, device, port)
 max by (cluster, node, device, port, rail, interface) (fabricmon_ib_port_info)
 '''),
+        Record('fabricmon:fabric_port:info',
+        comment='The fabric ports: on a rail, or on a leaf of the topology (a fat tree has no rails).  A\n'
+                'frontend NIC is neither.',
+        expr='''
+group by (cluster, node, device, port, rail, leaf) (
+  fabricmon:ib_port:info{rail!=""} or fabricmon:ib_port:info{leaf!=""}
+)
+'''),
         Record('fabricmon:ib_rail_port_rate_bytes_per_second:median',
-        comment='Expected link rate and width: the median over ACTIVE rail ports (no per-cluster constant needed).',
+        comment='Expected link rate and width: the median over ACTIVE fabric ports (no per-cluster constant needed).',
         expr='''
 quantile by (cluster) (0.5,
   fabricmon_ib_port_rate_bytes_per_second
     and on (cluster, node, device, port) (fabricmon_ib_port_state == 4)
-    and on (cluster, node, device, port) fabricmon:ib_port:info{rail!=""}
+    and on (cluster, node, device, port) fabricmon:fabric_port:info
 )
 '''),
         Record('fabricmon:ib_rail_port_width_lanes:median',
@@ -245,7 +277,7 @@ quantile by (cluster) (0.5,
 quantile by (cluster) (0.5,
   fabricmon_ib_port_width_lanes
     and on (cluster, node, device, port) (fabricmon_ib_port_state == 4)
-    and on (cluster, node, device, port) fabricmon:ib_port:info{rail!=""}
+    and on (cluster, node, device, port) fabricmon:fabric_port:info
 )
 '''),
     ]),
@@ -294,12 +326,14 @@ ALERT_GROUPS = [
         Alert(
             'FabricLinkDown', for_='hard', severity='critical', component_type='link',
             summary='Fabric link {{ $labels.component }} is not ACTIVE',
-            description='Port {{ $labels.component }} (rail {{ $labels.rail }}, leaf {{ $labels.leaf }}) reports an IB state other than ACTIVE. Jobs using this rail on {{ $labels.node }} lose bandwidth or hang in collectives.',
+            description='Port {{ $labels.component }} ({{ with $labels.rail }}rail {{ . }}, {{ end }}leaf '
+                        '{{ $labels.leaf }}) reports an IB state other than ACTIVE. Jobs using this link on '
+                        '{{ $labels.node }} lose bandwidth or hang in collectives.',
             expr='''
 max without (device, port) (
   label_join(
     max by (cluster, node, device, port) (fabricmon_ib_port_state != 4)
-      * on (cluster, node, device, port) group_left (rail, leaf) fabricmon:ib_port:info{rail!=""},
+      * on (cluster, node, device, port) group_left (rail, leaf) fabricmon:fabric_port:info,
     "component", "/", "node", "device", "port"
   )
 )
@@ -307,7 +341,8 @@ max without (device, port) (
         Alert(
             'FabricLinkFlapping', for_='window', severity='warning', component_type='link',
             summary='Fabric link {{ $labels.component }} went down repeatedly in 10 minutes',
-            description='Port {{ $labels.component }} went down at least twice (link_downed) or changed state four times in 10 minutes: usually a marginal cable or transceiver.',
+            description='Port {{ $labels.component }} went down at least twice (link_downed) or changed state four '
+                        'times in 10 minutes: usually a marginal cable or transceiver.',
             expr='''
 max without (device, port) (
   label_join(
@@ -326,8 +361,11 @@ max without (device, port) (
         Alert(
             'FabricLinkErrors', for_='rate', severity='warning', component_type='link',
             summary='Fabric link {{ $labels.component }} is taking physical/link errors',
-            description='Port {{ $labels.component }} takes {{ $value | humanize }} physical/link errors per second (symbol, link-error recovery, receive, integrity, overrun) over 2 minutes; rising symbol errors precede link-down.',
-            comment='Errors per second over [2m], not a count per window: a steady trickle below the threshold never fires.',
+            description='Port {{ $labels.component }} takes {{ $value | humanize }} physical/link errors per second '
+                        '(symbol, link-error recovery, receive, integrity, overrun) over 2 minutes; rising symbol '
+                        'errors precede link-down.',
+            comment='Errors per second over [2m], not a count per window: a steady trickle below the threshold never '
+                    'fires.',
             expr='''
 max without (device, port) (
   label_join(
@@ -344,10 +382,12 @@ max without (device, port) (
         Alert(
             'FabricCableDegrading', for_='bursty', severity='warning', component_type='link',
             summary='Optics of fabric link {{ $labels.component }} are losing RX power: predicted to fail',
-            description='A lane of {{ $labels.component }} lost more than 20% (~1 dB) of its received optical power over 15 minutes on a steady trend: plan a cable or transceiver swap before the link flaps.',
-            comment="The aggregator's FabricCableDegrading also follows the BER trend and the lanes (cable_health.py);\n"
-                    "this is the part Prometheus can judge alone: a least-squares trend losing 20% over 15 minutes, 20%\n"
-                    "really lost within them (two samples make no trend), the lane still lit (> -30 dBm).",
+            description='A lane of {{ $labels.component }} lost more than 20% (~1 dB) of its received optical power '
+                        'over 15 minutes on a steady trend: plan a cable or transceiver swap before the link flaps.',
+            comment="The aggregator's FabricCableDegrading also follows the BER trend and the lanes "
+                    "(cable_health.py);\nthis is the part Prometheus can judge alone: a least-squares trend "
+                    "losing 20% over 15 minutes, 20%\nreally lost within them (two samples make no trend), "
+                    "the lane still lit (> -30 dBm).",
             expr='''
 max without (device, port) (
   label_join(
@@ -365,7 +405,9 @@ max without (device, port) (
         Alert(
             'FabricLinkDegraded', for_='rate', severity='warning', component_type='link',
             summary='Fabric link {{ $labels.component }} runs below the rate or width of its peers',
-            description="ACTIVE port {{ $labels.component }} runs below the median rate or width of the cluster's rail ports (e.g. 4X -> 2X, NDR -> HDR): every job on {{ $labels.node }} using rail {{ $labels.rail }} is slowed.",
+            description="ACTIVE port {{ $labels.component }} runs below the median rate or width of the cluster's rail "
+                        "ports (e.g. 4X -> 2X, NDR -> HDR): every job on {{ $labels.node }} using rail "
+                        "{{ $labels.rail }} is slowed.",
             expr='''
 max without (device, port) (
   label_join(
@@ -379,7 +421,7 @@ max without (device, port) (
       )
       and on (cluster, node, device, port) (fabricmon_ib_port_state == 4)
     )
-      * on (cluster, node, device, port) group_left (rail, leaf) fabricmon:ib_port:info{rail!=""},
+      * on (cluster, node, device, port) group_left (rail, leaf) fabricmon:fabric_port:info,
     "component", "/", "node", "device", "port"
   )
 )
@@ -387,7 +429,9 @@ max without (device, port) (
         Alert(
             'RDMARetransmits', for_='rate', severity='warning', component_type='link',
             summary='RDMA transport retries on {{ $labels.component }} (timeouts, out-of-sequence)',
-            description='RDMA transport retries (ACK timeouts, out-of-sequence, sequence errors) on {{ $labels.component }} at {{ $value | humanize }}/s: packets are lost between this NIC and its peers.',
+            description='RDMA transport retries (ACK timeouts, out-of-sequence, sequence errors) on '
+                        '{{ $labels.component }} at {{ $value | humanize }}/s: packets are lost between this NIC and '
+                        'its peers.',
             expr='''
 max without (device, port) (
   label_join(
@@ -404,8 +448,11 @@ max without (device, port) (
         Alert(
             'FabricPFCStorm', for_='sustained', severity='critical', component_type='link',
             summary='PFC pause storm from {{ $labels.component }}',
-            description='{{ $labels.component }} sends PFC/global pause more than half the time or reported a pause storm: its receiver is stuck or slow and back-pressures the fabric.',
-            comment='The port that emits pauses (tx) most of the time is the slow receiver: blame it, not its victims.\nPFC or, on ports configured for it, global (802.3x) pause.',
+            description='{{ $labels.component }} sends PFC/global pause more than half the time or reported a pause '
+                        'storm: its receiver is stuck or slow and back-pressures the fabric.',
+            comment='The port that emits pauses (tx) most of the time is the slow receiver: blame it, not its '
+                    'victims.\nPFC or, on ports configured for it, global (802.3x) pause; pause time, or XOFF frames '
+                    'where the driver\ncounts no time (ice).',
             expr='''
 max without (device, port, interface) (
   label_join(
@@ -414,6 +461,17 @@ max without (device, port, interface) (
       or on (cluster, node, interface)
       # a port running 802.3x (global) pause has no per-priority counters moving at all
       max by (cluster, node, interface) (rate(fabricmon_global_pause_seconds_total{direction="tx"}[1m]) > 0.5)
+      or on (cluster, node, interface)
+      # a driver that counts XOFF frames and no pause time (ice, per traffic class): the frames sent over
+      # those of a port paused throughout (the agent's per-driver gauge) are the share of time paused
+      max by (cluster, node, interface) (
+        sum by (cluster, node, interface, traffic_class) (
+          rate(fabricmon_pfc_frames_by_traffic_class_total{direction="tx",type="xoff"}[1m])
+        )
+          / on (cluster, node, interface) group_left
+        max by (cluster, node, interface) (fabricmon_pfc_xoff_refresh_frames_per_second > 0)
+        > 0.5
+      )
       or on (cluster, node, interface)
       max by (cluster, node, interface) (increase(fabricmon_pfc_pause_storm_events_total[5m]) > 0)
     )
@@ -425,8 +483,11 @@ max without (device, port, interface) (
         Alert(
             'FabricCongestion', for_='bursty', severity='warning', component_type='link',
             summary='Sustained congestion on {{ $labels.component }}',
-            description='Sustained congestion on {{ $labels.component }}: ECN marks on more than 10% of received packets, paused more than 10% of the time, or (IB) more transmit-wait ticks than packets sent.',
-            comment='Sustained congestion: ECN marks on >10% of received packets, being paused >10% of\nthe time, or (IB) more transmit-wait ticks than packets sent.',
+            description='Sustained congestion on {{ $labels.component }}: ECN marks on more than 10% of received '
+                        'packets, paused more than 10% of the time, or (IB) more transmit-wait ticks than packets '
+                        'sent.',
+            comment='Sustained congestion: ECN marks on >10% of received packets, being paused >10% of\n'
+                    'the time, or (IB) more transmit-wait ticks than packets sent.',
             expr='''
 max without (device, port) (
   label_join(
@@ -445,6 +506,20 @@ max without (device, port) (
         (max by (cluster, node, interface) (rate(fabricmon_pfc_pause_seconds_total{direction="rx"}[1m])) > 0.1)
           * on (cluster, node, interface) group_left (device, port) fabricmon:ib_port:info{interface!=""}
       )
+      or on (cluster, node, device, port)
+      # paused by XOFF frames where the driver counts no pause time (ice): over the full-pause frame rate
+      max by (cluster, node, device, port) (
+        (
+          max by (cluster, node, interface) (
+            sum by (cluster, node, interface, traffic_class) (
+              rate(fabricmon_pfc_frames_by_traffic_class_total{direction="rx",type="xoff"}[1m])
+            )
+              / on (cluster, node, interface) group_left
+            max by (cluster, node, interface) (fabricmon_pfc_xoff_refresh_frames_per_second > 0)
+          ) > 0.1
+        )
+          * on (cluster, node, interface) group_left (device, port) fabricmon:ib_port:info{interface!=""}
+      )
     )
       * on (cluster, node, device, port) group_left (rail, leaf) fabricmon:ib_port:info,
     "component", "/", "node", "device", "port"
@@ -454,8 +529,12 @@ max without (device, port) (
         Alert(
             'FabricConfigDrift', for_='rate', severity='warning', component_type='config',
             summary='Lossless fabric config of {{ $labels.component }} differs from the expected profile',
-            description='{{ $value }} lossless-fabric checks (PFC, trust, ECN, MTU, rate) fail on {{ $labels.component }} against the expected profile: RoCE traffic through it may drop instead of pause.',
-            comment='Value: number of failing checks on the NIC (PFC, trust, ECN, MTU, rate...).\nrail and leaf from the port info (as the aggregator labels the same incident, so both\nland in one Alertmanager group); a NIC without port info still alerts, without them.',
+            description='{{ $value }} lossless-fabric checks (PFC, trust, ECN, MTU, rate) fail on '
+                        '{{ $labels.component }} against the expected profile: RoCE traffic through it may drop '
+                        'instead of pause.',
+            comment='Value: number of failing checks on the NIC (PFC, trust, ECN, MTU, rate...).\n'
+                    'rail and leaf from the port info (as the aggregator labels the same incident, so both\n'
+                    'land in one Alertmanager group); a NIC without port info still alerts, without them.',
             expr='''
 max without (device) (
   label_join(
@@ -475,7 +554,8 @@ max without (device) (
         Alert(
             'NVLinkDown', for_='hard', severity='critical', component_type='nvlink',
             summary='NVLink {{ $labels.component }} is down',
-            description='NVLink {{ $labels.component }} is down while its GPU is up: collectives inside {{ $labels.node }} fall back to slower paths or fail.',
+            description='NVLink {{ $labels.component }} is down while its GPU is up: collectives inside '
+                        '{{ $labels.node }} fall back to slower paths or fail.',
             expr='''
 max without (link) (
   label_join(
@@ -491,7 +571,8 @@ max without (link) (
         Alert(
             'NVLinkErrors', for_='rate', severity='warning', component_type='nvlink',
             summary='NVLink {{ $labels.component }} is taking replay/recovery/CRC errors',
-            description='NVLink {{ $labels.component }} takes {{ $value | humanize }} replay/recovery/CRC errors per second over 2 minutes.',
+            description='NVLink {{ $labels.component }} takes {{ $value | humanize }} replay/recovery/CRC errors per '
+                        'second over 2 minutes.',
             expr='''
 max without (link) (
   label_join(
@@ -508,7 +589,9 @@ max without (link) (
         Alert(
             'GPUXidFatal', for_='window', severity='critical', component_type='gpu',
             summary='GPU {{ $labels.component }} reported a fatal XID',
-            description='GPU {{ $labels.component }} reported {{ $value | humanize }} fatal XID(s) in 5 minutes (fabricmon_gpu_xid_errors_total{gpu} names the code): it needs a GPU reset or node drain; jobs on it have likely failed.',
+            description='GPU {{ $labels.component }} reported {{ $value | humanize }} fatal XID(s) in 5 minutes '
+                        '(fabricmon_gpu_xid_errors_total{gpu} names the code): it needs a GPU reset or node drain; '
+                        'jobs on it have likely failed.',
             comment='Fatal XIDs (fabricmon/sources/nvml/xid.py, the aggregator\'s detection.xid_fatal): 48 DBE ECC,\n'
                     '61/62 internal micro-controller, 64 row-remap failure, 74 NVLink, 79 fallen off the bus,\n'
                     '94/95 (un)contained ECC, 119/120 GSP, 140 unrecovered ECC.  The agent creates one counter per\n'
@@ -527,8 +610,10 @@ max by (cluster, node, gpu, component) (
         Alert(
             'FabricmonAgentDown', for_='sustained', severity='warning', component_type='node', fallback=True,
             summary='fabricmon agent on {{ $labels.component }} is not being scraped',
-            description="Prometheus cannot scrape the fabricmon agent on {{ $labels.component }}: that node's fabric, NVLink and GPU alerts are blind (and inhibited) until it is back.",
-            comment="`up` has no `node` unless the scrape config attaches one; recover it from the\nagent's last exposition (latest node name per instance within 1 h).",
+            description="Prometheus cannot scrape the fabricmon agent on {{ $labels.component }}: that node's fabric, "
+                        "NVLink and GPU alerts are blind (and inhibited) until it is back.",
+            comment="`up` has no `node` unless the scrape config attaches one; recover it from the\n"
+                    "agent's last exposition (latest node name per instance within 1 h).",
             expr='''
 label_replace(
   label_replace(
@@ -549,7 +634,8 @@ label_replace(
         Alert(
             'FabricmonCollectorFailing', for_='bursty', severity='warning', component_type='node',
             summary='fabricmon collector {{ $labels.collector }} failing on {{ $labels.component }}',
-            description='Collector {{ $labels.collector }} of the agent on {{ $labels.component }} has failed for 2 minutes: its readings are missing from the exposition and the stream.',
+            description='Collector {{ $labels.collector }} of the agent on {{ $labels.component }} has failed for 2 '
+                        'minutes: its readings are missing from the exposition and the stream.',
             expr='''
 label_replace(
   max by (cluster, node, collector) (fabricmon_collector_up == 0),
@@ -559,8 +645,11 @@ label_replace(
         Alert(
             'FabricmonAggregatorDown', for_='aggregator', severity='critical', component_type='service',
             summary="fabricmon aggregator {{ $labels.component }} is down",
-            description="Prometheus cannot scrape the fabricmon aggregator {{ $labels.component }} (or no aggregator target is up at all): the fast alert path, fault localization and straggler scores are gone; only these Prometheus rules still alert.",
-            comment="Per target, and `absent` for when no aggregator target is up at all (deleted, or its\nServiceMonitor not selected): both mean the fast path is gone.",
+            description="Prometheus cannot scrape the fabricmon aggregator {{ $labels.component }} (or no aggregator "
+                        "target is up at all): the fast alert path, fault localization and straggler scores are gone; "
+                        "only these Prometheus rules still alert.",
+            comment="Per target, and `absent` for when no aggregator target is up at all (deleted, or its\n"
+                    "ServiceMonitor not selected): both mean the fast path is gone.",
             expr='''
 label_replace(
   max by (cluster, instance) (up{${aggregator_selector}} == 0),
@@ -575,8 +664,13 @@ label_replace(
         Alert(
             'FabricmonAlertDeliveryFailing', for_='delivery', severity='critical', component_type='service',
             summary="fabricmon aggregator {{ $labels.component }} cannot deliver alerts to Alertmanager",
-            description="The aggregator {{ $labels.component }} is dropping or having alerts rejected by Alertmanager ({{ $value | humanize }}/s), or every delivery attempt fails: incidents it finds reach nobody.",
-            comment="fabricmon_alerts_sent_total{result}: success, error (a transient failure, retried),\nrejected (Alertmanager answered 4xx: lost) and dropped (queue full: lost).  Any loss pages;\nretries page only when nothing gets through (one Alertmanager of an HA pair down is\nAlertmanager's own alert, not this one).",
+            description="The aggregator {{ $labels.component }} is dropping or having alerts rejected by Alertmanager "
+                        "({{ $value | humanize }}/s), or every delivery attempt fails: incidents it finds reach "
+                        "nobody.",
+            comment="fabricmon_alerts_sent_total{result}: success, error (a transient failure, retried),\n"
+                    "rejected (Alertmanager answered 4xx: lost) and dropped (queue full: lost).  Any loss pages;\n"
+                    "retries page only when nothing gets through (one Alertmanager of an HA pair down is\n"
+                    "Alertmanager's own alert, not this one).",
             expr='''
 label_replace(
   (
@@ -599,9 +693,14 @@ label_replace(
 '''),
         Alert(
             'FabricmonAgentsDisconnected', for_='stream', severity='warning', component_type='service',
-            summary="{{ $value | humanizePercentage }} of the scraped fabricmon agents have no stream to the aggregator",
-            description="Prometheus scrapes more agents than the aggregator has streams from ({{ $value | humanizePercentage }} missing): the aggregator cannot localize faults on those nodes.  Check the agents' stream errors (token, network policy, aggregator address) and fabricmon_grpc_streams_refused_total.",
-            comment="Agents Prometheus scrapes (up == 1) against the streams the aggregators hold\n(fabricmon_agents_connected, summed over shards).  Value: the share missing.",
+            summary="{{ $value | humanizePercentage }} of the scraped fabricmon agents have no stream to the "
+                    "aggregator",
+            description="Prometheus scrapes more agents than the aggregator has streams from "
+                        "({{ $value | humanizePercentage }} missing): the aggregator cannot localize faults on those "
+                        "nodes.  Check the agents' stream errors (token, network policy, aggregator address) and "
+                        "fabricmon_grpc_streams_refused_total.",
+            comment="Agents Prometheus scrapes (up == 1) against the streams the aggregators hold\n"
+                    "(fabricmon_agents_connected, summed over shards).  Value: the share missing.",
             expr='''
 label_replace(
   (
@@ -621,8 +720,14 @@ label_replace(
         Alert(
             'FabricmonBatchesDropped', for_='sustained', severity='warning', component_type='node',
             summary='fabricmon aggregator drops the batches of {{ $labels.component }} ({{ $labels.reason }})',
-            description="The aggregator acknowledges but does not believe the batches of {{ $labels.component }} ({{ $labels.reason }}, {{ $value | humanize }} in 5 minutes): ts_ahead, ts_behind or ts_stale mean the node's clock is off, seq_ahead that its batches are numbered ahead of the aggregator's clock. Its faults raise nothing at the aggregator meanwhile.",
-            comment="Named by the agent (fabricmon_stream_batches_dropped_by_aggregator_total{node}: the reason\nits acks gave); where no agent series says so, the aggregator's own counter\n(fabricmon_ingest_batches_dropped_total, no node label) names the aggregator instance.\nMore than 10 in 5 minutes: a clock step (NTP) drops a few batches, a wrong clock all of them.",
+            description="The aggregator acknowledges but does not believe the batches of {{ $labels.component }} "
+                        "({{ $labels.reason }}, {{ $value | humanize }} in 5 minutes): ts_ahead, ts_behind or ts_stale "
+                        "mean the node's clock is off, seq_ahead that its batches are numbered ahead of the "
+                        "aggregator's clock. Its faults raise nothing at the aggregator meanwhile.",
+            comment="Named by the agent (fabricmon_stream_batches_dropped_by_aggregator_total{node}: the reason\n"
+                    "its acks gave); where no agent series says so, the aggregator's own counter\n"
+                    "(fabricmon_ingest_batches_dropped_total, no node label) names the aggregator instance.\n"
+                    "More than 10 in 5 minutes: a clock step (NTP) drops a few batches, a wrong clock all of them.",
             expr='''
 label_replace(
   sum by (cluster, node, reason) (
@@ -633,7 +738,9 @@ label_replace(
 or on (cluster)
 label_replace(
   sum by (cluster, instance, reason) (
-    increase(fabricmon_ingest_batches_dropped_total{${aggregator_selector}, reason=~"ts_ahead|ts_behind|ts_stale|seq_ahead"}[5m])
+    increase(fabricmon_ingest_batches_dropped_total{
+      ${aggregator_selector}, reason=~"ts_ahead|ts_behind|ts_stale|seq_ahead"
+    }[5m])
   ) > 10,
   "component", "$1", "instance", "(.*)"
 )
@@ -645,8 +752,12 @@ label_replace(
 BLIND_SPOTS = Group('fabricmon-blind-spots', [
     Alert(
         'FabricmonAgentStreamDown', for_='window', severity='warning', component_type='service',
-        summary='fabricmon agent on {{ $labels.component }} has not streamed to the aggregator for {{ $value | humanizeDuration }}',
-        description="The agent on {{ $labels.component }} is scraped but its stream to the aggregator has been down for {{ $value | humanizeDuration }}: the aggregator cannot alert on or localize faults of that node.  Its log names the error (stream_connect_failed: token, NetworkPolicy, DNS, aggregator address).",
+        summary='fabricmon agent on {{ $labels.component }} has not streamed to the aggregator for '
+                '{{ $value | humanizeDuration }}',
+        description="The agent on {{ $labels.component }} is scraped but its stream to the aggregator has been down "
+                    "for {{ $value | humanizeDuration }}: the aggregator cannot alert on or localize faults of that "
+                    "node.  Its log names the error (stream_connect_failed: token, NetworkPolicy, DNS, aggregator "
+                    "address).",
         comment="The agent's own gauge (seconds since the stream was lost, or since start): no `for:` to restart\n"
                 "after a Prometheus restart, and 'at least 3 intervals' holds for slow pollers too.",
         expr='''
@@ -661,7 +772,10 @@ label_replace(
     Alert(
         'FabricmonAgentRefused', for_='window', severity='warning', component_type='service',
         summary='The aggregator refuses the stream of the agent on {{ $labels.component }} ({{ $labels.reason }})',
-        description="The aggregator refused {{ $value | humanize }} connection(s) of the agent on {{ $labels.component }} in 10 minutes: {{ $labels.reason }} (unauthenticated: no or wrong token or client certificate; permission_denied: a credential naming another node).  That node is blind to the aggregator until its credential is fixed.",
+        description="The aggregator refused {{ $value | humanize }} connection(s) of the agent on "
+                    "{{ $labels.component }} in 10 minutes: {{ $labels.reason }} (unauthenticated: no or wrong token "
+                    "or client certificate; permission_denied: a credential naming another node).  That node is blind "
+                    "to the aggregator until its credential is fixed.",
         expr='''
 label_replace(
   max by (cluster, node, reason) (increase(fabricmon_stream_refused_total[10m]) > 0),
@@ -671,11 +785,15 @@ label_replace(
     Alert(
         'FabricmonSpoolDropping', for_='window', severity='warning', component_type='service',
         summary='fabricmon agent on {{ $labels.component }} is losing batches ({{ $labels.reason }})',
-        description="The agent on {{ $labels.component }} lost {{ $value | humanize }} batches in 10 minutes ({{ $labels.reason }}): its spool is full or failing (disk full, I/O errors) or its queue overflows, so the aggregator will never see that stretch of the node's counters.",
+        description="The agent on {{ $labels.component }} lost {{ $value | humanize }} batches in 10 minutes "
+                    "({{ $labels.reason }}): its spool is full or failing (disk full, I/O errors) or its queue "
+                    "overflows, so the aggregator will never see that stretch of the node's counters.",
         expr='''
 label_replace(
   max by (cluster, node, reason) (
-    increase(fabricmon_stream_batches_dropped_total{reason=~"spool_full|spool_write_failed|corrupt|queue_full"}[10m]) > 0
+    increase(fabricmon_stream_batches_dropped_total{
+      reason=~"spool_full|spool_write_failed|corrupt|queue_full"
+    }[10m]) > 0
   ),
   "component", "$1", "node", "(.+)"
 )
@@ -683,7 +801,9 @@ label_replace(
     Alert(
         'FabricmonGPUsUnmonitored', for_='bursty', severity='warning', component_type='service',
         summary='{{ $labels.component }} has NVIDIA GPUs on its PCI bus that NVML does not report',
-        description="The PCI bus of {{ $labels.component }} shows {{ $value }} NVIDIA GPU(s) but NVML reports fewer or none (driver library not mounted into the container, nvml: off, or GPUs lost): their XIDs, ECC and NVLink are not monitored.",
+        description="The PCI bus of {{ $labels.component }} shows {{ $value }} NVIDIA GPU(s) but NVML reports fewer or "
+                    "none (driver library not mounted into the container, nvml: off, or GPUs lost): their XIDs, ECC "
+                    "and NVLink are not monitored.",
         comment="fabricmon_pci_nvidia_gpus counts GPUs by vendor and class on the PCI bus, NVML or not;\n"
                 "fabricmon_devices_discovered{kind=\"gpu\"} is what NVML reports (absent when NVML is).",
         expr='''
@@ -691,7 +811,8 @@ label_replace(
   max by (cluster, node) (
     (fabricmon_pci_nvidia_gpus > 0 unless on (cluster, node) fabricmon_devices_discovered{kind="gpu"})
     or on (cluster, node)
-    (fabricmon_pci_nvidia_gpus > on (cluster, node) group_left () max by (cluster, node) (fabricmon_devices_discovered{kind="gpu"}))
+    (fabricmon_pci_nvidia_gpus > on (cluster, node) group_left ()
+       max by (cluster, node) (fabricmon_devices_discovered{kind="gpu"}))
   ),
   "component", "$1", "node", "(.+)"
 )
@@ -699,7 +820,9 @@ label_replace(
     Alert(
         'FabricmonDevicesMissing', for_='bursty', severity='warning', component_type='service',
         summary='{{ $labels.component }} has fewer RDMA ports than its config expects',
-        description="The agent on {{ $labels.component }} finds fewer RDMA ports than sources.infiniband.expected_ports says ({{ $value }} missing): a wrong --sysfs-root, a NIC lost from the bus or its driver not loaded.  Those ports are not monitored.",
+        description="The agent on {{ $labels.component }} finds fewer RDMA ports than "
+                    "sources.infiniband.expected_ports says ({{ $value }} missing): a wrong --sysfs-root, a NIC lost "
+                    "from the bus or its driver not loaded.  Those ports are not monitored.",
         expr='''
 label_replace(
   max by (cluster, node) (
@@ -714,7 +837,8 @@ label_replace(
     Alert(
         'FabricmonReloadFailed', for_='window', severity='warning', component_type='service',
         summary='fabricmon on {{ $labels.component }} failed to reload its configuration',
-        description="The last configuration reload (SIGHUP) of the fabricmon process at {{ $labels.component }} failed: it still runs on the previous configuration (its log says which file and field).",
+        description="The last configuration reload (SIGHUP) of the fabricmon process at {{ $labels.component }} "
+                    "failed: it still runs on the previous configuration (its log says which file and field).",
         expr='''
 label_replace(
   max by (cluster, instance) (fabricmon_config_last_reload_successful == 0),
@@ -734,11 +858,14 @@ Windows are [1m]: they assume a scrape interval of 15 s or less (4+ samples per 
 (Thanos/Mimir ruler) where `cluster` is a series label; in a single Prometheus it is
 an external label, absent at evaluation, and matching on it is a no-op.
 
-Leaf: not an agent label.  A node's port on rail R attaches to the leaf of its scalable
-unit U on rail R, spelled `leaf-u<U>-r<R>` (DESIGN component ids).  Give each agent
-target a `unit` target label (file_sd / relabeling, see deploy/README.md) and
-`fabricmon:ib_port:info` derives `leaf` from `unit` and the port's `rail`
-(from fabricmon_ib_port_info).  Without `unit`, ports still get `rail` and leaf is empty.
+Leaf: not an agent label.  The aggregator exports the topology it runs on as
+fabricmon_topology_port_info{node,device,port,rail,leaf} (named leaves of an imported
+topology, no rail on a fat tree) and fabricmon_topology_leaf_info{leaf,spine};
+`fabricmon:ib_port:info` takes rail and leaf from it.  While an aggregator is down the
+last copy holds (fabricmon:topology_port:info), so the fallback alerts name the same
+leaves.  Without the aggregator's series: give each agent target a `unit` target label
+(file_sd / relabeling, see deploy/README.md) and the leaf is `leaf-u<U>-r<R>` (the
+generated layout); without `unit`, ports still get `rail` and leaf is empty.
 """
 
 ALERTS_HEADER = """

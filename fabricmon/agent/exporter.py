@@ -43,7 +43,7 @@ def _safe(value: str) -> str:
     return value if _encodable(value) else value.encode("utf-8", "replace").decode("utf-8")
 
 
-def _family(spec: MetricSpec, labels: list[str]) -> Metric:
+def _family(spec: MetricSpec, labels: list[str]) -> CounterMetricFamily | GaugeMetricFamily:
     if spec.kind == "counter":
         return CounterMetricFamily(spec.name, spec.help, labels=labels)
     return GaugeMetricFamily(spec.name, spec.help, labels=labels)
@@ -101,7 +101,8 @@ class SnapshotCollector:
         yield age
 
 
-def make_registry(get_snapshot: Callable[[], Snapshot | None], clock: Callable[[], float] = time.time) -> CollectorRegistry:
+def make_registry(get_snapshot: Callable[[], Snapshot | None],
+                  clock: Callable[[], float] = time.time) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(get_snapshot, clock))
     return registry
@@ -136,7 +137,8 @@ def render_snapshot(snapshot: Snapshot, prefixes: dict | None = None) -> bytes:
         spec = ALL_SPECS.get(name)
         if spec is None:
             continue
-        out.append(f"# HELP {name} {_escape_help(spec.help)}\n# TYPE {name} {'counter' if spec.kind == 'counter' else 'gauge'}\n")
+        out.append(f"# HELP {name} {_escape_help(spec.help)}\n# TYPE {name} "
+                   f"{'counter' if spec.kind == 'counter' else 'gauge'}\n")
         for smp in samples:
             key = (name, smp.labels, snapshot.node)
             prefix = prefixes.get(key)
@@ -152,13 +154,13 @@ def render_snapshot(snapshot: Snapshot, prefixes: dict | None = None) -> bytes:
                 continue
             out.append(prefix + fmt(smp.value) + "\n")
     rows = [st for st in snapshot.sources if st.present and _encodable(st.source)]
-    for key, getter in (("fabricmon_collector_up", lambda st: 1.0 if st.up else 0.0),
-                        ("fabricmon_collector_duration_seconds", lambda st: st.duration_seconds),
-                        ("fabricmon_collector_errors_total", lambda st: float(st.errors_total))):
-        spec = SELF_SPECS[key]
-        out.append(f"# HELP {key} {_escape_help(spec.help)}\n# TYPE {key} {spec.kind}\n")
+    for family, getter in (("fabricmon_collector_up", lambda st: 1.0 if st.up else 0.0),
+                           ("fabricmon_collector_duration_seconds", lambda st: st.duration_seconds),
+                           ("fabricmon_collector_errors_total", lambda st: float(st.errors_total))):
+        spec = SELF_SPECS[family]
+        out.append(f"# HELP {family} {_escape_help(spec.help)}\n# TYPE {family} {spec.kind}\n")
         for st in rows:
-            out.append(f'{key}{{collector="{_escape_value(st.source)}",{node}}} {fmt(getter(st))}\n')
+            out.append(f'{family}{{collector="{_escape_value(st.source)}",{node}}} {fmt(getter(st))}\n')
     spec = SELF_SPECS["fabricmon_snapshot_timestamp_seconds"]
     out.append(f"# HELP {spec.name} {_escape_help(spec.help)}\n# TYPE {spec.name} gauge\n"
                f"{spec.name}{{{node}}} {fmt(snapshot.ts)}\n")

@@ -38,6 +38,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import cast
 
 import structlog
 
@@ -415,7 +416,7 @@ class RankIntake:
                             with self._lock:
                                 self._unix_clients = len(bufs)
                             continue
-                        c = key.fileobj
+                        c = cast(socket.socket, key.fileobj)  # the rest are client connections
                         if c not in bufs:
                             continue  # closed earlier in this round
                         try:
@@ -474,7 +475,7 @@ class RankIntake:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def do_POST(self):  # noqa: N802 (http.server API)
+            def do_POST(self):  # http.server API
                 if self.path.split("?")[0] != "/v1/ranks":
                     self._reply(404, {"error": "not found; POST /v1/ranks"})
                     return
@@ -494,7 +495,7 @@ class RankIntake:
                 acc, rej, reasons = intake.submit_lines(body, origin="http")
                 self._reply(200 if acc or not rej else 400, {"accepted": acc, "rejected": rej, "errors": reasons})
 
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 if self.path == "/healthz":
                     self._reply(200, {"status": "ok"})
                 else:

@@ -14,9 +14,7 @@ offset per file and, each poll:
   once, a file that shrank (truncation) restarts at 0;
 * reads files present when it starts from their current end, files that appear
   later from their beginning;
-* reads ``"nan"`` strings (a NaN double) as missing values;
-* follows the v4.3 ``dump_stats`` marker whose header the following header-less
-  lines of the same file belong to.
+* reads ``"nan"`` strings (a NaN double) as missing values.
 
 Every line is validated (``nccl_records.parse_line``: names printable and
 bounded, ranks in uint32, times, sizes and bandwidths finite, non-negative and
@@ -37,8 +35,6 @@ Send/Recv (``p2p_perf``, on by default from NCCL 2.30: pipeline-parallel traffic
 go to the same four measures under ``fabricmon_nccl_p2p_*{rank, comm, direction,
 peer}`` (``direction`` tx for Send, rx for Recv; ``peer`` bounded, see
 ``_p2p_peer``), and the header's ``comm_name`` to ``fabricmon_nccl_comm_info``.
-v4.3 ``dump_stats`` markers also give ``fabricmon_nccl_dropped_records_total{rank,
-comm, kind}``: records the Inspector's rings overwrote before it could dump them.
 
 Prometheus mode (``NCCL_INSPECTOR_PROM_DUMP=1``, files ``nccl_inspector_metrics_<uuid>.prom``, see
 ``nccl_prom``) is read too, per window, never tailed: a file is read whole (bounded) once it changed
@@ -59,14 +55,15 @@ import os
 import stat
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
-from ..model import Reading, Semantics, SourceResult
+from ..model import Labels, Reading, Semantics, SourceResult
 from ..sources.bounds import Rejected, read_bounded
-from .nccl_prom import PromSample, parse_prom_line, uuid_of_file
 from ..sources.guarded_io import open_regular
-from .nccl_records import MAX_LINE, REJECT_REASONS, Header, Ignored, Marker, NcclRecordError, parse_line
+from .nccl_prom import PromSample, parse_prom_line, uuid_of_file
+from .nccl_records import MAX_LINE, REJECT_REASONS, Header, NcclRecordError, parse_line
 
 log = structlog.get_logger("fabricmon.nccl_inspector")
 
@@ -92,7 +89,6 @@ class _File:
     offset: int
     path: str = ""
     partial: bytearray = field(default_factory=bytearray)
-    context: Header | None = None  # header of the last v4.3 dump_stats marker in this file
     skip_first: bool = False  # started mid-file: the first fragment is not a whole line
 
 
@@ -151,7 +147,6 @@ class NcclInspectorSource:
         self._p2p: dict[tuple[str, str, str, str], _Series] = {}  # (rank, comm, direction, peer)
         self._peers: dict[tuple[str, str, str], set[str]] = {}
         self._comms: dict[tuple[str, str, str], float] = {}  # (rank, comm, comm_name) -> last seen
-        self._dropped: dict[tuple[str, str, str], tuple[int, float]] = {}  # (rank, comm, kind) -> (total, seen)
         self.records_total = 0
         self.bad_lines_total = 0
         self.rejected = dict.fromkeys(REJECT_REASONS, 0)
@@ -234,18 +229,17 @@ class NcclInspectorSource:
         seen: set[tuple[int, int]] = set()
         # Evict series silent for a long time (each job brings new comm ids) before reading,
         # so their slots are free for this poll's records.
-        for table in (self._series, self._p2p):
+        tables: tuple[dict[Any, _Series], ...] = (self._series, self._p2p)
+        for table in tables:
             expired = [k for k, s in table.items() if now - s.last_seen > self._ttl]
-            for key in expired:
-                del table[key]
+            for old in expired:
+                del table[old]
             self.expired_total += len(expired)
-        for key in [k for k, seen in self._comms.items() if now - seen > self._ttl]:
-            del self._comms[key]
-        for key in [k for k, (_, seen) in self._dropped.items() if now - seen > self._ttl]:
-            del self._dropped[key]
+        for comm_key in [k for k, seen in self._comms.items() if now - seen > self._ttl]:
+            del self._comms[comm_key]
         live = {k[:3] for k in self._p2p}
-        for key in [k for k in self._peers if k not in live]:
-            del self._peers[key]
+        for peer_key in [k for k in self._peers if k not in live]:
+            del self._peers[peer_key]
         kinds = dict.fromkeys(FILE_KINDS, 0)
         prom_seen: set[tuple[int, int]] = set()
         for path, st in self._scan(errors):
@@ -270,7 +264,6 @@ class NcclInspectorSource:
                 f.offset = 0
                 f.partial.clear()
                 f.skip_first = False
-                f.context = None
             f.path = path  # the current name, for messages (a rename keeps the offset)
             if st.st_size == f.offset or budget <= 0 or time.monotonic() > deadline:
                 continue
@@ -285,7 +278,7 @@ class NcclInspectorSource:
         if len(errors) > 20:
             res.error(f"... and {len(errors) - 20} more")
         for (rank, comm, coll), s in self._series.items():
-            labels = (("rank", rank), ("comm", comm), ("collective", coll))
+            labels: Labels = (("rank", rank), ("comm", comm), ("collective", coll))
             res.readings.append(Reading("fabricmon_nccl_collectives_total", labels, s.count, Semantics.MONOTONIC))
             res.readings.append(Reading("fabricmon_nccl_collective_seconds_total", labels, int(s.exec_us),
                                         Semantics.MONOTONIC, scale=1e-6))
@@ -296,13 +289,9 @@ class NcclInspectorSource:
             res.readings.append(Reading("fabricmon_nccl_p2p_seconds_total", labels, int(s.exec_us),
                                         Semantics.MONOTONIC, scale=1e-6))
             res.readings.append(Reading("fabricmon_nccl_p2p_bytes_total", labels, s.bytes, Semantics.MONOTONIC))
-        for (rank, comm, kind), (total, _) in self._dropped.items():
-            # The Inspector's own cumulative count: its rings overwrote these before a dump,
-            # so the sums above undercount by as much.
-            res.readings.append(Reading("fabricmon_nccl_dropped_records_total",
-                                        (("rank", rank), ("comm", comm), ("kind", kind)), total, Semantics.MONOTONIC))
         for rank, comm, name in self._comms:
-            res.readings.append(Reading("fabricmon_nccl_comm_info", (("rank", rank), ("comm", comm), ("comm_name", name)), 1))
+            res.readings.append(Reading("fabricmon_nccl_comm_info",
+                                        (("rank", rank), ("comm", comm), ("comm_name", name)), 1))
         for (kind, rank, comm, *rest), vals in interval_bw.items():
             if kind == "coll":
                 family = "fabricmon_nccl_bus_bandwidth_bytes_per_second"
@@ -454,24 +443,15 @@ class NcclInspectorSource:
                 f.skip_first = False
                 continue
             if piece.strip():
-                self._record(piece, f, now, bw, errors, path)
+                self._record(piece, now, bw, errors, path)
 
-    def _record(self, line: bytes, f: _File, now: float, bw: dict, errors: list[str], path: str) -> None:
+    def _record(self, line: bytes, now: float, bw: dict, errors: list[str], path: str) -> None:
         try:
-            rec = parse_line(line, f.context)
+            rec = parse_line(line)
         except NcclRecordError as exc:
             self._reject(exc.reason, str(exc), errors, path)
             return
-        if isinstance(rec, Ignored):
-            return
         h = rec.header
-        if isinstance(rec, Marker):
-            f.context = h
-            self._note_comm(h, now)
-            for kind, total in rec.dropped:
-                if (h.rank, h.comm, kind) in self._dropped or len(self._dropped) < self._max_series:
-                    self._dropped[(h.rank, h.comm, kind)] = (total, now)
-            return
         if rec.kind == "coll":
             key: tuple[str, ...] = (h.rank, h.comm, rec.name)
             table: dict = self._series

@@ -26,7 +26,14 @@ import re
 from dataclasses import dataclass
 
 from .nccl_records import (
-    MAX_BUSBW_GBS, MAX_COMM_NAME, MAX_EXEC_US, MAX_LINE, MAX_NAME, P2P_DIRECTIONS, NcclRecordError, check_name,
+    MAX_BUSBW_GBS,
+    MAX_COMM_NAME,
+    MAX_EXEC_US,
+    MAX_LINE,
+    MAX_NAME,
+    P2P_DIRECTIONS,
+    NcclRecordError,
+    check_name,
     check_rank,
 )
 

@@ -1,18 +1,18 @@
-"""Pure parsing and validation of NCCL Inspector JSON lines (no I/O, no state beyond the header passed in).
+"""Pure parsing and validation of NCCL Inspector JSON lines (no I/O, no state: each line stands alone).
 
 What the writer emits (NVIDIA/nccl ``plugins/profiler/inspector/inspector_json.cc``
-and its README; fixtures in ``tests/fixtures/realformat/nccl/``):
+and its README; fixtures in ``tests/fixtures/realformat/nccl/``), every line with
+``"inspector_output_format_version": "v4.0"`` in its ``metadata`` (the only version
+string any NVIDIA/nccl commit writes, ``inspectorCommInfoMetaHeader``):
 
-* ``{"header": {...}, "metadata": {...}, "coll_perf": {...}}`` -- one collective
-  (output format v4.0 to v4.2: every line carries its own header);
+* ``{"header": {...}, "metadata": {...}, "coll_perf": {...}}`` -- one collective;
 * ``{"header": ..., "metadata": ..., "p2p_perf": {"p2p": "Send"|"Recv",
   "p2p_peer": N, "p2p_msg_size_bytes", "p2p_exec_time_us", "p2p_busbw_gbs", ...}}``
   -- one point-to-point operation (NCCL 2.30 tracks them by default,
-  ``NCCL_INSPECTOR_ENABLE_P2P=1``): pipeline-parallel traffic;
-* ``{"header": ..., "metadata": ..., "dump_stats": {...}}`` -- from v4.3 a marker
-  that opens each communicator's dump batch; the ``coll_perf``/``p2p_perf``
-  lines after it carry no header of their own and belong to the marker's;
-* ``{"proxy_trace": {...}}`` (opt-in proxy tracing): not exported.
+  ``NCCL_INSPECTOR_ENABLE_P2P=1``): pipeline-parallel traffic.
+
+Every operation line carries its own header; a line of any other shape (no header,
+or neither ``coll_perf`` nor ``p2p_perf``) is refused with ``missing_field``.
 
 The header names the communicator by ``id`` (a hash) and, from NCCL 2.30, by
 ``comm_name`` (``"unknown"`` when the application gave none).
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from ..rejected import InputRejected
 from ..textcheck import label_text_ok
 
-__all__ = ["Header", "Op", "Marker", "Ignored", "NcclRecordError", "REJECT_REASONS", "P2P_DIRECTIONS",
+__all__ = ["Header", "Op", "NcclRecordError", "REJECT_REASONS", "P2P_DIRECTIONS",
            "parse_line", "parse_object", "MAX_LINE"]
 
 #: p2p_perf.p2p -> the ``direction`` label (the Contract's rx/tx).
@@ -44,7 +44,6 @@ MAX_RANK = 2**32 - 1
 MAX_EXEC_US = 1e12        # 11.6 days for one operation
 MAX_MSG_BYTES = 2**48     # 256 TiB in one operation
 MAX_BUSBW_GBS = 1e6       # 1 PB/s
-MAX_DROPPED = 2**63 - 1
 
 # Why a record was rejected: a fixed set (the self-metric label).
 REJECT_REASONS = ("too_long", "not_utf8", "not_json", "not_object", "missing_field", "bad_type", "out_of_range",
@@ -73,21 +72,6 @@ class Op:
     exec_us: float | None
     size_bytes: int | None
     busbw_gbs: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class Marker:
-    """A v4.3 ``dump_stats`` marker: the header of the lines that follow it, and the
-    communicator's cumulative count of records its rings overwrote before a dump
-    (``coll_dropped_total``/``p2p_dropped_total``; absent counts are not there)."""
-
-    header: Header
-    dropped: tuple[tuple[str, int], ...] = ()  # (kind "coll" | "p2p", cumulative count)
-
-
-@dataclass(frozen=True, slots=True)
-class Ignored:
-    """A well-formed record this agent does not export (proxy traces)."""
 
 
 def _reject_constant(name: str):
@@ -164,27 +148,16 @@ def _perf(obj: dict, key: str) -> dict:
     return perf
 
 
-def parse_object(obj, context: Header | None) -> Op | Marker | Ignored:
-    """Classify and validate one decoded JSON line.  ``context`` is the last v4.3 marker's
-    header in the same file (None before any).  Raises NcclRecordError."""
+def parse_object(obj) -> Op:
+    """Classify and validate one decoded JSON line.  Raises NcclRecordError."""
     if not isinstance(obj, dict):
         raise NcclRecordError("not_object", "expected a JSON object")
-    if "proxy_trace" in obj:
-        return Ignored()
-    header = parse_header(obj["header"]) if "header" in obj else context
-    if "dump_stats" in obj:
-        if header is None:
-            raise NcclRecordError("missing_field", "dump_stats: without a header")
-        stats = _perf(obj, "dump_stats")
-        dropped = tuple((kind, v) for kind in ("coll", "p2p")
-                        if isinstance(v := stats.get(f"{kind}_dropped_total"), int) and not isinstance(v, bool)
-                        and 0 <= v <= MAX_DROPPED)
-        return Marker(header, dropped)
+    if "header" not in obj:
+        raise NcclRecordError("missing_field", "header: required")
+    header = parse_header(obj["header"])
     for kind in ("coll", "p2p"):
         if f"{kind}_perf" not in obj:
             continue
-        if header is None:
-            raise NcclRecordError("missing_field", "header: required (no dump_stats marker before this line)")
         section = f"{kind}_perf"
         perf = _perf(obj, section)
         what = perf.get(kind)  # collective name, or Send/Recv
@@ -193,19 +166,17 @@ def parse_object(obj, context: Header | None) -> Op | Marker | Ignored:
         if kind == "coll":
             name, peer = _name(what, "coll_perf.coll", MAX_NAME), ""
         else:
-            name = P2P_DIRECTIONS.get(what) if isinstance(what, str) else None
-            if name is None:
+            direction = P2P_DIRECTIONS.get(what) if isinstance(what, str) else None
+            if direction is None:
                 raise NcclRecordError("bad_string", "p2p_perf.p2p: expected Send or Recv")
-            peer = _rank(perf.get("p2p_peer"), "p2p_perf.p2p_peer")
+            name, peer = direction, _rank(perf.get("p2p_peer"), "p2p_perf.p2p_peer")
         size = _measure(perf, section, f"{kind}_msg_size_bytes", MAX_MSG_BYTES)
         return Op(header, kind, name, peer, _measure(perf, section, f"{kind}_exec_time_us", MAX_EXEC_US),
                   None if size is None else int(size), _measure(perf, section, f"{kind}_busbw_gbs", MAX_BUSBW_GBS))
-    if header is None and "header" not in obj:
-        raise NcclRecordError("missing_field", "header and coll_perf: required")
-    raise NcclRecordError("missing_field", "coll_perf, p2p_perf or dump_stats: required")
+    raise NcclRecordError("missing_field", "coll_perf or p2p_perf: required")
 
 
-def parse_line(line: bytes, context: Header | None = None) -> Op | Marker | Ignored:
+def parse_line(line: bytes) -> Op:
     """One NCCL Inspector JSON line; raises NcclRecordError with a reason of REJECT_REASONS."""
     if len(line) > MAX_LINE:
         raise NcclRecordError("too_long", f"line over {MAX_LINE} bytes")
@@ -217,4 +188,4 @@ def parse_line(line: bytes, context: Header | None = None) -> Op | Marker | Igno
         obj = json.loads(text, parse_constant=_reject_constant)
     except (ValueError, RecursionError) as exc:
         raise NcclRecordError("not_json", f"not JSON: {str(exc)[:80]}") from None
-    return parse_object(obj, context)
+    return parse_object(obj)

@@ -29,6 +29,35 @@ from ..sources.inventory import Inventory
 log = structlog.get_logger("fabricmon.poller")
 
 
+class OffCadenceGate:
+    """At most one off-cadence poll between two regular polls.
+
+    A link watch asks for a poll when a link changes; a link that flaps must not turn the agent
+    into a poller at the watch's rate.  With this gate the agent polls at most twice per configured
+    interval, however often its links change: a change the gate holds back is in the next regular
+    poll, at most one interval later."""
+
+    __slots__ = ("_open",)
+
+    def __init__(self) -> None:
+        self._open = True
+
+    def regular(self) -> None:
+        """A regular poll ran: it saw every change so far, and one off-cadence poll is allowed again."""
+        self._open = True
+
+    def take(self) -> bool:
+        """Whether an off-cadence poll may run now (and, if so, the allowance is used)."""
+        if not self._open:
+            return False
+        self._open = False
+        return True
+
+
+# How often a wait between polls looks at the stop event when nobody sets the wake event.
+_STOP_CHECK_S = 1.0
+
+
 @dataclass
 class _SourceState:
     source: Source
@@ -62,6 +91,10 @@ class Poller:
         self._lock = threading.Lock()
         self._listeners: list[Callable[[Snapshot], None]] = []
         self.inventory: Inventory | None = None
+        self.gate = OffCadenceGate()
+        self._wake = threading.Event()
+        self.off_cadence_polls_total = 0  # polls run off the cadence at request (link watch)
+        self.off_cadence_held_total = 0  # requests the gate held back (the next regular poll serves them)
 
     @property
     def source_names(self) -> list[str]:
@@ -99,7 +132,7 @@ class Poller:
             readings: list[Reading] = []
             statuses: list[SourceStatus] = []
             facts: dict = {"inventory": inventory}
-            for st, (result, duration) in zip(self._states, results):
+            for st, (result, duration) in zip(self._states, results, strict=True):
                 st.errors_total += result.errors
                 if result.messages:
                     st.last_error = result.messages[-1]
@@ -145,7 +178,7 @@ class Poller:
             return r.semantics is Semantics.GAUGE or math.isfinite(v)
 
         statuses = list(statuses)
-        for i, (st, (result, _)) in enumerate(zip(self._states, results)):
+        for i, (st, (result, _)) in enumerate(zip(self._states, results, strict=True)):
             bad = sum(1 for r in result.readings if not usable(r))
             if bad:
                 st.errors_total += bad
@@ -177,11 +210,11 @@ class Poller:
                 started.append((st, None, 0.0))  # still stuck from an earlier poll
                 continue
             try:
-                fut = self._workers.submit(st.source.name, self._timed_poll, st.source, inventory)
+                submitted = self._workers.submit(st.source.name, self._timed_poll, st.source, inventory)
             except Stuck:  # a source of the same name, replaced by a reload, still blocked
                 started.append((st, None, 0.0))
                 continue
-            started.append((st, fut, time.monotonic()))
+            started.append((st, submitted, time.monotonic()))
         inline_out: dict[int, tuple[SourceResult, float]] = {}
         for st in inline:
             t0 = time.perf_counter()
@@ -228,20 +261,58 @@ class Poller:
         res = source.poll(inventory)
         return res, time.perf_counter() - t0
 
+    def request_poll(self) -> None:
+        """Ask ``run`` for one poll now, off its cadence (a link changed state).  Returns at once."""
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Wake ``run`` so it sees its stop event at once (it also looks every second by itself)."""
+        self._wake.set()
+
+    def poll_off_cadence(self) -> Snapshot | None:
+        """One requested poll, if the gate allows one now; None when it held the request back."""
+        if not self.gate.take():
+            self.off_cadence_held_total += 1
+            return None
+        try:
+            return self.poll_once()
+        finally:  # counted once its snapshot is the latest
+            self.off_cadence_polls_total += 1
+
+    def poll_regular(self) -> Snapshot:
+        """A poll of the cadence: it serves any request pending now and opens the gate again."""
+        self._wake.clear()
+        try:
+            return self.poll_once()
+        finally:
+            self.gate.regular()
+
     def run(self, stop: threading.Event, interval: float) -> None:
-        """Poll every ``interval`` seconds until ``stop`` is set, on a fixed cadence."""
+        """Poll every ``interval`` seconds until ``stop`` is set, on a fixed cadence; between two regular
+        polls, at most one more when ``request_poll`` asks (``OffCadenceGate``).  An off-cadence poll
+        does not move the cadence: the next regular poll is still due when it was."""
         next_at = time.monotonic()
         while not stop.is_set():
             try:
-                self.poll_once()
+                self.poll_regular()
             except Exception as exc:  # never let the loop die
                 log.error("poll_failed", error=str(exc))
             next_at += interval
-            delay = next_at - time.monotonic()
-            if delay < 0:  # fell behind: skip, do not burst
+            if next_at < time.monotonic():  # fell behind: skip, do not burst
                 next_at = time.monotonic()
-                delay = 0
-            stop.wait(delay)
+            while not stop.is_set():
+                delay = next_at - time.monotonic()
+                if delay <= 0:
+                    break
+                if not self._wake.wait(min(delay, _STOP_CHECK_S)):
+                    continue
+                self._wake.clear()
+                if stop.is_set():
+                    break
+                try:
+                    self.poll_off_cadence()
+                except Exception as exc:
+                    log.error("poll_failed", error=str(exc), off_cadence=True)
 
     def close(self) -> None:
         for st in self._states:

@@ -21,6 +21,7 @@ from ..sources.inventory import Inventory, discover
 from ..sources.registry import SourceContext
 from ..textcheck import node_name_problem
 from .exporter import AgentHTTPServer, RenderedSnapshot
+from .linkwatch import LinkWatch
 from .poller import Poller
 from .selfmetrics import AgentSelfCollector, self_exposition
 from .supervise import Supervisor
@@ -117,6 +118,8 @@ class Agent:
     _runtime_body: Callable[[], bytes] | None = None
     _shard_body: Callable[[], bytes] | None = None
     _built: list | None = None  # the sources build_sources made (a reload rebuilds them); None: the caller's
+    link_watch: LinkWatch | None = None  # None: disabled (0) or no faster than the polls themselves
+    _watch_thread: threading.Thread | None = None
 
     def start_http(self, listen: str | None = None) -> int:
         host, port = split_hostport(listen or self.cfg.listen)
@@ -124,11 +127,15 @@ class Agent:
         self._rendered = rendered
         # Render in the poll thread right after each poll, so a scrape only copies bytes.
         self.poller.add_listener(rendered.refresh)
-        stream_stats = None
+        stream_stats: Callable[[], dict[str, Any]] | None = None
         if self.stream is not None or self.shard is not None:
             # A shard's stream may start after this (once the node label is read): zeros until then.
-            stream_stats = lambda: self.stream.stats() if self.stream is not None else {}  # noqa: E731
-        self._self_body = self_exposition(AgentSelfCollector(self.node, stream_stats, self.supervisor.stats))
+            def current_stream_stats() -> dict[str, Any]:
+                return self.stream.stats() if self.stream is not None else {}
+
+            stream_stats = current_stream_stats
+        self._self_body = self_exposition(AgentSelfCollector(self.node, stream_stats, self.supervisor.stats,
+                                                             self.link_watch_stats))
         self._runtime_body = runtime_exposition(self.reload_status)
         if self.shard is not None:
             from .shard_target import shard_exposition
@@ -193,7 +200,7 @@ class Agent:
             for src in old_built:
                 try:
                     src.close()
-                except Exception as exc:  # noqa: BLE001 - a source that fails to close must not stop the reload
+                except Exception as exc:  # a source that fails to close must not stop the reload
                     log.warning("source_close_failed", collector=src.name, error=str(exc))
         self.cfg = new
         if self.stream is not None and new.stream.token_file:
@@ -252,10 +259,31 @@ class Agent:
         """/healthz: cheap (no source, no NVML); false only when polling stopped for good."""
         return self._thread is None or self._thread.is_alive() or self.supervisor.running()
 
+    def link_watch_stats(self) -> dict[str, float]:
+        """The link watch's counters and the poller's off-cadence polls (selfmetrics); {} when disabled."""
+        if self.link_watch is None:
+            return {}
+        out: dict[str, float] = dict(self.link_watch.stats())
+        out["interval_seconds"] = self.link_watch.interval
+        out["triggered_polls_total"] = self.poller.off_cadence_polls_total
+        out["held_total"] = self.poller.off_cadence_held_total
+        return out
+
     def start_polling(self) -> None:
         self._start_poll_thread()
         self.supervisor.add("poller", lambda: self._thread is not None and self._thread.is_alive(),
                             self._start_poll_thread)
+        if self.link_watch is not None:
+            self._start_watch_thread()
+            self.supervisor.add("linkwatch", lambda: self._watch_thread is not None and self._watch_thread.is_alive(),
+                                self._start_watch_thread)
+
+    def _start_watch_thread(self) -> None:
+        if self._stop.is_set() or self.link_watch is None:
+            return
+        self._watch_thread = threading.Thread(target=self.link_watch.run, args=(self._stop,), name="linkwatch",
+                                              daemon=True)
+        self._watch_thread.start()
 
     def _start_poll_thread(self) -> None:
         if self._stop.is_set():
@@ -276,9 +304,14 @@ class Agent:
     def stop(self) -> None:
         """Stop in order: stop supervising and polling, flush the stream, close sources, then HTTP."""
         self._stop.set()
+        self.poller.wake()  # a wait between polls sees the stop at once
         self.supervisor.halt()
         if self._thread is not None:
             self._thread.join(timeout=max(2.0, self.cfg.interval * 2))
+        if self._watch_thread is not None:
+            self._watch_thread.join(timeout=2.0)
+        if self.link_watch is not None:
+            self.link_watch.close()
         for extra in reversed(self.extras):
             try:
                 extra.stop()
@@ -298,4 +331,15 @@ def build_agent(
     node = resolve_node_name(cfg)
     srcs = build_sources(cfg) if sources is None else sources
     poller = Poller(node, srcs, make_discover(cfg), clock=clock, inline_all=inline_sources)
-    return Agent(cfg=cfg, node=node, poller=poller, clock=clock, _built=list(srcs) if sources is None else None)
+    agent = Agent(cfg=cfg, node=node, poller=poller, clock=clock, _built=list(srcs) if sources is None else None)
+    agent.link_watch = make_link_watch(cfg, poller, inline=inline_sources)
+    return agent
+
+
+def make_link_watch(cfg: AgentConfig, poller: Poller, inline: bool = False) -> LinkWatch | None:
+    """The link watch of this config: None when disabled (0) or when it would not be faster than the
+    polls themselves (``link_watch_interval`` >= ``interval``: every poll already reads link state)."""
+    every = cfg.link_watch_interval
+    if every <= 0 or every >= cfg.interval:
+        return None
+    return LinkWatch(lambda: poller.inventory, poller.request_poll, every, inline=inline)

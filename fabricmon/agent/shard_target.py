@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import structlog
 from prometheus_client import CollectorRegistry, generate_latest
@@ -23,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from ..config import ShardConfig, parse_unit
 from ..configload import ConfigError
-from ..shardmap import STATEFULSET, ShardMap, kubernetes_aggregator, load_shard_map
+from ..shardmap import STATEFULSET, ShardMap, kubernetes_aggregator, load_shard_map, resolve_leaves, uses_leaves
 from .kube_node import NodeLabelError, in_cluster_api_server, read_node_label
 
 log = structlog.get_logger("fabricmon.agent")
@@ -76,7 +77,18 @@ def load_replicas(sel: ShardConfig, source: str) -> Replicas:
     if sel.map is None:
         return Replicas(sel, None)
     try:
-        return Replicas(sel, load_shard_map(sel.map))
+        shards = load_shard_map(sel.map)
+        if uses_leaves(shards):
+            # replicas named by leaf (an imported topology): the same topology places the leaves in units,
+            # as it does on the aggregator, so both sides agree which replica owns this node
+            path = sel.topology or shards.topology
+            if not path:
+                raise ConfigError(f"{sel.map}: replicas: name leaves, so shard.topology (or the map's "
+                                  f"topology:) must give the topology that places them")
+            from ..topology import load_topology
+
+            shards = resolve_leaves(shards, load_topology(path), sel.map)
+        return Replicas(sel, shards)
     except ConfigError as exc:
         raise ConfigError(f"{source}: shard.map: {exc}") from None
 
@@ -135,12 +147,18 @@ def label_lookup(sel: ShardConfig, node: str) -> Callable[[], int]:
     return lookup
 
 
+class Stoppable(Protocol):
+    """What ``start_stream`` returns (the stream client)."""
+
+    def stop(self) -> object: ...
+
+
 class ShardTarget:
     """Finds the target (at once, or by retrying the label lookup in a thread) and hands it to
     ``start_stream`` once.  Stops the stream it started, so a stop racing a late lookup leaves
     nothing running."""
 
-    def __init__(self, node: str, replicas: Replicas, start_stream: Callable[[str], object], *,
+    def __init__(self, node: str, replicas: Replicas, start_stream: Callable[[str], Stoppable], *,
                  target: Target | None = None, lookup: Callable[[], int] | None = None,
                  backoff: tuple[float, float] = (0.5, 30.0)) -> None:
         if target is None and lookup is None:
@@ -154,7 +172,7 @@ class ShardTarget:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.target: Target | None = None
-        self.stream = None
+        self.stream: Stoppable | None = None
         self.problem = "" if target is not None else "unit not looked up yet"
         self.failures_total = 0
         self._pending = target
@@ -195,7 +213,7 @@ class ShardTarget:
                             retry_in_seconds=wait)
                 self._stop.wait(wait)
                 continue
-            except Exception as exc:  # noqa: BLE001 - a bug here must not end the retries
+            except Exception as exc:  # a bug here must not end the retries
                 attempt += 1
                 self.failures_total += 1
                 self.problem = f"shard not resolved: {type(exc).__name__}: {exc}"

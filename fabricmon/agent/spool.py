@@ -27,14 +27,15 @@ simulator and an agent configured without a spool directory.
 
 from __future__ import annotations
 
+import builtins
 import os
 import re
 import struct
 import threading
 import time
 import zlib
-from collections.abc import Callable
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -116,7 +117,8 @@ class MemorySpool:
         with self._lock:
             return next(reversed(self._items), 0) if self._items else 0
 
-    def append(self, seq: int, payload: bytes) -> bool:
+    # (below the ``bytes`` property, ``bytes`` in an annotation would name it: builtins.bytes)
+    def append(self, seq: int, payload: builtins.bytes) -> bool:
         """Store one serialized self-contained batch; False if it could not be kept."""
         data = frame(payload)
         size = len(data)
@@ -158,7 +160,7 @@ class MemorySpool:
             self.written_total += 1
         return True
 
-    def next_after(self, seq: int) -> tuple[int, bytes] | None:
+    def next_after(self, seq: int) -> tuple[int, builtins.bytes] | None:
         """The first readable entry with a seq greater than ``seq`` (corrupt ones are skipped and removed)."""
         while True:
             with self._lock:
@@ -170,7 +172,7 @@ class MemorySpool:
                 return cand, payload
             seq = cand
 
-    def read(self, seq: int) -> bytes | None:
+    def read(self, seq: int) -> builtins.bytes | None:
         try:
             data = self._load(seq)
             if data is None:
@@ -246,7 +248,8 @@ class Spool(MemorySpool):
                     os.unlink(entry.path)
                 except OSError:
                     pass
-                log.warning("spool_entry_skipped", file=entry.name, reason="leftover temporary file (interrupted write)")
+                log.warning("spool_entry_skipped", file=entry.name,
+                            reason="leftover temporary file (interrupted write)")
                 self.corrupt_total += 1
                 continue
             m = _NAME.match(entry.name)

@@ -22,6 +22,7 @@ import structlog
 
 from ..batch import NodeHello
 from ..model import Snapshot
+from .ras_query import RasQuerier
 from .spool import MemorySpool
 from .stream_batches import BatchMaker
 from .stream_channel import TlsFiles, presented_token
@@ -82,6 +83,7 @@ class StreamClient:
         max_inflight: int = 64,
         queue_max: int = 120,
         rng: random.Random | None = None,
+        ras: RasQuerier | None = None,
     ) -> None:
         self.options = StreamOptions(
             target=target, node=node, hello_factory=hello_factory, token=token, token_file=token_file, tls=tls,
@@ -92,6 +94,8 @@ class StreamClient:
         counters = StreamState.new_counters()
         batches = BatchMaker(node, intake, max(int(time.time() * 1000), spool.max_seq + 1), counters)
         self.state = StreamState(self.options, spool, batches, counters, queue_max)
+        self.ras = ras if ras is not None else RasQuerier()
+        self.state.ras = self.ras
         self._backoff_min = backoff_min
         self._backoff_max = backoff_max
         self._rng = rng or random.Random()
@@ -177,6 +181,7 @@ class StreamClient:
         """Stop; whatever is unacknowledged or still queued is written to the spool."""
         self.state.stop.set()
         self.state.wake.set()
+        self.ras.stop(min(timeout, 2.0))
         t = self._thread
         if t is not None:
             t.join(timeout)
@@ -218,6 +223,7 @@ class StreamClient:
             items_dropped=dict(st.batches.guard.dropped),
             items_dropped_total=sum(st.batches.guard.dropped.values()),
             aggregator_dropped=dict(st.aggregator_dropped), aggregator_dropping=int(bool(st.aggregator_dropping)),
+            nccl_ras=self.ras.stats(),
         )
         s["batches_dropped"] = {
             "queue_full": s["snapshots_dropped_total"],

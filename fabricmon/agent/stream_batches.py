@@ -87,13 +87,14 @@ def hello_from_snapshot(node: str, snap: Snapshot | None, interval_seconds: floa
     if snap is not None:
         inv = snap.facts.get("inventory")
         ports_facts = snap.facts.get("ports") or {}
+        guids = {d.name: d.node_guid for d in getattr(inv, "devices", ()) or ()}
         for p in getattr(inv, "ports", ()) or ():
             f = ports_facts.get(f"{p.device}/{p.port}") or {}
             gpu = f.get("gpu")
             nics.append(NicHello(
                 device=p.device, port=p.port, rail=p.rail, link_layer=p.link_layer or (f.get("link_layer") or ""),
                 netdev=p.netdev, rate_gbps=float(f.get("rate_gbps") or 0.0), width=int(f.get("width") or 0),
-                gpu=int(gpu) if isinstance(gpu, int) else -1))
+                gpu=int(gpu) if isinstance(gpu, int) else -1, node_guid=guids.get(p.device, "")))
         gpus = len(snap.facts.get("gpus") or {})
     if boot_id is None:
         try:

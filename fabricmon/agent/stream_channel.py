@@ -37,13 +37,13 @@ def presented_token(token: str | None, token_file: str | None) -> str | None:
     return token or None
 
 
-def auth_metadata(token: str | None) -> list[tuple[str, str]]:
+def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     """``authorization: Bearer`` metadata for ``token`` (none without one)."""
-    return [("authorization", f"Bearer {token}")] if token else []
+    return (("authorization", f"Bearer {token}"),) if token else ()
 
 
 def open_channel(target: str, tls: TlsFiles | None, keepalive_ms: int, max_message_bytes: int) -> grpc.Channel:
-    opts = [
+    opts: list[tuple[str, int | str]] = [
         ("grpc.keepalive_time_ms", keepalive_ms),
         ("grpc.keepalive_timeout_ms", 10_000),
         ("grpc.keepalive_permit_without_calls", 1),

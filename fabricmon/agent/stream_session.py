@@ -107,8 +107,9 @@ class Session:
         reader: threading.Thread | None = None
         call = None
         try:
-            rpc = channel.stream_stream(METHOD, request_serializer=None,
-                                        response_deserializer=pb.AggregatorMessage.FromString)
+            # requests go out serialized already (the encoder's bytes)
+            rpc: grpc.StreamStreamMultiCallable[bytes, pb.AggregatorMessage] = channel.stream_stream(
+                METHOD, request_serializer=None, response_deserializer=pb.AggregatorMessage.FromString)
             call = rpc(_requests(outq), metadata=metadata, wait_for_ready=False)
             reader = threading.Thread(target=self._read_responses, args=(call,),
                                       name="fabricmon-stream-acks", daemon=True)
@@ -187,6 +188,9 @@ class Session:
                     except BadSubscription as exc:
                         conn.subscription = None  # sending everything is always correct
                         log.warning("stream_subscription_refused", target=o.target, reason=str(exc))
+                elif kind == "ras_query":
+                    if st.ras is not None:  # run on the querier's thread; the answer goes out on this queue
+                        st.ras.submit(msg.ras_query, self.outq.put)
                 elif kind == "reject":
                     conn.reject = (msg.reject.seq, msg.reject.reason)
                     log.warning("stream_rejected", target=o.target, seq=msg.reject.seq, reason=msg.reject.reason)

@@ -16,6 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -74,6 +75,7 @@ class StreamState:
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.latest: Snapshot | None = None  # the newest snapshot offered (the default hello's source)
+        self.ras: Any = None  # agent/ras_query.RasQuerier: answers the aggregator's NCCL RAS queries
         self.connected = False
         self.spool_ok = True  # the last batch that had to be spooled was stored
         self.last_error = ""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any, TypeGuard
 
 from ..batch import NodeBatch
 from ..proto.codec import MAX_LABELS, MAX_NAME, MAX_VALUE
@@ -47,13 +48,13 @@ def _sint(v: object, lo_hi: tuple[int, int]) -> bool:
     return type(v) is int and lo_hi[0] <= v <= lo_hi[1]
 
 
-def _finite(v: object) -> bool:
+def _finite(v: object) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _pairs(pairs: object) -> bool:
+def _pairs(pairs: Any) -> bool:  # anything off the wire: what is not pairs raises, and is refused
     try:
-        return all(_text(k, MAX_NAME) and _sint(v, S64) for k, v in pairs)  # type: ignore[union-attr]
+        return all(_text(k, MAX_NAME) and _sint(v, S64) for k, v in pairs)
     except (TypeError, ValueError):
         return False
 
@@ -66,26 +67,27 @@ def rank_ok(r: RankTiming) -> bool:
 
 def heartbeat_ok(h: Heartbeat) -> bool:
     return (_text(h.job, MAX_JOB) and _text(h.job_id, MAX_JOB, empty_ok=True) and _uint(h.rank, U32)
-            and _uint(h.step, U64) and _uint(h.coll_sn, U64) and isinstance(h.in_collective, bool) and _finite(h.ts))
+            and _uint(h.step, U64) and _uint(h.coll_sn, U64) and isinstance(h.in_collective, bool) and _finite(h.ts)
+            and _text(h.nccl_ras, MAX_JOB, empty_ok=True))
 
 
 def layout_ok(lay: JobLayout) -> bool:
     return _text(lay.job, MAX_JOB) and _pairs(lay.layout)
 
 
-def series_ok(family: object, labels: object) -> bool:
+def series_ok(family: object, labels: Any) -> bool:  # labels: anything off the wire, as _pairs
     if not _text(family, MAX_NAME):
         return False
     try:
-        if len(labels) > MAX_LABELS:  # type: ignore[arg-type]
+        if len(labels) > MAX_LABELS:
             return False
-        return all(_text(k, MAX_NAME) and _text(v, MAX_VALUE, empty_ok=True) for k, v in labels)  # type: ignore[union-attr]
+        return all(_text(k, MAX_NAME) and _text(v, MAX_VALUE, empty_ok=True) for k, v in labels)
     except (TypeError, ValueError):
         return False
 
 
 def delta_ok(v: object) -> bool:
-    return _finite(v) and v >= 0  # type: ignore[operator]
+    return _finite(v) and v >= 0
 
 
 class WireGuard:
@@ -134,7 +136,8 @@ class WireGuard:
                 self.dropped["delta"] += 1
             else:
                 deltas.append(d)
-        gauges = self._keep(b.gauges, lambda s: self._series((s.family, s.labels)) and isinstance(s.value, (int, float)),
+        gauges = self._keep(b.gauges,
+                            lambda s: self._series((s.family, s.labels)) and isinstance(s.value, (int, float)),
                             "series")
         ranks = self._keep(b.ranks, rank_ok, "rank")
         layouts = self._keep(b.layouts, layout_ok, "layout")

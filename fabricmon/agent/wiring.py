@@ -70,7 +70,7 @@ def _start_stream(agent: Agent, cfg: AgentConfig, address: str, node: str, intak
 
     try:
         os.makedirs(cfg.stream.spool_dir, exist_ok=True)
-        spool = Spool(cfg.stream.spool_dir, cfg.stream.spool_max_bytes)
+        spool: MemorySpool = Spool(cfg.stream.spool_dir, cfg.stream.spool_max_bytes)
     except OSError as exc:
         log.error("spool_dir_unusable_using_memory", spool_dir=cfg.stream.spool_dir, error=str(exc))
         spool = MemorySpool(cfg.stream.spool_max_bytes)
@@ -92,6 +92,7 @@ def _shard_target(agent: Agent, cfg: AgentConfig, node: str, intake, backoff: tu
     from .shard_target import ShardTarget, label_lookup
 
     sel = cfg.shard
+    assert sel is not None  # a shard plan comes only from a shard section (build_agent)
 
     def start(address: str):
         agent.stream = _start_stream(agent, cfg, address, node, intake, backoff)

@@ -44,7 +44,9 @@ import urllib.error
 import urllib.request
 from collections import deque
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from http.client import HTTPMessage
+from typing import IO, Any
 
 import structlog
 
@@ -61,7 +63,8 @@ OK, RETRY, REJECTED = "ok", "retry", "rejected"
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
     """Refuse every redirect: urlopen then raises HTTPError with the 3xx status."""
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: D102 - urllib's hook
+    def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str,
+                         headers: HTTPMessage, newurl: str) -> None:  # urllib's hook
         return None
 
 
@@ -69,7 +72,7 @@ _OPENER = urllib.request.build_opener(_NoRedirect)
 
 
 def rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class _Url:
@@ -79,7 +82,7 @@ class _Url:
         self.url = url.rstrip("/")
         if not self.url.endswith("/api/v2/alerts"):
             self.url += "/api/v2/alerts"
-        self.queue: deque = deque()  # (kind, id, snapshot)
+        self.queue: deque[tuple[str, str, dict[str, Any]]] = deque()  # (kind, id, snapshot)
         self.pending_resend: set[str] = set()
         self.next_try = 0.0
         self.backoff = 0.5
@@ -100,7 +103,7 @@ class AlertmanagerClient:
         self.wall = wall
         self.max_batch = max_batch
         self.sent_total: dict[str, int] = dict.fromkeys(RESULTS, 0)
-        self._active: dict[str, dict] = {}  # id -> snapshot of an open incident
+        self._active: dict[str, dict[str, Any]] = {}  # id -> snapshot of an open incident
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -136,7 +139,7 @@ class AlertmanagerClient:
                 if inc.open:
                     self._active[inc.id] = self._snapshot(inc)
 
-    def alerts_for(self, incidents: list[Incident]) -> dict[str, dict]:
+    def alerts_for(self, incidents: list[Incident]) -> dict[str, dict[str, Any]]:
         """Incident id -> the labels and annotations this client sends for it (what Alertmanager holds)."""
         out = {}
         for inc in incidents:
@@ -144,7 +147,7 @@ class AlertmanagerClient:
             out[inc.id] = {"labels": snap["labels"], "annotations": snap["annotations"]}
         return out
 
-    def _snapshot(self, inc: Incident) -> dict:
+    def _snapshot(self, inc: Incident) -> dict[str, Any]:
         labels = {"alertname": inc.alertname, "severity": inc.severity, "component_type": inc.component_type,
                   "component": inc.component}
         for k in LABEL_KEYS:
@@ -171,7 +174,7 @@ class AlertmanagerClient:
             "id": inc.id,
         }
 
-    def _enqueue(self, u: _Url, kind: str, iid: str, snap: dict) -> None:
+    def _enqueue(self, u: _Url, kind: str, iid: str, snap: dict[str, Any]) -> None:
         if kind == "resend":
             if iid in u.pending_resend or any(e[1] == iid for e in u.queue):
                 return
@@ -188,7 +191,7 @@ class AlertmanagerClient:
         u.queue.append((kind, iid, snap))
 
     # ------------------------------------------------------------------ payloads
-    def payload(self, snap: dict) -> dict:
+    def payload(self, snap: dict[str, Any]) -> dict[str, Any]:
         wall = self.wall()
         if snap["resolved_at"] is None:
             ends = max(self._sample_now, snap["last_seen"], wall) + 4 * self.resend_seconds
@@ -260,15 +263,16 @@ class AlertmanagerClient:
     def _once(self, u: _Url | None = None) -> None:
         """One delivery round for ``u`` (its own thread), or for every URL in turn (tests)."""
         self._resends_due()
-        for u in ([u] if u is not None else self.urls):
-            self._deliver(u)
+        for each in ([u] if u is not None else self.urls):
+            self._deliver(each)
 
     def _deliver(self, u: _Url) -> None:
         now = time.monotonic()
         if not u.queue or now < u.next_try:
             return
         with self._lock:
-            items, ids = [], set()
+            items: list[tuple[str, str, dict[str, Any]]] = []
+            ids: set[str] = set()
             for e in u.queue:  # one entry per alert and POST: an open is delivered before its resolve
                 if e[1] in ids or len(items) >= self.max_batch:
                     break
@@ -278,7 +282,7 @@ class AlertmanagerClient:
         status = self._post(u, body)
         if status == REJECTED and len(body) > 1:
             # which alerts? Alertmanager kept the valid ones; re-posting those is harmless (dedup)
-            results = [(e, self._post(u, [b])) for e, b in zip(items, body)]
+            results = [(e, self._post(u, [b])) for e, b in zip(items, body, strict=True)]
         else:
             results = [(e, status) for e in items]
         with self._lock:
@@ -308,7 +312,7 @@ class AlertmanagerClient:
                 u.backoff = 0.5
                 u.next_try = 0.0
 
-    def _post(self, u: _Url, body: list[dict]) -> str:
+    def _post(self, u: _Url, body: list[dict[str, Any]]) -> str:
         """OK, RETRY (5xx, 408, 429, timeout, connection) or REJECTED (any other 4xx)."""
         data = json.dumps(body).encode()
         req = urllib.request.Request(u.url, data=data, method="POST",

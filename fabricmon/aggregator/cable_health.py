@@ -25,10 +25,19 @@ import math
 import zlib
 from collections import deque
 from statistics import median
+from typing import TYPE_CHECKING
 
 from ..components import Component
 from .config import DetectionSettings
 from .incidents import Finding
+
+if TYPE_CHECKING:
+    from .state import LinkState
+
+# (t_mid, corrected bits, seconds, bits per lane (8))
+_Bucket = tuple[float, float, float, tuple[float, ...]]
+# (lane, slope dB/min, first dBm, last dBm, fire, keep)
+_RxDrift = tuple[int, float, float, float, bool, bool]
 
 ALERT = "FabricCableDegrading"
 BER_FLOOR = 1e-13  # log of zero corrected bits over an interval
@@ -53,17 +62,17 @@ class _Track:
     __slots__ = ("link", "data_Bps", "cur", "cur_start", "buckets", "rx", "temp", "hits", "last_slot",
                  "finding", "phase", "rx_new", "rx_worst")
 
-    def __init__(self, link) -> None:
+    def __init__(self, link: LinkState) -> None:
         self.link = link
         self.data_Bps: float | None = None
         self.cur: list[float] | None = None  # [corrected bits, seconds, lane0.. lane7]
         self.cur_start = 0.0
-        self.buckets: deque = deque()  # (t_mid, corrected bits, seconds, lanes tuple)
-        self.rx: dict[int, deque] = {}  # lane -> (ts, dBm)
-        self.temp: deque = deque()
+        self.buckets: deque[_Bucket] = deque()
+        self.rx: dict[int, deque[tuple[float, float]]] = {}  # lane -> (ts, dBm)
+        self.temp: deque[tuple[float, float]] = deque()  # (ts, Celsius)
         self.hits = 0
         self.rx_new = False  # a module reading arrived since the last judgement
-        self.rx_worst: tuple | None = None  # the last RX judgement
+        self.rx_worst: _RxDrift | None = None  # the last RX judgement
         self.last_slot = -1
         self.finding: Finding | None = None
         # judged once per bucket, each link at its own phase so the work spreads over the ticks
@@ -77,17 +86,17 @@ class CableHealth:
         self.s = settings
         self.tracks: dict[Component, _Track] = {}
 
-    def _track(self, link) -> _Track:
+    def _track(self, link: LinkState) -> _Track:
         t = self.tracks.get(link.id)
         if t is None:
             t = self.tracks[link.id] = _Track(link)
         return t
 
     # -- ingest ---------------------------------------------------------------------------
-    def data_rate(self, link, value: float) -> None:
+    def data_rate(self, link: LinkState, value: float) -> None:
         self._track(link).data_Bps = value
 
-    def corrected(self, link, ts: float, bits: float, interval: float, lane: int | None = None) -> None:
+    def corrected(self, link: LinkState, ts: float, bits: float, interval: float, lane: int | None = None) -> None:
         """FEC-corrected bits of one interval (lane None: the port total)."""
         t = self._track(link)
         b = self.s.cable_bucket_s
@@ -110,7 +119,7 @@ class CableHealth:
             t.buckets.popleft()
         t.cur = None
 
-    def rx_power(self, link, ts: float, lane: int, watts: float) -> None:
+    def rx_power(self, link: LinkState, ts: float, lane: int, watts: float) -> None:
         t = self._track(link)
         dq = t.rx.setdefault(lane, deque())
         if dq and dq[-1][0] >= ts:
@@ -120,14 +129,14 @@ class CableHealth:
         while dq and dq[0][0] < ts - self.s.cable_window_s:
             dq.popleft()
 
-    def temperature(self, link, ts: float, celsius: float) -> None:
+    def temperature(self, link: LinkState, ts: float, celsius: float) -> None:
         t = self._track(link)
         t.temp.append((ts, celsius))
         while t.temp and t.temp[0][0] < ts - self.s.cable_window_s:
             t.temp.popleft()
 
     # -- detection ------------------------------------------------------------------------
-    def evaluate(self, now: float, suppressed: set[str] | None = None) -> list[Finding]:
+    def evaluate(self, now: float, suppressed: set[Component] | None = None) -> list[Finding]:
         """``suppressed``: links with an open down/flap/errors incident: those already alert, the
         warning does not open on top of them (it keeps if it was already open)."""
         out = []
@@ -142,7 +151,7 @@ class CableHealth:
                 out.append(tr.finding)
         return out
 
-    def _judge(self, tr: _Track, now: float, suppressed: set[str]) -> Finding | None:
+    def _judge(self, tr: _Track, now: float, suppressed: set[Component]) -> Finding | None:
         s = self.s
         link = tr.link
         if link.is_down():
@@ -171,7 +180,7 @@ class CableHealth:
             fire_any |= fire
             keep_any |= keep
             # --- lanes: who carries the errors, and is that lane climbing ---
-            lanes = [sum(col) for col in zip(*[b[3] for b in bk])]
+            lanes = [sum(col) for col in zip(*[b[3] for b in bk], strict=True)]  # 8 lanes each
             total = sum(lanes)
             if total > 0:
                 top = max(range(8), key=lambda i: lanes[i])
@@ -210,10 +219,10 @@ class CableHealth:
         return Finding(ALERT, link.id, link.labels, ev, fire=fire, keep=keep_any or fire,
                        hold_s=s.cable_hold_s, severity="warning")
 
-    def _rx_drift(self, tr: _Track, now: float, warm: bool) -> tuple | None:
+    def _rx_drift(self, tr: _Track, now: float, warm: bool) -> _RxDrift | None:
         """(lane, slope dB/min, first dBm, last dBm, fire, keep) of the lane falling fastest, or None."""
         s = self.s
-        worst = None
+        worst: _RxDrift | None = None
         for lane, dq in tr.rx.items():
             pts = [(ts, v) for ts, v in dq if ts > now - s.cable_window_s]
             if len(pts) < s.cable_min_readings or pts[-1][1] < 10 * math.log10(DARK_W * 1e3):

@@ -14,8 +14,14 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..configload import ConfigError, build, check_hostport, load_yaml_file
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    from ..topology import Topology
 
 __all__ = ["AggregatorConfig", "AlertmanagerSettings", "AuthSettings", "ClockSettings", "ConfigError",
            "DetectionSettings", "GrpcLimits", "ShardSettings", "check_files", "load_aggregator_config"]
@@ -26,7 +32,7 @@ def _positive(value: float, path: str, source: str) -> None:
         raise ConfigError(f"{source}: {path}: must be > 0, got {value}")
 
 
-def _check_numbers(obj, path: str, source: str, *, positive: frozenset[str] = frozenset(),
+def _check_numbers(obj: DataclassInstance, path: str, source: str, *, positive: frozenset[str] = frozenset(),
                    ratios: frozenset[str] = frozenset(), signed: frozenset[str] = frozenset()) -> None:
     """Every number finite and >= 0 (``signed`` ones may be negative); ``positive`` > 0;
     ``ratios`` within [0, 1].  YAML's ``.nan`` and ``.inf`` are numbers too: a NaN tick
@@ -231,9 +237,17 @@ class ShardSettings:
     units: tuple[int, ...] = ()
     units_per_shard: int = 0
     ordinal_from_hostname: bool = False
+    # An imported topology's leaf groups by a leaf's name (its units are numbered by the import and move
+    # when a leaf is added): every group holding one of these leaves is this replica's, whole.
+    leaves: tuple[str, ...] = ()
 
     def validate(self, path: str, source: str) -> None:
         _check_numbers(self, path, source)
+        if self.leaves and (self.units or self.ordinal_from_hostname):
+            raise ConfigError(f"{source}: {path}.leaves: give leaves, units or ordinal_from_hostname, one of them")
+        for i, leaf in enumerate(self.leaves):
+            if not isinstance(leaf, str) or not leaf.strip() or "/" in leaf:
+                raise ConfigError(f"{source}: {path}.leaves[{i}]: a leaf name (no '/'), got {leaf!r}")
         if self.ordinal_from_hostname:
             if self.units:
                 raise ConfigError(f"{source}: {path}.units: give units or ordinal_from_hostname, not both")
@@ -243,8 +257,13 @@ class ShardSettings:
         elif self.units_per_shard:
             raise ConfigError(f"{source}: {path}.units_per_shard: only with ordinal_from_hostname: true")
 
-    def owned(self, hostname: str, source: str) -> tuple[int, ...]:
-        """The units this replica owns (empty: all); ``hostname`` gives the StatefulSet ordinal."""
+    def owned(self, hostname: str, source: str, topology: Topology | None = None) -> tuple[int, ...]:
+        """The units this replica owns (empty: all); ``hostname`` gives the StatefulSet ordinal, ``topology``
+        the leaf groups of ``leaves``."""
+        if self.leaves:
+            if topology is None:
+                raise ConfigError(f"{source}: shard.leaves: needs the topology to place them")
+            return topology.units_of_leaves(self.leaves, f"{source}: shard.leaves")
         if not self.ordinal_from_hostname:
             return self.units
         from ..shardmap import units_of_ordinal
@@ -315,6 +334,23 @@ def _readable(path: str) -> str | None:
     return None
 
 
+def state_dir_problem(directory: Path) -> str | None:
+    """None when the aggregator can keep its state file in ``directory``: it exists and is writable, or
+    it does not exist yet and its nearest existing parent is a writable directory (the aggregator makes
+    it at start; systemd's StateDirectory= makes it only when the unit first starts, after an
+    install's check-config)."""
+    if directory.is_dir():
+        return None if os.access(directory, os.W_OK | os.X_OK) else f"directory {directory} is not writable"
+    parent = directory
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} (above {directory}) is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"directory {directory} does not exist and {parent} is not writable to make it"
+    return None
+
+
 def check_files(cfg: AggregatorConfig, source: str, *, parse_topology: bool = True) -> None:
     """Every file the config names exists and is readable, and the ones the aggregator parses
     parse: what ``check-config`` and the aggregator's start check alike.  A reload passes
@@ -322,8 +358,10 @@ def check_files(cfg: AggregatorConfig, source: str, *, parse_topology: bool = Tr
     problem = _readable(cfg.topology)
     if problem:
         raise ConfigError(f"{source}: topology: {problem}")
-    if cfg.state_file and not Path(cfg.state_file).parent.is_dir():
-        raise ConfigError(f"{source}: state_file: directory {Path(cfg.state_file).parent} does not exist")
+    if cfg.state_file:
+        problem = state_dir_problem(Path(cfg.state_file).parent)
+        if problem:
+            raise ConfigError(f"{source}: state_file: {problem}")
     for name, path in cfg.auth.files():
         problem = _readable(path)
         if problem:
@@ -333,7 +371,9 @@ def check_files(cfg: AggregatorConfig, source: str, *, parse_topology: bool = Tr
 
     load_credentials(cfg.auth, source)
     if parse_topology:
-        load_topology(cfg.topology)
+        topo = load_topology(cfg.topology)
+        if cfg.shard.leaves:  # every leaf named is one of the topology's
+            topo.units_of_leaves(cfg.shard.leaves, f"{source}: shard.leaves")
 
 
 def load_aggregator_config(path: str | Path) -> AggregatorConfig:

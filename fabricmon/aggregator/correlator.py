@@ -36,7 +36,7 @@ from ..components import NETWORK_KINDS, Component, Kind
 from ..topology import Topology
 from .config import DetectionSettings
 from .incidents import Finding, Key
-from .stragglers import StragglerReport
+from .stragglers import Straggler, StragglerReport
 
 ALERT_LLR = {
     "FabricLinkDown": 6.0,
@@ -169,7 +169,7 @@ def localize_stragglers(topo: Topology, s: DetectionSettings, report: StragglerR
     with medium evidence (``Shared``), else a compute straggler or a load imbalance (findings)."""
     out: list[Finding] = []
     shared: dict[Component, Shared] = {}
-    by_job: dict[str, list] = defaultdict(list)
+    by_job: dict[str, list[Straggler]] = defaultdict(list)
     for st in report.stragglers:
         by_job[st.job].append(st)
     persistent = {(st.job, st.rank) for st in report.stragglers}
@@ -206,7 +206,8 @@ def localize_stragglers(topo: Topology, s: DetectionSettings, report: StragglerR
     return out, shared
 
 
-def _hosts_imbalance(s: DetectionSettings, job: str, node_groups: list, cluster: str) -> Finding:
+def _hosts_imbalance(s: DetectionSettings, job: str, node_groups: list[tuple[Component, list[Straggler]]],
+                     cluster: str) -> Finding:
     """Several whole hosts late together with clean counters: load imbalance, not hardware."""
     ranks = tuple(sorted(m.rank for g in node_groups for m in g[1]))
     on = comp.job(job)
@@ -217,9 +218,9 @@ def _hosts_imbalance(s: DetectionSettings, job: str, node_groups: list, cluster:
                                "imbalance, not a fabric fault")
 
 
-def _straggler_finding(topo: Topology, s: DetectionSettings, job: str, group: Component, members: list,
-                       cands: list[Component], net: list[Component], ev: Evidence, fresh_nodes: set[str],
-                       cluster: str) -> Finding:
+def _straggler_finding(topo: Topology, s: DetectionSettings, job: str, group: Component,
+                       members: list[Straggler], cands: list[Component], net: list[Component], ev: Evidence,
+                       fresh_nodes: set[str], cluster: str) -> Finding:
     """A straggler group no fabric component explains: StragglerRank, saying why the fabric is cleared."""
     ranks = tuple(sorted(m.rank for m in members))
     nodes = {m.node for m in members}
@@ -273,13 +274,13 @@ def ride_on_own_alerts(shared: dict[Component, Shared], findings: list[Finding],
         if f.alertname in EVIDENCE_ALERTS and (f.fire or f.keep):
             own[f.component].append(f)
             if f.component.kind is Kind.LINK:
-                own[f.component.parent()].append(f)  # type: ignore[index]
+                own[f.component.parent()].append(f)  # type: ignore[index]  # a link's parent: its NIC
     owned_by_incident: set[Component] = set()
     for alertname, component in open_keys:
         if alertname in EVIDENCE_ALERTS:
             owned_by_incident.add(component)
             if component.kind is Kind.LINK:
-                owned_by_incident.add(component.parent())  # type: ignore[arg-type]
+                owned_by_incident.add(component.parent())  # type: ignore[arg-type]  # a link's: its NIC
     for c in list(shared):
         if c in own or c in owned_by_incident:
             ent = shared.pop(c)
@@ -331,27 +332,37 @@ def _path(topo: Topology, node: str, gpu: int) -> list[Component]:
     return [c for k, c in topo.path_of_gpu(node, gpu).items() if k is not Kind.RAIL]
 
 
-def _group(topo: Topology, lst: list) -> list[tuple[Component, list]]:
+def _group(topo: Topology, lst: list[Straggler]) -> list[tuple[Component, list[Straggler]]]:
     """Split one job's persistent stragglers into (component, members)."""
-    groups: list[tuple[Component, list]] = []
+    groups: list[tuple[Component, list[Straggler]]] = []
     # comm-late ranks of one rail on several hosts: a ring slowed by one component on that rail
-    # (the rings of a rail-optimized job span units, so every rank of the rail waits for it)
-    by_rail: dict[int, list] = defaultdict(list)
+    # (the rings of a rail-optimized job span units, so every rank of the rail waits for it).  On a
+    # fabric that is not rail-optimized (a fat tree: rail None) the leaf the topology puts the NIC on
+    # is the grain: the ranks behind one slow leaf are late together, whatever their GPU index.
+    by_rail: dict[int, list[Straggler]] = defaultdict(list)
+    by_own_leaf: dict[Component, list[Straggler]] = defaultdict(list)
     compute = []
     for st in lst:
         nic = topo.nic_for_gpu(st.node, st.gpu) if st.node in topo.nodes else None
-        if st.kind == "comm" and nic is not None:
+        if st.kind == "comm" and nic is not None and nic.rail is not None:
             by_rail[nic.rail].append(st)
+        elif st.kind == "comm" and nic is not None:
+            by_own_leaf[topo.leaf_for(st.node, nic)].append(st)
         else:
             compute.append(st)
     for r, members in by_rail.items():
-        leaves = {topo.leaf(m.node, r) for m in members}
+        leaves = {_leaf_of_rank(topo, m) for m in members}
         if len(leaves) == 1 and len({m.node for m in members}) >= 2:
             groups.append((next(iter(leaves)), members))
         else:
             groups.append((comp.rail(r), members))
+    for lf, members in by_own_leaf.items():
+        if len({m.node for m in members}) >= 2:
+            groups.append((lf, members))
+        else:
+            compute.extend(members)  # one host behind the leaf: its own NIC, link or GPU, judged below
     lst = compute
-    by_node: dict[str, list] = defaultdict(list)
+    by_node: dict[str, list[Straggler]] = defaultdict(list)
     for st in lst:
         by_node[st.node].append(st)
     rest = []
@@ -362,14 +373,14 @@ def _group(topo: Topology, lst: list) -> list[tuple[Component, list]]:
             groups.append((comp.node(name), members))
         else:
             rest.extend(members)
-    by_leaf: dict[Component, list] = defaultdict(list)
+    by_leaf: dict[Component, list[Straggler]] = defaultdict(list)
     singles = []
     for m in rest:
         nic = topo.nic_for_gpu(m.node, m.gpu) if m.node in topo.nodes else None
         if nic is None:
             singles.append(m)
             continue
-        by_leaf[topo.leaf(m.node, nic.rail)].append(m)
+        by_leaf[topo.leaf_for(m.node, nic)].append(m)
     for lf, members in by_leaf.items():
         if len({m.node for m in members}) >= 2:
             groups.append((lf, members))
@@ -380,7 +391,7 @@ def _group(topo: Topology, lst: list) -> list[tuple[Component, list]]:
     return groups
 
 
-def _candidates(topo: Topology, group: Component, members: list,
+def _candidates(topo: Topology, group: Component, members: list[Straggler],
                 evidence: dict[Component, float] | None = None) -> list[Component]:
     # an insertion-ordered set: a rail's group holds every slow rank of the rail (thousands in a big
     # job), and a list's membership test made this quadratic in them
@@ -394,15 +405,25 @@ def _candidates(topo: Topology, group: Component, members: list,
                 cands.setdefault(p[k])
         # NVLinks of the GPU carry their evidence on the GPU (see fuse_evidence)
     if group.kind in (Kind.RAIL, Kind.LEAF) and members and members[0].kind == "comm" and evidence:
-        # a ring is as slow as its slowest link: any component of the rail with evidence explains it
+        # a ring is as slow as its slowest link: any component of the rail with evidence explains it;
+        # with no rail (a fat tree's leaf) the components the topology puts on that leaf
         for c in evidence:
-            if c not in cands and _rail_of(topo, c) == group.rail:
+            if c in cands:
+                continue
+            if group.rail is not None and _rail_of(topo, c) == group.rail:
+                cands[c] = None
+            elif group.rail is None and group.kind is Kind.LEAF and c.kind in NETWORK_KINDS and c.leaf == group.id:
                 cands[c] = None
     if group.kind is Kind.NODE and group.node in topo.nodes:
         for nic in topo.nodes[group.node].nics:
             cands.setdefault(topo.link(group.node, nic))
             cands.setdefault(topo.nic_component(group.node, nic))
     return list(cands)
+
+
+def _leaf_of_rank(topo: Topology, m: Straggler) -> Component:
+    nic = topo.nic_for_gpu(m.node, m.gpu)
+    return topo.leaf_for(m.node, nic) if nic is not None else topo.leaf(m.node, None)
 
 
 def _rail_of(topo: Topology, c: Component) -> int | None:

@@ -19,10 +19,16 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import components as comp
 from ..components import Component, Kind
+
+if TYPE_CHECKING:
+    from ..topology import Topology
+    from .stragglers import StragglerTracker
 
 BASELINE_STEPS = 20
 MAX_STEPS = 4096  # per job: at a step a second, an hour of history
@@ -48,7 +54,7 @@ class JobImpact:
     stopped: bool
     gpu_hours_per_hour: float
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"job": self.job, "job_id": self.job_id or None,
                 "step_slowdown": None if self.step_slowdown is None else round(self.step_slowdown, 4),
                 "stopped": self.stopped, "gpu_hours_per_hour": round(self.gpu_hours_per_hour, 2)}
@@ -78,7 +84,7 @@ class StepLog:
         js.seconds.append(seconds)
 
     def impact(self, job: str, first_seen: float, now: float,
-               other_open: list[tuple[float, float]] = ()) -> JobImpact | None:
+               other_open: Sequence[tuple[float, float]] = ()) -> JobImpact | None:
         """``other_open``: (opened, closed or now) of the job's other incidents, kept out of the baseline."""
         js = self.jobs.get(job)
         if js is None:
@@ -120,17 +126,43 @@ def impact_sentence(impacts: list[JobImpact], shown: int = 3) -> str:
     return "; ".join(parts)
 
 
+# What annotate reads of incidents.py's Finding, Incident and IncidentManager (incidents.py imports this
+# module for JobImpact: protocols keep the two apart, tests/core/test_import_cycles.py)
+class CostedFinding(Protocol):
+    alertname: str
+    component: Component
+    labels: dict[str, str]
+    fire: bool
+    keep: bool
+    jobs: tuple[str, ...]
+    severity: str
+    impact: tuple[JobImpact, ...]
+
+
+class CostedIncident(Protocol):
+    @property
+    def severity(self) -> str: ...
+    @property
+    def first_seen(self) -> float: ...
+    @property
+    def resolved_at(self) -> float | None: ...
+
+
+class OpenIncidents(Protocol):
+    def get_open(self, alertname: str, component: Component) -> CostedIncident | None: ...
+    def all_by_component(self) -> Iterable[tuple[Component, CostedIncident]]: ...
+
 class IncidentCost:
     """Attaches each finding's cost per job before the incident manager applies it: the jobs whose ranks
     use the finding's component (per the topology), their impact since the incident's ``first_seen``, and
     the ``hpc_job`` label, fixed when the incident first fires (the hurt job with most GPUs) so measured
     cost updates annotations, never the alert's identity."""
 
-    def __init__(self, topology) -> None:
+    def __init__(self, topology: Topology) -> None:
         self.topology = topology
         self.steps = StepLog()
         self._index: dict[Component, set[str]] = {}  # component -> job keys whose ranks use it
-        self._index_key: tuple = ()
+        self._index_key: tuple[tuple[str, int], ...] = ()
         self._gpus: dict[str, int] = {}
 
     def record(self, job_key: str, job: str, job_id: str, step: int, end_ts: float, seconds: float) -> None:
@@ -138,7 +170,7 @@ class IncidentCost:
         js = self.steps.jobs[job_key]
         js.name = job
 
-    def _rebuild(self, tracker) -> None:
+    def _rebuild(self, tracker: StragglerTracker) -> None:
         key = tuple((k, len(j.ranks)) for k, j in tracker.jobs.items())
         if key == self._index_key:
             return
@@ -163,7 +195,8 @@ class IncidentCost:
             component = comp.nic(component.node, component.device) if component.device else comp.node(component.node)
         return self._index.get(component, set())
 
-    def annotate(self, findings: list, manager, now: float, tracker) -> None:
+    def annotate(self, findings: Iterable[CostedFinding], manager: OpenIncidents, now: float,
+                 tracker: StragglerTracker) -> None:
         self._rebuild(tracker)
         # every incident of the last hour, open or not, with the jobs it touches: a baseline step is clean
         # only when none of them was open on the job

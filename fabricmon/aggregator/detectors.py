@@ -21,14 +21,14 @@ from collections import deque
 
 from .config import DetectionSettings
 from .incidents import Finding
-from .state import GpuEvent, GpuState, LinkEvent, LinkState
+from .state import TRAFFIC_CLASS_SUB, Event, GpuEvent, GpuState, LinkEvent, LinkState
 
 STATE_NAMES = {1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
 PHYS_NAMES = {1: "Sleep", 2: "Polling", 3: "Disabled", 4: "PortConfigurationTraining", 5: "LinkUp",
               6: "LinkErrorRecovery", 7: "PhyTest"}
 
 
-def window_sums(ev: deque, now: float, w: float, n: int, kinds: int) -> list[list[float]]:
+def window_sums(ev: deque[Event], now: float, w: float, n: int, kinds: int) -> list[list[float]]:
     """Per kind, the sum of event values in each of the last ``n`` windows (0 = newest)."""
     out = [[0.0] * n for _ in range(kinds)]
     for ts, kind, value, _sub in ev:
@@ -164,8 +164,10 @@ def evaluate_link(link: LinkState, now: float, w: float, s: DetectionSettings) -
                 if best is None or ratio[0] > best[1]:
                     best = (prio, ratio[0], rx[0], fire, keepk)
         if best is not None:
-            prio, r, rx, fire, keepk = best
-            e = [f"emits PFC pause {r * 100:.0f}% of time on priority {prio}, receives {rx * 100:.0f}%"]
+            prio, r, rx_r, fire, keepk = best
+            where = (f"traffic class {prio - TRAFFIC_CLASS_SUB} (from XOFF frames)" if prio >= TRAFFIC_CLASS_SUB
+                     else f"priority {prio}")
+            e = [f"emits PFC pause {r * 100:.0f}% of time on {where}, receives {rx_r * 100:.0f}%"]
             if sum(storms[: s.of_windows]):
                 e.append(f"pause storm events +{_fmt(sum(storms[:s.of_windows]))}")
             out.append(Finding("FabricPFCStorm", link.id, lab, e, fire=fire, keep=keepk))

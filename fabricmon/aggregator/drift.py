@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from .. import components as comp
 from .config import DetectionSettings
-from .state import NodeState
 from .incidents import Finding
+from .state import NodeState
 
 
 def config_drift(nodes: dict[str, NodeState], config_nodes: set[str], s: DetectionSettings, cluster: str,

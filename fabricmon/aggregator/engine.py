@@ -19,11 +19,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import structlog
 
 from ..batch import NodeBatch, NodeHello
 from ..components import Component, Kind
+from ..proto.ras import RasQuery, RasReport
 from ..topology import Topology
 from .admission import ClusterClock
 from .agents_down import agents_down, restart_grace, unknown_nodes_finding
@@ -39,6 +41,7 @@ from .incidents import Finding, Incident, IncidentManager, Relation
 from .ingest import DELTA_ROUTES, GAUGE_ROUTES, Ingest
 from .lateness import node_time, scale_holds
 from .node_folding import NodeFolder
+from .ras_queries import RasQueries
 from .state import LinkState, Registry
 from .stragglers import StragglerTracker
 
@@ -75,6 +78,7 @@ class Engine:
         self.config_nodes = reg.config_nodes
         self.stragglers = StragglerTracker(s)
         self.heartbeats = HeartbeatTracker()
+        self.ras = RasQueries()  # NCCL RAS of suspect jobs, asked through one of their agents
         self.cost = IncidentCost(topology)
         self.cable = CableHealth(s)
         self.manager = IncidentManager(default_hold_s=s.hold_s)
@@ -94,7 +98,7 @@ class Engine:
         self.rank_timings_dropped: dict[str, int] = {}
         self._drop_logged: set[tuple[str, str]] = set()
         self._unknown_warned: set[str] = set()
-        self.last_tick = None
+        self.last_tick: float | None = None
         self.started_at: float | None = None  # sample time of the first tick (agents_down's restart grace)
         self.suspicion: dict[Component, float] = {}
 
@@ -116,7 +120,7 @@ class Engine:
                      hint="not in the topology: monitored at node, NIC, link and GPU level without rail or leaf "
                           "(add it to the topology, or check the agent's --node-name)")
 
-    def nodes_view(self) -> dict:
+    def nodes_view(self) -> dict[str, Any]:
         """/api/nodes: every node this replica watches (topology nodes it owns, streaming nodes the
         topology lacks) and, once the start-up grace has passed, the topology nodes never heard from."""
         with self.lock:
@@ -164,11 +168,30 @@ class Engine:
             if hello.boot_id:
                 ns.boot_id = hello.boot_id
             if hello.interval_seconds > 0:
-                ns.interval = hello.interval_seconds
+                ns.interval = ns.announced_interval = hello.interval_seconds
             ns.connected = True
             self.cluster_clock.connected(hello.node)
+            self._bind(hello)
             for nic in hello.nics:
                 reg.announce(ns, nic.device, str(nic.port), nic.rail, nic.netdev)
+
+    def _bind(self, hello: NodeHello) -> None:
+        """An imported topology knows some NICs only by node GUID (``gpu-a17-03 HCA-1``) or netdev (LLDP):
+        the hello names their RDMA devices, so their links get the leaf the fabric says."""
+        spec = self.topology.nodes.get(hello.node)
+        if spec is None or not spec.unbound:
+            return
+        names: dict[str, str] = {}
+        for nic in hello.nics:
+            for key in (nic.node_guid, nic.netdev):
+                if key:
+                    names[key] = nic.device
+        bound = self.topology.bind_devices(hello.node, names)
+        left = self.topology.nodes[hello.node].unbound
+        if bound or left:
+            _log.info("topology_bound", node=hello.node, bound=bound, unbound=len(left),
+                      hint="" if not left else "NICs of the topology this hello names by neither node GUID "
+                                               "nor netdev stay unmonitored at leaf level")
 
     def disconnected(self, node: str) -> None:
         with self.lock:
@@ -225,7 +248,11 @@ class Engine:
                 ns.last_ts = ts
             ns.ever_seen = True
             if batch.interval_seconds > 0:
-                ns.interval = batch.interval_seconds
+                # A batch's interval is the time since the node's previous poll.  An off-cadence poll (the
+                # agent's link watch) is shorter than the cadence the hello announced, and must not shrink
+                # the windows, the lateness bound or the agents-down silence; a poll that fell behind
+                # (slow sources) is longer, and does widen them.
+                ns.interval = max(batch.interval_seconds, ns.announced_interval)
             self.batches_total += 1
             self.samples_total += len(batch.deltas) + batch.unread_deltas + len(batch.gauges) + len(batch.ranks)
             if batch.deltas:
@@ -323,7 +350,7 @@ class Engine:
         loud = {f.component for f in findings if f.component.kind is Kind.LINK and f.fire
                 and f.alertname in ("FabricLinkDown", "FabricLinkFlapping", "FabricLinkErrors")}
         findings.extend(self.cable.evaluate(now, loud))
-        node_findings, node_relations = self.node_folder.fold(foldable, now)
+        node_findings, node_relations = self.node_folder.fold(foldable, now, self.folder.folding_leaves(foldable))
         leaf_findings, relations = self.folder.fold_links(foldable, now)
         findings.extend(leaf_findings)
         findings.extend(node_findings)
@@ -340,8 +367,32 @@ class Engine:
             self.started_at = now  # the first tick: the restart grace of agents_down runs from here
         findings.extend(agents_down(self.nodes.values(), s, self.cluster, now, self.started_at))
         findings.extend(unknown_nodes_finding(self.unknown_nodes(), self.cluster))
-        findings.extend(hung_job_findings(self.heartbeats.hangs(now), self._rank_gpu, self.topology, self.cluster))
+        # one pass over the heartbeats: the suspects (RAS is asked) at 10 s, the hung among them at 20 s
+        suspects = self.ras.plan(self.heartbeats, now, self._connected)
+        hung = [h for h in suspects if now - h.since >= self.heartbeats.stall_s]
+        findings.extend(hung_job_findings(hung, self._rank_gpu, self.topology, self.cluster, self.ras.evidence))
         return findings, relations
+
+    def _connected(self, node: str) -> bool:
+        ns = self.nodes.get(node)
+        return ns is not None and ns.connected
+
+    # ------------------------------------------------------------------ NCCL RAS (ras_queries.py)
+    def ras_waiting(self) -> list[str]:
+        """Nodes with RAS queries queued (the simulator's stand-in for the streams)."""
+        with self.lock:
+            return list(self.ras.outbox)
+
+    def take_ras_queries(self, node: str) -> list[RasQuery]:
+        """The RAS queries to send down ``node``'s stream now (the servicer, after each ack)."""
+        with self.lock:
+            return self.ras.take(node) if self.ras.outbox else []
+
+    def ras_report(self, node: str, report: RasReport) -> bool:
+        """An agent's answer to a RAS query; it joins the job's JobHung evidence at the next tick."""
+        with self.lock:
+            now = self.last_tick if self.last_tick is not None else self.cluster_clock.now()
+            return self.ras.report(node, report, now)
 
     def _rank_gpu(self, job: str, job_id: str, rank: int) -> int | None:
         """The GPU index of a job's rank, from its rank timings (heartbeats carry none)."""
@@ -363,7 +414,26 @@ class Engine:
         with self.lock:
             return sum(1 for ns in self.nodes.values() if ns.connected)
 
-    def metrics_snapshot(self) -> dict:
+    def topology_series(self) -> tuple[list[tuple[str, str, str, str, str]], list[tuple[str, str]]]:
+        """The topology this replica owns, as Prometheus reads it: (node, device, port, rail, leaf) per
+        NIC port (named leaves; rail "" on a fat tree) and (leaf, spine) per uplink (spine "" for a leaf
+        with none known).  The recording rules take rail and leaf from here."""
+        with self.lock:
+            topo, reg = self.topology, self.registry
+            ports: list[tuple[str, str, str, str, str]] = []
+            leaves: set[str] = set()
+            for name, spec in topo.nodes.items():
+                if not reg.owned(name):
+                    continue
+                for nic in spec.nics:
+                    leaf = topo.leaf_of_nic(name, nic.device) or ""
+                    ports.append((name, nic.device, str(nic.port), "" if nic.rail is None else str(nic.rail), leaf))
+                    if leaf:
+                        leaves.add(leaf)
+            uplinks = [(leaf, spine) for leaf in sorted(leaves) for spine in (topo.spines_of(leaf) or ("",))]
+            return ports, uplinks
+
+    def metrics_snapshot(self) -> dict[str, Any]:
         with self.lock:
             open_counts: dict[tuple[str, str], int] = {}
             for inc in self.manager.open_incidents():
@@ -384,6 +454,8 @@ class Engine:
                 "incident_cost": [(inc.alertname, inc.component, i.job, i.job_id, i.gpu_hours_per_hour)
                                   for inc in self.manager.open_incidents() for i in inc.impact],
                 "ticks_total": self.ticks_total,
+                "nccl_ras_sent_total": self.ras.sent_total,
+                "nccl_ras_outcomes": dict(self.ras.outcomes),
                 "tick_seconds_last": self.tick_seconds_last,
                 "tick_seconds_sum": self.tick_seconds_sum,
                 "newest_ts": self.newest_ts,

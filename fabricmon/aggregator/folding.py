@@ -23,8 +23,8 @@ from __future__ import annotations
 from ..components import Component, Kind
 from .config import DetectionSettings
 from .detectors import leaf_fold_threshold
-from .state import LinkState
 from .incidents import Finding, Relation
+from .state import LinkState
 
 LEAF = "FabricLeafDegraded"
 CONGESTION = "FabricCongestion"
@@ -53,23 +53,38 @@ class LeafFolder:
                 _note_evidence(link, now, s.hold_s)
             n_links = len(self.links_by_leaf.get(leaf, ())) or len(entries)
             ep = self.episodes.get(leaf)
-            if len(entries) >= leaf_fold_threshold(n_links, s):
+            if self._folds(leaf, entries):
                 if ep is None:
                     ep = self.episodes[leaf] = [now, now]
                 ep[1] = now
                 findings.append(self._leaf_finding(leaf, entries, n_links))
             since = ep[0] if ep is not None else None
             for link, fl in entries:
-                if since is not None and link.evidence_since < since - s.fold_grace_s:
+                began = link.evidence_since if link.evidence_since is not None else now  # set just above
+                if since is not None and began < since - s.fold_grace_s:
                     findings.extend(fl)  # failing before the leaf's episode began: its own fault
                     continue
                 if since is not None:
                     relations.extend(Relation((f.alertname, link.id), (LEAF, leaf)) for f in fl)
-                if (since is not None or len(entries) >= 2) and now - link.evidence_since < s.fold_grace_s:
+                if (since is not None or len(entries) >= 2) and now - began < s.fold_grace_s:
                     for f in fl:  # neighbours also show evidence: wait a little for the leaf to fire
                         f.keep, f.fire = f.keep or f.fire, False
                 findings.extend(fl)
         return findings, relations
+
+    def _folds(self, leaf: Component, entries: list[tuple[LinkState, list[Finding]]]) -> bool:
+        """Enough of the leaf's links with evidence at once, on at least two nodes: the links of one node
+        failing together are that node's fault (node_folding.py), even where a fat tree cables them all
+        to one leaf."""
+        n_links = len(self.links_by_leaf.get(leaf, ())) or len(entries)
+        return (len(entries) >= leaf_fold_threshold(n_links, self.settings)
+                and len({link.node for link, _ in entries}) >= 2)
+
+    def folding_leaves(self, candidates: dict[Component, list[tuple[LinkState, list[Finding]]]]
+                       ) -> frozenset[Component]:
+        """The leaves whose links fold into the leaf this tick: the node folder leaves their links alone
+        (a fat tree carries several NICs of each node on one leaf; rail-optimized, one per node)."""
+        return frozenset(leaf for leaf, entries in candidates.items() if self._folds(leaf, entries))
 
     def fold_congestion(self, congested: dict[Component, list[tuple[LinkState, Finding]]]
                         ) -> tuple[list[Finding], list[Relation]]:

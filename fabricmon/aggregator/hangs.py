@@ -13,9 +13,15 @@ The rank that hangs it is the one its peers wait for: outside the collective (or
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..rank_timing import Heartbeat
+
+if TYPE_CHECKING:
+    from ..topology import Topology
+    from .incidents import Finding
 
 HEARTBEAT_S = 5.0
 # no coll_sn moved for this long (four heartbeats): with 5 s polls and the tick, named within about 35 s;
@@ -34,6 +40,7 @@ class RankBeat:
     in_collective: bool
     ts: float  # newest heartbeat
     moved: float  # when coll_sn last changed
+    nccl_ras: str = ""  # the RAS address its job announced (aggregator/ras_queries.py), "" for none
 
 
 @dataclass
@@ -71,15 +78,19 @@ class HeartbeatTracker:
                 self.dropped_total += 1
                 return
             self._n += 1
-            jb.ranks[h.rank] = RankBeat(h.node or node, h.step, h.coll_sn, h.in_collective, h.ts, h.ts)
+            jb.ranks[h.rank] = RankBeat(h.node or node, h.step, h.coll_sn, h.in_collective, h.ts, h.ts, h.nccl_ras)
             return
         if h.ts < rb.ts:
             return  # an older heartbeat replayed from a spool
         if h.coll_sn != rb.coll_sn or h.step != rb.step:
             rb.moved = h.ts
         rb.node, rb.step, rb.coll_sn, rb.in_collective, rb.ts = h.node or node, h.step, h.coll_sn, h.in_collective, h.ts
+        rb.nccl_ras = h.nccl_ras
 
-    def hangs(self, now: float) -> list[Hang]:
+    def hangs(self, now: float, stall_s: float | None = None) -> list[Hang]:
+        """Jobs hung at ``now``: no progress for ``stall_s`` (default the tracker's) with peers waiting.
+        A shorter ``stall_s`` gives the suspects (aggregator/ras_queries.py asks their NCCL RAS)."""
+        stall = self.stall_s if stall_s is None else stall_s
         out = []
         for key in list(self.jobs):
             jb = self.jobs[key]
@@ -90,7 +101,7 @@ class HeartbeatTracker:
                     del self.jobs[key]  # ended long ago
                 continue
             since = max(b.moved for b in alive.values())
-            if now - since < self.stall_s:
+            if now - since < stall:
                 continue  # some rank still makes progress
             waiting = [r for r, b in alive.items() if b.in_collective]
             if len(waiting) < WAITING_SHARE * len(alive):
@@ -104,14 +115,16 @@ class HeartbeatTracker:
         return out
 
 
-def hung_job_findings(hangs: list[Hang], gpu_of, topology, cluster: str) -> list:
+def hung_job_findings(hangs: list[Hang], gpu_of: Callable[[str, str, int], int | None], topology: Topology,
+                      cluster: str, ras_evidence: Callable[[Hang], list[str]] | None = None) -> list[Finding]:
     """``JobHung`` (critical) per hung job, on the first rank the others wait for (its GPU, as the topology
-    hands it out, when its rank timings told which, else its node); the other culprits in the evidence.
+    hands it out, when its rank timings told which, else its node); the other culprits in the evidence,
+    and what the job's NCCL RAS said when it was asked (``ras_evidence(hang)``: lines, none without RAS).
     A node the topology lacks still gets its GPU (without rail or leaf)."""
     from .. import components as comp
     from .incidents import Finding
 
-    out = []
+    out: list[Finding] = []
     for h in hangs:
         rank = h.ranks[0]
         gpu = gpu_of(h.job, h.job_id, rank)
@@ -128,7 +141,8 @@ def hung_job_findings(hangs: list[Hang], gpu_of, topology, cluster: str) -> list
         out.append(Finding(
             "JobHung", where, lab,
             [f"no collective progress since t={h.since:.0f} while heartbeats go on",
-             f"{h.waiting} rank(s) wait inside a collective for rank {rank}{more}"],
+             f"{h.waiting} rank(s) wait inside a collective for rank {rank}{more}",
+             *(ras_evidence(h) if ras_evidence is not None else ())],
             ranks=h.ranks[:64], jobs=(h.job,), severity="critical", hold_s=2 * HEARTBEAT_S,
             description=f"job {h.job} is hung: rank {rank} on {node} never entered the collective its peers wait "
                         f"in (its process is alive: heartbeats go on)"))

@@ -11,18 +11,27 @@ default is ``all``), ``?id=`` selects one.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
 
 from ..buildinfo import add_runtime_collectors
 from ..httpserve import TEXT, RoutedHTTPServer, landing_page, probe
 from .admission import TS_AHEAD, TS_BEHIND, TS_STALE
-from .name_bounds import KINDS as NAME_KINDS
-from .stragglers import REFUSE_REASONS as STEP_REFUSALS
 from .alertmanager import RESULTS, rfc3339
 from .engine import LATENESS_EXPORTED_PER_JOB, Engine
+from .name_bounds import KINDS as NAME_KINDS
+
+if TYPE_CHECKING:
+    from ..buildinfo import ReloadStatus
+    from ..webconfig import WebConfig
+    from .alertmanager import AlertmanagerClient
+    from .incidents import Incident
+from .stragglers import REFUSE_REASONS as STEP_REFUSALS
 
 # Why a batch never reached the detectors: the servicer's seq checks and the engine's time admission.
 DROP_REASONS = ("duplicate", "seq_ahead", TS_AHEAD, TS_BEHIND, TS_STALE)
@@ -32,12 +41,13 @@ REFUSAL_KEYS = (("unauthenticated", "unauthenticated_total"), ("identity", "iden
 
 
 class AggregatorCollector:
-    def __init__(self, engine: Engine, sender=None, grpc_stats=None) -> None:
+    def __init__(self, engine: Engine, sender: AlertmanagerClient | None = None,
+                 grpc_stats: Callable[[], dict[str, Any]] | None = None) -> None:
         self.engine = engine
         self.sender = sender
-        self.grpc_stats = grpc_stats or dict
+        self.grpc_stats: Callable[[], dict[str, Any]] = grpc_stats or dict
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         snap = self.engine.metrics_snapshot()
         g = GaugeMetricFamily("fabricmon_agents_connected", "Agents with an open stream.")
         g.add_metric([], snap["agents_connected"])
@@ -54,6 +64,7 @@ class AggregatorCollector:
                               "may add and remove nodes).")
         g.add_metric([], len(self.engine.topology.nodes))
         yield g
+        yield from _topology_series(self.engine)
         c = CounterMetricFamily("fabricmon_ingest_samples", "Deltas, gauges and rank timings ingested.")
         c.add_metric([], snap["samples_total"])
         yield c
@@ -124,6 +135,22 @@ class AggregatorCollector:
             g.add_metric([a, comp, job, job_id or ""], cost)
         yield g
         yield from _incident_series(self.engine.open_incidents())
+        c = CounterMetricFamily("fabricmon_nccl_ras_queries_sent",
+                                "NCCL RAS queries sent to an agent of a job suspected of hanging (one per "
+                                "suspicion, repeated after a back-off while it lasts).")
+        c.add_metric([], snap.get("nccl_ras_sent_total", 0))
+        yield c
+        c = CounterMetricFamily("fabricmon_nccl_ras_queries",
+                                "NCCL RAS queries answered, by outcome (ok; refused, unreachable, timeout, "
+                                "old_protocol, bad_reply, bad_json, too_large, not_local, bad_address, busy as the "
+                                "agent reported; unanswered: no report within 30 s).", labels=["outcome"])
+        for outcome, n in sorted(snap.get("nccl_ras_outcomes", {}).items()):
+            c.add_metric([outcome], n)
+        yield c
+        c = CounterMetricFamily("fabricmon_nccl_ras_reports_refused",
+                                "RAS reports from agents refused as malformed (dropped; the stream goes on).")
+        c.add_metric([], grpc.get("ras_reports_refused_total", 0))
+        yield c
         c = CounterMetricFamily("fabricmon_alerts_sent", "Alerts posted to Alertmanager, by result.",
                                 labels=["result"])
         sent = dict(self.sender.sent_total) if self.sender is not None else {}
@@ -148,6 +175,25 @@ class AggregatorCollector:
         yield g
 
 
+def _topology_series(engine: Engine) -> Iterator[GaugeMetricFamily]:
+    """The topology this replica owns: the recording rules join rail and leaf from it (named leaves
+    everywhere Prometheus shows a leaf).  One series per NIC port, as many as the agents'
+    fabricmon_ib_port_info, and one per leaf uplink; a NIC the topology knows only by GUID or netdev
+    appears once an agent's hello binds it."""
+    ports, uplinks = engine.topology_series()
+    g = GaugeMetricFamily("fabricmon_topology_port_info", "A NIC port of the topology and the leaf it is cabled "
+                          "to (rail empty where the fabric is not rail-optimized); value 1.",
+                          labels=["node", "device", "port", "rail", "leaf"])
+    for port in ports:
+        g.add_metric(list(port), 1)
+    yield g
+    g = GaugeMetricFamily("fabricmon_topology_leaf_info", "A leaf of the topology and a spine it uplinks to "
+                          "(spine empty when none is known); value 1.", labels=["leaf", "spine"])
+    for uplink in uplinks:
+        g.add_metric(list(uplink), 1)
+    yield g
+
+
 # One series per OPEN incident (resolved ones disappear): bounded by the open incidents, and what the
 # dashboards' incidents table and annotations read.  Labels are the DESIGN contract's routing labels, with
 # the job the incident names (hpc_job, fixed when it first fires; job_id where the finding has one) so
@@ -155,7 +201,7 @@ class AggregatorCollector:
 INCIDENT_LABELS = ("alertname", "severity", "component_type", "component", "node", "rail", "leaf", "hpc_job", "job_id")
 
 
-def _incident_series(open_incidents):
+def _incident_series(open_incidents: Iterable[Incident]) -> Iterator[Metric]:
     is_open = GaugeMetricFamily("fabricmon_incident_open", "1 per open incident.", labels=list(INCIDENT_LABELS))
     started = GaugeMetricFamily("fabricmon_incident_started_timestamp_seconds",
                                 "When the open incident was first seen (cluster clock).", labels=list(INCIDENT_LABELS))
@@ -168,7 +214,7 @@ def _incident_series(open_incidents):
     yield started
 
 
-def incident_json(inc) -> dict:
+def incident_json(inc: Incident) -> dict[str, Any]:
     d = inc.to_dict()
     for k in ("first_seen", "last_seen", "resolved_at"):
         if d[k] is not None:
@@ -179,8 +225,9 @@ def incident_json(inc) -> dict:
 class HttpApi(RoutedHTTPServer):
     """/metrics, /api/incidents (?state=open|all, ?id=...), /api/nodes, /healthz, /readyz."""
 
-    def __init__(self, engine: Engine, listen: tuple[str, int], sender=None,
-                 ready=lambda: True, grpc_stats=None, web=None, reload_status=None) -> None:
+    def __init__(self, engine: Engine, listen: tuple[str, int], sender: AlertmanagerClient | None = None,
+                 ready: Callable[[], bool] = lambda: True, grpc_stats: Callable[[], dict[str, Any]] | None = None,
+                 web: WebConfig | None = None, reload_status: ReloadStatus | None = None) -> None:
         self.engine = engine
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(AggregatorCollector(engine, sender, grpc_stats))

@@ -40,19 +40,21 @@ _FIELDS = ("id", "alertname", "severity", "component_type", "component", "labels
            "last_seen", "ranks", "jobs", "description", "related_to", "absorbed", "version", "hold_s")
 
 
-def _record(inc: Incident, sent: dict | None) -> dict[str, Any]:
+def _record(inc: Incident, sent: dict[str, Any] | None) -> dict[str, Any]:
     rec = {k: getattr(inc, k) for k in _FIELDS}
     rec["sent"] = sent
     return rec
 
 
-def save(path: str | Path, incidents: Iterable[Incident], sent: dict[str, dict]) -> None:
+def save(path: str | Path, incidents: Iterable[Incident], sent: dict[str, dict[str, Any]]) -> None:
     """Every open incident and the alert last sent for it (``sent``: incident id -> labels/annotations)."""
     body = {"schema": SCHEMA, "incidents": [_record(i, sent.get(i.id)) for i in incidents if i.open]}
+    # the directory may not exist yet (check-config allows a creatable one): only this process reads it
+    Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     atomic_write_bytes(path, json.dumps(body, sort_keys=True).encode(), fsync=True)
 
 
-def load(path: str | Path) -> list[tuple[Incident, dict | None]]:
+def load(path: str | Path) -> list[tuple[Incident, dict[str, Any] | None]]:
     """The persisted open incidents; [] (and one log line naming the file and problem) when the file is
     missing, unreadable or not this format."""
     p = Path(path)
@@ -61,7 +63,8 @@ def load(path: str | Path) -> list[tuple[Incident, dict | None]]:
     try:
         body = json.loads(p.read_text())
         if not isinstance(body, dict) or body.get("schema") != SCHEMA:
-            raise ValueError(f"schema: expected {SCHEMA}, got {body.get('schema') if isinstance(body, dict) else body!r}")
+            raise ValueError(f"schema: expected {SCHEMA}, got "
+                             f"{body.get('schema') if isinstance(body, dict) else body!r}")
         out = []
         for i, rec in enumerate(body.get("incidents", [])):
             missing = [k for k in _FIELDS if k not in rec]
@@ -124,7 +127,7 @@ def component_of(component_type: str, component: str, labels: dict[str, str]) ->
     raise ValueError(f"component: {component!r} is no {kind.value} id")
 
 
-def restore(manager: IncidentManager, records: list[tuple[Incident, dict | None]], now: float,
+def restore(manager: IncidentManager, records: list[tuple[Incident, dict[str, Any] | None]], now: float,
             grace_s: float) -> list[Incident]:
     """Open the persisted incidents again under their ids; their evidence clock starts at ``now`` and
     their hold covers the restart grace, so only a fault that stays silent past it resolves."""

@@ -31,9 +31,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..components import Component
-from .cost import impact_sentence
+from .cost import JobImpact, impact_sentence
 
 SEVERITY = {
     "FabricLinkDown": "critical",
@@ -101,7 +102,7 @@ class Finding:
     jobs: tuple[str, ...] = ()
     description: str = ""
     severity: str = ""
-    impact: tuple = ()  # cost.JobImpact per hurt job, by cost (aggregator/cost.py)
+    impact: tuple[JobImpact, ...] = ()  # cost.JobImpact per hurt job, by cost (aggregator/cost.py)
 
     @property
     def component_type(self) -> str:
@@ -138,7 +139,7 @@ class Incident:
     absorbed: list[str] = field(default_factory=list)  # components whose findings were this one's evidence
     version: int = 0  # bumped on every visible change (the Alertmanager sender watches it)
     hold_s: float = 15.0
-    impact: list = field(default_factory=list)  # cost.JobImpact per job whose ranks use the component
+    impact: list[JobImpact] = field(default_factory=list)  # cost.JobImpact per job whose ranks use the component
     resolved_reason: str = ""  # why it resolved when not for lack of evidence (topology_removed)
 
     @property
@@ -165,7 +166,7 @@ class Incident:
             parts.append(f"Resolved: {self.resolved_reason}")
         return ". ".join(parts)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id, "alertname": self.alertname, "severity": self.severity,
             "component_type": self.component_type, "component": self.component,
@@ -227,7 +228,7 @@ class IncidentManager:
             return self._open.get((alertname, component))
         return next((i for (a, c), i in self._open.items() if a == alertname and c.id == component), None)
 
-    def update(self, findings: list[Finding], now: float, relations: list[Relation] | tuple = (),
+    def update(self, findings: list[Finding], now: float, relations: list[Relation] | tuple[Relation, ...] = (),
                retire: Callable[[Component], bool] | None = None, reason: str = "") -> list[Incident]:
         """Apply one tick's findings and relations; returns every incident that changed, and only those.
         ``retire(component)``: open incidents on the components it selects resolve now with ``reason``
@@ -248,21 +249,21 @@ class IncidentManager:
         # parents before their children: a parent opening in this tick already absorbs them
         for key in sorted(by_key, key=lambda k: _depth(k, parent_of)):
             f = by_key[key]
-            inc = self._open.get(key)
-            if inc is None:
+            open_inc = self._open.get(key)
+            if open_inc is None:
                 owner = self._absorber(key, parent_of, present)
                 if owner is not None:
                     if f.fire or f.keep:
                         self._absorb(owner, f, changed)
                     continue
                 if f.fire:
-                    inc = self._open_incident(f, now)
-                    self._relate(inc, key, parent_of)
-                    changed[inc.id] = inc
+                    new = self._open_incident(f, now)
+                    self._relate(new, key, parent_of)
+                    changed[new.id] = new
                 continue
-            self._relate(inc, key, parent_of)
-            if (f.fire or f.keep) and self._refresh(inc, f, now):
-                changed[inc.id] = inc
+            self._relate(open_inc, key, parent_of)
+            if (f.fire or f.keep) and self._refresh(open_inc, f, now):
+                changed[open_inc.id] = open_inc
         for key, inc in list(self._open.items()):
             last = self._last_evidence.get(key, now)
             if last < now and now - last >= inc.hold_s:
@@ -271,7 +272,7 @@ class IncidentManager:
         return list(changed.values())
 
     # ------------------------------------------------------------------ internals of update
-    def _absorber(self, key: Key, parent_of: dict, present: set) -> Key | None:
+    def _absorber(self, key: Key, parent_of: dict[Key, Key], present: set[Key]) -> Key | None:
         """The nearest ancestor open or found this tick: the finding is its evidence."""
         p = parent_of.get(key)
         for _ in range(8):  # relations are shallow (link -> leaf congestion -> leaf); bound a cycle
@@ -296,7 +297,7 @@ class IncidentManager:
                 owner.version += 1
                 changed[owner.id] = owner
 
-    def _relate(self, inc: Incident, key: Key, parent_of: dict) -> None:
+    def _relate(self, inc: Incident, key: Key, parent_of: dict[Key, Key]) -> None:
         p = parent_of.get(key)
         parent = self._open.get(p) if p is not None else None
         if parent is not None and inc.related_to != parent.id:
@@ -358,7 +359,7 @@ class IncidentManager:
             del self._resolved[: len(self._resolved) - self._keep_resolved]
 
 
-def _depth(key: Key, parent_of: dict) -> int:
+def _depth(key: Key, parent_of: dict[Key, Key]) -> int:
     d, p = 0, parent_of.get(key)
     while p is not None and d < 8:
         d += 1

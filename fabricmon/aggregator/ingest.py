@@ -17,13 +17,14 @@ Adding a family the detectors read: its ``MetricSpec`` in metrics.py, a ``Route`
 
 from __future__ import annotations
 
+import math
 from enum import Enum, auto
 
 from ..batch import NodeBatch
 from ..metrics import SPECS
 from .cable_health import CableHealth
 from .config import DetectionSettings
-from .state import GpuEvent, GpuState, LinkEvent, LinkState, NodeState, Registry
+from .state import TRAFFIC_CLASS_SUB, Event, GpuEvent, GpuState, LinkEvent, LinkState, NodeState, Registry
 
 # PMA error counters that mean a bad cable / transceiver / port (not congestion)
 PMA_ERRORS = frozenset({
@@ -56,6 +57,7 @@ class Route(Enum):
     CNP = auto()
     XMIT_WAIT = auto()
     PFC_PAUSE = auto()
+    PFC_XOFF = auto()
     PFC_STORM = auto()
     PHY_ERRORS = auto()
     FEC_CORRECTED = auto()
@@ -73,6 +75,7 @@ class Route(Enum):
     PORT_DATA_RATE = auto()
     RX_POWER = auto()
     MODULE_TEMPERATURE = auto()
+    XOFF_FULL_RATE = auto()
 
 
 def _at(family: str, *names: str) -> tuple[int, ...]:
@@ -95,6 +98,10 @@ DELTA_ROUTES = _routes(
     ("fabricmon_roce_ecn_marked_packets_total", Route.CNP, _PORT),
     ("fabricmon_ib_port_transmit_wait_total", Route.XMIT_WAIT, _PORT),
     ("fabricmon_pfc_pause_seconds_total", Route.PFC_PAUSE, ("interface", "priority", "direction")),
+    # frames-only pause (ice: per traffic class; a table's per-priority frames where it gives no time)
+    ("fabricmon_pfc_frames_by_traffic_class_total", Route.PFC_XOFF,
+     ("interface", "traffic_class", "direction", "type")),
+    ("fabricmon_pfc_pause_frames_total", Route.PFC_XOFF, ("interface", "priority", "direction")),
     ("fabricmon_pfc_pause_storm_events_total", Route.PFC_STORM, ("interface",)),
     ("fabricmon_netdev_phy_errors_total", Route.PHY_ERRORS, ("interface", "counter")),
     ("fabricmon_nvlink_errors_total", Route.NVLINK_ERRORS, ("gpu", "link", "type")),
@@ -113,6 +120,7 @@ GAUGE_ROUTES = _routes(
     ("fabricmon_ib_port_data_rate_bytes_per_second", Route.PORT_DATA_RATE, _PORT),
     ("fabricmon_transceiver_rx_power_watts", Route.RX_POWER, (*_PORT, "lane")),
     ("fabricmon_transceiver_temperature_celsius", Route.MODULE_TEMPERATURE, _PORT),
+    ("fabricmon_pfc_xoff_refresh_frames_per_second", Route.XOFF_FULL_RATE, ("interface",)),
 )
 # family -> position of the label naming the hardware whose counters a reset restarts
 RESET_OWNER: dict[str, int] = {
@@ -120,10 +128,10 @@ RESET_OWNER: dict[str, int] = {
     for family, spec in SPECS.items() if {"device", "interface", "gpu"} & set(spec.labels)
 }
 _DELTA_MEMBERS = (Route.PMA_ERRORS, Route.RETRIES, Route.CNP, Route.XMIT_WAIT, Route.PFC_PAUSE, Route.PFC_STORM,
-                  Route.PHY_ERRORS, Route.FEC_CORRECTED, Route.NVLINK_ERRORS, Route.XID)
+                  Route.PHY_ERRORS, Route.FEC_CORRECTED, Route.NVLINK_ERRORS, Route.XID, Route.PFC_XOFF)
 _GAUGE_MEMBERS = (Route.PORT_STATE, Route.PORT_PHYS_STATE, Route.PORT_RATE, Route.PORT_WIDTH, Route.CONFIG_OK,
                   Route.NVLINK_UP, Route.GPU_THROTTLE, Route.GPU_UP, Route.PORT_DATA_RATE, Route.RX_POWER,
-                  Route.MODULE_TEMPERATURE)
+                  Route.MODULE_TEMPERATURE, Route.XOFF_FULL_RATE)
 _LINK_EVENTS = tuple(LinkEvent)  # ERR .. PAUSE_RX, in their order
 
 
@@ -145,7 +153,7 @@ class Ingest:
         link = ns.links.get((device, port), _MISSING)
         if link is _MISSING:
             return self.registry.link(ns, device, port, None)
-        return link  # type: ignore[return-value]
+        return link  # type: ignore[return-value]  # not _MISSING: a LinkState or None
 
     def _gpu(self, ns: NodeState, gpu: str) -> GpuState | None:
         return ns.gpus.get(gpu) or self.registry.gpu(ns, gpu)
@@ -158,11 +166,12 @@ class Ingest:
         # enum members as locals: an Enum class attribute costs ~0.7 us in CPython 3.11, and this loop
         # runs once per delta
         (pma_errors, retries, cnp_r, xmit_wait, pfc_pause, pfc_storm, phy_errors, fec_corrected, nvlink_errors,
-         xid_r) = _DELTA_MEMBERS
+         xid_r, pfc_xoff) = _DELTA_MEMBERS
         err, recov, downed, phy, retry, storm, cnp_e, xwait, pause_tx, pause_rx = _LINK_EVENTS
         gpu_xid = GpuEvent.XID
-        pending: list = []  # (link or GPU, event)
-        cable: list = []  # (link, bits, lane or None): FEC-corrected bits for cable_health
+        pending: list[tuple[LinkState | GpuState, Event]] = []
+        # (link, bits, lane or None): FEC-corrected bits for cable_health
+        cable: list[tuple[LinkState, float, int | None]] = []
         resets: set[str] = set()
         by_netdev = ns.by_netdev
         retry_floor = 0.1 * s.retries_min * min(1.0, iv / s.window_s)
@@ -223,6 +232,25 @@ class Ingest:
                     except ValueError:
                         continue
                     pending.append((link, (ts, pause_tx if tx else pause_rx, v, prio)))
+            elif route is pfc_xoff:
+                # XOFF frames of a driver that counts no pause time: over the frames a port sends while
+                # paused without a break (the agent's per-driver gauge) they are the share of time paused,
+                # the same evidence as pause seconds; a driver that gives time has no gauge and is skipped
+                link = by_netdev.get(lab[at[0]][1])
+                if link is None or not link.xoff_full_rate:
+                    continue
+                if len(at) == 4 and lab[at[3]][1] != "xoff":
+                    continue  # XON ends a pause
+                paused = v / link.xoff_full_rate
+                tx = lab[at[2]][1] == "tx"
+                if paused < (0.05 if tx else 0.02) * iv:
+                    continue
+                try:
+                    # a traffic class is not a priority: it is kept apart (sub 8..15) so the finding says which
+                    sub = int(lab[at[1]][1]) + (TRAFFIC_CLASS_SUB if len(at) == 4 else 0)
+                except ValueError:
+                    continue
+                pending.append((link, (ts, pause_tx if tx else pause_rx, paused, sub)))
             elif route is pfc_storm:
                 link = by_netdev.get(lab[at[0]][1])
                 if link is not None:
@@ -247,13 +275,13 @@ class Ingest:
                 if link is not None:
                     cable.append((link, v, None))
             elif route is nvlink_errors:
-                kind = NVLINK_EVENTS.get(lab[at[2]][1])
-                if kind is None:
+                gkind = NVLINK_EVENTS.get(lab[at[2]][1])
+                if gkind is None:
                     continue
                 g = self._gpu(ns, lab[at[0]][1])
                 if g is not None:
                     try:
-                        pending.append((g, (ts, kind, v, int(lab[at[1]][1]))))
+                        pending.append((g, (ts, gkind, v, int(lab[at[1]][1]))))
                     except ValueError:
                         continue
             elif route is xid_r:
@@ -288,7 +316,7 @@ class Ingest:
         ts = batch.ts
         reg = self.registry
         (port_state, port_phys, port_rate, port_width, config_ok, nvlink_up, gpu_throttle, gpu_up, data_rate,
-         rx_power, _temperature) = _GAUGE_MEMBERS  # as locals: see deltas
+         rx_power, _temperature, xoff_full) = _GAUGE_MEMBERS  # as locals: see deltas
         touched: set[LinkState] = set()
         for g in batch.gauges:
             hit = GAUGE_ROUTES.get(g.family)
@@ -348,6 +376,10 @@ class Ingest:
                 gs = reg.gpu(ns, lab[at[0]][1])
                 if gs is not None:
                     gs.up = bool(v)
+            elif route is xoff_full:
+                link = ns.by_netdev.get(lab[at[0]][1])
+                if link is not None:
+                    link.xoff_full_rate = v if v > 0 and math.isfinite(v) else None
             else:  # data rate and module readings: cable_health
                 link = self._port(ns, lab[at[0]][1], lab[at[1]][1])
                 if link is None:

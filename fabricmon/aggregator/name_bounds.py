@@ -45,7 +45,7 @@ class NameBounds:
 
     def __init__(self, limits: dict[str, int] | None = None) -> None:
         self.limits = dict(DEFAULT_LIMITS, **(limits or {}))
-        self._seen: dict[str, dict[str, set]] = {}
+        self._seen: dict[str, dict[str, set[object]]] = {}
         self.refused: dict[str, int] = dict.fromkeys(KINDS, 0)
         self._logged: set[tuple[str, str]] = set()
 

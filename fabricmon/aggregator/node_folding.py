@@ -37,16 +37,19 @@ class NodeFolder:
         self.episodes: dict[str, list[float]] = {}  # node name -> [first tick folded, last tick folded]
 
     def fold(self, candidates: dict[Component, list[tuple[LinkState, list[Finding]]]],
-             now: float) -> tuple[list[Finding], list[Relation]]:
-        """``candidates``: leaf -> links with fold-able findings at ``now`` (the leaf folder's input)."""
+             now: float, leaf_faults: frozenset[Component] = frozenset()) -> tuple[list[Finding], list[Relation]]:
+        """``candidates``: leaf -> links with fold-able findings at ``now`` (the leaf folder's input);
+        ``leaf_faults``: leaves the leaf folder takes this tick (links of several nodes at once), whose
+        links are not node evidence (a fat tree's leaf carries several NICs of each of its nodes)."""
         s = self.settings
         for node in [n for n, (_, last) in self.episodes.items() if now - last > s.hold_s]:
             del self.episodes[node]
         by_node: dict[str, list[tuple[LinkState, list[Finding]]]] = {}
-        for entries in candidates.values():
+        for leaf, entries in candidates.items():
             for link, fl in entries:
                 _note_evidence(link, now, s.hold_s)
-                by_node.setdefault(link.node, []).append((link, fl))
+                if leaf not in leaf_faults:
+                    by_node.setdefault(link.node, []).append((link, fl))
         findings: list[Finding] = []
         relations: list[Relation] = []
         for node, entries in by_node.items():

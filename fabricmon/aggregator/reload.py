@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -42,6 +43,10 @@ from .runtime import AggregatorRuntime
 from .server import ServerTls, read_tls_files
 from .topology_child import load_apart
 
+if TYPE_CHECKING:
+    from ..webconfig import WebConfig
+    from .engine import Engine
+
 log = structlog.get_logger("fabricmon.aggregator")
 
 
@@ -49,7 +54,7 @@ def file_digest(path: str) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def apply_detection(engine, new: DetectionSettings) -> None:
+def apply_detection(engine: Engine, new: DetectionSettings) -> None:
     """Swap the engine's detection thresholds between two ticks.  The few values the engine derives
     from them at construction are derived again; the straggler window sizes its history bitmasks
     and so needs a restart (refused in ``Reloader.prepare``)."""
@@ -70,7 +75,7 @@ def _check_tls(tls: ServerTls, source: str) -> tuple[bytes, bytes, bytes | None]
         ctx.load_cert_chain(tls.cert, tls.key)
     except (ssl.SSLError, OSError) as exc:
         raise ConfigError(f"{source}: auth.tls_cert: {tls.cert} with auth.tls_key {tls.key}: not a certificate "
-                          f"chain and its key ({exc.reason or exc})") from None
+                          f"chain and its key ({getattr(exc, 'reason', None) or exc})") from None
     if tls.client_ca:
         try:
             ctx.load_verify_locations(cafile=tls.client_ca)
@@ -82,7 +87,8 @@ def _check_tls(tls: ServerTls, source: str) -> tuple[bytes, bytes, bytes | None]
 
 class Reloader:
     def __init__(self, rt: AggregatorRuntime, cfg: AggregatorConfig, status: ReloadStatus, *,
-                 load: Callable[[], AggregatorConfig], load_web: Callable | None = None, web=None,
+                 load: Callable[[], AggregatorConfig], load_web: Callable[[], WebConfig | None] | None = None,
+                 web: WebConfig | None = None,
                  source: str = "aggregator config") -> None:
         self.rt, self.current, self.status = rt, cfg, status
         self.load, self.load_web, self.web, self.source = load, load_web, web, source
@@ -121,7 +127,7 @@ class Reloader:
             self.status.record(False)
             log.error("config_reload_failed", error=str(exc), detail="still running on the previous config")
             return False
-        except Exception as exc:  # noqa: BLE001 - a reload must never end the process
+        except Exception as exc:  # a reload must never end the process
             self.status.record(False)
             log.error("config_reload_failed", error=f"{type(exc).__name__}: {exc}",
                       detail="still running on the previous config")
@@ -167,10 +173,11 @@ class Reloader:
         a = new.auth
         if a.tls_cert and a.tls_key:
             material = _check_tls(ServerTls(a.tls_cert, a.tls_key, a.tls_client_ca), source)
-            if grpc is not None and grpc.tls is not None and grpc.tls.current != material:
+            tls = grpc.tls if grpc is not None else None
+            if tls is not None and tls.current != material:
                 names = [n for n, x, y in zip(("auth.tls_key", "auth.tls_cert", "auth.tls_client_ca"),
-                                              grpc.tls.current, material) if x != y]
-                out.append((f"{', '.join(names)} (contents: new handshakes)", lambda: grpc.tls.update(material)))
+                                              tls.current, material, strict=True) if x != y]
+                out.append((f"{', '.join(names)} (contents: new handshakes)", lambda: tls.update(material)))
         try:
             digest = file_digest(new.topology)
         except OSError as exc:

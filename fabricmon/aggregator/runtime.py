@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -31,15 +31,20 @@ from .http_api import HttpApi
 from .incidents import Incident
 from .server import GrpcServer, start_grpc_server
 
+if TYPE_CHECKING:
+    from ..buildinfo import ReloadStatus
+    from ..webconfig import WebConfig
+
 log = structlog.get_logger("fabricmon.aggregator")
 
 
 class AggregatorRuntime:
-    def __init__(self, engine: Engine, *, grpc_listen: str | None = None, grpc_kwargs: dict | None = None,
+    def __init__(self, engine: Engine, *, grpc_listen: str | None = None,
+                 grpc_kwargs: dict[str, Any] | None = None,
                  http_listen: tuple[str, int] | None = None, sender: AlertmanagerClient | None = None,
                  tick_seconds: float = 0.25,
                  on_changed: Callable[[list[Incident], float], None] | None = None,
-                 http_web=None, reload_status=None) -> None:
+                 http_web: WebConfig | None = None, reload_status: ReloadStatus | None = None) -> None:
         self.engine = engine
         self.sender = sender
         self.tick_seconds = tick_seconds
@@ -90,7 +95,7 @@ class AggregatorRuntime:
         if self.grpc is not None:
             try:
                 self.grpc.stop(grace)
-            except Exception:  # noqa: BLE001 - keep shutting the rest down
+            except Exception:  # keep shutting the rest down
                 log.exception("grpc_stop_failed")
         if final_tick and self.last_tick is not None:
             now = self.engine.newest_ts
@@ -113,7 +118,7 @@ class AggregatorRuntime:
                 return []  # sample clock with no batch yet
         try:
             changed = self.engine.tick(now)
-        except Exception:  # noqa: BLE001 - one bad tick must not stop alerting
+        except Exception:  # one bad tick must not stop alerting
             self.tick_errors_total += 1
             log.exception("tick_failed")
             return []
@@ -146,7 +151,7 @@ class AggregatorRuntime:
             if between is not None:
                 try:
                     between()
-                except Exception:  # noqa: BLE001 - a failed reload must not stop the ticks
+                except Exception:  # a failed reload must not stop the ticks
                     log.exception("between_ticks_failed")
             for inc in self.tick():
                 if log_incidents:

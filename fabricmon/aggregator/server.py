@@ -58,6 +58,7 @@ from ..batch import NodeBatch, NodeHello
 from ..proto import fabricmon_pb2 as pb
 from ..proto import fabricmon_pb2_grpc as pb_grpc
 from ..proto.codec import MalformedBatch, SeriesDecoder, hello_from_pb
+from ..proto.ras import BadRasMessage, report_from_pb
 from ..proto.subscription import Subscription
 from .credentials import StreamCredentials, fingerprint
 from .name_bounds import KINDS as NAME_KINDS
@@ -75,9 +76,12 @@ SEQ_AHEAD = "seq_ahead"
 _ANY_NODE = None  # a shared token: the stream may name any node
 
 
+_Context = grpc.aio.ServicerContext[pb.AgentMessage, pb.AggregatorMessage]
+
+
 class EngineLike(Protocol):
     def hello(self, hello: NodeHello) -> None: ...
-    def ingest(self, batch: NodeBatch) -> None: ...
+    def ingest(self, batch: NodeBatch) -> object: ...  # Engine's says whether it was ingested
     def disconnected(self, node: str) -> None: ...
 
 
@@ -151,7 +155,7 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
         self.engine = engine
         self._creds = credentials if credentials is not None else credentials_of(token, node_tokens)
         # gen -> (node, the token it presented or None, the handler's task): what a revocation cuts
-        self._live: dict[int, tuple[str, bytes | None, asyncio.Task]] = {}
+        self._live: dict[int, tuple[str, bytes | None, asyncio.Task[Any]]] = {}
         self._revoked: set[int] = set()
         self.names = NameBounds(dict(name_limits or {}))  # per-node bounds on new device, GPU... names
         self._bind_tls = bind_tls_identity
@@ -164,7 +168,7 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
         self._gen = 0
         self.counters = dict(streams_total=0, unauthenticated_total=0, identity_refused_total=0,
                              rejected_total=0, batches_ingested_total=0, engine_errors_total=0,
-                             revoked_total=0)
+                             revoked_total=0, ras_reports_refused_total=0)
         self.dropped: dict[str, int] = {SEQ_DUPLICATE: 0, SEQ_AHEAD: 0}
         # sent before the hello's ack: agents then leave out what the engine never reads
         read_d = getattr(engine, "read_delta_families", None)
@@ -187,7 +191,7 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
             with self._lock:
                 snap = dict(before) if before is not None else None
                 self.engine.ingest(nb)
-                if snap is not None and before != snap:
+                if before is not None and snap is not None and before != snap:
                     reason = next((r for r, n in before.items() if n != snap.get(r, 0)), "")
                     return reason if reason in TOLD_DROPS else ""
             return ""
@@ -196,7 +200,7 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
             log.error("engine_call_failed", call="ingest", error=f"{type(exc).__name__}: {exc}")
             return ""
 
-    def _engine(self, fn, *args) -> bool:
+    def _engine(self, fn: Callable[..., object], *args: object) -> bool:
         try:
             with self._lock:
                 fn(*args)
@@ -229,7 +233,7 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
             log.warning("stream_token_revoked", node=node, token=fingerprint(token))
         return cut
 
-    def _check_token(self, context) -> tuple[str | None, frozenset[str] | None, bytes | None]:
+    def _check_token(self, context: _Context) -> tuple[str | None, frozenset[str] | None, bytes | None]:
         """(reason, None, None) when refused, else (None, the nodes this credential may speak for
         (None meaning any node), the token presented)."""
         creds = self._creds
@@ -256,14 +260,14 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
         return "wrong bearer token", None, None
 
     @staticmethod
-    def _identities(context) -> list[str]:
+    def _identities(context: _Context) -> list[str]:
         """The client certificate's CN and subject alternative names (empty without mTLS)."""
         out: list[str] = []
         try:
             ac = context.auth_context() or {}
             for key in ("x509_common_name", "x509_subject_alternative_name"):
                 out.extend(v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in ac.get(key, ()))
-        except Exception:  # noqa: BLE001 - no TLS context: no identity
+        except Exception:  # no TLS context: no identity
             pass
         return out
 
@@ -275,7 +279,7 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
 
     # ------------------------------------------------------------ the RPC
 
-    async def Stream(self, request_iterator: AsyncIterator[pb.AgentMessage], context) -> None:
+    async def Stream(self, request_iterator: AsyncIterator[pb.AgentMessage], context: _Context) -> None:
         # context.read()/write() rather than an async generator over the request iterator: one
         # coroutine hop less per message each way, and per message is the aggregator's fixed cost
         peer = context.peer()
@@ -288,11 +292,11 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
         self.counters["streams_total"] += 1
         try:
             first = await asyncio.wait_for(context.read(), self._hello_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("stream_refused", peer=peer, reason="no hello in time")
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no hello in time")
             return
-        if first is grpc.aio.EOF:
+        if first is grpc.aio.EOF:  # type: ignore[comparison-overlap]  # read() returns EOF too: not in the stubs
             return
         if first.WhichOneof("msg") != "hello":
             reason = f"first message must be a hello, got {first.WhichOneof('msg') or 'nothing'}"
@@ -343,7 +347,7 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
                 self._engine(self.engine.disconnected, node)
             log.info("stream_closed", peer=peer, node=node)
 
-    async def _serve(self, context, peer: str, node: str, hello: NodeHello) -> None:
+    async def _serve(self, context: _Context, peer: str, node: str, hello: NodeHello) -> None:
         self._engine(self.engine.hello, self.names.hello(hello))
         # the session's floor: seqs at or below it were delivered before (replays after a lost ack)
         session_last = self._last_seq.get(node, 0)
@@ -356,9 +360,12 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
                                 admit=self.names.admitter(node))
         while True:
             msg = await context.read()
-            if msg is grpc.aio.EOF:
+            if msg is grpc.aio.EOF:  # type: ignore[comparison-overlap]  # read() returns EOF too: not in the stubs
                 return
             kind = msg.WhichOneof("msg")
+            if kind == "ras_report":
+                self._ras_report(node, msg.ras_report)
+                continue
             if kind != "batch":
                 await self._refuse(context, peer, node, f"unexpected {kind or 'empty'} message after the hello")
                 return
@@ -386,8 +393,37 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
             if b.seq > self._last_seq.get(node, 0):
                 self._last_seq[node] = b.seq
             await context.write(_ack(b.seq, dropped))
+            await self._send_ras_queries(context, node)
 
-    async def _refuse(self, context, peer: str, node: str, reason: str, seq: int = 0):
+    async def _send_ras_queries(self, context: _Context, node: str) -> None:
+        """NCCL RAS queries the engine planned for this node (aggregator/ras_queries.py), after its ack:
+        a node streams a batch every interval, so a query goes down within one."""
+        take = getattr(self.engine, "take_ras_queries", None)
+        if take is None:
+            return
+        try:
+            with self._lock:
+                queries = take(node)
+        except Exception as exc:  # an engine bug must not kill the stream
+            self.counters["engine_errors_total"] += 1
+            log.error("engine_call_failed", call="take_ras_queries", error=f"{type(exc).__name__}: {exc}")
+            return
+        for q in queries:
+            await context.write(q.to_pb())
+
+    def _ras_report(self, node: str, m: pb.RasReport) -> None:
+        """An agent's RAS answer: a malformed one is counted and dropped (the node's telemetry goes on)."""
+        try:
+            rep = report_from_pb(m)
+        except BadRasMessage as exc:
+            self.counters["ras_reports_refused_total"] += 1
+            log.warning("ras_report_refused", node=node, reason=str(exc))
+            return
+        fn = getattr(self.engine, "ras_report", None)
+        if fn is not None:
+            self._engine(fn, node, rep)
+
+    async def _refuse(self, context: _Context, peer: str, node: str, reason: str, seq: int = 0) -> None:
         self.counters["rejected_total"] += 1
         log.warning("stream_rejected", peer=peer, node=node, seq=seq, reason=reason)
         await context.write(_reject(reason, seq))

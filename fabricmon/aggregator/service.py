@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -28,12 +29,17 @@ from .engine import Engine
 from .reload import Reloader
 from .runtime import AggregatorRuntime
 
+if TYPE_CHECKING:
+    from ..webconfig import WebConfig
+    from .incidents import Incident
+    from .server import ServerTls
+
 log = structlog.get_logger("fabricmon.aggregator")
 
 
-def _tls(cfg: AggregatorConfig):
+def _tls(cfg: AggregatorConfig) -> ServerTls | None:
     a = cfg.auth
-    if not a.tls_cert:
+    if not a.tls_cert or not a.tls_key:  # given together (AuthSettings checks)
         return None
     from .server import ServerTls
 
@@ -43,15 +49,17 @@ def _tls(cfg: AggregatorConfig):
 def build_engine(cfg: AggregatorConfig, hostname: str | None = None) -> Engine:
     """``hostname`` (default: this host's) names the StatefulSet ordinal for shard.ordinal_from_hostname."""
     topo = load_topology(cfg.topology)
-    units = cfg.shard.owned(hostname or socket.gethostname(), "aggregator config")
+    units = cfg.shard.owned(hostname or socket.gethostname(), "aggregator config", topo)
     if units:
-        log.info("shard_units", units=list(units), ordinal_from_hostname=cfg.shard.ordinal_from_hostname)
+        groups = topo.leaf_groups()
+        log.info("shard_units", units=list(units), ordinal_from_hostname=cfg.shard.ordinal_from_hostname,
+                 leaves=[leaf for u in units for leaf in groups.get(u, ())][:64])
     clock = ClusterClock(cfg.clock.mode, max_skew_s=cfg.clock.max_skew_s, max_age_s=cfg.clock.max_age_s)
     return Engine(topo, cfg.detection, cluster=cfg.cluster or topo.cluster,
                   shard_units=units or None, cluster_clock=clock)
 
 
-def grpc_auth_kwargs(cfg: AggregatorConfig, source: str = "aggregator config") -> dict:
+def grpc_auth_kwargs(cfg: AggregatorConfig, source: str = "aggregator config") -> dict[str, Any]:
     """The credentials ``start_grpc_server`` binds streams to, read from the files the config names."""
     a = cfg.auth
     if not a.authenticated:
@@ -95,7 +103,7 @@ def fit_descriptors(wanted: int) -> int:
     return fits
 
 
-def build_runtime(cfg: AggregatorConfig, web=None, reload_status: ReloadStatus | None = None,
+def build_runtime(cfg: AggregatorConfig, web: WebConfig | None = None, reload_status: ReloadStatus | None = None,
                   hostname: str | None = None) -> AggregatorRuntime:
     engine = build_engine(cfg, hostname)
     am = cfg.alertmanager
@@ -113,7 +121,8 @@ def build_runtime(cfg: AggregatorConfig, web=None, reload_status: ReloadStatus |
                              on_changed=on_changed)
 
 
-def resume_incidents(path: str, engine: Engine, sender: AlertmanagerClient, now: float | None = None):
+def resume_incidents(path: str, engine: Engine, sender: AlertmanagerClient,
+                     now: float | None = None) -> Callable[[list[Incident], float], None]:
     """Restore the open incidents persisted at ``path``, reconcile them with Alertmanager (adopt the
     ones it still holds, send the others firing again), and return the runtime's ``on_changed``
     hook that persists the open incidents after every change (aggregator/incident_store.py)."""
@@ -136,16 +145,17 @@ def resume_incidents(path: str, engine: Engine, sender: AlertmanagerClient, now:
             sender.submit(gone, now)
         log.info("incidents_resumed", file=path, adopted=len(keep), sent_again=len(gone))
 
-    def persist(changed, tick_now: float) -> None:
+    def persist(changed: list[Incident], tick_now: float) -> None:
         open_ = engine.open_incidents()
         incident_store.save(path, open_, sender.alerts_for(open_))
 
     return persist
 
 
-def run_aggregator(cfg: AggregatorConfig, stop_event: threading.Event, *, web=None,
+def run_aggregator(cfg: AggregatorConfig, stop_event: threading.Event, *, web: WebConfig | None = None,
                    reload: threading.Event | None = None,
-                   load: Callable[[], AggregatorConfig] | None = None, load_web: Callable | None = None,
+                   load: Callable[[], AggregatorConfig] | None = None,
+                   load_web: Callable[[], WebConfig | None] | None = None,
                    source: str = "aggregator config") -> int:
     """Run until ``stop_event``; when ``reload`` is set (SIGHUP), ``load()`` the config (and
     ``load_web()`` the web config) again and apply it, or log why not and keep the running one
@@ -163,7 +173,7 @@ def run_aggregator(cfg: AggregatorConfig, stop_event: threading.Event, *, web=No
             raise ConfigError(f"{exc} (address in use or not local)") from None
         log.error("aggregator_start_failed", error=str(exc))
         return 1
-    except Exception as exc:  # noqa: BLE001 - report and stop cleanly
+    except Exception as exc:  # report and stop cleanly
         log.error("aggregator_start_failed", error=str(exc))
         return 1
     log.info("aggregator_started", grpc=rt.grpc_address, http=cfg.http_listen, nodes=len(rt.engine.topology.nodes),

@@ -34,8 +34,13 @@ class LinkEvent(IntEnum):
     STORM = 5  # PFC pause storm events
     CNP = 6  # CNPs sent or handled, ECN-marked packets
     XWAIT = 7  # IB transmit wait
-    PAUSE_TX = 8  # PFC pause time emitted (sub: priority)
-    PAUSE_RX = 9  # PFC pause time received (sub: priority)
+    PAUSE_TX = 8  # PFC pause time emitted (sub: priority, or 8 + traffic class from XOFF frames)
+    PAUSE_RX = 9  # PFC pause time received (sub: as PAUSE_TX)
+
+
+#: a pause event's sub for a traffic class (ice counts the priorities of a class together): 8 + the
+#: class, apart from the priorities 0..7
+TRAFFIC_CLASS_SUB = 8
 
 
 class GpuEvent(IntEnum):
@@ -44,6 +49,9 @@ class GpuEvent(IntEnum):
     XID = 2  # a fatal XID (sub: the XID code)
 
 
+# A counter event: (sample time, LinkEvent or GpuEvent, value, sub: priority, NVLink index or XID; else 0)
+Event = tuple[float, int, float, int]
+
 ACTIVE_STATES = (4, 5)  # ACTIVE, ACTIVE_DEFER
 LINK_UP_PHYS = 5
 
@@ -51,7 +59,8 @@ LINK_UP_PHYS = 5
 class LinkState:
     __slots__ = ("id", "node", "device", "port", "netdev", "rail", "unit", "leaf", "nic", "gpu",
                  "exp_gbps", "exp_width", "state", "phys", "rate_bps", "width", "ev", "down_since",
-                 "trans", "degraded_since", "evidence_since", "evidence_last", "labels", "seen_up")
+                 "trans", "degraded_since", "evidence_since", "evidence_last", "labels", "seen_up",
+                 "xoff_full_rate")
 
     def __init__(self, node: str, device: str, port: str, netdev: str, rail: int | None, unit: int | None,
                  leaf: str, gpu: int, exp_gbps: float | None, exp_width: int | None, cluster: str) -> None:
@@ -66,13 +75,15 @@ class LinkState:
         self.phys: int | None = None
         self.rate_bps: float | None = None
         self.width: int | None = None
-        self.ev: deque = deque()
+        self.ev: deque[Event] = deque()
         self.down_since: float | None = None
-        self.trans: deque = deque()  # sample times of up -> down transitions
+        self.trans: deque[float] = deque()  # sample times of up -> down transitions
         self.degraded_since: float | None = None
         self.evidence_since: float | None = None  # start of the current run of fold-able evidence
         self.evidence_last = 0.0
         self.seen_up = False
+        # XOFF frames/s of a port paused throughout (frames-only drivers: the agent's per-driver gauge)
+        self.xoff_full_rate: float | None = None
         self.labels = self.id.labels(cluster)
 
     def is_down(self) -> bool:
@@ -99,7 +110,7 @@ class GpuState:
         self.id = gpu
         self.node, self.index = gpu.node, gpu.gpu if gpu.gpu is not None else -1
         self.nvl_down: dict[int, float] = {}  # link -> since
-        self.ev: deque = deque()
+        self.ev: deque[Event] = deque()
         self.throttle: set[str] = set()
         self.up: bool = True
         self.labels = gpu.labels(cluster)
@@ -116,7 +127,8 @@ class NodeState:
     boot_id: str = ""
     last_seq: int = -1
     last_ts: float = -math.inf
-    interval: float = 1.0
+    interval: float = 1.0  # the poll cadence: windows, lateness, holds and the agents-down silence scale with it
+    announced_interval: float = 0.0  # the cadence the node's hello gave (0: none): a batch never lowers below it
     connected: bool = False
     ever_seen: bool = False
     grace_batches: int = 0  # error deltas ignored for this many batches (after a reboot)
@@ -125,7 +137,7 @@ class NodeState:
     by_device: dict[str, LinkState] = field(default_factory=dict)
     gpus: dict[str, GpuState] = field(default_factory=dict)
     config_fail: dict[str, dict[str, float]] = field(default_factory=dict)  # device -> check -> since
-    rank_keys: set = field(default_factory=set)
+    rank_keys: set[str] = field(default_factory=set)
 
 
 def build_link_state(topo: Topology, node: str, device: str, port: str, netdev: str,
@@ -157,7 +169,10 @@ def build_link_state(topo: Topology, node: str, device: str, port: str, netdev: 
         return LinkState(node, device, str(port), netdev, None, unit, "", -1, None, None, cluster)
     else:
         return None
-    leaf = topo.leaf_of(node, rail) if unit is not None else ""
+    if spec is not None:
+        leaf = topo.leaf_of_nic(node, device) or ""  # the NIC's own leaf: a fat tree's is no rail's
+    else:
+        leaf = topo.guess_leaf(node, rail) or ""
     return LinkState(node, device, str(port), netdev, rail, unit, leaf, gpu, exp_gbps, exp_width, cluster)
 
 
@@ -202,7 +217,7 @@ class Registry:
         """The port's state; None (remembered) for a port on no rail that no hello announced."""
         link = ns.links.get((device, port), _MISSING)
         if link is not _MISSING:
-            return link  # type: ignore[return-value]
+            return link  # type: ignore[return-value]  # not _MISSING: a LinkState or None
         link = build_link_state(self.topology, ns.name, device, port, netdev, hello_rail, self.cluster)
         ns.links[(device, port)] = link
         if link is not None:

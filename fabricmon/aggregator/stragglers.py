@@ -44,11 +44,15 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..rank_timing import MAX_STEP, JobLayout, RankTiming
 from .config import DetectionSettings
+
+if TYPE_CHECKING:
+    from ..components import Component
 
 MAX_STEP_AHEAD = 1000  # steps beyond the job's newest that one line may claim
 RESTART_QUORUM = 3  # ranks going back together before a job counts as restarted
@@ -96,7 +100,7 @@ class JobState:
     # the job's part of the report, valid while (evaluated, number of ranks) is unchanged: it
     # changes only when a step is scored, and ticks come several times per step
     report_key: tuple[int, int] = (-1, -1)
-    report: tuple = ((), (), (), ())
+    report: _JobReport = ((), (), {}, ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +123,11 @@ class StageLate:
     ranks: tuple[int, ...]
 
 
+# one job's part of the report: stragglers, late stages, slowish (job, rank) -> (node, gpu), early ones
+_JobReport = tuple[tuple[Straggler, ...], tuple[StageLate, ...], dict[tuple[str, int], tuple[str, int]],
+                   tuple[Straggler, ...]]
+
+
 @dataclass
 class StragglerReport:
     stragglers: list[Straggler]
@@ -127,7 +136,7 @@ class StragglerReport:
     early: list[Straggler] = field(default_factory=list)  # compute-late in >= clear steps incl. the newest
     # (job, rank) pairs per component on their paths, built once per report by the correlator: the
     # report is cached per scored step and reused by every tick until the next one
-    hurt_by_component: dict[str, set[tuple[str, int]]] | None = field(default=None, repr=False, compare=False)
+    hurt_by_component: dict[Component, set[tuple[str, int]]] | None = field(default=None, repr=False, compare=False)
 
 
 class StragglerTracker:
@@ -135,7 +144,7 @@ class StragglerTracker:
         self.s = settings
         self.jobs: dict[str, JobState] = {}
         self._mask = (1 << settings.straggler_window) - 1
-        self._report_key: tuple | None = None
+        self._report_key: tuple[tuple[str, tuple[int, int]], ...] | None = None
         self._report = StragglerReport([], [], {})
         self.refused: dict[str, int] = dict.fromkeys(REFUSE_REASONS, 0)
         self.restarts_total = 0
@@ -235,9 +244,9 @@ class StragglerTracker:
                 job.report_key, job.report = key, self._job_report(job)
         # ticks outnumber scored steps (4 a second against one): between two, the same report object,
         # so what the correlator derives from it (StragglerReport.hurt_by_component) is kept too
-        key = tuple((name, job.report_key) for name, job in self.jobs.items())
-        if key != self._report_key:
-            self._report_key, self._report = key, self._merged_report()
+        all_keys = tuple((name, job.report_key) for name, job in self.jobs.items())
+        if all_keys != self._report_key:
+            self._report_key, self._report = all_keys, self._merged_report()
         return self._report
 
     def _merged_report(self) -> StragglerReport:
@@ -253,7 +262,7 @@ class StragglerTracker:
             early.extend(jearly)
         return StragglerReport(stragglers, stages, slowish, early)
 
-    def _job_report(self, job: JobState) -> tuple:
+    def _job_report(self, job: JobState) -> _JobReport:
         name, clear = job.name, self.s.straggler_clear
         stragglers: list[Straggler] = []
         early: list[Straggler] = []
@@ -341,7 +350,7 @@ class StragglerTracker:
         if len(stage_meds) >= 2:
             meds = np.array(list(stage_meds.values()))
             overall = float(np.median(meds))
-            worst = max(stage_meds, key=stage_meds.get)
+            worst = max(stage_meds, key=stage_meds.__getitem__)
             impact = s.straggler_min_impact * job_med_step
             ring_late = {int(st) for st in np.unique(stage_of[flags_m])}
             for stage in stage_meds:

@@ -14,11 +14,15 @@ engine's lock for the few dictionary updates it makes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ..configload import ConfigError
 from ..components import Component, Kind
+from ..configload import ConfigError
 from ..topology import Topology
 from .incidents import Incident
+
+if TYPE_CHECKING:
+    from .engine import Engine
 
 REASON = "topology_removed"
 
@@ -51,10 +55,11 @@ def _leaves(topo: Topology) -> set[Component]:
 
 
 def plan(old: Topology, new: Topology, source: str) -> TopologyChange:
-    for field, a, b in (("cluster", old.cluster, new.cluster), ("layout", old.layout, new.layout),
-                        ("nodes_per_unit", old.nodes_per_unit, new.nodes_per_unit)):
-        if a != b:
-            raise ConfigError(f"{source}: {field}: changed from {a!r} to {b!r}: needs a restart")
+    new.rebind(old)  # NICs the agents' hellos bound (by GUID or netdev) stay bound: not a change
+    for field, was, now in (("cluster", old.cluster, new.cluster), ("layout", old.layout, new.layout),
+                            ("nodes_per_unit", old.nodes_per_unit, new.nodes_per_unit)):
+        if was != now:
+            raise ConfigError(f"{source}: {field}: changed from {was!r} to {now!r}: needs a restart")
     for name in old.nodes.keys() & new.nodes.keys():
         a, b = old.nodes[name], new.nodes[name]
         if a.unit != b.unit:
@@ -75,7 +80,7 @@ def _gone(c: Component, nodes: frozenset[str], leaves: frozenset[Component]) -> 
     return c.kind is Kind.LEAF and c in leaves
 
 
-def apply(engine, change: TopologyChange, now: float) -> list[Incident]:
+def apply(engine: Engine, change: TopologyChange, now: float) -> list[Incident]:
     """Swap the engine's topology; returns the incidents resolved (hand them to the sender)."""
     removed = frozenset(change.removed)
     with engine.lock:

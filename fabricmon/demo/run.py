@@ -2,8 +2,10 @@
 
 Every node runs the real agent code (sources, poller, counter tracker) on a
 generated sysfs/ethtool/NVML tree that the simulator rewrites each simulated
-second; each snapshot becomes the same NodeBatch the stream client sends, and
-the real aggregator engine ingests it, detects, localizes and opens incidents.
+second; the training ranks' lines go through each node's real rank intake, each
+snapshot becomes the same NodeBatch the stream client sends, crosses the stream
+codec as bytes (``sim.drive``, ``--no-wire`` skips codec and intake), and the
+real aggregator engine ingests it, detects, localizes and opens incidents.
 When the Debian Alertmanager is installed, incidents go to a local
 Alertmanager and a webhook receiver, as they would in production.
 """
@@ -24,12 +26,12 @@ from ..aggregator.engine import Engine
 from ..aggregator.runtime import AggregatorRuntime
 from ..atomic import atomic_write_text
 from ..configload import ConfigError
+from ..sim.drive import Drive, Pace
 from ..sim.impact import fault_impacts
 from ..sim.parallel import ParallelTreeCluster
-from ..sim.runner import SimulatedCluster
+from ..sim.runner import ClusterSim, SimulatedCluster
 from ..sim.scenario import Scenario, default_scenario, load_scenario
 from .scoring import score
-from .wire import CodecWire
 
 log = structlog.get_logger("fabricmon.demo")
 
@@ -60,14 +62,23 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
     epoch = float(int(time.time() - scenario.duration - 60))
     workers = args.workers if args.workers is not None else min(os.cpu_count() or 1, 4)
     memory = getattr(args, "mode", "tree") == "memory"
+    wired = not getattr(args, "no_wire", False)  # the codec and the rank intake, as in production
+    sim: ClusterSim
     if memory:
-        sim = SimulatedCluster(scenario, mode="memory", interval=args.interval, epoch=epoch)
+        sim = SimulatedCluster(scenario, mode="memory", interval=args.interval, epoch=epoch, rank_intake=wired,
+                               nccl_ras=True)
     elif workers > 1:
         sim = ParallelTreeCluster(scenario, interval=args.interval, base_dir=args.workdir, epoch=epoch,
-                                  workers=workers, log_level=args.log_level or "warning")
+                                  workers=workers, log_level=args.log_level or "warning", rank_intake=wired)
     else:
-        sim = SimulatedCluster(scenario, mode="tree", interval=args.interval, base_dir=args.workdir, epoch=epoch)
+        sim = SimulatedCluster(scenario, mode="tree", interval=args.interval, base_dir=args.workdir, epoch=epoch,
+                               rank_intake=wired, nccl_ras=True)
     engine = Engine(sim.topology, cluster=sim.topology.cluster)
+    # each job's NCCL RAS on loopback (sim/ras_link.py), asked when the engine suspects a hang; the
+    # multi-process tree mode's jobs live in its workers, which run no RAS
+    ras = getattr(sim, "ras", None)
+    if ras is not None:
+        ras.attach(engine.ras_waiting, engine.take_ras_queries, engine.ras_report)
     sim.start()  # worker processes build their node trees while Alertmanager starts
     am = receiver = None
     if not args.no_alertmanager:
@@ -86,14 +97,21 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
     sender = AlertmanagerClient([am.url] if am else [], cluster=sim.topology.cluster, resend_seconds=30.0)
     rt = AggregatorRuntime(engine, http_listen=("127.0.0.1", 0), sender=sender).start()
     http = rt.http
+    assert http is not None  # http_listen was given
     c = scenario.cluster
     ground = sim.ground_truth()
-    p = lambda *a: print(*a, file=out, flush=True)  # noqa: E731
+
+    def p(*a: object) -> None:
+        print(*a, file=out, flush=True)
+
     p(f"fabricmon demo: {c.nodes} nodes ({c.layout}, {c.nodes_per_unit} per unit, 8 GPUs and 8 rail NICs each), "
       f"{scenario.duration:.0f} s simulated at {args.speed:g}x, agent interval {args.interval:g} s")
     if memory:
         p("  mode memory: in-memory simulator batches -> stream codec bytes -> the server's decoder -> "
           "aggregator runtime (no sysfs trees, no gRPC framing)")
+    elif wired:
+        p("  mode tree: real agents poll rendered trees; rank lines through each node's rank intake; "
+          "batches -> stream codec bytes -> the server's decoder -> aggregator runtime (no gRPC framing)")
     p(f"  aggregator: http://127.0.0.1:{http.port}/api/incidents"
       + (f"   alertmanager: {am.url}" if am else ""))
     p("  injected faults:")
@@ -101,50 +119,41 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
         p(f"    {_fault_line(g)}")
     wall0 = time.monotonic()
     try:
-        sim.start()
-        wire = None
-        if memory:
-            wire = CodecWire(engine.hello, engine.ingest, engine.read_delta_families)
-            for h in sim.hellos():
-                wire.connect(h)
-            sim.on_batch = wire.deliver
-        else:
-            for h in sim.hellos():
-                engine.hello(h)
-            sim.on_batch = engine.ingest
-        next_progress = 0.0
-        steps = 0
+        drive = Drive(sim, rt, wire=wired)
+        drive.connect()
+        wire = drive.wire
+        next_progress = [0.0]
         shown: dict[str, bool] = {}
+        ras_shown: set[tuple[str, str]] = set()
         pace = SimPace(args.speed)
-        while sim.t + sim.interval <= scenario.duration + 1e-9:
-            st = sim.step()
+
+        def on_step(st, changed) -> None:
             pace.mark(sim.t)
-            steps += 1
-            now = sim.now()
-            changed = rt.tick(now)
-            if changed:
-                for inc in changed:
-                    if shown.get(inc.id) == inc.open:
-                        continue  # an update of an incident already shown in this state
-                    shown[inc.id] = inc.open
-                    state = "OPEN    " if inc.open else "RESOLVED"
-                    detail = (inc.evidence[0] if inc.evidence else inc.description)[:90]
-                    p(f"  [t={sim.t:6.0f}s] {state} {inc.alertname:<24} {inc.component_type:<5} "
-                      f"{inc.component:<24} {detail}")
-            if sim.t >= next_progress and wire is not None:
-                p(f"  [t={sim.t:6.0f}s] {c.nodes} node batches over the codec ({wire.bytes_total / 1e6:.0f} MB so "
-                  f"far), {st.rank_timings} rank timings, {len(engine.open_incidents())} open incident(s), "
-                  f"step {st.total_s * 1e3:.0f} ms (batches + wire + ingest {st.batch_s * 1e3:.0f})")
-                next_progress += max(scenario.duration / 10, args.interval)
-            elif sim.t >= next_progress:
-                p(f"  [t={sim.t:6.0f}s] {c.nodes} agents polled, {st.rank_timings} rank timings, "
-                  f"{len(engine.open_incidents())} open incident(s), step {st.total_s * 1e3:.0f} ms "
-                  f"(render {st.render_s * 1e3:.0f}, poll {st.poll_s * 1e3:.0f})")
-                next_progress += max(scenario.duration / 10, args.interval)
-            due = wall0 + sim.t / args.speed
-            delay = due - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
+            for inc in changed:
+                if shown.get(inc.id) == inc.open:
+                    continue  # an update of an incident already shown in this state
+                shown[inc.id] = inc.open
+                state = "OPEN    " if inc.open else "RESOLVED"
+                detail = (inc.evidence[0] if inc.evidence else inc.description)[:90]
+                p(f"  [t={sim.t:6.0f}s] {state} {inc.alertname:<24} {inc.component_type:<5} "
+                  f"{inc.component:<24} {detail}")
+            if engine.ras.jobs:  # a suspect job's RAS answer joins its JobHung's evidence when it comes
+                for inc in engine.open_incidents():
+                    for line in inc.evidence:
+                        if line.startswith("NCCL RAS") and (inc.id, line) not in ras_shown:
+                            ras_shown.add((inc.id, line))
+                            p(f"  [t={sim.t:6.0f}s]          {inc.alertname:<24} {inc.component:<30} {line[:160]}")
+            if sim.t < next_progress[0]:
+                return
+            next_progress[0] += max(scenario.duration / 10, args.interval)
+            what = "node batches over the codec" if memory else "agents polled"
+            wired_mb = f" ({wire.bytes_total / 1e6:.0f} MB so far)" if wire is not None else ""
+            split = (f"batches + wire + ingest {st.batch_s * 1e3:.0f}" if memory else
+                     f"render {st.render_s * 1e3:.0f}, poll {st.poll_s * 1e3:.0f}")
+            p(f"  [t={sim.t:6.0f}s] {c.nodes} {what}{wired_mb}, {st.rank_timings} rank timings, "
+              f"{len(engine.open_incidents())} open incident(s), step {st.total_s * 1e3:.0f} ms ({split})")
+
+        steps = drive.run(pace=Pace(args.speed), on_step=on_step)
         wall = time.monotonic() - wall0
         sender.flush(timeout=3.0)
         if am is not None and receiver is not None:
@@ -152,7 +161,7 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
         incidents = [_rel(i.to_dict(), epoch) for i in engine.incidents()]
         decoys = sim.decoys_truth()
         jobs = sim.jobs_truth()  # step times are simulated seconds since the scenario started
-        for g, impact in zip(ground, fault_impacts(scenario, args.interval)):
+        for g, impact in zip(ground, fault_impacts(scenario, args.interval), strict=True):
             g["impact"] = impact  # each fault's standalone cost to each job (sim/impact.py)
         scores = score(ground, incidents, duration=scenario.duration, decoys=decoys)
         notes = notifications(receiver, pace) if receiver is not None and am is not None else None
@@ -253,7 +262,7 @@ def _report(p, ground, incidents, scores, notes, wall, steps, jobs=(), decoys=()
         what = ", ".join(f"{i['alertname']} {i['component']}" for i in found[:2]) or "nothing raised"
         p(f"  decoy {d['kind']:<18} {where:<24} {what} ({len(found)} info finding(s), {len(per['page_ids'])} page(s))")
     p("  injected fault                             detected as                                   delay  resolved")
-    for fi, g in enumerate(ground):
+    for g in ground:
         hits = [i for i in incidents if g.get("component") and i["component"] == g["component"]]
         if not g.get("component"):
             p(f"  {g['kind']:<16} (not a fault)              {'nothing raised, as expected' if not incidents else ''}")

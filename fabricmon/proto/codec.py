@@ -15,6 +15,7 @@ from itertools import compress
 
 from ..batch import NicHello, NodeBatch, NodeHello
 from ..model import CounterDelta, Labels, Sample
+from ..nccl_ras.protocol import BadAddress, parse_addr
 from ..rank_timing import (
     MAX_GPU,
     MAX_GROUP_VALUE,
@@ -41,6 +42,7 @@ MAX_VALUE = 1024
 MAX_RATE_GBPS = 1e5
 MAX_WIDTH = 64
 MAX_GPUS = 1024
+MAX_GUID_TEXT = 64  # "0x" and 16 hex digits, or sysfs' "b8ce:f603:00a1:b2c3": far below
 
 SeriesKey = tuple[str, Labels]
 UNSPECIFIED = pb.SERIES_KIND_UNSPECIFIED  # an agent older than SeriesDef.kind
@@ -60,7 +62,8 @@ def hello_to_pb(h: NodeHello) -> pb.Hello:
     return pb.Hello(
         node=h.node, agent_version=h.agent_version, interval_seconds=h.interval_seconds,
         nics=[pb.Nic(device=n.device, port=n.port, rail=n.rail, link_layer=n.link_layer, netdev=n.netdev,
-                     rate_gbps=n.rate_gbps, width=max(0, int(n.width)), gpu=int(n.gpu)) for n in h.nics],
+                     rate_gbps=n.rate_gbps, width=max(0, int(n.width)), gpu=int(n.gpu), node_guid=n.node_guid)
+              for n in h.nics],
         gpus=max(0, int(h.gpus)), boot_id=h.boot_id, protocol_version=PROTOCOL_VERSION,
     )
 
@@ -78,13 +81,16 @@ def hello_from_pb(m: pb.Hello) -> NodeHello:
         raise MalformedBatch(f"hello.gpus: {m.gpus} is over {MAX_GPUS}")
     for i, n in enumerate(m.nics):
         if not (math.isfinite(n.rate_gbps) and 0 <= n.rate_gbps <= MAX_RATE_GBPS):
-            raise MalformedBatch(f"hello.nics[{i}].rate_gbps: must be finite in [0, {MAX_RATE_GBPS:g}], got {n.rate_gbps!r}")
+            raise MalformedBatch(f"hello.nics[{i}].rate_gbps: must be finite in [0, {MAX_RATE_GBPS:g}], got "
+                                 f"{n.rate_gbps!r}")
         if n.width > MAX_WIDTH or not -1 <= n.gpu <= MAX_GPU:
             raise MalformedBatch(f"hello.nics[{i}]: width {n.width} or gpu {n.gpu} out of range")
+        if len(n.node_guid) > MAX_GUID_TEXT:
+            raise MalformedBatch(f"hello.nics[{i}].node_guid: {len(n.node_guid)} characters, at most {MAX_GUID_TEXT}")
     return NodeHello(
         node=m.node, agent_version=m.agent_version, interval_seconds=m.interval_seconds,
-        nics=tuple(NicHello(n.device, n.port, n.rail, n.link_layer, n.netdev, n.rate_gbps, n.width, n.gpu)
-                   for n in m.nics),
+        nics=tuple(NicHello(n.device, n.port, n.rail, n.link_layer, n.netdev, n.rate_gbps, n.width, n.gpu,
+                             n.node_guid) for n in m.nics),
         gpus=m.gpus, boot_id=m.boot_id,
     )
 
@@ -101,7 +107,7 @@ class SeriesEncoder:
     def __len__(self) -> int:
         return len(self._ids)
 
-    def _id(self, key: SeriesKey, out: pb.Batch, kind: int = COUNTER) -> int:
+    def _id(self, key: SeriesKey, out: pb.Batch, kind: pb.SeriesKind = COUNTER) -> int:
         sid = self._ids.get(key)
         if sid is None:
             sid = len(self._ids) + 1
@@ -117,7 +123,7 @@ class SeriesEncoder:
         ids = [get((d.family, d.labels)) or self._id((d.family, d.labels), out) for d in b.deltas]
         out.delta_ids.extend(ids)
         out.delta_values.extend([d.delta for d in b.deltas])
-        for sid, d in zip(ids, b.deltas):
+        for sid, d in zip(ids, b.deltas, strict=True):
             if d.saturated:
                 out.saturated_ids.append(sid)
             if d.reset:
@@ -134,7 +140,8 @@ class SeriesEncoder:
             out.layouts.append(pb.JobLayout(job=lay.job, layout=[pb.IntPair(key=k, value=v) for k, v in lay.layout]))
         for h in b.heartbeats:
             out.heartbeats.append(pb.Heartbeat(job=h.job, rank=h.rank, step=h.step, coll_sn=h.coll_sn,
-                                               in_collective=h.in_collective, ts=h.ts, job_id=h.job_id))
+                                               in_collective=h.in_collective, ts=h.ts, job_id=h.job_id,
+                                               nccl_ras=h.nccl_ras))
         return out
 
 
@@ -201,7 +208,8 @@ class SeriesDecoder:
         if len(ids) != len(vals):
             raise MalformedBatch(f"delta_ids ({len(ids)}) and delta_values ({len(vals)}) differ in length")
         if len(m.gauge_ids) != len(m.gauge_values):
-            raise MalformedBatch(f"gauge_ids ({len(m.gauge_ids)}) and gauge_values ({len(m.gauge_values)}) differ in length")
+            raise MalformedBatch(f"gauge_ids ({len(m.gauge_ids)}) and gauge_values ({len(m.gauge_values)}) differ in "
+                                 f"length")
         table = {} if m.self_contained else self._table
         zero = {} if m.self_contained else self._zero
         read_ids = set() if m.self_contained else self._read_ids
@@ -253,7 +261,7 @@ class SeriesDecoder:
         # One pass in C over all values: a NaN or an infinity makes the sum non-finite, a negative the
         # minimum negative.  Only then (or on a sum that merely overflowed) is each value looked at.
         if vals and (not math.isfinite(sum(vals)) or min(vals) < 0):
-            for sid, v in zip(ids, vals):
+            for sid, v in zip(ids, vals, strict=True):
                 if not math.isfinite(v) or v < 0:
                     raise MalformedBatch(f"delta_values: series {look(sid, 'delta_ids')[0]} has a bad delta {v!r}")
         # Kinds as the agent defined them (isdisjoint runs in C: no per-delta Python on the hot path).
@@ -276,10 +284,10 @@ class SeriesDecoder:
             for sid in ids:
                 look(sid, "delta_ids")
         flagged = sat | rst
-        deltas = []
+        deltas: list[CounterDelta] = []
         append = deltas.append
         if flagged:
-            for sid, v in zip(ids, vals):
+            for sid, v in zip(ids, vals, strict=True):
                 if sid in flagged and sid not in refused:
                     fam, labels = table[sid]
                     append(CounterDelta(fam, labels, v, sid in sat, sid in rst))
@@ -287,7 +295,7 @@ class SeriesDecoder:
                     append(CounterDelta(*table[sid], v) if v else zero[sid])
         else:
             # the unread majority is filtered out in C (compress/map), never touched in Python
-            for sid, v in compress(zip(ids, vals), map(read_ids.__contains__, ids)):
+            for sid, v in compress(zip(ids, vals, strict=True), map(read_ids.__contains__, ids)):
                 append(CounterDelta(*table[sid], v) if v else zero[sid])
         n_refused = sum(1 for sid in ids if sid in refused) if refused else 0  # neither read nor "unread"
         skipped = len(ids) - len(deltas) - n_refused
@@ -295,10 +303,11 @@ class SeriesDecoder:
         gvals = m.gauge_values
         # the same one C pass as for deltas: a NaN or an infinity makes the sum non-finite
         if gvals and not math.isfinite(sum(gvals)):
-            for sid, v in zip(m.gauge_ids, gvals):
+            for sid, v in zip(m.gauge_ids, gvals, strict=True):
                 if not math.isfinite(v):
-                    raise MalformedBatch(f"gauge_values: series {look(sid, 'gauge_ids')[0]} has a non-finite value {v!r}")
-        for sid, v in zip(m.gauge_ids, gvals):
+                    raise MalformedBatch(f"gauge_values: series {look(sid, 'gauge_ids')[0]} has a non-finite value "
+                                         f"{v!r}")
+        for sid, v in zip(m.gauge_ids, gvals, strict=True):
             fam, labels = look(sid, "gauge_ids")
             if refused and sid in refused:
                 n_refused += 1
@@ -339,7 +348,13 @@ class SeriesDecoder:
                 raise MalformedBatch(f"heartbeats.job: {why}")
             if not math.isfinite(h.ts) or not 0 <= h.ts <= MAX_TS or h.step > MAX_STEP or h.coll_sn > MAX_STEP:
                 raise MalformedBatch(f"heartbeats: job {h.job} rank {h.rank}: ts, step or coll_sn out of range")
-            heartbeats.append(Heartbeat(h.job, h.rank, h.step, h.coll_sn, h.in_collective, h.ts, node, h.job_id))
+            if h.nccl_ras:
+                try:
+                    parse_addr(h.nccl_ras)
+                except BadAddress as exc:
+                    raise MalformedBatch(f"heartbeats: job {h.job} rank {h.rank}: nccl_ras: {exc}") from None
+            heartbeats.append(Heartbeat(h.job, h.rank, h.step, h.coll_sn, h.in_collective, h.ts, node, h.job_id,
+                                        h.nccl_ras))
         if not m.self_contained and added:
             self._table, self._zero, self._read_ids, self._refused = table, zero, read_ids, refused
             if added_gauges:

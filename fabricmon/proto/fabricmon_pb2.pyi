@@ -17,15 +17,17 @@ SERIES_KIND_COUNTER: SeriesKind
 SERIES_KIND_GAUGE: SeriesKind
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "batch")
+    __slots__ = ("hello", "batch", "ras_report")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    RAS_REPORT_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     batch: Batch
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ...) -> None: ...
+    ras_report: RasReport
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ..., ras_report: _Optional[_Union[RasReport, _Mapping]] = ...) -> None: ...
 
 class Nic(_message.Message):
-    __slots__ = ("device", "port", "rail", "link_layer", "netdev", "rate_gbps", "width", "gpu")
+    __slots__ = ("device", "port", "rail", "link_layer", "netdev", "rate_gbps", "width", "gpu", "node_guid")
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
     RAIL_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +36,7 @@ class Nic(_message.Message):
     RATE_GBPS_FIELD_NUMBER: _ClassVar[int]
     WIDTH_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
+    NODE_GUID_FIELD_NUMBER: _ClassVar[int]
     device: str
     port: str
     rail: str
@@ -42,7 +45,8 @@ class Nic(_message.Message):
     rate_gbps: float
     width: int
     gpu: int
-    def __init__(self, device: _Optional[str] = ..., port: _Optional[str] = ..., rail: _Optional[str] = ..., link_layer: _Optional[str] = ..., netdev: _Optional[str] = ..., rate_gbps: _Optional[float] = ..., width: _Optional[int] = ..., gpu: _Optional[int] = ...) -> None: ...
+    node_guid: str
+    def __init__(self, device: _Optional[str] = ..., port: _Optional[str] = ..., rail: _Optional[str] = ..., link_layer: _Optional[str] = ..., netdev: _Optional[str] = ..., rate_gbps: _Optional[float] = ..., width: _Optional[int] = ..., gpu: _Optional[int] = ..., node_guid: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("node", "agent_version", "interval_seconds", "nics", "gpus", "boot_id", "protocol_version")
@@ -115,7 +119,7 @@ class RankTiming(_message.Message):
     def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., step: _Optional[int] = ..., step_seconds: _Optional[float] = ..., comm_seconds: _Optional[float] = ..., ts: _Optional[float] = ..., gpu: _Optional[int] = ..., group: _Optional[_Iterable[_Union[IntPair, _Mapping]]] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("job", "rank", "step", "coll_sn", "in_collective", "ts", "job_id")
+    __slots__ = ("job", "rank", "step", "coll_sn", "in_collective", "ts", "job_id", "nccl_ras")
     JOB_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +127,7 @@ class Heartbeat(_message.Message):
     IN_COLLECTIVE_FIELD_NUMBER: _ClassVar[int]
     TS_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    NCCL_RAS_FIELD_NUMBER: _ClassVar[int]
     job: str
     rank: int
     step: int
@@ -130,7 +135,8 @@ class Heartbeat(_message.Message):
     in_collective: bool
     ts: float
     job_id: str
-    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., coll_sn: _Optional[int] = ..., in_collective: _Optional[bool] = ..., ts: _Optional[float] = ..., job_id: _Optional[str] = ...) -> None: ...
+    nccl_ras: str
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., coll_sn: _Optional[int] = ..., in_collective: _Optional[bool] = ..., ts: _Optional[float] = ..., job_id: _Optional[str] = ..., nccl_ras: _Optional[str] = ...) -> None: ...
 
 class JobLayout(_message.Message):
     __slots__ = ("job", "layout")
@@ -196,12 +202,96 @@ class Subscription(_message.Message):
     gauge_families: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, delta_families: _Optional[_Iterable[str]] = ..., gauge_families: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class RasQuery(_message.Message):
+    __slots__ = ("id", "job", "job_id", "addr", "timeout_seconds")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDR_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    job: str
+    job_id: str
+    addr: str
+    timeout_seconds: int
+    def __init__(self, id: _Optional[int] = ..., job: _Optional[str] = ..., job_id: _Optional[str] = ..., addr: _Optional[str] = ..., timeout_seconds: _Optional[int] = ...) -> None: ...
+
+class RasRank(_message.Message):
+    __slots__ = ("comm", "comm_size", "rank", "host", "pid", "cuda_dev", "dead", "unresponsive", "op", "count", "peers", "init_state", "async_error")
+    COMM_FIELD_NUMBER: _ClassVar[int]
+    COMM_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    CUDA_DEV_FIELD_NUMBER: _ClassVar[int]
+    DEAD_FIELD_NUMBER: _ClassVar[int]
+    UNRESPONSIVE_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    INIT_STATE_FIELD_NUMBER: _ClassVar[int]
+    ASYNC_ERROR_FIELD_NUMBER: _ClassVar[int]
+    comm: str
+    comm_size: int
+    rank: int
+    host: str
+    pid: int
+    cuda_dev: int
+    dead: bool
+    unresponsive: bool
+    op: str
+    count: int
+    peers: int
+    init_state: int
+    async_error: int
+    def __init__(self, comm: _Optional[str] = ..., comm_size: _Optional[int] = ..., rank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., cuda_dev: _Optional[int] = ..., dead: _Optional[bool] = ..., unresponsive: _Optional[bool] = ..., op: _Optional[str] = ..., count: _Optional[int] = ..., peers: _Optional[int] = ..., init_state: _Optional[int] = ..., async_error: _Optional[int] = ...) -> None: ...
+
+class RasReport(_message.Message):
+    __slots__ = ("id", "job", "job_id", "outcome", "detail", "seconds", "nccl_version", "communicators", "world_size", "missing", "behind", "errors", "missing_total", "behind_total", "errors_total", "timeouts", "repaired")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    NCCL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    COMMUNICATORS_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    BEHIND_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    MISSING_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BEHIND_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUTS_FIELD_NUMBER: _ClassVar[int]
+    REPAIRED_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    job: str
+    job_id: str
+    outcome: str
+    detail: str
+    seconds: float
+    nccl_version: str
+    communicators: int
+    world_size: int
+    missing: _containers.RepeatedCompositeFieldContainer[RasRank]
+    behind: _containers.RepeatedCompositeFieldContainer[RasRank]
+    errors: _containers.RepeatedCompositeFieldContainer[RasRank]
+    missing_total: int
+    behind_total: int
+    errors_total: int
+    timeouts: int
+    repaired: str
+    def __init__(self, id: _Optional[int] = ..., job: _Optional[str] = ..., job_id: _Optional[str] = ..., outcome: _Optional[str] = ..., detail: _Optional[str] = ..., seconds: _Optional[float] = ..., nccl_version: _Optional[str] = ..., communicators: _Optional[int] = ..., world_size: _Optional[int] = ..., missing: _Optional[_Iterable[_Union[RasRank, _Mapping]]] = ..., behind: _Optional[_Iterable[_Union[RasRank, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[RasRank, _Mapping]]] = ..., missing_total: _Optional[int] = ..., behind_total: _Optional[int] = ..., errors_total: _Optional[int] = ..., timeouts: _Optional[int] = ..., repaired: _Optional[str] = ...) -> None: ...
+
 class AggregatorMessage(_message.Message):
-    __slots__ = ("ack", "reject", "subscription")
+    __slots__ = ("ack", "reject", "subscription", "ras_query")
     ACK_FIELD_NUMBER: _ClassVar[int]
     REJECT_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    RAS_QUERY_FIELD_NUMBER: _ClassVar[int]
     ack: Ack
     reject: Reject
     subscription: Subscription
-    def __init__(self, ack: _Optional[_Union[Ack, _Mapping]] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ..., subscription: _Optional[_Union[Subscription, _Mapping]] = ...) -> None: ...
+    ras_query: RasQuery
+    def __init__(self, ack: _Optional[_Union[Ack, _Mapping]] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ..., subscription: _Optional[_Union[Subscription, _Mapping]] = ..., ras_query: _Optional[_Union[RasQuery, _Mapping]] = ...) -> None: ...

@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..config import (
-    AgentConfig, EthtoolConfig, FabricConfigConfig, InfinibandConfig, NvmlConfig, SourcesConfig, TransceiverConfig,
+    AgentConfig,
+    EthtoolConfig,
+    FabricConfigConfig,
+    InfinibandConfig,
+    NvmlConfig,
+    SourcesConfig,
+    TransceiverConfig,
 )
 from .tree import NodeTree
 
@@ -13,11 +19,12 @@ from .tree import NodeTree
 SIM_SOURCE_TIMEOUT = 10.0
 
 
-def sim_agent_config(tree: NodeTree, interval: float = 1.0) -> AgentConfig:
+def sim_agent_config(tree: NodeTree, interval: float = 1.0, link_watch: float = 1.0) -> AgentConfig:
     """The AgentConfig a real ``fabricmon agent`` would run with over this tree."""
     t = SIM_SOURCE_TIMEOUT
     return AgentConfig(
         sysfs_root=tree.sys, ethtool_dir=tree.ethtool_dir, node_name=tree.name, interval=interval,
+        link_watch_interval=link_watch,
         nvml=f"fake:{tree.nvml_file}", listen="127.0.0.1:0",
         sources=SourcesConfig(infiniband=InfinibandConfig(timeout=t), ethtool=EthtoolConfig(timeout=t),
                               nvml=NvmlConfig(timeout=t), fabric_config=FabricConfigConfig(timeout=t),
@@ -25,11 +32,11 @@ def sim_agent_config(tree: NodeTree, interval: float = 1.0) -> AgentConfig:
     )
 
 
-def make_sim_agent(tree: NodeTree, clock: Callable[[], float], interval: float = 1.0):
+def make_sim_agent(tree: NodeTree, clock: Callable[[], float], interval: float = 1.0, link_watch: float = 1.0):
     """An ``agent.runtime.Agent`` (``.poller``, ``.start_http()``, ``.stop()``) polling ``tree`` on the
     simulated clock.  The host source is left out by the runtime (the tree is not ``/sys``)."""
     from ..agent.runtime import build_agent
 
     # The tree lives on tmpfs and is written by this process: no read can block, so the sources
     # run inline (no deadline threads), which is most of a simulated poll's overhead.
-    return build_agent(sim_agent_config(tree, interval), clock=clock, inline_sources=True)
+    return build_agent(sim_agent_config(tree, interval, link_watch), clock=clock, inline_sources=True)

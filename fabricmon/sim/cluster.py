@@ -19,8 +19,9 @@ fault state at ``t + dt`` is applied (a link that goes down at ``start`` is
 down in the snapshot taken at ``start``), then ``dt`` seconds of traffic and
 fault evidence accumulate.  Traffic follows the synthetic job (``job.py``):
 the bytes per second each rail NIC carries in the job's ring all-reduce; the
-frontend NIC carries a little storage traffic.  Fault evidence draws from its
-own RNG, so a fault never changes the traffic noise of other components.
+frontend NIC carries a little storage traffic.  What a fault does is ``sim.faults``' model (shared
+with ``sim.fixture``); each fault draws its evidence from its own RNG, so a fault never changes the
+traffic noise or another fault's evidence.
 """
 
 from __future__ import annotations
@@ -31,15 +32,33 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .faults import GAUGES, MODELS, degraded, fault_rng, link_down, nvlink_evidence, port_evidence, reset_fraction
 from .hw import (
-    DOWN_RATE, ETH_STATS, FRONTEND, HW_CONG64, HW_PPCNT64, HW_Q32, HW_ROCE_ACCL32, LANE_DGBPS, NDEV, NGPU,
-    NRAILS, NVLINK_KIB_S, NVLINKS, NCOUNTERS, PMA_ERR_WIDTH, PRIO_SHARE, SPEED_IDX, SPEEDS,
-    THROTTLE_THERMAL, K, device_specs,
+    DOWN_RATE,
+    ETH_STATS,
+    FRONTEND,
+    HW_CONG64,
+    HW_PPCNT64,
+    HW_Q32,
+    HW_ROCE_ACCL32,
+    LANE_DGBPS,
+    NCOUNTERS,
+    NDEV,
+    NGPU,
+    NRAILS,
+    NVL_FIELDS,
+    NVLINK_KIB_S,
+    NVLINKS,
+    PMA_ERR_WIDTH,
+    PRIO_SHARE,
+    SPEED_IDX,
+    SPEEDS,
+    K,
+    device_specs,
 )
 from .scenario import Fault, Scenario
 
 EPOCH = 1764000000.0  # wall-clock time of simulated t = 0 (sample times are EPOCH + t)
-DEFAULT_FLAP_PERIOD = 6.0
 OPTIC_LANES = 4
 BER_WANDER = 0.08  # stationary std of a healthy link's log10 BER around its level (decades)
 BER_TAU_S = 60.0  # correlation time of that wander
@@ -47,6 +66,7 @@ DEGRADED_BER_LOG = -3.6  # the bad lane at fails_at: near the KP4 FEC limit, whe
 MODULE_INTERVAL_S = 30.0  # module readings refresh (the agent's sources.transceiver.interval)
 _DATA_PER_LINE = 0.97  # 256b/257b + FEC overhead of the line rate (what the agent's data rate gauge says)
 _LANE_DGBPS_BY_IDX = np.array([LANE_DGBPS[s] for s in SPEEDS], dtype=np.float64)
+_NVL = {f"nvl:{name}": j for j, name in enumerate(NVL_FIELDS)}
 
 
 @dataclass
@@ -77,7 +97,8 @@ class ClusterState:
 
         ident = np.random.default_rng([c.seed, 0])
         self.rng = np.random.default_rng([c.seed, 1])  # traffic noise
-        self.frng = random.Random(c.seed * 7919 + 17)  # fault evidence (scalar draws)
+        # fault evidence: one RNG per fault (scalar draws), the fixture writer's for the same seed and fault
+        self.frngs = [fault_rng(c.seed, i) for i in range(len(scenario.faults))]
         # identity
         self.guid_low = ident.integers(0, 1 << 40, size=(n, NDEV), dtype=np.int64)
         self.lid = np.where(self.eth_mask[None, :], 0, ident.integers(0x10, 0x7FFF, size=(n, NDEV)))
@@ -159,19 +180,20 @@ class ClusterState:
     # ------------------------------------------------------------------ faults
     def _fault_targets(self, f: Fault) -> tuple[list[int], list[int]]:
         """(node indexes, device indexes) a NIC-level fault touches."""
+        if f.leaf is not None:  # a leaf by its topology name (a fat tree's, an imported one's)
+            names, devs = self.scenario.cluster.leaf_targets(f.leaf) or ([], [])
+            return [self.index[name] for name in names], devs
         if f.unit is not None:
-            return list(self.unit_nodes(f.unit)), [f.rail]
-        n = self.index[f.node]
+            return list(self.unit_nodes(f.unit)), [f.the_rail]
+        n = self.index[f.the_node]
         dev = f.device_index
         if dev is None:  # config_drift without rail: every rail NIC of the node
             return [n], list(range(NRAILS))
         return [n], [dev]
 
-    def _flap_down(self, f: Fault, t: float) -> bool:
-        period = f.period or DEFAULT_FLAP_PERIOD
-        if f.kind == "cable_degrading":
-            return t >= f.fails_at and ((t - f.fails_at) % period) < period / 2
-        return ((t - f.start) % period) < period / 2
+    def _link_down(self, f: Fault, t: float) -> bool:
+        fails_after = f.fails_at - f.start if f.fails_at is not None else None
+        return link_down(f.kind, t - f.start, f.period, fails_after)
 
     # ------------------------------------------------------------------ optics (BER, module readings)
     def _init_optics(self, seed: int) -> None:
@@ -195,7 +217,10 @@ class ClusterState:
         self.bias_ma = self.bias_ma0.copy()
         self.temp_c = self.temp_c0.copy()
         self.lane_ber_log = np.repeat(self.ber_log[:, :, None], OPTIC_LANES, axis=2)
-        self.bad_lane = {id(f): self.frng.randrange(OPTIC_LANES) for f in self.scenario.faults
+        # the degrading cable's bad lane: an optics property (the fixture has no optics), drawn from the
+        # stream the simulator has always drawn it from, so a scenario keeps its lane
+        lanes = random.Random(seed * 7919 + 17)
+        self.bad_lane = {id(f): lanes.randrange(OPTIC_LANES) for f in self.scenario.faults
                          if f.kind == "cable_degrading"}
         self._read_modules(0.0, self.rx_dbm0, self.temp_c0)
 
@@ -217,7 +242,7 @@ class ClusterState:
             nodes, devs = self._fault_targets(f)
             ni, d = nodes[0], devs[0]
             lane = self.bad_lane[id(f)]
-            p = min(1.0, (t - f.start) / (f.fails_at - f.start))
+            p = min(1.0, (t - f.start) / (f.the_fails_at - f.start))
             # the bad lane's BER climbs (linear in log) to the FEC limit by fails_at
             lane_log[ni, d, lane] = self.ber_log[ni, d] + (DEGRADED_BER_LOG - self.ber_log[ni, d]) * p
             rx[ni, d, lane] -= 4.0 * f.mag * p
@@ -257,42 +282,49 @@ class ClusterState:
         """Link state, rates and config at t without advancing counters (sim/impact.py's job-only runs)."""
         self._set_fault_state(t)
 
-    def _set_fault_state(self, t: float) -> None:
-        """Link state, rate and config as of time t; counts down events on transitions."""
+    def link_state(self, t: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(up, lanes, speed), each (nodes, devices), of every link at time t, changing nothing: what
+        the simulated agents' link watch reads between their polls, and what ``_set_fault_state`` applies."""
         want_up = np.ones_like(self.up)
         lanes = np.broadcast_to(self.nominal_lanes, self.lanes.shape).copy()
         speed = np.broadcast_to(self.nominal_speed, self.speed.shape).copy()
+        for f in self.scenario.faults:
+            m = MODELS[f.kind]
+            if not f.active(t) or not m.link:
+                continue
+            nodes, devs = self._fault_targets(f)
+            if self._link_down(f, t):
+                want_up[np.ix_(nodes, devs)] = False
+            elif m.link == "degraded":
+                for nn in nodes:
+                    for d in devs:
+                        lanes[nn, d], speed[nn, d] = degraded(int(self.nominal_lanes[d]),
+                                                              int(self.nominal_speed[d]), f.degrade)
+        return want_up, lanes, speed
+
+    def _set_fault_state(self, t: float) -> None:
+        """Link state, rate and config as of time t; counts down events on transitions."""
+        want_up, lanes, speed = self.link_state(t)
         pfc = np.zeros_like(self.pfc)
         pfc[:, self.eth_mask, 3] = True
         ecn = pfc.copy()
         for f in self.scenario.faults:
-            if not f.active(t):
+            if not f.active(t) or not MODELS[f.kind].config_off:
                 continue
-            if f.kind == "link_down" or (f.kind in ("link_flap", "cable_degrading") and self._flap_down(f, t)):
-                nodes, devs = self._fault_targets(f)
-                want_up[np.ix_(nodes, devs)] = False
-            elif f.kind == "link_degraded":
-                nodes, devs = self._fault_targets(f)
-                for nn in nodes:
-                    for d in devs:
-                        if f.degrade == "speed":
-                            speed[nn, d] = max(0, self.nominal_speed[d] - 1)
-                        else:
-                            lanes[nn, d] = max(1, self.nominal_lanes[d] // 2)
-            elif f.kind == "config_drift":
-                nodes, devs = self._fault_targets(f)
-                pfc[np.ix_(nodes, devs, [3])] = False
-                ecn[np.ix_(nodes, devs, [3])] = False
+            nodes, devs = self._fault_targets(f)
+            pfc[np.ix_(nodes, devs, [3])] = False
+            ecn[np.ix_(nodes, devs, [3])] = False
         going_down = self.up & ~want_up
         if going_down.any():
             self.downs += going_down
             self.C[K["pma:link_downed"]] += going_down
             self.C[K["eth:link_down_events_phy"]] += going_down & self.eth_mask[None, :]
-            # a flap: recoveries that worked before one failed and downed the link
             for f in self.scenario.faults:
-                if f.kind in ("link_flap", "cable_degrading") and f.active(t):
+                per_down = MODELS[f.kind].recoveries_per_down
+                if per_down and f.active(t):
                     nodes, devs = self._fault_targets(f)
-                    self.C[K["pma:link_error_recovery"]][np.ix_(nodes, devs)] += 3 * going_down[np.ix_(nodes, devs)]
+                    self.C[K["pma:link_error_recovery"]][np.ix_(nodes, devs)] += \
+                        per_down * going_down[np.ix_(nodes, devs)]
         self.up = want_up
         self.lanes, self.speed = lanes, speed
         self.pfc, self.ecn_np, self.ecn_rp = pfc, ecn, ecn.copy()
@@ -309,22 +341,17 @@ class ClusterState:
         for f in self.scenario.faults:
             if not f.active(t):
                 continue
-            k = f.kind
-            if k in ("flaky_cable", "pfc_storm", "rdma_retransmits", "leaf_degraded", "ecn_congestion"):
+            m = MODELS[f.kind]
+            if m.bandwidth is not None:
                 nodes, devs = self._fault_targets(f)
                 devs = [d for d in devs if d < NRAILS]
                 if not devs:
                     continue  # the frontend NIC carries no job traffic
-                factor = {"flaky_cable": max(0.3, 1 - 0.25 * f.mag), "pfc_storm": max(0.05, 1 - f.mag),
-                          "rdma_retransmits": max(0.3, 1 - 0.15 * f.mag), "leaf_degraded": f.mag,
-                          "ecn_congestion": f.mag}[k]
-                bw[np.ix_(nodes, devs)] *= factor
-            elif k == "slow_gpu":
-                gpu[self.index[f.node], f.gpu] *= f.mag
-            elif k == "nvlink_errors":
-                tp[self.index[f.node]] *= 1 + 0.05 * f.mag  # replays cost NVLink bandwidth
-            elif k == "nvlink_down":
-                tp[self.index[f.node]] *= NVLINKS / (NVLINKS - 1) * 1.05  # 17 links left, uneven routing
+                bw[np.ix_(nodes, devs)] *= m.bandwidth.at(f.mag)
+            elif m.gpu_slow:
+                gpu[self.index[f.the_node], f.the_gpu] *= f.mag
+            elif m.tp_slow or m.tp_fixed != 1.0:
+                tp[self.index[f.the_node]] *= (1 + m.tp_slow * f.mag) * m.tp_fixed
         return Effects(bw, gpu, tp)
 
     # ------------------------------------------------------------------ time
@@ -339,38 +366,41 @@ class ClusterState:
             raise ValueError(f"dt must be > 0, got {dt}")
         t_new = self.t + dt
         self._set_fault_state(t_new)
-        resets = [f for f in self.scenario.faults
-                  if f.kind == "counter_reset" and id(f) not in self._applied_resets and f.start <= t_new]
+        resets = [(i, f) for i, f in enumerate(self.scenario.faults)
+                  if MODELS[f.kind].resets_counters and id(f) not in self._applied_resets and f.start <= t_new]
         offered = self._default_offered()
         if rail_bytes_per_second is not None:
             offered[:, :NRAILS] = rail_bytes_per_second
         dt_arr = np.full((self.n, NDEV), float(dt))
-        for f in resets:
+        for i, f in resets:
             # driver reload part-way through the interval: every counter of every mlx5 device restarts
             self._applied_resets.add(id(f))
-            ni = self.index[f.node]
+            ni = self.index[f.the_node]
             self.C[:, ni, :] = 0
             self.downs[ni, :] = 0
-            dt_arr[ni, :] = dt * self.frng.uniform(0.2, 0.8)
+            dt_arr[ni, :] = dt * reset_fraction(self.frngs[i])
         rx_scale = np.ones((self.n, NDEV))
         for f in self.scenario.faults:
-            if f.kind == "pfc_storm" and f.active(t_new):
+            if MODELS[f.kind].rx_share and f.active(t_new):
                 nodes, devs = self._fault_targets(f)
                 rx_scale[np.ix_(nodes, devs)] = 1 - f.mag
         self._traffic(dt_arr, offered, rx_scale=rx_scale)
-        self.C[K["eth:outbound_pci_stalled_wr"]] = 0
-        active = [f for f in self.scenario.faults if f.active(t_new) and f.kind != "counter_reset"]
-        for f in active:
-            self._evidence(f, dt, t_new)
+        for g in GAUGES:
+            self.C[K[g]] = 0  # a gauge reads what the active faults set it to this interval
+        active = [(i, f) for i, f in enumerate(self.scenario.faults)
+                  if f.active(t_new) and not MODELS[f.kind].resets_counters]
+        for i, f in active:
+            self._evidence(i, f, dt, t_new)
         self._background_errors(dt, t_new)
         act = np.ones(self.n) if nvlink_activity is None else nvlink_activity
         self._optics(dt, t_new)
         self._nvlink_traffic(np.full((self.n, 1, 1), float(dt)), act if job_running else act * 0, t_new)
-        self.util = self.rng.integers(88, 100, size=(self.n, NGPU)) if job_running else np.zeros((self.n, NGPU), np.int64)
+        self.util = self.rng.integers(88, 100, size=(self.n, NGPU)) if job_running else np.zeros((self.n, NGPU),
+                                                                                                 np.int64)
         self.throttle[:] = 0
-        for f in active:
-            if f.kind == "slow_gpu":
-                self.throttle[self.index[f.node], f.gpu] = THROTTLE_THERMAL
+        for _, f in active:
+            if MODELS[f.kind].throttle:
+                self.throttle[self.index[f.the_node], f.the_gpu] = MODELS[f.kind].throttle
         self.t = t_new
         self.tick += 1
 
@@ -448,8 +478,8 @@ class ClusterState:
         rx = (tx * rng.uniform(0.95, 1.05, size=shape)).astype(np.int64)
         self.nvl_up[:] = True
         for f in self.scenario.faults:
-            if f.kind == "nvlink_down" and f.active(t):
-                self.nvl_up[self.index[f.node], f.gpu, f.link] = False
+            if MODELS[f.kind].nvlink_down and f.active(t):
+                self.nvl_up[self.index[f.the_node], f.the_gpu, f.the_link] = False
         self.nvl[0] += tx * self.nvl_up  # a down link carries nothing: its counters stay flat
         self.nvl[1] += rx * self.nvl_up
 
@@ -460,91 +490,26 @@ class ClusterState:
             if d.kind != "background_errors" or not d.active(t, math.inf):
                 continue
             rng = np.random.default_rng([self.scenario.cluster.seed, 7, k, self.tick])
-            self.C[K["pma:symbol_error"], self.index[d.node], d.rail] += int(rng.poisson(d.value("rate") * dt))
+            self.C[K["pma:symbol_error"], self.index[d.the_node], d.the_rail] += int(rng.poisson(d.value("rate") * dt))
 
-    def _evidence(self, f: Fault, dt: float, t: float) -> None:
-        """Counter evidence of one active fault over dt seconds (per-second rates of the fixture's
-        per-snapshot evidence)."""
-        r, C, k = self.frng, self.C, f.kind
-        mag = f.mag
-
-        def add(name: str, nodes, devs, lo: float, hi: float) -> None:
-            for nn in nodes:
-                for d in devs:
-                    C[K[name], nn, d] += int(r.uniform(lo, hi) * dt * mag)
-
-        def poisson_add(name: str, nodes, devs, per_second: float) -> None:
-            for nn in nodes:
-                for d in devs:
-                    # dt * rate events on average; scalar draws from the fault RNG
-                    lam = per_second * dt * mag
-                    C[K[name], nn, d] += int(lam) + (1 if r.random() < lam - int(lam) else 0)
-
-        if k in ("slow_gpu", "nvlink_errors", "nvlink_down", "config_drift", "link_degraded", "link_down",
-                 "cable_degrading", "rank_hang"):  # cable_degrading: BER and module readings come from _optics
-            if k == "nvlink_errors":
-                ni = self.index[f.node]
-                for j, lo, hi in ((2, 5, 50), (4, 10, 200), (5, 0.1, 5)):
-                    self.nvl[j, ni, f.gpu, f.link] += int(r.uniform(lo, hi) * dt * mag)
-                lam = 0.2 * dt * mag
-                self.nvl[3, ni, f.gpu, f.link] += int(lam) + (1 if r.random() < lam - int(lam) else 0)
-            return  # state-only faults: no counter evidence (slow_gpu is clean by design)
+    def _evidence(self, i: int, f: Fault, dt: float, t: float) -> None:
+        """Counter evidence of the scenario's i-th fault, active at t, over dt seconds (``sim.faults``)."""
+        m, r, since = MODELS[f.kind], self.frngs[i], t - f.start
+        if m.nvlink:
+            ni = self.index[f.the_node]
+            for name, v, _ in nvlink_evidence(f.kind, r, dt, since, f.mag):
+                self.nvl[_NVL[name], ni, f.the_gpu, f.the_link] += v
+        if not m.counters:
+            return  # state-only faults (link_flap's evidence is counted on its transitions)
         nodes, devs = self._fault_targets(f)
-        eth = self.devs[devs[0]].ethernet
-        since = t - f.start
-        if k == "flaky_cable":
-            add("pma:symbol_error", nodes, devs, 20, 200)
-            add("pma:port_rcv_errors", nodes, devs, 0.5, 5)
-            poisson_add("pma:link_error_recovery", nodes, devs, 0.1)
-            if eth:
-                add("eth:rx_corrected_bits_phy", nodes, devs, 1e5, 1e7)
-                add("eth:rx_pcs_symbol_err_phy", nodes, devs, 1, 100)
-                add("eth:rx_err_lane_2_phy", nodes, devs, 1e4, 1e6)
-                add("eth:rx_crc_errors_phy", nodes, devs, 0.1, 5)
-        elif k == "leaf_degraded":  # a bad switch: every port of it sees errors and waits
-            add("pma:symbol_error", nodes, devs, 2, 30)
-            add("pma:port_rcv_errors", nodes, devs, 0, 1)
-            add("pma:port_xmit_wait", nodes, devs, 2e4, 1e5)
-            if eth:
-                add("eth:rx_corrected_bits_phy", nodes, devs, 1e4, 1e6)
-        elif k == "pfc_storm":  # slow receiver: it cannot drain its buffers, so it pauses its partner
-            share = f.mag
-            for nn in nodes:
-                for d in devs:
-                    C[K["eth:tx_prio3_pause"], nn, d] += int(dt * share * r.uniform(20000, 30000))
-                    C[K["eth:tx_prio3_pause_duration"], nn, d] += int(dt * 1e6 * r.uniform(share - 0.02, share + 0.02))
-                    C[K["eth:outbound_pci_stalled_wr"], nn, d] = r.randint(60, 95)  # gauge (%)
-            poisson_add("eth:tx_pause_storm_warning_events", nodes, devs, 0.2)
-            if since >= 5:  # pausing longer than the stall-prevention timeout
-                poisson_add("eth:tx_pause_storm_error_events", nodes, devs, 0.1)
-                add("eth:rx_discards_phy", nodes, devs, 10, 500)
-            add("eth:rx_buffer_passed_thres_phy", nodes, devs, 100, 1000)
-            add("eth:outbound_pci_stalled_wr_events", nodes, devs, 50, 500)
-            add("eth:rx_out_of_buffer", nodes, devs, 1e3, 1e5)
-            add("eth:dev_internal_queue_oob", nodes, devs, 10, 1000)
-        elif k == "ecn_congestion":
-            add("pma:port_xmit_wait", nodes, devs, 2e5, 4e5)
-            if eth:  # RoCE only: IB ports have no ECN/CNP hw_counters
-                for nn in nodes:
-                    for d in devs:
-                        marked = int(dt * r.randint(200000, 800000))
-                        C[K["hw:np_ecn_marked_roce_packets"], nn, d] += marked
-                        C[K["hw:np_cnp_sent"], nn, d] += marked // 2
-                        C[K["hw:rp_cnp_handled"], nn, d] += marked // 2
-                        C[K["eth:rx_prio3_marked"], nn, d] += marked
-        elif k == "rdma_retransmits":
-            add("hw:local_ack_timeout_err", nodes, devs, 5, 50)
-            add("hw:packet_seq_err", nodes, devs, 10, 100)
-            add("hw:out_of_sequence", nodes, devs, 100, 1000)
-            add("hw:implied_nak_seq_err", nodes, devs, 1, 10)
-            add("hw:duplicate_request", nodes, devs, 10, 100)
-            add("hw:rnr_nak_retry_err", nodes, devs, 0, 5)
-            if eth:
-                add("hw:roce_adp_retrans", nodes, devs, 10, 100)
-            if since >= 5:
-                poisson_add("hw:req_transport_retries_exceeded", nodes, devs, 0.2)
-                poisson_add("hw:req_cqe_error", nodes, devs, 0.2)
-        # link_flap: its evidence (down events, recoveries) is counted on the transitions
+        C = self.C
+        for nn in nodes:
+            for d in devs:
+                for name, v, is_set in port_evidence(f.kind, r, dt, since, f.mag, self.devs[d].ethernet):
+                    if is_set:
+                        C[K[name], nn, d] = v
+                    else:
+                        C[K[name], nn, d] += v
 
     # ------------------------------------------------------------------ read-out
     def raw(self, name: str, node: int, dev: int) -> int:
@@ -570,7 +535,7 @@ class ClusterState:
 
     def uuid(self, node: int, gpu: int) -> str:
         a, b, c = (int(x) for x in self.uuid_bits[node, gpu])
-        h = "%016x%016x" % (a << 2 | (c & 3), b << 2 | (c >> 2 & 3))  # 128 random bits
+        h = f"{a << 2 | (c & 3):016x}{b << 2 | (c >> 2 & 3):016x}"  # 128 random bits
         return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
     def node_guid(self, node: int, dev: int) -> str:

@@ -4,7 +4,8 @@ The repository's own fixture writer (tests use it through ``tests/conftest.py``'
 also ``python -m fabricmon.sim.fixture --root DIR ...``).  Unlike ``sim.tree``, which renders a node of a
 simulated *cluster* over time, this writes one node in isolation as N numbered snapshots with a single
 fault and a manifest (``fixture.json``) saying what evidence each snapshot must show.  The hardware facts
-(devices, counter names and widths, formats) are ``sim.hw``'s, so both writers agree.  Writes, under ROOT (with --snapshots N > 1: under ROOT/t0 .. ROOT/t{N-1}):
+(devices, counter names and widths, formats) are ``sim.hw``'s, so both writers agree.  Writes, under ROOT
+(with --snapshots N > 1: under ROOT/t0 .. ROOT/t{N-1}):
 
   hostname                      the node name (--node-name, default node-000), as in /etc/hostname
   sys/class/infiniband/<dev>/{node_guid,sys_image_guid,fw_ver,hca_type,board_id,hw_rev,node_type,node_desc}
@@ -93,13 +94,44 @@ import random
 import re
 import shutil
 import sys
+from typing import Any
 
 from fabricmon.sim import hw as simhw
-from fabricmon.sim.hw import (
-    DOWN_RATE, ETH_STATS, GPU_NAME, HW_CONG64, HW_LIFESPAN_MS, HW_PPCNT64, HW_Q32, HW_ROCE_ACCL32, LANE_DGBPS,
-    NGPU, NVLINK_KIB_S, NVLINKS, PMA_ERR_WIDTH, PMA_TRAFFIC, PRIO_SHARE, SPEEDS, THROTTLE_THERMAL, U32,
-    gpu_pci_bus_id, mac_from_guid, rate_str,
+from fabricmon.sim.faults import (
+    GAUGES,
+    MODELS,
+    FaultModel,
+    degraded,
+    fault_rng,
+    link_down,
+    nvlink_evidence,
+    port_evidence,
+    reset_fraction,
 )
+from fabricmon.sim.hw import (
+    DOWN_RATE,
+    ETH_STATS,
+    GPU_NAME,
+    HW_CONG64,
+    HW_LIFESPAN_MS,
+    HW_PPCNT64,
+    HW_Q32,
+    HW_ROCE_ACCL32,
+    LANE_DGBPS,
+    NGPU,
+    NVLINK_KIB_S,
+    NVLINKS,
+    PMA_ERR_WIDTH,
+    PMA_TRAFFIC,
+    PRIO_SHARE,
+    SPEED_IDX,
+    SPEEDS,
+    U32,
+    gpu_pci_bus_id,
+    mac_from_guid,
+    rate_str,
+)
+from fabricmon.sim.scenario import MAGNITUDE
 
 # --fault kind -> its target: "nic" (--fault-dev), "gpu" (--fault-gpu, --fault-link) or None.
 FAULTS = {"none": None, "flaky_cable": "nic", "link_down": "nic", "link_flap": "nic", "link_degraded": "nic",
@@ -152,7 +184,7 @@ def symlink(target: str, link: str) -> None:
 
 
 def guid(rng: random.Random, oui: str) -> str:
-    raw = oui + "%010x" % rng.getrandbits(40)
+    raw = oui + f"{rng.getrandbits(40):010x}"
     return ":".join(raw[i:i + 4] for i in range(0, 16, 4))
 
 
@@ -186,14 +218,20 @@ class Port:
         self.eth = dict.fromkeys(ETH_STATS, 0) if self.ethernet else {}
         self.downs = 0
 
+    def counters(self, name: str) -> tuple[dict, str]:
+        """The dict and key of a ``sim.hw.K`` counter name ("pma:symbol_error" -> (self.pma, "symbol_error"))."""
+        kind, short = name.split(":", 1)
+        return {"pma": self.pma, "hw": self.hw, "eth": self.eth}[kind], short
+
     def gbps(self, lanes_speed=None) -> float:
         lanes, speed = lanes_speed or (self.lanes, self.speed)
         return LANE_DGBPS[speed] * lanes / 10
 
-    def set_up(self, up: bool):
+    def set_up(self, up: bool, recoveries_per_down: int = 0):
         if self.up and not up:  # one down event: PMA link_downed, PHY link_down_events, netdev carrier
             self.downs += 1
             self.pma["link_downed"] += 1
+            self.pma["link_error_recovery"] += recoveries_per_down
             if self.eth:
                 self.eth["link_down_events_phy"] += 1
         self.up = up
@@ -258,8 +296,8 @@ class Gpu:
     def __init__(self, rng: random.Random, index: int, uptime: float):
         self.rng = rng
         self.load = rng.uniform(0.15, 0.4)  # NVLink utilization of the running job
-        h = "%032x" % rng.getrandbits(128)
-        self.nvml = {"index": index, "uuid": f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}",
+        h = f"{rng.getrandbits(128):032x}"
+        self.nvml: dict[str, Any] = {"index": index, "uuid": f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}",
                      "name": GPU_NAME, "pci_bus_id": gpu_pci_bus_id(index),
                      "utilization": 0, "throttle_reasons": 0, "xid": [],
                      "links": [dict(state=1, tx_kib=0, rx_kib=0, replay=0, recovery=0,
@@ -291,7 +329,9 @@ class Node:
                              util, a.wrap)
         uptime = rng.uniform(3600, 30 * 86400)
         self.gpus = [Gpu(random.Random(rng.getrandbits(64)), i, uptime) for i in range(NGPU)]
-        self.frng = random.Random(rng.getrandbits(64))  # fault evidence: draws nothing from the traffic RNGs
+        rng.getrandbits(64)  # (the fault RNG's seed until sim.faults): drawn so the --dual-port values stay
+        # fault evidence: the fault's own RNG, the cluster simulator's for the same seed (sim.faults)
+        self.frng = fault_rng(a.seed, 0)
         # --dual-port: the frontend HCA gets a port 2 (drawn last, so every other value stays the same).
         self.extra_ports = []
         if a.dual_port:
@@ -299,10 +339,20 @@ class Node:
             self.extra_ports.append(dict(fe, port_num=2, ifname=fe["ifname"][:-4] + "1np1",
                                          port=Port(random.Random(rng.getrandbits(64)), fe["link_layer"],
                                                    fe["lanes"], fe["speed"], rng.uniform(0.01, 0.1), a.wrap)))
-        self.dev = next((d for d in self.devs if d["name"] == a.fault_dev), None)
+        self.dev: dict[str, Any] | None = next((d for d in self.devs if d["name"] == a.fault_dev), None)
+        self.model = MODELS.get(a.fault, FaultModel())  # "none": a model that does nothing
+        self.mag = MAGNITUDE.get(a.fault, 1.0)  # the scenario default (fixture-only kinds: 1)
         if a.fault == "link_degraded":
-            lanes, speed = self.dev["lanes"], self.dev["speed"]
-            self.degraded = (lanes // 2, speed) if a.degrade == "width" else (lanes, SPEEDS[SPEEDS.index(speed) - 1])
+            dev = self.fault_device
+            lanes, speed = degraded(dev["lanes"], SPEED_IDX[dev["speed"]], a.degrade)
+            self.degraded = (lanes, SPEEDS[speed])
+
+    @property
+    def fault_device(self) -> dict[str, Any]:
+        """The --fault-dev device of a NIC fault (main() refuses a name this node lacks)."""
+        if self.dev is None:
+            raise ValueError(f"--fault-dev {self.args.fault_dev}: no such device")
+        return self.dev
 
     def active(self, t: int) -> bool:
         a = self.args
@@ -310,90 +360,48 @@ class Node:
 
     # ---- simulation step -----------------------------------------------------
     def step(self, t: int):
-        a = self.args
-        f, s, on = a.fault, (a.interval if t > 0 else 0.0), self.active(t)
-        k = t - (a.fault_start or 0)  # snapshots since the fault began
+        """Snapshot t: t * --interval seconds in.  What the fault does is sim.faults' model, asked with
+        the seconds since the fault began; a flap is down for one snapshot, up for the next."""
+        a, m, mag = self.args, self.model, self.mag
+        s, on = (a.interval if t > 0 else 0.0), self.active(t)
+        since = (t - (a.fault_start or 0)) * a.interval  # seconds since the fault began
+        reset_all = m.resets_counters and t == a.fault_start
+        replug = m.link == "absent" and t == a.fault_end
+        frac = reset_fraction(self.frng) if reset_all or replug else 0.0
         for d in self.devs:
             p, hit = d["port"], d is self.dev
             if hit:  # link state in this snapshot (the change happened at the start of its interval)
-                p.set_up(not (on and (f == "link_down" or (f == "link_flap" and k % 2 == 0))))
-                p.lanes, p.speed = self.degraded if on and f == "link_degraded" else p.nominal
-            if (f == "counter_reset" and t == a.fault_start) or (hit and f == "hot_unplug" and t == a.fault_end):
+                p.set_up(not (on and link_down(a.fault, since, 2 * a.interval)), m.recoveries_per_down)
+                p.lanes, p.speed = self.degraded if on and m.link == "degraded" else p.nominal
+            if reset_all or (hit and replug):
                 p.reset()  # driver (re)load part-way through the interval: every counter restarts
-                p.advance(p.rng.uniform(0.2, 0.8) * a.interval)
-            elif not (hit and f == "hot_unplug" and on):
-                p.advance(s, rx_scale=0.15 if hit and on and f == "pfc_storm" else 1.0)
+                p.advance(frac * a.interval)
+            elif not (hit and on and m.link == "absent"):
+                p.advance(s, rx_scale=1 - mag if hit and on and m.rx_share else 1.0)
             if hit:
-                if p.eth:
-                    p.eth["outbound_pci_stalled_wr"] = 0  # a gauge (%), raised by pfc_storm below
+                for gauge in GAUGES:
+                    counters, short = p.counters(gauge)
+                    if short in counters:
+                        counters[short] = 0  # a gauge shows what the active fault sets it to, else 0
                 if on:
-                    self._fault(p, k, a.interval)
+                    self._fault(p, since, a.interval)
         for d in self.extra_ports:
             d["port"].advance(s)
         for g in self.gpus:
             hit = on and g.nvml["index"] == a.fault_gpu
-            g.advance(s, down_link=a.fault_link if hit and f == "nvlink_down" else None)
-            g.nvml["throttle_reasons"] = THROTTLE_THERMAL if hit and f == "slow_gpu" else 0
-            if hit and f == "nvlink_errors":
-                link, r = g.nvml["links"][a.fault_link], self.frng
-                link["replay"] += r.randint(50, 500)
-                link["recovery"] += r.randint(1, 3)
-                link["crc_flit"] += r.randint(100, 2000)
-                link["crc_data"] += r.randint(1, 50)
+            g.advance(s, down_link=a.fault_link if hit and m.nvlink_down else None)
+            g.nvml["throttle_reasons"] = m.throttle if hit else 0
+            if hit and m.nvlink:
+                link = g.nvml["links"][a.fault_link]
+                for name, v, _ in nvlink_evidence(a.fault, self.frng, a.interval, since, mag):
+                    link[name.split(":", 1)[1]] += v
 
-    def _fault(self, p: Port, k: int, s: float):
-        """Counter evidence of the active fault on its port, k snapshots after it began."""
-        f, rng, pma, hw, e = self.args.fault, self.frng, p.pma, p.hw, p.eth
-        if f == "flaky_cable":
-            pma["symbol_error"] += rng.randint(200, 2000) * (k + 1)
-            pma["port_rcv_errors"] += rng.randint(5, 50) * (k + 1)
-            pma["link_error_recovery"] += 1
-            if e:
-                e["rx_corrected_bits_phy"] += rng.randint(10**6, 10**8)
-                e["rx_pcs_symbol_err_phy"] += rng.randint(10, 1000)
-                e["rx_err_lane_2_phy"] += rng.randint(10**5, 10**7)
-                e["rx_crc_errors_phy"] += rng.randint(1, 50)
-        elif f == "link_flap" and k % 2 == 0:
-            pma["link_error_recovery"] += 3  # recoveries that worked before one failed and downed it
-        elif f == "pfc_storm":  # slow receiver: it cannot drain its buffers, so it pauses its link partner
-            e["tx_prio3_pause"] += int(s * 0.85 * rng.uniform(20000, 30000))  # one frame per ~40 us paused
-            e["tx_prio3_pause_duration"] += int(s * 1e6 * rng.uniform(0.83, 0.87))
-            e["tx_pause_storm_warning_events"] += rng.randint(1, 3)
-            if k >= 1:  # pausing longer than the stall-prevention timeout
-                e["tx_pause_storm_error_events"] += 1
-                e["rx_discards_phy"] += rng.randint(100, 5000)
-            e["rx_buffer_passed_thres_phy"] += rng.randint(1000, 10000)
-            e["outbound_pci_stalled_wr"] = rng.randint(60, 95)  # host side: PCIe writes to memory stall
-            e["outbound_pci_stalled_wr_events"] += rng.randint(500, 5000)
-            e["rx_out_of_buffer"] += rng.randint(10**4, 10**6)
-            e["dev_internal_queue_oob"] += rng.randint(100, 10000)
-        elif f == "ecn_congestion":
-            pma["port_xmit_wait"] += int(s * 3e5)
-            if e:  # RoCE only: IB ports have no ECN/CNP hw_counters
-                marked = int(s * rng.randint(200000, 800000))
-                hw["np_ecn_marked_roce_packets"] += marked
-                hw["np_cnp_sent"] += marked // 2
-                hw["rp_cnp_handled"] += marked // 2
-                e["rx_prio3_marked"] += marked
-        elif f == "rdma_retransmits":
-            hw["local_ack_timeout_err"] += rng.randint(50, 500)
-            hw["packet_seq_err"] += rng.randint(100, 1000)
-            hw["out_of_sequence"] += rng.randint(1000, 10000)
-            hw["implied_nak_seq_err"] += rng.randint(10, 100)
-            hw["duplicate_request"] += rng.randint(100, 1000)
-            hw["rnr_nak_retry_err"] += rng.randint(0, 50)
-            if e:
-                hw["roce_adp_retrans"] += rng.randint(100, 1000)
-            if k >= 1:
-                hw["req_transport_retries_exceeded"] += rng.randint(1, 4)
-                hw["req_cqe_error"] += rng.randint(1, 4)
-        elif f == "counter_saturation":
-            if k == 0:
-                for c in ("symbol_error", "port_rcv_errors", "link_error_recovery"):
-                    pma[c] += (1 << PMA_ERR_WIDTH[c]) + rng.randint(0, 1000)  # written pinned at 2^n-1
-                hw["out_of_sequence"] += (U32 - 5 - hw["out_of_sequence"]) & U32  # 2^32-6 now ...
-            else:
-                hw["out_of_sequence"] += 1000  # ... wrapped past 2^32 in the next snapshot
+    def _fault(self, p: Port, since: float, dt: float):
+        """Counter evidence of the active fault on its port over one interval (sim.faults)."""
+        current = {f"hw:{k}": v for k, v in p.hw.items()}  # for a rule that moves a counter to a value
+        for name, v, is_set in port_evidence(self.args.fault, self.frng, dt, since, self.mag, p.ethernet, current):
+            counters, short = p.counters(name)
+            counters[short] = v if is_set else counters[short] + v
 
     # ---- writers -------------------------------------------------------------
     def write(self, root: str, t: int):
@@ -558,6 +566,7 @@ class Node:
                 "slow_gpu": [f"{g} {when}: throttle_reasons 0x60 (HwThermalSlowdown 0x40 | SwThermalSlowdown 0x20)",
                              "utilization stays high; no fabric or NVLink error evidence anywhere"],
             }[f]
+        d = self.fault_device
         port, ifn = f"{d['name']} port 1", d["ifname"]
         if f == "link_degraded":
             deg = rate_str(*self.degraded)
@@ -566,7 +575,7 @@ class Node:
                     "at ~97% of the degraded rate when the offered load exceeds it", "no error counter rises"]
         return {
             "flaky_cable": [f"{port} {when}: symbol_error and port_rcv_errors rising (16-bit, saturating), "
-                            "link_error_recovery +1 per snapshot; state stays ACTIVE at full rate",
+                            "link_error_recovery rising (0.1/s); state stays ACTIVE at full rate",
                             "Ethernet: rx_corrected_bits_phy, rx_pcs_symbol_err_phy, rx_err_lane_2_phy, "
                             "rx_crc_errors_phy rising"],
             "link_down": [f"{port} {when}: state 1: DOWN, phys_state 2: Polling (IB) / 3: Disabled (Ethernet); "
@@ -749,6 +758,16 @@ def write_fixture(root, **options) -> dict:
     """Write a fixture node at ``root`` in-process; returns its manifest.  Raises FixtureError on options
     the command line would reject."""
     return write_fixture_argv(options_argv(root, options))
+
+
+def fixture_node(**options) -> Node:
+    """The fixture's node for ``write_fixture``'s keyword options (no root, nothing written), before its
+    first snapshot: ``node.step(t)`` advances it, its ports and GPUs hold the state a snapshot shows."""
+    ap = _parser()
+    ap.raising = True
+    a = ap.parse_args(options_argv("-", options))
+    resolve(ap, a)
+    return Node(a)
 
 
 def write_fixture_argv(argv: list[str]) -> dict:

@@ -147,5 +147,5 @@ def mac_from_guid(g: str) -> str:
 
 
 def guid_str(oui: str, low40: int) -> str:
-    raw = oui + "%010x" % low40
+    raw = oui + f"{low40:010x}"
     return ":".join(raw[i:i + 4] for i in range(0, 16, 4))

@@ -23,6 +23,7 @@ import gc
 import uuid as _uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 
@@ -37,8 +38,22 @@ from ..sources.infiniband import classify as ib_classify
 from ..sources.nvml.backend import ERROR_PATHS, NO_PATH, NVLINK_ERROR_TYPES, THROTTLE_REASONS, TRAFFIC_PATHS
 from .cluster import ClusterState
 from .hw import (
-    DOWN_RATE, ETH_STATS, GPU_NAME, HW_CONG64, HW_LIFESPAN_MS, HW_PPCNT64, HW_Q32, HW_ROCE_ACCL32, LANE_DGBPS,
-    NGPU, NVLINKS, PMA_ERR_WIDTH, PMA_TRAFFIC, SPEEDS, K, gpu_pci_bus_id,
+    DOWN_RATE,
+    ETH_STATS,
+    GPU_NAME,
+    HW_CONG64,
+    HW_LIFESPAN_MS,
+    HW_PPCNT64,
+    HW_Q32,
+    HW_ROCE_ACCL32,
+    LANE_DGBPS,
+    NGPU,
+    NVLINKS,
+    PMA_ERR_WIDTH,
+    PMA_TRAFFIC,
+    SPEEDS,
+    K,
+    gpu_pci_bus_id,
 )
 
 _LANE = np.array([LANE_DGBPS[s] for s in SPEEDS], dtype=np.float64)
@@ -142,7 +157,8 @@ class Catalog:
                                               ("C", K[kname], d.index, xform, int(plan.scale))))
                 if plan.semantics is Semantics.SATURATING:
                     G.append(_Gauge("fabricmon_ib_port_error_saturated", lab, ("sat", len(self.counters) - 1)))
-        unknown = sum(1 for subdir, name, _ in files if subdir == "hw_counters" and ib_classify(subdir, name).unclassified)
+        unknown = sum(1 for subdir, name, _ in files
+                      if subdir == "hw_counters" and ib_classify(subdir, name).unclassified)
         G.append(_Gauge(HW_UNCLASSIFIED, (("device", d.name),), ("const", unknown)))
 
     # -- transceiver source ------------------------------------------------------------------
@@ -175,7 +191,8 @@ class Catalog:
                                               ("C", K["eth:" + name], d.index, ("mask", cls.width), 1)))
         self.gauges.append(_Gauge(ETHTOOL_UP, (("interface", d.ifname),), ("const", 1.0)))
         unknown = sum(1 for name in ETH_STATS if lookup_stat(name) is None)
-        self.gauges.append(_Gauge(ETHTOOL_UNCLASSIFIED, (("interface", d.ifname), ("driver", "unknown")), ("const", unknown)))
+        self.gauges.append(_Gauge(ETHTOOL_UNCLASSIFIED, (("interface", d.ifname), ("driver", "unknown")),
+                                  ("const", unknown)))
 
     # -- fabric_config source -------------------------------------------------------------------
     def _fabric_config(self, d) -> None:
@@ -194,7 +211,7 @@ class Catalog:
         grp = f"gpu{g}"
         G = self.gauges
         G.append(_Gauge("fabricmon_gpu_info", None, ("const", 1.0),
-                        lambda n, g=g: (("gpu", str(g)), ("uuid", c.uuid(n, g)), ("name", GPU_NAME),
+                        lambda n: (("gpu", str(g)), ("uuid", c.uuid(n, g)), ("name", GPU_NAME),
                                         ("pci_bus_id", gpu_pci_bus_id(g)), ("nvlink_counters", "legacy"))))
         G.append(_Gauge("fabricmon_gpu_up", (("gpu", gpu),), ("const", 1.0)))
         G.append(_Gauge("fabricmon_gpu_utilization_ratio", (("gpu", gpu),), ("util", g)))
@@ -260,9 +277,11 @@ class BatchBuilder:
         self._prev_raw: np.ndarray | None = None
         self._prev_g: np.ndarray | None = None
         self._prev_p: np.ndarray | None = None
-        self._prev_ts: float | None = None
-        self.seq = 0
-        self._onehot = None
+        # per node: a node's link watch may emit a batch off the cadence (``build(nodes=...)``)
+        self._prev_ts: np.ndarray | None = None
+        self._seqs: np.ndarray | None = None
+        self.seq = 0  # builds so far
+        self._onehot: np.ndarray | None = None  # (groups, series): each series' counter group
 
     # ------------------------------------------------------------------ read-out
     def raw_counters(self) -> np.ndarray:
@@ -369,7 +388,8 @@ class BatchBuilder:
 
     def build(self, ranks: dict[str, list[RankTiming]] | None = None,
               layouts: tuple[JobLayout, ...] = (), nodes: list[int] | None = None) -> list[NodeBatch]:
-        """One NodeBatch per node (or for ``nodes``) for the cluster's current state."""
+        """One NodeBatch per node (or for ``nodes`` only: the others' next batch carries their deltas since
+        their own previous one) for the cluster's current state."""
         # Millions of small objects: the cyclic GC would rescan them all again and again while they
         # are built (none of them can form a cycle), so it pauses for the duration.
         was = gc.isenabled()
@@ -385,23 +405,26 @@ class BatchBuilder:
         ts = c.ts()
         raw = self.raw_counters()
         gvals, gpres = self.gauges(raw)
-        first = self._prev_raw is None
-        interval = 0.0 if self._prev_ts is None else ts - self._prev_ts
+        old = self._prev_raw
+        first = old is None
+        if first and nodes is not None:
+            raise ValueError("the first build is of every node (their baseline)")
         self.seq += 1
-        seq = self.seq
-        if first:
+        delta_f: np.ndarray | None = None  # with sat and rst: None on the first read (no deltas yet)
+        sat: np.ndarray | None = None
+        rst: np.ndarray | None = None
+        if old is None:
             emit = np.zeros(raw.shape, dtype=bool)
-            delta_f = sat = rst = None
         else:
-            old = self._prev_raw
             dec = raw < old
             if dec.any():
                 # a group whose 64-bit monotonic counters went backwards was reset (driver reload)
                 dm = (dec & self.c_mono[:, None]).astype(np.float32)
-                if self._onehot is None:
-                    self._onehot = np.zeros((self.n_groups, raw.shape[0]), dtype=np.float32)
-                    self._onehot[self.c_group, np.arange(raw.shape[0])] = 1
-                greset = (self._onehot @ dm) > 0  # (groups, nodes)
+                onehot = self._onehot
+                if onehot is None:
+                    onehot = self._onehot = np.zeros((self.n_groups, raw.shape[0]), dtype=np.float32)
+                    onehot[self.c_group, np.arange(raw.shape[0])] = 1
+                greset = (onehot @ dm) > 0  # (groups, nodes)
                 row_reset = greset[self.c_group]  # (series, nodes)
                 wrap = dec & self.c_wrap[:, None] & ~row_reset
                 rst = dec & ~wrap
@@ -412,19 +435,36 @@ class BatchBuilder:
             sat = self.c_satur[:, None] & (raw >= self.c_satlim[:, None])
             emit = (delta != 0) | sat | rst
             delta_f = delta.astype(np.float64) * self.c_scale[:, None]
-        gchanged = gpres if first else gpres & (~self._prev_p | (gvals != self._prev_g))
-        self._prev_raw, self._prev_g, self._prev_p, self._prev_ts = raw, gvals, gpres, ts
+        prev_p = self._prev_p
+        gchanged = gpres if prev_p is None else gpres & (~prev_p | (gvals != self._prev_g))
+        node_list = list(range(c.n)) if nodes is None else list(nodes)
+        sel = np.asarray(node_list, dtype=np.int64)
+        if self._prev_ts is None or self._seqs is None:
+            intervals = [0.0] * len(node_list)
+            self._prev_ts, self._seqs = np.full(c.n, ts), np.ones(c.n, dtype=np.int64)
+        else:
+            intervals = (ts - self._prev_ts[sel]).tolist()
+            self._prev_ts[sel] = ts
+            self._seqs[sel] += 1
+        seqs = self._seqs[sel].tolist()
+        if nodes is None:
+            self._prev_raw, self._prev_g, self._prev_p = raw, gvals, gpres
+        else:  # only these nodes polled: the others keep their baseline
+            prev_raw, prev_g = self._prev_raw, self._prev_g
+            assert prev_raw is not None and prev_g is not None and prev_p is not None
+            prev_raw[:, sel] = raw[:, sel]
+            prev_g[:, sel] = gvals[:, sel]
+            prev_p[:, sel] = gpres[:, sel]
 
         fam, lab = self.c_family, self.c_labels
         gfam = [g.family for g in self.catalog.gauges]
         glab = [g.labels for g in self.catalog.gauges]
-        gfn = [g.label_fn for g in self.catalog.gauges]
-        node_list = list(range(c.n)) if nodes is None else list(nodes)
-        sel = np.asarray(node_list, dtype=np.int64)
+        # label_fn is set wherever labels is None
+        gfn = [cast(Callable[[int], Labels], g.label_fn) for g in self.catalog.gauges]
         ranks = ranks or {}
         # every emitted delta at once, ordered by node then series (the agent's reading order)
         per_node_deltas: list[list[CounterDelta]] = [[] for _ in node_list]
-        if not first:
+        if delta_f is not None and sat is not None and rst is not None:
             e = np.ascontiguousarray(emit[:, sel].T)  # (nodes, series)
             flat = np.flatnonzero(e)
             if flat.size:
@@ -440,28 +480,35 @@ class BatchBuilder:
                     a, b = bounds[j], bounds[j + 1]
                     if a != b:
                         per_node_deltas[j] = [mk(fam[r], lab[r], d, s_, x) for r, d, s_, x in
-                                              zip(rrl[a:b], dl[a:b], sl[a:b], rl[a:b])]
+                                              zip(rrl[a:b], dl[a:b], sl[a:b], rl[a:b], strict=True)]
         g = np.ascontiguousarray(gchanged[:, sel].T)
         gv_t = np.ascontiguousarray(gvals[:, sel].T)
         out: list[NodeBatch] = []
         for j, n in enumerate(node_list):
             grows = np.flatnonzero(g[j])
             gv = gv_t[j, grows].tolist()
-            gauges = [Sample(gfam[r], glab[r] if glab[r] is not None else gfn[r](n), v)
-                      for r, v in zip(grows.tolist(), gv)]
+            gauges = [Sample(gfam[r], lb if (lb := glab[r]) is not None else gfn[r](n), v)
+                      for r, v in zip(grows.tolist(), gv, strict=True)]
             name = c.names[n]
-            out.append(NodeBatch(node=name, seq=seq, ts=ts, interval_seconds=interval,
+            out.append(NodeBatch(node=name, seq=seqs[j], ts=ts, interval_seconds=intervals[j],
                                  deltas=tuple(per_node_deltas[j]), gauges=tuple(gauges),
                                  ranks=tuple(ranks.get(name, ())), layouts=tuple(layouts) if first else ()))
         return out
 
 
 _obj_new = object.__new__
-_set_family = CounterDelta.family.__set__
-_set_labels = CounterDelta.labels.__set__
-_set_delta = CounterDelta.delta.__set__
-_set_saturated = CounterDelta.saturated.__set__
-_set_reset = CounterDelta.reset.__set__
+
+
+def _slot_setter(name: str) -> Callable[[CounterDelta, Any], None]:
+    descriptor: Any = CounterDelta.__dict__[name]  # the slot's member descriptor (what CounterDelta.<name> is)
+    return cast(Callable[[CounterDelta, Any], None], descriptor.__set__)
+
+
+_set_family = _slot_setter("family")
+_set_labels = _slot_setter("labels")
+_set_delta = _slot_setter("delta")
+_set_saturated = _slot_setter("saturated")
+_set_reset = _slot_setter("reset")
 
 
 def _new_delta(family: str, labels: Labels, delta: float, saturated: bool, reset: bool) -> CounterDelta:

@@ -98,6 +98,7 @@ class SyntheticJob:
         # rank_hang faults: (start, end or None, node, gpu): that rank never enters its next collective
         self.hangs = tuple(hangs)
         self.hung: tuple[int, int] | None = None  # (node position, gpu) while a hang holds the job
+        self.nccl_ras = ""  # the RAS address its heartbeats announce (sim/ras_link.py), "" for none
         self.step = 0
         self.t = start  # simulated time the next step starts
         self.checkpoint_step = 0  # the step a restart returns to
@@ -239,7 +240,7 @@ class SyntheticJob:
                 for g in range(NGPU):
                     stuck = i == hp and g == hg
                     out.append(Heartbeat(name, i * NGPU + g, self.step, base if stuck else base + 1, not stuck, ts,
-                                         self.names[i], job_id))
+                                         self.names[i], job_id, self.nccl_ras))
             return out
         share = self.spec.compute_seconds / max(self.last_step_seconds, 1e-6)
         phase = (t - self.t) / max(self.last_step_seconds, 1e-6)
@@ -247,7 +248,7 @@ class SyntheticJob:
         for i in range(self.n):
             for g in range(NGPU):
                 out.append(Heartbeat(name, i * NGPU + g, self.step, base + int(inside), inside, ts, self.names[i],
-                                     job_id))
+                                     job_id, self.nccl_ras))
         return out
 
     def restart(self, at: float, node_names: list[str] | None = None, index: Sequence[int] | None = None) -> None:

@@ -34,7 +34,7 @@ class JobSet:
             decoys = [d for d in scenario.decoys if d.job == rj.name
                       or (d.node is not None and d.node in rj.nodes and d.kind != "background_errors")]
             name = rj.name if scenario.jobs else spec.name
-            hangs = [(f.start, f.end, f.node, f.gpu) for f in scenario.faults if f.kind == "rank_hang"]
+            hangs = [(f.start, f.end, f.the_node, f.the_gpu) for f in scenario.faults if f.kind == "rank_hang"]
             self.jobs.append(SyntheticJob(list(rj.nodes), replace(spec, name=name, pp=rj.pp), seed=seed,
                                           epoch=epoch, start=rj.start, index=[cluster.index[n] for n in rj.nodes],
                                           job_id=rj.job_id, decoys=decoys, end=rj.end, hangs=hangs))

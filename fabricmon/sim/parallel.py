@@ -43,13 +43,13 @@ def _unpack(t: tuple) -> NodeBatch:
 
 
 def _worker(conn: Connection, scenario: Scenario, interval: float, base_dir: str, epoch: float,
-            nodes: list[int], log_level: str) -> None:
+            nodes: list[int], log_level: str, rank_intake: bool = False) -> None:
     from ..logs import configure_logging
 
     configure_logging("auto", log_level)  # a spawned interpreter starts with structlog's defaults
     batches: list[NodeBatch] = []
     sim = SimulatedCluster(scenario, mode="tree", interval=interval, base_dir=base_dir, epoch=epoch,
-                           nodes=nodes, poll_workers=1, on_batch=batches.append)
+                           nodes=nodes, poll_workers=1, on_batch=batches.append, rank_intake=rank_intake)
     try:
         sim.start()
         # Each step allocates tens of thousands of short-lived objects (readings, samples, deltas)
@@ -85,14 +85,15 @@ class ParallelTreeCluster:
     """The part of SimulatedCluster's interface the demo uses, over ``workers`` processes."""
 
     def __init__(self, scenario: Scenario, *, interval: float = 1.0, base_dir: str | None = None,
-                 epoch: float, workers: int = 2, on_batch: Callable[[NodeBatch], None] | None = None,
-                 log_level: str = "warning") -> None:
+                 epoch: float, workers: int = 2, on_batch: Callable[[NodeBatch], object] | None = None,
+                 log_level: str = "warning", rank_intake: bool = False) -> None:
         from .tree import default_base_dir
 
         self.scenario = scenario
         self.interval = float(interval)
-        self.on_batch = on_batch
+        self.on_batch: Callable[[NodeBatch], object] | None = on_batch
         self.log_level = log_level
+        self.rank_intake = rank_intake
         self._own_base = base_dir is None
         self.base_dir = str(base_dir or default_base_dir())
         self.driver = SimulatedCluster(scenario, mode="tree", interval=interval, base_dir=self.base_dir,
@@ -142,7 +143,7 @@ class ParallelTreeCluster:
             parent, child = self._ctx.Pipe()
             proc = self._ctx.Process(target=_worker, args=(child, self.scenario, self.interval, self.base_dir,
                                                            self.driver.cluster.ts() - self.driver.t, share,
-                                                           self.log_level),
+                                                           self.log_level, self.rank_intake),
                                      daemon=True, name=f"sim-worker-{share[0]}")
             proc.start()
             child.close()

@@ -11,6 +11,17 @@ Two modes:
 * ``memory`` (large or long runs, benchmarks): no files; ``inmemory.BatchBuilder``
   produces the NodeBatch each agent would stream, to ``on_batch``.
 
+Link watch: each simulated agent watches its links between polls as the real agent does
+(``agent/linkwatch.py``, ``link_watch`` seconds, default the agent's 1 s; only when shorter than the
+interval).  At each watch tick where some link's state (up, width, speed) differs from the previous
+tick, the cluster advances to that tick and the nodes concerned poll off their cadence, at most once
+between two regular polls (the poller's ``OffCadenceGate``): in tree mode the real agents' watches read
+their re-rendered trees and decide, in memory mode the same rule picks the nodes; ``on_watch_tick(ts)``
+is then called (a benchmark ticks its aggregator there).
+``rank_intake=True``: the training ranks' timings, heartbeats and layouts reach the batches as a
+job's client sends them, JSON lines into each node's real ``agent.intake.RankIntake``, drained
+each interval as the agent's stream does; without it they are handed to the batch as parsed values.
+
 Time: ``t`` is simulated seconds since the scenario started; sample times are
 ``epoch + t``.  ``step()`` advances by one agent interval (simulated seconds);
 ``run(speed=...)`` paces steps at ``speed`` simulated seconds per wall second
@@ -21,6 +32,7 @@ Time: ``t`` is simulated seconds since the scenario started; sample times are
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import os
 import shutil
 import threading
@@ -29,22 +41,29 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
 import structlog
 
 from ..batch import NodeBatch, NodeHello
 from ..model import Snapshot
-from ..rank_timing import RankTiming
-from ..topology import Topology, generate_topology
+from ..rank_timing import Heartbeat, JobLayout, RankTiming, heartbeat_json, to_json
+from ..topology import Topology
 from .cluster import EPOCH, ClusterState
-from .hw import NRAILS, NGPU
 from .job import JobSpec
 from .jobs import JobSet
+from .ras_link import SimRas
 from .scenario import Scenario
+
+if TYPE_CHECKING:
+    from .inmemory import BatchBuilder
 
 log = structlog.get_logger("fabricmon.sim")
 
 MAX_TREE_NODES = 256
+# the job every node runs unless told otherwise (JobSpec is frozen: one shared default is safe)
+DEFAULT_JOB = JobSpec()
 
 
 @dataclass
@@ -65,6 +84,26 @@ class StepStats:
         return self.advance_s + self.job_s + self.render_s + self.poll_s + self.batch_s
 
 
+class ClusterSim(Protocol):
+    """What the demo drives: SimulatedCluster, or ParallelTreeCluster (sim/parallel.py) over worker processes."""
+
+    topology: Topology
+    scenario: Scenario
+    interval: float
+    on_batch: Callable[[NodeBatch], object] | None
+
+    @property
+    def t(self) -> float: ...
+    def now(self) -> float: ...
+    def start(self) -> None: ...
+    def hellos(self) -> list[NodeHello]: ...
+    def step(self) -> StepStats: ...
+    def close(self) -> None: ...
+    def ground_truth(self) -> list[dict[str, Any]]: ...
+    def jobs_truth(self) -> list[dict[str, Any]]: ...
+    def decoys_truth(self) -> list[dict[str, Any]]: ...
+
+
 class SimulatedCluster:
     def __init__(
         self,
@@ -73,16 +112,20 @@ class SimulatedCluster:
         mode: str = "tree",
         interval: float = 1.0,
         base_dir: str | Path | None = None,
-        job: JobSpec | None = JobSpec(),
+        job: JobSpec | None = DEFAULT_JOB,
         epoch: float = EPOCH,
         http: bool = False,
         on_snapshot: Callable[[str, Snapshot, list[RankTiming]], None] | None = None,
-        on_batch: Callable[[NodeBatch], None] | None = None,
+        on_batch: Callable[[NodeBatch], object] | None = None,
         progress: Callable[[StepStats], None] | None = None,
         poll_workers: int | None = None,
         max_tree_nodes: int = MAX_TREE_NODES,
         keep_trees: bool = False,
         nodes: list[int] | None = None,
+        link_watch: float = 1.0,
+        on_watch_tick: Callable[[float], None] | None = None,
+        nccl_ras: bool = False,
+        rank_intake: bool = False,
     ) -> None:
         if mode not in ("tree", "memory"):
             raise ValueError(f"mode must be tree or memory, got {mode!r}")
@@ -95,22 +138,30 @@ class SimulatedCluster:
         self.scenario = scenario
         self.mode = mode
         self.interval = float(interval)
+        if not link_watch >= 0:
+            raise ValueError(f"link_watch must be >= 0, got {link_watch}")
+        # the agents' link watch period; 0 (or not shorter than the interval): no watch, as in the agent
+        self.link_watch = float(link_watch) if 0 < link_watch < interval else 0.0
+        self.on_watch_tick = on_watch_tick
+        self.watch_batches = 0  # off-cadence batches the link watch caused
         self.on_snapshot = on_snapshot
-        self.on_batch = on_batch
+        self.on_batch: Callable[[NodeBatch], object] | None = on_batch
         self.progress = progress
         self.http = http
         self.keep_trees = keep_trees
-        self.topology: Topology = generate_topology(c.nodes, layout=c.layout, nodes_per_unit=c.nodes_per_unit,
-                                                    rails=NRAILS, gpus_per_node=NGPU, cluster="sim")
+        self.topology: Topology = c.build_topology()  # rail-optimized, a fat tree, or the scenario's file
         self.cluster = ClusterState(scenario, epoch=epoch)
         # every job of the scenario (one "llm-7b" on every node without ``jobs:``), with its decoys
         self.jobs = JobSet(scenario, self.cluster, job, epoch=epoch) if job is not None else None
+        # nccl_ras: every job announces a loopback RAS speaking NCCL's protocol; ``ras.attach`` links the
+        # aggregator's queries to it (sim/ras_link.py)
+        self.ras = SimRas(self.jobs.jobs) if nccl_ras and self.jobs is not None else None
         self.trees: list = []
         self.agents: list = []
         self.http_ports: dict[str, int] = {}
         self._own_base = False
         self.base_dir: str | None = None
-        self._builder = None
+        self._builder: BatchBuilder | None = None  # memory mode, from start()
         self._filters: list = []
         self._seq: list[int] = []
         self._pool: cf.ThreadPoolExecutor | None = None
@@ -121,6 +172,8 @@ class SimulatedCluster:
         self._undelivered: list[NodeBatch] = []
         self.steps = 0
         self._heartbeats: dict[str, list] = {}  # this step's heartbeats by node
+        self.rank_intake = rank_intake
+        self._intakes: dict = {}  # node -> agent.intake.RankIntake (rank_intake only)
         # Tree mode: the node indexes this instance renders and polls (all by default).  The whole
         # cluster state and job still advance here: the simulation is deterministic, so parallel
         # workers (sim/parallel.py) each advance all of it and render and poll their own nodes.
@@ -169,13 +222,14 @@ class SimulatedCluster:
         from .inmemory import GaugeFilter
         from .tree import NodeTree
 
+        assert self.base_dir is not None  # tree mode has one (__init__)
         os.makedirs(self.base_dir, exist_ok=True)
         for i in self._node_index:
             name = c.names[i]
             tree = NodeTree(c, i, self.node_root(name))
             tree.render()
             self.trees.append(tree)
-            agent = make_sim_agent(tree, self.now, self.interval)
+            agent = make_sim_agent(tree, self.now, self.interval, self.link_watch)
             self.agents.append(agent)
             if self.http:
                 self.http_ports[name] = agent.start_http("127.0.0.1:0")
@@ -189,6 +243,7 @@ class SimulatedCluster:
         """The hello each node's agent sends when it connects."""
         if self.mode == "memory":
             self.start()
+            assert self._builder is not None
             return self._builder.hellos()
         from ..agent.stream_batches import hello_from_snapshot
 
@@ -213,10 +268,11 @@ class SimulatedCluster:
             for hb in self.jobs.heartbeats(c.t, t_new):
                 self._heartbeats.setdefault(hb.node, []).append(hb)
         t1 = time.perf_counter()
-        if self.jobs is not None:
-            c.advance(self.interval, self.jobs.rail_bytes_per_second(t_new), self.jobs.nvlink_activity(t_new))
-        else:
-            c.advance(self.interval)
+        rates = ((self.jobs.rail_bytes_per_second(t_new), self.jobs.nvlink_activity(t_new))
+                 if self.jobs is not None else (None, None))
+        if self.link_watch:
+            self._watch_between(t_new, rates, st)
+        c.advance(t_new - c.t, *rates)
         t2 = time.perf_counter()
         st.job_s, st.advance_s = t1 - t0, t2 - t1
         st.rank_timings = len(timings)
@@ -227,9 +283,14 @@ class SimulatedCluster:
             st.files_written = sum(tree.render() for tree in self.trees)
             t3 = time.perf_counter()
             st.render_s = t3 - t2
+            for a in self.agents:  # the watch's pass of this tick: what changed since is in this poll
+                if a.link_watch is not None:
+                    a.link_watch.tick()
             st.batches = self._poll_all(timings) if self.agents else 0
             st.poll_s = time.perf_counter() - t3
         self.steps += 1
+        if self.ras is not None:
+            self.ras.pump()  # what each agent's stream does after its batch's ack
         if self.progress is not None:
             self.progress(st)
         return st
@@ -251,18 +312,50 @@ class SimulatedCluster:
                 self.on_batch(b)
         self.on_batch(batch)
 
+    def _via_intake(self, node: str, ranks: list[RankTiming], heartbeats: list[Heartbeat]
+                    ) -> tuple[tuple[RankTiming, ...], tuple[JobLayout, ...], tuple[Heartbeat, ...]]:
+        """What the node's agent streams of its ranks this interval: the lines a job's client writes
+        (``fabricmon.client``: no node, the agent adds it; the layouts once) through its RankIntake."""
+        from ..agent.intake import RankIntake
+
+        intake = self._intakes.get(node)
+        lines: list[str] = []
+        if intake is None:
+            intake = self._intakes[node] = RankIntake(node, clock=self.now)
+            lines += [json.dumps({"job": lay.job, "layout": dict(lay.layout)}, separators=(",", ":"))
+                      for lay in self.layouts]
+        lines += [to_json(replace(r, node="")) for r in ranks]
+        lines += [heartbeat_json(replace(h, node="")) for h in heartbeats]
+        if lines:
+            _, rejected, reasons = intake.submit_lines("\n".join(lines), origin="sim")
+            if rejected:  # the simulator wrote a line the agent refuses: a simulator bug, never silent
+                raise RuntimeError(f"{node}: the rank intake refused {rejected} simulated line(s): {reasons}")
+        got, layouts = intake.drain()
+        return tuple(got), tuple(layouts), tuple(intake.drain_heartbeats())
+
     def _emit_memory(self, timings: list[RankTiming]) -> int:
-        batches = self._builder.build(self._by_node(timings), self.layouts)
+        by_node = self._by_node(timings)
+        assert self._builder is not None  # start() in memory mode
+        if self.rank_intake:
+            batches = self._builder.build()
+        else:
+            batches = self._builder.build(by_node, self.layouts)
         for b in batches:
             hb = self._heartbeats.get(b.node)
-            self._deliver(replace(b, heartbeats=tuple(hb)) if hb else b)
+            if self.rank_intake:
+                ranks, layouts, hbs = self._via_intake(b.node, by_node.get(b.node, []), hb or [])
+                b = replace(b, ranks=ranks, layouts=layouts, heartbeats=hbs)
+            elif hb:
+                b = replace(b, heartbeats=tuple(hb))
+            self._deliver(b)
         return len(batches)
 
     def _poll_all(self, timings: list[RankTiming]) -> int:
         from .inmemory import batch_from_snapshot
 
         by_node = self._by_node(timings)
-        snaps = list(self._pool.map(lambda a: a.poller.poll_once(), self.agents))
+        assert self._pool is not None  # start() in tree mode
+        snaps = list(self._pool.map(lambda a: a.poller.poll_regular(), self.agents))
         for i, snap in enumerate(snaps):
             name = self.cluster.names[self._node_index[i]]
             ranks = by_node.get(name, [])
@@ -270,14 +363,84 @@ class SimulatedCluster:
                 self.on_snapshot(name, snap, ranks)
             if self.on_batch is not None or not self.steps:
                 self._seq[i] += 1
-                b = batch_from_snapshot(snap, self._filters[i], self._seq[i], tuple(ranks))
-                if self._seq[i] == 1 and self.layouts:
-                    b = replace(b, layouts=self.layouts)
                 hb = self._heartbeats.get(name)
-                if hb:
-                    b = replace(b, heartbeats=tuple(hb))
+                if self.rank_intake:
+                    got, layouts, hbs = self._via_intake(name, ranks, hb or [])
+                    b = replace(batch_from_snapshot(snap, self._filters[i], self._seq[i], got),
+                                layouts=layouts, heartbeats=hbs)
+                else:
+                    b = batch_from_snapshot(snap, self._filters[i], self._seq[i], tuple(ranks))
+                    if self._seq[i] == 1 and self.layouts:
+                        b = replace(b, layouts=self.layouts)
+                    if hb:
+                        b = replace(b, heartbeats=tuple(hb))
                 self._deliver(b)
         return len(snaps)
+
+    def _watch_between(self, t_new: float, rates: tuple, st: StepStats) -> None:
+        """The agents' link watch between this step's two regular polls (see the module's docstring)."""
+        c = self.cluster
+        every = self.link_watch
+        t0 = c.t
+        base = (c.up, c.lanes, c.speed)
+        allowed = np.ones(c.n, dtype=bool)  # memory mode: each agent's OffCadenceGate
+        k = 1
+        while t0 + k * every < t_new - 1e-9:
+            t_k = t0 + k * every
+            k += 1
+            now = c.link_state(t_k)
+            moved = np.zeros(c.n, dtype=bool)
+            for now_k, base_k in zip(now, base, strict=True):
+                moved |= (now_k != base_k).any(axis=1)
+            base = now
+            if self.mode == "memory":
+                fire = moved & allowed
+                if not fire.any():
+                    continue
+                allowed &= ~fire
+                c.advance(t_k - c.t, *rates)
+                builder = self._builder
+                assert builder is not None  # memory mode: made by start()
+                batches = builder.build({}, (), nodes=np.flatnonzero(fire).tolist())
+                for b in batches:
+                    self._deliver(b)
+            else:
+                mine = moved[self._node_index]
+                if not mine.any():
+                    continue  # no tree's link files change: the watches would read what they read before
+                c.advance(t_k - c.t, *rates)
+                st.files_written += sum(tree.render() for tree in self.trees)
+                batches = self._watch_polls()
+            self.watch_batches += len(batches)
+            st.extra["watch_batches"] = st.extra.get("watch_batches", 0) + len(batches)
+            if batches and self.on_watch_tick is not None:
+                self.on_watch_tick(c.ts())
+
+    def _watch_polls(self) -> list[NodeBatch]:
+        """Tree mode: every real agent's link watch reads its tree; those that saw a change poll off the
+        cadence if their poller's gate allows."""
+        from .inmemory import batch_from_snapshot
+
+        out: list[NodeBatch] = []
+        for i, a in enumerate(self.agents):
+            watch = a.link_watch
+            if watch is None:
+                continue
+            before = watch.requests_total
+            watch.tick()
+            if watch.requests_total == before:
+                continue
+            snap = a.poller.poll_off_cadence()
+            if snap is None:
+                continue
+            name = self.cluster.names[self._node_index[i]]
+            if self.on_snapshot is not None:
+                self.on_snapshot(name, snap, [])
+            self._seq[i] += 1
+            b = batch_from_snapshot(snap, self._filters[i], self._seq[i], ())
+            out.append(b)
+            self._deliver(b)
+        return out
 
     def run(self, until: float | None = None, *, speed: float | None = None, stop: threading.Event | None = None,
             deadline: float | None = None) -> int:
@@ -315,6 +478,8 @@ class SimulatedCluster:
         if self._closed:
             return
         self._closed = True
+        if self.ras is not None:
+            self.ras.close()
         for a in self.agents:
             try:
                 a.stop()

@@ -19,6 +19,14 @@ simulated), ``period`` (link_flap: seconds per down+up cycle), ``degrade``
 (link_degraded: ``width`` halves the lanes, ``speed`` steps NDR down to HDR), ``fails_at``
 (cable_degrading, required: when the degrading cable starts to flap; from ``start`` to ``fails_at`` its
 pre-FEC BER rises on one lane and its RX power on that lane falls; ``magnitude`` scales the power loss).
+
+The fabric (DESIGN "Topology from the fabric"): rail-optimized by default (leaves ``leaf-u<unit>-r<rail>``);
+``cluster: {fabric: fat_tree, nodes_per_leaf: N}`` puts every NIC of N nodes on one leaf ``leaf-u<k>``
+(no rails); ``cluster: {topology: FILE}`` takes the nodes and their leaves from a topology file (a
+version-2 one, as ``fabricmon topology import`` writes; relative to the scenario file).  A leaf fault
+names its leaf there: ``{kind: leaf_degraded, leaf: leaf-a3}`` (``unit`` + ``rail`` stays valid on a
+rail-optimized cluster).  The simulator injects a leaf fault on whole (node, NIC) grids: every NIC index
+the leaf carries on every node it carries.
 """
 
 from __future__ import annotations
@@ -28,7 +36,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..configload import ConfigError, build, load_yaml_file
-from ..topology import gpu_id, leaf_id, link_id, nic_id, node_name, nvlink_id
+from ..topology import (
+    Topology,
+    generate_fat_tree,
+    generate_topology,
+    gpu_id,
+    leaf_id,
+    link_id,
+    load_topology,
+    nic_id,
+    node_name,
+    nvlink_id,
+)
 from .hw import FRONTEND, NGPU, NRAILS, NVLINKS
 from .workload import Decoy, JobDef, ResolvedJob, check_decoys, resolve_jobs
 
@@ -72,16 +91,19 @@ MAGNITUDE: dict[str, float] = {
     "rank_hang": 1.0,         # unused
 }
 
-_OPTIONAL = ("node", "rail", "gpu", "link", "unit", "end", "magnitude", "period", "degrade", "fails_at")
+_OPTIONAL = ("node", "rail", "gpu", "link", "unit", "leaf", "end", "magnitude", "period", "degrade", "fails_at")
 # which optional keys a target takes (others are errors: a key that would fault nothing)
 _TAKES = {
     "link": {"node", "rail", "end", "magnitude"},
-    "leaf": {"unit", "rail", "end", "magnitude"},
+    "leaf": {"unit", "rail", "leaf", "end", "magnitude"},
     "nvlink": {"node", "gpu", "link", "end", "magnitude"},
     "gpu": {"node", "gpu", "end", "magnitude"},
     "config": {"node", "rail", "end"},
     "node": {"node"},
 }
+
+
+FABRICS = ("rail_optimized", "fat_tree")
 
 
 @dataclass(frozen=True)
@@ -90,6 +112,9 @@ class ClusterSpec:
     layout: str = "ib"
     nodes_per_unit: int = 16
     seed: int = 0
+    fabric: str = "rail_optimized"  # | fat_tree (nodes_per_leaf nodes, every NIC, on one leaf)
+    nodes_per_leaf: int | None = None
+    topology: str | None = None  # a topology file: its nodes and leaves (nodes is its node count)
 
     def validate(self, path: str, source: str) -> None:
         p = f"{path}." if path else ""
@@ -101,13 +126,63 @@ class ClusterSpec:
             raise ConfigError(f"{source}: {p}layout: must be ib or roce, got {self.layout!r}")
         if self.nodes_per_unit < 1:
             raise ConfigError(f"{source}: {p}nodes_per_unit: must be >= 1, got {self.nodes_per_unit}")
+        if self.fabric not in FABRICS:
+            raise ConfigError(f"{source}: {p}fabric: must be {' or '.join(FABRICS)}, got {self.fabric!r}")
+        if self.fabric == "fat_tree" and self.nodes_per_leaf is None:
+            raise ConfigError(f"{source}: {p}nodes_per_leaf: required with fabric: fat_tree (nodes on each leaf)")
+        if self.nodes_per_leaf is not None:
+            if self.fabric != "fat_tree":
+                raise ConfigError(f"{source}: {p}nodes_per_leaf: only with fabric: fat_tree")
+            if self.nodes_per_leaf < 1:
+                raise ConfigError(f"{source}: {p}nodes_per_leaf: must be >= 1, got {self.nodes_per_leaf}")
+        if self.topology is not None and self.fabric != "rail_optimized":
+            raise ConfigError(f"{source}: {p}topology: the file says the fabric: give topology or fabric, not both")
 
     @property
     def units(self) -> int:
         return (self.nodes + self.nodes_per_unit - 1) // self.nodes_per_unit
 
     def node_names(self) -> list[str]:
+        if self.topology is not None:
+            return list(self.build_topology().nodes)
         return [node_name(i, self.nodes) for i in range(self.nodes)]
+
+    def build_topology(self) -> Topology:
+        """The cluster's topology as the aggregator gets it (a fresh object: the aggregator binds NICs)."""
+        if self.topology is not None:
+            return load_topology(self.topology)
+        if self.fabric == "fat_tree":
+            assert self.nodes_per_leaf is not None  # validate
+            return generate_fat_tree(self.nodes, nodes_per_leaf=self.nodes_per_leaf, layout=self.layout,
+                                     nics=NRAILS, gpus_per_node=NGPU, cluster="sim")
+        return generate_topology(self.nodes, layout=self.layout, nodes_per_unit=self.nodes_per_unit, rails=NRAILS,
+                                 gpus_per_node=NGPU, cluster="sim")
+
+    def leaf_targets(self, leaf: str) -> tuple[list[str], list[int]] | None:
+        """The (nodes, NIC indexes) a fault on ``leaf`` touches: every simulated rail NIC (mlx5_0..7) the
+        topology cables to it; None when the topology has no such leaf."""
+        topo = _topology_of(self)
+        nodes: list[str] = []
+        devs: set[int] = set()
+        for name, spec in topo.nodes.items():
+            mine = {int(n.device[5:]) for n in spec.nics if n.device.startswith("mlx5_") and n.device[5:].isdigit()
+                    and int(n.device[5:]) < NRAILS and topo.leaf_of_nic(name, n.device) == leaf}
+            if mine:
+                nodes.append(name)
+                devs |= mine
+        return (nodes, sorted(devs)) if nodes else None
+
+
+_TOPOLOGIES: dict[tuple, Topology] = {}
+
+
+def _topology_of(c: ClusterSpec) -> Topology:
+    """One parsed topology per cluster spec (scenario validation and ground truth ask many times)."""
+    key = (c.topology, c.fabric, c.nodes, c.nodes_per_leaf, c.nodes_per_unit, c.layout)
+    topo = _TOPOLOGIES.get(key)
+    if topo is None:
+        topo = _TOPOLOGIES[key] = c.build_topology()
+    return topo
 
 
 @dataclass(frozen=True)
@@ -120,6 +195,7 @@ class Fault:
     gpu: int | None = None
     link: int | None = None
     unit: int | None = None
+    leaf: str | None = None  # leaf_degraded / ecn_congestion: the leaf by its topology name
     magnitude: float | None = None
     priority: int = 3
     period: float | None = None  # link_flap: seconds per down+up cycle (default 6)
@@ -144,8 +220,13 @@ class Fault:
         for key in _OPTIONAL:
             if getattr(self, key) is not None and key not in takes:
                 raise fail(key, f"does not apply to {self.kind}")
+        if target == "leaf" and self.leaf is not None:
+            for key in ("unit", "rail"):
+                if getattr(self, key) is not None:
+                    raise fail(key, f"give leaf (a name) or unit and rail, not both (leaf {self.leaf!r})")
         required = {"link": ("node",) if self.kind == "pfc_storm" else ("node", "rail"),
-                    "leaf": ("unit", "rail"), "nvlink": ("node", "gpu", "link"), "gpu": ("node", "gpu"),
+                    "leaf": ("leaf",) if self.leaf is not None else ("unit", "rail"),
+                    "nvlink": ("node", "gpu", "link"), "gpu": ("node", "gpu"),
                     "config": ("node",), "node": ("node",)}[target]
         for key in required:
             if getattr(self, key) is None:
@@ -180,6 +261,43 @@ class Fault:
             raise fail("period", f"must be >= 2 seconds, got {self.period}")
         if self.degrade is not None and self.degrade not in ("width", "speed"):
             raise fail("degrade", f"must be width or speed, got {self.degrade!r}")
+
+    # -- the fields validate() requires of the kinds that read them: typed, never None ---------------
+    @property
+    def the_node(self) -> str:
+        if self.node is None:
+            raise ValueError(f"fault {self.kind}: node is required")
+        return self.node
+
+    @property
+    def the_rail(self) -> int:
+        if self.rail is None:
+            raise ValueError(f"fault {self.kind}: rail is required")
+        return self.rail
+
+    @property
+    def the_gpu(self) -> int:
+        if self.gpu is None:
+            raise ValueError(f"fault {self.kind}: gpu is required")
+        return self.gpu
+
+    @property
+    def the_link(self) -> int:
+        if self.link is None:
+            raise ValueError(f"fault {self.kind}: link is required")
+        return self.link
+
+    @property
+    def the_unit(self) -> int:
+        if self.unit is None:
+            raise ValueError(f"fault {self.kind}: unit is required")
+        return self.unit
+
+    @property
+    def the_fails_at(self) -> float:
+        if self.fails_at is None:
+            raise ValueError(f"fault {self.kind}: fails_at is required")
+        return self.fails_at
 
     # -- derived ---------------------------------------------------------------------------
     @property
@@ -235,8 +353,8 @@ class Scenario:
         if not self.duration > 0:
             raise ConfigError(f"{source}: duration: must be > 0, got {self.duration}")
         if self.jobs or self.decoys:
-            names = self.cluster.node_names()
-            check_decoys(self.decoys, resolve_jobs(self.jobs, names, self.duration, source), names, source)
+            all_names = self.cluster.node_names()
+            check_decoys(self.decoys, resolve_jobs(self.jobs, all_names, self.duration, source), all_names, source)
         names = set(self.cluster.node_names()) if self.cluster.nodes <= 100000 else set()
         n = self.cluster.nodes
         for i, f in enumerate(self.faults):
@@ -244,6 +362,19 @@ class Scenario:
             if f.node is not None and f.node not in names:
                 hint = f" (nodes are {node_name(0, n)}..{node_name(n - 1, n)})"
                 raise ConfigError(f"{source}: {p}.node: {f.node} is not in a {n}-node cluster{hint}")
+            c = self.cluster
+            if f.unit is not None and (c.fabric != "rail_optimized" or c.topology is not None):
+                leaves = _topology_of(c).leaves()
+                raise ConfigError(f"{source}: {p}.unit: this cluster's leaves are not unit x rail "
+                                  f"({'a fat tree' if c.fabric == 'fat_tree' else 'from ' + str(c.topology)}): name "
+                                  f"the leaf (leaf: {leaves[0] if leaves else 'NAME'})")
+            if f.leaf is not None and c.leaf_targets(f.leaf) is None:
+                leaves = _topology_of(c).leaves()
+                few = ", ".join(leaves[:4]) + (f" ... ({len(leaves)} leaves)" if len(leaves) > 4 else "")
+                raise ConfigError(f"{source}: {p}.leaf: {f.leaf!r} is not a leaf of this cluster with a simulated "
+                                  f"NIC (mlx5_0..{NRAILS - 1}) on it (leaves: {few or 'none'})")
+            if f.leaf is not None:
+                _check_grid(c, f.leaf, f"{source}: {p}.leaf")
             if f.unit is not None and f.unit >= self.cluster.units:
                 raise ConfigError(f"{source}: {p}.unit: unit {f.unit} is not in a {n}-node cluster of "
                                   f"{self.cluster.units} unit(s) of {self.cluster.nodes_per_unit} nodes")
@@ -296,7 +427,12 @@ class Scenario:
                 d["priority"] = f.priority
             out_faults.append(d)
         c = self.cluster
-        out = {"cluster": {"nodes": c.nodes, "layout": c.layout, "nodes_per_unit": c.nodes_per_unit, "seed": c.seed},
+        cluster: dict = {"nodes": c.nodes, "layout": c.layout, "nodes_per_unit": c.nodes_per_unit, "seed": c.seed}
+        if c.fabric != "rail_optimized":
+            cluster.update(fabric=c.fabric, nodes_per_leaf=c.nodes_per_leaf)
+        if c.topology is not None:
+            cluster["topology"] = c.topology
+        out = {"cluster": cluster,
                "duration": self.duration, "faults": out_faults}
         if self.jobs:
             out["jobs"] = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(j).items() if v is not None}
@@ -306,28 +442,64 @@ class Scenario:
         return out
 
 
+def _check_grid(c: ClusterSpec, leaf: str, where: str) -> None:
+    """The simulator injects a leaf fault on nodes x NIC indexes: the leaf must carry that whole grid."""
+    found = c.leaf_targets(leaf)
+    assert found is not None
+    topo = _topology_of(c)
+    nodes, devs = found
+    for name in nodes:
+        for d in devs:
+            if topo.leaf_of_nic(name, f"mlx5_{d}") != leaf:
+                raise ConfigError(f"{where}: {leaf} carries mlx5_{d} of some of its nodes but not of {name}: the "
+                                  f"simulator faults a leaf's nodes x NICs as a whole grid")
+
+
+def _leaf_of(cluster: ClusterSpec, node: str, rail: int | None) -> str | None:
+    """The leaf the cluster's topology cables ``node``'s rail NIC ``rail`` to (fat tree: no rail, a leaf)."""
+    if rail is None:
+        return None
+    if cluster.fabric == "rail_optimized" and cluster.topology is None:
+        return leaf_id(int(node.rsplit("-", 1)[1]) // cluster.nodes_per_unit, rail)
+    return _topology_of(cluster).leaf_of_nic(node, f"mlx5_{rail}")
+
+
+def _rail_label(cluster: ClusterSpec, node: str, rail: int | None) -> int | None:
+    """The rail label the aggregator gives (none where the topology has no rail: a fat tree)."""
+    if rail is None or (cluster.fabric == "rail_optimized" and cluster.topology is None):
+        return rail
+    nic = _topology_of(cluster).nic(node, f"mlx5_{rail}")
+    return nic.rail if nic is not None else None
+
+
 def ground_truth(f: Fault, cluster: ClusterSpec) -> GroundTruth:
     target, ctype, alert = KINDS[f.kind]
     end = f.end
     if ctype is None:
         return GroundTruth(f.kind, None, None, f.start, end, None, node=f.node)
     if target == "leaf":
-        leaf = leaf_id(f.unit, f.rail)
+        if f.leaf is not None:
+            nodes, devs = cluster.leaf_targets(f.leaf) or ([], [])
+            rails = {_rail_label(cluster, n, d) for n in nodes for d in devs}
+            rail = rails.pop() if len(rails) == 1 else None
+            return GroundTruth(f.kind, "leaf", f.leaf, f.start, end, alert, rail=rail, leaf=f.leaf)
+        leaf = leaf_id(f.the_unit, f.the_rail)
         return GroundTruth(f.kind, "leaf", leaf, f.start, end, alert, rail=f.rail, leaf=leaf)
-    unit = int(f.node.rsplit("-", 1)[1]) // cluster.nodes_per_unit
+    assert f.node is not None  # Fault.validate: every other target names its node
     if target == "link":
         dev = f.device_index
         rail = dev if dev is not None and dev != FRONTEND else None
         return GroundTruth(f.kind, "link", link_id(f.node, f"mlx5_{dev}", 1), f.start, end, alert, node=f.node,
-                           rail=rail, leaf=leaf_id(unit, rail) if rail is not None else None, fails_at=f.fails_at)
+                           rail=_rail_label(cluster, f.node, rail), leaf=_leaf_of(cluster, f.node, rail),
+                           fails_at=f.fails_at)
     if target == "config":
         comp = nic_id(f.node, f"mlx5_{f.rail}") if f.rail is not None else f.node
-        return GroundTruth(f.kind, "config", comp, f.start, end, alert, node=f.node, rail=f.rail,
-                           leaf=leaf_id(unit, f.rail) if f.rail is not None else None)
+        return GroundTruth(f.kind, "config", comp, f.start, end, alert, node=f.node,
+                           rail=_rail_label(cluster, f.node, f.rail), leaf=_leaf_of(cluster, f.node, f.rail))
     if target == "nvlink":
-        return GroundTruth(f.kind, "nvlink", nvlink_id(f.node, f.gpu, f.link), f.start, end, alert, node=f.node,
-                           gpu=f.gpu)
-    return GroundTruth(f.kind, "gpu", gpu_id(f.node, f.gpu), f.start, end, alert, node=f.node, gpu=f.gpu)
+        return GroundTruth(f.kind, "nvlink", nvlink_id(f.node, f.the_gpu, f.the_link), f.start, end, alert,
+                           node=f.node, gpu=f.gpu)
+    return GroundTruth(f.kind, "gpu", gpu_id(f.node, f.the_gpu), f.start, end, alert, node=f.node, gpu=f.gpu)
 
 
 def scenario_from_dict(data: dict, source: str = "<scenario>") -> Scenario:
@@ -335,7 +507,23 @@ def scenario_from_dict(data: dict, source: str = "<scenario>") -> Scenario:
 
 
 def load_scenario(path: str | Path) -> Scenario:
-    return scenario_from_dict(load_yaml_file(path), str(path))
+    data = load_yaml_file(path)
+    cluster = data.get("cluster")
+    if isinstance(cluster, dict) and isinstance(cluster.get("topology"), str):
+        # the topology file: relative to the scenario file; its nodes are the cluster's
+        topo_path = Path(cluster["topology"])
+        if not topo_path.is_absolute():
+            topo_path = Path(path).parent / topo_path
+        if "nodes" in cluster:
+            raise ConfigError(f"{path}: cluster.nodes: the topology file gives the nodes: leave nodes out")
+        try:
+            n = len(load_topology(topo_path).nodes)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: cluster.topology: {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"{path}: cluster.topology: cannot read {topo_path}: {exc.strerror or exc}") from None
+        data = {**data, "cluster": {**cluster, "topology": str(topo_path), "nodes": n}}
+    return scenario_from_dict(data, str(path))
 
 
 def _round(x: float) -> float:

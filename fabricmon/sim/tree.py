@@ -28,8 +28,25 @@ from pathlib import Path
 
 from .cluster import ClusterState
 from .hw import (
-    DOWN_RATE, ETH_Q32, ETH_STATS, HW_CONG64, HW_LIFESPAN_MS, HW_PPCNT64, HW_Q32, HW_ROCE_ACCL32, LANE_DGBPS, NGPU,
-    NVLINKS, PMA_ERR_WIDTH, PMA_TRAFFIC, SPEEDS, GPU_NAME, K, gpu_pci_bus_id, mac_from_guid, rate_str,
+    DOWN_RATE,
+    ETH_Q32,
+    ETH_STATS,
+    GPU_NAME,
+    HW_CONG64,
+    HW_LIFESPAN_MS,
+    HW_PPCNT64,
+    HW_Q32,
+    HW_ROCE_ACCL32,
+    LANE_DGBPS,
+    NGPU,
+    NVLINKS,
+    PMA_ERR_WIDTH,
+    PMA_TRAFFIC,
+    SPEEDS,
+    K,
+    gpu_pci_bus_id,
+    mac_from_guid,
+    rate_str,
 )
 
 _M64 = (1 << 64) - 1
@@ -179,7 +196,7 @@ class NodeTree:
             up = up_row[i]
             ll = d.link_layer
             lanes, speed = lanes_row[i], SPEEDS[speed_row[i]]
-            port = os.path.join(self._ibdev(d), "ports", "1") if build_paths else None
+            port = os.path.join(self._ibdev(d), "ports", "1") if build_paths else ""  # read only with ap
             out += ["4: ACTIVE" if up else "1: DOWN",
                     "5: LinkUp" if up else ("2: Polling" if ll == "InfiniBand" else "3: Disabled"),
                     rate_str(lanes, speed) if up else rate_str(*DOWN_RATE[ll]),
@@ -208,7 +225,7 @@ class NodeTree:
                     ap(os.path.join(port, "hw_counters", name))
             # netdev
             dn = downs_row[i]
-            nd = self._netdev(d) if build_paths else None
+            nd = self._netdev(d) if build_paths else ""  # read only with ap
             out += ["up" if up else "down", "1" if up else "0", str(2 + 2 * dn - (0 if up else 1)), str(1 + dn),
                     str(1 + dn - (0 if up else 1)), str(LANE_DGBPS[speed] * lanes * 100 if up else -1)]
             if ap:
@@ -218,7 +235,8 @@ class NodeTree:
             if d.ethernet:
                 rxb, txb = v[kx["eth:rx_bytes"]], v[kx["eth:tx_bytes"]]
                 rxp, txp = v[kx["eth:rx_packets"]], v[kx["eth:tx_packets"]]
-                crc, oob, disc = v[kx["eth:rx_crc_errors_phy"]], v[kx["eth:rx_out_of_buffer"]], v[kx["eth:rx_discards_phy"]]
+                crc, oob = v[kx["eth:rx_crc_errors_phy"]], v[kx["eth:rx_out_of_buffer"]]
+                disc = v[kx["eth:rx_discards_phy"]]
             else:
                 rxb, txb = v[kx["pma:port_rcv_data"]] * 4 // 100, v[kx["pma:port_xmit_data"]] * 4 // 100
                 rxp, txp = v[kx["pma:port_rcv_packets"]] // 100, v[kx["pma:port_xmit_packets"]] // 100

@@ -137,6 +137,19 @@ class Decoy:
     rate: float | None = None
     nodes: tuple[str, ...] | None = None  # job_restart: the nodes the job returns on (default: the same)
 
+    # -- the fields validate() requires of the kinds that read them: typed, never None ---------------
+    @property
+    def the_node(self) -> str:
+        if self.node is None:
+            raise ValueError(f"decoy {self.kind}: node is required")
+        return self.node
+
+    @property
+    def the_rail(self) -> int:
+        if self.rail is None:
+            raise ValueError(f"decoy {self.kind}: rail is required")
+        return self.rail
+
     def validate(self, path: str, source: str) -> None:
         def fail(key: str, problem: str) -> ConfigError:
             return ConfigError(f"{source}: {path}.{key}: {problem}")

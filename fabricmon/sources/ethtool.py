@@ -30,8 +30,8 @@ import structlog
 
 from ..config import EthtoolConfig
 from ..model import Labels, Reading, ReadingMemo, Semantics, SourceResult
-from .bounds import Rejected, RejectCounts, counter_from_text, read_bounded, valid_ifname
-from .drivers import DriverTable, Match
+from .bounds import RejectCounts, Rejected, counter_from_text, read_bounded, valid_ifname
+from .drivers import DriverTable, Match, XoffRefresh
 from .drivers.ethtool_tables import ALL as ALL_ETHTOOL_TABLES
 from .drivers.ethtool_tables import LEGACY_NAMES, STANDARD_GROUPS
 from .drivers.ethtool_tables import TABLES as ETHTOOL_TABLES
@@ -50,10 +50,12 @@ from .drivers.families import (
     PHY_CORRECTED,
     PHY_ERRORS,
     STORM_EVENTS,
+    XOFF_FULL_RATE,
 )
-from .guarded_io import KeyedWorkers, run_all
 from .errorlog import ErrorLog
 from .ethtool_groups import EthtoolNetlink, GroupsUnavailable, parse_groups_json, warm_up
+from .guarded_io import KeyedWorkers, run_all
+from .infiniband import netdev_speed_gbps
 from .inventory import Inventory
 from .registry import SourceContext, SourceSpec
 
@@ -216,7 +218,7 @@ class EthtoolIoctl:
                 self._names[interface] = names
             values = self.stat_values(interface, len(names))
             if len(values) == len(names):
-                return list(zip(names, values))
+                return list(zip(names, values, strict=True))
             self._names.pop(interface, None)  # the set changed between the calls: names are stale
         raise EthtoolError(interface, "GSTATS", errno.EAGAIN)
 
@@ -356,7 +358,7 @@ def parse_pfc_summary(text: str) -> PfcInfo:
         elif fields[0] == "enabled" and prios is not None and enabled is None:
             flags = fields[1:]
             if len(flags) == len(prios) and all(f in ("0", "1") for f in flags):
-                enabled = frozenset(p for p, f in zip(prios, flags) if f == "1")
+                enabled = frozenset(p for p, f in zip(prios, flags, strict=True) if f == "1")
     return PfcInfo(trust, enabled)
 
 
@@ -384,6 +386,17 @@ def tables_for(driver: str | None) -> tuple[DriverTable, ...]:
     return (table,) if table is not None else ALL_ETHTOOL_TABLES
 
 
+def xoff_refresh_for(driver: str | None, families: set[str]) -> XoffRefresh | None:
+    """How the driver refreshes XOFF, for a netdev whose pause comes in frames only; None otherwise.
+
+    A driver no table knows is read with every table: its XOFF refresh is that of the one table whose
+    frames-only pause family its stats landed in."""
+    for table in tables_for(driver):
+        if table.xoff_refresh is not None and (driver in ETHTOOL_TABLES or PAUSE_FRAMES_TC in families):
+            return table.xoff_refresh
+    return None
+
+
 def lookup_stat(name: str, driver: str | None = None) -> Match | None:
     """The table row of one stat name, None when no table knows it (unclassified)."""
     if "/" in name:  # "<group>/<Stat>": a standard group (ethtool_groups.py), the same for every driver
@@ -399,7 +412,8 @@ def classify_match(name: str, m: Match | None, allow: tuple[re.Pattern[str], ...
     """The export of one stat from its table row: its curated family, else the allowlist, else nothing."""
     rule = m.rule if m is not None else None
     if rule is not None and rule.family is not None:
-        return StatClass(rule.family, m.labels(), rule.semantics, rule.scale, rule.width)  # type: ignore[union-attr]
+        return StatClass(rule.family, m.labels(), rule.semantics, rule.scale,  # type: ignore[union-attr]  # rule: m's
+                         rule.width)
     if any(p.search(name) for p in allow):
         # Raw, as read: semantics unknown or not curated (some are gauges, some counters).
         return StatClass(ETHTOOL_STAT, (("stat", name),), Semantics.GAUGE)
@@ -556,7 +570,11 @@ class EthtoolSource:
             # The ioctl's values are u64 by construction; only repeated names
             # (a driver bug) are dropped so the exposition has no duplicates.
             seen: set[str] = set()
-            dups = [(n, Rejected("malformed", f"{n} appears twice")) for n, _ in stats if n in seen or seen.add(n)]
+            dups: list[tuple[str, Rejected]] = []
+            for n, _ in stats:
+                if n in seen:
+                    dups.append((n, Rejected("malformed", f"{n} appears twice")))
+                seen.add(n)
             if dups:
                 kept: dict[str, int] = {}
                 for n, v in stats:
@@ -665,6 +683,11 @@ class EthtoolSource:
                 result.readings.extend(r for r in stat_readings(iface, group_stats, export, memo, self._labels)
                                        if (r.family, r.labels) not in have)
             result.readings.append(memo.get(ETHTOOL_UP, (("interface", iface),), 1.0))
+            refresh = xoff_refresh_for(driver, {r.family for r in own})
+            speed = netdev_speed_gbps(inventory.sysfs_root, iface) if refresh is not None else None
+            if refresh is not None and speed is not None:  # no speed (link down): no denominator, no series
+                result.readings.append(memo.get(
+                    XOFF_FULL_RATE, (("interface", iface),), refresh.frames_per_second(speed)))
             result.readings.append(memo.get(
                 ETHTOOL_UNCLASSIFIED, (("interface", iface), ("driver", driver or "unknown")),
                 self._unclassified(iface, driver, dump.stats + group_stats)))

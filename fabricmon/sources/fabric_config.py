@@ -21,10 +21,11 @@ ecn_np     ``class/net/<if>/ecn/roce_np/enable/<roce_priority>`` is 1 (RoCE)
 ecn_rp     ``class/net/<if>/ecn/roce_rp/enable/<roce_priority>`` is 1 (RoCE)
 mtu        ``class/net/<if>/mtu`` >= ``profile.mtu`` (RoCE)
 rate       the port rate in Gb/s equals ``profile.rate_gbps``, ACTIVE ports only
-width      the port width in lanes equals ``profile.width``, ACTIVE InfiniBand
-           ports only: mlx5 prints an Ethernet port's lane mode in IB terms
-           (400GAUI-8 as "8X HDR", 200GAUI-2 as "2X NDR"), so a healthy RoCE
-           link's "width" is whatever its PHY mode is; the rate says it all
+width      the port width in lanes equals ``profile.width``, ACTIVE ports: an
+           InfiniBand port's from its sysfs rate, a RoCE port's only from ethtool
+           netlink link modes (``ETHTOOL_A_LINKMODES_LANES``, link_modes.py): mlx5
+           prints an Ethernet port's lane mode in IB terms in the sysfs rate
+           (400GAUI-8 as "8X HDR", 200GAUI-2 as "2X NDR"), which checks nothing
 =========  ====================================================================
 
 InfiniBand rail ports get rate and width only.  A check whose input does not
@@ -49,6 +50,7 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..config import FabricConfigConfig, ProfileConfig
 from ..model import ReadingMemo, SourceResult
@@ -56,6 +58,7 @@ from .base_io import read_text
 from .ethtool import PfcInfo, parse_pfc_summary
 from .infiniband import netdev_speed_gbps, parse_rate, parse_state
 from .inventory import Inventory, PortInfo
+from .link_modes import LaneCache
 from .registry import SourceContext, SourceSpec
 
 FAMILY = "fabricmon_fabric_config_ok"
@@ -79,6 +82,7 @@ class PortFacts:
     ecn_np: bool | None = None
     ecn_rp: bool | None = None
     pfc: PfcInfo | None = None
+    lanes_from_link_modes: bool = False  # width is the netdev's link-mode lanes (RoCE), not the sysfs rate's
 
 
 def evaluate(facts: PortFacts, profile: ProfileConfig) -> dict[str, bool | None]:
@@ -101,7 +105,7 @@ def evaluate(facts: PortFacts, profile: ProfileConfig) -> dict[str, bool | None]
     if facts.state in _ACTIVE_STATES:
         if facts.rate_gbps is not None:
             out["rate"] = abs(facts.rate_gbps - profile.rate_gbps) < 1e-6
-        if facts.width is not None and not roce:
+        if facts.width is not None and (not roce or facts.lanes_from_link_modes):
             out["width"] = facts.width == profile.width
     return out
 
@@ -258,6 +262,7 @@ class FabricConfigSource:
         dcb_reader: Callable[[str], PfcInfo] = read_dcb,
         dcb_cache_seconds: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        lanes: LaneCache | None = None,
     ) -> None:
         self.config = config or FabricConfigConfig()
         self.profile = profile or ProfileConfig()
@@ -270,6 +275,8 @@ class FabricConfigSource:
         self._dcb_cache_seconds = dcb_cache_seconds
         self._dcb_cache: dict[str, tuple[float, PfcInfo | None]] = {}
         self._clock = clock
+        # Ethernet lanes from ethtool netlink link modes (a live host; None: the sysfs rate's lanes)
+        self._lanes = lanes
         self._memo = ReadingMemo()
         self._labels: dict[tuple[str, str, str, str], tuple] = {}
 
@@ -296,7 +303,7 @@ class FabricConfigSource:
 
     def port_facts(self, port: PortInfo, sysfs_root: str, result: SourceResult) -> PortFacts:
         """Gather the facts of one port; unreadable ones become one error each."""
-        values: dict[str, object] = {}
+        values: dict[str, Any] = {}  # each fact as its reader returned it (PortFacts types them)
 
         def fact(name: str, fn: Callable[[], object]) -> None:
             try:
@@ -311,21 +318,26 @@ class FabricConfigSource:
 
         fact("state", state)
         if values.get("state") in _ACTIVE_STATES:
-            def rate() -> tuple[float, int]:
-                # an Ethernet port's speed is its netdev's (a stale sysfs rate must not read as drift)
+            def rate() -> tuple[float, int, bool]:
+                # an Ethernet port's speed is its netdev's (a stale sysfs rate must not read as drift),
+                # its lanes those of its link modes; the sysfs rate is the fallback for both
                 speed = netdev_speed_gbps(sysfs_root, port.netdev) if port.link_layer == "Ethernet" else None
+                lanes = self._lanes.lanes(port.netdev, speed) if self._lanes is not None and speed else None
                 try:
                     parsed = parse_rate(_read_file(os.path.join(port.path, "rate")))
                 except (OSError, ValueError):
                     if speed is None:
                         raise
-                    return speed, 0
+                    return speed, lanes or 0, lanes is not None
                 if speed is not None and abs(parsed.gbps - speed) >= 1e-6:
-                    return speed, 0  # the sysfs lanes are as stale as its rate
-                return parsed.gbps, parsed.width_lanes
+                    return speed, lanes or 0, lanes is not None  # the sysfs lanes are as stale as its rate
+                if lanes is not None:
+                    return parsed.gbps, lanes, True
+                return parsed.gbps, parsed.width_lanes, False
 
             fact("rate", rate)
-        gbps, width = values.get("rate", (None, None))  # type: ignore[misc]
+        rate_fact = values.get("rate")
+        gbps, width, from_modes = rate_fact if isinstance(rate_fact, tuple) else (None, None, False)
 
         if port.link_layer == "Ethernet" and port.netdev:
             net = os.path.join(sysfs_root, "class", "net", port.netdev)
@@ -345,9 +357,10 @@ class FabricConfigSource:
             fact("pfc", lambda: self._pfc_info(port.netdev))
         return PortFacts(
             link_layer=port.link_layer,
-            state=values.get("state"),  # type: ignore[arg-type]
+            state=values.get("state"),
             rate_gbps=gbps,
             width=width,
+            lanes_from_link_modes=from_modes,
             mtu=values.get("mtu"),  # type: ignore[arg-type]
             ecn_np=values.get("ecn_np"),  # type: ignore[arg-type]
             ecn_rp=values.get("ecn_rp"),  # type: ignore[arg-type]
@@ -382,10 +395,14 @@ class FabricConfigSource:
 
     def close(self) -> None:
         self._dcb_cache.clear()
+        if self._lanes is not None:
+            self._lanes.close()
 
 
 def _build(config: FabricConfigConfig, context: SourceContext) -> FabricConfigSource:
-    return FabricConfigSource(config, profile=context.profile, ethtool_dir=context.ethtool_dir)
+    # a live host (no --ethtool-dir): lanes from ethtool netlink link modes
+    lanes = LaneCache() if context.ethtool_dir is None else None
+    return FabricConfigSource(config, profile=context.profile, ethtool_dir=context.ethtool_dir, lanes=lanes)
 
 
 SOURCE = SourceSpec("fabric_config", FabricConfigConfig, _build)

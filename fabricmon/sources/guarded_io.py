@@ -26,8 +26,8 @@ import os
 import queue
 import stat
 import threading
-from collections.abc import Callable, Hashable, Iterable
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from typing import Any, TypeVar
 
 O_GUARDED = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -138,22 +138,25 @@ class KeyedWorkers:
         self.retire(())
 
 
-def run_all(workers: KeyedWorkers, calls: dict[Hashable, tuple[Callable[..., Any], tuple]],
-            timeout: float) -> tuple[dict[Hashable, Any], dict[Hashable, str]]:
+K = TypeVar("K", bound=Hashable)
+
+
+def run_all(workers: KeyedWorkers, calls: Mapping[K, tuple[Callable[..., Any], tuple[Any, ...]]],
+            timeout: float) -> tuple[dict[K, Any], dict[K, str]]:
     """Run every call on its key's worker, in parallel; wait at most ``timeout`` for all of them.
 
     Returns (what each call returned, or the exception it raised, by key; why by key for each
     call that gave neither: stuck from an earlier call or over the deadline now).  A call over
     the deadline keeps running on its worker; its key is ``Stuck`` until it returns."""
-    futures: dict[Hashable, cf.Future] = {}
-    failed: dict[Hashable, str] = {}
+    futures: dict[K, cf.Future[Any]] = {}
+    failed: dict[K, str] = {}
     for key, (fn, args) in calls.items():
         try:
             futures[key] = workers.submit(key, fn, *args)
         except Stuck:
             failed[key] = "previous read still blocked"
     done, not_done = cf.wait(futures.values(), timeout=timeout)
-    results: dict[Hashable, Any] = {}
+    results: dict[K, Any] = {}
     for key, fut in futures.items():
         if fut in not_done:
             failed[key] = f"read blocked past its {timeout:.2f}s deadline"

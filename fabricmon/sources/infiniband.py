@@ -49,14 +49,15 @@ import structlog
 
 from ..config import InfinibandConfig
 from ..model import Labels, Reading, ReadingMemo, Semantics, SourceResult
-from .bounds import Rejected, RejectCounts, counter_from_bytes
+from .bounds import RejectCounts, Rejected, counter_from_bytes
 from .drivers.families import HW_LIFESPAN, HW_STAT, RETRIES
 from .drivers.rdma_tables import DEVICE_PREFIXES as RDMA_DEVICE_PREFIXES
 from .drivers.rdma_tables import MODULE_DRIVERS as RDMA_MODULE_DRIVERS
 from .drivers.rdma_tables import TABLES as RDMA_TABLES
-from .guarded_io import KeyedWorkers, read_regular, run_all
 from .errorlog import ErrorLog
+from .guarded_io import KeyedWorkers, read_regular, run_all
 from .inventory import DeviceInfo, Inventory, PortInfo
+from .link_modes import LaneCache
 from .registry import SourceContext, SourceSpec
 
 __all__ = [
@@ -436,11 +437,14 @@ class InfinibandSource:
     name = "infiniband"
     self_bounded = True  # every read runs on a device worker, waited for with a deadline
 
-    def __init__(self, config: InfinibandConfig | None = None, *, timeout: float | None = None) -> None:
+    def __init__(self, config: InfinibandConfig | None = None, *, timeout: float | None = None,
+                 lanes: LaneCache | None = None) -> None:
         # Device include/exclude filters live in discovery (make_discover), so
         # excluded devices are never read; only the deadline is needed here.
         # An explicit timeout wins over the section's.
         self.timeout = timeout if timeout is not None else (config or InfinibandConfig()).timeout
+        # Ethernet lanes from ethtool netlink link modes (a live host; None: the sysfs rate's lanes)
+        self._lanes = lanes
         # (port key, subdir) pairs seen on an earlier poll.  A counter dir that
         # never existed (bnxt_re has no counters/) is not an error; one that
         # existed and is gone now is.
@@ -458,6 +462,8 @@ class InfinibandSource:
 
     def close(self) -> None:
         self._workers.close()  # never waits for a worker blocked in a read
+        if self._lanes is not None:
+            self._lanes.close()
 
     # -- poll -----------------------------------------------------------------
 
@@ -617,9 +623,12 @@ class InfinibandSource:
         speed = netdev_speed_gbps(sysfs_root, port.netdev) if link_layer == "Ethernet" and sysfs_root else None
         width_known = rate is not None
         if speed is not None:
-            # a sysfs rate that disagrees with the netdev is stale, and so is its lane count
-            width_known = rate is not None and abs(rate.gbps - speed) < 1e-6
-            width = rate.width_lanes if rate is not None and width_known else 0
+            # a sysfs rate that disagrees with the netdev is stale, and so is its lane count: the lanes
+            # are the netdev's link modes' where it has them
+            lanes = self._lanes.lanes(port.netdev, speed) if self._lanes is not None else None
+            agrees = rate is not None and abs(rate.gbps - speed) < 1e-6
+            width_known = lanes is not None or agrees
+            width = lanes if lanes is not None else rate.width_lanes if rate is not None and agrees else 0
             rate = Rate(speed * 1e9 / 8, width, rate.speed if rate is not None else "", speed)
             fact["rate_source"] = "netdev"
         if rate is not None:
@@ -773,7 +782,8 @@ class InfinibandSource:
 
 
 def _build(config: InfinibandConfig, context: SourceContext) -> InfinibandSource:
-    return InfinibandSource(config)
+    # a live host (no --ethtool-dir): Ethernet lanes from ethtool netlink link modes
+    return InfinibandSource(config, lanes=LaneCache() if context.ethtool_dir is None else None)
 
 
 SOURCE = SourceSpec("infiniband", InfinibandConfig, _build)

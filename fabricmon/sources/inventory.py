@@ -39,6 +39,7 @@ class DeviceInfo:
     board_id: str
     rail: str
     netdevs: tuple[str, ...]
+    pci_id: str = ""  # "<vendor>:<device>" of the PCI function ("0x14e4:0x1760"), "" unreadable
 
 
 @dataclass(frozen=True)
@@ -126,41 +127,88 @@ def _numa(text: str) -> int:
 
 
 def hca_model(device: str, hca_type: str) -> str:
-    """``hca_type`` as a model key: a node description ending in the device's own name loses it."""
-    words = hca_type.split()
-    if len(words) >= 2 and words[-1] == device:
-        return " ".join(words[:-1])
+    """``hca_type`` as a model key: a node description holding the device's own name loses it.
+
+    bnxt_re's ``hca_type`` is the node description, which rdma-ndd makes unique per device (its
+    default "%h %d": "gpu-b07-02 bnxt_re0"; a site may write "%d %h" or "%h-%d").  Without the
+    device's own name it is the same for every NIC of the node."""
+    if device and device in hca_type:
+        return " ".join(hca_type.replace(device, " ").split()).strip(" -_.:")
     return hca_type
 
 
+_PCI_ID = re.compile(r"0x[0-9a-f]{4}")
+
+
+def netdev_stem(netdev: str) -> str:
+    """A netdev name without its numbers: systemd's predictable names say where the NIC sits
+    (``ens41f0np0`` and ``ens42f0np0`` in PCIe slots: ``ensfnp``; an onboard ``eno1``: ``eno``)."""
+    return re.sub(r"[0-9]+", "", netdev)
+
+
+@dataclass(frozen=True, slots=True)
+class RailCandidate:
+    """What discovery knows of one RDMA device that can tell a rail NIC from another."""
+
+    name: str
+    hca_type: str
+    pci_id: str = ""  # "<vendor>:<device>" of the PCI function, "" unreadable
+    netdev: str = ""
+
+
+def _shared(keys: list[str]) -> bool:
+    """The keys tell a model: some model is shared by two devices (or there is one device)."""
+    counts = Counter(k for k in keys if k)
+    return bool(counts) and (len(keys) == 1 or counts.most_common(1)[0][1] >= 2)
+
+
+def rail_keys(devices: list[RailCandidate]) -> tuple[str, list[str]]:
+    """Which attribute tells the rail NICs apart, and its value per device, in this order:
+
+    1. ``hca_type`` (less the device's own name): a model (``MT4129``) or a node description in a
+       fixed format, the same for every NIC of one model;
+    2. the PCI function's vendor:device id, when ``hca_type`` is a node description unique per device
+       in a format that hides the model ("gpu-b07-02 port-a");
+    3. the netdev name's stem (no PCI ids: a container without the device's PCI attributes);
+    4. none of them shared: every device is a rail NIC (nothing tells a frontend NIC apart).
+    """
+    for source, keys in (("hca_type", [hca_model(d.name, d.hca_type) for d in devices]),
+                         ("pci_id", [d.pci_id for d in devices]),
+                         ("netdev", [netdev_stem(d.netdev) for d in devices])):
+        if _shared(keys):
+            return source, keys
+    return "none", ["" for _ in devices]
+
+
 def assign_rails(
-    devices: list[tuple[str, str]], configured: dict[str, int], memory: dict[str, str] | None = None
+    devices: list[RailCandidate] | list[tuple[str, str]], configured: dict[str, int],
+    memory: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """Map device name -> rail string.
 
-    ``devices`` is (name, hca_type) in natural order.  Configured rails win.
-    Otherwise the rail NICs are the devices of the most common HCA type (a
-    DGX-style node has eight identical rail NICs and a different frontend
-    NIC), numbered in device order; any other device serves no rail.
+    ``devices`` in natural order.  Configured rails win.  Otherwise the rail NICs are the devices
+    of the most common model (a DGX-style node has eight identical rail NICs and a different
+    frontend NIC), numbered in device order; any other device serves no rail.  The model comes
+    from the first of ``rail_keys``' sources that tells one.
 
     ``memory`` (kept by the caller across polls) makes the derived rails
     sticky: when mlx5_3 is hot-unplugged, mlx5_4..7 keep rails 4..7 instead of
     being renumbered, and a re-probed device gets its old rail back.
     """
+    cands = [d if isinstance(d, RailCandidate) else RailCandidate(d[0], d[1]) for d in devices]
     if configured:
-        return {name: str(configured[name]) if name in configured else "" for name, _ in devices}
-    # bnxt_re's hca_type is the node description, which rdma-ndd makes unique per device ("%h %d":
-    # "gpu-b07-02 bnxt_re0"): without the device's own name it is the same for every NIC of the node.
-    devices = [(name, hca_model(name, hca)) for name, hca in devices]
-    counts = Counter(h for _, h in devices if h)
+        return {d.name: str(configured[d.name]) if d.name in configured else "" for d in cands}
+    _, keys = rail_keys(cands)
+    counts = Counter(k for k in keys if k)
     common = counts.most_common(1)[0][0] if counts else None
     memory = {} if memory is None else memory
     taken = {r for r in memory.values() if r}
     rails: dict[str, str] = {}
-    for name, hca in devices:
+    for d, key in zip(cands, keys, strict=True):
+        name = d.name
         if name in memory:
             rails[name] = memory[name]
-        elif common is not None and hca != common:
+        elif common is not None and key != common:
             rails[name] = memory[name] = ""
         else:
             free = next(i for i in range(len(taken) + 1) if str(i) not in taken)
@@ -190,7 +238,7 @@ def discover(
         if (not inc or any(p.search(n) for p in inc)) and not any(p.search(n) for p in exc)
     ]
     errors: list[str] = []
-    raw: list[tuple[str, str, str]] = []  # name, path, hca_type
+    raw: list[tuple[str, str, RailCandidate]] = []  # name, path, what tells its rail
     identity: dict[str, tuple[int, int]] = {}
     for name in names:
         dpath = os.path.join(base, name)
@@ -202,14 +250,21 @@ def discover(
                 continue  # vanished between listing and now
             hit = cache.get(name)
             if hit is not None and hit[0] == identity[name]:
-                raw.append((name, dpath, hit[1].hca_type))
+                info = hit[1]
+                cand = RailCandidate(name, info.hca_type, info.pci_id, min(info.netdevs, default=""))
+                raw.append((name, dpath, cand))
                 continue
-        raw.append((name, dpath, _read_label(os.path.join(dpath, "hca_type"), errors)))
-    rail_of = assign_rails([(n, h) for n, _, h in raw], rails or {}, rail_memory)
+        dev_dir = os.path.join(dpath, "device")
+        vendor, product = _read_or(os.path.join(dev_dir, "vendor")), _read_or(os.path.join(dev_dir, "device"))
+        pci_id = f"{vendor}:{product}" if _PCI_ID.fullmatch(vendor) and _PCI_ID.fullmatch(product) else ""
+        own = [n for n in list_dir(os.path.join(dev_dir, "net")) if valid_ifname(n)]
+        raw.append((name, dpath, RailCandidate(name, _read_label(os.path.join(dpath, "hca_type"), errors), pci_id,
+                                               min(own, default=""))))
+    rail_of = assign_rails([c for _, _, c in raw], rails or {}, rail_memory)
 
     devices: list[DeviceInfo] = []
     ports: list[PortInfo] = []
-    for name, dpath, hca in raw:
+    for name, dpath, cand in raw:
         hit = cache.get(name) if cache is not None else None
         if hit is not None and hit[0] == identity.get(name) and hit[1].rail == rail_of.get(name, ""):
             devices.append(hit[1])
@@ -227,7 +282,7 @@ def discover(
         numa = _numa(numa_text)
         netdevs = tuple(n for n in list_dir(os.path.join(dev_dir, "net")) if valid_ifname(n))
         info = DeviceInfo(
-            name=name, path=dpath, pci_bdf=pci_bdf, numa_node=numa, hca_type=hca,
+            name=name, path=dpath, pci_bdf=pci_bdf, numa_node=numa, hca_type=cand.hca_type, pci_id=cand.pci_id,
             fw_ver=_read_label(os.path.join(dpath, "fw_ver"), errors),
             node_guid=_read_label(os.path.join(dpath, "node_guid"), errors),
             board_id=_read_label(os.path.join(dpath, "board_id"), errors),

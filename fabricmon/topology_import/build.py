@@ -119,7 +119,7 @@ def import_ibnetdiscover(fabrics: list[tuple[str, IbFabric]], *, node_names: dic
             out.skipped_firmware_default.append((guid, descriptions.get(guid, "")))
     nics_by_key: dict[tuple[int, int], Nic] = {}
     switch_links: dict[int, set[int]] = defaultdict(set)
-    for (guid, port), (peer, peer_port, source) in edges.items():
+    for (guid, port), (peer, _peer_port, source) in edges.items():
         own_kind, peer_kind = kinds.get(guid), kinds.get(peer)
         if own_kind == "switch" and peer_kind == "switch":
             switch_links[guid].add(peer)
@@ -138,7 +138,8 @@ def import_ibnetdiscover(fabrics: list[tuple[str, IbFabric]], *, node_names: dic
     for guid in sorted(leaf_guids, key=lambda g: natural_key(switch_names[g])):
         spines = sorted({switch_names[p] for p in switch_links.get(guid, ()) if p not in leaf_guids}, key=natural_key)
         out.leaves[switch_names[guid]] = spines
-    leaf_to_leaf = sorted({switch_names[g] for g in leaf_guids if switch_links.get(g, set()) & leaf_guids}, key=natural_key)
+    leaf_to_leaf = sorted({switch_names[g] for g in leaf_guids if switch_links.get(g, set()) & leaf_guids},
+                          key=natural_key)
     if leaf_to_leaf:
         out.notes.append(f"{len(leaf_to_leaf)} leaves link to other leaves directly: {_examples(leaf_to_leaf)}")
     if out.skipped_firmware_default:

@@ -159,7 +159,8 @@ def parse_ibnetdiscover(text: str, *, progress: ProgressFn | None = None, every:
             else:
                 assert ca is not None
                 port, own_port_guid, ptype, pguid, pport, rest = (
-                    int(ca.group(1)), _guid(ca.group(2)), ca.group(3), _guid(ca.group(4)), int(ca.group(5)), ca.group(7))
+                    int(ca.group(1)), _guid(ca.group(2)), ca.group(3), _guid(ca.group(4)), int(ca.group(5)),
+                                                                  ca.group(7))
                 dm = _QUOTED_CA_LINK.match(rest.strip()) if rest else None
                 if dm is None and rest:
                     dm = _QUOTED_SWITCH_LINK.match(rest.strip())

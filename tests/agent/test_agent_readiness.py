@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from support.agentrig import SimNode, free_port, http_get, metric, parse_metrics, wait_until
 from fabricmon.agent.wiring import build_live_agent
 from fabricmon.aggregator.config import DetectionSettings
 from fabricmon.aggregator.engine import Engine
 from fabricmon.aggregator.server import start_grpc_server
 from fabricmon.config import IntakeConfig, StreamConfig
 from fabricmon.sim.agents import sim_agent_config
+from support.agentrig import SimNode, free_port, http_get, metric, parse_metrics, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,6 @@ from fabricmon.agent.shard_target import resolve_static, static_unit
 from fabricmon.cli import _load_agent, build_parser
 from fabricmon.config import ConfigError, load_agent_config
 from fabricmon.topology import generate_topology
-
 from support.paths import REPO
 
 
@@ -126,7 +125,8 @@ def test_relative_paths_are_relative_to_the_config_file(files):
     ({"kubernetes": {"units_per_shard": 2}, "node_label": {"api_server": "http://10.0.0.1"}}, {},
      r"shard.node_label.api_server: must be an https:// URL"),
     ({"kubernetes": {"units_per_shard": 2}, "node_label": {"key": ""}}, {}, r"shard.node_label.key: a node label key"),
-    ({"kubernetes": {"units_per_shard": 2}, "node_label": {"timeout": 0}}, {}, r"shard.node_label.timeout: must be > 0"),
+    ({"kubernetes": {"units_per_shard": 2}, "node_label": {"timeout": 0}}, {},
+     r"shard.node_label.timeout: must be > 0"),
     ({"map": "shards.yaml", "unit": 0, "replicas": 3}, {}, r"shard.replicas: unknown key"),
     ({"map": "shards.yaml", "unit": 0}, {"aggregator": "10.0.0.9:9721"},
      r"shard: give aggregator \(one address\) or shard .*not both"),

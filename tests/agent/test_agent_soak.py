@@ -10,7 +10,16 @@ import time
 
 import pytest
 
-from support.agentrig import Aggregator, LiveAgent, SimNode, SlowClients, hostile_lines, http_get, parse_metrics, wait_until
+from support.agentrig import (
+    Aggregator,
+    LiveAgent,
+    SimNode,
+    SlowClients,
+    hostile_lines,
+    http_get,
+    parse_metrics,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.soak]
 
@@ -87,11 +96,11 @@ def test_soak_hostile_intake_and_flapping_aggregator(tmp_path, node):
         slow = SlowClients(agent.intake_port, 16)
         for flap in range(FLAPS):
             n = len(agent.spooled)
-            assert wait_until(lambda: len(agent.spooled) >= n + PER_PHASE, 20), agent.stream.stats()
+            assert wait_until(lambda n=n: len(agent.spooled) >= n + PER_PHASE, 20), agent.stream.stats()
             agg.start()
             assert wait_until(lambda: agg.agents_connected() == 1.0, 20), (flap, agent.stream.stats())
             n_seen = len(agg.recorder.seqs())
-            assert wait_until(lambda: len(agg.recorder.seqs()) >= n_seen + PER_PHASE, 20)
+            assert wait_until(lambda n_seen=n_seen: len(agg.recorder.seqs()) >= n_seen + PER_PHASE, 20)
             agg.stop()
         agg.start()  # and up for good: everything spooled must arrive
         assert wait_until(lambda: agg.agents_connected() == 1.0 and len(agent.stream.spool) == 0, 30), \

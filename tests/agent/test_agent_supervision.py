@@ -13,11 +13,12 @@ import errno
 import os
 import subprocess
 import threading
+from itertools import pairwise
 
 import pytest
 
-from support.agentrig import LiveAgent, SimNode, free_port, http_get, metric, parse_metrics, wait_until
 from fabricmon.agent.supervise import Supervisor
+from support.agentrig import LiveAgent, SimNode, free_port, http_get, metric, parse_metrics, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +48,7 @@ def test_supervisor_restarts_with_backoff_and_counts():
         sup.check()
         if state["starts"] > before:
             times.append(clock.t)
-    gaps = [b - a for a, b in zip(times, times[1:])]
+    gaps = [b - a for a, b in pairwise(times)]
     assert gaps[:3] == [1.0, 2.0, 4.0] and all(g == 4.0 for g in gaps[3:]), times
     assert sup.stats()["worker"] == (0, len(times))
     assert sup.stats()["listener"] == (0, 0) and "listener" in sup.down()

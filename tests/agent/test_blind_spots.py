@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support.waiting import wait_until
 
 from fabricmon.agent.exporter import exposition
 from fabricmon.agent.runtime import build_agent
@@ -35,6 +34,7 @@ from fabricmon.config import load_agent_config
 from fabricmon.sources.nvml.xid import FATAL_XIDS
 from fabricmon.sources.pci_gpus import PciGpuSource, is_nvidia_gpu
 from fabricmon.topology import generate_topology
+from support.waiting import wait_until
 
 
 def _samples(text: bytes | str) -> dict[tuple[str, frozenset], float]:

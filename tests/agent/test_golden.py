@@ -13,12 +13,14 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from support.golden_cases import CASES, GOLDEN, TS, agent_exposition, normalize
 from support.goldenfile import match_golden
 
 
 def assert_matches_golden(name: str, got: str) -> None:
-    match_golden(GOLDEN / f"{name}.prom", got, produced_by="agent output", regenerate="pytest tests/agent/test_golden.py")
+    match_golden(GOLDEN / f"{name}.prom", got, produced_by="agent output",
+                 regenerate="pytest tests/agent/test_golden.py")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

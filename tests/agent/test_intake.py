@@ -15,8 +15,8 @@ from structlog.testing import capture_logs
 from fabricmon import client as fm_client
 from fabricmon.agent.intake import RankIntake
 from fabricmon.rank_timing import JobLayout, RankTiming
-from support.waiting import wait_until
 from support.paths import REPO
+from support.waiting import wait_until
 
 GOOD = {"job": "llm-7b", "rank": 17, "local_rank": 1, "step": 1200, "step_seconds": 1.82, "comm_seconds": 0.41,
         "ts": 1764000000.5}
@@ -44,7 +44,8 @@ def test_unix_socket_good_and_bad_lines(intake, tmp_path):
     path = intake.socket_path
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o660
     assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o750
-    lines = [json.dumps(GOOD), "not json", json.dumps({**GOOD, "rank": -1}), json.dumps({"job": "llm-7b", "layout": {"tp": 8}}),
+    lines = [json.dumps(GOOD), "not json", json.dumps({**GOOD, "rank": -1}),
+             json.dumps({"job": "llm-7b", "layout": {"tp": 8}}),
              json.dumps({**GOOD, "rank": 18, "step_seconds": 2.5})]
     with capture_logs() as logs:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:

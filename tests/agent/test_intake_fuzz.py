@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from fabricmon.agent.intake import RankIntake
 from fabricmon.agent.nccl_records import REJECT_REASONS as NCCL_REASONS
-from fabricmon.agent.nccl_records import Ignored, Marker, NcclRecordError, Op
+from fabricmon.agent.nccl_records import NcclRecordError, Op
 from fabricmon.agent.nccl_records import parse_line as parse_nccl_line
 from fabricmon.proto import fabricmon_pb2 as pb
 from fabricmon.rank_timing import REJECT_REASONS, JobLayout, RankTiming, RankTimingError, parse_line
@@ -25,7 +25,8 @@ edge_numbers = st.sampled_from([0, 1, -1, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2*
                                 0.5, -0.0, 1e308, -1e308, 1e-320, 1.5, 7.0])
 edge_strings = st.sampled_from(["", "j", "a" * 128, "a" * 129, "\ud800", "x\udfffy", "\x00", "tab\t", "é", "AllReduce",
                                 "nan", "inf", "1e308", "0x7f"])
-scalar = st.one_of(st.none(), st.booleans(), edge_numbers, st.integers(), st.floats(allow_nan=False, allow_infinity=False),
+scalar = st.one_of(st.none(), st.booleans(), edge_numbers, st.integers(),
+                   st.floats(allow_nan=False, allow_infinity=False),
                    edge_strings, st.text(max_size=20))
 value = st.recursive(scalar, lambda c: st.one_of(st.lists(c, max_size=3), st.dictionaries(edge_strings, c, max_size=3)),
                      max_leaves=8)
@@ -109,7 +110,8 @@ def mutate(obj: dict, mutations: list) -> dict:
 
 
 RANK_PATHS = st.sampled_from([(k,) for k in ("job", "rank", "local_rank", "step", "step_seconds", "comm_seconds",
-                                             "ts", "gpu", "node", "group", "layout")] + [("group", "tp"), ("layout", "tp")])
+                                             "ts", "gpu", "node", "group", "layout")] + [("group", "tp"),
+                                                                                         ("layout", "tp")])
 
 
 @SETTINGS
@@ -138,18 +140,15 @@ def check_nccl(raw: bytes) -> None:
         event(f"rejected: {exc.reason}")
         return
     event("accepted")
-    assert isinstance(r, (Op, Marker, Ignored))
-    if isinstance(r, Ignored):
-        return
+    assert isinstance(r, Op)
     check_string(r.header.comm, 64)
     assert 0 <= int(r.header.rank) < 2**32
     if r.header.comm_name:
         check_string(r.header.comm_name, 128)
-    if isinstance(r, Op):
-        check_string(r.name, 64)
-        assert r.peer == "" or 0 <= int(r.peer) < 2**32
-        for v in (r.exec_us, r.size_bytes, r.busbw_gbs):
-            assert v is None or (math.isfinite(v) and v >= 0)
+    check_string(r.name, 64)
+    assert r.peer == "" or 0 <= int(r.peer) < 2**32
+    for v in (r.exec_us, r.size_bytes, r.busbw_gbs):
+        assert v is None or (math.isfinite(v) and v >= 0)
 
 
 @SETTINGS
@@ -159,7 +158,8 @@ def test_nccl_parser_any_bytes(raw):
 
 
 valid_nccl_record = st.fixed_dictionaries({
-    "header": st.fixed_dictionaries({"id": st.one_of(names, st.integers(0, 2**64 - 1)), "rank": st.integers(0, 2**32 - 1),
+    "header": st.fixed_dictionaries({"id": st.one_of(names, st.integers(0, 2**64 - 1)),
+                                     "rank": st.integers(0, 2**32 - 1),
                                      "n_ranks": st.integers(1, 8)}),
     "coll_perf": st.fixed_dictionaries({"coll": names}, optional={
         "coll_sn": st.integers(0, 2**40), "coll_msg_size_bytes": st.integers(0, 2**48),

@@ -139,7 +139,8 @@ def test_idle_series_and_jobs_expire():
 def test_self_metrics_have_fixed_label_sets(intake):
     before = lines_total(intake)
     assert before and all(v == 0 for v in before.values())
-    post(intake.http_port, b"not json\n" + json.dumps(GOOD).encode() + b"\n" + json.dumps({**GOOD, "rank": -3}).encode())
+    post(intake.http_port,
+         b"not json\n" + json.dumps(GOOD).encode() + b"\n" + json.dumps({**GOOD, "rank": -3}).encode())
     after = lines_total(intake)
     assert set(after) == set(before)  # reasons are an enum: no new series from input
     assert after[("accepted", "ok")] == 1 and after[("rejected", "not_json")] == 1

@@ -136,3 +136,27 @@ def test_missing_directory_is_not_an_error(tmp_path):
     (tmp_path / "absent" / "job1").mkdir(parents=True)
     (tmp_path / "absent" / "job1" / "p.log").write_text(rec())
     assert count(src.poll()) == 1  # per-job subdirectory, new file from its beginning
+
+
+def test_lines_of_an_unknown_shape_are_refused_and_counted(tmp_path):
+    """The Inspector writes a header on every operation line (format v4.0, the only one NVIDIA/nccl
+    writes): a line of another shape is refused with a counted reason, never crashes the source and
+    never lends its header to the lines after it."""
+    src = NcclInspectorSource(str(tmp_path))
+    header = {"id": "0x7f8c496ae9f661", "rank": 0, "n_ranks": 8, "nnodes": 1}
+    unknown = [{"header": header, "dump_stats": {"coll_dropped_total": 5}},  # header, but no operation
+               {"coll_perf": {"coll": "AllReduce", "coll_sn": 2}},  # an operation, but no header
+               {"header": header, "metadata": {"inspector_output_format_version": "v4.0"}},
+               {"proxy_trace": {"channel_id": 0}},  # no NVIDIA/nccl commit writes this key either
+               [header], "coll_perf", None]
+    (tmp_path / "p.log").write_text("".join(json.dumps(u) + "\n" for u in unknown) + rec())
+    res = src.poll()
+    assert count(res) == 1 and res.up
+    assert src.rejected["missing_field"] == 4 and src.rejected["not_object"] == 3
+    assert src.bad_lines_total == 7 and res.errors == 7
+    refused = {dict(r.labels)["reason"]: r.value for r in res.readings
+               if r.family == "fabricmon_intake_lines_total" and dict(r.labels)["result"] == "rejected"}
+    assert refused["missing_field"] == 4 and refused["not_object"] == 3
+    assert {r.family for r in nccl(res)} == {
+        "fabricmon_nccl_collectives_total", "fabricmon_nccl_collective_seconds_total",
+        "fabricmon_nccl_collective_bytes_total", "fabricmon_nccl_bus_bandwidth_bytes_per_second"}

@@ -14,11 +14,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support.realformat import fixture
 
 from fabricmon.agent.nccl_inspector import PROM_MAX_AGE_S, PROM_MAX_BYTES, NcclInspectorSource
 from fabricmon.agent.nccl_prom import parse_prom_line, uuid_of_file
 from fabricmon.agent.nccl_records import NcclRecordError
+from support.realformat import fixture
 
 T0 = 1_764_000_000.0
 README_FILE = "nccl_inspector_metrics_6f1c2a9e-3b7d-4c58-9e21-0a4d7b3c8e15.prom"
@@ -128,7 +128,8 @@ def test_stale_and_missing_ranks_are_data_quality_not_silence(tmp_path: Path) ->
     assert v[("fabricmon_nccl_window_ranks", lab(comm_name="DP Group 0", nranks="4", state="reporting"))] == 3
     stale = f"GPU-{uuids[3]}"
     assert bw(uuid=stale) not in v  # an old window is not shown as current ...
-    assert v[("fabricmon_nccl_window_age_seconds", lab(uuid=stale))] == pytest.approx(PROM_MAX_AGE_S + 60)  # ... it says why
+    assert v[("fabricmon_nccl_window_age_seconds",
+              lab(uuid=stale))] == pytest.approx(PROM_MAX_AGE_S + 60)  # ... it says why
     assert v[bw(uuid=f"GPU-{uuids[0]}")] == pytest.approx(100e9)
 
 

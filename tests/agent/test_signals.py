@@ -15,6 +15,7 @@ import sys
 
 import pytest
 import yaml
+
 from support.procrig import Proc, agent_config, free_port, metrics, render_node, short_dir, topology_yaml, wait_until
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="POSIX signals and Unix sockets")

@@ -15,7 +15,8 @@ from fabricmon.proto import fabricmon_pb2 as pb
 
 def _payload(seq: int, pad: int = 0) -> bytes:
     b = NodeBatch("node-001", seq, float(seq), 1.0,
-                  deltas=(CounterDelta("fabricmon_ib_port_errors_total", (("device", "mlx5_0"), ("pad", "x" * pad)), 1.0),))
+                  deltas=(CounterDelta("fabricmon_ib_port_errors_total", (("device", "mlx5_0"), ("pad", "x" * pad)),
+                                       1.0),))
     return codec.encode_self_contained(b).SerializeToString()
 
 

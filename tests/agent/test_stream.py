@@ -18,10 +18,10 @@ from fabricmon.model import CounterDelta, Sample, Snapshot
 from fabricmon.proto import codec
 from fabricmon.proto import fabricmon_pb2 as pb
 from fabricmon.rank_timing import JobLayout, RankTiming
-from support.net import free_port
-from support.waiting import wait_until
 from support.grpcraw import raw_stream
+from support.net import free_port
 from support.streamrig import P, RecordingEngine, client, snap
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -254,7 +254,7 @@ def _pki(tmp_path):
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
 
     def key():
         return ec.generate_private_key(ec.SECP256R1())
@@ -318,7 +318,7 @@ def test_mtls_accepts_our_ca_and_refuses_another(tmp_path, engine):
             with capture_logs() as logs:
                 bad.start()
                 bad.offer(snap(2))
-                assert wait_until(lambda: bad.stats()["connect_failures_total"] >= 2)
+                assert wait_until(lambda bad=bad: bad.stats()["connect_failures_total"] >= 2)
                 bad.stop()
             assert not bad.connected and bad.stats()["connects_total"] == 0
             assert any(e["event"] == "stream_connect_failed" for e in logs)
@@ -373,7 +373,8 @@ def test_against_the_real_engine():
     try:
         assert wait_until(lambda: c.connected)
         for i in range(1, 4):
-            c.offer(Snapshot(node, 1000.0 + i, i, (Sample("fabricmon_ib_port_state", (("device", "mlx5_0"), ("port", "1")), 4.0),),
+            c.offer(Snapshot(node, 1000.0 + i, i,
+                             (Sample("fabricmon_ib_port_state", (("device", "mlx5_0"), ("port", "1")), 4.0),),
                              (CounterDelta("fabricmon_ib_port_errors_total",
                                            (("device", "mlx5_0"), ("port", "1"), ("counter", "symbol_error")), 1.0),),
                              1.0, ()))

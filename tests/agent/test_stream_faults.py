@@ -22,8 +22,8 @@ from fabricmon.aggregator.server import start_grpc_server
 from fabricmon.model import CounterDelta, Sample
 from fabricmon.proto import fabricmon_pb2 as pb
 from fabricmon.rank_timing import JobLayout, RankTiming
-from support.streamrig import P, RecordingEngine, client, snap
 from support.net import free_port
+from support.streamrig import P, RecordingEngine, client, snap
 from support.waiting import wait_until
 
 pytestmark = pytest.mark.integration

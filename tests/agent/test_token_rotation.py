@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from support.aggrig import Agent, Aggregator, Rig
-from support.waiting import wait_until
 
 from fabricmon.configload import ConfigError
+from support.aggrig import Agent, Aggregator, Rig
+from support.waiting import wait_until
 
 
 @pytest.fixture
@@ -133,10 +133,9 @@ def test_agent_sighup_rereads_its_token_file_and_reconnects_with_the_new_token(t
     """``Agent.reload`` (what the agent's SIGHUP runs) on a live agent polling a simulated node."""
     import dataclasses
 
-    from support.agentrig import SimNode, sim_agent_config
-
     from fabricmon.agent.wiring import build_live_agent
     from fabricmon.config import IntakeConfig, StreamConfig
+    from support.agentrig import SimNode, sim_agent_config
 
     shared = tmp_path / "shared.token"
     shared.write_text("first-token-aaaaaaaa\nsecond-token-bbbbbbbb\n")

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.promtools import PROMTOOL, free_port, require_binary, wait_until
 
 from fabricmon.aggregator.config import check_files, load_aggregator_config
 from fabricmon.cli import main
+from support.promtools import PROMTOOL, free_port, require_binary, wait_until
 
 TOPOLOGY = {"cluster": "test", "layout": "roce", "nodes_per_unit": 4,
             "generate": {"nodes": 4, "gpus_per_node": 8, "rails": 8}}
@@ -123,7 +123,8 @@ def test_aggregator_process_warns_when_insecure_exports_its_counters_and_stops_o
                      'fabricmon_ingest_batches_dropped_total{reason="seq_ahead"} 0.0',
                      'fabricmon_grpc_streams_refused_total{reason="identity"} 0.0',
                      'fabricmon_grpc_streams_refused_total{reason="unauthenticated"} 0.0',
-                     'fabricmon_engine_errors_total{stage="intake"} 0.0', 'fabricmon_engine_errors_total{stage="tick"} 0.0',
+                     'fabricmon_engine_errors_total{stage="intake"} 0.0',
+                     'fabricmon_engine_errors_total{stage="tick"} 0.0',
                      'fabricmon_alerts_sent_total{result="rejected"} 0.0'):
             assert line in body, line
         lint = subprocess.run([require_binary(PROMTOOL), "check", "metrics"], input=text, capture_output=True,

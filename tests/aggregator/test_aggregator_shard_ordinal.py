@@ -12,7 +12,6 @@ import yaml
 from fabricmon.aggregator.config import ConfigError, ShardSettings, load_aggregator_config
 from fabricmon.shardmap import kubernetes_aggregator
 from fabricmon.topology import generate_topology
-
 from support.paths import REPO
 
 

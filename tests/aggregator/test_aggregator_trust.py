@@ -8,6 +8,8 @@ import time
 
 import grpc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fabricmon.agent.spool import MemorySpool
 from fabricmon.agent.stream import StreamClient, TlsFiles
@@ -19,6 +21,8 @@ from fabricmon.model import CounterDelta, Sample, Snapshot
 from fabricmon.proto import codec
 from fabricmon.proto import fabricmon_pb2 as pb
 from fabricmon.topology import generate_topology
+from support.grpcraw import raw_stream
+from support.waiting import wait_until
 
 T0 = 1_764_000_000.0
 TEN_YEARS = 10 * 365 * 86400.0
@@ -372,7 +376,8 @@ def test_drops_and_refusals_are_exported_on_metrics():
                      'fabricmon_ingest_batches_dropped_total{reason="ts_ahead"} 1.0',
                      'fabricmon_ingest_rank_timings_dropped_total{reason="ts_ahead"} 0.0',
                      "fabricmon_ingest_batches_total 1.0",
-                     'fabricmon_engine_errors_total{stage="intake"} 0.0', 'fabricmon_engine_errors_total{stage="tick"} 0.0'):
+                     'fabricmon_engine_errors_total{stage="intake"} 0.0',
+                     'fabricmon_engine_errors_total{stage="tick"} 0.0'):
             assert line in body, line
         assert abs(engine.newest_ts - time.time()) < 60  # the wall clock, not the batch's
     finally:
@@ -381,11 +386,6 @@ def test_drops_and_refusals_are_exported_on_metrics():
 
 
 # ---------------------------------------------------------------- property: one node cannot move the clock
-
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from support.waiting import wait_until
-from support.grpcraw import raw_stream
 
 
 @settings(max_examples=200, deadline=None)

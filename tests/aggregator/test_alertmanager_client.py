@@ -6,12 +6,12 @@ import json
 import time
 
 import pytest
-from support.promtools import free_port, wait_until
 
 from fabricmon import components
 from fabricmon.aggregator.alertmanager import AlertmanagerClient, rfc3339
 from fabricmon.aggregator.incidents import Finding, IncidentManager
 from support.amrig import Webhook, _incident, _start_am
+from support.promtools import free_port, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -11,11 +11,11 @@ import time
 
 import pytest
 import yaml
-from support.promtools import ALERTMANAGER, Alertmanager, _start, free_port, require_binary, wait_until
-from support.amrig import Webhook, _am_config, _incident
 
 from fabricmon.aggregator.alertmanager import AlertmanagerClient
 from fabricmon.aggregator.incidents import IncidentManager
+from support.amrig import Webhook, _am_config, _incident
+from support.promtools import ALERTMANAGER, Alertmanager, _start, free_port, require_binary, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -58,7 +58,8 @@ def test_two_clustered_alertmanagers_one_stopped_mid_fault_each_alert_once(tmp_p
         t0 = time.time()
         client.submit(_incident(mgr, t0), t0)
         # every alert goes to every Alertmanager
-        wait_until(lambda: am1.get_alerts(alertname="FabricLinkErrors") and am2.get_alerts(alertname="FabricLinkErrors"),
+        wait_until(lambda: (am1.get_alerts(alertname="FabricLinkErrors")
+                            and am2.get_alerts(alertname="FabricLinkErrors")),
                    10.0, "the alert at both Alertmanagers")
         wait_until(lambda: hook.alerts("firing"), 15.0, "the firing notification")
 

@@ -36,11 +36,11 @@ class Redirector:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 outer.requests.append(("GET", self.path))
                 self._answer(200)
 
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 outer.requests.append(("POST", self.path))
                 if self.path == "/target":

@@ -16,32 +16,27 @@ from fabricmon.aggregator.config import DetectionSettings
 from fabricmon.aggregator.engine import Engine
 from fabricmon.configload import ConfigError
 from fabricmon.sim.cluster import ClusterState
-from fabricmon.sim.inmemory import BatchBuilder
+from fabricmon.sim.drive import Drive
+from fabricmon.sim.runner import SimulatedCluster
 from fabricmon.sim.scenario import ClusterSpec, Scenario, scenario_from_dict
-from fabricmon.topology import generate_topology
-
 from support.paths import REPO as ROOT
+
 T0 = 1764000000.0
 
 
 def run_engine(scn: Scenario, interval: float = 5.0, until: float | None = None):
-    """The in-memory simulator through the real engine; returns [(t, alertname, component, opened?)]."""
-    c = ClusterState(scn, epoch=T0)
-    b = BatchBuilder(c, interval, optics=True)
-    topo = generate_topology(scn.cluster.nodes, layout=scn.cluster.layout,
-                             nodes_per_unit=scn.cluster.nodes_per_unit)
-    e = Engine(topo)
-    for h in b.hellos():
-        e.hello(h)
+    """The in-memory simulator (no job) through the real engine; returns [(t, alertname, component, opened?)]."""
+    sim = SimulatedCluster(scn, mode="memory", interval=interval, epoch=T0, job=None)
+    e = Engine(sim.topology)
     events = []
-    steps = int((until or scn.duration) / interval)
-    for step in range(steps + 1):
-        if step:
-            c.advance(interval)
-        for batch in b.build():
-            e.ingest(batch)
-        for inc in e.tick(c.ts()):
-            events.append((c.t, inc.alertname, inc.component, inc.resolved_at is None, list(inc.evidence)))
+
+    def on_step(_st, changed) -> None:
+        for inc in changed:
+            events.append((sim.t, inc.alertname, inc.component, inc.resolved_at is None, list(inc.evidence)))
+
+    drive = Drive(sim, engine=e)
+    drive.connect()
+    drive.run(until, on_step=on_step)
     return events, e
 
 
@@ -161,6 +156,7 @@ def test_scenario_needs_fails_at_after_start():
     assert (gt.alertname, gt.component, gt.fails_at) == ("FabricCableDegrading", "node-001/mlx5_1/1", 300)
 
 
+@pytest.mark.integration
 def test_demo_shows_the_warning_before_the_flap(tmp_path):
     """``fabricmon demo --scenario`` with real agents over simulated trees (RoCE: the BER path)."""
     report = tmp_path / "report.json"

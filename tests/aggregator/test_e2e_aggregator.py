@@ -27,9 +27,9 @@ from fabricmon.aggregator.alertmanager import AlertmanagerClient
 from fabricmon.aggregator.engine import Engine
 from fabricmon.aggregator.runtime import AggregatorRuntime
 from fabricmon.demo.local_alertmanager import WebhookReceiver
+from fabricmon.sim.drive import Drive
 from fabricmon.sim.runner import SimulatedCluster
 from fabricmon.sim.scenario import ClusterSpec, Scenario
-
 from support.promtools import REPO, free_port, start_alertmanager, wait_until
 
 pytestmark = pytest.mark.integration
@@ -259,13 +259,9 @@ def _drive_memory(scn: Scenario, rig: AmRig) -> tuple[Engine, float, dict[str, f
 
     rt = AggregatorRuntime(eng, sender=sender, on_changed=on_changed).start()  # no gRPC: batches in memory
     try:
-        sim.start()
-        for h in sim.hellos():
-            eng.hello(h)
-        sim.on_batch = eng.ingest
-        while sim.t + 1.0 <= scn.duration + 1e-9:
-            sim.step()
-            rt.tick(sim.now())
+        drive = Drive(sim, rt)
+        drive.connect()
+        drive.run()
         assert rt.tick_errors_total == 0
         assert sender.flush(5.0), "Alertmanager client could not deliver"
     finally:
@@ -336,8 +332,8 @@ def test_degraded_leaf_is_one_alert_not_one_per_port(deploy_rig):
     scn = Scenario(_cluster(8, 4), 30.0).with_fault("leaf_degraded", unit=1, rail=2, start=8, end=25)
     eng, epoch, _ = _drive_memory(scn, rig)
     leaf = "leaf-u1-r2"
-    # The per-port findings are the leaf's evidence (they open no incident of their own), and the ranks it slows ride on the leaf's
-    # own alert (no separate SlowRanksSharedComponent): one fault, one alert.
+    # The per-port findings are the leaf's evidence (they open no incident of their own), and the ranks it
+    # slows ride on the leaf's own alert (no separate SlowRanksSharedComponent): one fault, one alert.
     got_inc = sorted((i.alertname, i.component_type, i.component) for i in eng.incidents())
     assert got_inc == [("FabricLeafDegraded", "leaf", leaf)], got_inc
     leaf_inc = eng.manager.get_open("FabricLeafDegraded", leaf) or next(

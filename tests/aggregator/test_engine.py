@@ -9,7 +9,7 @@ import pytest
 from fabricmon.aggregator.engine import LATENESS_EXPORTED_PER_JOB
 from fabricmon.batch import NodeBatch
 from fabricmon.rank_timing import RankTiming
-from support.enginerig import Cluster, T0, _port, _set_state, flaky, synced_ranks
+from support.enginerig import T0, Cluster, _port, _set_state, flaky, synced_ranks
 
 PORT = (("device", ""), ("port", "1"))
 
@@ -242,7 +242,7 @@ def test_link_down_critical_fast_then_resolves():
 def test_link_flapping():
     c = Cluster(nodes=4, nodes_per_unit=4)
     c.run(5)
-    for k in range(6):
+    for _ in range(6):
         c.step(lambda cl: _set_state(cl, "node-002", "mlx5_1", 1, 2))
         c.step(lambda cl: _set_state(cl, "node-002", "mlx5_1", 4, 5))
     assert c.incidents(alertname="FabricLinkFlapping", component="node-002/mlx5_1/1")
@@ -415,7 +415,8 @@ def test_whole_node_slow_with_throttled_gpus_still_pages():
 
     def throttle(cl: Cluster) -> None:
         for g in range(8):
-            cl.feeds["node-004"].gauge("fabricmon_gpu_throttle_reason", (("gpu", str(g)), ("reason", "HwThermalSlowdown")),
+            cl.feeds["node-004"].gauge("fabricmon_gpu_throttle_reason",
+                                       (("gpu", str(g)), ("reason", "HwThermalSlowdown")),
                                        1.0)
     c.run(30, throttle)
     got = {(i.alertname, i.component_type, i.component) for i in c.engine.incidents()}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fabricmon import components
 from fabricmon.aggregator.config import DetectionSettings
-from fabricmon.aggregator.state import LinkState
 from fabricmon.aggregator.folding import LeafFolder
 from fabricmon.aggregator.incidents import Finding, IncidentManager, Relation
+from fabricmon.aggregator.state import LinkState
 
 LEAF = components.leaf("leaf-u0-r2", 2)
 S = DetectionSettings()

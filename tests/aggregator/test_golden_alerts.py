@@ -19,17 +19,18 @@ import time
 from pathlib import Path
 
 import pytest
-from support.goldenfile import match_golden
-from support.promtools import REPO, start_alertmanager
-from support.waiting import wait_until
 
 from fabricmon.aggregator.alertmanager import AlertmanagerClient
 from fabricmon.aggregator.engine import Engine
 from fabricmon.aggregator.runtime import AggregatorRuntime
 from fabricmon.demo.local_alertmanager import WebhookReceiver
+from fabricmon.sim.drive import Drive
 from fabricmon.sim.runner import SimulatedCluster
 from fabricmon.sim.scenario import default_scenario, load_scenario
 from support import paths
+from support.goldenfile import match_golden
+from support.promtools import REPO, start_alertmanager
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 GOLDEN = paths.GOLDEN / "alerts"
@@ -37,6 +38,8 @@ SCENARIOS = {
     "default": lambda: default_scenario(nodes=32, duration=100, nodes_per_unit=16, seed=7),
     "cable-then-leaf": lambda: load_scenario(REPO / "examples/scenarios/cable-then-leaf.yaml"),
     "cable_degrading": lambda: load_scenario(REPO / "examples/scenarios/cable_degrading.yaml"),
+    # an imported fat tree: the leaf by its name, no rail label
+    "fat-tree-leaf": lambda: load_scenario(REPO / "examples/scenarios/fat-tree-leaf.yaml"),
 }
 AM_CONFIG = {
     "route": {"receiver": "hook", "group_by": ["cluster", "alertname", "component"], "group_wait": "0s",
@@ -81,13 +84,9 @@ def _webhook_alerts(scn, tmp_path: Path, with_status: bool = False) -> list:
     sender = AlertmanagerClient([am.url], cluster="golden", resend_seconds=300.0)
     rt = AggregatorRuntime(engine, sender=sender).start()
     try:
-        sim.start()
-        for h in sim.hellos():
-            engine.hello(h)
-        sim.on_batch = engine.ingest
-        while sim.t + sim.interval <= scn.duration + 1e-9:
-            sim.step()
-            rt.tick(sim.now())
+        drive = Drive(sim, rt)
+        drive.connect()
+        drive.run()
         sender.flush(5.0)
         want = {(i.alertname, i.component, "firing" if i.open else "resolved") for i in engine.incidents()}
 

@@ -17,12 +17,12 @@ import time
 
 import pytest
 import yaml
-from support.procrig import REPO, free_port, http_get, wait_until
 
 from fabricmon.agent.spool import MemorySpool
 from fabricmon.agent.stream import StreamClient
 from fabricmon.batch import NodeHello
 from fabricmon.model import Snapshot
+from support.procrig import REPO, free_port, http_get, wait_until
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_NOFILE and Linux sockets")
 

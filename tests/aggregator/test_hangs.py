@@ -7,19 +7,19 @@ import os
 import tempfile
 
 import pytest
-from support.waiting import wait_until
 
 from fabricmon.agent.intake import RankIntake
 from fabricmon.aggregator.engine import Engine
 from fabricmon.aggregator.hangs import HeartbeatTracker
 from fabricmon.batch import NodeBatch
 from fabricmon.client import start_heartbeat
-from fabricmon.demo.wire import CodecWire
 from fabricmon.proto import fabricmon_pb2 as pb
 from fabricmon.proto.codec import MalformedBatch, SeriesDecoder, SeriesEncoder
 from fabricmon.rank_timing import Heartbeat, RankTimingError, heartbeat_json, parse_line
+from fabricmon.sim.drive import Drive
 from fabricmon.sim.runner import SimulatedCluster
 from fabricmon.sim.scenario import scenario_from_dict
+from support.waiting import wait_until
 
 pytest.importorskip("numpy")
 
@@ -100,14 +100,9 @@ def test_rank_hang_is_job_hung_on_that_rank_within_60_s_and_checkpoints_and_rest
     scn = scenario_from_dict(SCN, "hang.yaml")
     sim = SimulatedCluster(scn, mode="memory", epoch=1_764_000_000.0)
     engine = Engine(sim.topology, cluster="t")
-    wire = CodecWire(engine.hello, engine.ingest, engine.read_delta_families)
-    sim.start()
-    for h in sim.hellos():
-        wire.connect(h)
-    sim.on_batch = wire.deliver
-    while sim.t + 1 <= scn.duration:
-        sim.step()
-        engine.tick(sim.now())
+    drive = Drive(sim, engine=engine, wire=True)
+    drive.connect()
+    drive.run()
     incs = engine.incidents()
     assert [(i.alertname, i.component, i.severity) for i in incs] == [("JobHung", "node-010/gpu5", "critical")]
     i = incs[0]

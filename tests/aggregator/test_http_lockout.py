@@ -14,11 +14,11 @@ import socket
 import threading
 
 import pytest
-from support.waiting import wait_until
 
 from fabricmon.agent.intake import RankIntake
 from fabricmon.httpserve import RoutedHTTPServer
 from fabricmon.webconfig import WebConfig
+from support.waiting import wait_until
 
 BODY = b"# a /metrics body of a busy aggregator\n" + b"fabricmon_x{a=\"b\"} 1\n" * 3000  # ~66 KB
 

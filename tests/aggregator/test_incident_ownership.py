@@ -13,7 +13,6 @@ from __future__ import annotations
 import inspect
 
 import pytest
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -55,7 +54,7 @@ def _finding(key, fire, keep, hold) -> Finding:
        holds=st.tuples(*[st.sampled_from([0.0, 1.0, 2.0, 5.0])] * len(KEYS)),
        step=st.sampled_from([0.5, 1.0, 2.0]))
 def test_one_owner_reports_every_change_and_every_firing_alert_resolves(ticks, holds, step):
-    hold = dict(zip(KEYS, holds))
+    hold = dict(zip(KEYS, holds, strict=True))
     m = IncidentManager(default_hold_s=15.0)
     reported: dict[str, list[str]] = {}  # incident id -> what the sender heard, in order
     last_evidence: dict[tuple[str, str], float] = {}
@@ -63,7 +62,7 @@ def test_one_owner_reports_every_change_and_every_firing_alert_resolves(ticks, h
     now = 1000.0
     for verdicts, edges in list(ticks) + tail:
         now += step
-        findings = [_finding(k, *v, hold[k]) for k, v in zip(KEYS, verdicts) if v is not None]
+        findings = [_finding(k, *v, hold[k]) for k, v in zip(KEYS, verdicts, strict=True) if v is not None]
         relations = [Relation(*EDGES[i]) for i in sorted(edges)]
         parent_of = {r.child: r.parent for r in relations}
         present = {(f.alertname, f.component) for f in findings if f.fire or f.keep}

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
-from support.amrig import Webhook, _start_am
-from support.enginerig import Cluster, _port, _set_state
-from support.waiting import wait_until
 
 from fabricmon import components
 from fabricmon.aggregator import incident_store
 from fabricmon.aggregator.alertmanager import AlertmanagerClient
 from fabricmon.aggregator.service import resume_incidents
 from fabricmon.components import Component, Kind
+from support.amrig import Webhook, _start_am
+from support.enginerig import Cluster, _port, _set_state
+from support.waiting import wait_until
 
 LINK = "node-001/mlx5_6/1"
 
@@ -85,7 +85,8 @@ def test_a_restart_neither_fires_again_nor_forgets_to_resolve(tmp_path, rig, sti
     state, first_id = _first_life(tmp_path, am)
     assert wait_until(lambda: _statuses(hook) == ["firing"], 10), _statuses(hook)
     saved = json.loads(Path(state).read_text())
-    assert [(r["alertname"], r["component"], r["id"]) for r in saved["incidents"]] == [("FabricLinkDown", LINK, first_id)]
+    assert [(r["alertname"], r["component"], r["id"]) for r in saved["incidents"]] == [("FabricLinkDown", LINK,
+                                                                                        first_id)]
     assert saved["incidents"][0]["sent"]["labels"]["component"] == LINK
     # The second life: the same topology, a fresh engine and sender, the state file.
     b = Cluster(nodes=4, nodes_per_unit=4)
@@ -151,3 +152,18 @@ def test_a_stored_id_parses_back_to_the_component_the_engine_keys_it_by(tmp_path
     assert [e["error"] for e in logs] == ["incidents[0].component: 'node-001/mlx5_6' is no link id"], logs
     bad.write_text(json.dumps({"schema": 1, "incidents": [{**rec, "component": LINK}]}))
     assert [i.component for i, _ in incident_store.load(bad)] == [LINK]
+
+
+def test_a_state_directory_not_made_yet_is_made_at_the_first_save(tmp_path):
+    """systemd's StateDirectory= exists only once the unit has started, after an install's check-config:
+    a directory that does not exist yet passes when it can be made, and the first save makes it (0700)."""
+    from fabricmon.aggregator.config import state_dir_problem
+
+    later = tmp_path / "var" / "lib" / "fabricmon-aggregator"
+    assert state_dir_problem(later) is None
+    incident_store.save(later / "incidents.json", [], {})
+    assert later.is_dir() and (later.stat().st_mode & 0o777) == 0o700
+    assert json.loads((later / "incidents.json").read_text())["incidents"] == []
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert "is not a directory" in (state_dir_problem(blocker / "state") or "")

@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fabricmon.aggregator.http_api import AggregatorCollector
-from support.promtools import PROMTOOL, require_binary
 from support.enginerig import Cluster, flaky
+from support.promtools import PROMTOOL, require_binary
 
 
 def _scrape(engine) -> tuple[bytes, dict[str, list]]:

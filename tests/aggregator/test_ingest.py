@@ -9,8 +9,6 @@ blinding a detector silently.
 
 from __future__ import annotations
 
-from support.simrig import faults_for
-
 from fabricmon.aggregator.config import DetectionSettings
 from fabricmon.aggregator.engine import Engine
 from fabricmon.aggregator.ingest import DELTA_ROUTES, GAUGE_ROUTES, Route, _at
@@ -20,6 +18,7 @@ from fabricmon.sim.cluster import ClusterState
 from fabricmon.sim.inmemory import BatchBuilder
 from fabricmon.sim.scenario import ClusterSpec, Scenario
 from fabricmon.topology import generate_topology
+from support.simrig import faults_for
 
 
 def test_positions_are_resolved_by_name_from_specs():
@@ -62,7 +61,8 @@ def test_a_batch_becomes_typed_events_on_its_components():
     ns = e.nodes["node-001"]
     flaky = ns.links[("mlx5_3", "1")]  # flaky_cable on rail 3 from t=2
     assert flaky.id.id == "node-001/mlx5_3/1" and flaky in e.active_links
-    assert {k for _, k, _, _ in flaky.ev} >= {LinkEvent.ERR} and all(isinstance(k, LinkEvent) for _, k, _, _ in flaky.ev)
+    assert {k for _, k, _, _ in flaky.ev} >= {LinkEvent.ERR} and all(isinstance(k, LinkEvent) for _, k, _,
+                                                                     _ in flaky.ev)
     gpu = ns.gpus["2"]  # nvlink_errors on GPU 2, NVLink 5
     assert any(k is GpuEvent.NVLINK_ERR and sub == 5 for _, k, _, sub in gpu.ev), list(gpu.ev)
     assert Route.PMA_ERRORS is DELTA_ROUTES["fabricmon_ib_port_errors_total"][0]

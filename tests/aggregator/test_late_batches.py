@@ -5,11 +5,11 @@ fired once and resolved once, instead of resolved between batches and fired agai
 from __future__ import annotations
 
 import pytest
-from support.enginerig import T0, Cluster, flaky
 
 from fabricmon import components
 from fabricmon.aggregator.incidents import Finding
 from fabricmon.aggregator.lateness import HOLD_INTERVALS, node_time, scale_holds
+from support.enginerig import T0, Cluster, flaky
 
 
 def test_node_time_and_hold_floor():

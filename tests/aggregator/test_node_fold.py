@@ -6,11 +6,11 @@ Alertmanager 0.25 and its webhook."""
 from __future__ import annotations
 
 import pytest
+
+from fabricmon.aggregator.alertmanager import AlertmanagerClient
 from support.amrig import Webhook, _start_am
 from support.enginerig import Cluster, _port, _set_state
 from support.waiting import wait_until
-
-from fabricmon.aggregator.alertmanager import AlertmanagerClient
 
 
 def _down(node: str, devices: list[str]):

@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 import pytest
-from support.promtools import live_fabric, running_alertmanager, wait_until
-from support.mixin import _mixin
 
 from fabricmon.aggregator.alertmanager import AlertmanagerClient
 from fabricmon.demo.local_alertmanager import WebhookReceiver
+from support.mixin import _mixin
+from support.promtools import live_fabric, running_alertmanager, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

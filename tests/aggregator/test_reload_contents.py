@@ -11,10 +11,10 @@ import shutil
 
 import pytest
 import yaml
-from support.aggrig import Agent, Aggregator, Rig, link_errors, topology_doc
-from support.waiting import wait_until
 
 from fabricmon.agent.stream import TlsFiles
+from support.aggrig import Agent, Aggregator, Rig, link_errors, topology_doc
+from support.waiting import wait_until
 
 pytest.importorskip("cryptography", reason="the TLS test makes its certificates with cryptography")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
+
 from support.aggrig import Aggregator, Rig
 from support.waiting import wait_until
 

@@ -5,10 +5,10 @@ FabricmonAgentDown, while its agent reconnects and replays a spool older than th
 from __future__ import annotations
 
 import pytest
-from support.enginerig import T0, Cluster
 
 from fabricmon.aggregator.agents_down import restart_grace
 from fabricmon.aggregator.config import DetectionSettings
+from support.enginerig import T0, Cluster
 
 
 def test_grace_is_max_of_60s_and_5_intervals():

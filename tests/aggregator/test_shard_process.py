@@ -12,12 +12,12 @@ import sys
 
 import pytest
 import yaml
-from support.procrig import Proc, free_port, metrics, wait_until
 
 from fabricmon.sim.cluster import ClusterState
 from fabricmon.sim.hw import NGPU, NRAILS
 from fabricmon.sim.scenario import ClusterSpec, Scenario
 from fabricmon.sim.tree import NodeTree
+from support.procrig import Proc, free_port, metrics, wait_until
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="POSIX signals")
 pytest.importorskip("numpy", reason="the aggregator needs numpy (fabricmon[aggregator])")

@@ -16,7 +16,11 @@ from fabricmon.model import CounterDelta, Sample, Snapshot
 from fabricmon.proto import codec
 from fabricmon.proto import fabricmon_pb2 as pb
 from fabricmon.proto.subscription import (
-    MAX_FAMILIES, BadSubscription, Subscription, filter_batch, subscription_from_pb,
+    MAX_FAMILIES,
+    BadSubscription,
+    Subscription,
+    filter_batch,
+    subscription_from_pb,
 )
 from support.grpcraw import raw_stream
 from support.waiting import wait_until

@@ -17,9 +17,6 @@ import threading
 
 import pytest
 import yaml
-from support.agentrig import http_get
-from support.procrig import Proc, free_port, metrics, wait_until
-from support.enginerig import T0, Cluster, flaky
 
 from fabricmon.aggregator.engine import Engine
 from fabricmon.sim.cluster import ClusterState
@@ -27,6 +24,9 @@ from fabricmon.sim.hw import NGPU, NRAILS
 from fabricmon.sim.scenario import ClusterSpec, Fault, Scenario
 from fabricmon.sim.tree import NodeTree
 from fabricmon.topology import generate_topology
+from support.agentrig import http_get
+from support.enginerig import T0, Cluster, flaky
+from support.procrig import Proc, free_port, metrics, wait_until
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="POSIX processes")
 pytest.importorskip("numpy", reason="the aggregator needs numpy (fabricmon[aggregator])")
@@ -45,6 +45,7 @@ def _incidents(port: int) -> list[dict]:
     return json.loads(body) if code == 200 else []
 
 
+@pytest.mark.integration
 def test_agent_with_unknown_hostname_gets_its_flaky_cable_alerted(tmp_path):
     (tmp_path / "topology.yaml").write_text(yaml.safe_dump({
         "cluster": "prod", "layout": SPEC.layout, "nodes_per_unit": SPEC.nodes_per_unit,

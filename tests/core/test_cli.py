@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.procrig import REPO, Proc, agent_config, busy_port, free_port, metrics, render_node, short_dir, wait_until
 
 from fabricmon.cli import build_parser, main
+from support.procrig import REPO, Proc, agent_config, busy_port, free_port, metrics, render_node, short_dir, wait_until
 
 SYSTEMD = REPO / "systemd"
 

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from support.enginerig import Cluster, flaky, synced_ranks
-
 from fabricmon import components
 from fabricmon.aggregator.engine import Engine
 from fabricmon.components import Kind
 from fabricmon.topology import Topology, load_topology
+from support.enginerig import Cluster, flaky, synced_ranks
 
 
 def _named_leaves(topo: Topology) -> Topology:

@@ -35,7 +35,8 @@ def test_hyphenated_keys_as_on_the_command_line(tmp_path):
 @pytest.mark.parametrize(
     "text, expected",
     [
-        ("sources:\n  ethtool:\n    allow: ['ok', '(bad']\n", "agent.yaml: sources.ethtool.allow[1]: not a valid regex"),
+        ("sources:\n  ethtool:\n    allow: ['ok', '(bad']\n",
+         "agent.yaml: sources.ethtool.allow[1]: not a valid regex"),
         ("interval: fast\n", "agent.yaml: interval: expected a number, got 'fast'"),
         ("interval: -1\n", "agent.yaml: interval: must be > 0"),
         ("listen: nowhere\n", "agent.yaml: listen: expected HOST:PORT"),
@@ -97,9 +98,11 @@ def test_check_config_ok(tmp_path):
         ("interval: 1" + "0" * 400 + "\n", "agent.yaml: interval: number too large"),
         ("sources:\n  nvml:\n    timeout: .nan\n", "agent.yaml: sources.nvml.timeout: must be a finite number"),
         ("sources:\n  ethtool:\n    timeout: 1.0e+9\n", "agent.yaml: sources.ethtool.timeout: must be <= 600"),
-        ("sources:\n  fabric_config:\n    timeout: 1.0e+400\n", "agent.yaml: sources.fabric_config.timeout: must be a finite"),
+        ("sources:\n  fabric_config:\n    timeout: 1.0e+400\n",
+         "agent.yaml: sources.fabric_config.timeout: must be a finite"),
         ("sources:\n  host:\n    timeout: -0.5\n", "agent.yaml: sources.host.timeout: must be > 0"),
-        ("sources:\n  infiniband:\n    expected_ports: -1\n", "agent.yaml: sources.infiniband.expected_ports: must be >= 0"),
+        ("sources:\n  infiniband:\n    expected_ports: -1\n",
+         "agent.yaml: sources.infiniband.expected_ports: must be >= 0"),
         ("profile:\n  rate_gbps: .nan\n", "agent.yaml: profile.rate_gbps: must be a finite number"),
         ("profile:\n  rate_gbps: -400\n", "agent.yaml: profile.rate_gbps: must be > 0"),
         ("profile:\n  mtu: -9000\n", "agent.yaml: profile.mtu: must be >= 68"),

@@ -19,7 +19,6 @@ import sys
 import types
 import typing
 
-
 from fabricmon.configload import ConfigError
 from support.promtools import REPO
 

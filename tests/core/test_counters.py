@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,7 +16,8 @@ def _track(values, semantics, width, group="dev/1"):
     totals, deltas = [], []
     for i, v in enumerate(values):
         samples, ds, sat = t.process([reading("fabricmon_rdma_hw_stat_total", v, semantics=semantics,
-                                              width=width, group=group, device="mlx5_0", port="1", counter="x")], float(i))
+                                              width=width, group=group, device="mlx5_0", port="1", counter="x")],
+                                     float(i))
         totals.append(samples[0].value)
         deltas.append(sum(d.delta for d in ds))
     return totals, deltas
@@ -33,7 +36,7 @@ def test_wrapping_counter_total_equals_true_count(start, incs):
     totals, deltas = _track(values, Semantics.WRAPPING, 32)
     assert totals[-1] == start + sum(incs)
     assert deltas[1:] == [float(i) for i in incs]
-    assert all(b >= a for a, b in zip(totals, totals[1:]))
+    assert all(b >= a for a, b in pairwise(totals))
 
 
 @given(before=st.lists(st.integers(0, 2**40), min_size=1, max_size=10),
@@ -44,10 +47,10 @@ def test_monotonic_reset_never_goes_backwards_or_spikes(before, after):
     second = sorted(after)
     values = first + second
     totals, deltas = _track(values, Semantics.MONOTONIC, 64)
-    assert all(b >= a for a, b in zip(totals, totals[1:]))
+    assert all(b >= a for a, b in pairwise(totals))
     assert all(d >= 0 for d in deltas)
     # No delta ever exceeds what the raw values can justify: a reset counts ``new`` at most.
-    for prev, cur, d in zip(values, values[1:], deltas[1:]):
+    for (prev, cur), d in zip(pairwise(values), deltas[1:], strict=True):
         assert d == (cur - prev if cur >= prev else cur)
 
 
@@ -60,12 +63,13 @@ def test_saturating_counter_pins_and_reports_saturation(width, incs):
         true += inc
         raw = min(true, limit)  # hardware pins, never wraps
         samples, _, sat = t.process([reading("fabricmon_ib_port_errors_total", raw, semantics=Semantics.SATURATING,
-                                             width=width, group="d/1", device="mlx5_0", port="1", counter="c")], float(i))
+                                             width=width, group="d/1", device="mlx5_0", port="1", counter="c")],
+                                    float(i))
         totals.append(samples[0].value)
         sat_flags.append(sat[0].value)
     assert totals[-1] == min(true, limit)
     assert sat_flags[-1] == (1.0 if true >= limit else 0.0)
-    assert all(b >= a for a, b in zip(totals, totals[1:]))
+    assert all(b >= a for a, b in pairwise(totals))
 
 
 @given(old=st.integers(0, 2**32 - 1), new=st.integers(0, 2**32 - 1))
@@ -117,7 +121,8 @@ def test_wrap_without_reset_evidence_is_a_wrap():
 
 def test_vanished_series_state_is_evicted_after_a_while():
     t = CounterTracker(evict_after_seconds=10)
-    t.process([reading("fabricmon_ib_port_receive_bytes_total", 5, semantics=Semantics.MONOTONIC, device="a", port="1")], 0.0)
+    t.process([reading("fabricmon_ib_port_receive_bytes_total", 5, semantics=Semantics.MONOTONIC, device="a",
+                       port="1")], 0.0)
     t.process([], 5.0)
     assert len(t) == 1
     t.process([], 11.0)

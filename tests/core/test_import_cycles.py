@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import functools
 from pathlib import Path
+
 from support.paths import REPO
 
 PACKAGE = REPO / "fabricmon"

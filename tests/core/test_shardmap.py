@@ -10,10 +10,14 @@ import yaml
 
 from fabricmon.configload import ConfigError
 from fabricmon.shardmap import (
-    aggregator_for_unit, check_ownership, kubernetes_aggregator, load_shard_map, ownership_problems, units_of_ordinal,
+    aggregator_for_unit,
+    check_ownership,
+    kubernetes_aggregator,
+    load_shard_map,
+    ownership_problems,
+    units_of_ordinal,
 )
 from fabricmon.topology import generate_topology
-
 from support.paths import REPO
 
 

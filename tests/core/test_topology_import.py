@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import structlog
 import yaml
-from support.topology_fabrics import FABRICS
 
 from fabricmon.cli import main
 from fabricmon.configload import ConfigError
@@ -24,6 +23,7 @@ from fabricmon.topology_import.naming import CaKind, ca_name, switch_name
 from fabricmon.topology_import.nodemap import NodeMapError, parse_node_name_map
 from fabricmon.topology_import.run import import_topology
 from support.paths import FIXTURES
+from support.topology_fabrics import FABRICS
 
 FIX = FIXTURES / "topology_import"
 PUBLIC = FIX / "public"
@@ -280,7 +280,8 @@ def test_ibnetdiscover_against_ibsim_live(tmp_path) -> None:
     try:
         deadline = time.monotonic() + 10
         while True:
-            run = subprocess.run(["ibsim-run", "ibnetdiscover"], check=False, cwd=tmp_path, capture_output=True, text=True,
+            run = subprocess.run(["ibsim-run", "ibnetdiscover"], check=False, cwd=tmp_path, capture_output=True,
+                                 text=True,
                                  timeout=10)
             if run.returncode == 0 or time.monotonic() > deadline:
                 break
@@ -318,8 +319,10 @@ def test_lldp_import(tmp_path, capsys) -> None:
     doc = yaml.safe_load(out.read_text())
     assert doc["layout"] == "roce" and doc["rail_optimized"] is True
     nics = {(n["name"], c["interface"]): (c["leaf"], c["rail"], c["device"]) for n in doc["nodes"] for c in n["nics"]}
-    assert nics == {("gpu-a17-03", "ens3f0np0"): ("leaf-r0", 0, None), ("gpu-a17-03", "ens3f1np1"): ("leaf-r1", 1, None),
-                    ("gpu-a17-04", "ens3f0np0"): ("leaf-r0", 0, None), ("gpu-a17-04", "ens3f1np1"): ("leaf-r1", 1, None),
+    assert nics == {("gpu-a17-03", "ens3f0np0"): ("leaf-r0", 0, None),
+                    ("gpu-a17-03", "ens3f1np1"): ("leaf-r1", 1, None),
+                    ("gpu-a17-04", "ens3f0np0"): ("leaf-r0", 0, None),
+                    ("gpu-a17-04", "ens3f1np1"): ("leaf-r1", 1, None),
                     ("gpu-a17-05", "ens3f0np0"): ("leaf-r0", 0, None)}
     # leaf-r0.json is the switch's own capture: its uplink neighbor is its spine; leaf-r1 gave none
     assert doc["leaves"] == {"leaf-r0": {"spines": ["spine-1"]}, "leaf-r1": {"spines": []}}

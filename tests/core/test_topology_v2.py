@@ -52,7 +52,8 @@ def test_v2_rail_optimized_lookups(tmp_path) -> None:
     assert topo.path_of_gpu("gpu-a17-03", 1)[Kind.LINK].leaf == "leaf-a1"
     assert topo.labels_of_link("gpu-a17-05", "mlx5_3") == {"node": "gpu-a17-05", "rail": "3", "leaf": "leaf-b1"}
     assert topo.spines_of("leaf-a0") == ("spine-a2", "switch-b8cef60300f00040")
-    assert topo.units() == [0, 1] and topo.unit_of("gpu-a17-03") == topo.unit_of("gpu-a17-05") != topo.unit_of("gpu-b02")
+    assert topo.units() == [0,
+                            1] and topo.unit_of("gpu-a17-03") == topo.unit_of("gpu-a17-05") != topo.unit_of("gpu-b02")
     # "gpu-a17-04 HCA-1": no device until the agent's fabricmon_ib_port_info names it by node GUID
     spec = topo.nodes["gpu-a17-04"]
     assert spec.nics == () and len(spec.unbound) == 4
@@ -97,7 +98,8 @@ def test_generate_and_version_1_still_load(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("edit,problem", [
-    (lambda d: d["nodes"][0]["nics"][0].update(leaf="nowhere"), "nodes[0].nics[0].leaf: 'nowhere' is not under leaves:"),
+    (lambda d: d["nodes"][0]["nics"][0].update(leaf="nowhere"),
+     "nodes[0].nics[0].leaf: 'nowhere' is not under leaves:"),
     (lambda d: d["nodes"][0]["nics"][1].update(rail=None), "nodes[0].nics[1].rail: null, but rail_optimized is true"),
     (lambda d: d["nodes"][1]["nics"][0].update(node_guid=d["nodes"][0]["nics"][0]["node_guid"]),
      "nodes[1].nics[0].node_guid"),
@@ -159,10 +161,9 @@ def test_engine_runs_unchanged_on_imported_topologies_and_labels_the_named_leaf(
                                                                                 rail) -> None:
     """The aggregator's engine (not edited here) takes a version-2 topology through the Topology interface:
     a flaky cable is alerted with its imported leaf name, and without a rail label on a fat tree."""
-    from support.enginerig import T0, Feed, flaky
-
     from fabricmon.aggregator.config import DetectionSettings
     from fabricmon.aggregator.engine import Engine
+    from support.enginerig import T0, Feed, flaky
 
     topo = load_topology(imported(tmp_path, out))
     engine = Engine(topo, DetectionSettings())

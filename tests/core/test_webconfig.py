@@ -13,15 +13,15 @@ import subprocess
 
 import pytest
 import yaml
-from support.certs import make_pki
-from support.procrig import Proc, agent_config, free_port, render_node, short_dir, topology_yaml, wait_until
-from support.promtools import find_binary
 
 from fabricmon.aggregator.engine import Engine
 from fabricmon.aggregator.http_api import HttpApi
 from fabricmon.configload import ConfigError
 from fabricmon.topology import load_topology
 from fabricmon.webconfig import load_web_config
+from support.certs import make_pki
+from support.procrig import Proc, agent_config, free_port, render_node, short_dir, topology_yaml, wait_until
+from support.promtools import find_binary
 
 bcrypt = pytest.importorskip("bcrypt", reason="basic_auth_users needs the bcrypt package")
 
@@ -219,6 +219,7 @@ def test_client_cert_required(tmp_path) -> None:
 
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(find_binary(("prometheus",)) is None, reason="prometheus not installed")
 def test_real_prometheus_scrapes_over_tls_with_basic_auth(tmp_path) -> None:
     """Prometheus (Go's TLS, basic auth and gzip reader: it sends Accept-Encoding: gzip) scrapes the
@@ -226,11 +227,10 @@ def test_real_prometheus_scrapes_over_tls_with_basic_auth(tmp_path) -> None:
     import json
     import urllib.parse
 
-    from support.promtools import http as prom_http
-    from support.promtools import prometheus_config, running_prometheus
-
     from fabricmon.agent.runtime import build_agent
     from fabricmon.sim.agents import sim_agent_config
+    from support.promtools import http as prom_http
+    from support.promtools import prometheus_config, running_prometheus
 
     web_path, ca = _web(tmp_path)
     web = load_web_config(web_path)

@@ -40,9 +40,9 @@ def test_group_by_and_every_inhibition_has_equal() -> None:
         names = re.findall(r"[A-Z][A-Za-z]+", " ".join(rule["source_matchers"] + rule["target_matchers"]))
         assert set(names) <= DESIGN_ALERTS, names
     pairs = {(tuple(r["source_matchers"]), tuple(r["target_matchers"])): r["equal"] for r in rules}
-    assert pairs[(('alertname="FabricLinkDown"',),
-                  ('alertname=~"FabricLinkErrors|FabricLinkFlapping|FabricLinkDegraded|FabricCableDegrading|RDMARetransmits"',))] \
-        == ["cluster", "component"]
+    link_symptoms = ('alertname=~"FabricLinkErrors|FabricLinkFlapping|FabricLinkDegraded|FabricCableDegrading'
+                     '|RDMARetransmits"')
+    assert pairs[(('alertname="FabricLinkDown"',), (link_symptoms,))] == ["cluster", "component"]
     assert pairs[(('alertname=~"NVLinkDown|GPUXidFatal"',), ('alertname=~"NVLinkErrors|StragglerRank"',))] \
         == ["cluster", "node", "gpu"]
     # Scoped to the ranks that use the shared component (tests/deploy/test_alertmanager_inhibitions.py).
@@ -74,7 +74,7 @@ def test_routes(labels: dict, receiver: str) -> None:
 
 
 def _alert(**labels: str) -> dict:
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     return {"labels": {"cluster": "test", **labels},
             "annotations": {"summary": "test"},
             "startsAt": now.isoformat(),

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 import yaml
-from support.promtools import REPO, running_alertmanager, wait_until
 
 from fabricmon.demo.local_alertmanager import WebhookReceiver
+from support.promtools import REPO, running_alertmanager, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -14,9 +14,9 @@ import re
 
 import pytest
 import yaml
-from support.promtools import REPO, amtool, running_alertmanager, wait_until
 
 from fabricmon.aggregator.incidents import SEVERITY
+from support.promtools import REPO, amtool, running_alertmanager, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +42,8 @@ CASES = [
      {"SlowRanksSharedComponent leaf-u1-r3", "StragglerRank node-040/gpu3", "StragglerRank node-018/gpu3"}),
     ("shared GPU hides only the ranks on that GPU",
      [{"cluster": "c2", "alertname": "SlowRanksSharedComponent", "severity": "critical", "component_type": "gpu",
-           "component": "node-040/gpu2", "node": "node-040", "gpu": "2", "rail": "2", "leaf": "leaf-u2-r2", "hpc_job": "llm-a"},
+           "component": "node-040/gpu2", "node": "node-040", "gpu": "2", "rail": "2", "leaf": "leaf-u2-r2",
+       "hpc_job": "llm-a"},
       _straggler("c2", "node-040", 2, "llm-a", 2),
       _straggler("c2", "node-040", 5, "llm-a", 2),      # same node, another GPU
       _straggler("c2", "node-041", 2, "llm-a", 2)],     # same leaf, another node

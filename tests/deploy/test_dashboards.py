@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from support.promtools import REPO, promtool
 from support.dashboards import AGGREGATOR_METRICS, _panels, metric_names
+from support.promtools import REPO, promtool
 
 DASH = REPO / "dashboards"
 JSON_DIR = DASH / "json"
@@ -114,9 +114,11 @@ def test_fabric_map_points_at_the_fault() -> None:
     every dashboard overlays open incidents as annotations; the existing views link nodes to the node view."""
     d = _dashboards()["fabricmon-fabric.json"]
     panels = {p["title"]: p for p in _panels(d)}
-    grid = panels["Worst open incident: scalable unit x rail"]
-    assert grid["type"] == "table" and grid["transformations"][0]["id"] == "groupingToMatrix"
+    grid = panels["Worst open incident per leaf"]  # keyed by the leaf's own name, not a leaf-u<U>-r<R> pattern
+    assert grid["type"] == "table" and grid["transformations"][0]["id"] == "organize"
     assert "fabricmon_incident_open" in grid["targets"][0]["expr"] and grid["targets"][0]["instant"]
+    assert "leaf-u" not in json.dumps([grid["targets"], grid["transformations"]])
+    assert any("var-leaf=${__data.fields.leaf}" in link["url"] for link in grid["fieldConfig"]["defaults"]["links"])
     leaves = panels["Leaves: worst open incident"]
     assert leaves["type"] == "status-history"
     urls = [link["url"] for link in leaves["fieldConfig"]["defaults"]["links"]]
@@ -129,7 +131,8 @@ def test_fabric_map_points_at_the_fault() -> None:
     for name, dash in _dashboards().items():
         assert any("fabricmon_incident_open" in e for e in _annotation_exprs(dash)), f"{name}: no incident annotations"
     for name in ("fabricmon-overview.json", "fabricmon-job.json"):
-        assert any(link["url"].startswith("/d/fabricmon-node/?var-node=") for _, link in _links(_dashboards()[name])), name
+        assert any(link["url"].startswith("/d/fabricmon-node/?var-node=") for _,
+                   link in _links(_dashboards()[name])), name
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in JSON_DIR.glob("*.json")))

@@ -13,8 +13,9 @@ import json
 from pathlib import Path
 
 import pytest
-from support.promtools import REPO, RULE_FILES, live_fabric, wait_until
+
 from support.promlive import substitute
+from support.promtools import REPO, RULE_FILES, live_fabric, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -43,7 +44,7 @@ def test_fabric_map_reads_no_data_with_the_aggregator_down(tmp_path: Path) -> No
 
     panels = _incident_panels()
     # the grid, the leaves' and the nodes' worst incident (spines/rails exist only while one is open)
-    assert {p["title"] for p in panels} >= {"Worst open incident: scalable unit x rail",
+    assert {p["title"] for p in panels} >= {"Worst open incident per leaf",
                                             "Leaves: worst open incident", "Nodes: worst open incident"}
     scn = Scenario(ClusterSpec(8, "roce", 4, seed=3), 120.0)
     with live_fabric(scn, tmp_path, rule_files=RULE_FILES, aggregator=False, probe=False,
@@ -60,7 +61,7 @@ def test_fabric_map_reads_no_data_with_the_aggregator_down(tmp_path: Path) -> No
                 for r in prom.query(substitute(t["expr"])):
                     cells.setdefault(p["title"], []).append(_mapped(float(r["value"][1]), mappings))
         assert lf.errors == [], lf.errors
-    assert len(cells["Worst open incident: scalable unit x rail"]) == 16  # 2 units x 8 rails
+    assert len(cells["Worst open incident per leaf"]) == 16  # 2 units x 8 rails: one row per leaf
     assert len(cells["Leaves: worst open incident"]) == 16
     assert len(cells["Nodes: worst open incident"]) == 8
     wrong = {title: sorted(set(v) - {NO_DATA_TEXT}) for title, v in cells.items() if set(v) != {NO_DATA_TEXT}}

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from support.k8s import Identity, K8S, KUSTOMIZATIONS, identity, kubectl, pod_templates, render
+from support.k8s import K8S, KUSTOMIZATIONS, Identity, identity, kubectl, pod_templates, render
 
 DEFAULT_MODE = 0o644  # secret, configMap and projected volumes without defaultMode
 TOKEN_MODE_WITH_OWNERSHIP = 0o600  # projected serviceAccountToken when FsUser or FsGroup is set

@@ -93,7 +93,8 @@ def test_monitoring_crds_structurally(rendered) -> None:
         spec = o["spec"]
         assert spec["selector"]["matchLabels"]
         endpoints = spec["podMetricsEndpoints"] if o["kind"] == "PodMonitor" else spec["endpoints"]
-        allowed = {"port", "path", "interval", "scrapeTimeout", "honorLabels", "relabelings", "metricRelabelings", "scheme"}
+        allowed = {"port", "path", "interval", "scrapeTimeout", "honorLabels", "relabelings", "metricRelabelings",
+                   "scheme"}
         for ep in endpoints:
             assert set(ep) <= allowed, set(ep) - allowed
             assert ep["path"] == "/metrics"
@@ -308,7 +309,8 @@ def test_one_image_the_containerfile_builds(rendered) -> None:
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     images = {c["image"] for o in objs if o["kind"] in ("DaemonSet", "Deployment", "StatefulSet")
-              for c in o["spec"]["template"]["spec"]["containers"] + o["spec"]["template"]["spec"].get("initContainers", [])}
+              for c in o["spec"]["template"]["spec"]["containers"] + o["spec"]["template"]["spec"].get("initContainers",
+                                                                                                       [])}
     assert images == {f"ghcr.io/fabricmon/fabricmon:{version}"}
     containerfile = (REPO / "Containerfile").read_text()
     assert f"ARG VERSION={version}" in containerfile

@@ -128,7 +128,8 @@ def test_one_agent_per_node_of_the_right_kind(path: str) -> None:
 
 def _normalized(ds: dict) -> dict:
     d = json.loads(json.dumps(ds))
-    for part in (d["metadata"]["labels"], d["spec"]["selector"]["matchLabels"], d["spec"]["template"]["metadata"]["labels"]):
+    for part in (d["metadata"]["labels"], d["spec"]["selector"]["matchLabels"],
+                 d["spec"]["template"]["metadata"]["labels"]):
         part.pop("fabricmon.io/node-kind")
     d["metadata"].pop("name")
     spec = d["spec"]["template"]["spec"]
@@ -302,7 +303,7 @@ def _readme_table() -> dict[str, dict[str, str]]:
     out = {}
     for ln in rows[2:]:
         cells = [c.strip() for c in ln.strip("|").split("|")]
-        out[cells[0].strip("`")] = dict(zip(head, cells))
+        out[cells[0].strip("`")] = dict(zip(head, cells, strict=True))
     return out
 
 

@@ -129,5 +129,6 @@ def test_agent_may_get_nodes_and_nothing_else(objs):
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                                   "name": role["metadata"]["name"]}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": ds["spec"]["template"]["spec"]["serviceAccountName"],
+    assert binding["subjects"] == [{"kind": "ServiceAccount",
+                                    "name": ds["spec"]["template"]["spec"]["serviceAccountName"],
                                     "namespace": ds["metadata"]["namespace"]}]

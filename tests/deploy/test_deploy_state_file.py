@@ -43,7 +43,8 @@ def _aggregator_state_dirs(objs: list[dict]) -> list[tuple[str, str, dict | None
             directory = PurePosixPath(state_file).parent
             # the mount that holds the directory: the longest mountPath that is it or above it
             holders = [m for m in c["volumeMounts"]
-                       if directory == PurePosixPath(m["mountPath"]) or PurePosixPath(m["mountPath"]) in directory.parents]
+                       if directory == PurePosixPath(m["mountPath"])
+                       or PurePosixPath(m["mountPath"]) in directory.parents]
             holder = max(holders, key=lambda m: len(m["mountPath"]), default=None)
             volume = None
             if holder is not None and not holder.get("readOnly") and "subPath" not in holder:

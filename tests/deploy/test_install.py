@@ -167,6 +167,7 @@ def _systemd_setup(unit_name: str, unit: dict[str, list[str]], uid: int) -> list
     return lines
 
 
+@pytest.mark.integration
 def test_install_verify_run_uninstall(wheel: Path, root: Path, tmp_path: Path) -> None:
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze not installed (apt-get install systemd)")
@@ -208,7 +209,8 @@ def test_install_verify_run_uninstall(wheel: Path, root: Path, tmp_path: Path) -
         path = unitdir / f"fabricmon-{role}.service"
         unit = _unit(path)
         argv = _exec_start(unit)
-        assert argv[:4] == [str(prefix / "bin" / "fabricmon"), role, "--config", str(etc / "fabricmon" / f"{role}.yaml")]
+        assert argv[:4] == [str(prefix / "bin" / "fabricmon"), role, "--config",
+                            str(etc / "fabricmon" / f"{role}.yaml")]
         assert unit["LoadCredential"] == [f"token:{etc}/fabricmon/token"]
         assert unit["EnvironmentFile"] == [f"-{etc}/default/fabricmon-{role}"]
         assert _verify(path) == [], path.read_text()
@@ -233,11 +235,13 @@ def test_install_verify_run_uninstall(wheel: Path, root: Path, tmp_path: Path) -
     run = subprocess.run(["unshare", "--mount", "--net", "--propagation", "private", "bash", "-c", script],
                          capture_output=True, text=True, timeout=120)
     logs = {r: (out / f"{r}.log").read_text() if (out / f"{r}.log").exists() else "" for r in ROLES}
-    assert run.returncode == 0, f"{run.stdout}{run.stderr}\nagent:\n{logs['agent'][-3000:]}\naggregator:\n{logs['aggregator'][-3000:]}"
+    assert run.returncode == 0, (f"{run.stdout}{run.stderr}\nagent:\n{logs['agent'][-3000:]}"
+                                 f"\naggregator:\n{logs['aggregator'][-3000:]}")
     agent_metrics = (out / "agent.metrics").read_text()
     assert 'fabricmon_build_info{' in agent_metrics and "fabricmon_collector_up" in agent_metrics
     # The revision the wheel was built from, written at build time (no git at run time).
-    assert re.search(r'fabricmon_build_info\{[^}]*revision="[0-9a-f]{40}(-dirty)?"', agent_metrics), agent_metrics[:2000]
+    assert re.search(r'fabricmon_build_info\{[^}]*revision="[0-9a-f]{40}(-dirty)?"',
+                     agent_metrics), agent_metrics[:2000]
     # The host source reads the host's /proc (host_root /), the unit's sysfs_root being /sys.
     assert "fabricmon_host_memory_total_bytes" in agent_metrics
     # The aggregator took the agent's stream: the installed token reached both through LoadCredential.

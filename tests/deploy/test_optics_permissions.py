@@ -103,7 +103,8 @@ def test_init_container_capabilities_suffice_for_its_command(tmp_path: Path) -> 
 
     def attempt(cap_names: list[str]) -> subprocess.CompletedProcess:
         bounding = ",".join(["-all", *(f"+{c.lower()}" for c in cap_names)])
-        return subprocess.run(["setpriv", "--inh-caps=-all", f"--bounding-set={bounding}", "--", "/bin/sh", "-c", command],
+        return subprocess.run(["setpriv", "--inh-caps=-all", f"--bounding-set={bounding}", "--", "/bin/sh", "-c",
+                               command],
                               capture_output=True, text=True, timeout=60)
 
     res = attempt(caps["add"])

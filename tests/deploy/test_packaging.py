@@ -42,7 +42,8 @@ def test_agent_and_sources_do_not_import_numpy() -> None:
 
 
 def _agent_args(fx: Path) -> list[str]:
-    return ["--log-level", "error", "agent", "--once", "--sysfs-root", str(fx / "sys"), "--ethtool-dir", str(fx / "ethtool"),
+    return ["--log-level", "error", "agent", "--once", "--sysfs-root", str(fx / "sys"), "--ethtool-dir",
+            str(fx / "ethtool"),
             "--nvml", f"fake:{fx / 'nvml.json'}", "--node-name", "node-007"]
 
 
@@ -58,6 +59,7 @@ def _check_exposition(out: str) -> None:
 BLOCK_NUMPY = "import sys; sys.modules['numpy'] = None; "
 
 
+@pytest.mark.integration
 def test_agent_once_runs_with_numpy_blocked(make_fixture) -> None:
     fx = make_fixture(layout="ib", fault="none", seed=1)
     code = (BLOCK_NUMPY + "from fabricmon.cli import main; rc = main(sys.argv[1:]); "
@@ -68,6 +70,7 @@ def test_agent_once_runs_with_numpy_blocked(make_fixture) -> None:
     _check_exposition(res.stdout)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("command", [["aggregator", "--config", "/nonexistent.yaml"], ["demo", "--nodes", "2"]])
 def test_numpy_commands_name_the_extra_without_it(command: list[str]) -> None:
     code = BLOCK_NUMPY + "from fabricmon.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -106,6 +109,7 @@ def test_sdist_and_wheel_contents(dist: Path) -> None:
     assert {"LICENSE", "pyproject.toml", "fabricmon/py.typed", "fabricmon/cli.py"} <= snames
 
 
+@pytest.mark.integration
 def test_wheel_in_a_clean_venv_runs_the_agent_without_numpy(dist: Path, make_fixture, tmp_path: Path) -> None:
     """What the Containerfile's runtime stage does: pip install the wheel (no extra), then run it."""
     (whl,) = dist.glob("fabricmon-*.whl")

@@ -34,9 +34,9 @@ from pathlib import Path
 
 import pytest
 
-from support.promtools import REPO, RULE_FILES, alert_for_seconds, http, live_fabric, wait_until
 from support.dashboards import _panels, metric_names
 from support.promlive import substitute
+from support.promtools import REPO, RULE_FILES, alert_for_seconds, http, live_fabric, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -49,7 +49,8 @@ FIRING_BOUND_S = 60.0   # injection -> firing, for alerts with for: <= 30s
 MAY_BE_EMPTY = {
     "Saturated counters (rate unknown)": "no PMA counter pins at its maximum in 60 s of simulated errors",
     "Collectors up (nodes failing per collector)": "no collector fails (count of collectors == 0)",
-    "Spines and rails: worst open incident": "no spine or whole-rail fault in this scenario (present only while one is open)",
+    "Spines and rails: worst open incident": "no spine or whole-rail fault in this scenario (present only while one is "
+                                             "open)",
     "Software findings (info, never paged)": "no software decoy in this one-job scenario "
                                              "(tests/deploy/test_dashboard_jobs.py runs two jobs with decoys)",
     "Stragglers and hangs (pages)": "the slow GPU's StragglerRank needs most of 10 slow steps, the panels are "

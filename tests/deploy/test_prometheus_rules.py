@@ -9,8 +9,8 @@ import sys
 import pytest
 import yaml
 
-from support.promtools import REPO, promtool
 from support.mixin import MIXIN, PROM, _mixin
+from support.promtools import REPO, promtool
 
 RULE_FILES = sorted(PROM.glob("*.rules.yml"))
 TEST_FILES = sorted((PROM / "tests").glob("*.test.yml"))
@@ -40,7 +40,8 @@ def _rules() -> list[dict]:
 
 def test_rule_files_are_the_mixins_output(tmp_path) -> None:
     """The checked-in rule files are exactly what mixin.py writes (edit the mixin, not the files)."""
-    res = subprocess.run([sys.executable, str(MIXIN), "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    res = subprocess.run([sys.executable, str(MIXIN), "--out", str(tmp_path)], capture_output=True, text=True,
+                         timeout=60)
     assert res.returncode == 0, res.stderr
     written = sorted(p.name for p in tmp_path.iterdir())
     assert written == [p.name for p in RULE_FILES]
@@ -61,7 +62,8 @@ def test_mixin_output_loads_as_the_rule_dicts() -> None:
     mixin = _mixin()
     for rf in mixin.FILES:
         loaded = yaml.safe_load((PROM / rf.name).read_text())
-        expected = {"groups": [{"name": g.name, "rules": [mixin.rule_dict(r, mixin.CONFIG, g.fallback) for r in g.rules]}
+        expected = {"groups": [{"name": g.name,
+                                "rules": [mixin.rule_dict(r, mixin.CONFIG, g.fallback) for r in g.rules]}
                                for g in rf.groups]}
         assert loaded == expected, rf.name
 
@@ -97,6 +99,7 @@ def test_promtool_check_rules() -> None:
     assert "SUCCESS" in res.stdout
 
 
+@pytest.mark.integration
 def test_promtool_unit_tests() -> None:
     assert TEST_FILES
     res = promtool("test", "rules", *TEST_FILES)

@@ -18,7 +18,8 @@ P = (("device", "mlx5_3"), ("port", "1"))
 def _batch(seq: int = 7) -> NodeBatch:
     return NodeBatch(
         node="node-017", seq=seq, ts=1764000000.5, interval_seconds=1.0,
-        deltas=(CounterDelta("fabricmon_ib_port_errors_total", P + (("counter", "symbol_error"),), 12.0, saturated=True),
+        deltas=(CounterDelta("fabricmon_ib_port_errors_total", P + (("counter", "symbol_error"),), 12.0,
+                             saturated=True),
                 CounterDelta("fabricmon_ib_port_receive_bytes_total", P, 4.0e9),
                 CounterDelta("fabricmon_rdma_hw_stat_total", P + (("counter", "out_of_sequence"),), 3.0, reset=True)),
         gauges=(Sample("fabricmon_ib_port_state", P, 4.0), Sample("fabricmon_host_load1", (), 0.25)),
@@ -88,7 +89,8 @@ def test_malformed_batches_are_refused_with_a_reason(mutate, reason):
 def test_hello_round_trip_and_version_check():
     from fabricmon.batch import NicHello, NodeHello
 
-    h = NodeHello("node-017", "0.1.0", 1.0, (NicHello("mlx5_3", "1", "3", "InfiniBand", "ib3", 400.0, 4, 3),), 8, "boot")
+    h = NodeHello("node-017", "0.1.0", 1.0, (NicHello("mlx5_3", "1", "3", "InfiniBand", "ib3", 400.0, 4, 3),), 8,
+                  "boot")
     assert codec.hello_from_pb(pb.Hello.FromString(codec.hello_to_pb(h).SerializeToString())) == h
     bad = codec.hello_to_pb(h)
     bad.protocol_version = 99

@@ -48,7 +48,8 @@ def test_realformat_exposition_is_promtool_clean(tmp_path):
     snap = Snapshot("node-017", 1.0, 1, tuple(samples), (), 0.0, ())
     body = exposition(snap, now=1.0)
     families = {ln.split()[2] for ln in body.decode().splitlines() if ln.startswith("# TYPE")}
-    for want in ("fabricmon_global_pause_frames_total", "fabricmon_nccl_p2p_operations_total", "fabricmon_nccl_comm_info",
+    for want in ("fabricmon_global_pause_frames_total", "fabricmon_nccl_p2p_operations_total",
+                 "fabricmon_nccl_comm_info",
                  "fabricmon_fabric_config_unknown", "fabricmon_ib_port_data_rate_bytes_per_second",
                  "fabricmon_netdev_ecn_marked_packets_total", "fabricmon_netdev_pause_control_frames_total"):
         assert want in families, want

@@ -57,7 +57,8 @@ def test_data_rate_removes_line_coding(text, link_layer, data_gbps):
 def test_fdr_port_exports_data_rate():
     m = poll_mlx4()
     assert m[("fabricmon_ib_port_rate_bytes_per_second", ())].value == 56e9 / 8
-    assert m[("fabricmon_ib_port_data_rate_bytes_per_second", ())].value == pytest.approx(56e9 * 64 / 66 * 14.0625 / 14 / 8)
+    assert m[("fabricmon_ib_port_data_rate_bytes_per_second",
+              ())].value == pytest.approx(56e9 * 64 / 66 * 14.0625 / 14 / 8)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from fabricmon.agent.nccl_inspector import MAX_P2P_PEERS, NcclInspectorSource
-from fabricmon.agent.nccl_records import Header, Marker, Op, parse_object
+from fabricmon.agent.nccl_records import Header, NcclRecordError, Op, parse_object
 from support.realformat import fixture
 
 
@@ -60,9 +60,15 @@ def test_p2p_peers_are_bounded(tmp_path):
 
 
 def test_parse_object_pure():
-    h = Header("2", "0xa", "")
-    assert parse_object({"header": {"id": "0xa", "rank": 2}, "dump_stats": {}}, None) == Marker(h)
-    op = parse_object({"p2p_perf": {"p2p": "Recv", "p2p_peer": 0, "p2p_exec_time_us": "nan"}}, h)
-    assert isinstance(op, Op) and op.name == "rx" and op.peer == "0" and op.exec_us is None
-    with pytest.raises(ValueError):
-        parse_object({"p2p_perf": {"p2p": "Bcast", "p2p_peer": 0}}, h)
+    h = {"id": "0xa", "rank": 2}
+    op = parse_object({"header": h, "p2p_perf": {"p2p": "Recv", "p2p_peer": 0, "p2p_exec_time_us": "nan"}})
+    assert isinstance(op, Op) and op.header == Header("2", "0xa", "")
+    assert op.name == "rx" and op.peer == "0" and op.exec_us is None
+    with pytest.raises(NcclRecordError) as bad:
+        parse_object({"header": h, "p2p_perf": {"p2p": "Bcast", "p2p_peer": 0}})
+    assert bad.value.reason == "bad_string"
+    # every operation line carries its own header; a header alone is no record
+    for shape in ({"p2p_perf": {"p2p": "Recv", "p2p_peer": 0}}, {"header": h}, {"header": h, "dump_stats": {}}):
+        with pytest.raises(NcclRecordError) as bad:
+            parse_object(shape)
+        assert bad.value.reason == "missing_field"

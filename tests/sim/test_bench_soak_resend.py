@@ -4,6 +4,7 @@ resends from the aggregator's last ack, seqs unchanged, and an ack is the oldest
 from __future__ import annotations
 
 import sys
+
 from support.paths import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))

@@ -6,11 +6,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from fabricmon.aggregator.engine import READ_DELTA_FAMILIES
 from fabricmon.demo.wire import CodecWire
 from fabricmon.sim.runner import SimulatedCluster
 from fabricmon.sim.scenario import default_scenario
-
 from support.paths import REPO
 
 
@@ -26,7 +27,7 @@ def test_codec_wire_delivers_what_the_engine_reads_and_drops_a_replayed_seq():
         sim.step()
     assert [h.node for h in hellos] == sim.cluster.names
     assert len(got) == len(sent) == 12  # the initial poll and two steps of four nodes
-    for b, d in zip(sent, got):
+    for b, d in zip(sent, got, strict=True):
         read = [(x.family, x.labels, x.delta, x.reset) for x in b.deltas if x.family in READ_DELTA_FAMILIES]
         assert [(x.family, x.labels, x.delta, x.reset) for x in d.deltas] == read
         assert d.unread_deltas == len(b.deltas) - len(read)
@@ -36,6 +37,7 @@ def test_codec_wire_delivers_what_the_engine_reads_and_drops_a_replayed_seq():
     assert wire.bytes_total > 0
 
 
+@pytest.mark.integration
 def test_memory_demo_finds_the_default_faults(tmp_path):
     out = tmp_path / "report.json"
     proc = subprocess.run(

@@ -16,6 +16,7 @@ from collections import Counter
 import pytest
 
 from support.paths import REPO
+
 SCENARIO = REPO / "examples" / "scenarios" / "cable-then-leaf.yaml"
 CABLE = ("FabricLinkErrors", "node-003/mlx5_2/1")
 LEAF = ("FabricLeafDegraded", "leaf-u0-r2")
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.skipif(
     reason="needs the Alertmanager binary (Debian package prometheus-alertmanager)")
 
 
+@pytest.mark.integration
 def test_cable_then_leaf_both_found_each_alert_fired_and_resolved_once(tmp_path):
     out = tmp_path / "report.json"
     proc = subprocess.run(

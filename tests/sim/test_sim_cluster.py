@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+from itertools import pairwise
 
 import numpy as np
 import pytest
 
 from fabricmon.sim.cluster import ClusterState
-from fabricmon.sim.hw import HW_Q32, HW_ROCE_ACCL32, K, NDEV, PMA_ERR_WIDTH
+from fabricmon.sim.hw import HW_Q32, HW_ROCE_ACCL32, NDEV, PMA_ERR_WIDTH, K
 from fabricmon.sim.scenario import ClusterSpec, Scenario
 from fabricmon.sim.tree import NodeTree
 
@@ -28,7 +29,7 @@ def moved(a: ClusterState, b: ClusterState, names) -> set[tuple[str, int, int]]:
     out = set()
     for name in names:
         diff = a.C[K[name]] != b.C[K[name]]
-        out |= {(name, int(n), int(d)) for n, d in zip(*np.nonzero(diff))}
+        out |= {(name, int(n), int(d)) for n, d in zip(*np.nonzero(diff), strict=True)}
     return out
 
 
@@ -113,7 +114,7 @@ def test_link_flap_alternates_and_counts_each_down():
         c.advance(1.0)
         states.append(bool(c.up[1, 0]))
     assert states[:6] == [True, False, False, True, True, False]
-    downs = sum(1 for a, b in zip([True] + states, states) if a and not b)
+    downs = sum(1 for a, b in pairwise([True, *states]) if a and not b)
     assert int(c.C[K["pma:link_downed"], 1, 0]) - downed0 == downs == 3
     assert int(c.C[K["eth:link_down_events_phy"], 1, 0]) >= downs
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 
 from fabricmon.rank_timing import RankTiming, parse_line
@@ -9,8 +11,10 @@ from fabricmon.sim.cluster import ClusterState
 from fabricmon.sim.job import JobSpec, SyntheticJob, layout_line, timing_lines
 from fabricmon.sim.scenario import ClusterSpec, Scenario
 
+SPEC = JobSpec()  # frozen: one shared default
 
-def one_step(scn: Scenario, spec: JobSpec = JobSpec(), t: float = 5.0) -> list[RankTiming]:
+
+def one_step(scn: Scenario, spec: JobSpec = SPEC, t: float = 5.0) -> list[RankTiming]:
     c = ClusterState(scn)
     job = SyntheticJob(c.names, spec, seed=scn.cluster.seed, epoch=c.epoch, start=t)
     out = job.advance_to(t + 10, c.effects(t))
@@ -80,7 +84,7 @@ def test_timings_are_lines_the_intake_parses():
     timings = job.advance_to(4.0, c.effects())
     assert timings and all(r.ts <= c.epoch + 4.0 for r in timings)
     assert sorted({r.step for r in timings}) == [1, 2]
-    for line, r in zip(timing_lines(timings), timings):
+    for line, r in zip(timing_lines(timings), timings, strict=True):
         back = parse_line(line, node=r.node)
         assert back == r
     assert parse_line(layout_line(job)).layout == (("tp", 8), ("pp", 1), ("dp", 2))
@@ -93,7 +97,7 @@ def test_job_steps_end_at_sample_time():
     for t in range(1, 11):
         got += job.advance_to(float(t), c.effects())
     ends = sorted({r.ts for r in got})
-    assert all(b > a for a, b in zip(ends, ends[1:]))
+    assert all(b > a for a, b in pairwise(ends))
     assert ends[-1] <= c.epoch + 10.0 and len(ends) == job.step
 
 

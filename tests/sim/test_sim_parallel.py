@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from fabricmon.sim.parallel import ParallelTreeCluster
 from fabricmon.sim.runner import SimulatedCluster
 from fabricmon.sim.scenario import ClusterSpec, Scenario
@@ -14,6 +16,7 @@ def _key(b):
             tuple(sorted(b.gauges, key=lambda g: (g.family, g.labels))), b.ranks)
 
 
+@pytest.mark.integration
 def test_parallel_workers_equal_one_process(tmp_path):
     scn = Scenario(ClusterSpec(nodes=4, layout="roce", nodes_per_unit=2, seed=3), 6.0).with_fault(
         "flaky_cable", node="node-001", rail=2, start=2, end=5)

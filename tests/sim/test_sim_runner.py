@@ -42,7 +42,8 @@ def test_tree_mode_streams_batches_on_the_simulated_clock(tmp_path):
     sym = [(b.ts - epoch, d.delta) for b in batches for d in b.deltas
            if d.labels[-1:] == (("counter", "symbol_error"),)]
     assert sym and min(t for t, _ in sym) == 5.0
-    assert {b.node for b in batches for d in b.deltas if d.labels[-1:] == (("counter", "symbol_error"),)} == {"node-003"}
+    assert {b.node for b in batches for d in b.deltas if d.labels[-1:] == (("counter", "symbol_error"),
+                                                                           )} == {"node-003"}
     topo = load_topology(tmp_path / "topology.yaml")
     assert topo.leaf_of("node-003", 3) == "leaf-u1-r3" and len(topo.nodes) == 4
 

@@ -6,7 +6,13 @@ import pytest
 
 from fabricmon.configload import ConfigError
 from fabricmon.sim.scenario import (
-    KINDS, ClusterSpec, Fault, Scenario, default_scenario, load_scenario, random_scenario,
+    KINDS,
+    ClusterSpec,
+    Fault,
+    Scenario,
+    default_scenario,
+    load_scenario,
+    random_scenario,
 )
 
 DESIGN_EXAMPLE = """\
@@ -51,7 +57,8 @@ def test_design_example_loads_with_ground_truth(tmp_path):
     ("{kind: flaky_cable, node: node-001, rail: 3, start: 10, end: 5}", "scn.yaml: faults[1].end: must be after"),
     ("{kind: leaf_degraded, unit: 4, rail: 3, start: 1}", "scn.yaml: faults[1].unit: unit 4 is not in"),
     ("{kind: nvlink_errors, node: node-001, gpu: 2, link: 18, start: 1}", "scn.yaml: faults[1].link: NVLinks"),
-    ("{kind: config_drift, node: node-001, rail: 2, start: 1}", "scn.yaml: faults[1].kind: config_drift needs layout roce"),
+    ("{kind: config_drift, node: node-001, rail: 2, start: 1}",
+     "scn.yaml: faults[1].kind: config_drift needs layout roce"),
     ("{kind: counter_reset, node: node-001, start: 1, end: 5}", "scn.yaml: faults[1].end: does not apply"),
     ("{kind: slow_gpu, node: node-001, gpu: 1, start: 700}", "scn.yaml: faults[1].start: 700.0 is not before"),
     ("{kind: flaky_cable, node: node-001, rail: 3, start: 1, colour: red}", "scn.yaml: faults[1].colour: unknown key"),
@@ -78,7 +85,8 @@ def test_cluster_errors(tmp_path):
 
 def test_node_names_follow_cluster_size(tmp_path):
     text = "cluster: {nodes: 4096}\nduration: 60\nfaults:\n  - {kind: link_down, node: node-017, rail: 1, start: 1}\n"
-    with pytest.raises(ConfigError, match=r"node-017 is not in a 4096-node cluster \(nodes are node-0000\.\.node-4095\)"):
+    with pytest.raises(ConfigError,
+                       match=r"node-017 is not in a 4096-node cluster \(nodes are node-0000\.\.node-4095\)"):
         load_scenario(write(tmp_path, text))
     scn = load_scenario(write(tmp_path, text.replace("node-017", "node-0017")))
     assert scn.ground_truth()[0].component == "node-0017/mlx5_1/1"
@@ -143,7 +151,7 @@ def test_random_scenarios_are_valid_and_varied():
         scn = random_scenario(seed, nodes=48, duration=300)
         assert scn == random_scenario(seed, nodes=48, duration=300)  # reproducible
         counts.add(len(scn.faults))
-        for f, g in zip(scn.faults, scn.ground_truth()):
+        for f, g in zip(scn.faults, scn.ground_truth(), strict=True):
             kinds.add(f.kind)
             assert 0 <= f.start < 300
             assert g.kind == f.kind

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from fabricmon.sim.fixture import write_fixture
 from fabricmon.sim.scenario import ClusterSpec, Scenario
 from fabricmon.sim.tree import NodeTree
 from fabricmon.sources.infiniband import classify as ib_classify
+
 
 def listing(root: Path) -> set[str]:
     out = set()
@@ -50,7 +52,9 @@ def test_layout_and_formats_match_the_fixture_writer(tmp_path, layout):
     # old name (dev_out_of_buffer), the simulator follows the driver (tests/fixtures/realformat/README.md).
     real = {"rx_bits_phy": None, "dev_out_of_buffer": "dev_internal_queue_oob"}
     for rel in ethtool:
-        names = lambda p: [ln.split(":")[0].strip() for ln in (p / rel).read_text().splitlines()]  # noqa: E731
+        def names(p: Path, rel: str = rel) -> list[str]:
+            return [ln.split(":")[0].strip() for ln in (p / rel).read_text().splitlines()]
+
         assert [real.get(n, n) for n in names(fx) if real.get(n, n)] == names(sim)
 
 
@@ -135,7 +139,7 @@ def test_counter_reset_decreases_counters_but_agent_totals_stay_monotonic(tmp_pa
     finally:
         agent.stop()
     assert c.raw("pma:port_xmit_data", 1, 0) < raw_before  # the hardware counter went backwards ...
-    for a, b in zip(totals, totals[1:]):
+    for a, b in pairwise(totals):
         for key, value in a.items():
             if key in b:
                 assert b[key] >= value, key  # ... the exported totals never do

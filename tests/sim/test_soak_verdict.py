@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+
 from support.paths import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -21,7 +22,8 @@ def test_agent_down_pages_are_reasons():
 
 
 def test_resolved_then_fired_again_is_caught_in_arrival_order():
-    flap = [_a(10, "firing", "FabricLeafDegraded", "leaf-u3-r5"), _a(40, "resolved", "FabricLeafDegraded", "leaf-u3-r5"),
+    flap = [_a(10, "firing", "FabricLeafDegraded", "leaf-u3-r5"),
+            _a(40, "resolved", "FabricLeafDegraded", "leaf-u3-r5"),
             _a(55, "firing", "FabricLeafDegraded", "leaf-u3-r5")]
     assert refired(list(reversed(flap))) == ["FabricLeafDegraded leaf-u3-r5"]
     # firing resent while firing, or resolved once at the end: not a re-fire

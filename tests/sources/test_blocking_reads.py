@@ -25,10 +25,10 @@ from fabricmon.sources import guarded_io
 from fabricmon.sources.base_io import read_text
 from fabricmon.sources.infiniband import InfinibandSource
 from fabricmon.sources.inventory import Inventory, discover
-from support.nccllines import rec
-from support.waiting import wait_until
-from support.paths import REPO
 from support.blocking import _Blocking
+from support.nccllines import rec
+from support.paths import REPO
+from support.waiting import wait_until
 
 
 def _in_thread(fn, timeout: float = 5.0):
@@ -181,7 +181,8 @@ def test_one_stuck_hca_costs_only_its_own_series(nine_nic_tree, monkeypatch):
         release.set()
         assert wait_until(lambda: src.poll(inv).up, 5.0)
         res = src.poll(inv)
-        assert {dict(r.labels).get("device") for r in res.readings if r.family == "fabricmon_ib_port_up"} == set(devices)
+        up = {dict(r.labels).get("device") for r in res.readings if r.family == "fabricmon_ib_port_up"}
+        assert up == set(devices)
     finally:
         release.set()
         src.close()

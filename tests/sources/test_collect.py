@@ -47,6 +47,7 @@ def test_capture_exports_what_the_node_exported(tmp_path: Path, options: dict) -
     assert got == want
 
 
+@pytest.mark.integration
 def test_cli_collect_then_agent_once_capture(tmp_path: Path) -> None:
     root = tmp_path / "node"
     write_fixture(root, layout="roce", fault="rdma_retransmits", node_name="node-042")
@@ -126,8 +127,10 @@ def test_bounds_stop_the_capture_with_one_line_and_leave_no_file(tmp_path: Path)
 @pytest.mark.parametrize("args,message", [
     (["--sysfs-root", "{tmp}/none"], "collect: --sysfs-root {tmp}/none: not a directory"),
     (["--sysfs-root", "{tmp}"], "collect: --sysfs-root {tmp}: no class/infiniband directory"),
-    (["--sysfs-root", "{tmp}/node/sys", "--nvml", "fake:{tmp}/nope.json"], "collect: --nvml fake:{tmp}/nope.json: no such file"),
-    (["--sysfs-root", "{tmp}/node/sys", "--ethtool-dir", "{tmp}/nope"], "collect: --ethtool-dir {tmp}/nope: not a directory"),
+    (["--sysfs-root", "{tmp}/node/sys", "--nvml", "fake:{tmp}/nope.json"],
+     "collect: --nvml fake:{tmp}/nope.json: no such file"),
+    (["--sysfs-root", "{tmp}/node/sys", "--ethtool-dir", "{tmp}/nope"],
+     "collect: --ethtool-dir {tmp}/nope: not a directory"),
 ])
 def test_bad_collect_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
     write_fixture(tmp_path / "node", layout="ib")

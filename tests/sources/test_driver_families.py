@@ -75,7 +75,8 @@ def golden(tree: str, body: str) -> None:
     text = "\n".join(lines) + "\n"
     if UPDATE:
         path.write_text(text)
-    assert path.exists(), f"{path.name} missing: run FABRICMON_UPDATE_GOLDEN=1 pytest {Path(__file__).resolve().relative_to(REPO)}"
+    here = Path(__file__).resolve().relative_to(REPO)
+    assert path.exists(), f"{path.name} missing: run FABRICMON_UPDATE_GOLDEN=1 pytest {here}"
     assert text == path.read_text(), f"{path.name} differs (FABRICMON_UPDATE_GOLDEN=1 regenerates it)"
 
 
@@ -159,6 +160,8 @@ def test_intel_ice_and_irdma() -> None:
                 check(got, "fabricmon_pfc_frames_by_traffic_class_total", v[f"{d}_priority_{tc}_{kind}.nic"],
                       interface=iface, traffic_class=str(tc), direction=d, type=kind)
     assert not [k for k in got if k[0] == PAUSE_FRAMES and dict(k[1])["interface"] == iface]
+    # no pause time: the denominator of pause by frames, 100 Gb/s over the 0x7FFF-quanta XOFF refresh
+    check(got, "fabricmon_pfc_xoff_refresh_frames_per_second", 100e9 / (0x7FFF * 512), interface=iface)
     check(got, "fabricmon_global_pause_frames_total", v["link_xoff_rx.nic"], interface=iface, direction="rx")
     check(got, "fabricmon_global_pause_frames_total", v["link_xoff_tx.nic"], interface=iface, direction="tx")
     check(got, PHY, v["rx_crc_errors.nic"], interface=iface, counter="rx_crc_errors_phy")

@@ -35,12 +35,9 @@ from fabricmon.sources.ethtool import (
     stat_readings,
 )
 from fabricmon.sources.inventory import discover
-
 from support.fixturegen import gen_fixture
 from support.netns import need_netns
-
 from support.paths import REPO
-
 
 # --- parsers ---------------------------------------------------------------------------------
 
@@ -143,7 +140,8 @@ def test_allowlist_gates_everything_else() -> None:
         assert classify_stat(name) is None  # default allowlist is empty: cardinality
     allow = (re.compile(r"^rx_vport_rdma_"),)
     c = classify_stat("rx_vport_rdma_unicast_bytes", allow)
-    assert c is not None and c.family == "fabricmon_ethtool_stat" and _labels(c) == {"stat": "rx_vport_rdma_unicast_bytes"}
+    assert c is not None and c.family == "fabricmon_ethtool_stat"
+    assert _labels(c) == {"stat": "rx_vport_rdma_unicast_bytes"}
     assert classify_stat("tx_vport_rdma_unicast_bytes", allow) is None
     # curated families win over the allowlist
     assert classify_stat("rx_prio3_pause", (re.compile("."),)).family == PAUSE_FRAMES
@@ -448,7 +446,8 @@ def test_garbled_or_empty_dump_makes_the_interface_down(tmp_path: Path, data: by
     res = _poll_dir(tmp_path, {"eth0": data, "eth1": b"     rx_prio3_pause: 5\n"})
     assert _by(res, "fabricmon_ethtool_up") == {(("interface", "eth0"),): 0.0, (("interface", "eth1"),): 1.0}
     assert res.errors == 1 and "no statistics" in res.messages[0]
-    assert _by(res, "fabricmon_source_values_rejected_total") == {(("collector", "ethtool"), ("reason", "malformed")): 1}
+    assert _by(res,
+               "fabricmon_source_values_rejected_total") == {(("collector", "ethtool"), ("reason", "malformed")): 1}
 
 
 def test_huge_dump_is_read_bounded_and_refused(tmp_path: Path) -> None:
@@ -463,7 +462,8 @@ def test_duplicate_stat_names_export_one_series(tmp_path: Path) -> None:
     res = _poll_dir(tmp_path, {"eth0": b"     rx_prio3_pause: 5\n     rx_prio3_pause: 9\n"})
     assert list(_by(res, PAUSE_FRAMES).values()) == [5]
     assert res.errors == 0  # drivers do repeat names: counted, not an error
-    assert _by(res, "fabricmon_source_values_rejected_total") == {(("collector", "ethtool"), ("reason", "malformed")): 1}
+    assert _by(res,
+               "fabricmon_source_values_rejected_total") == {(("collector", "ethtool"), ("reason", "malformed")): 1}
 
 
 def test_devices_discovered_counts_read_netdevs(tmp_path: Path) -> None:

@@ -17,9 +17,9 @@ from fabricmon.sources.ethtool import EthtoolSource
 from fabricmon.sources.ethtool_groups import parse_groups_json
 from fabricmon.sources.inventory import Inventory
 from support.netns import need_netns
+from support.paths import REPO
 from support.realformat import fixture
 
-from support.paths import REPO
 PHY = "fabricmon_netdev_phy_errors_total"
 
 
@@ -55,7 +55,7 @@ def test_groups_fill_what_the_driver_lacks_and_never_double_a_series(tmp_path: P
     res = EthtoolSource(ethtool_dir=str(eth)).poll(Inventory(str(tmp_path), extra_netdevs=("eth9", "eth8")))
     keys = [(r.family, r.labels) for r in res.readings]
     assert len(keys) == len(set(keys))  # one series per name: the driver's own wins
-    v = dict(zip(keys, (r.value for r in res.readings)))
+    v = dict(zip(keys, (r.value for r in res.readings), strict=True))
     assert v[(PHY, (("interface", "eth9"), ("counter", "rx_crc_errors_phy")))] == 11
     assert v[(PHY, (("interface", "eth9"), ("counter", "eth-mac/AlignmentErrors")))] == 4
     assert v[(PHY, (("interface", "eth9"), ("counter", "rx_symbol_err_phy")))] == 2

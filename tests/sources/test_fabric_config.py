@@ -26,11 +26,10 @@ from fabricmon.sources.fabric_config import (
     read_dcb,
 )
 from fabricmon.sources.inventory import discover
-
 from support.fixturegen import gen_fixture
 from support.netns import need_netns
-
 from support.paths import REPO
+
 RAILS = [f"mlx5_{i}" for i in range(8)]
 
 

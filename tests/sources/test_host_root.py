@@ -41,7 +41,7 @@ def _host_root(tmp: Path) -> Path:
     # /proc/net/dev: its two header lines, then one line per netdev in the kernel's layout
     # (net/core/net-procfs.c dev_seq_printf_stats: "%6s: %7llu %7llu %4llu ...").
     head = Path("/proc/net/dev").read_text().splitlines()[:2]
-    line = "%6s: %7d %7d %4d %4d %4d %5d %10d %9d %8d %7d %4d %4d %4d %5d %7d %10d" % ("ib0", *IB0)
+    line = "%6s: %7d %7d %4d %4d %4d %5d %10d %9d %8d %7d %4d %4d %4d %5d %7d %10d" % ("ib0", *IB0)  # noqa: UP031 - the kernel's own format
     (proc / "net" / "dev").write_text("\n".join([*head, line]) + "\n")
     return root
 

@@ -236,7 +236,8 @@ def expected_series(sys_root: Path, manifest: dict, rails: dict[str, str] | None
         m = re.fullmatch(r"([\d.]+) Gb/sec \((\d+)X (\w+)\)", _read(p / "rate"))
         assert m, _read(p / "rate")
         out[key("fabricmon_ib_port_rate_bytes_per_second", **dp)] = float(m[1]) * 1e9 / 8
-        coding = 1.0 if link_layer == "Ethernet" else {"SDR": 0.8, "DDR": 0.8, "QDR": 0.8, "FDR": 64 / 66 * 14.0625 / 14}.get(m[3], 1.0)
+        coding = 1.0 if link_layer == "Ethernet" else {"SDR": 0.8, "DDR": 0.8, "QDR": 0.8,
+                                                       "FDR": 64 / 66 * 14.0625 / 14}.get(m[3], 1.0)
         out[key("fabricmon_ib_port_data_rate_bytes_per_second", **dp)] = float(m[1]) * coding * 1e9 / 8
         out[key("fabricmon_ib_port_width_lanes", **dp)] = float(m[2])
         if (p / "hw_counters").is_dir():  # the simulator writes mlx5 names only: every one is in the table
@@ -736,7 +737,8 @@ def test_symlink_loop_in_counters_is_not_followed(make_fixture) -> None:
 def test_poll_never_raises_on_a_broken_inventory(tmp_path: Path) -> None:
     inv = Inventory(str(tmp_path), (), (PortInfo("mlx5_9", "1", str(tmp_path / "nope"), "", "", ""),))
     res = InfinibandSource().poll(inv)
-    port_readings = [r for r in res.readings if r.family not in ("fabricmon_devices_discovered", "fabricmon_devices_expected")]
+    port_readings = [r for r in res.readings if r.family not in ("fabricmon_devices_discovered",
+                                                                 "fabricmon_devices_expected")]
     assert res.errors == 1 and port_readings == [] and res.facts["ports"] == {}
 
 

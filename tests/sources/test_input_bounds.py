@@ -21,7 +21,7 @@ from fabricmon.agent.exporter import exposition
 from fabricmon.agent.poller import Poller
 from fabricmon.model import Semantics
 from fabricmon.sources import bounds
-from fabricmon.sources.bounds import U64_MAX, Rejected, RejectCounts
+from fabricmon.sources.bounds import U64_MAX, RejectCounts, Rejected
 from fabricmon.sources.errorlog import ErrorLog
 from fabricmon.sources.infiniband import InfinibandSource, parse_counter, parse_phys_state, parse_rate, parse_state
 from fabricmon.sources.inventory import discover
@@ -109,7 +109,8 @@ def test_counter_beyond_its_width_is_rejected_with_a_reason(tmp_path: Path, name
     s = samples(snap)
     assert s[(REJECTED, (("collector", "infiniband"), ("reason", reason)))] == 2.0  # counted per poll
     assert not any(dict(lab).get("counter") == name or fam.endswith(name) for fam, lab in s)
-    assert s[("fabricmon_ib_port_errors_total", (("device", "mlx5_0"), ("port", "1"), ("counter", "port_rcv_errors")))] == 3
+    assert s[("fabricmon_ib_port_errors_total",
+              (("device", "mlx5_0"), ("port", "1"), ("counter", "port_rcv_errors")))] == 3
     assert_snapshot_in_bounds(snap)
 
 

@@ -82,7 +82,7 @@ def test_fake_backend_exposition_matches_file(make_fixture: Any, tmp_path: Path,
                 assert val(ser, "fabricmon_nvlink_errors_total", gpu=gpu, link=link, type=etype) == lk[etype]
             down = fault == "nvlink_down" and (g["index"], j) == (FAULT_GPU, FAULT_LINK)
             assert val(ser, "fabricmon_nvlink_up", gpu=gpu, link=link) == (0 if down else 1)
-        for reason, bit in THROTTLE_REASONS:
+        for reason, _bit in THROTTLE_REASONS:
             expected = 1 if (fault == "slow_gpu" and g["index"] == FAULT_GPU
                              and reason in ("HwThermalSlowdown", "SwThermalSlowdown")) else 0
             assert val(ser, "fabricmon_gpu_throttle_reason", gpu=gpu, reason=reason) == expected
@@ -203,7 +203,7 @@ class _NoLibraryStub:
     def __init__(self) -> None:
         self.init_calls = 0
 
-    def nvmlInit(self) -> None:  # noqa: N802 (pynvml API)
+    def nvmlInit(self) -> None:  # pynvml API
         self.init_calls += 1
         raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
 

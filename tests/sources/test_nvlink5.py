@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from support.nvmlstub import StubPynvml, no_inventory, series, source_status, val
 
 from fabricmon.agent.poller import Poller
 from fabricmon.sources.nvml.backend import NVLINK5_ERROR_TYPES
 from fabricmon.sources.nvml.backend_fake import FakeNvmlBackend
 from fabricmon.sources.nvml.backend_pynvml import PynvmlBackend
 from fabricmon.sources.nvml.source import NvmlSource
+from support.nvmlstub import StubPynvml, no_inventory, series, source_status, val
 
 _NS = pynvml.NVML_ERROR_NOT_SUPPORTED
 _COUNT_FIELDS = {getattr(pynvml, n): n for n in dir(pynvml) if n.startswith("NVML_FI_DEV_NVLINK_COUNT_")}
@@ -315,7 +315,7 @@ def test_capture_of_a_blackwell_replays_through_the_fake_file(tmp_path: Path) ->
     for g in real:
         f = fake.read_gpu(g.index)
         assert (f.traffic_path, f.errors_path) == (g.traffic_path, g.errors_path)
-        for a, b in zip(f.links, g.links):
+        for a, b in zip(f.links, g.links, strict=True):
             assert (a.tx_kib, a.tx_bytes, a.rx_bytes, a.replay, a.crc_flit, a.nvlink5_errors) == \
                 (b.tx_kib, b.tx_bytes, b.rx_bytes, b.replay, b.crc_flit, b.nvlink5_errors)
     assert real[0].links[2].nvlink5_errors["symbol"] > 0 and real[0].links[2].tx_bytes > 0

@@ -10,7 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fabricmon.sources.transceiver import (
-    ModuleFormatError, ModuleReader, parse_module, read_module_file, watts_to_dbm,
+    ModuleFormatError,
+    ModuleReader,
+    parse_module,
+    read_module_file,
+    watts_to_dbm,
 )
 from support.paths import FIXTURES
 

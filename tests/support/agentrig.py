@@ -21,9 +21,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fabricmon.agent.wiring import build_live_agent
 from fabricmon.aggregator.config import DetectionSettings
-from support.net import free_port  # noqa: F401 (re-exported for the rigs' users)
-from support.waiting import wait_until  # noqa: F401
-
 from fabricmon.aggregator.engine import Engine
 from fabricmon.aggregator.http_api import HttpApi
 from fabricmon.aggregator.server import start_grpc_server
@@ -34,6 +31,8 @@ from fabricmon.sim.hw import NGPU, NRAILS
 from fabricmon.sim.scenario import ClusterSpec, Scenario
 from fabricmon.sim.tree import NodeTree
 from fabricmon.topology import generate_topology
+from support.net import free_port  # noqa: F401 (re-exported for the rigs' users)
+from support.waiting import wait_until  # noqa: F401
 
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
@@ -227,8 +226,8 @@ def hostile_lines(i: int) -> bytes:
         json.dumps({"job": "j", "rank": 2**32, "step": i, "step_seconds": 1}),
         json.dumps({"job": "j", "rank": 1, "step": 2**64 + i, "step_seconds": 1}),
         json.dumps({"job": "j", "rank": 1, "local_rank": 2**40, "step": i, "step_seconds": 1}),
-        '{"job": "\\ud800bad", "rank": 1, "step": %d, "step_seconds": 1}' % i,
-        '{"job": "ok", "rank": 1, "step": %d, "step_seconds": 1, "group": {"\\udcff": 1}}' % i,
+        f'{{"job": "\\ud800bad", "rank": 1, "step": {i}, "step_seconds": 1}}',
+        f'{{"job": "ok", "rank": 1, "step": {i}, "step_seconds": 1, "group": {{"\\udcff": 1}}}}',
         json.dumps({"job": "j", "rank": 1, "step": i, "step_seconds": 1e308 * 10}).replace("Infinity", "1e999"),
         json.dumps({"job": "j", "rank": 1, "step": i, "step_seconds": 1, "gpu": 2**31}),
         json.dumps({"job": "j" * 1000, "rank": 1, "step": i, "step_seconds": 1}),

@@ -11,8 +11,6 @@ import urllib.request
 from pathlib import Path
 
 import yaml
-from support.net import free_port  # noqa: F401 (re-exported)
-from support.waiting import wait_until
 
 from fabricmon.agent.spool import MemorySpool
 from fabricmon.agent.stream import StreamClient
@@ -21,6 +19,8 @@ from fabricmon.aggregator.service import run_aggregator
 from fabricmon.batch import NodeHello
 from fabricmon.model import CounterDelta, Snapshot
 from fabricmon.topology import rail_nics
+from support.net import free_port  # noqa: F401 (re-exported)
+from support.waiting import wait_until
 
 
 def topology_doc(nodes: dict[str, int], cluster: str = "rig") -> dict:

@@ -23,7 +23,7 @@ class Webhook:
             def log_message(self, *a):
                 pass
 
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 with hook.lock:
                     hook.received.append(json.loads(body))

@@ -17,7 +17,7 @@ def make_pki(directory: Path, clients: dict[str, tuple[str, tuple[str, ...]]],
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
 
     def name(cn: str) -> x509.Name:
         return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
@@ -49,7 +49,8 @@ def make_pki(directory: Path, clients: dict[str, tuple[str, tuple[str, ...]]],
             b = b.add_extension(x509.SubjectAlternativeName(sans), critical=False)
         out[stem] = write(stem, k, b.sign(ca_key, hashes.SHA256()))
 
-    leaf("server", "aggregator.test", [x509.DNSName("aggregator.test"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    leaf("server", "aggregator.test",
+         [x509.DNSName("aggregator.test"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
     for stem, (cn, dns) in clients.items():
         leaf(stem, cn, [x509.DNSName(d) for d in dns])
     return out

@@ -2,8 +2,9 @@
 
 To add a kind, add one ``Case`` to ``CASES`` (a tree written by ``fabricmon.sim.fixture``, a node directory
 or a bare sysfs tree committed under ``tests/fixtures/``, e.g.
-``Case("realformat-mlx4-counters-ext", committed_sysfs("realformat/sysfs/mlx4-ofed-counters-ext"))``) and run ``FABRICMON_UPDATE_GOLDEN=1 pytest tests/agent/test_golden.py``
-to write ``tests/golden/<name>.prom``; review that file like code.
+``Case("realformat-mlx4-counters-ext", committed_sysfs("realformat/sysfs/mlx4-ofed-counters-ext"))``) and run
+``FABRICMON_UPDATE_GOLDEN=1 pytest tests/agent/test_golden.py`` to write ``tests/golden/<name>.prom``; review that
+file like code.
 """
 
 from __future__ import annotations

@@ -82,32 +82,32 @@ class StubPynvml:
     def err_value(gpu: int, link: int, kind: str) -> int:
         return {"REPLAY": 10, "RECOVERY": 1, "CRC_FLIT": 100, "CRC_DATA": 5}[kind] * (link + 1) + gpu
 
-    def nvmlInit(self) -> None:  # noqa: N802
+    def nvmlInit(self) -> None:
         self._count("nvmlInit")
 
-    def nvmlShutdown(self) -> None:  # noqa: N802
+    def nvmlShutdown(self) -> None:
         self._count("nvmlShutdown")
 
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int:
         return self.gpus
 
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
         return 0x1000 + i
 
-    def nvmlDeviceGetUUID(self, h: int) -> str:  # noqa: N802
+    def nvmlDeviceGetUUID(self, h: int) -> str:
         return f"GPU-stub-{self._idx(h)}"
 
-    def nvmlDeviceGetName(self, h: int) -> str:  # noqa: N802
+    def nvmlDeviceGetName(self, h: int) -> str:
         return "NVIDIA H100 80GB HBM3"
 
-    def nvmlDeviceGetPciInfo(self, h: int) -> Any:  # noqa: N802
+    def nvmlDeviceGetPciInfo(self, h: int) -> Any:
         return SimpleNamespace(busId=f"00000000:{0x1B + self._idx(h):02X}:00.0")
 
-    def nvmlDeviceGetFieldValues(self, h: int, field_ids: list) -> list:  # noqa: N802
+    def nvmlDeviceGetFieldValues(self, h: int, field_ids: list) -> list:
         gpu = self._idx(h)
         self.field_calls.append((gpu, list(field_ids)))
         out = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
-        for fv, req in zip(out, field_ids):
+        for fv, req in zip(out, field_ids, strict=True):
             fid, scope = req if isinstance(req, tuple) else (req, 0)
             fv.fieldId, fv.scopeId = fid, scope
             fv.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
@@ -131,7 +131,7 @@ class StubPynvml:
                 fv.nvmlReturn = _NS
         return list(out)
 
-    def nvmlDeviceGetNvLinkErrorCounter(self, h: int, link: int, counter: int) -> int:  # noqa: N802
+    def nvmlDeviceGetNvLinkErrorCounter(self, h: int, link: int, counter: int) -> int:
         self._count("nvmlDeviceGetNvLinkErrorCounter")
         gpu = self._idx(h)
         kind = {pynvml.NVML_NVLINK_ERROR_DL_REPLAY: "REPLAY", pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: "RECOVERY",
@@ -140,23 +140,23 @@ class StubPynvml:
             raise pynvml.NVMLError(_NS)
         return self.err_value(gpu, link, kind)
 
-    def nvmlDeviceGetNvLinkState(self, h: int, link: int) -> int:  # noqa: N802
+    def nvmlDeviceGetNvLinkState(self, h: int, link: int) -> int:
         self._count("nvmlDeviceGetNvLinkState")
         gpu = self._idx(h)
         return pynvml.NVML_FEATURE_DISABLED if (gpu, link) == (1, 3) else pynvml.NVML_FEATURE_ENABLED
 
-    def nvmlDeviceGetNvLinkRemotePciInfo(self, h: int, link: int) -> Any:  # noqa: N802
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, h: int, link: int) -> Any:
         self._count("nvmlDeviceGetNvLinkRemotePciInfo")
         self._idx(h)
         return SimpleNamespace(busId=f"00000000:{0xC0 + link % 4:02X}:00.0".encode())  # NVSwitch
 
-    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:  # noqa: N802
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
         return SimpleNamespace(gpu=40 + self._idx(h), memory=10)
 
-    def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:  # noqa: N802
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:
         return 0x60 if self._idx(h) == 1 else 0
 
-    def nvmlDeviceGetTotalEccErrors(self, h: int, error_type: int, counter_type: int) -> int:  # noqa: N802
+    def nvmlDeviceGetTotalEccErrors(self, h: int, error_type: int, counter_type: int) -> int:
         self._count("nvmlDeviceGetTotalEccErrors")
         gpu = self._idx(h)
         assert counter_type == pynvml.NVML_AGGREGATE_ECC
@@ -164,20 +164,20 @@ class StubPynvml:
             raise pynvml.NVMLError(_NS)
         return 7 + gpu
 
-    def nvmlDeviceGetPcieReplayCounter(self, h: int) -> int:  # noqa: N802
+    def nvmlDeviceGetPcieReplayCounter(self, h: int) -> int:
         raise AssertionError("PCIe replays come from the batched field, not a separate call")
 
-    def nvmlEventSetCreate(self) -> str:  # noqa: N802
+    def nvmlEventSetCreate(self) -> str:
         return "event-set"
 
-    def nvmlEventSetFree(self, es: str) -> None:  # noqa: N802
+    def nvmlEventSetFree(self, es: str) -> None:
         self._count("nvmlEventSetFree")
 
-    def nvmlDeviceRegisterEvents(self, h: int, types: int, es: str) -> None:  # noqa: N802
+    def nvmlDeviceRegisterEvents(self, h: int, types: int, es: str) -> None:
         assert types == pynvml.nvmlEventTypeXidCriticalError and es == "event-set"
         self.registered.append(self._idx(h))
 
-    def nvmlEventSetWait_v2(self, es: str, timeout_ms: int) -> Any:  # noqa: N802
+    def nvmlEventSetWait_v2(self, es: str, timeout_ms: int) -> Any:
         assert timeout_ms == 0  # draining must never block a poll
         # Only GPUs registered on the set deliver events, as in NVML.
         self.pending_xids = [(g, x) for g, x in self.pending_xids if g in self.registered]

@@ -13,15 +13,15 @@ import tempfile
 from pathlib import Path
 
 import yaml
-from support.agentrig import http_get
-from support.net import free_port
-from support.paths import REPO
-from support.waiting import wait_until
 
 from fabricmon.sim.cluster import ClusterState
 from fabricmon.sim.hw import NGPU, NRAILS
 from fabricmon.sim.scenario import ClusterSpec, Scenario
 from fabricmon.sim.tree import NodeTree
+from support.agentrig import http_get
+from support.net import free_port
+from support.paths import REPO
+from support.waiting import wait_until
 
 
 def render_node(root: Path) -> NodeTree:

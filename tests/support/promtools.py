@@ -119,7 +119,7 @@ class Service:
 
 def _start(name: str, argv: list[str], port: int, workdir: Path, ready_path: str, deadline: float) -> Service:
     log_path = workdir / f"{name}.log"
-    log = open(log_path, "wb")  # noqa: SIM115 (closed when the process ends)
+    log = open(log_path, "wb")  # closed when the process ends
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=workdir, start_new_session=True)
     log.close()
     svc = Service(name, proc, port, workdir, log_path)
@@ -310,7 +310,8 @@ def _nccl_line(rank: int, sn: int, now: float) -> str:
 def _write_probe_nvml(path: Path, n: int) -> None:
     """The probe's fake NVML: GPU 0 with what the simulator's NVML leaves out (PCIe replays, an XID;
     13 is a non-fatal graphics exception, so GPUXidFatal stays quiet).  Replaced atomically."""
-    doc = {"gpus": [{"index": 0, "uuid": "GPU-probe-0", "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": "00000000:18:00.0",
+    doc = {"gpus": [{"index": 0, "uuid": "GPU-probe-0", "name": "NVIDIA H100 80GB HBM3",
+                     "pci_bus_id": "00000000:18:00.0",
                      "pcie_replay": n // 4, "xid": [13] * (1 + n // 30), "links": []}]}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc))
@@ -338,12 +339,13 @@ def live_fabric(scenario: Any, workdir: Path, *, rule_files: Sequence[str | Path
     tick with the incidents that changed (to hand them to an AlertmanagerClient)."""
     import threading
 
-    from fabricmon.aggregator.engine import Engine
-    from fabricmon.aggregator.http_api import HttpApi
     from fabricmon.agent.intake import RankIntake
     from fabricmon.agent.nccl_inspector import NcclInspectorSource
     from fabricmon.agent.runtime import build_agent
+    from fabricmon.aggregator.engine import Engine
+    from fabricmon.aggregator.http_api import HttpApi
     from fabricmon.config import AgentConfig
+    from fabricmon.sim.drive import Drive, Pace
     from fabricmon.sim.runner import SimulatedCluster
     from fabricmon.sources.host import HostSource
     from fabricmon.sources.nvml.source import make_nvml_source
@@ -365,9 +367,9 @@ def live_fabric(scenario: Any, workdir: Path, *, rule_files: Sequence[str | Path
         probe_node = names[0]
         if aggregator:
             engine = Engine(sim.topology, cluster=sim.topology.cluster)
-            for h in sim.hellos():
-                engine.hello(h)
-            sim.on_batch = engine.ingest
+        drive = Drive(sim, engine=engine)  # no engine: the simulator alone, its agents scraped
+        drive.connect()
+        if engine is not None:
             http_api = HttpApi(engine, ("127.0.0.1", 0))
             http_api.start()
         if probe:
@@ -412,17 +414,14 @@ def live_fabric(scenario: Any, workdir: Path, *, rule_files: Sequence[str | Path
         prom = start_prometheus(workdir / "prometheus", config, deadline)
         watcher = AlertWatcher(prom).start()
 
+        def on_step(_st, changed) -> None:
+            if engine is not None and on_incidents is not None:
+                on_incidents(changed, sim.now())
+
         def pump() -> None:
             try:
-                while not stop.is_set() and sim.t + sim.interval <= scenario.duration + 1e-9:
-                    # sample time epoch + t lands on wall time epoch + t
-                    if stop.wait(max(0.0, epoch + sim.t + sim.interval - time.time())):
-                        break
-                    sim.step()
-                    if engine is not None:
-                        changed = engine.tick(sim.now())
-                        if on_incidents is not None:
-                            on_incidents(changed, sim.now())
+                # sample time epoch + t lands on wall time epoch + t
+                drive.run(pace=Pace(1.0, origin=epoch, clock=time.time, lead=0.0), stop=stop, on_step=on_step)
             except BaseException as exc:  # surfaced by the caller through LiveFabric.errors
                 errors.append(exc)
 

@@ -114,6 +114,24 @@ def _fill(template: str, m: Match) -> str:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class XoffRefresh:
+    """How a driver's NIC refreshes PFC XOFF while it holds its link partner paused.
+
+    A PFC frame asks the partner to stop for ``quanta`` x 512 bit times (IEEE 802.1Qbb); a port that
+    keeps its partner paused sends the next XOFF after ``refresh_quanta`` of them.  At a link speed of
+    S bit/s a port paused without a break therefore sends S / (refresh_quanta x 512) XOFF frames a
+    second per priority (or traffic class): the denominator that turns a driver's XOFF frame count
+    into the share of time it paused, for drivers that count pause frames but not pause time.
+    """
+
+    refresh_quanta: int
+    source: str
+
+    def frames_per_second(self, speed_gbps: float) -> float:
+        return speed_gbps * 1e9 / (self.refresh_quanta * 512)
+
+
 @dataclass
 class DriverTable:
     """The rules of one driver family; exact names are a dict lookup, patterns a short scan."""
@@ -121,6 +139,8 @@ class DriverTable:
     driver: str
     source: str  # the driver source the rules were read from (path and tag or commit)
     rules: tuple[StatRule, ...]
+    # set only for drivers that count pause in frames and give no pause time (ice)
+    xoff_refresh: XoffRefresh | None = None
     _exact: dict[str, StatRule] = field(default_factory=dict, init=False, repr=False)
     _patterns: list[tuple[re.Pattern[str], StatRule]] = field(default_factory=list, init=False, repr=False)
 

@@ -10,7 +10,7 @@ allowlist.
 
 from __future__ import annotations
 
-from . import DriverTable, Kind, StatRule, raw_only
+from . import DriverTable, Kind, StatRule, XoffRefresh, raw_only
 from .families import (
     ECN_MARKED,
     GLOBAL_PAUSE_FRAMES,
@@ -199,6 +199,16 @@ ICE_SOURCE = ("torvalds/linux@bc2f6edebd94aa2aff686eee92d72f44bab1731a "
 # ice counts the priorities of one traffic class together (DESIGN): the per-priority PFC counters are
 # labelled traffic_class, not priority, which would claim a per-priority count the hardware lacks.
 _TC = (("traffic_class", "{tc}"), ("direction", "{direction}"))
+# ice counts XOFF/XON frames, not pause time.  The E810's MAC takes its PFC pause quanta and XOFF
+# refresh timer from the PRTMAC_HSEC_CTL_TX_PAUSE_QUANTA / _REFRESH_TIMER registers that the firmware
+# programs (ice_common.c ice_fill_tx_timer_and_fc_thresh only reads them back); the values are Intel's
+# defaults for that MAC, as the i40e driver writes them for the same registers: quanta 0xFFFF and a
+# refresh at half of it (i40e_dcb.c i40e_dcb_hw_pfc_config: refresh_time = I40E_DEFAULT_PAUSE_TIME / 2,
+# "PRTMAC_HSEC_CTL_TX_PAUSE_QUANTA default value is 0xFFFF").  At 100 Gb/s: 5,960 XOFF/s paused throughout.
+ICE_XOFF_REFRESH = XoffRefresh(0xFFFF // 2, (
+    "torvalds/linux drivers/net/ethernet/intel/i40e/i40e_dcb.c i40e_dcb_hw_pfc_config (refresh_time = "
+    "I40E_DEFAULT_PAUSE_TIME / 2, quanta default 0xFFFF); ice_common.c ice_fill_tx_timer_and_fc_thresh "
+    "reads the same HSEC_CTL registers, set by the E810 firmware"))
 
 ICE = DriverTable("ice", ICE_SOURCE, (
     StatRule("{direction}_priority_{tc}_xoff.nic", PAUSE_FRAMES_TC, _TC + (("type", "xoff"),), unit="frames"),
@@ -229,7 +239,7 @@ ICE = DriverTable("ice", ICE_SOURCE, (
         "tx_hwtstamp_skipped", "tx_hwtstamp_timeouts", "tx_hwtstamp_flushed", "tx_hwtstamp_discarded",
         "late_cached_phc_updates", "rx_eipe_error.nic",
     ),
-))
+), xoff_refresh=ICE_XOFF_REFRESH)
 
 # --------------------------------------------------------------------------- standard groups
 STANDARD_GROUPS_SOURCE = ("torvalds/linux net/ethtool/common.c (stats_eth_phy_names, stats_eth_mac_names, "

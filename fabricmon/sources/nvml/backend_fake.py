@@ -3,6 +3,7 @@ fixture tool and the simulator, re-read every poll and checked like real NVML va
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections import Counter
 from pathlib import Path
@@ -10,7 +11,14 @@ from typing import Any
 
 from ..bounds import Rejected, check_gauge, counter_value, read_bounded
 from .backend import (
-    ERROR_PATHS, NO_PATH, NVLINK5_ERROR_TYPES, TRAFFIC_PATHS, GpuLost, GpuReading, LinkReading, NvmlCallError,
+    ERROR_PATHS,
+    NO_PATH,
+    NVLINK5_ERROR_TYPES,
+    TRAFFIC_PATHS,
+    GpuLost,
+    GpuReading,
+    LinkReading,
+    NvmlCallError,
     NvmlLibraryMissing,
 )
 
@@ -118,7 +126,7 @@ class _Checked:
             return ""
         return text
 
-    def xid_counts(self, value: Any) -> dict[int, int]:
+    def xid_counts(self, value: Any) -> dict[builtins.int, builtins.int]:  # (int: the method above)
         """``xid`` is the list of XID codes seen so far (one entry per event), or a {code: count} mapping."""
         if not value:
             return {}

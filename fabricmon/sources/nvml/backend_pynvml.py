@@ -12,8 +12,16 @@ from typing import Any, TypeVar
 import structlog
 
 from .backend import (
-    NO_PATH, NVLINK5_ERROR_TYPES, TRAFFIC_PATHS, GpuLost, GpuReading, LinkReading, NvmlCallError, NvmlError,
-    NvmlLibraryMissing, NvmlNotSupported,
+    NO_PATH,
+    NVLINK5_ERROR_TYPES,
+    TRAFFIC_PATHS,
+    GpuLost,
+    GpuReading,
+    LinkReading,
+    NvmlCallError,
+    NvmlError,
+    NvmlLibraryMissing,
+    NvmlNotSupported,
 )
 
 log = structlog.get_logger("fabricmon.nvml")
@@ -372,7 +380,7 @@ class PynvmlBackend:
 
         if st.errors_path not in (None, "legacy"):
             st.counter_calls.clear()  # NVLink5 counters, or none: the legacy calls are never made
-        pairs = [(f, m) for f, m in zip(st.fields, st.meanings) if keep(m)]
+        pairs = [(f, m) for f, m in zip(st.fields, st.meanings, strict=True) if keep(m)]
         if len(pairs) != len(st.fields):
             st.fields = [f for f, _ in pairs]
             st.meanings = [m for _, m in pairs]
@@ -392,7 +400,7 @@ class PynvmlBackend:
         got: list[tuple[tuple, int]] = []
         if st.fields:
             values = self._call(index, nv.nvmlDeviceGetFieldValues, h, st.fields)
-            for meaning, fv in zip(st.meanings, values):
+            for meaning, fv in zip(st.meanings, values, strict=True):  # one value per field asked
                 ret = fv.nvmlReturn
                 if ret == nv.NVML_ERROR_GPU_IS_LOST:
                     raise GpuLost(index)

@@ -14,8 +14,17 @@ from ..errorlog import ErrorLog
 from ..inventory import Inventory
 from ..registry import SourceContext, SourceSpec
 from .backend import (
-    ALL_NVLINK_ERROR_TYPES, ERROR_PATHS, NO_PATH, NVLINK_ERROR_TYPES, THROTTLE_REASONS, TRAFFIC_PATHS, GpuLost,
-    GpuReading, NvmlBackend, NvmlError, NvmlLibraryMissing,
+    ALL_NVLINK_ERROR_TYPES,
+    ERROR_PATHS,
+    NO_PATH,
+    NVLINK_ERROR_TYPES,
+    THROTTLE_REASONS,
+    TRAFFIC_PATHS,
+    GpuLost,
+    GpuReading,
+    NvmlBackend,
+    NvmlError,
+    NvmlLibraryMissing,
 )
 from .backend_fake import FakeNvmlBackend
 from .backend_pynvml import PynvmlBackend
@@ -81,7 +90,8 @@ def _gpu_readings(g: GpuReading, labels: _GpuLabels | None = None, memo: Reading
     mk = memo.get
     grp = labels.group
     gl = labels.gpu
-    out: list[Reading] = [mk("fabricmon_gpu_info", labels.info[nvlink_summary(g)], 1.0), mk("fabricmon_gpu_up", gl, 1.0)]
+    out: list[Reading] = [mk("fabricmon_gpu_info", labels.info[nvlink_summary(g)], 1.0),
+                          mk("fabricmon_gpu_up", gl, 1.0)]
     add = out.append
     if g.utilization is not None:
         add(mk("fabricmon_gpu_utilization_ratio", gl, min(max(g.utilization / 100.0, 0.0), 1.0)))
@@ -93,10 +103,10 @@ def _gpu_readings(g: GpuReading, labels: _GpuLabels | None = None, memo: Reading
     # and a Prometheus restart sees no new series to page on.
     add(mk("fabricmon_gpu_xid_fatal_errors_total", gl, fatal_count(g.xid_counts), _MONO, 64, grp))
     for xid, count in sorted(g.xid_counts.items()):
-        lab = labels.xid.get(xid)
-        if lab is None:
-            lab = labels.xid[xid] = (gl[0], ("xid", str(xid)))
-        add(mk("fabricmon_gpu_xid_errors_total", lab, count, _MONO, 64, grp))
+        xlab = labels.xid.get(xid)
+        if xlab is None:
+            xlab = labels.xid[xid] = (gl[0], ("xid", str(xid)))
+        add(mk("fabricmon_gpu_xid_errors_total", xlab, count, _MONO, 64, grp))
     for etype, value in (("corrected", g.ecc_corrected), ("uncorrected", g.ecc_uncorrected)):
         if value is not None:
             add(mk("fabricmon_gpu_ecc_errors_total", labels.ecc[etype], value, _MONO, 64, grp))
@@ -127,9 +137,11 @@ def _gpu_readings(g: GpuReading, labels: _GpuLabels | None = None, memo: Reading
             add(mk("fabricmon_nvlink_transmit_bytes_total", ll, tx, _MONO, 64, grp))
         if rx is not None:
             add(mk("fabricmon_nvlink_receive_bytes_total", ll, rx, _MONO, 64, grp))
-        for (etype, lab), value in zip(errs, (lk.replay, lk.recovery, lk.crc_flit, lk.crc_data)):
+        # the legacy four lead ALL_NVLINK_ERROR_TYPES, in NVLINK_ERROR_TYPES' order
+        legacy = (lk.replay, lk.recovery, lk.crc_flit, lk.crc_data)
+        for (_etype, elab), value in zip(errs[:_N_LEGACY], legacy, strict=True):
             if value is not None:
-                add(mk("fabricmon_nvlink_errors_total", lab, value, _MONO, 64, grp))
+                add(mk("fabricmon_nvlink_errors_total", elab, value, _MONO, 64, grp))
         if lk.nvlink5_errors:
             n5 = lk.nvlink5_errors
             for etype, elab in errs:
