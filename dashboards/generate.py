@@ -10,7 +10,7 @@ model is what Grafana 10-13 provision from files.  tests/deploy/test_dashboards.
 structure, that regeneration changes nothing, and that every metric queried exists
 (fabricmon/metrics.py, deploy/prometheus recording rules, aggregator metrics).
 
-Conventions: a ``${datasource}`` variable (no hard-coded uid); variables cluster, hpc_job,
+Conventions: a ``${datasource}`` variable (no hard-coded uid); variables cluster, hpc_job, job_id,
 rail, leaf, node (multi-value regexes, "All" = ``.*`` so an absent label still matches);
 ``rate(...[$__rate_interval])`` around every ``_total``; a unit on every panel.
 Per-rail and per-leaf views use the recording rules (cheap across thousands of nodes).
@@ -31,6 +31,16 @@ C = 'cluster=~"$cluster"'
 N = f'{C}, node=~"$node"'
 PORT_INFO = f'fabricmon:ib_port:info{{{C}, rail=~"$rail", leaf=~"$leaf", node=~"$node"}}'
 RATE = "$__rate_interval"
+# The job: hpc_job and its job_id (the scheduler's id; a job that sends none has no job_id label, which
+# "All" (.*) matches).  Rank gauges, lateness and cost carry the job's job_id whenever it has one: JOB.
+# Incidents carry job_id only where the finding knows it (JobHung, a fabric incident's job): JOB_INCIDENT
+# also matches an empty one, so a job's software findings stay visible with its job_id selected.
+JOB = 'hpc_job=~"$hpc_job", job_id=~"$job_id"'
+JOB_INCIDENT = 'hpc_job=~"$hpc_job", job_id=~"$job_id|"'
+JOB_LEGEND = "{{hpc_job}} {{job_id}}"
+# NCCL Inspector series carry no job: kept to the nodes where a selected job's ranks report (a set
+# operation, so a node shared by two jobs is no many-to-many error).
+ON_JOB_NODES = f"and on (cluster, node) group by (cluster, node) (fabricmon_rank_step_seconds{{{N}, {JOB}}})"
 
 
 def _by_port(expr: str, labels: str = "") -> str:
@@ -64,6 +74,21 @@ WORST_MAPPINGS = [{"type": "value", "options": {
 WORST_THRESHOLDS = [(None, NO_DATA_COLOR), (0, "green"), (1, "blue"), (2, "orange"), (3, "red")]
 
 
+STARTED = f"{INCIDENT.replace('_open', '_started_timestamp_seconds')}"
+JOB_PAGES = ("StragglerRank", "SlowRanksSharedComponent", "JobHung")
+SOFTWARE_FINDINGS = ("StageImbalance", "SoftwareStraggler")
+
+
+def _incident_table() -> list[dict]:
+    """Open incidents of a job as rows: the job first, newest first."""
+    return [{"id": "organize", "options": {
+        "excludeByName": {"Time": True, "__name__": True, "instance": True, "job": True, "rail": True, "leaf": True},
+        "indexByName": {"hpc_job": 0, "job_id": 1, "alertname": 2, "severity": 3, "component_type": 4,
+                        "component": 5, "node": 6, "Value": 7},
+        "renameByName": {"Value": "open since"}}},
+        {"id": "sortBy", "options": {"sort": [{"field": "open since", "desc": True}]}}]
+
+
 def _worst(by: str, incident_sel: str, base: str = "") -> str:
     """max by (`by`) of the severity rank of open incidents matching `incident_sel`; for every `base`
     series 0 while every aggregator target is up, else NO_DATA."""
@@ -81,6 +106,9 @@ def _link(title: str, uid: str, params: str) -> dict:
 
 
 NODE_LINK = _link("Node drill-down: ${__field.labels.node}", "fabricmon-node", "var-node=${__field.labels.node}")
+NODE_CELL_LINK = {"matcher": {"id": "byName", "options": "node"},
+                  "properties": [{"id": "links", "value": [_link("Node drill-down: ${__value.raw}", "fabricmon-node",
+                                                                 "var-node=${__value.raw}")]}]}
 LEAF_LINKS = [
     _link("Nodes on ${__field.labels.leaf}", "fabricmon-node",
           "var-rail=${__field.labels.rail}&var-leaf=${__field.labels.leaf}"),
@@ -246,6 +274,8 @@ def variables() -> list[dict]:
          "current": {}, "options": [], "refresh": 1, "regex": "", "hide": 0, "multi": False, "includeAll": False},
         _query_var("cluster", "Cluster", "label_values(fabricmon_ib_port_info, cluster)"),
         _query_var("hpc_job", "Training job", f"label_values(fabricmon_rank_step_seconds{{{C}}}, hpc_job)"),
+        _query_var("job_id", "Job id",
+                   f'label_values(fabricmon_rank_step_seconds{{{C}, hpc_job=~"$hpc_job"}}, job_id)'),
         _query_var("rail", "Rail", f"label_values(fabricmon_ib_port_info{{{C}}}, rail)"),
         _query_var("leaf", "Leaf", f'label_values(fabricmon:ib_port:info{{{C}, rail=~"$rail"}}, leaf)'),
         _query_var("node", "Node", f'label_values(fabricmon:ib_port:info{{{C}, rail=~"$rail", leaf=~"$leaf"}}, node)'),
@@ -409,52 +439,70 @@ def node() -> Board:
 
 def job() -> Board:
     b = Board("fabricmon-job", "fabricmon / Job view",
-              "A training job: per-rank step and communication time, lateness, NCCL collectives.", ["job"])
-    b.row("Ranks")
-    b.ts("Step time per rank",
-         [(f'fabricmon_rank_step_seconds{{{N}, hpc_job=~"$hpc_job"}}', "{{hpc_job}} rank {{rank}}")], "s",
-         min_val=0, legend=False, links=[NODE_LINK])
-    b.ts("Communication time per rank",
-         [(f'fabricmon_rank_comm_seconds{{{N}, hpc_job=~"$hpc_job"}}', "{{hpc_job}} rank {{rank}}")],
-         "s", min_val=0, legend=False)
-    b.ts("Top 10 late ranks (lateness score)",
-         [(f'topk(10, fabricmon_rank_lateness_score{{{C}, hpc_job=~"$hpc_job"}})', "{{hpc_job}} rank {{rank}}")],
-         "none",
-         description="Robust z-score of lateness against the rank's peers (aggregator).")
-    b.ts("Step time spread", [
-        (f'max by (hpc_job) (fabricmon_rank_step_seconds{{{N}, hpc_job=~"$hpc_job"}})', "{{hpc_job}} max"),
-        (f'quantile by (hpc_job) (0.5, fabricmon_rank_step_seconds{{{N}, hpc_job=~"$hpc_job"}})', "{{hpc_job}} median"),
-        (f'min by (hpc_job) (fabricmon_rank_step_seconds{{{N}, hpc_job=~"$hpc_job"}})', "{{hpc_job}} min"),
-    ], "s", min_val=0)
-    b.row("NCCL collectives (NCCL Inspector)")
-    b.ts("Bus bandwidth per rank", [(f"fabricmon_nccl_bus_bandwidth_bytes_per_second{{{N}}}",
-                                      "{{node}} rank {{rank}} {{collective}}")], "Bps", min_val=0, legend=False,
-         links=[NODE_LINK])
-    b.ts("Time in collectives (share of wall time)",
-         [(f"sum by (node, rank) (rate(fabricmon_nccl_collective_seconds_total{{{N}}}[{RATE}]))",
-           "{{node}} rank {{rank}}")],
-         "percentunit", min_val=0, legend=False)
-    b.ts("Collectives per second", [(f"sum by (collective) (rate(fabricmon_nccl_collectives_total{{{N}}}[{RATE}]))",
-                                     "{{collective}}")], "ops", min_val=0)
-    b.ts("Collective bytes per second",
-         [(f"sum by (collective) (rate(fabricmon_nccl_collective_bytes_total{{{N}}}[{RATE}]))",
-                                          "{{collective}}")], "Bps", min_val=0)
-    b.row("Incidents")
+              "Training jobs kept apart: step time per job and per rank, stragglers, hangs, the software findings "
+              "that never page (decoys), what open incidents cost each job, NCCL collectives on the job's nodes.",
+              ["job"])
+    b.row("Jobs")
+    b.ts("Step time per job (median over its ranks)",
+         [(f"quantile by (hpc_job, job_id) (0.5, fabricmon_rank_step_seconds{{{N}, {JOB}}})", JOB_LEGEND)], "s",
+         min_val=0, description="Each job's median last step time over its ranks (agent rank gauges).")
+    b.ts("GPU-hours per hour lost per job",
+         [(f"sum by (hpc_job, job_id) (fabricmon_incident_gpu_hours_per_hour{{{C}, {JOB}}})", JOB_LEGEND)], "none",
+         min_val=0, description="Summed over the open incidents whose components the job's ranks use (aggregator).")
     b.panel("table", "What open incidents cost each job (GPU-hours per hour)",
-            [(f'sort_desc(fabricmon_incident_gpu_hours_per_hour{{{C}, hpc_job=~"$hpc_job"}})', "")], "none",
+            [(f"sort_desc(fabricmon_incident_gpu_hours_per_hour{{{C}, {JOB}}})", "")], "none",
             w=24, h=8, instant=True, table=True,
             description="Per open incident and job whose ranks use its component: the job's GPUs x (1 - 1/(1 + "
                         "step slowdown)), the slowdown measured against the job's last 20 clean steps (aggregator). "
                         "Costliest first; the alert's impact annotation says the same in words.",
             transformations=[{"id": "organize", "options": {
                 "excludeByName": {"Time": True, "__name__": True, "instance": True, "job": True},
-                "indexByName": {"hpc_job": 0, "alertname": 1, "component": 2, "Value": 3},
+                "indexByName": {"hpc_job": 0, "job_id": 1, "alertname": 2, "component": 3, "Value": 4},
                 "renameByName": {"Value": "GPU-hours per hour"}}},
                 {"id": "sortBy", "options": {"sort": [{"field": "GPU-hours per hour", "desc": True}]}}])
-    b.ts("Open incidents by alert", [(f"sum by (alertname, component_type) (fabricmon_incidents_open{{{C}}})",
-                                      "{{alertname}} ({{component_type}})")], "none", min_val=0)
-    b.ts("Most suspected components", [(f"topk(10, fabricmon_component_suspicion{{{C}}})", "{{component}}")],
-         "percentunit", min_val=0)
+    b.row("Stragglers, hangs and software findings")
+    b.panel("table", "Stragglers and hangs (pages)",
+            [(f'{STARTED}{{{C}, {JOB_INCIDENT}, alertname=~"{"|".join(JOB_PAGES)}"}} * 1000', "")], "dateTimeAsIso",
+            w=12, h=8, instant=True, table=True, transformations=_incident_table(), overrides=[NODE_CELL_LINK],
+            description="Open StragglerRank, SlowRanksSharedComponent and JobHung incidents naming the job "
+                        "(hpc_job, fixed when the incident first fires).")
+    b.panel("table", "Software findings (info, never paged)",
+            [(f'{STARTED}{{{C}, {JOB_INCIDENT}, severity="info", alertname=~"{"|".join(SOFTWARE_FINDINGS)}"}} '
+              f"* 1000", "")], "dateTimeAsIso",
+            w=12, h=8, instant=True, table=True, transformations=_incident_table(), overrides=[NODE_CELL_LINK],
+            description="StageImbalance (a whole pipeline stage or many ranks late together) and SoftwareStraggler "
+                        "(a host's ranks late while every component they use is clean: a dataloader, CPU or GC). "
+                        "Decoys show here, not in the pager.")
+    b.ts("Late ranks per job (top 10 by lateness score)",
+         [(f"topk by (hpc_job, job_id) (10, fabricmon_rank_lateness_score{{{C}, {JOB}}})",
+           "{{hpc_job}} {{job_id}} rank {{rank}}")], "none",
+         description="Robust z-score of lateness against the rank's peers in its own job (aggregator).")
+    b.ts("Open incidents naming the job, by severity",
+         [(f'count by (hpc_job, severity) (fabricmon_incident_open{{{C}, {JOB_INCIDENT}, hpc_job!=""}})',
+           "{{hpc_job}} {{severity}}")], "none", min_val=0)
+    b.row("Ranks")
+    b.ts("Step time per rank", [(f"fabricmon_rank_step_seconds{{{N}, {JOB}}}", "{{hpc_job}} rank {{rank}}")], "s",
+         min_val=0, legend=False, links=[NODE_LINK])
+    b.ts("Communication time per rank", [(f"fabricmon_rank_comm_seconds{{{N}, {JOB}}}", "{{hpc_job}} rank {{rank}}")],
+         "s", min_val=0, legend=False)
+    b.ts("Step time spread", [
+        (f"max by (hpc_job, job_id) (fabricmon_rank_step_seconds{{{N}, {JOB}}})", JOB_LEGEND + " max"),
+        (f"quantile by (hpc_job, job_id) (0.5, fabricmon_rank_step_seconds{{{N}, {JOB}}})", JOB_LEGEND + " median"),
+        (f"min by (hpc_job, job_id) (fabricmon_rank_step_seconds{{{N}, {JOB}}})", JOB_LEGEND + " min"),
+    ], "s", min_val=0, w=24)
+    b.row("NCCL collectives on the job's nodes (NCCL Inspector)")
+    b.ts("Bus bandwidth per rank", [(f"fabricmon_nccl_bus_bandwidth_bytes_per_second{{{N}}} {ON_JOB_NODES}",
+                                      "{{node}} rank {{rank}} {{collective}}")], "Bps", min_val=0, legend=False,
+         links=[NODE_LINK])
+    b.ts("Time in collectives (share of wall time)",
+         [(f"sum by (node, rank) (rate(fabricmon_nccl_collective_seconds_total{{{N}}}[{RATE}]) {ON_JOB_NODES})",
+           "{{node}} rank {{rank}}")], "percentunit", min_val=0, legend=False)
+    b.ts("Collectives per second",
+         [(f"sum by (collective) (rate(fabricmon_nccl_collectives_total{{{N}}}[{RATE}]) {ON_JOB_NODES})",
+           "{{collective}}")], "ops", min_val=0)
+    b.ts("Collective bytes per second",
+         [(f"sum by (collective) (rate(fabricmon_nccl_collective_bytes_total{{{N}}}[{RATE}]) {ON_JOB_NODES})",
+           "{{collective}}")], "Bps", min_val=0)
     return b
 
 

@@ -205,8 +205,10 @@ SPECS: dict[str, MetricSpec] = _specs(
      ("comm_name", "nranks", "state")),
     ("fabricmon_nccl_comm_info", "info", "NCCL communicator name (header comm_name, NCCL 2.30+); value 1.",
      ("rank", "comm", "comm_name")),
-    ("fabricmon_rank_step_seconds", "gauge", "Last reported step time per rank.", ("hpc_job", "rank")),
-    ("fabricmon_rank_comm_seconds", "gauge", "Last reported communication time per rank.", ("hpc_job", "rank")),
+    ("fabricmon_rank_step_seconds", "gauge", "Last reported step time per rank (job_id empty when the job sends none).",
+     ("hpc_job", "job_id", "rank")),
+    ("fabricmon_rank_comm_seconds", "gauge", "Last reported communication time per rank.",
+     ("hpc_job", "job_id", "rank")),
     # --- intake self-metrics (agent/intake.py, agent/nccl_inspector.py); reasons are fixed enums ---
     ("fabricmon_intake_lines_total", "counter",
      "Rank-timing lines and NCCL Inspector records read, by result and reason.",

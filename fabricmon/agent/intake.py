@@ -8,7 +8,7 @@ gets ``socket_mode``: 0660 here, the agent's ``intake.socket_mode`` config, defa
 rejected counts).  The HTTP endpoint refuses to listen anywhere but loopback.
 
 Parsed timings go to a bounded buffer (oldest dropped, counted) that the stream
-client drains each poll; the latest step and communication time per (job, rank)
+client drains each poll; the latest step and communication time per (job, job_id, rank)
 are kept for the agent's ``fabricmon_rank_step_seconds`` and
 ``fabricmon_rank_comm_seconds`` gauges (``readings()``, or use the intake as a
 poller Source named ``rank_intake``).  Bad lines are counted and logged (rate
@@ -118,7 +118,8 @@ class RankIntake:
         # the newest heartbeat per (job, job_id, rank) since the last drain: one a rank per batch is enough
         self._heartbeats: dict[tuple[str, str, int], Heartbeat] = {}
         self._layouts: dict[str, JobLayout] = {}
-        self._latest: dict[tuple[str, int], tuple[float, float, float]] = {}  # -> (step_s, comm_s, seen)
+        # (job, job_id, rank) -> (step_s, comm_s, seen): job_id keeps two jobs of one name apart
+        self._latest: dict[tuple[str, str, int], tuple[float, float, float]] = {}
         self._jobs: dict[str, float] = {}  # job -> last seen
         self._next_expiry = float("-inf")
         self._lines = dict.fromkeys(LINE_RESULTS, 0)
@@ -185,7 +186,7 @@ class RankIntake:
                     del self._new_layouts[0]
                 self._accepted()
                 return True, ""
-            key = (item.job, item.rank)
+            key = (item.job, item.job_id, item.rank)
             if key not in self._latest and len(self._latest) >= self._max_series:
                 self._expire(now)
                 if len(self._latest) >= self._max_series:
@@ -255,12 +256,13 @@ class RankIntake:
             return list(self._layouts.values())
 
     def readings(self) -> list[Reading]:
-        """Latest step and communication time per (job, rank), forgetting ranks silent for ``latest_ttl``."""
+        """Latest step and communication time per (job, job_id, rank), forgetting ranks silent for ``latest_ttl``."""
         out: list[Reading] = []
         with self._lock:
             self._expire(self._clock(), force=True)
-            for (job, rank), (step_s, comm_s, _) in self._latest.items():
-                labels = (("hpc_job", job), ("rank", str(rank)))
+            for (job, job_id, rank), (step_s, comm_s, _) in self._latest.items():
+                # an empty job_id is no label at all in Prometheus (a job that sends none)
+                labels = (("hpc_job", job), ("job_id", job_id), ("rank", str(rank)))
                 out.append(Reading("fabricmon_rank_step_seconds", labels, step_s))
                 out.append(Reading("fabricmon_rank_comm_seconds", labels, comm_s))
         return out

@@ -228,3 +228,5 @@ class IncidentCost:
                 js = self.steps.jobs.get(top)
                 if js is not None:
                     f.labels["hpc_job"] = js.name
+                    if js.job_id:  # its identity too, fixed with the name (two jobs may share one)
+                        f.labels["job_id"] = js.job_id

@@ -498,10 +498,10 @@ class Engine:
                 "batches_total": self.batches_total,
                 "batches_dropped_total": self.batches_dropped_total,
                 "suspicion": {(c.type, c.id): p for c, p in self.suspicion.items()},
-                "lateness": self.stragglers.lateness_scores(top=LATENESS_EXPORTED_PER_JOB),
+                "lateness": self.stragglers.lateness_by_job(top=LATENESS_EXPORTED_PER_JOB),
                 "incidents_open": open_counts,
                 # one series per open incident and hurt job (bounded by the open incidents)
-                "incident_cost": [(inc.alertname, inc.component, i.job, i.gpu_hours_per_hour)
+                "incident_cost": [(inc.alertname, inc.component, i.job, i.job_id, i.gpu_hours_per_hour)
                                   for inc in self.manager.open_incidents() for i in inc.impact],
                 "cross_shard": self.cross.stats() if self.cross is not None else None,
                 "ticks_total": self.ticks_total,

@@ -119,9 +119,9 @@ class AggregatorCollector:
         yield g
         g = GaugeMetricFamily("fabricmon_rank_lateness_score", "Robust lateness z-score of the rank's last step; the "
                               f"{LATENESS_EXPORTED_PER_JOB} latest ranks of each job.",
-                              labels=["hpc_job", "rank"])
-        for job, rank, score in snap["lateness"]:
-            g.add_metric([job, str(rank)], score)
+                              labels=["hpc_job", "job_id", "rank"])
+        for job, job_id, rank, score in snap["lateness"]:
+            g.add_metric([job, job_id, str(rank)], score)
         yield g
         g = GaugeMetricFamily("fabricmon_incidents_open", "Open incidents.", labels=["alertname", "component_type"])
         for (a, t), n in sorted(snap["incidents_open"].items()):
@@ -130,9 +130,9 @@ class AggregatorCollector:
         g = GaugeMetricFamily("fabricmon_incident_gpu_hours_per_hour",
                               "GPU-hours per hour each open incident costs each job whose ranks use its component "
                               "(GPUs x (1 - 1/(1 + step slowdown)); all its GPUs when the job stopped).",
-                              labels=["alertname", "component", "hpc_job"])
-        for a, comp, job, cost in snap["incident_cost"]:
-            g.add_metric([a, comp, job], cost)
+                              labels=["alertname", "component", "hpc_job", "job_id"])
+        for a, comp, job, job_id, cost in snap["incident_cost"]:
+            g.add_metric([a, comp, job, job_id or ""], cost)
         yield g
         yield from _incident_series(self.engine.open_incidents())
         c = CounterMetricFamily("fabricmon_nccl_ras_queries_sent",
@@ -196,8 +196,10 @@ def _topology_series(engine: Engine) -> Iterator[GaugeMetricFamily]:
 
 
 # One series per OPEN incident (resolved ones disappear): bounded by the open incidents, and what the
-# dashboards' incidents table and annotations read.  Labels are the DESIGN contract's routing labels.
-INCIDENT_LABELS = ("alertname", "severity", "component_type", "component", "node", "rail", "leaf")
+# dashboards' incidents table and annotations read.  Labels are the DESIGN contract's routing labels, with
+# the job the incident names (hpc_job, fixed when it first fires; job_id where the finding has one) so
+# the job dashboard selects a job's stragglers, hangs and software findings.
+INCIDENT_LABELS = ("alertname", "severity", "component_type", "component", "node", "rail", "leaf", "hpc_job", "job_id")
 
 
 def _incident_series(open_incidents: Iterable[Incident]) -> Iterator[Metric]:
@@ -206,7 +208,7 @@ def _incident_series(open_incidents: Iterable[Incident]) -> Iterator[Metric]:
                                 "When the open incident was first seen (cluster clock).", labels=list(INCIDENT_LABELS))
     for inc in open_incidents:
         values = [inc.alertname, inc.severity, inc.component_type, inc.component,
-                  *(str(inc.labels.get(k) or "") for k in ("node", "rail", "leaf"))]
+                  *(str(inc.labels.get(k) or "") for k in INCIDENT_LABELS[4:])]
         is_open.add_metric(values, 1)
         started.add_metric(values, inc.first_seen)
     yield is_open

@@ -81,6 +81,7 @@ class RankInfo:
 @dataclass
 class JobState:
     name: str
+    job_id: str = ""  # the scheduler's id when the job sends one: two jobs of one name stay apart
     layout: dict[str, int] = field(default_factory=dict)
     ranks: dict[int, RankInfo] = field(default_factory=dict)
     steps: dict[int, dict[int, tuple[float, float]]] = field(default_factory=dict)
@@ -161,7 +162,7 @@ class StragglerTracker:
         key = f"{t.job}\x00{t.job_id}" if t.job_id else t.job
         job = self.jobs.get(key)
         if job is None:
-            job = self.jobs[key] = JobState(t.job)
+            job = self.jobs[key] = JobState(t.job, t.job_id)
         elif t.step > job.max_step + MAX_STEP_AHEAD:
             return self._refuse(STEP_AHEAD)
         where = (t.node or node, t.gpu_index)
@@ -373,10 +374,15 @@ class StragglerTracker:
 
     def lateness_scores(self, top: int | None = None) -> list[tuple[str, int, float]]:
         """(job, rank, score), the ``top`` latest ranks of each job (all when None), latest first."""
-        out: list[tuple[str, int, float]] = []
+        return [(name, r, score) for name, _, r, score in self.lateness_by_job(top)]
+
+    def lateness_by_job(self, top: int | None = None) -> list[tuple[str, str, int, float]]:
+        """(job, job_id, rank, score) as ``lateness_scores``: job_id ("" when the job sends none) keeps
+        two jobs of one name apart in /metrics."""
+        out: list[tuple[str, str, int, float]] = []
         for j in self.jobs.values():
             items = j.ranks.items()
             best = (heapq.nlargest(top, items, key=lambda ri: ri[1].score) if top is not None
                     else sorted(items, key=lambda ri: -ri[1].score))
-            out.extend((j.name, r, i.score) for r, i in best)
+            out.extend((j.name, j.job_id, r, i.score) for r, i in best)
         return out

@@ -262,7 +262,7 @@ class SyntheticJob:
     def timings(self, res: dict, ts: float) -> list[RankTiming]:
         comm = np.round(res["comm"], 6).tolist()
         step_s = round(float(res["step_seconds"]), 6)
-        name, step = self.spec.name, self.step
+        name, step, job_id = self.spec.name, self.step, self.job_id or ""
         out = []
         for i in range(self.n):
             node = self.names[i]
@@ -270,7 +270,8 @@ class SyntheticJob:
             groups = self._groups[i]
             base = i * NGPU
             for g in range(NGPU):
-                out.append(RankTiming(name, base + g, g, step, step_s, row[g], ts, node, -1, groups[g]))
+                # job_id as the heartbeats carry it: the job's identity wherever its ranks are matched
+                out.append(RankTiming(name, base + g, g, step, step_s, row[g], ts, node, -1, groups[g], job_id))
         return out
 
     # ------------------------------------------------------------------ load it puts on the cluster

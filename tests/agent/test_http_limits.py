@@ -18,7 +18,7 @@ from support.waiting import wait_until
 
 def snapshot(*jobs: str) -> Snapshot:
     return Snapshot(node="n1", ts=5.0, seq=1, samples=tuple(
-        Sample("fabricmon_rank_step_seconds", (("hpc_job", j), ("rank", "0")), 1.0) for j in jobs
+        Sample("fabricmon_rank_step_seconds", (("hpc_job", j), ("job_id", ""), ("rank", "0")), 1.0) for j in jobs
     ) + (Sample("fabricmon_host_load1", (), 0.5),), deltas=(), interval_seconds=0.0,
         sources=(SourceStatus("host", True, True, 0.001, 0),))
 
@@ -35,7 +35,7 @@ def test_a_bad_label_value_costs_its_series_not_the_scrape():
 def test_a_label_value_that_is_not_a_string_costs_its_series():
     snap = snapshot("good")
     snap = Snapshot(node="n1", ts=5.0, seq=1, samples=(*snap.samples,
-                    Sample("fabricmon_rank_step_seconds", (("hpc_job", None), ("rank", 3)), 1.0)),
+                    Sample("fabricmon_rank_step_seconds", (("hpc_job", None), ("job_id", ""), ("rank", 3)), 1.0)),
                     deltas=(), interval_seconds=0.0, sources=())
     for body in (exposition(snap, now=5.0), generate_latest(make_registry(lambda: snap, clock=lambda: 5.0))):
         fams = {f.name: f for f in text_string_to_metric_families(body.decode("utf-8"))}

@@ -62,8 +62,8 @@ def test_unix_socket_good_and_bad_lines(intake, tmp_path):
     assert intake.drain() == ([], [])
     assert intake.layouts() == [JobLayout("llm-7b", (("tp", 8),))]
     got = {(r.family, r.labels): r.value for r in intake.readings()}
-    assert got[("fabricmon_rank_step_seconds", (("hpc_job", "llm-7b"), ("rank", "18")))] == 2.5
-    assert got[("fabricmon_rank_comm_seconds", (("hpc_job", "llm-7b"), ("rank", "17")))] == 0.41
+    assert got[("fabricmon_rank_step_seconds", (("hpc_job", "llm-7b"), ("job_id", ""), ("rank", "18")))] == 2.5
+    assert got[("fabricmon_rank_comm_seconds", (("hpc_job", "llm-7b"), ("job_id", ""), ("rank", "17")))] == 0.41
 
 
 def test_overlong_line_is_rejected_and_the_connection_recovers(intake):
@@ -98,6 +98,20 @@ def test_buffer_is_bounded_oldest_dropped():
         it.submit_line(json.dumps({**GOOD, "step": step}))
     ranks, _ = it.drain()
     assert [r.step for r in ranks] == [7, 8, 9] and it.dropped_total == 7
+
+
+def test_two_jobs_of_one_name_stay_apart_by_job_id():
+    """job_id is the job's identity (DESIGN "Jobs, decoys and cost"): two jobs named `train` on one node
+    are two series each rank, labelled by job_id; a job that sends none has no job_id label value."""
+    it = RankIntake("n")
+    for job_id, step_s in (("slurm-1", 2.0), ("slurm-2", 3.0), (None, 4.0)):
+        line = {**GOOD, "job": "train", "step_seconds": step_s}
+        if job_id:
+            line["job_id"] = job_id
+        assert it.submit_line(json.dumps(line))[0]
+    got = {(r.labels, r.value) for r in it.readings() if r.family == "fabricmon_rank_step_seconds"}
+    assert got == {((("hpc_job", "train"), ("job_id", jid), ("rank", "17")), v)
+                   for jid, v in (("slurm-1", 2.0), ("slurm-2", 3.0), ("", 4.0))}
 
 
 def test_missing_ts_defaults_to_receive_time_and_source_poll():

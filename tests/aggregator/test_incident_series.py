@@ -34,7 +34,8 @@ def test_open_incident_has_series_and_resolved_one_disappears() -> None:
     lint = subprocess.run([require_binary(PROMTOOL), "check", "metrics"], input=text, capture_output=True, timeout=60)
     assert lint.returncode == 0 and not lint.stdout.strip() and not lint.stderr.strip(), lint
     want = {"alertname": "FabricLinkErrors", "severity": inc.severity, "component_type": "link",
-            "component": "node-003/mlx5_3/1", "node": "node-003", "rail": "3", "leaf": "leaf-u0-r3"}
+            "component": "node-003/mlx5_3/1", "node": "node-003", "rail": "3", "leaf": "leaf-u0-r3",
+            "hpc_job": "", "job_id": ""}  # no job's ranks use the link here
     opened = [s for s in fams["fabricmon_incident_open"] if s.labels["alertname"] == "FabricLinkErrors"]
     assert [(s.labels, s.value) for s in opened] == [(want, 1.0)]
     started = [s for s in fams["fabricmon_incident_started_timestamp_seconds"] if s.labels == want]

@@ -18,7 +18,7 @@ DASH = REPO / "dashboards"
 JSON_DIR = DASH / "json"
 RECORDING_RULES = REPO / "deploy" / "prometheus" / "fabricmon-recording.rules.yml"
 PROMETHEUS_BUILTIN = {"up"}  # per-target scrape health, written by Prometheus itself
-REQUIRED_VARS = ["datasource", "cluster", "hpc_job", "rail", "leaf", "node"]
+REQUIRED_VARS = ["datasource", "cluster", "hpc_job", "job_id", "rail", "leaf", "node"]
 
 
 def _load_generator():

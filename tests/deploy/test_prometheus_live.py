@@ -51,6 +51,10 @@ MAY_BE_EMPTY = {
     "Collectors up (nodes failing per collector)": "no collector fails (count of collectors == 0)",
     "Spines and rails: worst open incident": "no spine or whole-rail fault in this scenario (present only while one is "
                                              "open)",
+    "Software findings (info, never paged)": "no software decoy in this one-job scenario "
+                                             "(tests/deploy/test_dashboard_jobs.py runs two jobs with decoys)",
+    "Stragglers and hangs (pages)": "the slow GPU's StragglerRank needs most of 10 slow steps, the panels are "
+                                    "read 8 s after injection (tests/deploy/test_dashboard_jobs.py has one open)",
 }
 # Alerts a fault may legitimately raise besides its own (component ids are checked for those).
 SECONDARY = {"FabricCongestion"}  # a PFC storm pauses its partner: congestion there is the symptom
@@ -181,8 +185,10 @@ def test_dashboards_and_alerts_on_live_data(tmp_path: Path) -> None:
             assert any(t == title for _, t in counts), f"MAY_BE_EMPTY names no panel: {title!r}"
         for dash, var, match, label in variable_queries():
             values = _label_values(prom, label, match)
-            if var == "cluster":
-                continue  # an external label in a single Prometheus: absent, "All" (.*) matches
+            if var in ("cluster", "job_id"):
+                # cluster: an external label in a single Prometheus; job_id: this job sends none.
+                # Absent either way, and "All" (.*) matches
+                continue
             assert values, f"{dash}: variable ${var} has no values ({label} of {match})"
         assert set(_label_values(prom, "leaf", "fabricmon:ib_port:info")) == {
             f"leaf-u{u}-r{r}" for u in range(2) for r in range(8)}
