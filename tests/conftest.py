@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 from fabricmon.sim import fixture as fixture_writer
 
@@ -87,3 +88,13 @@ def make_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FixtureMa
             shutil.rmtree(base, ignore_errors=True)
     else:
         yield FixtureMaker(tmp_path_factory.mktemp("sysfs-fixtures"))
+
+
+@pytest.fixture(autouse=True)
+def _structlog_config_restored() -> Iterator[None]:
+    """A test that runs a command in process (``fabricmon.cli.main``) configures structlog for the whole
+    process, its level filter included (``--log-level error`` drops warnings for good).  Every test gets
+    back the configuration it started with, so a log-capturing test never depends on which ran before."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)

@@ -8,7 +8,6 @@ import random
 from pathlib import Path
 
 import pytest
-import structlog
 import yaml
 
 from fabricmon.aggregator.config import DetectionSettings
@@ -24,13 +23,6 @@ from support.paths import FIXTURES
 T0 = 1_764_000_000.0
 IMPORT = FIXTURES / "topology_import"
 
-
-@pytest.fixture(autouse=True)
-def _keep_logging_config():
-    """`fabricmon topology` configures structlog for the process: give later tests theirs back."""
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
 
 
 def fat_tree_halves(tmp_path: Path) -> Path:

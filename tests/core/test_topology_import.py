@@ -11,7 +11,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import structlog
 import yaml
 
 from fabricmon.cli import main
@@ -31,13 +30,6 @@ IBSIM = FIX / "ibsim"
 LLDP = FIX / "lldp"
 
 
-
-@pytest.fixture(autouse=True)
-def _keep_logging_config():
-    """`fabricmon topology` configures structlog for the process: give later tests theirs back."""
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
 
 def expected_map(out: Path) -> dict[tuple[str, int], tuple[str, str, str]]:
     """(node GUID, port) -> (host, label, leaf) from the awk-derived .expected.tsv beside ``out``."""

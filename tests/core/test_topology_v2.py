@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import structlog
 import yaml
 
 from fabricmon.cli import main
@@ -23,13 +22,6 @@ def _ids(path: dict[Kind, Component]) -> dict[str, str]:
     return {k.value: c.id for k, c in path.items()}
 
 
-
-@pytest.fixture(autouse=True)
-def _keep_logging_config():
-    """`fabricmon topology` configures structlog for the process: give later tests theirs back."""
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
 
 def imported(tmp_path: Path, *outs: str, name: str = "t.yaml") -> Path:
     path = tmp_path / name
