@@ -21,31 +21,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
-from ..batch import NodeBatch, NodeHello
 from ..demo.wire import CodecWire
 
 if TYPE_CHECKING:
     from ..aggregator.engine import Engine
     from ..aggregator.incidents import Incident
     from ..aggregator.runtime import AggregatorRuntime
-    from .runner import StepStats
-
-
-class Simulator(Protocol):
-    """What the harness needs of a simulator (``SimulatedCluster`` and ``ParallelTreeCluster`` have it)."""
-
-    scenario: Any
-    interval: float
-    on_batch: Callable[[NodeBatch], Any] | None
-
-    @property
-    def t(self) -> float: ...
-    def now(self) -> float: ...
-    def start(self) -> None: ...
-    def hellos(self) -> list[NodeHello]: ...
-    def step(self) -> StepStats: ...
+    from .runner import ClusterSim, StepStats
 
 
 @dataclass
@@ -60,7 +44,7 @@ class Pace:
     clock: Callable[[], float] = time.monotonic
     lead: float | None = None  # default: one interval (the first step is due at the origin)
 
-    def wait(self, sim: Simulator, stop: threading.Event | None) -> bool:
+    def wait(self, sim: ClusterSim, stop: threading.Event | None) -> bool:
         """Sleep until the next step is due; False when ``stop`` was set meanwhile."""
         lead = sim.interval if self.lead is None else self.lead
         offset = (sim.t + sim.interval - lead) / self.speed
@@ -78,7 +62,7 @@ class Drive:
     """``sim`` into ``runtime`` (or a bare ``engine``), optionally over the codec wire.  Neither: the
     simulator alone, paced (its agents scraped by a Prometheus, say)."""
 
-    def __init__(self, sim: Simulator, runtime: AggregatorRuntime | None = None, *, engine: Engine | None = None,
+    def __init__(self, sim: ClusterSim, runtime: AggregatorRuntime | None = None, *, engine: Engine | None = None,
                  wire: bool = False) -> None:
         if runtime is not None and engine is not None:
             raise ValueError("give the aggregator as runtime or as engine, not both")

@@ -69,7 +69,7 @@ def test_the_rank_intake_hands_on_the_ranks_layouts_and_heartbeats_the_simulator
 
 
 class _FakeSim:
-    """The Simulator surface, stepping a clock."""
+    """The simulator surface the harness drives (runner.ClusterSim), stepping a clock."""
 
     def __init__(self, duration: float, interval: float = 1.0) -> None:
         self.scenario = type("S", (), {"duration": duration})()
