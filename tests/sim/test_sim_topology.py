@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -14,21 +13,11 @@ import yaml
 from fabricmon.configload import ConfigError
 from fabricmon.sim.scenario import load_scenario, scenario_from_dict
 from support.paths import REPO
+from support.topology_fabrics import fat_tree_halves
 
 FAT_TREE_SCENARIO = REPO / "examples" / "scenarios" / "fat-tree-leaf.yaml"
 
 
-def _fat_tree_halves(tmp_path: Path) -> Path:
-    """8 nodes of 8 NICs: node i's lower four NICs on leaf-a<i>, its upper four on the next leaf (leaf-a3
-    carries mlx5_4..7 of gpu-a17-02 and mlx5_0..3 of gpu-a17-03)."""
-    nodes = [{"name": f"gpu-a17-{i:02d}", "nics": [{"device": f"mlx5_{k}", "port": 1, "rail": None,
-                                                     "leaf": f"leaf-a{(i + k // 4) % 8}"} for k in range(8)]}
-             for i in range(8)]
-    doc = {"version": 2, "cluster": "prod-a", "layout": "ib", "rail_optimized": False, "nodes": nodes,
-           "leaves": {f"leaf-a{i}": {"spines": ["spine-01", "spine-02"]} for i in range(8)}}
-    path = tmp_path / "fat.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
 
 
 def test_scenario_fat_tree_layout_and_named_leaf_fault() -> None:
@@ -72,7 +61,7 @@ def test_scenario_topology_file_errors(tmp_path) -> None:
     p.write_text(yaml.safe_dump({"cluster": {"topology": "missing.yaml"}, "duration": 60}))
     with pytest.raises(ConfigError, match=r"s\.yaml: cluster\.topology: .*missing\.yaml"):
         load_scenario(p)
-    (tmp_path / "t.yaml").write_text(_fat_tree_halves(tmp_path).read_text())
+    (tmp_path / "t.yaml").write_text(fat_tree_halves(tmp_path).read_text())
     p.write_text(yaml.safe_dump({"cluster": {"topology": "t.yaml", "nodes": 8}, "duration": 60}))
     with pytest.raises(ConfigError, match=r"s\.yaml: cluster\.nodes: the topology file gives the nodes"):
         load_scenario(p)

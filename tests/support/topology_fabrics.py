@@ -4,6 +4,10 @@ files and ibnetgen's text against them byte for byte."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import yaml
+
 from fabricmon.topology_import.ibnetgen import GenFabric, fat_tree, rail_optimized
 
 # Spine and leaf GUIDs in the style of Quantum-2 switches (b8:ce:f6 is an NVIDIA OUI), CAs ConnectX-7's.
@@ -94,3 +98,18 @@ def router_fabric() -> GenFabric:
 
 FABRICS = {"forms-plane-a": lambda: forms_plane("a"), "forms-plane-b": lambda: forms_plane("b"),
            "fat-tree": fat_tree_small, "rail-optimized": rail_optimized_small, "router": router_fabric}
+
+
+def fat_tree_halves(tmp_path: Path) -> Path:
+    """A version-2 fat tree with named leaves, 8 nodes of 8 NICs: node i's lower four NICs on ``leaf-a<i>``,
+    its upper four on the next leaf, so ``leaf-a3`` carries the upper NICs of gpu-a17-02 and the lower of
+    gpu-a17-03 (eight NICs of two nodes): no node and no GPU index is one leaf's, only the topology's
+    cabling says which ranks share it."""
+    nodes = [{"name": f"gpu-a17-{i:02d}", "nics": [{"device": f"mlx5_{k}", "port": 1, "rail": None,
+                                                     "leaf": f"leaf-a{(i + k // 4) % 8}"} for k in range(8)]}
+             for i in range(8)]
+    doc = {"version": 2, "cluster": "prod-a", "layout": "ib", "rail_optimized": False, "nodes": nodes,
+           "leaves": {f"leaf-a{i}": {"spines": ["spine-01", "spine-02"]} for i in range(8)}}
+    path = tmp_path / "fat.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
