@@ -90,11 +90,18 @@ def make_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FixtureMa
         yield FixtureMaker(tmp_path_factory.mktemp("sysfs-fixtures"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _structlog_pristine() -> dict[str, Any]:
+    """structlog's configuration before any test or fixture ran (a session fixture is set up first)."""
+    return structlog.get_config()
+
+
 @pytest.fixture(autouse=True)
-def _structlog_config_restored() -> Iterator[None]:
-    """A test that runs a command in process (``fabricmon.cli.main``) configures structlog for the whole
-    process, its level filter included (``--log-level error`` drops warnings for good).  Every test gets
-    back the configuration it started with, so a log-capturing test never depends on which ran before."""
-    saved = structlog.get_config()
+def _structlog_config_restored(_structlog_pristine: dict[str, Any]) -> Iterator[None]:
+    """A test or a module fixture that runs a command in process (``fabricmon.cli.main``) configures
+    structlog for the whole process, its level filter included (``--log-level error`` drops warnings for
+    good).  Every test starts and ends with the configuration the session started with, so a
+    log-capturing test never depends on which test or fixture ran before it."""
+    structlog.configure(**_structlog_pristine)
     yield
-    structlog.configure(**saved)
+    structlog.configure(**_structlog_pristine)

@@ -38,25 +38,10 @@ from ..topology import Topology
 from .config import DetectionSettings
 from .incidents import Finding, Key
 from .stragglers import Straggler, StragglerReport
+from .verdicts import ALERT_LLR, FIRE, WAIT
 
 if TYPE_CHECKING:
     from .remote_evidence import CrossShard, RemoteIncident
-FIRE, WAIT = "fire", "wait"  # CrossShard.judge's verdicts when no remote incident explains a group
-
-ALERT_LLR = {
-    "FabricLinkDown": 6.0,
-    "GPUXidFatal": 6.0,
-    "NVLinkDown": 5.0,
-    "FabricLeafDegraded": 4.0,
-    "FabricLinkErrors": 3.0,
-    "FabricLinkFlapping": 3.0,
-    "FabricLinkDegraded": 3.0,
-    "RDMARetransmits": 3.0,
-    "FabricPFCStorm": 3.0,
-    "NVLinkErrors": 3.0,
-    "FabricConfigDrift": 2.0,
-    "FabricCongestion": 1.5,
-}
 THROTTLE_LLR = 3.0
 EVIDENCE_ALERTS = frozenset(ALERT_LLR)
 # the components a rank's path holds, in the order they are candidates

@@ -37,8 +37,8 @@ import structlog
 
 from ..components import Component, Kind
 from ..topology import Topology
-from .correlator import ALERT_LLR, FIRE, WAIT
 from .incident_store import component_of
+from .verdicts import ALERT_LLR, FIRE, WAIT
 
 log = structlog.get_logger("fabricmon.aggregator.remote_evidence")
 
