@@ -251,10 +251,11 @@ def prometheus(exported, tmp_path_factory):
     cfg["scrape_configs"] = [{"job_name": "fabricmon", "honor_labels": True, "static_configs": statics}]
     try:
         with running_prometheus(tmp_path_factory.mktemp("prom"), cfg) as prom:
-            wait_until(lambda: len(prom.query('up == 1')) == len(exported)
-                       # two scrapes: the panels' rate() needs two samples of a counter
-                       and prom.query("rate(fabricmon_nccl_collectives_total[1m])")
-                       and prom.query("fabricmon_incident_open"), 20.0, "every target scraped", interval=0.2)
+            # every target scraped twice: a panel's rate() needs two samples of a counter on each node, and
+            # Prometheus spreads the targets' first scrapes over the interval (one node's rate is no sign of all)
+            wait_until(lambda: len(prom.query("up == 1")) == len(exported)
+                       and len(prom.query("count_over_time(up[1m]) >= 2")) == len(exported)
+                       and prom.query("fabricmon_incident_open"), 20.0, "every target scraped twice", interval=0.2)
             yield prom
     finally:
         server.shutdown()

@@ -61,6 +61,10 @@ SECONDARY = {"FabricCongestion"}  # a PFC storm pauses its partner: congestion t
 # May go pending (never fire) on a loaded test machine: one 1 s scrape that timed out is up == 0.
 # FabricmonAggregatorDown: pending from Prometheus' start until the aggregator's first scrape (no `up` yet).
 TRANSIENT = {"FabricmonAgentDown", "FabricmonAggregatorDown"}
+# FabricmonCollectorFailing may go pending where one poll overran its deadline on a loaded machine (the agent
+# logs source_timeout and reports collector_up 0 for that poll): allowed only where that collector is up again
+# and was down in at most this many of its samples, so a collector that fails for real is still a stray.
+COLLECTOR_BLIPS = 3
 
 
 def _scenario():
@@ -216,8 +220,13 @@ def test_dashboards_and_alerts_on_live_data(tmp_path: Path) -> None:
         assert not bad, f"rules failing on live data: {bad}"
         _, fired, seen = lf.watcher.snapshot()
         down_replica = {(t["metric"]["job"], t["metric"]["instance"]) for t in prom.query("up == 0")}
+        still_down = {t["metric"]["node"] for t in prom.query("fabricmon_collector_up == 0")}
+        blipped = {t["metric"]["node"] for t in prom.query(
+            f"max by (node) (count_over_time((fabricmon_collector_up == 0)[10m:1s])) <= {COLLECTOR_BLIPS}")}
         stray = sorted(k for k in seen if k not in want and k[0] not in SECONDARY
                        and not (k[0] in TRANSIENT and k not in fired)
+                       and not (k[0] == "FabricmonCollectorFailing" and k not in fired
+                                and k[1] in blipped - still_down)
                        # the replica this test keeps down, on purpose
                        and not (k[0] == "FabricmonAggregatorDown"
                                 and ("fabricmon-aggregator", k[1]) in down_replica))
