@@ -15,9 +15,10 @@ fault and a manifest (``fixture.json``) saying what evidence each snapshot must 
   sys/class/infiniband/<dev>/ports/1/hw_counters/*   (mlx5 Q / RoCE accel / congestion / PPCNT counters)
   sys/class/infiniband/<dev>/ports/1/gids/0..1, gid_attrs/{types,ndevs}/0..1 (RoCE only)
   sys/class/infiniband/mlx5_8/ports/2/...             (only with --dual-port; its netdev enp170s0f1np1)
-  sys/class/infiniband/<dev> -> ../../devices/pci0000:00/<bdf>/infiniband/<dev>  (symlink, as in real sysfs)
-  sys/devices/pci0000:00/<bdf>/{numa_node,vendor,device,...,infiniband/<dev>/,net/<ifname>/}
-  sys/class/net/<ifname> -> ../../devices/pci0000:00/<bdf>/net/<ifname>  (symlink)
+  sys/class/infiniband/<dev> -> ../../devices/<pci>/infiniband/<dev>  (symlink, as in real sysfs)
+  sys/devices/<pci>/{numa_node,vendor,device,...,infiniband/<dev>/,net/<ifname>/}
+  <pci>: pci<dom>:<bus>/<root port>/.../<bdf>, rail NIC i and GPU i under one PCIe switch (sim.hw.pci_device_path)
+  sys/class/net/<ifname> -> ../../devices/<pci>/net/<ifname>  (symlink)
   sys/class/net/<ifname>/{operstate,carrier,carrier_changes,carrier_{up,down}_count,speed,mtu,address,type}
   sys/class/net/<ifname>/statistics/*, ecn/roce_{np,rp}/enable/0..7 (RoCE netdevs)
   ethtool/<ifname>.txt          `ethtool -S <ifname>` text, mlx5 names (Ethernet netdevs only)
@@ -417,7 +418,7 @@ class Node:
         bus = os.path.join(sysd, "bus", "pci", "devices")
         for g in self.gpus:
             bdf = g.nvml["pci_bus_id"][4:].lower()  # NVML's 8-digit domain -> sysfs' 4
-            fn = os.path.join(sysd, "devices", "pci0000:00", bdf)
+            fn = os.path.join(sysd, "devices", simhw.pci_device_path(bdf))
             w(os.path.join(fn, "vendor"), "0x10de")
             w(os.path.join(fn, "device"), "0x2330")
             w(os.path.join(fn, "class"), "0x030200")
@@ -427,7 +428,7 @@ class Node:
 
     def _write_dev(self, sysd, root, d, drift):
         a, p = self.args, d["port"]
-        pci = os.path.join(sysd, "devices", "pci0000:00", d["bdf"])
+        pci = os.path.join(sysd, "devices", simhw.pci_device_path(d["bdf"]))
         ibdev = os.path.join(pci, "infiniband", d["name"])
         w(os.path.join(pci, "numa_node"), d["numa"])
         w(os.path.join(pci, "vendor"), "0x15b3")

@@ -140,6 +140,28 @@ def gpu_pci_bus_id(gpu: int) -> str:
     return f"00000000:{int(RAIL_BDFS[gpu][5:7], 16) + 3:02X}:00.0"
 
 
+def pci_device_path(bdf: str) -> str:
+    """Where a simulated PCI function sits under ``sys/devices``, as the kernel nests it.
+
+    Rail NIC i and GPU i share one PCIe switch, as on an HGX H100 board (the pairing NCCL and the
+    agent's rail rule read: fabricmon/sources/pci_affinity.py); any other function (the frontend
+    NIC) sits in a root-port slot.  Numbered as tests/support/pcitree.py puts back the ports an NCCL
+    topology dump folds: host bridge ``pci<dom>:<bus-1>`` with root port ``<bus-1>:01.0`` above the
+    switch's upstream port on ``bus``, its downstream ports ``<bus+1>:<i>.0``."""
+    bus = int(bdf[5:7], 16)
+    gpus = [gpu_pci_bus_id(i)[4:].lower() for i in range(NRAILS)]
+    if bdf in RAIL_BDFS or bdf in gpus:
+        up = int(RAIL_BDFS[RAIL_BDFS.index(bdf) if bdf in RAIL_BDFS else gpus.index(bdf)][5:7], 16) - 2
+        port = 0 if bdf in RAIL_BDFS else 1
+        parts = [f"pci0000:{up - 1:02x}", f"0000:{up - 1:02x}:01.0", f"0000:{up:02x}:00.0",
+                 f"0000:{up + 1:02x}:{port:02x}.0"]
+    elif bus > 0:
+        parts = [f"pci0000:{bus - 1:02x}", f"0000:{bus - 1:02x}:01.0"]
+    else:
+        parts = ["pci0000:00"]
+    return "/".join([*parts, bdf])
+
+
 def mac_from_guid(g: str) -> str:
     h = g.replace(":", "")
     six = h[:6] + h[10:]

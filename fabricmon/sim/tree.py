@@ -2,9 +2,10 @@
 
 ```
 <root>/hostname
-<root>/sys/class/infiniband/<dev> -> ../../devices/pci0000:00/<bdf>/infiniband/<dev>
-<root>/sys/devices/pci0000:00/<bdf>/{numa_node,vendor,device,...,infiniband/<dev>/,net/<if>/}
-<root>/sys/class/net/<if> -> ../../devices/pci0000:00/<bdf>/net/<if>
+<root>/sys/class/infiniband/<dev> -> ../../devices/<pci>/infiniband/<dev>
+<root>/sys/devices/<pci>/{numa_node,vendor,device,...,infiniband/<dev>/,net/<if>/}
+<pci>: pci<dom>:<bus>/<root port>/.../<bdf>, rail NIC i and GPU i under one PCIe switch (sim.hw.pci_device_path)
+<root>/sys/class/net/<if> -> ../../devices/<pci>/net/<if>
 <root>/ethtool/<if>.txt, <if>.pfc.txt      (Ethernet netdevs)
 <root>/ethtool/<if>.module.bin             (rail NICs: module EEPROM, SFF-8636 lower + upper page 00h)
 <root>/nvml.json                           (fake NVML, one GPU per line)
@@ -46,6 +47,7 @@ from .hw import (
     K,
     gpu_pci_bus_id,
     mac_from_guid,
+    pci_device_path,
     rate_str,
 )
 
@@ -82,7 +84,7 @@ class NodeTree:
 
     # ------------------------------------------------------------------ paths
     def _pci(self, d) -> str:
-        return os.path.join(self.sys, "devices", "pci0000:00", d.bdf)
+        return os.path.join(self.sys, "devices", pci_device_path(d.bdf))
 
     def _ibdev(self, d) -> str:
         return os.path.join(self._pci(d), "infiniband", d.name)
@@ -162,7 +164,7 @@ class NodeTree:
         bus = os.path.join(self.sys, "bus", "pci", "devices")
         for g in range(NGPU):
             bdf = gpu_pci_bus_id(g)[4:].lower()  # NVML's 8-digit domain -> sysfs' 4
-            fn = os.path.join(self.sys, "devices", "pci0000:00", bdf)
+            fn = os.path.join(self.sys, "devices", pci_device_path(bdf))
             files += [(os.path.join(fn, "vendor"), "0x10de"), (os.path.join(fn, "device"), "0x2330"),
                       (os.path.join(fn, "class"), "0x030200")]
             self._symlink(os.path.relpath(fn, bus), os.path.join(bus, bdf))

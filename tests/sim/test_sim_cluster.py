@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fabricmon.sim.cluster import ClusterState
-from fabricmon.sim.hw import HW_Q32, HW_ROCE_ACCL32, NDEV, PMA_ERR_WIDTH, K
+from fabricmon.sim.hw import HW_Q32, HW_ROCE_ACCL32, NDEV, PMA_ERR_WIDTH, K, pci_device_path
 from fabricmon.sim.scenario import ClusterSpec, Scenario
 from fabricmon.sim.tree import NodeTree
 
@@ -151,7 +151,7 @@ def test_config_drift_changes_exactly_that_nics_pfc_and_ecn_files(tmp_path):
     fa, fb = _tree_files(ta.root), _tree_files(tb.root)
     assert fa.keys() == fb.keys()
     changed = {k for k in fa if fa[k] != fb[k]}
-    nd = "sys/devices/pci0000:00/0000:9a:00.0/net/enp154s0np0"
+    nd = f"sys/devices/{pci_device_path('0000:9a:00.0')}/net/enp154s0np0"
     assert changed == {"ethtool/enp154s0np0.pfc.txt", f"{nd}/ecn/roce_np/enable/3", f"{nd}/ecn/roce_rp/enable/3"}
     assert b"enabled     0   0   0   0   0   0   0   0" in fb["ethtool/enp154s0np0.pfc.txt"]
     # after the end the profile is restored

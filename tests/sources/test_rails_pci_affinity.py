@@ -14,7 +14,7 @@ from structlog.testing import capture_logs
 
 from fabricmon.sources.infiniband import InfinibandSource
 from fabricmon.sources.inventory import Inventory, RailLog, discover
-from fabricmon.sources.pci_affinity import NO_GPU, NO_SHARED_SWITCH, NOT_ONE_TO_ONE, PAIRED, GpuScan
+from fabricmon.sources.pci_affinity import NO_GPU, NOT_ONE_TO_ONE, PAIRED, GpuScan
 from support.paths import FIXTURES
 from support.pcitree import build_sysfs, load, switch_pairs
 
@@ -75,14 +75,15 @@ def test_bnxt_node_without_gpus_still_gets_rails(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("layout", ["roce", "ib"])
-def test_mlx5_node_whose_hca_type_works_is_unchanged(make_fixture, layout: str) -> None:
-    # the simulator's node: 8 mlx5 rail NICs and H100s on the bus, all on root ports (no switch)
+def test_simulated_hgx_node_pairs_each_rail_nic_with_its_gpu(make_fixture, layout: str) -> None:
+    # the simulator's node (sim.hw.pci_device_path): rail NIC i and GPU i under one PCIe switch, the
+    # frontend NIC in a root-port slot, as on an HGX H100 board
     sys_root = str(make_fixture(layout=layout) / "sys")
-    assert GpuScan().scan(sys_root), "the simulated node shows its GPUs on the PCI bus"
+    gpus = GpuScan().scan(sys_root)
+    assert len(gpus) == 8 and all(len(p) == 4 for p in gpus), gpus  # root port, switch up/down, GPU
     inv = discover(sys_root)
-    assert (inv.rail_source, inv.rail_affinity) == ("hca_type", NO_SHARED_SWITCH)
-    rails = {d.name: d.rail for d in inv.devices if d.rail}
-    assert rails == {f"mlx5_{i}": str(i) for i in range(len(rails))} and len(rails) == 8
+    assert (inv.rail_source, inv.rail_affinity) == ("pci_affinity", PAIRED), inv.rail_affinity_detail
+    assert {d.name: d.rail for d in inv.devices} == {**{f"mlx5_{i}": str(i) for i in range(8)}, "mlx5_8": ""}
 
 
 def test_a_nic_unplugged_keeps_the_others_rails(tmp_path: Path) -> None:
