@@ -388,7 +388,8 @@ class Engine:
         # one pass over the heartbeats: the suspects (RAS is asked) at 10 s, the hung among them at 20 s
         suspects = self.ras.plan(self.heartbeats, now, self._connected)
         hung = [h for h in suspects if now - h.since >= self.heartbeats.stall_s]
-        findings.extend(hung_job_findings(hung, self._rank_gpu, self.topology, self.cluster, self.ras.evidence))
+        findings.extend(hung_job_findings(hung, self._rank_gpu, self.topology, self.cluster, self.ras.evidence,
+                                          self.ras.verdict))
         return findings, relations
 
     def _connected(self, node: str) -> bool:

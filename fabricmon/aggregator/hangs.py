@@ -116,10 +116,12 @@ class HeartbeatTracker:
 
 
 def hung_job_findings(hangs: list[Hang], gpu_of: Callable[[str, str, int], int | None], topology: Topology,
-                      cluster: str, ras_evidence: Callable[[Hang], list[str]] | None = None) -> list[Finding]:
+                      cluster: str, ras_evidence: Callable[[Hang], list[str]] | None = None,
+                      ras_verdict: Callable[[Hang], str] | None = None) -> list[Finding]:
     """``JobHung`` (critical) per hung job, on the first rank the others wait for (its GPU, as the topology
     hands it out, when its rank timings told which, else its node); the other culprits in the evidence,
-    and what the job's NCCL RAS said when it was asked (``ras_evidence(hang)``: lines, none without RAS).
+    and what the job's NCCL RAS said when it was asked (``ras_evidence(hang)``: lines, none without RAS;
+    ``ras_verdict(hang)``: that answer in a phrase for the description, "" until it answered).
     A node the topology lacks still gets its GPU (without rail or leaf)."""
     from .. import components as comp
     from .incidents import Finding
@@ -138,6 +140,7 @@ def hung_job_findings(hangs: list[Hang], gpu_of: Callable[[str, str, int], int |
             lab["cluster"] = cluster
         where = topology.gpu(node, gpu) if gpu is not None else comp.node(node)
         more = f" (and {len(h.ranks) - 1} more: {', '.join(map(str, h.ranks[1:6]))})" if len(h.ranks) > 1 else ""
+        verdict = ras_verdict(h) if ras_verdict is not None else ""
         out.append(Finding(
             "JobHung", where, lab,
             [f"no collective progress since t={h.since:.0f} while heartbeats go on",
@@ -145,5 +148,5 @@ def hung_job_findings(hangs: list[Hang], gpu_of: Callable[[str, str, int], int |
              *(ras_evidence(h) if ras_evidence is not None else ())],
             ranks=h.ranks[:64], jobs=(h.job,), severity="critical", hold_s=2 * HEARTBEAT_S,
             description=f"job {h.job} is hung: rank {rank} on {node} never entered the collective its peers wait "
-                        f"in (its process is alive: heartbeats go on)"))
+                        f"in (its process is alive: heartbeats go on)" + (f"; {verdict}" if verdict else "")))
     return out

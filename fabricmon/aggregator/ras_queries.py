@@ -152,6 +152,27 @@ class RasQueries:
         return ras_lines(st.result, st.result_node, st.result_at, set(h.ranks))
 
 
+    def verdict(self, h: Hang) -> str:
+        """What the job's RAS answer says, in a few words for JobHung's description ("" until it
+        answered).  The description is what an alert shows: an answer that comes after JobHung
+        fired changes it, so Alertmanager gets the incident again (evidence lines alone do not)."""
+        st = self.jobs.get((h.job, h.job_id))
+        return ras_verdict(st.result) if st is not None and st.result is not None else ""
+
+
+def ras_verdict(res: QueryResult) -> str:
+    """A RAS answer in one phrase (pure): whom it names, or why it could not be asked."""
+    s = res.summary
+    if res.outcome != "ok" or s is None:
+        return f"NCCL RAS could not be asked ({res.outcome})"
+    for notes, total, what in ((s.missing, s.missing_total, "missing"), (s.behind, s.behind_total, "behind"),
+                               (s.errors, s.errors_total, "in error")):
+        if notes:
+            ranks = ", ".join(str(n.rank) for n in notes[:4]) + (f" and {total - 4} more" if total > 4 else "")
+            return f"NCCL RAS names rank{'s' if total > 1 else ''} {ranks} {what}"
+    return "NCCL RAS sees every rank present: the hang is in the application, outside NCCL"
+
+
 def _who(n: RankNote, culprits: set[int]) -> str:
     agree = " (the rank the heartbeats name)" if n.rank in culprits else ""
     where = f"process {n.pid} on {n.host}" if n.pid >= 0 else f"on {n.host}"

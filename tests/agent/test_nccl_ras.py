@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from fabricmon.aggregator.ras_queries import ras_lines
+from fabricmon.aggregator.ras_queries import ras_lines, ras_verdict
 from fabricmon.nccl_ras import protocol as p
 from fabricmon.nccl_ras.client import query_status
 from fabricmon.nccl_ras.status import RasFormatError, parse_status, summarize
@@ -219,6 +219,7 @@ def test_report_round_trips_and_the_evidence_names_the_dead_rank():
     assert len(lines) == 1
     assert "missing: rank 13 (the rank the heartbeats name)" in lines[0] and "considered dead" in lines[0]
     assert "on 10.0.0.2" in lines[0]
+    assert ras_verdict(rep.result) == "NCCL RAS names rank 13 missing"
 
 
 def test_evidence_for_a_rank_behind_for_all_fine_and_for_no_answer():
@@ -227,12 +228,17 @@ def test_evidence_for_a_rank_behind_for_all_fine_and_for_no_answer():
         res = query_status(srv.addr)
     (line,) = ras_lines(res, "node-001", 5.0, {5})
     assert "behind: rank 5 (the rank the heartbeats name)" in line and "launched 6649 AllReduce" in line
+    assert ras_verdict(res) == "NCCL RAS names rank 5 behind"
     fine = FakeStatus(comms=(FakeComm(1, 2, 3, 1, (FakeRank(0, "10.0.0.1", 9, 0, 0, (1, 1, 1, 1, 1)),)),))
     with FakeRasServer(state=lambda: fine) as srv:
-        (line,) = ras_lines(query_status(srv.addr), "node-001", 5.0, set())
+        res = query_status(srv.addr)
+    (line,) = ras_lines(res, "node-001", 5.0, set())
     assert "hang is in the application" in line
-    (line,) = ras_lines(query_status("127.0.0.1:1"), "node-001", 5.0, set())
+    assert ras_verdict(res) == "NCCL RAS sees every rank present: the hang is in the application, outside NCCL"
+    res = query_status("127.0.0.1:1")
+    (line,) = ras_lines(res, "node-001", 5.0, set())
     assert line.startswith("NCCL RAS could not be asked on node-001: refused")
+    assert ras_verdict(res) == "NCCL RAS could not be asked (refused)"
 
 
 # ------------------------------------------------------------------ the aggregator's planner (pure)

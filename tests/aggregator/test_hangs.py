@@ -109,3 +109,50 @@ def test_rank_hang_is_job_hung_on_that_rank_within_60_s_and_checkpoints_and_rest
     assert i.labels["hpc_job"] == "vlm-13b" and i.labels["rank"] == str(2 * 8 + 5) and i.labels["node"] == "node-010"
     assert 0 < i.first_seen - (1_764_000_000.0 + 100) <= 60
     assert i.resolved_at is not None and i.resolved_at < 1_764_000_000.0 + 200
+
+
+def test_a_ras_answer_after_job_hung_fired_is_handed_to_alertmanager_again():
+    """RAS is asked at suspicion (10 s of no progress) and may answer after JobHung fired (20 s): the
+    answer goes into the description, so the incident changes and is sent again (Alertmanager's
+    re-sends carry the last transition's snapshot: new evidence lines alone never reach it)."""
+    from fabricmon.aggregator.alertmanager import AlertmanagerClient
+    from fabricmon.aggregator.hangs import STALL_S, hung_job_findings
+    from fabricmon.aggregator.incidents import IncidentManager
+    from fabricmon.aggregator.ras_queries import SUSPECT_S, RasQueries
+    from fabricmon.nccl_ras.client import QueryResult
+    from fabricmon.nccl_ras.status import parse_status, summarize
+    from fabricmon.proto.ras import RasReport
+    from fabricmon.topology import generate_topology
+    from support.paths import FIXTURES
+
+    doc = (FIXTURES / "nccl" / "ras" / "doc-2.29.1-status-missing-rank.json").read_bytes()  # rank 1 missing
+    topo = generate_topology(2, nodes_per_unit=2, gpus_per_node=8)
+    tracker, ras, mgr = HeartbeatTracker(), RasQueries(), IncidentManager()
+
+    def tick(now: float):
+        while tracker_t[0] <= now:  # rank 1 on node-001 stopped outside its collective at t=0
+            for r in range(9):
+                tracker.add(Heartbeat("llm", r, 3, 7 if r == 1 else 8, r != 1, tracker_t[0],
+                                      "node-001" if r == 1 else "node-000", "", "localhost:28028"), "")
+            tracker_t[0] += 5.0
+        hung = [h for h in ras.plan(tracker, now) if now - h.since >= STALL_S]
+        found = hung_job_findings(hung, lambda *_: None, topo, "t", ras.evidence, ras.verdict)
+        return mgr.update(found, now)
+
+    tracker_t = [-5.0]
+    assert tick(SUSPECT_S) == []
+    (q,) = ras.take("node-000")  # asked at suspicion, from a node that is not the hung rank's
+    (opened,) = tick(STALL_S)
+    assert opened.alertname == "JobHung" and "NCCL RAS" not in opened.description
+    assert any("no answer yet" in e for e in opened.evidence)
+    version = opened.version
+    assert tick(STALL_S + 1) == []  # nothing an alert shows changed
+    summary = summarize(parse_status(doc))
+    assert ras.report("node-000", RasReport(q.id, "llm", "", QueryResult("ok", "", 4.8, summary)), STALL_S + 2)
+    (updated,) = tick(STALL_S + 3)  # the answer, after JobHung fired: a transition for Alertmanager
+    assert updated is opened and updated.version == version + 1
+    assert updated.description.endswith("; NCCL RAS names rank 1 missing")
+    snap = AlertmanagerClient(["http://127.0.0.1:1"], cluster="t")._snapshot(updated)
+    assert "NCCL RAS names rank 1 missing" in snap["annotations"]["description"]
+    assert "missing: rank 1 (the rank the heartbeats name)" in snap["annotations"]["description"]
+    assert tick(STALL_S + 4) == []  # the same answer again: no second update
