@@ -89,10 +89,9 @@ class Drive:
             else:
                 engine.hello(h)
         self.sim.on_batch = self.wire.deliver if self.wire is not None else engine.ingest
-        if hasattr(self.sim, "on_watch_tick"):
-            # an agent's link watch sends a batch between polls: the real aggregator ticks every 0.25 s,
-            # so it is judged at its own sample time, not at the next regular poll
-            self.sim.on_watch_tick = self._watch_tick
+        # an agent's link watch sends a batch between polls: the real aggregator ticks every 0.25 s,
+        # so it is judged at its own sample time, not at the next regular poll
+        self.sim.on_watch_tick = self._watch_tick
 
     def _watch_tick(self, now: float) -> None:
         self._between.extend(self.tick(now))

@@ -92,6 +92,8 @@ class ParallelTreeCluster:
         self.scenario = scenario
         self.interval = float(interval)
         self.on_batch: Callable[[NodeBatch], object] | None = on_batch
+        # never called: a worker's link-watch batches come back with its step's, ticked with them
+        self.on_watch_tick: Callable[[float], None] | None = None
         self.log_level = log_level
         self.rank_intake = rank_intake
         self._own_base = base_dir is None

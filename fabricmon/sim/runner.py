@@ -91,6 +91,8 @@ class ClusterSim(Protocol):
     scenario: Scenario
     interval: float
     on_batch: Callable[[NodeBatch], object] | None
+    # called with the sample time after a link-watch tick sent batches between polls (None: never)
+    on_watch_tick: Callable[[float], None] | None
 
     @property
     def t(self) -> float: ...

@@ -75,6 +75,7 @@ class _FakeSim:
         self.scenario = type("S", (), {"duration": duration})()
         self.interval = interval
         self.on_batch = None
+        self.on_watch_tick = None
         self._t = 0.0
         self.started = 0
 
