@@ -479,7 +479,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(results)} scenarios (seeds {args.seed0}..{args.seed0 + len(results) - 1}: {args.scenarios} random, "
         f"{len(ov)} of two overlapping faults), "
         f"{args.nodes} nodes ({args.nodes_per_unit} per unit), {args.duration:.0f} s simulated each at a "
-        f"{args.interval:g} s agent interval, in-memory simulator, fresh Engine per scenario ticked every interval"
+        f"{args.interval:g} s agent interval, "
+        + ("tree-mode simulator (agents poll rendered node trees)" if args.mode == "tree" else "in-memory simulator")
+        + ", fresh Engine per scenario ticked every interval"
         + (f" and after each off-cadence batch (agents' link watch every {args.link_watch:g} s)"
            if 0 < args.link_watch < args.interval else "")
         + f"; {total_wall:.0f} s wall in all.",
