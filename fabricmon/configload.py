@@ -234,19 +234,27 @@ def parse_yaml(text: str, source: str) -> Any:
 
 
 def load_yaml_file(path: str | Path) -> dict:
+    return read_yaml_file(path)[1]
+
+
+def read_yaml_file(path: str | Path) -> tuple[bytes, dict]:
+    """The file read once: its bytes and the mapping parsed from those same bytes (a reload that
+    fingerprints a file must fingerprint what it parsed, not a second read of a file being rewritten)."""
     p = Path(path)
     try:
-        text = p.read_text()
+        raw = p.read_bytes()
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{p}: <top>: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     data = parse_yaml(text, str(p))
     if data is None:
-        return {}
+        return raw, {}
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: <top>: expected a mapping, got {type(data).__name__}")
-    return data
+    return raw, data
 
 
 def check_regexes(patterns: tuple[str, ...], path: str, source: str) -> None:

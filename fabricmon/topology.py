@@ -512,7 +512,11 @@ def generate_fat_tree(
 
 
 def load_topology(path: str | Path) -> Topology:
-    data = load_yaml_file(path)
+    return topology_from_mapping(load_yaml_file(path), path)
+
+
+def topology_from_mapping(data: dict, path: str | Path) -> Topology:
+    """A topology file's parsed YAML as a Topology (``path`` names the file in errors)."""
     version = data.get("version", 1)
     if version == 2:
         return topology_from_v2(build(TopologyFileV2, data, "", str(path)))

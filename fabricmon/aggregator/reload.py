@@ -179,11 +179,15 @@ class Reloader:
                                               tls.current, material, strict=True) if x != y]
                 out.append((f"{', '.join(names)} (contents: new handshakes)", lambda: tls.update(material)))
         try:
-            digest = file_digest(new.topology)
+            digest = file_digest(new.topology)  # unchanged since the last applied: nothing to parse
         except OSError as exc:
             raise ConfigError(f"{source}: topology: cannot read {new.topology}: {exc.strerror or exc}") from None
         if digest != self.topology_digest:
-            change = topology_reload.plan(rt.engine.topology, load_apart(new.topology), f"{new.topology}")
+            # the fingerprint of the bytes parsed, not of the read above: a file rewritten between the two
+            # would otherwise be recorded as one version and run as another, and the next SIGHUP, seeing
+            # that recorded version, would apply nothing
+            digest, parsed = load_apart(new.topology)
+            change = topology_reload.plan(rt.engine.topology, parsed, f"{new.topology}")
 
             def swap_topology() -> str:
                 self.topology_digest = digest

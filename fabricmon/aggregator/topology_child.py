@@ -2,21 +2,31 @@
 
 A 4,096-node file listed node by node is seconds of CPU in the YAML parser, which holds the GIL:
 parsed in a thread of the aggregator it halved the detection thread's tick rate.  The child
-parses and writes the ``Topology`` back pickled on stdout (our own child's output, nothing
-else's, is unpickled); a ConfigError comes back as its one line on stderr, exit status 2.
+reads the file once and writes back, pickled on stdout, the SHA-256 of the bytes it read and the
+``Topology`` parsed from those same bytes (our own child's output, nothing else's, is unpickled):
+a file rewritten while a reload runs is then never fingerprinted as one version and run as
+another.  A ConfigError comes back as its one line on stderr, exit status 2.
 """
 
 from __future__ import annotations
 
+import hashlib
 import pickle
 import subprocess
 import sys
 
-from ..configload import ConfigError
-from ..topology import Topology, load_topology
+from ..configload import ConfigError, read_yaml_file
+from ..topology import Topology, topology_from_mapping
 
 
-def load_apart(path: str, timeout: float = 300.0) -> Topology:
+def read_topology(path: str) -> tuple[str, Topology]:
+    """(SHA-256 of the bytes read, the topology parsed from them): one read of the file."""
+    raw, data = read_yaml_file(path)
+    return hashlib.sha256(raw).hexdigest(), topology_from_mapping(data, path)
+
+
+def load_apart(path: str, timeout: float = 300.0) -> tuple[str, Topology]:
+    """``read_topology`` in a child process."""
     try:
         done = subprocess.run([sys.executable, "-m", __name__, path], capture_output=True, timeout=timeout,
                               check=False)
@@ -27,20 +37,20 @@ def load_apart(path: str, timeout: float = 300.0) -> Topology:
         raise ConfigError(lines[-1] if lines else f"{path}: <top>: could not be parsed")
     if done.returncode != 0:
         # the child could not run (no interpreter, no memory): parse here rather than not at all
-        return load_topology(path)
-    topo = pickle.loads(done.stdout)
-    if not isinstance(topo, Topology):
-        raise ConfigError(f"{path}: <top>: the parser returned {type(topo).__name__}")
-    return topo
+        return read_topology(path)
+    got = pickle.loads(done.stdout)
+    if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], str) and isinstance(got[1], Topology)):
+        raise ConfigError(f"{path}: <top>: the parser returned {type(got).__name__}")
+    return got
 
 
 def main(argv: list[str]) -> int:
     try:
-        topo = load_topology(argv[0])
+        got = read_topology(argv[0])
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return 2
-    sys.stdout.buffer.write(pickle.dumps(topo, protocol=pickle.HIGHEST_PROTOCOL))
+    sys.stdout.buffer.write(pickle.dumps(got, protocol=pickle.HIGHEST_PROTOCOL))
     return 0
 
 

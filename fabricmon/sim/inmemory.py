@@ -112,9 +112,9 @@ class Catalog:
         # infiniband source: the ports the agent config expects (default: at least one); pci source
         self.gauges.append(_Gauge("fabricmon_devices_expected", (("kind", "rdma_port"),), ("const", 1.0)))
         self.gauges.append(_Gauge("fabricmon_pci_nvidia_gpus", (), ("const", float(NGPU))))
-        # the tree puts NICs and GPUs on root ports (no PCIe switch): rails from the mlx5 model
+        # the tree puts rail NIC i and GPU i under one PCIe switch (hw.pci_device_path): rails from PCI affinity
         self.gauges.append(_Gauge("fabricmon_rail_assignment_info",
-                                  (("source", "hca_type"), ("pci_affinity", "no_shared_switch")), ("const", 1.0)))
+                                  (("source", "pci_affinity"), ("pci_affinity", "paired")), ("const", 1.0)))
 
     # -- infiniband source ----------------------------------------------------------------
     def _ib_port(self, d) -> None:

@@ -105,3 +105,32 @@ def test_certificate_and_ca_bundle_rotation_apply_to_new_handshakes(tmp_path, ri
     d = rig(Agent, agg, "node-003", tls=tls(new["ca"], new["c1"]))
     assert not wait_until(lambda: d.client.connected, 1.0)  # node-003 is not this certificate's CN...
     assert "PERMISSION_DENIED" in d.client.last_error  # ...but the handshake with the new chain worked
+
+
+def test_a_topology_rewritten_while_a_reload_reads_it_is_applied_by_the_next_sighup(tmp_path, rig, monkeypatch):
+    """The race a SIGHUP storm hit (tests/aggregator/test_reload_storm.py): the reload fingerprints the
+    file, a writer replaces it, the reload parses the new contents.  Recorded as the old version while
+    running the new one, the file put back to the old version was "unchanged" to every later SIGHUP."""
+    from fabricmon.aggregator import reload as reload_mod
+
+    four = {"node-000": 0, "node-001": 0, "node-002": 0, "node-003": 0}
+    five = {**four, "node-004": 1}
+    agg = rig(Aggregator, {"insecure": True}, topology=topology_doc(four))
+    three = {k: v for k, v in four.items() if k != "node-003"}
+    real_digest = reload_mod.file_digest
+    raced: list[str] = []
+
+    def digest_then_rewritten(path: str) -> str:
+        d = real_digest(path)
+        if not raced:  # the first reload only: a writer lands between the fingerprint and the parse
+            raced.append(d)
+            agg.topology.write_text(yaml.safe_dump(topology_doc(five)))
+        return d
+
+    monkeypatch.setattr(reload_mod, "file_digest", digest_then_rewritten)
+    agg.topology.write_text(yaml.safe_dump(topology_doc(three)))
+    assert agg.hup()
+    assert raced and agg.value("fabricmon_topology_nodes") == 5  # it runs what it parsed
+    agg.topology.write_text(yaml.safe_dump(topology_doc(three)))  # the version the race fingerprinted
+    assert agg.hup()
+    assert agg.value("fabricmon_topology_nodes") == 3, agg.reloads()
