@@ -4,7 +4,10 @@ For a job whose ranks use the incident's component:
 
 - ``step_slowdown``: the median time of the job's steps that start while the incident is open, over the
   median of its last 20 steps that started before ``first_seen`` while no other incident was open on
-  the job, minus 1.  ``None`` without a clean baseline (the job started during the fault).
+  the job, minus 1.  ``None`` without a clean baseline (the job started during the fault).  Steps that
+  start while an incident that opened later on the same job is open are left out when at least
+  ``OWN_STEPS`` are left: that slowdown is the later fault's too (a flaky cable open when its leaf
+  degrades does not take the leaf's cost); an incident opened earlier stays in (there is nothing left).
 - A job that completes no step while the incident is open (for longer than a few of its own steps) has
   ``step_slowdown: None, stopped: True`` and costs all its GPUs.
 - ``gpu_hours_per_hour`` = GPUs x (1 - 1 / (1 + step_slowdown)): the share of the job's GPU time the
@@ -33,6 +36,7 @@ if TYPE_CHECKING:
 BASELINE_STEPS = 20
 MAX_STEPS = 4096  # per job: at a step a second, an hour of history
 STOPPED_AFTER_STEPS = 5  # no step for this many of the job's median steps while the incident is open
+OWN_STEPS = 3  # steps of its own (no later incident on the job open) that an incident's slowdown needs
 
 
 @dataclass
@@ -85,13 +89,19 @@ class StepLog:
 
     def impact(self, job: str, first_seen: float, now: float,
                other_open: Sequence[tuple[float, float]] = ()) -> JobImpact | None:
-        """``other_open``: (opened, closed or now) of the job's other incidents, kept out of the baseline."""
+        """``other_open``: (opened, closed or now) of the job's other incidents, kept out of the baseline
+        and, those opened after ``first_seen``, out of the steps measured (module docstring)."""
         js = self.jobs.get(job)
         if js is None:
             return None
         starts, secs = list(js.starts), list(js.seconds)
         i0 = bisect.bisect_left(starts, first_seen)
         during = secs[i0:]
+        later = [(lo, hi) for lo, hi in other_open if lo > first_seen]
+        if later:
+            own = [x for st, x in zip(starts[i0:], during, strict=True) if not any(lo <= st < hi for lo, hi in later)]
+            if len(own) >= OWN_STEPS:
+                during = own
         base: list[float] = []
         for k in range(i0 - 1, -1, -1):
             s = starts[k]

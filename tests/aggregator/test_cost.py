@@ -64,3 +64,27 @@ def test_impact_sentence_orders_by_cost_and_folds_the_rest():
     assert impact_sentence(imps) == ("b 14% slower (31 GPU-hours/hour); c stopped (8 GPU-hours/hour); "
                                      "a 3% slower (4 GPU-hours/hour); +1 more")
     assert impact_sentence([]) == ""
+
+
+def test_a_later_incident_on_the_job_does_not_add_its_slowdown_to_an_earlier_one():
+    """The default demo: a flaky cable (8% slower) opens, then the job's leaf degrades (15%) while the
+    cable's incident is still open.  The cable keeps its own 8%; the leaf, opened second, has no steps of
+    its own and takes them all."""
+    log = StepLog()
+    t = _feed(log, "llm", [2.0] * 30)
+    cable = t
+    t = _feed(log, "llm", [2.16] * 12, t0=t, first_step=31)
+    leaf = t
+    t = _feed(log, "llm", [2.3] * 20, t0=t, first_step=43)
+    mixed = log.impact("llm", cable, t)  # not knowing the leaf: most steps are the leaf's
+    assert mixed.step_slowdown == pytest.approx(0.15)
+    own = log.impact("llm", cable, t, other_open=[(leaf, t)])
+    assert own.step_slowdown == pytest.approx(0.08)
+    assert log.impact("llm", leaf, t, other_open=[(cable, t)]).step_slowdown == pytest.approx(0.15)
+    # fewer than OWN_STEPS steps before the later incident: all the steps, as before
+    short = StepLog()
+    t = _feed(short, "llm", [2.0] * 30)
+    cable = t
+    leaf = t = _feed(short, "llm", [2.16] * 2, t0=t, first_step=31)
+    t = _feed(short, "llm", [2.3] * 20, t0=t, first_step=33)
+    assert short.impact("llm", cable, t, other_open=[(leaf, t)]).step_slowdown == pytest.approx(0.15)
