@@ -162,19 +162,20 @@ def localize_stragglers(topo: Topology, s: DetectionSettings, report: StragglerR
     with medium evidence (``Shared``), else a compute straggler or a load imbalance (findings)."""
     out: list[Finding] = []
     shared: dict[Component, Shared] = {}
-    by_job: dict[str, list[Straggler]] = defaultdict(list)
+    # per job and its scheduler id: two jobs of one name are grouped apart
+    by_job: dict[tuple[str, str], list[Straggler]] = defaultdict(list)
     for st in report.stragglers:
-        by_job[st.job].append(st)
-    persistent = {(st.job, st.rank) for st in report.stragglers}
+        by_job[st.job, st.job_id].append(st)
+    persistent = {(st.job, st.job_id, st.rank) for st in report.stragglers}
     for st in report.early:  # a throttled GPU's rank needs less persistence: the clock reason is evidence
-        if (st.job, st.rank) not in persistent and throttled.get(comp.gpu(st.node, st.gpu)):
-            by_job[st.job].append(st)
-    for job, lst in by_job.items():
+        if (st.job, st.job_id, st.rank) not in persistent and throttled.get(comp.gpu(st.node, st.gpu)):
+            by_job[st.job, st.job_id].append(st)
+    for (job, job_id), lst in by_job.items():
         groups = _group(topo, lst)
         node_groups = [g for g in groups if g[0].kind is Kind.NODE]
         if len(node_groups) >= 2 and not any(
                 ev.llr.get(c, 0.0) > 0 for g in node_groups for c in _candidates(topo, *g)):
-            out.append(_hosts_imbalance(s, job, node_groups, cluster))
+            out.append(_hosts_imbalance(s, job, job_id, node_groups, cluster))
             groups = [g for g in groups if g[0].kind is not Kind.NODE]
         for group, members in groups:
             cands = _candidates(topo, group, members, ev.fabric)
@@ -222,12 +223,20 @@ def _cross_shard(topo: Topology, cross: CrossShard, job: str, group: Component,
     return cross.judge(job, rail, group, tuple(sorted(m.rank for m in members)))
 
 
-def _hosts_imbalance(s: DetectionSettings, job: str, node_groups: list[tuple[Component, list[Straggler]]],
-                     cluster: str) -> Finding:
+def _job_labels(lab: dict[str, str], job: str, job_id: str) -> dict[str, str]:
+    """The job's labels on a finding about its ranks: its name and, when it sends one, its scheduler id."""
+    lab["hpc_job"] = job
+    if job_id:
+        lab["job_id"] = job_id
+    return lab
+
+
+def _hosts_imbalance(s: DetectionSettings, job: str, job_id: str,
+                     node_groups: list[tuple[Component, list[Straggler]]], cluster: str) -> Finding:
     """Several whole hosts late together with clean counters: load imbalance, not hardware."""
     ranks = tuple(sorted(m.rank for g in node_groups for m in g[1]))
     on = comp.job(job)
-    return Finding("StageImbalance", on, on.labels(cluster),
+    return Finding("StageImbalance", on, _job_labels(on.labels(cluster), job, job_id),
                    [f"{len(node_groups)} whole hosts ({len(ranks)} ranks) late together, counters clean"],
                    hold_s=s.straggler_hold_s, ranks=ranks[:64], jobs=(job,), severity="info",
                    description="many ranks late together with clean counters: a stage or load "
@@ -245,7 +254,7 @@ def _straggler_finding(topo: Topology, s: DetectionSettings, job: str, group: Co
     lab = group.labels(cluster)
     if len(nodes) == 1:
         lab["node"] = members[0].node
-    lab["hpc_job"] = job
+    _job_labels(lab, job, members[0].job_id)
     late = max(m.late_frac for m in members)
     evidence = [f"{len(ranks)} rank(s) late {late * 100:.1f}% of step in "
                 f"{s.straggler_persist}+ of last {s.straggler_window} steps ({members[0].kind})"]
@@ -328,7 +337,7 @@ def stage_findings(s: DetectionSettings, report: StragglerReport, cluster: str) 
         on = comp.job(sl.job, sl.stage if sl.stage >= 0 else None)
         desc = ("whole pipeline stage late with clean counters: a partition imbalance, not a fabric fault"
                 if sl.stage >= 0 else "many ranks late together in every step: load imbalance, not a fabric fault")
-        out.append(Finding("StageImbalance", on, on.labels(cluster),
+        out.append(Finding("StageImbalance", on, _job_labels(on.labels(cluster), sl.job, sl.job_id),
                            [f"stage {sl.stage} median compute +{sl.late_frac * 100:.1f}% of step"] if sl.stage >= 0
                            else ["more than a quarter of the ranks late together, persistently"],
                            hold_s=s.straggler_hold_s, ranks=sl.ranks[:64], jobs=(sl.job,), description=desc,

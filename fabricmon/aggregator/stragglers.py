@@ -113,6 +113,7 @@ class Straggler:
     score: float
     late_frac: float
     current: bool = True  # flagged in the newest scored step
+    job_id: str = ""  # the scheduler's id when the job sends one (alert label job_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +122,7 @@ class StageLate:
     stage: int  # -1: unknown stage (no layout), many ranks late together
     late_frac: float
     ranks: tuple[int, ...]
+    job_id: str = ""
 
 
 # one job's part of the report: stragglers, late stages, slowish (job, rank) -> (node, gpu), early ones
@@ -263,7 +265,7 @@ class StragglerTracker:
         return StragglerReport(stragglers, stages, slowish, early)
 
     def _job_report(self, job: JobState) -> _JobReport:
-        name, clear = job.name, self.s.straggler_clear
+        name, jid, clear = job.name, job.job_id, self.s.straggler_clear
         stragglers: list[Straggler] = []
         early: list[Straggler] = []
         slowish: dict[tuple[str, int], tuple[str, int]] = {}
@@ -271,16 +273,17 @@ class StragglerTracker:
             if info.persistent:
                 h = info.hist_c if info.persistent == "compute" else info.hist_m
                 stragglers.append(Straggler(name, rank, info.node, info.gpu, info.persistent, info.score,
-                                            info.late_ewma, bool(h & 3)))
+                                            info.late_ewma, bool(h & 3), jid))
             elif info.hist_c & 1 and info.hist_c.bit_count() >= clear:
-                early.append(Straggler(name, rank, info.node, info.gpu, "compute", info.score, info.late_ewma, True))
+                early.append(Straggler(name, rank, info.node, info.gpu, "compute", info.score, info.late_ewma, True,
+                                       jid))
             if (info.hist_c | info.hist_m).bit_count() >= clear:
                 slowish[(name, rank)] = (info.node, info.gpu)
         stages = [StageLate(name, stage, job.stage_late.get(stage, 0.0),
-                            tuple(sorted(r for r, i in job.ranks.items() if i.stage == stage)))
+                            tuple(sorted(r for r, i in job.ranks.items() if i.stage == stage)), jid)
                   for stage in sorted(job.stage_persistent)]
         if job.mass_persistent:
-            stages.append(StageLate(name, -1, 0.0, ()))
+            stages.append(StageLate(name, -1, 0.0, (), jid))
         return tuple(stragglers), tuple(stages), slowish, tuple(early)
 
     def _score_step(self, job: JobState, reports: dict[int, tuple[float, float]]) -> None:

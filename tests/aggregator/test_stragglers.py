@@ -98,3 +98,34 @@ def test_report_is_reused_between_scored_steps_and_rebuilt_after_one():
     assert b is not a and b.stragglers == [] and [x.rank for x in a.stragglers] == [11]
     # a job gone quiet for 10 minutes is dropped: the report says so on the next tick
     assert tr.evaluate(24.0 + 601.0).slowish == {} and "j" not in tr.jobs
+
+
+def test_two_jobs_of_one_name_are_grouped_apart_and_their_findings_carry_the_job_id():
+    """Two runs of one job name (a scheduler's ids slurm-1 and slurm-2) on their own nodes: a late rank
+    in the first (StragglerRank), a late host in the second (SoftwareStraggler, its dataloader).  Each
+    finding names its job by name and scheduler id; neither mixes the other's ranks."""
+    from fabricmon.aggregator.correlator import Evidence, localize_stragglers
+    from fabricmon.topology import generate_topology
+
+    topo = generate_topology(16, nodes_per_unit=8, gpus_per_node=8)
+    s = DetectionSettings()
+    tr = StragglerTracker(s)
+    rng = random.Random(3)
+    for step in range(1, 15):
+        for jid, first_node, late in (("slurm-1", 0, lambda r: r == 11), ("slurm-2", 8, lambda r: r // 8 == 2)):
+            comp = {r: 1.5 + (0.3 if late(r) else 0.0) + rng.gauss(0, 0.01) for r in range(64)}
+            slowest = max(comp.values())
+            for r in range(64):
+                wait = slowest - comp[r]
+                tr.add(RankTiming("j", r, r % 8, step, comp[r] + wait + 0.5, wait + 0.5, float(step),
+                                  node=f"node-{first_node + r // 8:03d}", job_id=jid), "")
+        tr.evaluate(float(step))
+    rep = tr.evaluate(15.0)
+    assert sorted((x.job_id, x.rank) for x in rep.stragglers) == [("slurm-1", 11)] + [
+        ("slurm-2", r) for r in range(16, 24)]
+    findings, shared = localize_stragglers(topo, s, rep, {}, Evidence({}, {}, {}), set(topo.nodes), "t")
+    assert not shared
+    got = sorted((f.alertname, f.component.id, f.labels["hpc_job"], f.labels.get("job_id"), f.ranks)
+                 for f in findings)
+    assert got == [("SoftwareStraggler", "node-010", "j", "slurm-2", tuple(range(16, 24))),
+                   ("StragglerRank", "node-001/gpu3", "j", "slurm-1", (11,))]
