@@ -244,6 +244,11 @@ def _cross_shard_series(cross: dict[str, Any] | None, remote: RemoteSource | Non
     for result in ("ok", "error"):
         c.add_metric([result], polls.get(result, 0))
     yield c
+    c = CounterMetricFamily("fabricmon_remote_evidence_malformed_alerts",
+                            "Entries of Alertmanager's answers that were not an alert with labels, or named a "
+                            "component that does not parse: skipped (they explain nothing here).")
+    c.add_metric([], snap["malformed"] if snap is not None else 0)
+    yield c
     g = GaugeMetricFamily("fabricmon_remote_evidence_incidents",
                           "Other shards' open fabric incidents in the last fresh read (0 when stale or never read).")
     g.add_metric([], snap["incidents"] if snap is not None else 0)

@@ -375,13 +375,9 @@ class StragglerTracker:
         elif pcm < clear:
             job.mass_persistent = False
 
-    def lateness_scores(self, top: int | None = None) -> list[tuple[str, int, float]]:
-        """(job, rank, score), the ``top`` latest ranks of each job (all when None), latest first."""
-        return [(name, r, score) for name, _, r, score in self.lateness_by_job(top)]
-
     def lateness_by_job(self, top: int | None = None) -> list[tuple[str, str, int, float]]:
-        """(job, job_id, rank, score) as ``lateness_scores``: job_id ("" when the job sends none) keeps
-        two jobs of one name apart in /metrics."""
+        """(job, job_id, rank, score), the ``top`` latest ranks of each job (all when None), latest first;
+        job_id ("" when the job sends none) keeps two jobs of one name apart in /metrics."""
         out: list[tuple[str, str, int, float]] = []
         for j in self.jobs.values():
             items = j.ranks.items()

@@ -199,7 +199,7 @@ class RailPlan:
 
 
 def plan_rails(
-    devices: Sequence[RailCandidate] | Sequence[tuple[str, str]], configured: dict[str, int],
+    devices: Sequence[RailCandidate], configured: dict[str, int],
     memory: dict[str, str] | None = None, gpus: Sequence[PciPath] = (),
 ) -> RailPlan:
     """Map device name -> rail string, by the first rule that applies:
@@ -218,7 +218,7 @@ def plan_rails(
     mlx5_4..7 keep rails 4..7 instead of being renumbered, and a re-probed device gets its old
     rail back.
     """
-    cands = [d if isinstance(d, RailCandidate) else RailCandidate(d[0], d[1]) for d in devices]
+    cands = list(devices)
     pairing = pair({d.name: d.pci_path for d in cands}, gpus)
     memory = {} if memory is None else memory
     if configured:
@@ -247,14 +247,6 @@ def plan_rails(
             rails[name] = memory[name] = str(free)
             taken.add(str(free))
     return RailPlan(rails, source, pairing)
-
-
-def assign_rails(
-    devices: Sequence[RailCandidate] | Sequence[tuple[str, str]], configured: dict[str, int],
-    memory: dict[str, str] | None = None, gpus: Sequence[PciPath] = (),
-) -> dict[str, str]:
-    """``plan_rails``' map alone."""
-    return plan_rails(devices, configured, memory, gpus).rails
 
 
 class RailLog:

@@ -9,7 +9,7 @@ root complex, two NICs under one GPU's switch, one NIC between two GPUs as on an
 A100 board) is not a rail pairing: ``pair`` says why and inventory's next rule decides.
 
 ``pair`` is pure over PCI paths (the BDFs from the root port down to the function, as the
-kernel's ``/sys/devices/pci<domain>:<bus>/...`` path spells them); ``scan_gpus`` is the I/O.
+kernel's ``/sys/devices/pci<domain>:<bus>/...`` path spells them); ``GpuScan`` is the I/O.
 """
 
 from __future__ import annotations

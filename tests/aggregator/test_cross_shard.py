@@ -338,3 +338,28 @@ def test_sharded_service_polls_alertmanager_off_the_tick_and_counts_an_unreachab
         assert rt.engine.ticks_total == t0 + 2 and rt.engine.remote.incidents() == ()
     finally:
         rt.stop(grace=0.5, flush=0.2)
+
+
+def test_malformed_entries_of_an_answer_are_skipped_and_exported():
+    """Worst answers Alertmanager (or something at its URL) could give: not a list, entries without labels,
+    a component that does not parse.  Each is skipped, counted, and visible on /metrics."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from fabricmon.aggregator.engine import Engine
+    from fabricmon.aggregator.http_api import AggregatorCollector
+
+    topo = generate_topology(16, nodes_per_unit=8, layout="roce", cluster="test")
+    good = {"labels": {"alertname": "FabricLinkErrors", "component_type": "link", "component": "node-002/mlx5_3/1",
+                       "cluster": "test", "rail": "3", "node": "node-002"}, "annotations": {"incident_id": "i1"}}
+    bad_component = {"labels": {**good["labels"], "component": "no/such/link/x"}, "annotations": {"incident_id": "i2"}}
+    answers: list[object] = [{"not": "a list"}, ["text", {"labels": None}, bad_component, good]]
+    src = AlertmanagerEvidence(["http://127.0.0.1:9"], cluster="test", topo=topo, own_units=frozenset({1}),
+                               fetch=lambda *_: answers.pop(0))
+    assert src.poll_once() is True and src.incidents() == ()
+    assert src.poll_once() is True and [r.component.id for r in src.incidents()] == ["node-002/mlx5_3/1"]
+    assert src.stats.malformed == 1 + 3
+    engine = Engine(topo, shard_units=frozenset({1}))
+    engine.remote = src
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(AggregatorCollector(engine))
+    assert "fabricmon_remote_evidence_malformed_alerts_total 4.0" in generate_latest(reg).decode()

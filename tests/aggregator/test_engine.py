@@ -348,10 +348,10 @@ def test_slow_gpu_with_clean_fabric_is_a_gpu_straggler_without_fabric_blame():
     assert i.labels["gpu"] == "2" and i.labels["node"] == "node-006" and i.labels["hpc_job"] == "llm"
     # /metrics carries the job's latest ranks, not one series per GPU: the slow one first
     exported = c.engine.metrics_snapshot()["lateness"]
-    everyone = c.engine.stragglers.lateness_scores()
+    everyone = c.engine.stragglers.lateness_by_job()
     assert len(everyone) == 64 and len(exported) == LATENESS_EXPORTED_PER_JOB < 64
     assert exported[0][:3] == ("llm", "", 6 * 8 + 2)  # (job, job_id, rank, score): this job sends no job_id
-    top = sorted((s for _, _, s in everyone), reverse=True)[:LATENESS_EXPORTED_PER_JOB]
+    top = sorted((s for _, _, _, s in everyone), reverse=True)[:LATENESS_EXPORTED_PER_JOB]
     assert [s for _, _, _, s in exported] == top
 
 

@@ -84,7 +84,7 @@ def test_mad_floor_keeps_quiet_groups_from_dividing_by_zero():
             tr.add(RankTiming("q", r, r % 8, step, 2.0, 0.5 - extra, float(step), node="n"), "")
     rep = tr.evaluate(20.0)
     assert rep.stragglers == []
-    assert all(score < 4.0 for _, _, score in tr.lateness_scores())
+    assert all(score < 4.0 for _, _, _, score in tr.lateness_by_job())
 
 
 def test_report_is_reused_between_scored_steps_and_rebuilt_after_one():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fabricmon.sources.inventory import RailCandidate, assign_rails, discover, rail_keys
+from fabricmon.sources.inventory import RailCandidate, discover, plan_rails, rail_keys
 from support.paths import FIXTURES
 
 TREE = FIXTURES / "drivers" / "bnxt-thor2-gen1" / "node"
@@ -89,12 +89,12 @@ def test_configured_map_wins(node: Path) -> None:
 def test_nothing_shared_every_device_is_a_rail_nic() -> None:
     devices = [RailCandidate("bnxt_re0", "a"), RailCandidate("bnxt_re1", "b"), RailCandidate("bnxt_re2", "c")]
     assert rail_keys(devices)[0] == "none"
-    assert assign_rails(devices, {}) == {"bnxt_re0": "0", "bnxt_re1": "1", "bnxt_re2": "2"}
+    assert plan_rails(devices, {}).rails == {"bnxt_re0": "0", "bnxt_re1": "1", "bnxt_re2": "2"}
 
 
 def test_mlx5_models_unchanged() -> None:
     devices = [RailCandidate(f"mlx5_{i}", "MT4129", "0x15b3:0x1021") for i in range(8)]
     devices.append(RailCandidate("mlx5_8", "MT4125", "0x15b3:0x101d"))
     assert rail_keys(devices)[0] == "hca_type"
-    rails = assign_rails(devices, {})
+    rails = plan_rails(devices, {}).rails
     assert [rails[f"mlx5_{i}"] for i in range(8)] == [str(i) for i in range(8)] and rails["mlx5_8"] == ""
