@@ -111,7 +111,7 @@ NODE_CELL_LINK = {"matcher": {"id": "byName", "options": "node"},
                                                                  "var-node=${__value.raw}")]}]}
 LEAF_LINKS = [
     _link("Nodes on ${__field.labels.leaf}", "fabricmon-node",
-          "var-rail=${__field.labels.rail}&var-leaf=${__field.labels.leaf}"),
+          "var-rail=${__field.labels.rail}&var-leaf=${__field.labels.leaf}&var-node=$__all"),
     _link("Overview, ${__field.labels.leaf}", "fabricmon-overview",
           "var-rail=${__field.labels.rail}&var-leaf=${__field.labels.leaf}"),
 ]
@@ -123,8 +123,11 @@ FABRIC_RAIL_LINK = _link("Fabric view, rail ${__field.labels.rail}", "fabricmon-
 # ------------------------------------------------------------------ builders
 
 class Board:
-    def __init__(self, uid: str, title: str, description: str, tags: list[str]) -> None:
+    def __init__(self, uid: str, title: str, description: str, tags: list[str], *, one_node: bool = False) -> None:
         self.uid, self.title, self.description, self.tags = uid, title, description, tags
+        # one_node: the node variable starts on one node, not All (the node view's per-GPU and per-NVLink
+        # panels are 2,304 series for 4 nodes: All would be ~74k at 128 nodes); links may still pass All.
+        self.one_node = one_node
         self.panels: list[dict] = []
         self._x = 0
         self._y = 0
@@ -229,7 +232,7 @@ class Board:
                 "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
                 "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard",
             }, INCIDENT_ANNOTATION]},
-            "templating": {"list": variables()},
+            "templating": {"list": variables(one_node=self.one_node)},
             "panels": self.panels,
         }
 
@@ -248,7 +251,10 @@ INCIDENT_ANNOTATION = {
 }
 
 
-def _query_var(name: str, label: str, query: str, *, multi: bool = True) -> dict:
+def _query_var(name: str, label: str, query: str, *, multi: bool = True, start_all: bool = True,
+               extract: str = "") -> dict:
+    """A query variable.  ``start_all=False``: no saved selection, so Grafana starts on the first value.
+    ``extract``: a regex taking the value out of a ``query_result`` row."""
     return {
         "type": "query",
         "name": name,
@@ -258,17 +264,17 @@ def _query_var(name: str, label: str, query: str, *, multi: bool = True) -> dict
         "query": {"query": query, "refId": f"{name}-variable"},
         "refresh": 2,
         "sort": 1,
-        "regex": "",
+        "regex": extract,
         "multi": multi,
         "includeAll": True,
         "allValue": ".*",
-        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]} if start_all else {},
         "options": [],
         "hide": 0,
     }
 
 
-def variables() -> list[dict]:
+def variables(*, one_node: bool = False) -> list[dict]:
     return [
         {"type": "datasource", "name": "datasource", "label": "Data source", "query": "prometheus",
          "current": {}, "options": [], "refresh": 1, "regex": "", "hide": 0, "multi": False, "includeAll": False},
@@ -277,8 +283,13 @@ def variables() -> list[dict]:
         _query_var("job_id", "Job id",
                    f'label_values(fabricmon_rank_step_seconds{{{C}, hpc_job=~"$hpc_job"}}, job_id)'),
         _query_var("rail", "Rail", f"label_values(fabricmon_ib_port_info{{{C}}}, rail)"),
-        _query_var("leaf", "Leaf", f'label_values(fabricmon:ib_port:info{{{C}, rail=~"$rail"}}, leaf)'),
-        _query_var("node", "Node", f'label_values(fabricmon:ib_port:info{{{C}, rail=~"$rail", leaf=~"$leaf"}}, node)'),
+        # Leaves as of now (query_result is one instant), not label_values over the time range: a Prometheus
+        # that scraped an agent before the aggregator's topology recorded a generated leaf-u<U>-r<R> name for
+        # a moment, and a range lookup would list it for as long as it stays in the range.
+        _query_var("leaf", "Leaf", f'query_result(count by (leaf) (fabricmon:ib_port:info{{{C}, rail=~"$rail"}}))',
+                   extract='/leaf="([^"]+)"/'),
+        _query_var("node", "Node", f'label_values(fabricmon:ib_port:info{{{C}, rail=~"$rail", leaf=~"$leaf"}}, node)',
+                   start_all=not one_node),
     ]
 
 
@@ -355,7 +366,8 @@ def overview() -> Board:
 
 def node() -> Board:
     b = Board("fabricmon-node", "fabricmon / Node drill-down",
-              "One node: RDMA ports, lossless Ethernet, NVLink and GPUs, host.", ["node"])
+              "One node (the first, unless a link or the picker chooses): RDMA ports, lossless Ethernet, NVLink "
+              "and GPUs, host.", ["node"], one_node=True)
     b.row("RDMA ports")
     b.ts("Receive throughput",
          [(f"sum by (node, device, port) ({_by_port(f'rate(fabricmon_ib_port_receive_bytes_total{{{N}}}[{RATE}])')})",
@@ -513,6 +525,11 @@ def self_monitoring() -> Board:
     b.stat("Agents scraped", f'sum(up{{{C}, job=~".*fabricmon-agent.*"}})', "none")
     b.stat("Agents not scraped", f'count(up{{{C}, job=~".*fabricmon-agent.*"}} == 0) or vector(0)', "none",
            thresholds=[(None, "green"), (1, "red")])
+    b.stat("Agents down, last snapshot (FabricmonAgentDown)",
+           f'time() - min(max by (cluster, instance) (last_over_time(fabricmon_snapshot_timestamp_seconds{{{N}}}[1h])) '
+           f'and on (cluster, instance) (up{{{C}, job=~".*fabricmon-agent.*"}} == 0))', "s",
+           thresholds=[(None, "green"), (30, "red")],
+           description="Age of the oldest last snapshot among agents that are not scraped now.")
     b.stat("Collectors failing", f"count(fabricmon_collector_up{{{N}}} == 0) or vector(0)", "none",
            thresholds=[(None, "green"), (1, "orange")])
     b.stat("Oldest snapshot served", f"max(fabricmon_snapshot_age_seconds{{{N}}})", "s",
@@ -534,7 +551,52 @@ def self_monitoring() -> Board:
          "cps", min_val=0)
     b.ts("Open incidents", [(f"sum by (alertname) (fabricmon_incidents_open{{{C}}})", "{{alertname}}")], "none",
          min_val=0)
+    _blind_spots(b)
     return b
+
+
+RED_FROM_1 = [(None, "green"), (1, "red")]
+ORANGE_FROM_1 = [(None, "green"), (1, "orange")]
+
+
+def _blind_spots(b: Board) -> None:
+    """One panel (or more) per blind-spot self alert, reading what its rule reads, so the on-call sees what
+    is not monitored before and after the alert fires (tests/deploy/test_dashboards.py checks the mapping)."""
+    b.row("Blind spots: what is not monitored")
+    b.stat("Agent streams down (FabricmonAgentStreamDown)",
+           f"count(fabricmon_stream_disconnected_seconds{{{N}}} > 300) or vector(0)", "none",
+           thresholds=ORANGE_FROM_1)
+    b.stat("Unknown nodes streaming (FabricmonUnknownNodes)", f"sum(fabricmon_agents_unknown{{{C}}}) or vector(0)",
+           "none", thresholds=ORANGE_FROM_1)
+    b.stat("Topology nodes never connected", f"sum(fabricmon_agents_never_connected{{{C}}}) or vector(0)", "none",
+           thresholds=ORANGE_FROM_1)
+    b.stat("Failed config reloads (FabricmonReloadFailed)",
+           f"count(fabricmon_config_last_reload_successful{{{C}}} == 0) or vector(0)", "none",
+           thresholds=ORANGE_FROM_1)
+    b.ts("Stream disconnected for (worst 10 nodes)",
+         [(f"topk(10, fabricmon_stream_disconnected_seconds{{{N}}} > 0)", "{{node}}"),
+          (f"max(fabricmon_stream_interval_seconds{{{N}}}) * 3", "3 intervals")], "s", min_val=0, links=[NODE_LINK])
+    b.ts("Streams refused by the aggregator (FabricmonAgentRefused)",
+         [(f"sum by (node, reason) (rate(fabricmon_stream_refused_total{{{N}}}[{RATE}])) > 0", "{{node}} {{reason}}")],
+         "cps", min_val=0, links=[NODE_LINK])
+    b.ts("Spool fill (worst 10 nodes)",
+         [(f"topk(10, fabricmon_stream_spool_bytes{{{N}}} / fabricmon_stream_spool_max_bytes{{{N}}} > 0)",
+           "{{node}}")], "percentunit", min_val=0, max_val=1, links=[NODE_LINK])
+    b.ts("Batches lost on the node (FabricmonSpoolDropping)",
+         [(f"sum by (reason) (rate(fabricmon_stream_batches_dropped_total{{{N}}}[{RATE}]))", "{{reason}}")],
+         "cps", min_val=0)
+    b.ts("Batches dropped for clock or sequence (FabricmonBatchesDropped)",
+         [(f"sum by (reason) (rate(fabricmon_ingest_batches_dropped_total{{{C}}}[{RATE}]))", "aggregator {{reason}}"),
+          (f"sum by (reason) (rate(fabricmon_stream_batches_dropped_by_aggregator_total{{{N}}}[{RATE}]))",
+           "agents {{reason}}")], "cps", min_val=0)
+    b.ts("Devices missing or unmonitored (FabricmonDevicesMissing, FabricmonGPUsUnmonitored)",
+         [(f'sum by (node) (fabricmon_devices_expected{{{N}, kind="rdma_port"}}) - on (node) '
+           f'sum by (node) (fabricmon_devices_discovered{{{N}, kind=~"ib_port|roce_port"}}) > 0', "{{node}} ports"),
+          (f"sum by (node) (fabricmon_pci_nvidia_gpus{{{N}}}) - on (node) "
+           f'(sum by (node) (fabricmon_devices_discovered{{{N}, kind="gpu"}}) or sum by (node) '
+           f"(fabricmon_pci_nvidia_gpus{{{N}}}) * 0) > 0", "{{node}} GPUs")], "none", min_val=0, links=[NODE_LINK])
+    b.ts("Versions running (skew during an upgrade)",
+         [(f"count by (version) (fabricmon_build_info{{{C}}})", "{{version}}")], "none", min_val=0)
 
 
 def fabric() -> Board:
@@ -551,7 +613,7 @@ def fabric() -> Board:
                                                             "renameByName": {"Value": "worst incident"}}},
                              {"id": "sortBy", "options": {"sort": [{"field": "leaf"}]}}],
             links=[_link("Nodes on ${__data.fields.leaf}", "fabricmon-node",
-                         "var-rail=${__data.fields.rail}&var-leaf=${__data.fields.leaf}"),
+                         "var-rail=${__data.fields.rail}&var-leaf=${__data.fields.leaf}&var-node=$__all"),
                    _link("Overview, ${__data.fields.leaf}", "fabricmon-overview",
                          "var-rail=${__data.fields.rail}&var-leaf=${__data.fields.leaf}")],
             description="One row per leaf, by the name the topology gives it (an imported fabric's leaf-a3, "
@@ -599,7 +661,7 @@ def fabric() -> Board:
                                                                 "var-node=${__value.raw}")]}]},
                 {"matcher": {"id": "byName", "options": "leaf"},
                  "properties": [{"id": "links", "value": [
-                     _link("Nodes on ${__value.raw}", "fabricmon-node", "var-leaf=${__value.raw}"),
+                     _link("Nodes on ${__value.raw}", "fabricmon-node", "var-leaf=${__value.raw}&var-node=$__all"),
                      _link("Overview, ${__value.raw}", "fabricmon-overview", "var-leaf=${__value.raw}")]}]},
                 {"matcher": {"id": "byName", "options": "severity"},
                  "properties": [{"id": "mappings", "value": [{"type": "value", "options": {

@@ -225,15 +225,21 @@ RECORDING = [
         comment='The topology the aggregator runs on, one series per port (its fabricmon_topology_port_info):\n'
                 'value = when it last showed the port so.  While an aggregator target is down (the fallback\n'
                 'alerts fire then) the last copy recorded here holds, so those alerts keep the leaf names the\n'
-                'aggregator would give; topk keeps one copy per port (the newest) across a re-import.  [2m]:\n'
-                'longer than an evaluation interval, short so a port removed just before an outage stays gone.',
+                'aggregator would give; topk keeps one copy per port (the newest) across a re-import.  The copy\n'
+                'renews itself at every evaluation, so it holds for as long as the aggregator is down; [1h] lets\n'
+                'it survive a Prometheus restart or evaluation gap of up to an hour.  Only ports the aggregator\n'
+                'showed within 2m of its last showing are held, so a port removed before the outage stays gone.',
         expr='''
 topk by (cluster, node, device, port) (1,
   max by (cluster, node, device, port, rail, leaf) (timestamp(fabricmon_topology_port_info{${aggregator_selector}}))
 )
 or on (cluster, node, device, port)
 (
-  topk by (cluster, node, device, port) (1, last_over_time(fabricmon:topology_port:info[2m]))
+  (
+    topk by (cluster, node, device, port) (1, last_over_time(fabricmon:topology_port:info[1h]))
+      >= on (cluster) group_left ()
+    (max by (cluster) (last_over_time(fabricmon:topology_port:info[1h])) - 120)
+  )
   unless on (cluster)
   (min by (cluster) (up{${aggregator_selector}}) == 1)
 )

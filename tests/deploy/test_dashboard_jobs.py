@@ -140,6 +140,14 @@ def exported(tmp_path_factory) -> dict[str, bytes]:
         readings = [*intake.readings(), *res.readings]
         samples = tuple(Sample(r.family, r.labels, float(r.value)) for r in readings)
         out[name] = render_snapshot(Snapshot(name, now, 1, samples, (), 1.0, ()))
+    # what every agent and aggregator serves beside the snapshot: stream and thread health, build info and
+    # reload status (the Self-monitoring view's blind-spot panels)
+    from fabricmon.agent.selfmetrics import AgentSelfCollector
+    from fabricmon.buildinfo import ReloadStatus, add_runtime_collectors
+
+    own = add_runtime_collectors(CollectorRegistry(auto_describe=False), ReloadStatus())
+    own.register(AgentSelfCollector(next(iter(intakes)), lambda: {}, lambda: {}))
+    out["self"] = generate_latest(own)
     return out
 
 

@@ -43,10 +43,24 @@ def _exprs(dash: dict) -> list[str]:
     return out
 
 
+def _exported_self_families() -> set[str]:
+    """The family names the agent's own stream/thread collector and the build-info and reload collectors
+    really export (rendered, not listed by hand)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from fabricmon.agent.selfmetrics import AgentSelfCollector
+    from fabricmon.buildinfo import ReloadStatus, add_runtime_collectors
+
+    reg = add_runtime_collectors(CollectorRegistry(auto_describe=False), ReloadStatus())
+    reg.register(AgentSelfCollector("node-000", lambda: {}, lambda: {}))
+    text = generate_latest(reg).decode()
+    return {m.group(1) for m in re.finditer(r"^([a-zA-Z_:][\w:]*)(?:\{| )", text, re.M)}
+
+
 def known_metrics() -> set[str]:
     from fabricmon.metrics import SELF_SPECS, SPECS
 
-    names = set()
+    names = _exported_self_families()
     for spec in [*SPECS.values(), *SELF_SPECS.values()]:
         names.add(spec.name)
         if spec.kind == "counter" and not spec.name.endswith("_total"):
@@ -215,6 +229,53 @@ def test_queries_use_rate_interval_and_known_metrics(name: str) -> None:
                 depth += {"(": 1, ")": -1}.get(expr[j], 0)
                 j += 1
             assert "[$__rate_interval]" in expr[m.end():j], f"{m.group(1)} without $__rate_interval in {expr!r}"
+
+
+ALERT_RULES = REPO / "deploy" / "prometheus" / "fabricmon-alerts.rules.yml"
+SELF_ALERT_GROUPS = ("fabricmon-self", "fabricmon-blind-spots", "fabricmon-batches-dropped")
+
+
+def test_self_monitoring_shows_every_blind_spot_alert() -> None:
+    """Every self alert of the shipped rules reads metrics that some Self-monitoring panel reads too (beyond
+    the scrape's own `up`), so what a blind-spot alert fires on is on the dashboard before and after it fires."""
+    board = _dashboards()["fabricmon-self.json"]
+    shown: set[str] = set()
+    for p in _panels(board):
+        for t in p.get("targets", []):
+            shown |= metric_names(t["expr"])
+    missing = {}
+    for group in yaml.safe_load(ALERT_RULES.read_text())["groups"]:
+        if group["name"] not in SELF_ALERT_GROUPS:
+            continue
+        for rule in group["rules"]:
+            read = metric_names(rule["expr"]) - PROMETHEUS_BUILTIN
+            if read and not read & shown:
+                missing[rule["alert"]] = sorted(read)
+    assert not missing, f"self alerts with no Self-monitoring panel: {missing}"
+    # the aggregator's own blind-spot counts, which it alerts on directly
+    assert {"fabricmon_agents_unknown", "fabricmon_agents_never_connected", "fabricmon_build_info"} <= shown
+
+
+def test_node_view_starts_on_one_node() -> None:
+    """The node view's per-GPU and per-NVLink panels would be tens of thousands of series on All nodes: it starts
+    on one node (no saved selection), the other views on All; links to it by leaf ask for that leaf's nodes."""
+    for name, d in _dashboards().items():
+        node_var = next(v for v in d["templating"]["list"] if v["name"] == "node")
+        if name == "fabricmon-node.json":
+            assert node_var["current"] == {}, node_var["current"]
+        else:
+            assert node_var["current"]["value"] == ["$__all"], name
+        for title, link in _links(d):
+            if link["url"].startswith("/d/fabricmon-node/") and "var-leaf=" in link["url"]:
+                assert "var-node=$__all" in link["url"], (name, title)
+
+
+def test_leaf_variable_reads_the_current_topology() -> None:
+    """Leaves as of now: an instant query_result, not label_values over the dashboard's range, which would
+    keep a generated leaf name recorded before Prometheus first scraped the aggregator's topology."""
+    for d in _dashboards().values():
+        leaf = next(v for v in d["templating"]["list"] if v["name"] == "leaf")
+        assert leaf["definition"].startswith("query_result(") and leaf["regex"] == '/leaf="([^"]+)"/'
 
 
 def test_queries_parse_with_promtool(tmp_path: Path) -> None:

@@ -7,7 +7,8 @@ import re
 AGGREGATOR_METRICS = {"fabricmon_agents_connected", "fabricmon_ingest_samples_total", "fabricmon_component_suspicion",
                       "fabricmon_rank_lateness_score", "fabricmon_incidents_open", "fabricmon_alerts_sent_total",
                       "fabricmon_incident_open", "fabricmon_incident_started_timestamp_seconds",
-                      "fabricmon_incident_gpu_hours_per_hour"}
+                      "fabricmon_incident_gpu_hours_per_hour", "fabricmon_agents_unknown",
+                      "fabricmon_agents_never_connected", "fabricmon_ingest_batches_dropped_total"}
 
 
 PROMQL_FUNCTIONS = {
@@ -17,7 +18,7 @@ PROMQL_FUNCTIONS = {
     "last_over_time", "ln", "log10", "log2", "max_over_time", "min_over_time", "minute", "month", "predict_linear",
     "present_over_time", "quantile_over_time", "rate", "resets", "round", "scalar", "sgn", "sort", "sort_desc",
     "sqrt", "stddev_over_time", "stdvar_over_time", "sum_over_time", "time", "timestamp", "vector", "year",
-    "label_values",
+    "label_values", "query_result",  # Grafana's variable functions
 }
 
 
