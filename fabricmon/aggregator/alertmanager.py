@@ -1,5 +1,9 @@
 """Alertmanager client: POST /api/v2/alerts to every configured Alertmanager (HA: all of them).
 
+A URL whose host is a name (a Kubernetes headless Service) is expanded to every address it resolves to,
+re-resolved every ``resolve_seconds`` (am_peers.py): every replica gets every alert, and a replica that
+appears gets the active alerts at once.
+
 Decoupled from ``Engine.tick``: the service hands over the incidents that
 changed (``submit``), background threads deliver.  Each URL has its own
 bounded queue, backoff and sender thread, so one Alertmanager being down (even
@@ -50,6 +54,7 @@ from typing import IO, Any
 
 import structlog
 
+from .am_peers import PeerSet, Resolver, expandable, system_resolver
 from .cost import impact_sentence
 from .incidents import Incident
 
@@ -76,9 +81,11 @@ def rfc3339(ts: float) -> str:
 
 
 class _Url:
-    __slots__ = ("url", "queue", "pending_resend", "next_try", "backoff", "last_error")
+    __slots__ = ("base", "url", "queue", "pending_resend", "next_try", "backoff", "last_error", "retired")
 
     def __init__(self, url: str) -> None:
+        self.base = url  # as configured or expanded: the key the peer set names it by
+        self.retired = False  # its address left the peer set: its sender thread ends
         self.url = url.rstrip("/")
         if not self.url.endswith("/api/v2/alerts"):
             self.url += "/api/v2/alerts"
@@ -93,7 +100,9 @@ class AlertmanagerClient:
     def __init__(self, urls: tuple[str, ...] | list[str], *, cluster: str = "", resend_seconds: float = 30.0,
                  timeout: float = 5.0, queue_max: int = 10000, generator_url: str = "",
                  runbook_base: str = "", wall: Callable[[], float] = time.time, max_batch: int = 200,
-                 shard: str = "") -> None:
+                 shard: str = "", resolve_seconds: float = 30.0, resolver: Resolver = system_resolver) -> None:
+        self.peers = PeerSet(urls, resolver)
+        self.resolve_seconds = resolve_seconds  # 0: never expand a name (one connection to what it resolves to)
         self.urls = [_Url(u) for u in urls]
         self.cluster = cluster
         self.resend_seconds = resend_seconds
@@ -110,6 +119,8 @@ class AlertmanagerClient:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._senders_started = False
+        self._first_resolution = threading.Event()
         self._last_resend = wall()
         self._sample_now = 0.0
 
@@ -213,10 +224,65 @@ class AlertmanagerClient:
         if self._threads or not self.urls:
             return
         self._stop.clear()
-        for i, u in enumerate(self.urls):
-            t = threading.Thread(target=self._run, args=(u,), name=f"alertmanager-sender-{i}", daemon=True)
+        if self.resolve_seconds > 0 and any(expandable(u) for u in self.peers.configured):
+            t = threading.Thread(target=self._resolve_loop, name="alertmanager-resolver", daemon=True)
             self._threads.append(t)
             t.start()
+            # a name that resolves promptly is expanded before the first POST; a slow resolver delays the
+            # start by at most this, and the names are delivered to as they are until it answers
+            self._first_resolution.wait(2.0)
+        with self._lock:
+            self._senders_started = True
+            urls = list(self.urls)
+        for u in urls:
+            self._start_sender(u)
+
+    def _start_sender(self, u: _Url) -> None:
+        t = threading.Thread(target=self._run, args=(u,), name=f"alertmanager-sender-{len(self._threads)}",
+                             daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _resolve_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.refresh_peers()
+            except Exception:  # never let the resolver die: the last addresses stay in use
+                log.exception("alertmanager_resolver_error")
+            self._first_resolution.set()
+            self._stop.wait(self.resolve_seconds)
+
+    def refresh_peers(self) -> bool:
+        """Resolve the configured names again and deliver to what they resolve to now.  A new address gets
+        every active alert at once (and the resolves still queued for addresses that left); an address that
+        left stops being sent to.  True when the set changed."""
+        if not self.peers.refresh():
+            return False
+        with self._lock:
+            have = {u.base: u for u in self.urls}
+            want = self.peers.urls()
+            retired = [u for u in self.urls if u.base not in want]
+            carried = [e for r in retired for e in r.queue if e[0] == "resolve"]
+            self.urls = [have.get(w) or _Url(w) for w in want]
+            added = [u for u in self.urls if u.base not in have]
+            for u in added:
+                for iid, snap in self._active.items():
+                    self._enqueue(u, "resend", iid, snap)
+                for kind, iid, snap in carried:
+                    self._enqueue(u, kind, iid, snap)
+            for r in retired:
+                r.retired = True
+            started = self._senders_started
+        if started:
+            for u in added:
+                self._start_sender(u)
+        self._wake.set()
+        return True
+
+    def peer_counts(self) -> dict[str, int]:
+        """Addresses each configured URL delivers to now (fabricmon_alertmanager_peers{url})."""
+        with self._lock:
+            return self.peers.counts()
 
     def stop(self, flush_timeout: float = 2.0) -> None:
         if not self._threads:
@@ -228,6 +294,8 @@ class AlertmanagerClient:
         for t in self._threads:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
         self._threads = []
+        with self._lock:
+            self._senders_started = False
 
     def flush(self, timeout: float) -> bool:
         """Wait until every queue is empty (or ``timeout`` wall seconds); True when empty."""
@@ -245,7 +313,7 @@ class AlertmanagerClient:
             return sum(len(u.queue) for u in self.urls)
 
     def _run(self, u: _Url) -> None:
-        while not self._stop.is_set():
+        while not self._stop.is_set() and not u.retired:
             try:
                 self._once(u)
             except Exception:  # never let the sender die

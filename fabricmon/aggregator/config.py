@@ -175,10 +175,15 @@ class AlertmanagerSettings:
     runbook_base: str = "https://github.com/fabricmon/fabricmon/blob/main/docs/runbooks.md#"
     # sharded: how often the other shards' open fabric alerts are read back from Alertmanager (remote_evidence.py)
     evidence_poll_seconds: float = 5.0
+    # a URL whose host is a name (a headless Service) is sent to at every address it resolves to, resolved
+    # again this often (am_peers.py); 0: never expanded
+    resolve_seconds: float = 30.0
 
     def validate(self, path: str, source: str) -> None:
         _check_numbers(self, path, source, positive=frozenset(("resend_seconds", "timeout", "queue_max",
                                                                "evidence_poll_seconds")))
+        if 0 < self.resolve_seconds < 1:
+            raise ConfigError(f"{source}: {path}.resolve_seconds: 0 (never) or at least 1, got {self.resolve_seconds}")
         for i, u in enumerate(self.urls):
             if not u.startswith(("http://", "https://")):
                 raise ConfigError(f"{source}: {path}.urls[{i}]: expected an http(s) URL, got {u!r}")

@@ -157,6 +157,13 @@ class AggregatorCollector:
         for result in RESULTS:
             c.add_metric([result], sent.get(result, 0))
         yield c
+        g = GaugeMetricFamily("fabricmon_alertmanager_peers",
+                              "Alertmanager addresses each configured URL delivers to now (a headless Service name "
+                              "counts every address it resolves to; 0 would mean nobody gets the alerts).",
+                              labels=["url"])
+        for url, n in (self.sender.peer_counts() if self.sender is not None else {}).items():
+            g.add_metric([url], n)
+        yield g
         g = GaugeMetricFamily("fabricmon_alerts_queued", "Alert transitions waiting for delivery.")
         g.add_metric([], self.sender.pending() if self.sender is not None else 0)
         yield g

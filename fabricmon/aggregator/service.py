@@ -110,7 +110,8 @@ def build_runtime(cfg: AggregatorConfig, web: WebConfig | None = None, reload_st
     am = cfg.alertmanager
     sender = AlertmanagerClient(am.urls, cluster=engine.cluster, resend_seconds=am.resend_seconds,
                                 timeout=am.timeout, queue_max=am.queue_max, generator_url=am.generator_url,
-                                runbook_base=am.runbook_base, shard=shard_name(engine.shard_units))
+                                runbook_base=am.runbook_base, shard=shard_name(engine.shard_units),
+                                resolve_seconds=am.resolve_seconds)
     remote = None
     if engine.shard_units is not None and am.urls:
         remote = AlertmanagerEvidence(am.urls, cluster=engine.cluster, topo=engine.topology,

@@ -57,7 +57,7 @@ def _am_config(hook_url: str) -> dict:
     }
 
 
-def _start_am(tmp_path, hook_url: str, port: int | None = None) -> Alertmanager:
+def _start_am(tmp_path, hook_url: str, port: int | None = None, host: str = "127.0.0.1") -> Alertmanager:
     binary = require_binary(ALERTMANAGER)
     tmp_path.mkdir(parents=True, exist_ok=True)
     cfg = tmp_path / "alertmanager.yml"
@@ -65,9 +65,9 @@ def _start_am(tmp_path, hook_url: str, port: int | None = None) -> Alertmanager:
     (tmp_path / "data").mkdir(exist_ok=True)
     port = port or free_port()
     argv = [binary, f"--config.file={cfg}", f"--storage.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=", "--log.level=warn"]
-    svc = _start("alertmanager", argv, port, tmp_path, "/-/ready", 20.0)
-    return Alertmanager(svc.name, svc.proc, svc.port, svc.workdir, svc.log_path)
+            f"--web.listen-address={host}:{port}", "--cluster.listen-address=", "--log.level=warn"]
+    svc = _start("alertmanager", argv, port, tmp_path, "/-/ready", 20.0, host=host)
+    return Alertmanager(svc.name, svc.proc, svc.port, svc.workdir, svc.log_path, host=host)
 
 
 def _incident(mgr: IncidentManager, now: float, *, fire=True):

@@ -91,10 +91,11 @@ class Service:
     workdir: Path
     log_path: Path
     extra: dict = field(default_factory=dict)
+    host: str = "127.0.0.1"  # any loopback address (127.0.0.0/8): two services may share a port
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def url(self) -> str:
@@ -117,12 +118,13 @@ class Service:
             self.proc.wait(timeout=grace)
 
 
-def _start(name: str, argv: list[str], port: int, workdir: Path, ready_path: str, deadline: float) -> Service:
+def _start(name: str, argv: list[str], port: int, workdir: Path, ready_path: str, deadline: float,
+           host: str = "127.0.0.1") -> Service:
     log_path = workdir / f"{name}.log"
     log = open(log_path, "wb")  # closed when the process ends
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=workdir, start_new_session=True)
     log.close()
-    svc = Service(name, proc, port, workdir, log_path)
+    svc = Service(name, proc, port, workdir, log_path, host=host)
 
     def ready() -> bool:
         if proc.poll() is not None:
