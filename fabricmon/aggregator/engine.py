@@ -10,13 +10,12 @@ time ``ts`` the agents stamped (``clock`` only times the tick for /metrics).
 The stages, each in its own module: admission here (duplicates, time bounds, shard
 ownership), then ``ingest.Ingest`` (deltas and gauges become typed events and state on the
 components of ``state.Registry``), then on ``tick`` the detectors, the cable-health trend, the leaf
-folder, the correlator, and the incident manager that owns what changed.  All methods are
-thread-safe (one lock).
+folder, the correlator, and the incident manager that owns what changed.  The node registry
+(node_registry.py) takes hellos and disconnects.  All methods are thread-safe (one lock, engine_state.py).
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -28,22 +27,24 @@ from ..components import Component, Kind
 from ..proto.ras import RasQuery, RasReport
 from ..topology import Topology
 from .admission import ClusterClock
-from .agents_down import agents_down, restart_grace, unknown_nodes_finding
+from .agents_down import agents_down, unknown_nodes_finding
 from .cable_health import CableHealth
 from .config import DetectionSettings
 from .correlator import correlate
 from .cost import IncidentCost
 from .detectors import FOLDABLE, congestion_of, evaluate_gpu, evaluate_link
 from .drift import config_drift
+from .engine_state import EngineState, Stage
 from .folding import LeafFolder
 from .hangs import HeartbeatTracker, hung_job_findings
 from .incidents import Finding, Incident, IncidentManager, Relation
 from .ingest import DELTA_ROUTES, GAUGE_ROUTES, Ingest
 from .lateness import node_time, scale_holds
 from .node_folding import NodeFolder
+from .node_registry import NodeRegistry
 from .ras_queries import RasQueries
 from .remote_evidence import CrossShard, RemoteIncident
-from .state import LinkState, Registry
+from .state import LinkState
 from .stragglers import StragglerTracker
 
 # what the stream decoder needs to build for this engine; other families are only counted
@@ -63,7 +64,7 @@ class RemoteSource(Protocol):
     def snapshot(self) -> dict[str, Any]: ...
 
 
-class Engine:
+class Engine(Stage):
     # what the detectors read: the stream decoder builds only these deltas (proto/codec.py), and
     # agents are told to send only these (proto/subscription.py)
     read_delta_families = READ_DELTA_FAMILIES
@@ -72,19 +73,19 @@ class Engine:
     def __init__(self, topology: Topology, settings: DetectionSettings | None = None,
                  clock: Callable[[], float] | None = None, *, cluster: str | None = None,
                  shard_units: tuple[int, ...] | None = None, cluster_clock: ClusterClock | None = None) -> None:
-        self.topology = topology
-        self._settings = s = settings or DetectionSettings()
+        s = settings or DetectionSettings()
+        # what ``tick`` runs at and what every batch's time is judged against (admission.py)
+        super().__init__(EngineState(topology, s, cluster if cluster is not None else topology.cluster,
+                                     frozenset(shard_units) if shard_units else None,
+                                     cluster_clock or ClusterClock("sample")))
         self.clock = clock or time.perf_counter
-        self.cluster = cluster if cluster is not None else topology.cluster
-        self.shard_units = frozenset(shard_units) if shard_units else None
-        self.lock = threading.RLock()
-        self.registry = reg = Registry(topology, self.cluster, self.shard_units)
-        # the registry's maps, by their old names (tests and detection read them)
-        self.nodes = reg.nodes
-        self.links_by_leaf = reg.links_by_leaf
-        self.active_links = reg.active_links
-        self.active_gpus = reg.active_gpus
-        self.config_nodes = reg.config_nodes
+        self.node_registry = nr = NodeRegistry(self.state)
+        self._note_unknown = nr._note_unknown
+        self._never_connected = nr._never_connected
+        self._interval_of = nr._interval_of
+        self._rail_links = nr._rail_links
+        self._window = nr._window
+        self._connected = nr._connected
         self.stragglers = StragglerTracker(s)
         self.heartbeats = HeartbeatTracker()
         self.ras = RasQueries()  # NCCL RAS of suspect jobs, asked through one of their agents
@@ -92,7 +93,7 @@ class Engine:
         self.cable = CableHealth(s)
         self.manager = IncidentManager(default_hold_s=s.hold_s)
         self.folder = LeafFolder(s, self.cluster, self.links_by_leaf)
-        self.ingest_stage = Ingest(reg, s, self.cable)
+        self.ingest_stage = Ingest(self.registry, s, self.cable)
         self.node_folder = NodeFolder(s, self.cluster, self._rail_links)
         # self-instrumentation (read by http_api)
         self.samples_total = 0
@@ -101,14 +102,9 @@ class Engine:
         self.ticks_total = 0
         self.tick_seconds_last = 0.0
         self.tick_seconds_sum = 0.0
-        # what ``tick`` runs at and what every batch's time is judged against (admission.py)
-        self.cluster_clock = cluster_clock or ClusterClock("sample")
         self.dropped_by_reason: dict[str, int] = {}
         self.rank_timings_dropped: dict[str, int] = {}
         self._drop_logged: set[tuple[str, str]] = set()
-        self._unknown_warned: set[str] = set()
-        self.last_tick: float | None = None
-        self.started_at: float | None = None  # sample time of the first tick (agents_down's restart grace)
         self.suspicion: dict[Component, float] = {}
         # sharded: comm-late stragglers another shard's fabric incident explains (remote_evidence.py)
         self.cross = CrossShard() if self.shard_units else None
@@ -116,101 +112,26 @@ class Engine:
 
     @property
     def settings(self) -> DetectionSettings:
-        return self._settings
+        return self.state.settings
 
     @settings.setter
     def settings(self, new: DetectionSettings) -> None:
         """A reload swaps the thresholds between two ticks: the ingest stage derives its sets again."""
-        self._settings = new
+        self.state.settings = new
         self.ingest_stage.configure(new)
 
-    def _note_unknown(self, node: str) -> None:
-        if node in self.topology.nodes or node in self._unknown_warned:
-            return
-        self._unknown_warned.add(node)  # once per node: a reconnecting agent would log every time
-        _log.warning("unknown_node", node=node, cluster=self.cluster,
-                     hint="not in the topology: monitored at node, NIC, link and GPU level without rail or leaf "
-                          "(add it to the topology, or check the agent's --node-name)")
-
+    # ------------------------------------------------------------------ node registry (node_registry.py)
     def nodes_view(self) -> dict[str, Any]:
-        """/api/nodes: every node this replica watches (topology nodes it owns, streaming nodes the
-        topology lacks) and, once the start-up grace has passed, the topology nodes never heard from."""
-        with self.lock:
-            now = self.last_tick if self.last_tick is not None else self.cluster_clock.now()
-            unknown = set(self.unknown_nodes())
-            rows = []
-            for name, ns in sorted(self.nodes.items()):
-                rows.append({"node": name, "in_topology": name in self.topology.nodes, "unit": ns.unit,
-                             "connected": ns.connected, "ever_seen": ns.ever_seen,
-                             "last_seen": ns.last_ts if ns.ever_seen else None, "unknown": name in unknown})
-            never = self._never_connected(now)
-            return {"nodes": rows, "unknown": sorted(unknown), "never_connected": never}
-
-    def _never_connected(self, now: float) -> list[str]:
-        """Topology nodes with no batch and no hello after a grace of max(60 s, 5 intervals) from the first
-        tick: a restart does not list the whole cluster while agents reconnect."""
-        if self.started_at is None:
-            return []
-        iv = max((ns.interval for ns in self.nodes.values()), default=1.0)
-        if now - self.started_at < restart_grace(self.settings, iv):
-            return []
-        return sorted(n for n, ns in self.nodes.items()
-                      if n in self.topology.nodes and not ns.ever_seen and not ns.connected)
+        return self.node_registry.nodes_view()
 
     def unknown_nodes(self) -> list[str]:
-        """Streaming nodes the topology does not know: connected now, or heard from within the
-        agents-down silence (a node that left for good stops counting when it would go down)."""
-        with self.lock:
-            now = self.cluster_clock.now()
-            down_s = self.settings.agent_down_s
-            return sorted(ns.name for ns in self.nodes.values()
-                          if ns.name not in self.topology.nodes
-                          and (ns.connected or (ns.ever_seen and now - ns.last_ts < max(down_s, 5 * ns.interval))))
+        return self.node_registry.unknown_nodes()
 
-    # ------------------------------------------------------------------ stream API
     def hello(self, hello: NodeHello) -> None:
-        reg = self.registry
-        if not reg.owned(hello.node):
-            return
-        with self.lock:
-            self._note_unknown(hello.node)
-            ns = reg.node(hello.node)
-            if ns.boot_id and hello.boot_id and hello.boot_id != ns.boot_id:
-                ns.grace_batches = 1  # counters began again: the first deltas are not evidence
-            if hello.boot_id:
-                ns.boot_id = hello.boot_id
-            if hello.interval_seconds > 0:
-                ns.interval = ns.announced_interval = hello.interval_seconds
-            ns.connected = True
-            self.cluster_clock.connected(hello.node)
-            self._bind(hello)
-            for nic in hello.nics:
-                reg.announce(ns, nic.device, str(nic.port), nic.rail, nic.netdev)
-
-    def _bind(self, hello: NodeHello) -> None:
-        """An imported topology knows some NICs only by node GUID (``gpu-a17-03 HCA-1``) or netdev (LLDP):
-        the hello names their RDMA devices, so their links get the leaf the fabric says."""
-        spec = self.topology.nodes.get(hello.node)
-        if spec is None or not spec.unbound:
-            return
-        names: dict[str, str] = {}
-        for nic in hello.nics:
-            for key in (nic.node_guid, nic.netdev):
-                if key:
-                    names[key] = nic.device
-        bound = self.topology.bind_devices(hello.node, names)
-        left = self.topology.nodes[hello.node].unbound
-        if bound or left:
-            _log.info("topology_bound", node=hello.node, bound=bound, unbound=len(left),
-                      hint="" if not left else "NICs of the topology this hello names by neither node GUID "
-                                               "nor netdev stay unmonitored at leaf level")
+        self.node_registry.hello(hello)
 
     def disconnected(self, node: str) -> None:
-        with self.lock:
-            ns = self.nodes.get(node)
-            if ns is not None:
-                ns.connected = False
-            self.cluster_clock.disconnected(node)
+        self.node_registry.disconnected(node)
 
     @property
     def newest_ts(self) -> float:
@@ -327,22 +248,6 @@ class Engine:
         self.tick_seconds_sum += dt
         return changed
 
-    def _interval_of(self, node: str | None) -> float:
-        """A node's poll interval; for no node (a leaf, a rail, a job), the slowest node's."""
-        ns = self.nodes.get(node) if node else None
-        if ns is not None:
-            return ns.interval
-        return max((n.interval for n in self.nodes.values()), default=1.0)
-
-    def _rail_links(self, node: str) -> int:
-        ns = self.nodes.get(node)
-        return 0 if ns is None else sum(1 for link in ns.links.values() if link is not None)
-
-    def _window(self, node: str) -> float:
-        ns = self.nodes.get(node)
-        iv = ns.interval if ns is not None else 1.0
-        return max(self.settings.window_s, iv)
-
     def _detect(self, now: float) -> tuple[list[Finding], list[Relation]]:
         s = self.settings
         findings: list[Finding] = []
@@ -391,10 +296,6 @@ class Engine:
         findings.extend(hung_job_findings(hung, self._rank_gpu, self.topology, self.cluster, self.ras.evidence,
                                           self.ras.verdict))
         return findings, relations
-
-    def _connected(self, node: str) -> bool:
-        ns = self.nodes.get(node)
-        return ns is not None and ns.connected
 
     # ------------------------------------------------------------------ NCCL RAS (ras_queries.py)
     def ras_waiting(self) -> list[str]:
