@@ -27,6 +27,7 @@ from ..components import Component, Kind
 from ..proto.ras import RasQuery, RasReport
 from ..topology import Topology
 from .admission import ClusterClock
+from .admission_stage import AdmissionStage
 from .agents_down import agents_down, unknown_nodes_finding
 from .cable_health import CableHealth
 from .config import DetectionSettings
@@ -95,16 +96,12 @@ class Engine(Stage):
         self.folder = LeafFolder(s, self.cluster, self.links_by_leaf)
         self.ingest_stage = Ingest(self.registry, s, self.cable)
         self.node_folder = NodeFolder(s, self.cluster, self._rail_links)
+        self.admission = AdmissionStage(self.state, self.ingest_stage, self.stragglers, self.heartbeats, self.cost,
+                                        nr._note_unknown)
         # self-instrumentation (read by http_api)
-        self.samples_total = 0
-        self.batches_total = 0
-        self.batches_dropped_total = 0
         self.ticks_total = 0
         self.tick_seconds_last = 0.0
         self.tick_seconds_sum = 0.0
-        self.dropped_by_reason: dict[str, int] = {}
-        self.rank_timings_dropped: dict[str, int] = {}
-        self._drop_logged: set[tuple[str, str]] = set()
         self.suspicion: dict[Component, float] = {}
         # sharded: comm-late stragglers another shard's fabric incident explains (remote_evidence.py)
         self.cross = CrossShard() if self.shard_units else None
@@ -133,88 +130,44 @@ class Engine(Stage):
     def disconnected(self, node: str) -> None:
         self.node_registry.disconnected(node)
 
+    # ------------------------------------------------------------------ ingest and admission (admission_stage.py)
     @property
     def newest_ts(self) -> float:
         """The cluster clock: the sample time ``tick`` should run at (0.0 before any batch in
         sample mode).  One node cannot move it: see admission.py."""
-        with self.lock:
-            return self.cluster_clock.now()
-
-    def _drop(self, reason: str, batch: NodeBatch) -> bool:
-        self.batches_dropped_total += 1
-        n = self.dropped_by_reason.get(reason, 0)
-        self.dropped_by_reason[reason] = n + 1
-        if reason != "duplicate" and (batch.node, reason) not in self._drop_logged:
-            # once per node and reason: a node with a broken clock would otherwise log every second
-            self._drop_logged.add((batch.node, reason))
-            _log.warning("batch_rejected", node=batch.node, reason=reason, ts=batch.ts,
-                         cluster_clock=self.cluster_clock.now(), metric="fabricmon_ingest_batches_dropped_total")
-        return False
+        return self.admission.newest_ts
 
     def admission_snapshot(self) -> dict[str, int]:
-        """Batches dropped before detection, by reason."""
-        with self.lock:
-            return dict(self.dropped_by_reason)
+        return self.admission.admission_snapshot()
 
     def rank_admission_snapshot(self) -> dict[str, int]:
-        """Rank timings dropped before straggler scoring (time out of bounds), by reason."""
-        with self.lock:
-            return dict(self.rank_timings_dropped)
+        return self.admission.rank_admission_snapshot()
 
     def ingest(self, batch: NodeBatch) -> bool:
         """Apply one batch; False when it was dropped (duplicate, time out of bounds, or not ours)."""
-        with self.lock:
-            ns = self.nodes.get(batch.node)
-            if ns is None:
-                if not self.registry.owned(batch.node):
-                    return False
-                self._note_unknown(batch.node)
-                ns = self.registry.node(batch.node)
-            ts = batch.ts
-            if batch.seq <= ns.last_seq and ts <= ns.last_ts:
-                return self._drop("duplicate", batch)
-            reason = self.cluster_clock.admit(batch.node, ts)
-            if reason is not None:
-                return self._drop(reason, batch)
-            ns.last_seq = batch.seq
-            if ts > ns.last_ts:
-                ns.last_ts = ts
-            ns.ever_seen = True
-            if batch.interval_seconds > 0:
-                # A batch's interval is the time since the node's previous poll.  An off-cadence poll (the
-                # agent's link watch) is shorter than the cadence the hello announced, and must not shrink
-                # the windows, the lateness bound or the agents-down silence; a poll that fell behind
-                # (slow sources) is longer, and does widen them.
-                ns.interval = max(batch.interval_seconds, ns.announced_interval)
-            self.batches_total += 1
-            self.samples_total += len(batch.deltas) + batch.unread_deltas + len(batch.gauges) + len(batch.ranks)
-            if batch.deltas:
-                self.ingest_stage.deltas(ns, batch)
-            if batch.gauges:
-                self.ingest_stage.gauges(ns, batch)
-            if batch.layouts:
-                for lay in batch.layouts:
-                    self.stragglers.layout(lay)
-            if batch.heartbeats:
-                judge_hb = self.cluster_clock.judge
-                for hb in batch.heartbeats:
-                    if judge_hb(hb.ts) is None:  # bounded like rank timings: a future one would pin a job
-                        self.heartbeats.add(hb, batch.node)
-            if batch.ranks:
-                add = self.stragglers.add
-                judge = self.cluster_clock.judge
-                for rt in batch.ranks:
-                    # a job's own timestamps are bounded like the node's: one from the future would
-                    # keep its job alive for good
-                    why = judge(rt.ts)
-                    if why is None:
-                        why = add(rt, batch.node)  # the tracker's own refusals (step range) count here too
-                    if why is None:
-                        self.cost.record(f"{rt.job}\x00{rt.job_id}" if rt.job_id else rt.job, rt.job, rt.job_id,
-                                         rt.step, rt.ts, rt.step_seconds)
-                    else:
-                        self.rank_timings_dropped[why] = self.rank_timings_dropped.get(why, 0) + 1
-            return True
+        return self.admission.ingest(batch)
+
+    # the admission's counters (http_api and the servicer read them here)
+    @property
+    def samples_total(self) -> int:
+        return self.admission.samples_total
+
+    @property
+    def batches_total(self) -> int:
+        return self.admission.batches_total
+
+    @property
+    def batches_dropped_total(self) -> int:
+        return self.admission.batches_dropped_total
+
+    @property
+    def dropped_by_reason(self) -> dict[str, int]:
+        return self.admission.dropped_by_reason
+
+    @property
+    def rank_timings_dropped(self) -> dict[str, int]:
+        return self.admission.rank_timings_dropped
+
 
     # ------------------------------------------------------------------ detection
     def tick(self, now: float) -> list[Incident]:
