@@ -40,6 +40,7 @@ from .ingest import DELTA_ROUTES, GAUGE_ROUTES, Ingest
 from .node_folding import NodeFolder
 from .node_registry import NodeRegistry
 from .ras_queries import RasQueries
+from .ras_queue import RasQueue
 from .remote_evidence import CrossShard
 from .stragglers import StragglerTracker
 
@@ -91,6 +92,7 @@ class Engine(Stage):
         self.detection = DetectionTick(self.state, self.clock, nr, stragglers=self.stragglers,
                                        heartbeats=self.heartbeats, ras=self.ras, cost=self.cost, cable=self.cable,
                                        manager=self.manager, folder=self.folder, node_folder=self.node_folder)
+        self.ras_queue = RasQueue(self.state, self.ras)
 
     @property
     def settings(self) -> DetectionSettings:
@@ -189,22 +191,19 @@ class Engine(Stage):
     def tick_seconds_sum(self) -> float:
         return self.detection.tick_seconds_sum
 
-    # ------------------------------------------------------------------ NCCL RAS (ras_queries.py)
+    # ------------------------------------------------------------------ NCCL RAS (ras_queue.py)
     def ras_waiting(self) -> list[str]:
         """Nodes with RAS queries queued (the simulator's stand-in for the streams)."""
-        with self.lock:
-            return list(self.ras.outbox)
+        return self.ras_queue.ras_waiting()
 
     def take_ras_queries(self, node: str) -> list[RasQuery]:
         """The RAS queries to send down ``node``'s stream now (the servicer, after each ack)."""
-        with self.lock:
-            return self.ras.take(node) if self.ras.outbox else []
+        return self.ras_queue.take_ras_queries(node)
 
     def ras_report(self, node: str, report: RasReport) -> bool:
         """An agent's answer to a RAS query; it joins the job's JobHung evidence at the next tick."""
-        with self.lock:
-            now = self.last_tick if self.last_tick is not None else self.cluster_clock.now()
-            return self.ras.report(node, report, now)
+        return self.ras_queue.ras_report(node, report)
+
     # ------------------------------------------------------------------ read access
     def incidents(self, include_resolved: bool = True) -> list[Incident]:
         with self.lock:
