@@ -36,7 +36,10 @@ set +e
 # ruff and mypy first (scripts/lint.sh; about 10-30 s): a finding fails the run, after the tests.
 bash scripts/lint.sh
 lint_rc=$?
-.venv/bin/python -m pytest "$@"
+# On every core (pytest-xdist, test extra): a test file's tests stay on one worker (tests/conftest.py), so
+# a module's Prometheus or Alertmanager starts once; every service binds a free port and writes under
+# pytest's per-test folders, so workers do not collide.  FABRICMON_TEST_WORKERS=0 runs in one process.
+.venv/bin/python -m pytest -n "${FABRICMON_TEST_WORKERS:-auto}" --dist loadgroup "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -105,3 +105,16 @@ def _structlog_config_restored(_structlog_pristine: dict[str, Any]) -> Iterator[
     structlog.configure(**_structlog_pristine)
     yield
     structlog.configure(**_structlog_pristine)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (scripts/test.sh: ``-n auto --dist loadgroup``) a test file's tests run on one
+    worker, so a module fixture (a Prometheus, an Alertmanager, a built wheel) starts once; tests that
+    share something outside pytest's temporary folders (``xdist_group`` on them, e.g. the builds that
+    write into the checkout) run on one worker whatever their file."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..configload import ConfigError, build, check_hostport, load_yaml_file
+from .auth_settings import AuthSettings
+from .credentials import load_credentials
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -190,41 +192,6 @@ class AlertmanagerSettings:
 
 
 @dataclass(frozen=True)
-class AuthSettings:
-    """Who may speak for a node.  Strongest first: mTLS (``tls_client_ca``; the client
-    certificate's CN or a DNS SAN must be the node), per-node tokens (``node_tokens_file``,
-    a YAML mapping node -> token or list of tokens; a token speaks only for its node), shared
-    tokens (``token_file``, one per line; any holder may speak for any node: the weaker mode).
-    Both files are re-read at SIGHUP (credentials.py): rotation and revocation need no restart.  Without any of
-    them the aggregator runs only with ``insecure: true`` and warns at start."""
-
-    token_file: str | None = None
-    node_tokens_file: str | None = None
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tls_client_ca: str | None = None
-    insecure: bool = False
-
-    @property
-    def authenticated(self) -> bool:
-        return bool(self.token_file or self.node_tokens_file or self.tls_client_ca)
-
-    def validate(self, path: str, source: str) -> None:
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ConfigError(f"{source}: {path}.tls_key: tls_cert and tls_key must be given together")
-        if self.tls_client_ca is not None and self.tls_cert is None:
-            raise ConfigError(f"{source}: {path}.tls_client_ca: needs tls_cert and tls_key")
-        if not self.authenticated and not self.insecure:
-            raise ConfigError(f"{source}: {path}: no agent authentication: set tls_client_ca (mTLS), "
-                              f"node_tokens_file or token_file, or insecure: true to accept any peer")
-
-    def files(self) -> list[tuple[str, str]]:
-        """(field, path) of every file this section names."""
-        return [(name, getattr(self, name)) for name in
-                ("token_file", "node_tokens_file", "tls_cert", "tls_key", "tls_client_ca") if getattr(self, name)]
-
-
-@dataclass(frozen=True)
 class ClockSettings:
     """What the aggregator ticks at and how far a node's sample time may stray from it
     (aggregator/admission.py).  ``wall``: the aggregator's wall clock (production).
@@ -381,7 +348,6 @@ def check_files(cfg: AggregatorConfig, source: str, *, parse_topology: bool = Tr
         if problem:
             raise ConfigError(f"{source}: auth.{name}: {problem}")
     from ..topology import load_topology
-    from .credentials import load_credentials
 
     load_credentials(cfg.auth, source)
     if parse_topology:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..configload import ConfigError, load_yaml_file
-from .config import AuthSettings
+from .auth_settings import AuthSettings
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 One loop for the demo, the benchmarks and the tests: the simulator (``SimulatedCluster``, or the
 demo's ``ParallelTreeCluster``) steps one agent interval, its batches reach the engine (directly, or
-with ``wire=True`` as bytes through the stream codec: ``demo.wire.CodecWire``, the agent's encoder and
+with ``wire=True`` as bytes through the stream codec: ``proto.loopback.CodecWire``, the agent's encoder and
 the server's decoder and seq rule), and the aggregator ticks at the simulated clock: the
 ``AggregatorRuntime`` (sender, HTTP, tick errors counted) or a bare ``Engine``.  ``Pace`` holds the
 steps to a wall clock; without one the simulator runs as fast as it can.
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..demo.wire import CodecWire
+from ..proto.loopback import CodecWire
 
 if TYPE_CHECKING:
     from ..aggregator.engine import Engine

@@ -30,6 +30,9 @@ import pytest
 from support.netns import need_netns
 from support.promtools import REPO
 
+# builds from the checkout (setuptools writes build/ and fabricmon.egg-info there): one xdist worker for both
+pytestmark = pytest.mark.xdist_group("builds-from-checkout")
+
 INSTALL = REPO / "scripts" / "install.sh"
 NOBODY = 65534
 ROLES = ("agent", "aggregator")

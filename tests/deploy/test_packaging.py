@@ -19,6 +19,9 @@ import pytest
 
 from support.promtools import REPO
 
+# builds from the checkout (setuptools writes build/ and fabricmon.egg-info there): one xdist worker for both
+pytestmark = pytest.mark.xdist_group("builds-from-checkout")
+
 PKG = REPO / "fabricmon"
 # Packages an agent node runs (plus the top-level modules they import): no numpy there.
 AGENT_PACKAGES = ("agent", "sources")
