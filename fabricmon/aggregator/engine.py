@@ -43,6 +43,7 @@ from .lateness import node_time, scale_holds
 from .node_folding import NodeFolder
 from .ras_queries import RasQueries
 from .remote_evidence import CrossShard, RemoteIncident
+from .startup_hold import StartupHold
 from .state import LinkState, Registry
 from .stragglers import StragglerTracker
 
@@ -94,6 +95,7 @@ class Engine:
         self.folder = LeafFolder(s, self.cluster, self.links_by_leaf)
         self.ingest_stage = Ingest(reg, s, self.cable)
         self.node_folder = NodeFolder(s, self.cluster, self._rail_links)
+        self.startup = StartupHold()  # link state of a node that just booted pages nothing (startup_hold.py)
         # self-instrumentation (read by http_api)
         self.samples_total = 0
         self.batches_total = 0
@@ -175,8 +177,10 @@ class Engine:
         with self.lock:
             self._note_unknown(hello.node)
             ns = reg.node(hello.node)
-            if ns.boot_id and hello.boot_id and hello.boot_id != ns.boot_id:
+            rebooted = bool(ns.boot_id and hello.boot_id and hello.boot_id != ns.boot_id)
+            if rebooted:
                 ns.grace_batches = 1  # counters began again: the first deltas are not evidence
+            self.startup.hello(hello.node, self.cluster_clock.now(), hello.boot_time, rebooted)
             if hello.boot_id:
                 ns.boot_id = hello.boot_id
             if hello.interval_seconds > 0:
@@ -334,6 +338,9 @@ class Engine:
             return ns.interval
         return max((n.interval for n in self.nodes.values()), default=1.0)
 
+    def _is_open(self, f: Finding) -> bool:
+        return self.manager.get_open(f.alertname, f.component) is not None
+
     def _rail_links(self, node: str) -> int:
         ns = self.nodes.get(node)
         return 0 if ns is None else sum(1 for link in ns.links.values() if link is not None)
@@ -352,7 +359,8 @@ class Engine:
             w = self._window(link.node)
             ns = self.nodes.get(link.node)
             t = now if ns is None else node_time(now, ns.last_ts, ns.interval)  # a late batch still counts
-            fs = evaluate_link(link, t, w, s)
+            fs = self.startup.apply(link, evaluate_link(link, t, w, s), t, self._interval_of(link.node), s,
+                                    self._is_open)
             cong = congestion_of(link, t, w, s)
             fold = [f for f in fs if f.alertname in FOLDABLE and (f.fire or f.keep)]
             if fold and link.leaf is not None:
