@@ -43,6 +43,7 @@ from .lateness import node_time, scale_holds
 from .node_folding import NodeFolder
 from .ras_queries import RasQueries
 from .remote_evidence import CrossShard, RemoteIncident
+from .resume_check import ResumeCheck
 from .startup_hold import StartupHold
 from .state import LinkState, Registry
 from .stragglers import StragglerTracker
@@ -96,6 +97,7 @@ class Engine:
         self.ingest_stage = Ingest(reg, s, self.cable)
         self.node_folder = NodeFolder(s, self.cluster, self._rail_links)
         self.startup = StartupHold()  # link state of a node that just booted pages nothing (startup_hold.py)
+        self.resume = ResumeCheck()  # incidents restored at start wait for their node's batches (resume_check.py)
         # self-instrumentation (read by http_api)
         self.samples_total = 0
         self.batches_total = 0
@@ -323,7 +325,8 @@ class Engine:
             self.suspicion = corr.suspicion
             self.cost.annotate(findings, self.manager, now, self.stragglers)
             scale_holds(findings, self._interval_of, self.settings.hold_s)
-            changed = self.manager.update(findings, now, relations)
+            findings.extend(self.resume.hold(findings, now, self.nodes, self.started_at or now, self.settings))
+            changed = self.resume.settle(self.manager.update(findings, now, relations))
             self.last_tick = now
             self.ticks_total += 1
         dt = self.clock() - t0
@@ -514,6 +517,7 @@ class Engine:
                                   for inc in self.manager.open_incidents() for i in inc.impact],
                 "cross_shard": self.cross.stats() if self.cross is not None else None,
                 "ticks_total": self.ticks_total,
+                "resuming": self.resume.resuming(self.last_tick, self.nodes, self.started_at, self.settings),
                 "nccl_ras_sent_total": self.ras.sent_total,
                 "nccl_ras_outcomes": dict(self.ras.outcomes),
                 "tick_seconds_last": self.tick_seconds_last,

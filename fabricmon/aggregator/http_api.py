@@ -60,6 +60,12 @@ class AggregatorCollector:
                               "Topology nodes never heard from since start, after a grace of max(60 s, 5 intervals).")
         g.add_metric([], snap["agents_never_connected"])
         yield g
+        g = GaugeMetricFamily("fabricmon_aggregator_resuming",
+                              "1 from start until the incidents restored from the state file are settled and every "
+                              "node heard from has been evaluated again (at most the restart grace): the Prometheus "
+                              "fallback rules keep firing meanwhile (hand-back).")
+        g.add_metric([], 1.0 if snap["resuming"] else 0.0)
+        yield g
         g = GaugeMetricFamily("fabricmon_topology_nodes", "Nodes in the topology the aggregator runs on (a reload "
                               "may add and remove nodes).")
         g.add_metric([], len(self.engine.topology.nodes))

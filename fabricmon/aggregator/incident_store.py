@@ -5,13 +5,13 @@ opened again as a new incident (a new id, sent again), and one that cleared whil
 down was never resolved by it (Alertmanager expired it at its endsAt).  Now the open incidents
 and what was sent for each are written atomically (write a temporary file, fsync, rename) after
 every tick that changed one; at start they are restored under their own ids with their evidence
-clock at the start and a hold of at least the restart grace (``agents_down.restart_grace``), so:
+clock at the start, and the engine's resume check (resume_check.py) decides what is sent:
 
 - a fault that is still there is refreshed by its node's first batches: nothing is sent again
-  (Alertmanager still has the alert active; ``AlertmanagerClient.adopt`` resends it as before);
-- a fault that cleared while the aggregator was down gets no evidence: resolved once, after the grace;
-- an incident that Alertmanager no longer has active (expired while the aggregator was down) is
-  sent firing again at once if its fault persists: Alertmanager told the on-call it resolved.
+  when Alertmanager still has the alert active (``AlertmanagerClient.adopt`` resends it as before),
+  and it is sent firing when Alertmanager no longer has it (it told the on-call it resolved);
+- a fault that cleared while the aggregator was down gets no evidence in its node's first batches:
+  nothing is sent firing, it is resolved once.
 
 The file is the aggregator's own state: a bad one is logged once with its path and problem and
 ignored (the aggregator starts empty, as before), never a reason not to start.
