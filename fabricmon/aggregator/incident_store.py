@@ -139,8 +139,14 @@ def restore(manager: IncidentManager, records: list[tuple[Incident, dict[str, An
     return out
 
 
+# The Prometheus fallback rules' alerts carry this label (deploy/prometheus/mixin.py): they are not this
+# aggregator's, and one of them active says nothing of whether Alertmanager still holds ours.
+FALLBACK_SENDER = ("sender", "prometheus")
+
+
 def active_at_alertmanager(url: str, timeout: float = 5.0) -> set[tuple[str, str]] | None:
-    """(alertname, component) of the alerts Alertmanager holds active; None when it cannot be asked."""
+    """(alertname, component) of the aggregator's alerts Alertmanager holds active (the fallback rules'
+    are left out); None when it cannot be asked."""
     q = "/api/v2/alerts?active=true&silenced=true&inhibited=true&unprocessed=true"
     try:
         with urllib.request.urlopen(url.rstrip("/") + q, timeout=timeout) as resp:
@@ -148,8 +154,9 @@ def active_at_alertmanager(url: str, timeout: float = 5.0) -> set[tuple[str, str
     except (OSError, ValueError) as exc:
         log.warning("alertmanager_reconcile_failed", url=url, error=str(exc))
         return None
+    key, fallback = FALLBACK_SENDER
     return {(a["labels"].get("alertname", ""), a["labels"].get("component", "")) for a in alerts
-            if isinstance(a, dict) and isinstance(a.get("labels"), dict)}
+            if isinstance(a, dict) and isinstance(a.get("labels"), dict) and a["labels"].get(key) != fallback}
 
 
 def reconcile(restored: list[Incident], active: set[tuple[str, str]] | None) -> tuple[list[Incident], list[Incident]]:
