@@ -504,8 +504,8 @@ class Engine:
             return {
                 "agents_connected": sum(1 for ns in self.nodes.values() if ns.connected),
                 "agents_unknown": len(self.unknown_nodes()),
-                "agents_never_connected": len(self._never_connected(
-                    self.last_tick if self.last_tick is not None else self.cluster_clock.now())),
+                "never_connected": self._never_connected(
+                    self.last_tick if self.last_tick is not None else self.cluster_clock.now()),
                 "samples_total": self.samples_total,
                 "batches_total": self.batches_total,
                 "batches_dropped_total": self.batches_dropped_total,

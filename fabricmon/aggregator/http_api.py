@@ -58,7 +58,14 @@ class AggregatorCollector:
         yield g
         g = GaugeMetricFamily("fabricmon_agents_never_connected",
                               "Topology nodes never heard from since start, after a grace of max(60 s, 5 intervals).")
-        g.add_metric([], snap["agents_never_connected"])
+        g.add_metric([], len(snap["never_connected"]))
+        yield g
+        g = GaugeMetricFamily("fabricmon_agent_never_connected",
+                              "1 per topology node never heard from since start, after the start-up grace (the "
+                              "FabricmonNodesNeverConnected alert lists them; bounded by the topology).",
+                              labels=["node"])
+        for name in snap["never_connected"]:
+            g.add_metric([name], 1.0)
         yield g
         g = GaugeMetricFamily("fabricmon_aggregator_resuming",
                               "1 from start until the incidents restored from the state file are settled and every "
