@@ -209,3 +209,30 @@ def test_a_state_directory_not_made_yet_is_made_at_the_first_save(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     assert "is not a directory" in (state_dir_problem(blocker / "state") or "")
+
+
+def test_resuming_holds_the_fallback_until_restored_incidents_are_settled(tmp_path):
+    """fabricmon_aggregator_resuming (the fallback rules' hand-back signal) is 1 from start until every
+    restored incident is confirmed or let go and the nodes' fresh batches were evaluated, then 0 for good."""
+    state = str(tmp_path / "incidents.json")
+    a = Cluster(nodes=4, nodes_per_unit=4)
+    sender = AlertmanagerClient([], cluster="test")
+    persist = resume_incidents(state, a.engine, sender, now=a.t)
+    for _ in range(2):
+        _step(a, sender, persist)
+    _step(a, sender, persist, _down)
+    _step(a, sender, persist)
+    assert a.engine.manager.get_open("FabricLinkDown", LINK) is not None
+    b = Cluster(nodes=4, nodes_per_unit=4)
+    b.t += 30.0
+    resume_incidents(state, b.engine, sender, now=b.t)
+    assert b.engine.resume.pending == 1 and b.engine.metrics_snapshot()["resuming"]
+    for _ in range(4):
+        b.step()
+        assert b.engine.metrics_snapshot()["resuming"]  # the link's node is up, its incident not settled yet
+    for _ in range(20):
+        b.step()
+    assert b.engine.resume.pending == 0 and not b.engine.metrics_snapshot()["resuming"]
+    # the link is up again: what the engine reported for it is its resolve alone, never an open
+    assert [(c, o) for _, _, c, o in b.reported if c == LINK] == [(LINK, False)]
+    assert b.engine.manager.get_open("FabricLinkDown", LINK) is None
