@@ -568,8 +568,8 @@ def _blind_spots(b: Board) -> None:
            thresholds=ORANGE_FROM_1)
     b.stat("Unknown nodes streaming (FabricmonUnknownNodes)", f"sum(fabricmon_agents_unknown{{{C}}}) or vector(0)",
            "none", thresholds=ORANGE_FROM_1)
-    b.stat("Topology nodes never connected", f"sum(fabricmon_agents_never_connected{{{C}}}) or vector(0)", "none",
-           thresholds=ORANGE_FROM_1)
+    b.stat("Topology nodes never connected (FabricmonNodesNeverConnected)",
+           f"sum(fabricmon_agents_never_connected{{{C}}}) or vector(0)", "none", thresholds=ORANGE_FROM_1)
     b.stat("Failed config reloads (FabricmonReloadFailed)",
            f"count(fabricmon_config_last_reload_successful{{{C}}} == 0) or vector(0)", "none",
            thresholds=ORANGE_FROM_1)

@@ -34,6 +34,7 @@ class NodeHello:
     nics: tuple[NicHello, ...] = ()
     gpus: int = 0
     boot_id: str = ""  # a new boot id means the node restarted: counters begin again
+    boot_time: float = 0.0  # when the node booted (Unix seconds); 0 unknown: the start-up hold runs from the hello
 
 
 @dataclass(frozen=True, slots=True)

@@ -114,13 +114,37 @@ class Group:
 # different times and Alertmanager notifies firing, resolved, firing, resolved).  `min`: with
 # sharded aggregators one replica down brings the rules back for the whole cluster (the
 # replicas that are up then send the same alerts too, deduplicated while both fire), never blind.
+#
+# Hand-back (issue 36): a restarted aggregator first re-evaluates (fabricmon_aggregator_resuming is 1
+# until its restored incidents are settled and its nodes' fresh batches evaluated, at most its restart
+# grace): the rules stay on meanwhile.  An alert the fallback already fires keeps firing while its
+# fault is present (the ALERTS arm) and resolves only when the fault clears, so no "resolved" goes out
+# for a fault still there.  Its `sender` label keeps it a separate alert in Alertmanager, grouped with
+# the aggregator's (group_by has no `sender`): two senders of one alert would each overwrite the other's
+# end time (a resolve from one and a resend from the other re-fire it); two alerts of one group resolve
+# the group only when both have.
 FALLBACK = """
+(
 (
 {expr}
 )
 unless on (cluster)
-(min by (cluster) (up{{${{aggregator_selector}}}}) == 1)
+(
+  (min by (cluster) (up{{${{aggregator_selector}}}}) == 1)
+  unless on (cluster)
+  (max by (cluster) (fabricmon_aggregator_resuming{{${{aggregator_selector}}}}) == 1)
+)
+)
+or
+(
+(
+{expr}
+)
+and on (cluster, component)
+ALERTS{{alertname="{alert}", alertstate="firing", sender="prometheus"}}
+)
 """
+FALLBACK_SENDER = "prometheus"  # the `sender` label of the fallback alerts
 
 
 @dataclass(frozen=True)
@@ -155,12 +179,15 @@ def rule_dict(rule: Record | Alert, cfg: Config, fallback: bool = False) -> dict
     expr = rule.expr
     if fallback or rule.fallback:
         body = "\n".join(f"  {ln}".rstrip() for ln in rule.expr.strip("\n").splitlines())
-        expr = FALLBACK.format(expr=body)
+        expr = FALLBACK.format(expr=body, alert=rule.alert)
+    labels = {"severity": rule.severity, "component_type": rule.component_type}
+    if fallback or rule.fallback:
+        labels["sender"] = FALLBACK_SENDER
     return {
         "alert": rule.alert,
         "expr": _substitute(expr, cfg, rule.alert),
         "for": _window(cfg, rule),
-        "labels": {"severity": rule.severity, "component_type": rule.component_type},
+        "labels": labels,
         "annotations": {
             "summary": rule.summary,
             "description": rule.description,
@@ -849,6 +876,24 @@ label_replace(
 label_replace(
   max by (cluster, instance) (fabricmon_config_last_reload_successful == 0),
   "component", "$1", "instance", "(.*)"
+)
+'''),
+    # fabricmon_agent_never_connected{node}: one series per topology node whose agent never connected
+    # since the aggregator started, once its start-up grace (max(60 s, 5 intervals)) is over.  One alert
+    # per cluster, listing them (a Prometheus template query: at most 20 names, /api/nodes has all).
+    Alert(
+        'FabricmonNodesNeverConnected', for_='stream', severity='warning', component_type='config',
+        summary='{{ $value }} topology node(s) never connected an agent to the fabricmon aggregator',
+        description='{{ $value }} node(s) of the topology have never streamed to the fabricmon aggregator since it '
+                    'started: their links, GPUs and ranks are not monitored: '
+                    '{{ range query (printf "bottomk(20, fabricmon_agent_never_connected{cluster=`%s`})" '
+                    '$labels.cluster) | sortByLabel "node" }}{{ .Labels.node }} {{ end }}'
+                    "(at most 20 listed; the aggregator's /api/nodes lists all). Check that the agent runs on them "
+                    'and reaches the aggregator, or remove them from the topology.',
+        expr='''
+label_replace(
+  count by (cluster) (fabricmon_agent_never_connected{${aggregator_selector}} == 1),
+  "component", "topology", "__name__", ".*"
 )
 '''),
 ])

@@ -84,12 +84,13 @@ class StreamClient:
         queue_max: int = 120,
         rng: random.Random | None = None,
         ras: RasQuerier | None = None,
+        host_root: str = "/",
     ) -> None:
         self.options = StreamOptions(
             target=target, node=node, hello_factory=hello_factory, token=token, token_file=token_file, tls=tls,
             interval_seconds=interval_seconds, hello_timeout=hello_timeout, ack_timeout=ack_timeout,
             keepalive_ms=int(keepalive_seconds * 1000), max_message_bytes=max_message_bytes,
-            max_inflight=max(1, max_inflight))
+            max_inflight=max(1, max_inflight), host_root=host_root)
         spool = spool if spool is not None else MemorySpool()
         counters = StreamState.new_counters()
         batches = BatchMaker(node, intake, max(int(time.time() * 1000), spool.max_seq + 1), counters)

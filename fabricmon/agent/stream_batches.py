@@ -80,7 +80,8 @@ def changed_gauges(samples, base: dict | None) -> tuple[list[Sample], dict]:
 
 
 def hello_from_snapshot(node: str, snap: Snapshot | None, interval_seconds: float,
-                        agent_version: str = __version__, boot_id: str | None = None) -> NodeHello:
+                        agent_version: str = __version__, boot_id: str | None = None,
+                        boot_time: float | None = None) -> NodeHello:
     """Build the connection hello from the latest snapshot's inventory and facts."""
     nics: list[NicHello] = []
     gpus = 0
@@ -101,8 +102,22 @@ def hello_from_snapshot(node: str, snap: Snapshot | None, interval_seconds: floa
             boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         except OSError:
             boot_id = ""
+    if boot_time is None:
+        boot_time = read_boot_time()
     return NodeHello(node=node, agent_version=agent_version, interval_seconds=interval_seconds,
-                     nics=tuple(nics), gpus=gpus, boot_id=boot_id)
+                     nics=tuple(nics), gpus=gpus, boot_id=boot_id, boot_time=boot_time)
+
+
+def read_boot_time(stat: str = "/proc/stat") -> float:
+    """The node's boot time (``btime`` of /proc/stat, Unix seconds); 0.0 when it cannot be read."""
+    try:
+        with open(stat) as f:
+            for line in f:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0.0
 
 
 class BatchMaker:

@@ -10,6 +10,7 @@ ids are per connection (``codec.SeriesEncoder``).
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -23,7 +24,7 @@ from ..batch import NodeBatch
 from ..proto import fabricmon_pb2 as pb
 from ..proto.codec import SeriesEncoder, hello_to_pb
 from ..proto.subscription import BadSubscription, Subscription, subscription_from_pb
-from .stream_batches import hello_from_snapshot
+from .stream_batches import hello_from_snapshot, read_boot_time
 from .stream_channel import auth_metadata, open_channel, presented_token
 from .stream_replay import SpoolReplay
 from .stream_state import StreamState
@@ -95,7 +96,8 @@ class Session:
             self.token = presented_token(o.token, o.token_file)
             metadata = auth_metadata(self.token)
             hello = o.hello_factory() if o.hello_factory else hello_from_snapshot(
-                o.node, st.latest, o.interval_seconds)
+                o.node, st.latest, o.interval_seconds,
+                boot_time=read_boot_time(os.path.join(o.host_root, "proc", "stat")))
             channel = open_channel(o.target, o.tls, o.keepalive_ms, o.max_message_bytes)
         except Exception as exc:
             st.last_error = f"{type(exc).__name__}: {exc}"

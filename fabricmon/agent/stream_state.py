@@ -57,6 +57,7 @@ class StreamOptions:
     keepalive_ms: int = 20_000
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     max_inflight: int = 64
+    host_root: str = "/"  # where the host's / is seen: the hello's boot time is its proc/stat btime
 
 
 class StreamState:

@@ -79,7 +79,7 @@ def _start_stream(agent: Agent, cfg: AgentConfig, address: str, node: str, intak
         tls = TlsFiles(ca=cfg.stream.tls_ca, cert=cfg.stream.tls_cert, key=cfg.stream.tls_key)
     client = StreamClient(address, node, spool=spool, token_file=cfg.stream.token_file, tls=tls,
                           intake=intake, interval_seconds=cfg.interval,
-                          backoff_min=backoff[0], backoff_max=backoff[1])
+                          backoff_min=backoff[0], backoff_max=backoff[1], host_root=cfg.host_root)
     client.attach(agent.poller)
     client.start()
     agent.supervisor.add("stream", client.alive, client.restart)

@@ -92,7 +92,8 @@ class DetectionTick(Stage):
             self.suspicion = corr.suspicion
             self.cost.annotate(findings, self.manager, now, self.stragglers)
             scale_holds(findings, self._interval_of, self.settings.hold_s)
-            changed = self.manager.update(findings, now, relations)
+            findings.extend(self.resume.hold(findings, now, self.nodes, self.started_at or now, self.settings))
+            changed = self.resume.settle(self.manager.update(findings, now, relations))
             self.last_tick = now
             self.ticks_total += 1
         dt = self.clock() - t0
@@ -109,7 +110,8 @@ class DetectionTick(Stage):
             w = self._window(link.node)
             ns = self.nodes.get(link.node)
             t = now if ns is None else node_time(now, ns.last_ts, ns.interval)  # a late batch still counts
-            fs = evaluate_link(link, t, w, s)
+            fs = self.startup.apply(link, evaluate_link(link, t, w, s), t, self._interval_of(link.node), s,
+                                    self._is_open)
             cong = congestion_of(link, t, w, s)
             fold = [f for f in fs if f.alertname in FOLDABLE and (f.fire or f.keep)]
             if fold and link.leaf is not None:
@@ -148,6 +150,9 @@ class DetectionTick(Stage):
         findings.extend(hung_job_findings(hung, self._rank_gpu, self.topology, self.cluster, self.ras.evidence,
                                           self.ras.verdict))
         return findings, relations
+
+    def _is_open(self, f: Finding) -> bool:
+        return self.manager.get_open(f.alertname, f.component) is not None
 
     def _rank_gpu(self, job: str, job_id: str, rank: int) -> int | None:
         """The GPU index of a job's rank, from its rank timings (heartbeats carry none)."""

@@ -17,6 +17,8 @@ from typing import Any
 from ..topology import Topology
 from .admission import ClusterClock
 from .config import DetectionSettings
+from .resume_check import ResumeCheck
+from .startup_hold import StartupHold
 from .state import GpuState, LinkState, NodeState, Registry
 
 
@@ -39,6 +41,8 @@ class EngineState:
         self.cluster_clock = cluster_clock
         self.last_tick: float | None = None
         self.started_at: float | None = None  # sample time of the first tick (agents_down's restart grace)
+        self.startup = StartupHold()  # link state of a node that just booted pages nothing (startup_hold.py)
+        self.resume = ResumeCheck()  # incidents restored at start wait for their node's batches (resume_check.py)
 
 
 def _shared(name: str) -> Any:
@@ -70,6 +74,8 @@ class Stage:
     cluster_clock: ClusterClock = _shared("cluster_clock")
     last_tick: float | None = _shared("last_tick")
     started_at: float | None = _shared("started_at")
+    startup: StartupHold = _shared("startup")
+    resume: ResumeCheck = _shared("resume")
 
     def __init__(self, state: EngineState) -> None:
         self.state = state

@@ -105,8 +105,8 @@ class EngineViews(Stage):
             return {
                 "agents_connected": sum(1 for ns in self.nodes.values() if ns.connected),
                 "agents_unknown": len(self.unknown_nodes()),
-                "agents_never_connected": len(self._never_connected(
-                    self.last_tick if self.last_tick is not None else self.cluster_clock.now())),
+                "never_connected": self._never_connected(
+                    self.last_tick if self.last_tick is not None else self.cluster_clock.now()),
                 "samples_total": self.admission.samples_total,
                 "batches_total": self.admission.batches_total,
                 "batches_dropped_total": self.admission.batches_dropped_total,
@@ -118,6 +118,7 @@ class EngineViews(Stage):
                                   for inc in self.manager.open_incidents() for i in inc.impact],
                 "cross_shard": self.cross.stats() if self.cross is not None else None,
                 "ticks_total": self.detection.ticks_total,
+                "resuming": self.resume.resuming(self.last_tick, self.nodes, self.started_at, self.settings),
                 "nccl_ras_sent_total": self.ras.sent_total,
                 "nccl_ras_outcomes": dict(self.ras.outcomes),
                 "tick_seconds_last": self.detection.tick_seconds_last,

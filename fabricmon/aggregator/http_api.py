@@ -58,7 +58,20 @@ class AggregatorCollector:
         yield g
         g = GaugeMetricFamily("fabricmon_agents_never_connected",
                               "Topology nodes never heard from since start, after a grace of max(60 s, 5 intervals).")
-        g.add_metric([], snap["agents_never_connected"])
+        g.add_metric([], len(snap["never_connected"]))
+        yield g
+        g = GaugeMetricFamily("fabricmon_agent_never_connected",
+                              "1 per topology node never heard from since start, after the start-up grace (the "
+                              "FabricmonNodesNeverConnected alert lists them; bounded by the topology).",
+                              labels=["node"])
+        for name in snap["never_connected"]:
+            g.add_metric([name], 1.0)
+        yield g
+        g = GaugeMetricFamily("fabricmon_aggregator_resuming",
+                              "1 from start until the incidents restored from the state file are settled and every "
+                              "node heard from has been evaluated again (at most the restart grace): the Prometheus "
+                              "fallback rules keep firing meanwhile (hand-back).")
+        g.add_metric([], 1.0 if snap["resuming"] else 0.0)
         yield g
         g = GaugeMetricFamily("fabricmon_topology_nodes", "Nodes in the topology the aggregator runs on (a reload "
                               "may add and remove nodes).")

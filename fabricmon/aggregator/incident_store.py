@@ -5,13 +5,13 @@ opened again as a new incident (a new id, sent again), and one that cleared whil
 down was never resolved by it (Alertmanager expired it at its endsAt).  Now the open incidents
 and what was sent for each are written atomically (write a temporary file, fsync, rename) after
 every tick that changed one; at start they are restored under their own ids with their evidence
-clock at the start and a hold of at least the restart grace (``agents_down.restart_grace``), so:
+clock at the start, and the engine's resume check (resume_check.py) decides what is sent:
 
 - a fault that is still there is refreshed by its node's first batches: nothing is sent again
-  (Alertmanager still has the alert active; ``AlertmanagerClient.adopt`` resends it as before);
-- a fault that cleared while the aggregator was down gets no evidence: resolved once, after the grace;
-- an incident that Alertmanager no longer has active (expired while the aggregator was down) is
-  sent firing again at once if its fault persists: Alertmanager told the on-call it resolved.
+  when Alertmanager still has the alert active (``AlertmanagerClient.adopt`` resends it as before),
+  and it is sent firing when Alertmanager no longer has it (it told the on-call it resolved);
+- a fault that cleared while the aggregator was down gets no evidence in its node's first batches:
+  nothing is sent firing, it is resolved once.
 
 The file is the aggregator's own state: a bad one is logged once with its path and problem and
 ignored (the aggregator starts empty, as before), never a reason not to start.
@@ -139,8 +139,14 @@ def restore(manager: IncidentManager, records: list[tuple[Incident, dict[str, An
     return out
 
 
+# The Prometheus fallback rules' alerts carry this label (deploy/prometheus/mixin.py): they are not this
+# aggregator's, and one of them active says nothing of whether Alertmanager still holds ours.
+FALLBACK_SENDER = ("sender", "prometheus")
+
+
 def active_at_alertmanager(url: str, timeout: float = 5.0) -> set[tuple[str, str]] | None:
-    """(alertname, component) of the alerts Alertmanager holds active; None when it cannot be asked."""
+    """(alertname, component) of the aggregator's alerts Alertmanager holds active (the fallback rules'
+    are left out); None when it cannot be asked."""
     q = "/api/v2/alerts?active=true&silenced=true&inhibited=true&unprocessed=true"
     try:
         with urllib.request.urlopen(url.rstrip("/") + q, timeout=timeout) as resp:
@@ -148,8 +154,9 @@ def active_at_alertmanager(url: str, timeout: float = 5.0) -> set[tuple[str, str
     except (OSError, ValueError) as exc:
         log.warning("alertmanager_reconcile_failed", url=url, error=str(exc))
         return None
+    key, fallback = FALLBACK_SENDER
     return {(a["labels"].get("alertname", ""), a["labels"].get("component", "")) for a in alerts
-            if isinstance(a, dict) and isinstance(a.get("labels"), dict)}
+            if isinstance(a, dict) and isinstance(a.get("labels"), dict) and a["labels"].get(key) != fallback}
 
 
 def reconcile(restored: list[Incident], active: set[tuple[str, str]] | None) -> tuple[list[Incident], list[Incident]]:

@@ -75,8 +75,10 @@ class NodeRegistry(Stage):
         with self.lock:
             self._note_unknown(hello.node)
             ns = reg.node(hello.node)
-            if ns.boot_id and hello.boot_id and hello.boot_id != ns.boot_id:
+            rebooted = bool(ns.boot_id and hello.boot_id and hello.boot_id != ns.boot_id)
+            if rebooted:
                 ns.grace_batches = 1  # counters began again: the first deltas are not evidence
+            self.startup.hello(hello.node, self.cluster_clock.now(), hello.boot_time, rebooted)
             if hello.boot_id:
                 ns.boot_id = hello.boot_id
             if hello.interval_seconds > 0:

@@ -21,7 +21,6 @@ from ..buildinfo import ReloadStatus
 from ..configload import ConfigError, split_hostport
 from ..topology import load_topology
 from .admission import ClusterClock
-from .agents_down import restart_grace
 from .alertmanager import AlertmanagerClient
 from .config import AggregatorConfig
 from .credentials import load_credentials
@@ -146,27 +145,30 @@ def shard_name(units: frozenset[int] | None) -> str:
 
 def resume_incidents(path: str, engine: Engine, sender: AlertmanagerClient,
                      now: float | None = None) -> Callable[[list[Incident], float], None]:
-    """Restore the open incidents persisted at ``path``, reconcile them with Alertmanager (adopt the
-    ones it still holds, send the others firing again), and return the runtime's ``on_changed``
-    hook that persists the open incidents after every change (aggregator/incident_store.py)."""
+    """Restore the open incidents persisted at ``path``, note which ones Alertmanager still holds, and
+    leave them to the engine's resume check: each is sent again only once its node's first batches show
+    its evidence, else resolved once (resume_check.py).  Returns the runtime's ``on_changed`` hook that
+    persists the open incidents after every change (aggregator/incident_store.py)."""
     from . import incident_store
 
     now = time.time() if now is None else now
     records = incident_store.load(path)
     if records:
-        interval = max((ns.interval for ns in engine.nodes.values()), default=1.0)
         with engine.lock:
-            restored = incident_store.restore(engine.manager, records, now, restart_grace(engine.settings, interval))
+            # their own holds: the resume check keeps them while their nodes reconnect
+            restored = incident_store.restore(engine.manager, records, now, 0.0)
         active = None
         for url in sender.urls:
             active = incident_store.active_at_alertmanager(url.url.removesuffix("/api/v2/alerts"))
             if active is not None:
                 break
         keep, gone = incident_store.reconcile(restored, active)
-        sender.adopt(keep)
-        if gone:
-            sender.submit(gone, now)
-        log.info("incidents_resumed", file=path, adopted=len(keep), sent_again=len(gone))
+        held = {id(i) for i in keep}
+        with engine.lock:
+            engine.resume.restored([(i, incident_store.component_of(i.component_type, i.component, i.labels),
+                                     id(i) in held) for i in restored], sender.adopt)
+        log.info("incidents_resumed", file=path, at_alertmanager=len(keep), lost_by_alertmanager=len(gone),
+                 detail="each is sent again only once its node's first batches show it, else resolved once")
 
     def persist(changed: list[Incident], tick_now: float) -> None:
         open_ = engine.open_incidents()

@@ -246,6 +246,36 @@ class Registry:
         gpus = {id(g) for g in ns.gpus.values()}
         self.active_gpus.difference_update([g for g in self.active_gpus if id(g) in gpus])
 
+    def recable(self, name: str) -> None:
+        """A reload moved a node's NICs to another leaf (a switch renamed, RMA): its links, NICs and GPUs
+        carry the leaf the new topology says, and are filed under it; their counters and state stay."""
+        ns = self.nodes.get(name)
+        if ns is None:
+            return
+        topo = self.topology
+        for link in ns.links.values():
+            if link is None or name not in topo.nodes:
+                continue
+            leaf = topo.leaf_of_nic(name, link.device) or ""
+            old = link.leaf
+            if (old.id if old is not None else "") == leaf:
+                continue
+            if old is not None and old in self.links_by_leaf:
+                lst = self.links_by_leaf[old]
+                lst[:] = [x for x in lst if x is not link]
+                if not lst:
+                    del self.links_by_leaf[old]
+            link.id = comp.link(name, link.device, link.port, link.rail, leaf)
+            link.leaf = comp.leaf(leaf, link.rail) if leaf else None
+            link.nic = comp.nic(name, link.device, link.rail, leaf)
+            link.labels = link.id.labels(self.cluster)
+            if link.leaf is not None:
+                self.links_by_leaf.setdefault(link.leaf, []).append(link)
+        for g in ns.gpus.values():
+            if g.index >= 0:
+                g.id = topo.gpu(name, g.index)
+                g.labels = g.id.labels(self.cluster)
+
     def announce(self, ns: NodeState, device: str, port: str, hello_rail: str, netdev: str) -> LinkState | None:
         """A port as the node's hello announces it (its rail, "" for none, and its netdev)."""
         if ns.links.get((device, port), _MISSING) is None:

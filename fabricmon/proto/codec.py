@@ -65,6 +65,7 @@ def hello_to_pb(h: NodeHello) -> pb.Hello:
                      rate_gbps=n.rate_gbps, width=max(0, int(n.width)), gpu=int(n.gpu), node_guid=n.node_guid)
               for n in h.nics],
         gpus=max(0, int(h.gpus)), boot_id=h.boot_id, protocol_version=PROTOCOL_VERSION,
+        boot_time_seconds=h.boot_time,
     )
 
 
@@ -77,6 +78,8 @@ def hello_from_pb(m: pb.Hello) -> NodeHello:
                              f"(supported: {sorted(SUPPORTED_PROTOCOLS)})")
     if not math.isfinite(m.interval_seconds) or m.interval_seconds < 0:
         raise MalformedBatch("hello.interval_seconds: must be finite and >= 0")
+    if not math.isfinite(m.boot_time_seconds) or m.boot_time_seconds < 0:
+        raise MalformedBatch("hello.boot_time_seconds: must be finite and >= 0")
     if m.gpus > MAX_GPUS:
         raise MalformedBatch(f"hello.gpus: {m.gpus} is over {MAX_GPUS}")
     for i, n in enumerate(m.nics):
@@ -91,7 +94,7 @@ def hello_from_pb(m: pb.Hello) -> NodeHello:
         node=m.node, agent_version=m.agent_version, interval_seconds=m.interval_seconds,
         nics=tuple(NicHello(n.device, n.port, n.rail, n.link_layer, n.netdev, n.rate_gbps, n.width, n.gpu,
                              n.node_guid) for n in m.nics),
-        gpus=m.gpus, boot_id=m.boot_id,
+        gpus=m.gpus, boot_id=m.boot_id, boot_time=m.boot_time_seconds,
     )
 
 

@@ -49,7 +49,7 @@ class Nic(_message.Message):
     def __init__(self, device: _Optional[str] = ..., port: _Optional[str] = ..., rail: _Optional[str] = ..., link_layer: _Optional[str] = ..., netdev: _Optional[str] = ..., rate_gbps: _Optional[float] = ..., width: _Optional[int] = ..., gpu: _Optional[int] = ..., node_guid: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("node", "agent_version", "interval_seconds", "nics", "gpus", "boot_id", "protocol_version")
+    __slots__ = ("node", "agent_version", "interval_seconds", "nics", "gpus", "boot_id", "protocol_version", "boot_time_seconds")
     NODE_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,7 @@ class Hello(_message.Message):
     GPUS_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BOOT_TIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
     node: str
     agent_version: str
     interval_seconds: float
@@ -64,7 +65,8 @@ class Hello(_message.Message):
     gpus: int
     boot_id: str
     protocol_version: int
-    def __init__(self, node: _Optional[str] = ..., agent_version: _Optional[str] = ..., interval_seconds: _Optional[float] = ..., nics: _Optional[_Iterable[_Union[Nic, _Mapping]]] = ..., gpus: _Optional[int] = ..., boot_id: _Optional[str] = ..., protocol_version: _Optional[int] = ...) -> None: ...
+    boot_time_seconds: float
+    def __init__(self, node: _Optional[str] = ..., agent_version: _Optional[str] = ..., interval_seconds: _Optional[float] = ..., nics: _Optional[_Iterable[_Union[Nic, _Mapping]]] = ..., gpus: _Optional[int] = ..., boot_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., boot_time_seconds: _Optional[float] = ...) -> None: ...
 
 class Label(_message.Message):
     __slots__ = ("name", "value")

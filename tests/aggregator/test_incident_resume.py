@@ -103,7 +103,9 @@ def test_a_restart_neither_fires_again_nor_forgets_to_resolve(tmp_path, rig, sti
             _step(b, sender, persist)
         sender.flush(timeout=5.0)
         wait_until(lambda: False, 2.0)  # a second firing would reach the webhook within group_interval (1 s)
-        assert _statuses(hook) == ["firing"], _statuses(hook)
+        # still down: nothing new; cleared: resolved once, as soon as its node's first batches show nothing
+        # (5 intervals) and its own hold (10 s) passed, no longer at the end of the restart grace
+        assert _statuses(hook) == (["firing"] if still_down else ["firing", "resolved"]), _statuses(hook)
         if still_down:
             _step(b, sender, persist, _up)
         for _ in range(70):  # past the restart grace (60 s) and the link's hold
@@ -114,6 +116,46 @@ def test_a_restart_neither_fires_again_nor_forgets_to_resolve(tmp_path, rig, sti
         assert json.loads(Path(state).read_text())["incidents"] == []
     finally:
         sender.stop(flush_timeout=0.0)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("still_down", [True, False])
+def test_a_fault_that_cleared_while_down_is_not_paged_again_when_alertmanager_lost_it(tmp_path, rig, still_down):
+    """Issue 35 item 14 / issue 36: after a restart, a fault that cleared while the aggregator was down
+    paged again (sent firing at start, then resent) when Alertmanager no longer held it.  Now it is sent
+    only when the node's first batches still show it."""
+    hook, am = rig
+    state, first_id = _first_life(tmp_path, am)
+    assert wait_until(lambda: _statuses(hook) == ["firing"], 10), _statuses(hook)
+    am.stop()  # Alertmanager lost it (restarted without its data, or it expired while we were down)
+    hook2 = Webhook()
+    am2 = _start_am(tmp_path / "am2", hook2.url)
+    b = Cluster(nodes=4, nodes_per_unit=4)
+    b.t += 30.0
+    if still_down:
+        _down(b)
+    sender = AlertmanagerClient([am2.url], cluster="test", resend_seconds=2.0)  # resends every 2 s
+    sender.start()
+    try:
+        persist = resume_incidents(state, b.engine, sender, now=b.t)
+        for _ in range(30):  # past the node's first batches and the link's hold
+            _step(b, sender, persist)
+            wait_until(lambda: False, 0.1)  # let the 2 s resends run between the steps
+        sender.flush(timeout=5.0)
+        wait_until(lambda: False, 2.0)  # a firing would reach the webhook within group_interval (1 s)
+        firing = [a for a in am2.get_alerts() if a["labels"].get("component") == LINK
+                  and a["status"]["state"] == "active"]
+        if still_down:  # Alertmanager had told nobody it resolved: the fault is there, sent firing once
+            assert [st for n in hook2.received for a in n["alerts"] if a["labels"]["component"] == LINK
+                    for st in [a["status"]]] == ["firing"]
+            assert len(firing) == 1 and b.engine.manager.get_open("FabricLinkDown", LINK).id == first_id
+        else:
+            assert [a for n in hook2.received for a in n["alerts"] if a["labels"]["component"] == LINK] == []
+            assert firing == [] and b.engine.manager.get_open("FabricLinkDown", LINK) is None
+    finally:
+        sender.stop(flush_timeout=0.0)
+        am2.stop()
+        hook2.close()
 
 
 def test_a_bad_state_file_is_named_and_ignored(tmp_path):
@@ -167,3 +209,30 @@ def test_a_state_directory_not_made_yet_is_made_at_the_first_save(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     assert "is not a directory" in (state_dir_problem(blocker / "state") or "")
+
+
+def test_resuming_holds_the_fallback_until_restored_incidents_are_settled(tmp_path):
+    """fabricmon_aggregator_resuming (the fallback rules' hand-back signal) is 1 from start until every
+    restored incident is confirmed or let go and the nodes' fresh batches were evaluated, then 0 for good."""
+    state = str(tmp_path / "incidents.json")
+    a = Cluster(nodes=4, nodes_per_unit=4)
+    sender = AlertmanagerClient([], cluster="test")
+    persist = resume_incidents(state, a.engine, sender, now=a.t)
+    for _ in range(2):
+        _step(a, sender, persist)
+    _step(a, sender, persist, _down)
+    _step(a, sender, persist)
+    assert a.engine.manager.get_open("FabricLinkDown", LINK) is not None
+    b = Cluster(nodes=4, nodes_per_unit=4)
+    b.t += 30.0
+    resume_incidents(state, b.engine, sender, now=b.t)
+    assert b.engine.resume.pending == 1 and b.engine.metrics_snapshot()["resuming"]
+    for _ in range(4):
+        b.step()
+        assert b.engine.metrics_snapshot()["resuming"]  # the link's node is up, its incident not settled yet
+    for _ in range(20):
+        b.step()
+    assert b.engine.resume.pending == 0 and not b.engine.metrics_snapshot()["resuming"]
+    # the link is up again: what the engine reported for it is its resolve alone, never an open
+    assert [(c, o) for _, _, c, o in b.reported if c == LINK] == [(LINK, False)]
+    assert b.engine.manager.get_open("FabricLinkDown", LINK) is None

@@ -166,7 +166,19 @@ def test_topology_nodes_never_heard_from_are_listed_after_the_start_up_grace():
         engine.tick(T0 + k)
         if k == 30:  # inside max(60 s, 5 intervals): agents may still be reconnecting
             assert engine.nodes_view()["never_connected"] == []
-            assert engine.metrics_snapshot()["agents_never_connected"] == 0
+            assert engine.metrics_snapshot()["never_connected"] == []
     assert engine.nodes_view()["never_connected"] == ["node-003"]
-    assert engine.metrics_snapshot()["agents_never_connected"] == 1
+    assert engine.metrics_snapshot()["never_connected"] == ["node-003"]
+    # exported one series per node (FabricmonNodesNeverConnected lists them) beside the count
+    from prometheus_client import generate_latest
+    from prometheus_client.core import CollectorRegistry
+
+    from fabricmon.aggregator.http_api import AggregatorCollector
+
+    reg = CollectorRegistry()
+    reg.register(AggregatorCollector(engine))
+    text = generate_latest(reg).decode()
+    assert 'fabricmon_agent_never_connected{node="node-003"} 1.0' in text
+    assert "fabricmon_agents_never_connected 1.0" in text
+    assert "fabricmon_aggregator_resuming 0.0" in text  # 90 s in: past the grace, nothing restored
     assert engine.unknown_nodes() == []

@@ -25,8 +25,10 @@ SELF_ALERTS = {"FabricmonAggregatorDown", "FabricmonAlertDeliveryFailing", "Fabr
                "FabricmonBatchesDropped",
                # blind spots: what an agent cannot see, it says (issue 25)
                "FabricmonAgentStreamDown", "FabricmonAgentRefused", "FabricmonSpoolDropping",
-               "FabricmonGPUsUnmonitored", "FabricmonDevicesMissing", "FabricmonReloadFailed"}
-CONTRACT_LABELS = {"severity", "component_type", "component", "node", "rail", "leaf", "gpu", "job", "cluster"}
+               "FabricmonGPUsUnmonitored", "FabricmonDevicesMissing", "FabricmonReloadFailed",
+               "FabricmonNodesNeverConnected"}
+CONTRACT_LABELS = {"severity", "component_type", "component", "node", "rail", "leaf", "gpu", "job", "cluster",
+                   "sender"}  # sender: the fallback rules' alerts (prometheus), apart from the aggregator's
 COMPONENT_TYPES = {"link", "nic", "gpu", "node", "rail", "leaf", "spine", "config", "nvlink", "service"}
 
 
@@ -189,10 +191,15 @@ def test_rules_the_aggregator_also_sends_are_its_silent_fallback():
     shared = _aggregator_alerts() & set(rules)
     assert shared >= {"FabricLinkDown", "FabricLinkErrors", "GPUXidFatal", "NVLinkDown", "FabricPFCStorm",
                       "FabricmonAgentDown"}, shared
-    arm = 'unless on (cluster)\n(min by (cluster) (up{job="site-aggr"}) == 1)'
+    # silent while the aggregator is up and done re-evaluating; an alert already firing lasts while its fault
+    # does (hand-back, issue 36); a `sender` label keeps it apart from the aggregator's alert in Alertmanager
+    arm = ('unless on (cluster)\n(\n  (min by (cluster) (up{job="site-aggr"}) == 1)\n  unless on (cluster)\n'
+           '  (max by (cluster) (fabricmon_aggregator_resuming{job="site-aggr"}) == 1)\n)\n)\nor\n')
     for name in sorted(shared):
         expr = rules[name]["expr"]
-        assert expr.rstrip().endswith(arm), name
+        assert arm in expr, name
+        assert expr.rstrip().endswith(f'ALERTS{{alertname="{name}", alertstate="firing", sender="prometheus"}}\n)')
+        assert rules[name]["labels"]["sender"] == "prometheus", name
         assert not re.search(r"hpc_job|gpu_hours|cost", expr + json_dump(rules[name]["labels"])), name
     for name in sorted(set(rules) - shared):  # Prometheus' own alerts: never silenced by the aggregator
         assert 'min by (cluster) (up{job="site-aggr"}) == 1' not in rules[name]["expr"], name
