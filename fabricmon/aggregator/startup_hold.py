@@ -1,4 +1,4 @@
-"""The start-up hold: a node that just booted (or whose agent just said hello) pages nothing for link state.
+"""The start-up hold: a node that just booted pages nothing for the link state of its boot.
 
 After every reboot an InfiniBand port sits in INIT (or ARMED) with its physical link up until the
 subnet manager's sweep activates it, seconds to a minute later; the agent starts before that.  Without
