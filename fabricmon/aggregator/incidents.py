@@ -83,6 +83,13 @@ SUMMARY = {
 }
 
 
+# Labels that are part of an alert's identity once it fired: Alertmanager keys an alert on its label set,
+# so a value changing later would be a second alert beside the first (never resolved).  A straggler's
+# lateness (compute or comm, which decides whether a fabric alert may hide it) and its rank are fixed by
+# the finding that opened the incident, like ``hpc_job`` (cost.py).
+FIXED_LABELS = frozenset({"lateness", "rank"})
+
+
 def incident_id(alertname: str, component: str) -> str:
     return hashlib.sha256(f"{alertname}\x00{component}".encode()).hexdigest()[:16]
 
@@ -342,6 +349,8 @@ class IncidentManager:
             visible = visible or impact_sentence(list(f.impact)) != impact_sentence(inc.impact)
             inc.impact = list(f.impact)
         for k, v in f.labels.items():
+            if k in FIXED_LABELS and inc.labels.get(k):
+                continue
             if v and inc.labels.get(k) != v:
                 inc.labels[k] = v
                 visible = True
