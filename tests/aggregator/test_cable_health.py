@@ -184,13 +184,13 @@ def test_a_degraded_leaf_whose_optics_drift_warns_on_no_link(layout):
     """Every port of the leaf drifts as a dying cable does (sim ``optics: true``: one lane's BER climbing,
     RX power falling) while the leaf is degraded: those trends are the leaf's evidence.  Before: one
     FabricCableDegrading per link of the leaf, open until two minutes after the leaf's recovery."""
-    scn = Scenario(ClusterSpec(nodes=8, layout=layout, nodes_per_unit=8, seed=4), 900.0) \
-        .with_fault("leaf_degraded", unit=0, rail=2, start=60.0, end=560.0, optics=True)
+    scn = Scenario(ClusterSpec(nodes=8, layout=layout, nodes_per_unit=8, seed=4), 700.0) \
+        .with_fault("leaf_degraded", unit=0, rail=2, start=60.0, end=460.0, optics=True)
     events, _ = run_engine(scn)
     cable = sorted({ev[2] for ev in events if ev[1] == "FabricCableDegrading"})
     assert cable == [], f"cable warnings on the degraded leaf's links: {cable}"
     leaf = [(t, opened) for t, a, c, opened, _ in events if a == "FabricLeafDegraded"]
-    assert [o for _, o in leaf] == [True, False] and leaf[0][0] <= 75 and leaf[1][0] >= 560, leaf
+    assert [o for _, o in leaf] == [True, False] and leaf[0][0] <= 75 and leaf[1][0] >= 460, leaf
 
 
 def test_a_cable_warning_open_before_its_leaf_degrades_ends_with_the_leaf():
