@@ -21,6 +21,10 @@ and a local webhook receiver: the wall latency from ``submit`` to webhook arriva
 and added to the sample-time detection delay (injection -> notification at the receiver).
 Without the Alertmanager binary that column says so and the rest still runs.
 
+``--scenario FILE`` (repeatable) adds scenario files (``benchmarks/scenarios/``), run after the others.
+Every run counts the ``FabricCableDegrading`` incidents on links of a leaf that a ``leaf_degraded`` fault
+degrades (the leaf's own evidence, never a cable ticket each; goal 0).
+
 ``--workload K`` adds K scenarios of several jobs with software decoys (``workload_scenario``:
 two or three jobs, idle nodes between, one to three of the seven decoy kinds of DESIGN "Jobs,
 decoys and cost", zero to two faults away from the decoys).  Precision counts pages (warning or
@@ -56,7 +60,14 @@ from fabricmon.sim.drive import Drive  # noqa: E402
 from fabricmon.sim.hw import NGPU, NRAILS  # noqa: E402
 from fabricmon.sim.impact import fault_impacts  # noqa: E402
 from fabricmon.sim.runner import SimulatedCluster  # noqa: E402
-from fabricmon.sim.scenario import ClusterSpec, Fault, Scenario, random_scenario, scenario_from_dict  # noqa: E402
+from fabricmon.sim.scenario import (  # noqa: E402
+    ClusterSpec,
+    Fault,
+    Scenario,
+    load_scenario,
+    random_scenario,
+    scenario_from_dict,
+)
 from fabricmon.topology import node_name  # noqa: E402
 
 LINK_UNDER_LEAF = ("flaky_cable", "link_down", "link_flap", "link_degraded", "rdma_retransmits")
@@ -236,6 +247,9 @@ def workload_scenario(seed: int, nodes: int, duration: float, nodes_per_unit: in
 
 def make_scenario(i: int, args) -> Scenario:
     seed = args.seed0 + i
+    n_generated = args.scenarios + args.overlap + args.workload
+    if i >= n_generated:
+        return load_scenario(args.scenario[i - n_generated])
     if i < args.scenarios:
         return random_scenario(seed, nodes=args.nodes, duration=args.duration, nodes_per_unit=args.nodes_per_unit)
     if i < args.scenarios + args.overlap:
@@ -281,6 +295,10 @@ def run_one(seed: int, scn: Scenario, args, rig: AmRig | None) -> dict:
     decoys = sim.decoys_truth()
     incidents = [_rel(i, epoch) for i in engine.incidents()]
     sc = score(ground, incidents, duration=scn.duration, decoys=decoys)
+    # cable warnings on the links of a degraded leaf: that leaf's evidence, never a ticket per link
+    bad_leaves = {g["component"] for g in ground if g["kind"] == "leaf_degraded"}
+    cable_under_leaf = sorted(i.component for i in engine.incidents()
+                              if i.alertname == "FabricCableDegrading" and i.labels.get("leaf") in bad_leaves)
     am_lat: dict[str, float] = {}
     if rig is not None:
         want = set(submitted)
@@ -297,6 +315,7 @@ def run_one(seed: int, scn: Scenario, args, rig: AmRig | None) -> dict:
         raise RuntimeError(f"scenario seed {seed}: {rt.tick_errors_total} detection ticks raised")
     return {"seed": seed, "scenario": scn, "ground": ground, "decoys": decoys, "incidents": incidents, "score": sc,
             "am_latency": am_lat, "wall": wall, "overlap": False, "workload": bool(scn.jobs),
+            "cable_under_leaf": cable_under_leaf,
             "nccl_ras": {k: v for k, v in engine.ras.outcomes.items() if v}}
 
 
@@ -306,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overlap", type=int, default=30, help="extra scenarios of two overlapping faults")
     ap.add_argument("--workload", type=int, default=0,
                     help="extra scenarios of several jobs with software decoys (and 0-2 faults)")
+    ap.add_argument("--scenario", action="append", default=[], metavar="FILE",
+                    help="a scenario file to run after the generated ones (repeatable)")
     ap.add_argument("--mode", choices=("memory", "tree"), default="memory",
                     help="memory: the agents' batches built in memory; tree: real agents poll rendered node trees")
     ap.add_argument("--seed0", type=int, default=1000)
@@ -319,8 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="write the markdown table here")
     ap.add_argument("--json", help="write the raw numbers here")
     args = ap.parse_args(argv)
-    if min(args.scenarios, args.overlap, args.workload) < 0 or args.scenarios + args.overlap + args.workload < 1:
-        ap.error("--scenarios, --overlap and --workload must be >= 0, together >= 1")
+    if min(args.scenarios, args.overlap, args.workload) < 0 or \
+            args.scenarios + args.overlap + args.workload + len(args.scenario) < 1:
+        ap.error("--scenarios, --overlap and --workload must be >= 0, together with --scenario files >= 1")
 
     rig = None
     am_note = ""
@@ -334,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     am_done = 0
     t_all = time.perf_counter()
     try:
-        for i in range(args.scenarios + args.overlap + args.workload):
+        for i in range(args.scenarios + args.overlap + args.workload + len(args.scenario)):
             seed = args.seed0 + i
             scn = make_scenario(i, args)
             use_am = rig is not None and am_done < args.am_subset and any(
@@ -345,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
             results.append(r)
             sc = r["score"]
             tag = " (overlap)" if r["overlap"] else (" (workload)" if r["workload"] else "")
+            if i >= args.scenarios + args.overlap + args.workload:
+                tag += f" ({Path(args.scenario[i - args.scenarios - args.overlap - args.workload]).name})"
             print(f"seed {seed}{tag}: {len(r['ground'])} fault(s) {[g['kind'] for g in r['ground']]}, "
                   f"{len(r['decoys'])} decoy(s) {[d['kind'] for d in r['decoys']]} -> {sc['pages']} page(s), "
                   f"{sc['info_findings']} info, P {sc['precision']:.2f} R {sc['recall']:.2f}, "
@@ -469,6 +493,10 @@ def main(argv: list[str] | None = None) -> int:
         why.append(f"recall {recall:.3f} < 0.95")
     if decoy_pages:
         why.append(f"{decoy_pages} decoy page(s)")
+    cable_under_leaf = [f"seed {r['seed']}: FabricCableDegrading {c} under a degraded leaf"
+                        for r in results for c in r["cable_under_leaf"]]
+    if cable_under_leaf:
+        why.append(f"{len(cable_under_leaf)} cable warning(s) under a degraded leaf")
     if info_counts and max(info_counts) > 1:
         why.append(f"a decoy raised {max(info_counts)} info findings")
     if slow:
@@ -477,9 +505,14 @@ def main(argv: list[str] | None = None) -> int:
         "# fabricmon detection benchmark",
         "",
         f"{len(results)} scenarios (seeds {args.seed0}..{args.seed0 + len(results) - 1}: {args.scenarios} random, "
-        f"{len(ov)} of two overlapping faults), "
-        f"{args.nodes} nodes ({args.nodes_per_unit} per unit), {args.duration:.0f} s simulated each at a "
-        f"{args.interval:g} s agent interval, "
+        f"{len(ov)} of two overlapping faults"
+        + (f", {args.workload} workload" if args.workload else "")
+        + "".join(f", {Path(f).name}: {r['scenario'].cluster.nodes} nodes ({r['scenario'].cluster.nodes_per_unit} "
+                  f"per unit), {r['scenario'].duration:.0f} s"
+                  for f, r in zip(args.scenario, results[len(results) - len(args.scenario):], strict=True)) + "), "
+        + (f"{args.nodes} nodes ({args.nodes_per_unit} per unit), {args.duration:.0f} s simulated each, "
+           if len(results) > len(args.scenario) else "")
+        + f"at a {args.interval:g} s agent interval, "
         + ("tree-mode simulator (agents poll rendered node trees)" if args.mode == "tree" else "in-memory simulator")
         + ", fresh Engine per scenario ticked every interval"
         + (f" and after each off-cadence batch (agents' link watch every {args.link_watch:g} s)"
@@ -496,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{(ov_det / ov_faults if ov_faults else 1.0):.3f} ({ov_det}/{ov_faults}) | >= 0.95 |",
         f"| workload scenarios (several jobs, decoys) | {len(wl)} with {n_decoys} decoys | |",
         f"| decoy pages | {decoy_pages} | 0 |",
+        f"| cable warnings (FabricCableDegrading) on links of a degraded leaf | {len(cable_under_leaf)} | 0 |",
         f"| info findings per decoy, max | {max(info_counts) if info_counts else '-'} "
         f"(total {sum(info_counts)}) | <= 1 |",
         f"| faults seen later than 3 s (hard) / 12 s (others) / 60 s (hangs) after the first poll that could "
@@ -532,9 +566,9 @@ def main(argv: list[str] | None = None) -> int:
     lines.append(f"| false positives (incidents matching no fault) | | {fp} | | | | | |")
     if am_note:
         lines += ["", f"Alertmanager latency not measured: {am_note}"]
-    if misses or fps or slow or phantom:
+    if misses or fps or slow or phantom or cable_under_leaf:
         lines += ["", "Misses, false positives, late detections and phantom costs:", ""] + [
-            f"- {m}" for m in misses + fps + slow + phantom]
+            f"- {m}" for m in misses + fps + slow + phantom + cable_under_leaf]
     verdict = (f"detection verdict: ok precision {precision:.3f} recall {recall:.3f} decoy pages 0, "
                f"{len(results)} scenarios in {total_wall:.0f} s wall" if not why
                else "detection verdict: FAIL " + "; ".join(why))

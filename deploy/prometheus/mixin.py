@@ -373,7 +373,7 @@ max without (device, port) (
 '''),
         Alert(
             'FabricLinkFlapping', for_='window', severity='warning', component_type='link',
-            summary='Fabric link {{ $labels.component }} went down repeatedly in 10 minutes',
+            summary='Fabric link {{ $labels.component }} is flapping (down repeatedly)',
             description='Port {{ $labels.component }} went down at least twice (link_downed) or changed state four '
                         'times in 10 minutes: usually a marginal cable or transceiver.',
             expr='''
@@ -414,7 +414,7 @@ max without (device, port) (
 '''),
         Alert(
             'FabricCableDegrading', for_='bursty', severity='warning', component_type='link',
-            summary='Optics of fabric link {{ $labels.component }} are losing RX power: predicted to fail',
+            summary='Cable or optics of fabric link {{ $labels.component }} predicted to fail',
             description='A lane of {{ $labels.component }} lost more than 20% (~1 dB) of its received optical power '
                         'over 15 minutes on a steady trend: plan a cable or transceiver swap before the link flaps.',
             comment="The aggregator's FabricCableDegrading also follows the BER trend and the lanes "
@@ -437,7 +437,7 @@ max without (device, port) (
 '''),
         Alert(
             'FabricLinkDegraded', for_='rate', severity='warning', component_type='link',
-            summary='Fabric link {{ $labels.component }} runs below the rate or width of its peers',
+            summary='Fabric link {{ $labels.component }} runs below its expected rate or width',
             description="ACTIVE port {{ $labels.component }} runs below the median rate or width of the cluster's rail "
                         "ports (e.g. 4X -> 2X, NDR -> HDR): every job on {{ $labels.node }} using rail "
                         "{{ $labels.rail }} is slowed.",
@@ -642,7 +642,7 @@ max by (cluster, node, gpu, component) (
     Group('fabricmon-self', [
         Alert(
             'FabricmonAgentDown', for_='sustained', severity='warning', component_type='node', fallback=True,
-            summary='fabricmon agent on {{ $labels.component }} is not being scraped',
+            summary='fabricmon agent on {{ $labels.component }} stopped reporting',
             description="Prometheus cannot scrape the fabricmon agent on {{ $labels.component }}: that node's fabric, "
                         "NVLink and GPU alerts are blind (and inhibited) until it is back.",
             comment="`up` has no `node` unless the scrape config attaches one; recover it from the\n"

@@ -15,6 +15,7 @@ from ..components import Component, Kind
 from .config import DetectionSettings
 from .incidents import Finding
 from .state import NodeState
+from .wording import at, secs
 
 RESTART_GRACE_INTERVALS = 5
 
@@ -35,7 +36,7 @@ def agents_down(nodes: Iterable[NodeState], s: DetectionSettings, cluster: str, 
         if ns.ever_seen and now - ns.last_ts >= max(s.agent_down_s, 5 * ns.interval):
             node = comp.node(ns.name)
             out.append(Finding("FabricmonAgentDown", node, node.labels(cluster),
-                               [f"no batch since t={ns.last_ts:.0f} ({now - ns.last_ts:.0f}s)"
+                               [f"no batch since {at(ns.last_ts)} ({secs(now - ns.last_ts)})"
                                 + ("" if ns.connected else ", stream disconnected")],
                                hold_s=0.0))
     return out

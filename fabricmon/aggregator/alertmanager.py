@@ -60,7 +60,7 @@ from .incidents import Incident
 
 log = structlog.get_logger("fabricmon.aggregator.alertmanager")
 
-LABEL_KEYS = ("node", "rail", "leaf", "gpu", "hpc_job", "rank", "job_id", "cluster")
+LABEL_KEYS = ("node", "rail", "leaf", "gpu", "hpc_job", "rank", "job_id", "lateness", "cluster")
 RESULTS = ("success", "error", "rejected", "dropped")  # fabricmon_alerts_sent_total{result}
 OK, RETRY, REJECTED = "ok", "retry", "rejected"
 

@@ -17,6 +17,12 @@ three thirds each above the previous one by a margin.  A single step moves one t
 next, never both; wander moves neither by a decade fraction for long.  The same rule, in dB, for
 RX power falling.  Evidence persisting over ``cable_persist`` evaluations fires; the incident keeps
 while the trend continues (half the slope suffices) and resolves after its hold once it stops.
+
+A cable is one link: the links of a leaf that is degraded (the leaf folder's episode) trend together
+because of the leaf, and are its evidence.  While the leaf is degraded their trend state is dropped
+(no warning per link, and after the leaf recovers the window holds no trace of it), and a warning
+already open on one of them ends with one last finding of no hold: it never outlives the leaf's
+incident (issue 36: a degraded leaf opened a ticket per link that lasted past its recovery).
 """
 
 from __future__ import annotations
@@ -136,11 +142,18 @@ class CableHealth:
             t.temp.popleft()
 
     # -- detection ------------------------------------------------------------------------
-    def evaluate(self, now: float, suppressed: set[Component] | None = None) -> list[Finding]:
+    def evaluate(self, now: float, suppressed: set[Component] | None = None,
+                 degraded_leaves: frozenset[Component] = frozenset()) -> list[Finding]:
         """``suppressed``: links with an open down/flap/errors incident: those already alert, the
-        warning does not open on top of them (it keeps if it was already open)."""
+        warning does not open on top of them (it keeps if it was already open).  ``degraded_leaves``:
+        leaves the folder holds degraded now; their links are the leaf's evidence (module doc)."""
         out = []
         for tr in self.tracks.values():
+            if degraded_leaves and tr.link.leaf in degraded_leaves:
+                last = self._leaf_evidence(tr)
+                if last is not None:
+                    out.append(last)
+                continue
             if tr.cur is not None and now - tr.cur_start >= self.s.cable_bucket_s:
                 self._close(tr)
             slot = int(now // self.s.cable_bucket_s + tr.phase)
@@ -150,6 +163,24 @@ class CableHealth:
             if tr.finding is not None:
                 out.append(tr.finding)
         return out
+
+    def _leaf_evidence(self, tr: _Track) -> Finding | None:
+        """A link of a degraded leaf: forget its trend; a warning it had ends now (a last finding, hold 0)."""
+        was = tr.finding
+        tr.buckets.clear()
+        tr.cur = None
+        tr.rx.clear()
+        tr.temp.clear()
+        tr.hits = 0
+        tr.rx_new = False
+        tr.rx_worst = None
+        tr.finding = None
+        if was is None:
+            return None
+        link = tr.link
+        return Finding(ALERT, link.id, link.labels,
+                       [f"leaf {link.leaf} is degraded: this link's trend is the leaf's evidence, not a cable's"],
+                       fire=False, keep=True, hold_s=0.0, severity="warning")
 
     def _judge(self, tr: _Track, now: float, suppressed: set[Component]) -> Finding | None:
         s = self.s

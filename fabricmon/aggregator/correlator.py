@@ -207,8 +207,38 @@ def localize_stragglers(topo: Topology, s: DetectionSettings, report: StragglerR
             if wait:
                 f.fire = False  # within the grace: an open one is kept, a new one waits for a remote incident
                 f.evidence.append("waiting for another shard's fabric incident on this rail (cross-shard grace)")
+            elif f.component.kind is Kind.GPU and not net and f.alertname == "StragglerRank" and \
+                    _siblings_pending(f, report, members, ev):
+                f.fire = False  # an open one is kept; a new one waits for the node-level decision
             out.append(f)
     return out, shared
+
+
+def _late_gpus_by_node(report: StragglerReport) -> dict[str, set[int]]:
+    """node -> GPUs with a rank flagged late (compute or comm) in ``straggler_clear`` of the last steps."""
+    out: dict[str, set[int]] = defaultdict(set)
+    for node, gpu in report.slowish.values():
+        out[node].add(gpu)
+    return out
+
+
+def _siblings_pending(f: Finding, report: StragglerReport, members: list[Straggler], ev: Evidence) -> bool:
+    """One GPU's StragglerRank with nothing but its lateness to show waits while other GPUs of its node are
+    late too: the hardware signature (DESIGN "Jobs, decoys and cost") is one GPU late while its siblings
+    are not.  Several GPUs of one host late together are the node's to decide (SoftwareStraggler once
+    most of its GPUs are persistent, or a node fault with evidence): a slow dataloader otherwise paged its
+    GPUs one by one as each crossed the persistence bar first.  A GPU with its own evidence (a clock
+    throttle reason, an XID) does not wait, and an incident already open is kept (``keep``)."""
+    if ev.llr.get(f.component, 0.0) > 0:
+        return False
+    node, gpu = members[0].node, members[0].gpu
+    late = _late_gpus_by_node(report).get(node, set())
+    others = sorted(late - {gpu})
+    if not others:
+        return False
+    f.evidence.append(f"waiting for the node-level decision: GPU(s) {', '.join(map(str, others))} of {node} "
+                      "late too (one GPU late while its siblings are not is the hardware signature)")
+    return True
 
 
 def _cross_shard(topo: Topology, cross: CrossShard, job: str, group: Component,
@@ -255,11 +285,12 @@ def _straggler_finding(topo: Topology, s: DetectionSettings, job: str, group: Co
     if len(nodes) == 1:
         lab["node"] = members[0].node
     _job_labels(lab, job, members[0].job_id)
+    kind = lateness_of(members)
     late = max(m.late_frac for m in members)
     evidence = [f"{len(ranks)} rank(s) late {late * 100:.1f}% of step in "
-                f"{s.straggler_persist}+ of last {s.straggler_window} steps ({members[0].kind})"]
+                f"{s.straggler_persist}+ of last {s.straggler_window} steps ({kind})"]
     gpu_why = [w for c in cands for w in ev.why.get(c, []) if w.startswith("GPU throttle")]
-    if group.kind is Kind.NODE and not net and not gpu_why and members[0].kind == "compute":
+    if group.kind is Kind.NODE and not net and not gpu_why and kind == "compute":
         # every rank of one host late together, every component it uses clean: a dataloader, the CPU or
         # the host's software (DESIGN "Jobs, decoys and cost"), never a page.  A real host fault with no
         # counter evidence is missed by design: the pager is for what the fabric and GPUs can show.
@@ -278,16 +309,27 @@ def _straggler_finding(topo: Topology, s: DetectionSettings, job: str, group: Co
         if gpu_why:
             desc += "; " + "; ".join(sorted(set(gpu_why)))
         desc += "; likely a compute straggler (GPU, host or input pipeline)"
-    elif members[0].kind == "comm":
+    elif kind == "comm":
         desc = "weak fabric evidence only: " + ", ".join(f"{c} ({'+'.join(ev.why[c])})" for c in net[:4])
     else:
         desc = ("compute time late, which fabric evidence on its path does not explain ("
                 + ", ".join(f"{c} ({'+'.join(ev.why[c])})" for c in net[:4])
                 + " slows communication); likely a compute straggler (GPU, host or input pipeline)")
     current = any(m.current for m in members)  # a straggler that already stopped opens nothing
+    # what the alert is about, read by the inhibitions: only comm lateness is hidden under a fabric alert
+    # on its leaf, rail or node (deploy/alertmanager).  Fixed once the incident fires (incidents.FIXED_LABELS).
+    lab["lateness"] = kind
+    if len(ranks) == 1:
+        lab["rank"] = str(ranks[0])  # as on JobHung: the rank the job's own logs name
     return Finding("StragglerRank", group, lab, evidence,
                    fire=current, keep=current, hold_s=s.straggler_hold_s, ranks=ranks, jobs=(job,),
                    description=desc)
+
+
+def lateness_of(members: list[Straggler]) -> str:
+    """A straggler group's lateness: "compute" when any member computes late (no fabric fault explains
+    late compute, so such an alert is never hidden under one), else "comm"."""
+    return "compute" if any(m.kind == "compute" for m in members) else "comm"
 
 
 def ride_on_own_alerts(shared: dict[Component, Shared], findings: list[Finding],

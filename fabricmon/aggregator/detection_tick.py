@@ -126,9 +126,10 @@ class DetectionTick(Stage):
         # --- cable health: warn before a link flaps; not on top of a link that already alerts ---
         loud = {f.component for f in findings if f.component.kind is Kind.LINK and f.fire
                 and f.alertname in ("FabricLinkDown", "FabricLinkFlapping", "FabricLinkErrors")}
-        findings.extend(self.cable.evaluate(now, loud))
         node_findings, node_relations = self.node_folder.fold(foldable, now, self.folder.folding_leaves(foldable))
         leaf_findings, relations = self.folder.fold_links(foldable, now)
+        # after the folder: a degraded leaf's links trend together, its evidence, never a warning each
+        findings.extend(self.cable.evaluate(now, loud, self.folder.degraded_leaves()))
         findings.extend(leaf_findings)
         findings.extend(node_findings)
         relations.extend(node_relations)  # after the leaf's: a link of a failing node is the node's evidence

@@ -22,6 +22,7 @@ from collections import deque
 from .config import DetectionSettings
 from .incidents import Finding
 from .state import TRAFFIC_CLASS_SUB, Event, GpuEvent, GpuState, LinkEvent, LinkState
+from .wording import at, secs
 
 STATE_NAMES = {1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
 PHYS_NAMES = {1: "Sleep", 2: "Polling", 3: "Disabled", 4: "PortConfigurationTraining", 5: "LinkUp",
@@ -72,7 +73,7 @@ def evaluate_link(link: LinkState, now: float, w: float, s: DetectionSettings) -
         since = link.down_since if link.down_since is not None else now
         if now - since >= s.link_down_persist_s:
             ev_s = [f"state {link.state} ({STATE_NAMES.get(link.state or 0, '?')}), "
-                    f"phys_state {link.phys} ({PHYS_NAMES.get(link.phys or 0, '?')}) since t={since:.0f}"]
+                    f"phys_state {link.phys} ({PHYS_NAMES.get(link.phys or 0, '?')}) since {at(since)}"]
             if sums and sums[LinkEvent.DOWNED][0] > 0:
                 ev_s.append(f"link_downed +{_fmt(sums[LinkEvent.DOWNED][0])}")
             out.append(Finding("FabricLinkDown", link.id, lab, ev_s, hold_s=s.state_hold_s))
@@ -111,7 +112,7 @@ def evaluate_link(link: LinkState, now: float, w: float, s: DetectionSettings) -
             e = []
             span = s.of_windows
             if sum(err[:span]):
-                e.append(f"PMA symbol/rcv errors +{_fmt(sum(err[:span]))} in {span * w:g}s")
+                e.append(f"PMA symbol/rcv errors +{_fmt(sum(err[:span]))} in {secs(span * w)}")
             if sum(rec[:span]):
                 e.append(f"link_error_recovery +{_fmt(sum(rec[:span]))}")
             if sum(phy[:span]):
@@ -204,7 +205,7 @@ def evaluate_gpu(g: GpuState, now: float, w: float, s: DetectionSettings) -> lis
         if now - since >= s.nvlink_down_persist_s:
             lab = dict(g.labels)
             out.append(Finding("NVLinkDown", g.nvlink(link), lab,
-                               [f"NVLink {link} state 0 since t={since:.0f}"], hold_s=s.state_hold_s))
+                               [f"NVLink {link} state 0 since {at(since)}"], hold_s=s.state_hold_s))
     if not g.ev:
         return out
     n = s.of_windows
@@ -230,7 +231,7 @@ def evaluate_gpu(g: GpuState, now: float, w: float, s: DetectionSettings) -> lis
         if fire or hit[0]:
             out.append(Finding("NVLinkErrors", g.nvlink(link), dict(g.labels),
                                [f"NVLink {link} replay/CRC +{_fmt(sum(errs))}, recovery +{_fmt(sum(recs))} "
-                                f"in {n * w:g}s"], fire=fire, keep=hit[0]))
+                                f"in {secs(n * w)}"], fire=fire, keep=hit[0]))
     if xids:
         recent = any(kind == xid and now - ts <= 3 * w for ts, kind, _, _ in g.ev)
         e = [f"XID {x} x{_fmt(c)}" for x, c in sorted(xids.items())]

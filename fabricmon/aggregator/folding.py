@@ -80,6 +80,11 @@ class LeafFolder:
         return (len(entries) >= leaf_fold_threshold(n_links, self.settings)
                 and len({link.node for link, _ in entries}) >= 2)
 
+    def degraded_leaves(self) -> frozenset[Component]:
+        """The leaves in an episode now (folded within the hold of their incident): the cable predictor
+        leaves their links alone (cable_health.py)."""
+        return frozenset(self.episodes)
+
     def folding_leaves(self, candidates: dict[Component, list[tuple[LinkState, list[Finding]]]]
                        ) -> frozenset[Component]:
         """The leaves whose links fold into the leaf this tick: the node folder leaves their links alone

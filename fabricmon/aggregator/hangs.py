@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..rank_timing import Heartbeat
+from .wording import at
 
 if TYPE_CHECKING:
     from ..topology import Topology
@@ -143,7 +144,7 @@ def hung_job_findings(hangs: list[Hang], gpu_of: Callable[[str, str, int], int |
         verdict = ras_verdict(h) if ras_verdict is not None else ""
         out.append(Finding(
             "JobHung", where, lab,
-            [f"no collective progress since t={h.since:.0f} while heartbeats go on",
+            [f"no collective progress since {at(h.since)} while heartbeats go on",
              f"{h.waiting} rank(s) wait inside a collective for rank {rank}{more}",
              *(ras_evidence(h) if ras_evidence is not None else ())],
             ranks=h.ranks[:64], jobs=(h.job,), severity="critical", hold_s=2 * HEARTBEAT_S,

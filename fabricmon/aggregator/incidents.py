@@ -59,28 +59,37 @@ SEVERITY = {
     "FabricmonUnknownNodes": "warning",
 }
 
+# One wording per alert across both senders: an alert the Prometheus rules also send reads the same from
+# either (deploy/prometheus/mixin.py; tests/deploy/test_alert_wording.py holds them equal).
 SUMMARY = {
-    "FabricLinkDown": "RDMA link {component} is down",
-    "FabricLinkFlapping": "RDMA link {component} is flapping",
-    "FabricLinkErrors": "RDMA link {component} shows physical-layer errors",
-    "FabricLinkDegraded": "RDMA link {component} runs below its expected rate or width",
+    "FabricLinkDown": "Fabric link {component} is not ACTIVE",
+    "FabricLinkFlapping": "Fabric link {component} is flapping (down repeatedly)",
+    "FabricLinkErrors": "Fabric link {component} is taking physical/link errors",
+    "FabricLinkDegraded": "Fabric link {component} runs below its expected rate or width",
     "FabricLeafDegraded": "Many links of leaf {component} are failing at once",
-    "FabricPFCStorm": "{component} emits PFC pauses (slow receiver)",
-    "FabricCongestion": "Congestion (ECN/CNP, transmit wait) on {component}",
-    "RDMARetransmits": "RDMA transport retries rising on {component}",
-    "FabricConfigDrift": "Lossless fabric config drifted on {component}",
+    "FabricPFCStorm": "PFC pause storm from {component}",
+    "FabricCongestion": "Sustained congestion on {component}",
+    "RDMARetransmits": "RDMA transport retries on {component} (timeouts, out-of-sequence)",
+    "FabricConfigDrift": "Lossless fabric config of {component} differs from the expected profile",
     "NVLinkDown": "NVLink {component} is down",
-    "NVLinkErrors": "NVLink {component} shows CRC/replay errors",
-    "GPUXidFatal": "Fatal XID on {component}",
+    "NVLinkErrors": "NVLink {component} is taking replay/recovery/CRC errors",
+    "GPUXidFatal": "GPU {component} reported a fatal XID",
     "StragglerRank": "Persistent straggler on {component}",
     "SlowRanksSharedComponent": "Slow ranks share {component}",
     "StageImbalance": "Pipeline stage imbalance in {component}",
     "SoftwareStraggler": "Ranks on {component} are slow while its fabric and GPUs are clean (software straggler)",
     "JobHung": "A job is hung on {component}: its peers wait in a collective it never entered",
     "FabricmonAgentDown": "fabricmon agent on {component} stopped reporting",
-    "FabricCableDegrading": "Cable or optics of {component} predicted to fail (BER trend, lane errors, RX power)",
+    "FabricCableDegrading": "Cable or optics of fabric link {component} predicted to fail",
     "FabricmonUnknownNodes": "Nodes stream to the aggregator that its {component} does not know",
 }
+
+
+# Labels that are part of an alert's identity once it fired: Alertmanager keys an alert on its label set,
+# so a value changing later would be a second alert beside the first (never resolved).  A straggler's
+# lateness (compute or comm, which decides whether a fabric alert may hide it) and its rank are fixed by
+# the finding that opened the incident, like ``hpc_job`` (cost.py).
+FIXED_LABELS = frozenset({"lateness", "rank"})
 
 
 def incident_id(alertname: str, component: str) -> str:
@@ -342,6 +351,8 @@ class IncidentManager:
             visible = visible or impact_sentence(list(f.impact)) != impact_sentence(inc.impact)
             inc.impact = list(f.impact)
         for k, v in f.labels.items():
+            if k in FIXED_LABELS and inc.labels.get(k):
+                continue
             if v and inc.labels.get(k) != v:
                 inc.labels[k] = v
                 visible = True

@@ -29,6 +29,7 @@ from ..nccl_ras.client import QueryResult
 from ..nccl_ras.status import RankNote
 from ..proto.ras import REPORT_OUTCOMES, RasQuery, RasReport
 from .hangs import ALIVE_S, Hang, HeartbeatTracker, RankBeat
+from .wording import at
 
 log = structlog.get_logger("fabricmon.aggregator.ras")
 
@@ -147,7 +148,7 @@ class RasQueries:
             return []
         if st.result is None:
             if st.pending is not None:
-                return [f"NCCL RAS asked on {st.pending[1]} at t={st.pending[2]:.0f}, no answer yet"]
+                return [f"NCCL RAS asked on {st.pending[1]} at {at(st.pending[2])}, no answer yet"]
             return []
         return ras_lines(st.result, st.result_node, st.result_at, set(h.ranks))
 
@@ -185,9 +186,9 @@ def _listed(notes: tuple[RankNote, ...], total: int, what: Callable[[RankNote], 
     return shown + (f"; and {more} more" if more > 0 else "")
 
 
-def ras_lines(res: QueryResult, node: str, at: float, culprits: set[int]) -> list[str]:
+def ras_lines(res: QueryResult, node: str, asked: float, culprits: set[int]) -> list[str]:
     """The evidence lines of one RAS answer (pure)."""
-    head = f"NCCL RAS (asked on {node} at t={at:.0f}"
+    head = f"NCCL RAS (asked on {node} at {at(asked)}"
     s = res.summary
     if res.outcome != "ok" or s is None:
         return [f"NCCL RAS could not be asked on {node}: {res.outcome} ({res.detail})"]

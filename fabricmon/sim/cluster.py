@@ -63,6 +63,7 @@ OPTIC_LANES = 4
 BER_WANDER = 0.08  # stationary std of a healthy link's log10 BER around its level (decades)
 BER_TAU_S = 60.0  # correlation time of that wander
 DEGRADED_BER_LOG = -3.6  # the bad lane at fails_at: near the KP4 FEC limit, where links drop
+LEAF_OPTICS_RAMP_S = 600.0  # leaf_degraded with optics and no end: its ports' drift reaches the FEC limit here
 MODULE_INTERVAL_S = 30.0  # module readings refresh (the agent's sources.transceiver.interval)
 _DATA_PER_LINE = 0.97  # 256b/257b + FEC overhead of the line rate (what the agent's data rate gauge says)
 _LANE_DGBPS_BY_IDX = np.array([LANE_DGBPS[s] for s in SPEEDS], dtype=np.float64)
@@ -195,6 +196,21 @@ class ClusterState:
         fails_after = f.fails_at - f.start if f.fails_at is not None else None
         return link_down(f.kind, t - f.start, f.period, fails_after)
 
+    def _leaf_optics(self, f: Fault, t: float, lane_log: np.ndarray, rx: np.ndarray, temp: np.ndarray) -> None:
+        """A leaf_degraded fault with ``optics``: every port of the leaf drifts as a dying cable does (one
+        lane's BER climbing to the FEC limit, its RX power falling 4 dB, the module
+        warming) over the fault's span (LEAF_OPTICS_RAMP_S when it has no end).  Each port's bad lane is
+        drawn from its position, so it stays put for the whole fault."""
+        nodes, devs = self._fault_targets(f)
+        span = (f.end - f.start) if f.end is not None else LEAF_OPTICS_RAMP_S
+        p = min(1.0, (t - f.start) / span)
+        for ni in nodes:
+            for d in devs:
+                lane = (ni * 7 + d * 3) % OPTIC_LANES
+                lane_log[ni, d, lane] = self.ber_log[ni, d] + (DEGRADED_BER_LOG - self.ber_log[ni, d]) * p
+                rx[ni, d, lane] -= 4.0 * p
+                temp[ni, d] += 6.0 * p
+
     # ------------------------------------------------------------------ optics (BER, module readings)
     def _init_optics(self, seed: int) -> None:
         """Per link: a pre-FEC BER level (log10) that wanders around its own stable level, and a
@@ -247,6 +263,9 @@ class ClusterState:
             lane_log[ni, d, lane] = self.ber_log[ni, d] + (DEGRADED_BER_LOG - self.ber_log[ni, d]) * p
             rx[ni, d, lane] -= 4.0 * f.mag * p
             temp[ni, d] += 6.0 * p
+        for f in self.scenario.faults:
+            if f.kind == "leaf_degraded" and f.optics and f.active(t):
+                self._leaf_optics(f, t, lane_log, rx, temp)
         self.lane_ber_log = lane_log
         bits_per_s = self.gbps() * 1e9 * _DATA_PER_LINE
         lane_bits = (10.0 ** lane_log) * self.lane_share * OPTIC_LANES * (bits_per_s * dt / OPTIC_LANES)[:, :, None]

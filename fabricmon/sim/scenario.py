@@ -18,7 +18,11 @@ the scenario ends).  Optional keys: ``magnitude`` (kind-specific severity, see
 simulated), ``period`` (link_flap: seconds per down+up cycle), ``degrade``
 (link_degraded: ``width`` halves the lanes, ``speed`` steps NDR down to HDR), ``fails_at``
 (cable_degrading, required: when the degrading cable starts to flap; from ``start`` to ``fails_at`` its
-pre-FEC BER rises on one lane and its RX power on that lane falls; ``magnitude`` scales the power loss).
+pre-FEC BER rises on one lane and its RX power on that lane falls; ``magnitude`` scales the power loss),
+``optics`` (leaf_degraded: ``true`` makes the optics of every port of the leaf drift as a dying cable's
+do while the leaf is degraded, one lane's BER climbing and its RX power falling, as a switch whose
+cooling fails ages all its transceivers together: those trends are the leaf's evidence, never a
+FabricCableDegrading per link).
 
 The fabric (DESIGN "Topology from the fabric"): rail-optimized by default (leaves ``leaf-u<unit>-r<rail>``);
 ``cluster: {fabric: fat_tree, nodes_per_leaf: N}`` puts every NIC of N nodes on one leaf ``leaf-u<k>``
@@ -91,7 +95,8 @@ MAGNITUDE: dict[str, float] = {
     "rank_hang": 1.0,         # unused
 }
 
-_OPTIONAL = ("node", "rail", "gpu", "link", "unit", "leaf", "end", "magnitude", "period", "degrade", "fails_at")
+_OPTIONAL = ("node", "rail", "gpu", "link", "unit", "leaf", "end", "magnitude", "period", "degrade", "fails_at",
+             "optics")
 # which optional keys a target takes (others are errors: a key that would fault nothing)
 _TAKES = {
     "link": {"node", "rail", "end", "magnitude"},
@@ -201,6 +206,7 @@ class Fault:
     period: float | None = None  # link_flap: seconds per down+up cycle (default 6)
     degrade: str | None = None  # link_degraded: width (default) | speed
     fails_at: float | None = None  # cable_degrading: first flap (simulated seconds)
+    optics: bool | None = None  # leaf_degraded: its ports' optics drift like a dying cable's while it lasts
 
     def validate(self, path: str, source: str) -> None:
         """Checks that need no cluster; Scenario.validate checks names and ranges against it."""
@@ -217,6 +223,8 @@ class Fault:
             takes.add("degrade")
         if self.kind == "cable_degrading":
             takes.add("fails_at")
+        if self.kind == "leaf_degraded":
+            takes.add("optics")
         for key in _OPTIONAL:
             if getattr(self, key) is not None and key not in takes:
                 raise fail(key, f"does not apply to {self.kind}")

@@ -39,7 +39,7 @@ def test_open_then_resolve_reaches_the_webhook(tmp_path, hook):
                                "leaf": "leaf-u0-r3", "cluster": "test"}
         assert "symbol" in a["annotations"]["description"] and "27" in a["annotations"]["description"]
         assert a["annotations"]["runbook_url"] == "https://example/runbooks#fabriclinkerrors"
-        assert a["annotations"]["summary"].startswith("RDMA link node-003/mlx5_3/1")
+        assert a["annotations"]["summary"].startswith("Fabric link node-003/mlx5_3/1")
         assert a["generatorURL"].startswith("http://127.0.0.1:9722/api/incidents?id=")
         # resolve: clean evidence for the hold time
         changed = mgr.update([], now + 3.0)

@@ -174,3 +174,38 @@ def test_demo_shows_the_warning_before_the_flap(tmp_path):
     flap = [i for i in incs if i["component"] == link and i["alertname"] in ("FabricLinkDown", "FabricLinkFlapping")]
     assert flap and min(i["first_seen"] for i in flap) >= 900
     assert all(i["component"] == link for i in incs)
+
+
+# ------------------------------------------------------------------ a degraded leaf's links (issue 36)
+
+
+@pytest.mark.parametrize("layout", ["roce", "ib"])
+def test_a_degraded_leaf_whose_optics_drift_warns_on_no_link(layout):
+    """Every port of the leaf drifts as a dying cable does (sim ``optics: true``: one lane's BER climbing,
+    RX power falling) while the leaf is degraded: those trends are the leaf's evidence.  Before: one
+    FabricCableDegrading per link of the leaf, open until two minutes after the leaf's recovery."""
+    scn = Scenario(ClusterSpec(nodes=8, layout=layout, nodes_per_unit=8, seed=4), 700.0) \
+        .with_fault("leaf_degraded", unit=0, rail=2, start=60.0, end=460.0, optics=True)
+    events, _ = run_engine(scn)
+    cable = sorted({ev[2] for ev in events if ev[1] == "FabricCableDegrading"})
+    assert cable == [], f"cable warnings on the degraded leaf's links: {cable}"
+    leaf = [(t, opened) for t, a, c, opened, _ in events if a == "FabricLeafDegraded"]
+    assert [o for _, o in leaf] == [True, False] and leaf[0][0] <= 75 and leaf[1][0] >= 460, leaf
+
+
+def test_a_cable_warning_open_before_its_leaf_degrades_ends_with_the_leaf():
+    """A genuine degrading cable warned first; its leaf then degrades for 40 s: the warning ends while the
+    leaf's incident is open (the leaf is what the on-call acts on), and comes back only from new data."""
+    scn = degrading("roce", 1, start=60.0, fails_at=1500.0, duration=1000.0) \
+        .with_fault("leaf_degraded", unit=0, rail=3, start=600.0, end=640.0)
+    events, _ = run_engine(scn)
+    link = "node-003/mlx5_3/1"
+    cable = [(t, opened) for t, a, c, opened, _ in events if a == "FabricCableDegrading" and c == link]
+    leaf = [(t, opened) for t, a, c, opened, _ in events if a == "FabricLeafDegraded"]
+    assert [o for _, o in leaf] == [True, False], leaf
+    assert cable[0][1] and cable[0][0] < leaf[0][0], (cable, leaf)  # warned before the leaf
+    ended = [t for t, opened in cable if not opened]
+    assert ended and leaf[0][0] <= ended[0] <= leaf[1][0], (cable, leaf)
+    # after the leaf recovered, the window refills from the cable's own trend before it warns again
+    again = [t for t, opened in cable[1:] if opened]
+    assert all(t >= leaf[1][0] + 180 for t in again), (cable, leaf)

@@ -38,6 +38,9 @@ SCENARIOS = {
     "default": lambda: default_scenario(nodes=32, duration=100, nodes_per_unit=16, seed=7),
     "cable-then-leaf": lambda: load_scenario(REPO / "examples/scenarios/cable-then-leaf.yaml"),
     "cable_degrading": lambda: load_scenario(REPO / "examples/scenarios/cable_degrading.yaml"),
+    # a compute straggler beside a cable ticket on its leaf: StragglerRank's lateness and rank labels
+    "compute-straggler-under-cable":
+        lambda: load_scenario(REPO / "examples/scenarios/compute-straggler-under-cable.yaml"),
     # an imported fat tree: the leaf by its name, no rail label
     "fat-tree-leaf": lambda: load_scenario(REPO / "examples/scenarios/fat-tree-leaf.yaml"),
 }

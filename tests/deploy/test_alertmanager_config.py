@@ -46,12 +46,15 @@ def test_group_by_and_every_inhibition_has_equal() -> None:
     assert pairs[(('alertname=~"NVLinkDown|GPUXidFatal"',), ('alertname=~"NVLinkErrors|StragglerRank"',))] \
         == ["cluster", "node", "gpu"]
     # Scoped to the ranks that use the shared component (tests/deploy/test_alertmanager_inhibitions.py).
-    assert pairs[(('alertname="SlowRanksSharedComponent"', 'component_type="leaf"'), ('alertname="StragglerRank"',))] \
-        == ["cluster", "hpc_job", "leaf"]
+    # A fabric source hides only communication lateness: a compute straggler under it shows (issue 36).
+    comm = 'lateness!="compute"'
+    assert pairs[(('alertname="SlowRanksSharedComponent"', 'component_type="leaf"'),
+                  ('alertname="StragglerRank"', comm))] == ["cluster", "hpc_job", "leaf"]
     assert pairs[(('alertname=~"FabricLinkDown|FabricLeafDegraded"',),
-                  ('alertname=~"StragglerRank|SlowRanksSharedComponent"',))] == ["cluster", "rail"]
-    assert pairs[(('alertname=~"FabricLinkFlapping|FabricLinkErrors"',), ('alertname="StragglerRank"',))] \
+                  ('alertname=~"StragglerRank|SlowRanksSharedComponent"', comm))] == ["cluster", "rail"]
+    assert pairs[(('alertname=~"FabricLinkFlapping|FabricLinkErrors"',), ('alertname="StragglerRank"', comm))] \
         == ["cluster", "leaf"]
+    assert pairs[(('alertname="FabricLeafDegraded"',), ('alertname="StragglerRank"', comm))] == ["cluster", "leaf"]
     assert pairs[(('alertname="FabricmonAgentDown"',),
                   ('alertname!="FabricmonAgentDown"', 'node=~".+"', 'severity!="critical"'))] == ["cluster", "node"]
 

@@ -23,11 +23,17 @@ pytestmark = pytest.mark.integration
 CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 
 
-def _straggler(cluster: str, node: str, gpu: int, job: str, unit: int) -> dict[str, str]:
-    # A rank on GPU g of a rail-optimized node uses NIC g, rail g, leaf leaf-u<unit>-r<g>.
+def _straggler(cluster: str, node: str, gpu: int, job: str, unit: int, lateness: str = "comm") -> dict[str, str]:
+    # A rank on GPU g of a rail-optimized node uses NIC g, rail g, leaf leaf-u<unit>-r<g>; the labels the
+    # aggregator sends (correlator._straggler_finding): lateness "compute" or "comm", and the rank.
     return {"cluster": cluster, "alertname": "StragglerRank", "severity": "warning", "component_type": "gpu",
                 "component": f"{node}/gpu{gpu}", "node": node, "gpu": str(gpu), "rail": str(gpu),
-                "leaf": f"leaf-u{unit}-r{gpu}", "hpc_job": job}
+                "leaf": f"leaf-u{unit}-r{gpu}", "hpc_job": job, "rank": str(gpu), "lateness": lateness}
+
+
+def _cable(cluster: str, alertname: str, severity: str, node: str, rail: int, unit: int) -> dict[str, str]:
+    return {"cluster": cluster, "alertname": alertname, "severity": severity, "component_type": "link",
+            "component": f"{node}/mlx5_{rail}/1", "node": node, "rail": str(rail), "leaf": f"leaf-u{unit}-r{rail}"}
 
 
 # (case, alerts to add, "alertname component" expected inhibited, and expected active)
@@ -67,6 +73,27 @@ CASES = [
       _straggler("c4", "node-040", 4, "llm-a", 2)],     # rail 4: not explained
      {"SlowRanksSharedComponent rail3", "StragglerRank node-040/gpu3"},
      {"FabricLinkDown node-017/mlx5_3/1", "StragglerRank node-040/gpu4"}),
+    # issue 36: the aggregator said the lateness is compute time the fabric does not explain; a cable ticket
+    # on its leaf must not mute it ("replace cable" was all the on-call saw), a comm straggler there is the
+    # cable's impact and stays hidden
+    ("a cable ticket on the leaf hides the comm straggler, never the compute straggler",
+     [_cable("c8", "FabricLinkErrors", "warning", "node-017", 3, 1),
+      _straggler("c8", "node-018", 3, "llm-a", 1, lateness="compute"),
+      _straggler("c8", "node-019", 3, "llm-a", 1, lateness="comm")],
+     {"StragglerRank node-019/gpu3"},
+     {"FabricLinkErrors node-017/mlx5_3/1", "StragglerRank node-018/gpu3"}),
+    ("a flapping link and a degraded leaf: comm stragglers hidden, compute stragglers shown",
+     [_cable("c9", "FabricLinkFlapping", "warning", "node-017", 3, 1),
+      {"cluster": "c9", "alertname": "FabricLeafDegraded", "severity": "critical", "component_type": "leaf",
+       "component": "leaf-u2-r4", "leaf": "leaf-u2-r4", "rail": "4"},
+      _straggler("c9", "node-018", 3, "llm-a", 1, lateness="compute"),
+      _straggler("c9", "node-019", 3, "llm-a", 1),
+      _straggler("c9", "node-041", 4, "llm-a", 2, lateness="compute"),
+      _straggler("c9", "node-042", 4, "llm-a", 2),
+      _straggler("c9", "node-060", 4, "llm-a", 3)],     # rail 4 of another unit: the rail rule
+     {"StragglerRank node-019/gpu3", "StragglerRank node-042/gpu4", "StragglerRank node-060/gpu4"},
+     {"FabricLinkFlapping node-017/mlx5_3/1", "FabricLeafDegraded leaf-u2-r4", "StragglerRank node-018/gpu3",
+      "StragglerRank node-041/gpu4"}),
     ("agent down (a ticket) hides the node's tickets, not its pages",
      [{"cluster": "c5", "alertname": "FabricmonAgentDown", "severity": "warning", "component_type": "node",
            "component": "node-050", "node": "node-050"},
