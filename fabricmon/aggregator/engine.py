@@ -508,6 +508,7 @@ class Engine:
                 "ticks_total": self.ticks_total,
                 "nccl_ras_sent_total": self.ras.sent_total,
                 "nccl_ras_outcomes": dict(self.ras.outcomes),
+                "heartbeats_dropped": dict(self.heartbeats.dropped),
                 "tick_seconds_last": self.tick_seconds_last,
                 "tick_seconds_sum": self.tick_seconds_sum,
                 "newest_ts": self.newest_ts,
