@@ -99,3 +99,28 @@ def test_made_up_job_names_cannot_fill_the_job_slots_and_the_socket_client_is_to
               if r.family == "fabricmon_intake_lines_total" and dict(r.labels)["result"] == "rejected"}
     assert counts["job_limit"] == 1
     assert os.path.exists(sock)
+
+
+def test_another_user_s_line_naming_another_gpu_never_reaches_the_rank_s_history(intake):
+    """Issue 35 item 3 at the intake: rank 11's real lines over the socket, a line for it naming GPU 6 over
+    HTTP once per step: refused as a conflict, so the aggregator's straggler tracker never sees it."""
+    from fabricmon.aggregator.config import DetectionSettings
+    from fabricmon.aggregator.stragglers import StragglerTracker
+
+    it, now = intake
+    tr = StragglerTracker(DetectionSettings())
+    for step in range(1, 30):
+        now[0] += 2.0
+        real = [json.dumps({"job": "llm-7b", "rank": r, "local_rank": r % 8, "step": step,
+                            "step_seconds": 2.2 if r == 11 else 2.0, "comm_seconds": 0.3 if r == 11 else 0.5,
+                            "ts": now[0]}) for r in range(16)]
+        assert send_line("\n".join(real), socket_path=it_sock(it), http="")
+        _, body = _post(it.http_port, [json.dumps({"job": "llm-7b", "rank": 11, "local_rank": 3, "gpu": 6,
+                                                   "step": step, "step_seconds": 2.0, "ts": now[0] + 1.0})])
+        assert body["rejected"] == 1, body
+        ranks, _ = it.drain()
+        for rt in ranks:
+            tr.add(rt, "node-1")
+        tr.evaluate(now[0])
+    assert [(s.rank, s.node, s.gpu) for s in tr.evaluate(now[0]).stragglers] == [(11, "node-1", 3)]
+    assert tr.moves_total == 0
