@@ -595,6 +595,12 @@ def _blind_spots(b: Board) -> None:
           (f"sum by (node) (fabricmon_pci_nvidia_gpus{{{N}}}) - on (node) "
            f'(sum by (node) (fabricmon_devices_discovered{{{N}, kind="gpu"}}) or sum by (node) '
            f"(fabricmon_pci_nvidia_gpus{{{N}}}) * 0) > 0", "{{node}} GPUs")], "none", min_val=0, links=[NODE_LINK])
+    b.ts("Heartbeats dropped at the aggregator (FabricmonHeartbeatsDropped)",
+         [(f"sum by (reason) (rate(fabricmon_heartbeats_dropped_total{{{C}}}[{RATE}]))", "{{reason}}")],
+         "cps", min_val=0)
+    b.ts("Rank lines refused at the nodes' intake (FabricmonIntakeRefusing)",
+         [(f'sum by (node, reason) (rate(fabricmon_intake_lines_total{{{N}, result="rejected"}}[{RATE}])) > 0',
+           "{{node}} {{reason}}")], "cps", min_val=0, links=[NODE_LINK])
     b.ts("Versions running (skew during an upgrade)",
          [(f"count by (version) (fabricmon_build_info{{{C}}})", "{{version}}")], "none", min_val=0)
 

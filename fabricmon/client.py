@@ -36,6 +36,22 @@ def _env_int(name: str) -> int | None:
         return None
 
 
+def _socket_answer(s: socket.socket) -> bool:
+    """Half-close and read the agent's answer: False when it refused the line.  No answer (an agent
+    before it answered, or one too slow) is True: the line was handed over."""
+    try:
+        s.shutdown(socket.SHUT_WR)
+        reply = b""
+        while len(reply) < 4096:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            reply += chunk
+        return int(json.loads(reply)["rejected"]) == 0 if reply.strip() else True
+    except (OSError, ValueError, KeyError, TypeError):
+        return True
+
+
 def send_line(line: str, *, socket_path=_UNSET, http=_UNSET, timeout: float = DEFAULT_TIMEOUT) -> bool:
     """Send one JSON line to the agent; never raises."""
     try:
@@ -50,7 +66,7 @@ def send_line(line: str, *, socket_path=_UNSET, http=_UNSET, timeout: float = DE
                     s.settimeout(timeout)
                     s.connect(socket_path)
                     s.sendall(data)
-                return True
+                    return _socket_answer(s)
             except OSError:
                 pass
         if http:

@@ -816,6 +816,36 @@ label_replace(
 )
 '''),
     Alert(
+        'FabricmonHeartbeatsDropped', for_='window', severity='warning', component_type='service',
+        summary='fabricmon aggregator {{ $labels.component }} drops rank heartbeats ({{ $labels.reason }})',
+        description="The aggregator {{ $labels.component }} dropped {{ $value | humanize }} rank heartbeats in 10 "
+                    "minutes ({{ $labels.reason }}): a node over its budget (node_budget, node_jobs), a job over its "
+                    "own (job_budget), the table full, or two nodes speaking for one (job, rank) (conflict).  "
+                    "Dropped ranks are not watched for hangs.",
+        expr='''
+label_replace(
+  max by (cluster, instance, reason) (
+    increase(fabricmon_heartbeats_dropped_total[10m]) > 0
+  ),
+  "component", "$1", "instance", "(.*)"
+)
+'''),
+    Alert(
+        'FabricmonIntakeRefusing', for_='window', severity='warning', component_type='service',
+        summary='fabricmon agent on {{ $labels.component }} refuses rank lines ({{ $labels.reason }})',
+        description="The rank intake on {{ $labels.component }} refused {{ $value | humanize }} lines in 10 minutes "
+                    "({{ $labels.reason }}): job_limit (a local source holds its share of the job slots while "
+                    "every slot is taken: made-up job names), series_limit, or conflict (another local source "
+                    "posts for a job's ranks).  The refused lines are not seen by straggler or hang detection.",
+        expr='''
+label_replace(
+  max by (cluster, node, reason) (
+    increase(fabricmon_intake_lines_total{result="rejected", reason=~"job_limit|series_limit|conflict"}[10m]) > 0
+  ),
+  "component", "$1", "node", "(.+)"
+)
+'''),
+    Alert(
         'FabricmonSpoolDropping', for_='window', severity='warning', component_type='service',
         summary='fabricmon agent on {{ $labels.component }} is losing batches ({{ $labels.reason }})',
         description="The agent on {{ $labels.component }} lost {{ $value | humanize }} batches in 10 minutes "

@@ -24,16 +24,29 @@ rejected as ``job_limit`` or ``series_limit``), and both expire after
 and send a line per step), and as many HTTP connections, whose request headers
 must arrive within ``HTTP_HEADER_TIMEOUT`` (see ``httpserve``).  The counts
 are exported as ``fabricmon_intake_*`` self-metrics with fixed label sets.
+
+Local users (docs/security.md): every line has a source, the peer credential of its Unix connection
+(``SO_PEERCRED``: the uid owns, the pid is logged) or, over HTTP, the loopback peer (every HTTP client is
+one source: the socket is the way to be told apart).  A heartbeat's time is the agent's receipt time,
+never the client's ``ts`` (a line stamped ahead cannot make the real ones look old).  A (job, job_id,
+rank) belongs to the source that sent it while that source keeps it alive (``OWNER_TTL_S``): lines for
+it from another source are rejected as ``conflict`` (counted), never a takeover.  When every job slot
+is taken, a source holding fewer than its share (``max_jobs // 4``) of them makes room by the least
+recently used job of the source holding the most; one at or over its share is refused as
+``job_limit``.  A Unix client that half-closes its connection is answered with one JSON line of the
+accepted and rejected counts (``fabricmon.client.send_line`` returns False on a refusal).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import os
 import selectors
 import socket
 import stat
+import struct
 import threading
 import time
 from collections import deque
@@ -59,7 +72,33 @@ log = structlog.get_logger("fabricmon.intake")
 MAX_HTTP_BODY = 4 * 1024 * 1024
 HTTP_HEADER_TIMEOUT = 10.0
 # Every (result, reason) pair the intake counts: fixed, so input cannot add series.
-LINE_RESULTS = (("accepted", "ok"), *(("rejected", r) for r in (*REJECT_REASONS, "job_limit", "series_limit")))
+LINE_RESULTS = (("accepted", "ok"),
+                *(("rejected", r) for r in (*REJECT_REASONS, "job_limit", "series_limit", "conflict")))
+OWNER_TTL_S = 60.0  # a (job, rank) silent this long from its source may be claimed by another one
+JOB_SHARE = 4  # a source holding max_jobs // JOB_SHARE jobs or more is refused when the slots are full
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Peer:
+    """Where a line came from.  ``user`` owns ranks and job slots ("uid:1000", "http", "api");
+    ``who`` is what a log names (with the pid)."""
+
+    user: str
+    who: str
+
+
+API_PEER = Peer("api", "api")
+HTTP_PEER = Peer("http", "http:loopback")
+
+
+def unix_peer(conn: socket.socket) -> Peer:
+    """The peer credential of a Unix stream connection (Linux ``SO_PEERCRED``)."""
+    try:
+        pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                             struct.calcsize("3i")))
+    except (OSError, AttributeError, struct.error):
+        return Peer("unix:unknown", "unix:unknown")
+    return Peer(f"uid:{uid}", f"uid:{uid} pid:{pid}")
 
 
 def _is_loopback(host: str) -> bool:
@@ -121,6 +160,10 @@ class RankIntake:
         # (job, job_id, rank) -> (step_s, comm_s, seen): job_id keeps two jobs of one name apart
         self._latest: dict[tuple[str, str, int], tuple[float, float, float]] = {}
         self._jobs: dict[str, float] = {}  # job -> last seen
+        self._job_user: dict[str, str] = {}  # job -> the source (Peer.user) that brought it
+        # (job, job_id, rank) -> (Peer.user, last line): the source that speaks for that rank
+        self._owners: dict[tuple[str, str, int], tuple[str, float]] = {}
+        self.conflicts_total = 0
         self._next_expiry = float("-inf")
         self._lines = dict.fromkeys(LINE_RESULTS, 0)
         self.accepted_total = 0
@@ -138,7 +181,8 @@ class RankIntake:
 
     # ------------------------------------------------------------ core
 
-    def submit_lines(self, data: bytes | str, *, origin: str = "api") -> tuple[int, int, list[str]]:
+    def submit_lines(self, data: bytes | str, *, origin: str = "api",
+                     peer: Peer = API_PEER) -> tuple[int, int, list[str]]:
         """Parse a block of JSON lines; returns (accepted, rejected, first few reasons)."""
         if isinstance(data, str):
             data = data.encode("utf-8", "surrogatepass")  # a lone surrogate is then rejected as not UTF-8
@@ -147,7 +191,7 @@ class RankIntake:
         for raw in data.split(b"\n"):
             if not raw.strip():
                 continue
-            ok, reason = self.submit_line(raw, origin=origin)
+            ok, reason = self.submit_line(raw, origin=origin, peer=peer)
             if ok:
                 acc += 1
             else:
@@ -156,7 +200,7 @@ class RankIntake:
                     reasons.append(reason)
         return acc, rej, reasons
 
-    def submit_line(self, raw: bytes | str, *, origin: str = "api") -> tuple[bool, str]:
+    def submit_line(self, raw: bytes | str, *, origin: str = "api", peer: Peer = API_PEER) -> tuple[bool, str]:
         now = self._clock()
         try:
             item = parse_line(raw, node=self.node, now=now)
@@ -164,11 +208,27 @@ class RankIntake:
             return self._bad(exc.reason, str(exc), origin)
         except Exception as exc:  # parse_line is ours, but never let a line stop the intake
             return self._bad("not_json", f"{type(exc).__name__}: {exc}", origin)
+        if isinstance(item, Heartbeat):
+            item = dataclasses.replace(item, ts=now)  # judged on receipt: a client's ts ahead hides nothing
         with self._lock:
             if item.job not in self._jobs and len(self._jobs) >= self._max_jobs:
                 self._expire(now)
-                if len(self._jobs) >= self._max_jobs:
-                    return self._bad_locked("job_limit", f"job: more than {self._max_jobs} jobs active", origin)
+                if len(self._jobs) >= self._max_jobs and not self._make_room(peer):
+                    return self._bad_locked("job_limit", f"job: more than {self._max_jobs} jobs active "
+                                            f"({peer.who} holds its share)", origin)
+            if not isinstance(item, JobLayout):
+                okey = (item.job, item.job_id, item.rank)
+                owner = self._owners.get(okey)
+                if owner is not None and owner[0] != peer.user and now - owner[1] <= OWNER_TTL_S:
+                    self.conflicts_total += 1
+                    return self._bad_locked("conflict", f"rank {item.rank} of job {item.job}: sent by another "
+                                            f"source than its own ({peer.who})", origin)
+                if owner is None and len(self._owners) >= 2 * self._max_series:
+                    self._expire(now)
+                    if len(self._owners) >= 2 * self._max_series:
+                        return self._bad_locked("series_limit", "rank: too many (job, rank) sources", origin)
+                self._owners[okey] = (peer.user, now)
+            self._job_user.setdefault(item.job, peer.user)
             if isinstance(item, Heartbeat):
                 hkey = (item.job, item.job_id, item.rank)
                 if hkey not in self._heartbeats and len(self._heartbeats) >= self._max_series:
@@ -201,6 +261,27 @@ class RankIntake:
             self._accepted()
         return True, ""
 
+    def _make_room(self, peer: Peer) -> bool:
+        """Under the lock, every job slot taken: free the least recently used job of the source holding the
+        most, unless ``peer`` itself holds its share (then it is refused)."""
+        held: dict[str, int] = {}
+        for user in self._job_user.values():
+            held[user] = held.get(user, 0) + 1
+        if held.get(peer.user, 0) >= max(1, self._max_jobs // JOB_SHARE):
+            return False
+        top = max(held, key=lambda u: held[u], default=None)
+        if top is None:
+            return False
+        victim = min((j for j, u in self._job_user.items() if u == top), key=lambda j: self._jobs.get(j, 0.0))
+        self._forget_job(victim)
+        log.warning("rank_intake_job_evicted", job=victim, holder=top, for_source=peer.who)
+        return True
+
+    def _forget_job(self, job: str) -> None:
+        self._jobs.pop(job, None)
+        self._job_user.pop(job, None)
+        self._layouts.pop(job, None)
+
     def _accepted(self) -> None:
         self.accepted_total += 1
         self._lines[("accepted", "ok")] += 1
@@ -217,8 +298,12 @@ class RankIntake:
             del self._latest[k]
         self.expired_total += len(gone)
         for job in [j for j, seen in self._jobs.items() if seen < old]:
-            del self._jobs[job]
-            self._layouts.pop(job, None)
+            self._forget_job(job)
+        for j in [j for j in self._job_user if j not in self._jobs]:
+            del self._job_user[j]
+        stale = now - OWNER_TTL_S
+        for k in [k for k, (_, seen) in self._owners.items() if seen < stale]:
+            del self._owners[k]
 
     def _bad(self, reason: str, message: str, origin: str) -> tuple[bool, str]:
         with self._lock:
@@ -374,12 +459,16 @@ class RankIntake:
         sel = selectors.DefaultSelector()
         sel.register(lsock, selectors.EVENT_READ, None)
         bufs: dict[socket.socket, bytearray] = {}
+        peers: dict[socket.socket, Peer] = {}
+        counts: dict[socket.socket, list] = {}  # -> [accepted, rejected, first reasons]
         active: dict[socket.socket, float] = {}  # -> last byte received (monotonic); insertion order = LRU
         skipping: set[socket.socket] = set()
 
         def close(c: socket.socket, reason: str | None = None) -> None:
             sel.unregister(c)
             bufs.pop(c, None)
+            peers.pop(c, None)
+            counts.pop(c, None)
             active.pop(c, None)
             skipping.discard(c)
             c.close()
@@ -387,6 +476,21 @@ class RankIntake:
                 self._unix_clients = len(bufs)
                 if reason:
                     self.unix_closed[reason] += 1
+
+        def submit(c: socket.socket, line: bytes) -> None:
+            ok, reason = self.submit_line(line, origin="unix", peer=peers.get(c, API_PEER))
+            n = counts.setdefault(c, [0, 0, []])
+            n[0 if ok else 1] += 1
+            if not ok and len(n[2]) < 10:
+                n[2].append(reason)
+
+        def answer(c: socket.socket) -> None:
+            """The client half-closed: tell it what became of its lines (best effort, never blocks)."""
+            a, r, reasons = counts.get(c, [0, 0, []])
+            try:
+                c.send((json.dumps({"accepted": a, "rejected": r, "errors": reasons}) + "\n").encode())
+            except OSError:
+                pass
 
         def touch(c: socket.socket, now: float) -> None:
             active.pop(c, None)
@@ -410,6 +514,7 @@ class RankIntake:
                             if len(bufs) >= self._max_conns:
                                 close(next(iter(active)), "limit")  # the least recently active one
                             conn.setblocking(False)
+                            peers[conn] = unix_peer(conn)
                             sel.register(conn, selectors.EVENT_READ, "c")
                             bufs[conn] = bytearray()
                             touch(conn, time.monotonic())
@@ -428,7 +533,8 @@ class RankIntake:
                         buf = bufs[c]
                         if not chunk:
                             if buf.strip() and c not in skipping:
-                                self.submit_line(bytes(buf), origin="unix")  # last line without newline
+                                submit(c, bytes(buf))  # last line without newline
+                            answer(c)
                             close(c)
                             continue
                         touch(c, time.monotonic())
@@ -443,7 +549,7 @@ class RankIntake:
                                 skipping.discard(c)  # end of an over-long line
                                 continue
                             if line.strip():
-                                self.submit_line(line, origin="unix")
+                                submit(c, line)
                         if len(buf) > MAX_LINE_BYTES:
                             if c not in skipping:
                                 self._bad("too_long", f"line longer than {MAX_LINE_BYTES} bytes", "unix")
@@ -492,7 +598,7 @@ class RankIntake:
                 body = self.read_body(n)  # under body_timeout: a stalled body is cut, and evictable
                 if body is None:
                     return  # cut off before it all arrived: a partial body is never read as lines
-                acc, rej, reasons = intake.submit_lines(body, origin="http")
+                acc, rej, reasons = intake.submit_lines(body, origin="http", peer=HTTP_PEER)
                 self._reply(200 if acc or not rej else 400, {"accepted": acc, "rejected": rej, "errors": reasons})
 
             def do_GET(self):

@@ -263,13 +263,16 @@ class GrpcLimits:
     overlap, at least 256), so an agent reconnecting while its old connection lingers always
     fits and a connection flood ends at the limit instead of the process's descriptors.
     ``handshake_timeout_s``: a connection that has not completed TLS and the HTTP/2 preface by
-    then is closed (gRPC's default is 120 s)."""
+    then is closed (gRPC's default is 120 s).  ``idle_timeout_s``: a connection that carries no call
+    for this long is closed (an agent always holds its stream; idle HTTP/2 connections answering
+    PINGs would otherwise hold the connection limit for good, issue 35)."""
 
     max_connections: int = 0
     handshake_timeout_s: float = 10.0
+    idle_timeout_s: float = 10.0
 
     def validate(self, path: str, source: str) -> None:
-        _check_numbers(self, path, source, positive=frozenset(("handshake_timeout_s",)))
+        _check_numbers(self, path, source, positive=frozenset(("handshake_timeout_s", "idle_timeout_s")))
 
     def connections_for(self, nodes: int) -> int:
         return self.max_connections or max(256, 2 * nodes + 64)

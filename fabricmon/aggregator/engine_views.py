@@ -26,6 +26,7 @@ class EngineViews(Stage):
         self.detection = detection
         self.manager = detection.manager
         self.stragglers = detection.stragglers
+        self.heartbeats = detection.heartbeats
         self.ras = detection.ras
         self.cross = detection.cross
         # the node registry's, by the names the views call them
@@ -121,6 +122,7 @@ class EngineViews(Stage):
                 "resuming": self.resume.resuming(self.last_tick, self.nodes, self.started_at, self.settings),
                 "nccl_ras_sent_total": self.ras.sent_total,
                 "nccl_ras_outcomes": dict(self.ras.outcomes),
+                "heartbeats_dropped": dict(self.heartbeats.dropped),
                 "tick_seconds_last": self.detection.tick_seconds_last,
                 "tick_seconds_sum": self.detection.tick_seconds_sum,
                 "newest_ts": self.admission.newest_ts,

@@ -31,6 +31,16 @@ STALL_S = 20.0
 ALIVE_S = 3 * HEARTBEAT_S  # a rank whose last heartbeat is older has exited (restart, end)
 WAITING_SHARE = 0.5  # at least this share of the job's ranks inside a collective, waiting
 MAX_RANKS = 1 << 20  # tracked (job, rank) pairs, all jobs together
+# Budgets, so that one node (any local user on it can post heartbeats for any job name) cannot fill the
+# table and blind hang detection for everyone else: ranks one node may bring, jobs it may bring ranks
+# of, and ranks one job may have.  A node hosts a few ranks per GPU; a job a few per GPU of the cluster.
+MAX_RANKS_PER_NODE = 4096
+MAX_JOBS_PER_NODE = 256
+MAX_RANKS_PER_JOB = 1 << 17
+# A rank's RAS address is trusted only from its own history: this many heartbeats from one node.
+RAS_HISTORY = 3
+# Why a heartbeat was dropped (fabricmon_heartbeats_dropped_total{reason}): fixed, input adds no series.
+DROP_REASONS = ("table_full", "node_budget", "node_jobs", "job_budget", "conflict")
 
 
 @dataclass(slots=True)
@@ -39,9 +49,15 @@ class RankBeat:
     step: int
     coll_sn: int
     in_collective: bool
-    ts: float  # newest heartbeat
+    ts: float  # newest heartbeat (the agent's receipt time, intake.py: not the client's claim)
     moved: float  # when coll_sn last changed
     nccl_ras: str = ""  # the RAS address its job announced (aggregator/ras_queries.py), "" for none
+    beats: int = 1  # heartbeats from ``node`` (its own history: a RAS address counts from RAS_HISTORY)
+
+    @property
+    def ras(self) -> str:
+        """The RAS address, once the rank has a history of its own ("" before)."""
+        return self.nccl_ras if self.beats >= RAS_HISTORY else ""
 
 
 @dataclass
@@ -66,27 +82,63 @@ class HeartbeatTracker:
         self.stall_s = stall_s
         self.jobs: dict[tuple[str, str], JobBeats] = {}
         self._n = 0
-        self.dropped_total = 0  # heartbeats past MAX_RANKS
+        self._node_ranks: dict[str, int] = {}  # node -> ranks it holds
+        self._node_jobs: dict[str, dict[tuple[str, str], int]] = {}  # node -> job -> ranks of it there
+        self.dropped = dict.fromkeys(DROP_REASONS, 0)
+
+    @property
+    def dropped_total(self) -> int:
+        return sum(self.dropped.values())
+
+    def _drop(self, reason: str) -> None:
+        self.dropped[reason] += 1
+
+    def _hold(self, node: str, key: tuple[str, str], n: int) -> None:
+        self._n += n
+        self._node_ranks[node] = self._node_ranks.get(node, 0) + n
+        jobs = self._node_jobs.setdefault(node, {})
+        jobs[key] = jobs.get(key, 0) + n
+        if jobs[key] <= 0:
+            del jobs[key]
+        if self._node_ranks[node] <= 0:
+            del self._node_ranks[node], self._node_jobs[node]
 
     def add(self, h: Heartbeat, node: str) -> None:
+        """Take one heartbeat from ``node``'s stream.  ``h.ts`` is the agent's receipt time.  A (job, rank)
+        alive on one node is not taken over by another node's heartbeats (counted as a conflict)."""
         key = (h.job, h.job_id)
+        src = h.node or node
         jb = self.jobs.get(key)
-        if jb is None:
-            jb = self.jobs[key] = JobBeats(h.job, h.job_id)
-        rb = jb.ranks.get(h.rank)
+        rb = jb.ranks.get(h.rank) if jb is not None else None
         if rb is None:
             if self._n >= MAX_RANKS:
-                self.dropped_total += 1
-                return
-            self._n += 1
-            jb.ranks[h.rank] = RankBeat(h.node or node, h.step, h.coll_sn, h.in_collective, h.ts, h.ts, h.nccl_ras)
-            return
+                return self._drop("table_full")
+            if self._node_ranks.get(src, 0) >= MAX_RANKS_PER_NODE:
+                return self._drop("node_budget")
+            if key not in self._node_jobs.get(src, {}) and len(self._node_jobs.get(src, {})) >= MAX_JOBS_PER_NODE:
+                return self._drop("node_jobs")
+            if jb is not None and len(jb.ranks) >= MAX_RANKS_PER_JOB:
+                return self._drop("job_budget")
+            if jb is None:
+                jb = self.jobs[key] = JobBeats(h.job, h.job_id)
+            self._hold(src, key, 1)
+            jb.ranks[h.rank] = RankBeat(src, h.step, h.coll_sn, h.in_collective, h.ts, h.ts, h.nccl_ras)
+            return None
+        if src != rb.node:
+            if h.ts - rb.ts <= ALIVE_S:
+                return self._drop("conflict")  # its own node still speaks for it: not a takeover
+            # its node went silent: the rank restarted elsewhere, with no history there yet
+            self._hold(rb.node, key, -1)
+            self._hold(src, key, 1)
+            rb.node, rb.beats, rb.ts, rb.moved = src, 0, h.ts, h.ts
         if h.ts < rb.ts:
-            return  # an older heartbeat replayed from a spool
+            return None  # an older heartbeat replayed from a spool
         if h.coll_sn != rb.coll_sn or h.step != rb.step:
             rb.moved = h.ts
-        rb.node, rb.step, rb.coll_sn, rb.in_collective, rb.ts = h.node or node, h.step, h.coll_sn, h.in_collective, h.ts
+        rb.step, rb.coll_sn, rb.in_collective, rb.ts = h.step, h.coll_sn, h.in_collective, h.ts
         rb.nccl_ras = h.nccl_ras
+        rb.beats += 1
+        return None
 
     def hangs(self, now: float, stall_s: float | None = None) -> list[Hang]:
         """Jobs hung at ``now``: no progress for ``stall_s`` (default the tracker's) with peers waiting.
@@ -98,10 +150,12 @@ class HeartbeatTracker:
             alive = {r: b for r, b in jb.ranks.items() if now - b.ts <= ALIVE_S}
             if not alive:
                 if all(now - b.ts > 10 * ALIVE_S for b in jb.ranks.values()):
-                    self._n -= len(jb.ranks)
+                    for b in jb.ranks.values():
+                        self._hold(b.node, key, -1)
                     del self.jobs[key]  # ended long ago
                 continue
-            since = max(b.moved for b in alive.values())
+            # a rank's first heartbeat is no progress: a fresh (job, rank) from anywhere must not hide a hang
+            since = max((b.moved for b in alive.values() if b.beats > 1), default=max(b.moved for b in alive.values()))
             if now - since < stall:
                 continue  # some rank still makes progress
             waiting = [r for r, b in alive.items() if b.in_collective]

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from ..webconfig import WebConfig
     from .alertmanager import AlertmanagerClient
     from .incidents import Incident
+from .hangs import DROP_REASONS as HEARTBEAT_DROPS
 from .stragglers import REFUSE_REASONS as STEP_REFUSALS
 
 # Why a batch never reached the detectors: the servicer's seq checks and the engine's time admission.
@@ -159,6 +160,15 @@ class AggregatorCollector:
                                 "agent reported; unanswered: no report within 30 s).", labels=["outcome"])
         for outcome, n in sorted(snap.get("nccl_ras_outcomes", {}).items()):
             c.add_metric([outcome], n)
+        yield c
+        c = CounterMetricFamily("fabricmon_heartbeats_dropped",
+                                "Rank heartbeats dropped by the hang tracker, by reason: table_full, node_budget "
+                                "(ranks one node may bring), node_jobs (jobs one node may bring), job_budget (ranks "
+                                "per job), conflict (a (job, rank) alive on another node: not taken over).  A dropped "
+                                "rank is not watched for hangs.", labels=["reason"])
+        dropped = snap.get("heartbeats_dropped", {})
+        for reason in HEARTBEAT_DROPS:
+            c.add_metric([reason], dropped.get(reason, 0))
         yield c
         c = CounterMetricFamily("fabricmon_nccl_ras_reports_refused",
                                 "RAS reports from agents refused as malformed (dropped; the stream goes on).")

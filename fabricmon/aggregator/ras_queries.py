@@ -113,8 +113,9 @@ class RasQueries:
     @staticmethod
     def _pick(ranks: dict[int, RankBeat], suspect_nodes: set[str], now: float, tracker: HeartbeatTracker,
               live: Callable[[str], bool]) -> tuple[str, str] | None:
-        cands = sorted({(b.node, b.nccl_ras) for b in ranks.values()
-                        if b.nccl_ras and now - b.ts <= ALIVE_S and live(b.node)})
+        # only from ranks with a history of their own (RankBeat.ras): one spoofed line cannot name the server
+        cands = sorted({(b.node, b.ras) for b in ranks.values()
+                        if b.ras and now - b.ts <= ALIVE_S and live(b.node)})
         if not cands:
             return None
         others = [c for c in cands if c[0] not in suspect_nodes]

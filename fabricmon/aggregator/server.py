@@ -522,6 +522,7 @@ async def start_grpc_server_async(
     max_skew_s: float = DEFAULT_MAX_SKEW_S,
     max_connections: int = 1024,
     handshake_timeout: float = 10.0,
+    idle_timeout: float = 10.0,
     _handle: GrpcServer | None = None,
 ) -> GrpcServer:
     """Start on the running event loop; ``listen`` is HOST:PORT (port 0 picks one).
@@ -544,6 +545,10 @@ async def start_grpc_server_async(
         # connections is refused at the limit instead of exhausting the process's descriptors
         ("grpc.server_handshake_timeout_ms", max(1, int(handshake_timeout * 1000))),
         ("grpc.max_allowed_incoming_connections", max_connections),
+        # a connection without a call (it finished the handshake, answers PINGs, opens no stream) is sent
+        # GOAWAY and closed after this: such connections cannot hold the limit against agents for good
+        # (an agent always holds its stream, so it is never idle)
+        ("grpc.max_connection_idle_ms", max(1, int(idle_timeout * 1000))),
     ]
     server = grpc.aio.server(options=options)
     mtls = bool(tls and tls.client_ca)

@@ -120,7 +120,8 @@ def build_runtime(cfg: AggregatorConfig, web: WebConfig | None = None, reload_st
     owned = sum(1 for spec in engine.topology.nodes.values()
                 if engine.shard_units is None or spec.unit in engine.shard_units)
     grpc_kwargs = {**grpc_auth_kwargs(cfg), "max_connections": fit_descriptors(cfg.grpc_limits.connections_for(owned)),
-                   "handshake_timeout": cfg.grpc_limits.handshake_timeout_s}
+                   "handshake_timeout": cfg.grpc_limits.handshake_timeout_s,
+                   "idle_timeout": cfg.grpc_limits.idle_timeout_s}
     on_changed = resume_incidents(cfg.state_file, engine, sender) if cfg.state_file else None
     return AggregatorRuntime(engine, grpc_listen=cfg.grpc_listen, grpc_kwargs=grpc_kwargs,
                              http_listen=split_hostport(cfg.http_listen), sender=sender,

@@ -60,7 +60,13 @@ RESTART_WINDOW_S = 120.0  # a restart's ranks report back within this much sampl
 # Why a rank timing was refused at the straggler intake (fabricmon_ingest_rank_timings_dropped_total{reason}).
 STEP_RANGE = "step_range"
 STEP_AHEAD = "step_ahead"
-REFUSE_REASONS = (STEP_RANGE, STEP_AHEAD)
+# a line from another place (node, gpu) than the rank's own history, not (yet) a confirmed move
+MOVE_PENDING = "move_pending"
+REFUSE_REASONS = (STEP_RANGE, STEP_AHEAD, MOVE_PENDING)
+# A rank moves (restarted elsewhere) only on its new place's own history: this many consistent lines
+# from there while its old place stayed silent for all but one as many of the job's median steps.  One line (or a
+# few between the real rank's steps) from someone else naming another GPU never erases its history.
+MOVE_QUORUM = 3
 
 
 @dataclass(slots=True)
@@ -76,6 +82,9 @@ class RankInfo:
     late_frac: float = 0.0  # lateness as a share of the median step, last step
     late_ewma: float = 0.0
     last_ts: float = 0.0
+    # a place other than (node, gpu) the rank's lines came from, and how many consistent lines since
+    cand: tuple[str, int] | None = None
+    cand_n: int = 0
 
 
 @dataclass
@@ -172,13 +181,18 @@ class StragglerTracker:
         if info is None:
             info = job.ranks[t.rank] = RankInfo(where[0], where[1], self._stage(job, t))
         elif (info.node, info.gpu) != where:
+            if not self._move_confirmed(job, info, where, t.ts):
+                return self._refuse(MOVE_PENDING)
             # moved (restarted elsewhere): its flags described the old place
             self.moves_total += 1
+            info.cand, info.cand_n = None, 0
             info.node, info.gpu = where
             info.stage = self._stage(job, t)
             info.hist_c = info.hist_m = 0
             info.persistent = ""
             info.late_ewma = 0.0
+        else:
+            info.cand, info.cand_n = None, 0  # its own place spoke: whatever claimed another is not a move
         info.last_ts = t.ts
         vals = (t.step_seconds, min(t.comm_seconds, t.step_seconds))
         far_back = t.step <= job.max_step - 4 * self.s.straggler_window
@@ -193,6 +207,16 @@ class StragglerTracker:
         if t.ts > job.last_ts:
             job.last_ts = t.ts
         return None
+
+    @staticmethod
+    def _move_confirmed(job: JobState, info: RankInfo, where: tuple[str, int], ts: float) -> bool:
+        """Count one line from ``where``; a move once MOVE_QUORUM of them came while the old place was silent
+        for MOVE_QUORUM - 1 of the job's median steps."""
+        if info.cand == where:
+            info.cand_n += 1
+        else:
+            info.cand, info.cand_n = where, 1
+        return info.cand_n >= MOVE_QUORUM and ts - info.last_ts >= (MOVE_QUORUM - 1) * job.step_median
 
     def _refuse(self, reason: str) -> str:
         self.refused[reason] += 1

@@ -8,7 +8,7 @@ import random
 
 from fabricmon.aggregator.config import DetectionSettings
 from fabricmon.aggregator.engine import Engine
-from fabricmon.aggregator.stragglers import MAX_STEP_AHEAD, StragglerTracker
+from fabricmon.aggregator.stragglers import MAX_STEP_AHEAD, MOVE_QUORUM, StragglerTracker
 from fabricmon.batch import NodeBatch
 from fabricmon.rank_timing import RankTiming
 from fabricmon.topology import generate_topology
@@ -45,7 +45,8 @@ def test_step_of_2_53_refused_and_scoring_goes_on():
            tr.add(RankTiming("j", 0, 0, 4 + MAX_STEP_AHEAD + 1, 1.0, 0.1, ts + 1, node="node-000"), "")]
     ts = feed(tr, range(5, 17), t0=ts + 2, late={11})
     assert where(tr, ts) == [(11, "node-001", 3)]  # detection was off for 10 minutes on 270f287
-    assert why == ["step_range", "step_ahead"] and tr.refused == {"step_range": 1, "step_ahead": 1}
+    assert why == ["step_range", "step_ahead"] and tr.refused == {"step_range": 1, "step_ahead": 1,
+                                                                       "move_pending": 0}
     # a step just within the bound is taken
     assert tr.add(RankTiming("j", 0, 0, 16 + MAX_STEP_AHEAD, 1.0, 0.1, ts + 1, node="node-000"), "") is None
 
@@ -77,11 +78,27 @@ def test_rank_that_reports_from_another_node_has_moved_there():
     assert where(tr, ts) == [(11, "node-001", 3)]
     # the job is restarted on other nodes under the same name (same steps go on): rank 11 is now on node-005
     moved = lambda r: f"node-{r // 8 + 4:03d}"  # noqa: E731
-    ts = feed(tr, range(13, 14), t0=ts + 2, node_of=moved)
+    # the move needs the new place's own history: MOVE_QUORUM steps from there while the old place is silent
+    ts = feed(tr, range(13, 13 + MOVE_QUORUM), t0=ts + 2, node_of=moved)
     assert all(s.node != "node-001" for s in tr.evaluate(ts).stragglers)  # never blamed on the node it left
-    ts = feed(tr, range(14, 26), t0=ts + 2, node_of=moved, late={11})
+    ts = feed(tr, range(13 + MOVE_QUORUM, 28), t0=ts + 2, node_of=moved, late={11})
     assert where(tr, ts) == [(11, "node-005", 3)]
     assert tr.moves_total == N
+
+
+def test_one_line_naming_another_gpu_never_erases_a_rank_history():
+    """Issue 35 item 3: someone posts a line for rank 11 of another job with another ``gpu`` once per step;
+    the persistent straggler stays named (and pages) on its own GPU, and every such line is counted."""
+    tr = StragglerTracker(DetectionSettings())
+    ts = feed(tr, range(1, 13), t0=0.0, late={11})
+    assert where(tr, ts) == [(11, "node-001", 3)]
+    for step in range(13, 40):
+        ts = feed(tr, [step], t0=ts + 2, late={11})
+        # one spoofed line between two real steps (and a second one, to be sure a few are not a quorum)
+        for k in (0.5, 1.0):
+            tr.add(RankTiming("j", 11, 3, step, 1.0, 0.1, ts + k, node="node-001", gpu=6), "")
+        assert where(tr, ts + 1.0) == [(11, "node-001", 3)]
+    assert tr.moves_total == 0 and tr.refused["move_pending"] == 2 * 27
 
 
 def test_job_id_keeps_same_named_jobs_apart():

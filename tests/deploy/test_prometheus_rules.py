@@ -26,7 +26,9 @@ SELF_ALERTS = {"FabricmonAggregatorDown", "FabricmonAlertDeliveryFailing", "Fabr
                # blind spots: what an agent cannot see, it says (issue 25)
                "FabricmonAgentStreamDown", "FabricmonAgentRefused", "FabricmonSpoolDropping",
                "FabricmonGPUsUnmonitored", "FabricmonDevicesMissing", "FabricmonReloadFailed",
-               "FabricmonNodesNeverConnected"}
+               "FabricmonNodesNeverConnected",
+               # what local users on a node cannot do unseen (issue 35)
+               "FabricmonHeartbeatsDropped", "FabricmonIntakeRefusing"}
 CONTRACT_LABELS = {"severity", "component_type", "component", "node", "rail", "leaf", "gpu", "job", "cluster",
                    "sender"}  # sender: the fallback rules' alerts (prometheus), apart from the aggregator's
 COMPONENT_TYPES = {"link", "nic", "gpu", "node", "rail", "leaf", "spine", "config", "nvlink", "service"}
