@@ -20,6 +20,7 @@ import structlog
 from ..buildinfo import ReloadStatus
 from ..configload import ConfigError, split_hostport
 from ..topology import load_topology
+from . import incident_store
 from .admission import ClusterClock
 from .agents_down import restart_grace
 from .alertmanager import AlertmanagerClient
@@ -32,7 +33,6 @@ from .runtime import AggregatorRuntime
 
 if TYPE_CHECKING:
     from ..webconfig import WebConfig
-    from .incidents import Incident
     from .server import ServerTls
 
 log = structlog.get_logger("fabricmon.aggregator")
@@ -143,35 +143,28 @@ def shard_name(units: frozenset[int] | None) -> str:
     return "units " + ",".join(parts)
 
 
+RECONCILE_BUDGET_S = 15.0  # all Alertmanagers together, before the listeners start
+
+
 def resume_incidents(path: str, engine: Engine, sender: AlertmanagerClient,
-                     now: float | None = None) -> Callable[[list[Incident], float], None]:
+                     now: float | None = None) -> incident_store.StateSaver:
     """Restore the open incidents persisted at ``path``, reconcile them with Alertmanager (adopt the
     ones it still holds, send the others firing again), and return the runtime's ``on_changed``
     hook that persists the open incidents after every change (aggregator/incident_store.py)."""
-    from . import incident_store
-
     now = time.time() if now is None else now
-    records = incident_store.load(path)
+    records, skipped = incident_store.read_state(path)
     if records:
         interval = max((ns.interval for ns in engine.nodes.values()), default=1.0)
         with engine.lock:
             restored = incident_store.restore(engine.manager, records, now, restart_grace(engine.settings, interval))
-        active = None
-        for url in sender.urls:
-            active = incident_store.active_at_alertmanager(url.url.removesuffix("/api/v2/alerts"))
-            if active is not None:
-                break
+        active = incident_store.reconcile_with([u.url.removesuffix("/api/v2/alerts") for u in sender.urls],
+                                               per_url_s=sender.timeout, budget_s=RECONCILE_BUDGET_S)
         keep, gone = incident_store.reconcile(restored, active)
         sender.adopt(keep)
         if gone:
             sender.submit(gone, now)
-        log.info("incidents_resumed", file=path, adopted=len(keep), sent_again=len(gone))
-
-    def persist(changed: list[Incident], tick_now: float) -> None:
-        open_ = engine.open_incidents()
-        incident_store.save(path, open_, sender.alerts_for(open_))
-
-    return persist
+        log.info("incidents_resumed", file=path, adopted=len(keep), sent_again=len(gone), skipped=skipped)
+    return incident_store.StateSaver(path, engine.open_incidents, sender.alerts_for, skipped)
 
 
 def run_aggregator(cfg: AggregatorConfig, stop_event: threading.Event, *, web: WebConfig | None = None,
