@@ -8,24 +8,23 @@ items 6, 7, 8), each through a real ``fabricmon aggregator`` process:
 - a state_file with a record of the wrong type, or nested deeper than json recurses: the bad record
   (or file) is skipped, the good ones resumed, the process serves.
 
-The Alertmanager here is a small HTTP server on 127.0.0.1 that misbehaves on purpose (a real one
-cannot be made to); the alerts it receives are recorded."""
+The Alertmanager here is support.badam's, which misbehaves on purpose (a real one cannot be made to);
+the alerts it receives are recorded."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-import threading
 import time
 import types
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
 
 from support.aggrig import Agent, link_errors
+from support.badam import FakeAlertmanager
 from support.procrig import Proc, free_port, metrics, topology_yaml, wait_until
 
 pytestmark = [pytest.mark.integration,
@@ -37,64 +36,6 @@ RECORD = {"id": "FabricLinkDown-r1", "alertname": "FabricLinkDown", "severity": 
           "component": LINK, "labels": {"node": "node-001"}, "evidence": ["state down"], "first_seen": 1.0,
           "last_seen": 2.0, "ranks": [], "jobs": [], "description": "", "related_to": "", "absorbed": [],
           "version": 1, "hold_s": 15.0, "sent": None}
-
-
-class FakeAlertmanager:
-    """POST /api/v2/alerts recorded (200); GET answers as ``mode`` says: ``[]``, ``null``, a list-valued
-    label, or ``drip`` (200, then one byte every 0.3 s for at most 60 s)."""
-
-    def __init__(self, mode: str = "empty") -> None:
-        self.mode = mode
-        self.posted: list[dict] = []
-        self.gets = 0
-        self.stop = threading.Event()
-        am = self
-
-        class H(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                am.posted.extend(json.loads(body))
-                self._answer(b"")
-
-            def do_GET(self) -> None:
-                am.gets += 1
-                if am.mode == "drip":
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", "200")
-                    self.end_headers()
-                    for _ in range(200):
-                        if am.stop.wait(0.3):
-                            return
-                        try:
-                            self.wfile.write(b" ")
-                            self.wfile.flush()
-                        except OSError:
-                            return
-                    return
-                self._answer({"empty": b"[]", "null": b"null",
-                              "list_label": json.dumps([{"labels": {"alertname": ["FabricLinkDown"],
-                                                                    "component": LINK}}]).encode()}[am.mode])
-
-            def _answer(self, body: bytes) -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *a: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self) -> None:
-        self.stop.set()
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def _config(tmp: Path, state_file: Path, am: FakeAlertmanager) -> tuple[Path, int, int]:
@@ -119,7 +60,7 @@ def am_factory():
     made: list[FakeAlertmanager] = []
 
     def make(mode: str = "empty") -> FakeAlertmanager:
-        made.append(FakeAlertmanager(mode))
+        made.append(FakeAlertmanager(mode, list_label_component=LINK))
         return made[-1]
 
     yield make
