@@ -165,7 +165,7 @@ class Engine:
             down_s = self.settings.agent_down_s
             return sorted(ns.name for ns in self.nodes.values()
                           if ns.name not in self.topology.nodes
-                          and (ns.connected or (ns.ever_seen and now - ns.last_ts < max(down_s, 5 * ns.interval))))
+                          and (ns.connected or (ns.ever_seen and now - ns.last_heard < max(down_s, 5 * ns.interval))))
 
     # ------------------------------------------------------------------ stream API
     def hello(self, hello: NodeHello) -> None:
@@ -258,6 +258,7 @@ class Engine:
             ns.last_seq = batch.seq
             if ts > ns.last_ts:
                 ns.last_ts = ts
+            ns.last_heard = max(ns.last_heard, self.cluster_clock.receipt(ts))
             ns.ever_seen = True
             if batch.interval_seconds > 0:
                 # A batch's interval is the time since the node's previous poll.  An off-cadence poll (the
@@ -306,7 +307,7 @@ class Engine:
             throttled = {g.id: set(g.throttle) for g in self.active_gpus if g.throttle}
             # the agents-down rule's silence (agents_down.py): a node polled every 10 s is not stale at 15 s
             down_s = self.settings.agent_down_s
-            fresh = {n for n, ns in self.nodes.items() if now - ns.last_ts < max(down_s, 5 * ns.interval)}
+            fresh = {n for n, ns in self.nodes.items() if now - ns.last_heard < max(down_s, 5 * ns.interval)}
             cross = self.cross
             if cross is not None:
                 remote = self.remote.incidents() if self.remote is not None else ()
