@@ -92,14 +92,14 @@ def test_a_failing_save_is_counted_and_the_alert_still_sent(tmp_path, am_factory
         assert any(a["labels"].get("component") == "node-000/mlx5_0/1" for a in am.posted), agg.text()[-3000:]
         assert wait_until(lambda: (_value(metrics(http), "fabricmon_state_save_failures_total") or 0) >= 1, 10)
         assert agg.alive(), agg.text()[-3000:]
-        assert "incident_state_save_failed" in agg.text()
+        assert agg.wait_log("incident_state_save_failed", timeout=10), agg.text()[-2000:]
         state.rmdir()  # the disk is back: the next change is saved
         for _ in range(100):
             agent.send(link_errors("mlx5_1"))
             if wait_until(lambda: state.is_file() and "node-000/mlx5_1/1" in state.read_text(), 0.2):
                 break
         assert state.is_file() and "node-000/mlx5_1/1" in state.read_text(), agg.text()[-2000:]
-        assert "incident_state_save_recovered" in agg.text()
+        assert agg.wait_log("incident_state_save_recovered", timeout=10), agg.text()[-2000:]
     finally:
         if agent is not None:
             agent.stop()
