@@ -601,6 +601,9 @@ def _blind_spots(b: Board) -> None:
     b.ts("Rank lines refused at the nodes' intake (FabricmonIntakeRefusing)",
          [(f'sum by (node, reason) (rate(fabricmon_intake_lines_total{{{N}, result="rejected"}}[{RATE}])) > 0',
            "{{node}} {{reason}}")], "cps", min_val=0, links=[NODE_LINK])
+    b.ts("Incident state saves failing (FabricmonStateSaveFailing)",
+         [(f"sum by (instance) (rate(fabricmon_state_save_failures_total{{{C}}}[{RATE}]))", "{{instance}}")],
+         "cps", min_val=0)
     b.ts("Versions running (skew during an upgrade)",
          [(f"count by (version) (fabricmon_build_info{{{C}}})", "{{version}}")], "none", min_val=0)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from .nccl_ras.protocol import BadAddress, parse_addr
 from .rejected import InputRejected
-from .textcheck import MAX_JOB_NAME, MAX_NODE_NAME, label_text_ok
+from .textcheck import MAX_JOB_NAME, MAX_NODE_NAME, label_text_ok, node_name_problem
 
 # Why a line was rejected: a fixed set, so the self-metric label stays bounded.
 REJECT_REASONS = ("too_long", "not_utf8", "not_json", "not_object", "missing_field", "bad_type", "out_of_range",
@@ -174,6 +174,8 @@ def parse_line(line: str | bytes, *, node: str = "",
         return JobLayout(job, layout)
     if not node and "node" in obj:
         node = _text(obj["node"], "node", MAX_NODE_NAME)
+        if (why := node_name_problem(node)) is not None:  # the rule every node name follows
+            raise RankTimingError("bad_string", f"node: {why}")
     job_id = _text(obj["job_id"], "job_id", MAX_JOB_CHARS) if obj.get("job_id") is not None else ""
     if "heartbeat" in obj:
         hb = obj["heartbeat"]

@@ -29,6 +29,13 @@ def label_text_ok(value: object, max_len: int) -> bool:
     return isinstance(value, str) and 0 < len(value) <= max_len and value.isprintable()
 
 
+# Component ids join node, device, port, GPU and NVLink names with "/" (DESIGN "Component ids"):
+# a name holding one would spell another component, or an id the state file cannot parse back.
+ID_SEPARATOR = "/"
+# The series labels whose values become parts of component ids at the aggregator.
+ID_LABELS = frozenset({"device", "port", "gpu", "link", "interface"})
+
+
 def name_problem(value: object, max_len: int) -> str | None:
     """Why ``value`` is no valid node or job name (None when it is): one phrase for an error line."""
     if not isinstance(value, str):
@@ -37,6 +44,10 @@ def name_problem(value: object, max_len: int) -> str | None:
         return "must not be empty"
     if len(value) > max_len:
         return f"{len(value)} characters, at most {max_len}"
+    return _glyph_problem(value)
+
+
+def _glyph_problem(value: str) -> str | None:
     bad = next((c for c in value if c in INVISIBLE_CONTROLS), None)
     if bad is not None:
         return f"holds the invisible control U+{ord(bad):04X} (bidi or zero-width)"
@@ -47,7 +58,20 @@ def name_problem(value: object, max_len: int) -> str | None:
 
 
 def node_name_problem(value: object) -> str | None:
-    return name_problem(value, MAX_NODE_NAME)
+    why = name_problem(value, MAX_NODE_NAME)
+    if why is None and ID_SEPARATOR in str(value):
+        return f"holds {ID_SEPARATOR!r}, which separates the parts of component ids"
+    return why
+
+
+def id_part_problem(value: str, max_len: int) -> str | None:
+    """Why a device, port, GPU, NVLink or interface name cannot be part of a component id (None when it
+    can; empty is allowed: an IB port without a netdev has interface="")."""
+    if len(value) > max_len:
+        return f"{len(value)} characters, at most {max_len}"
+    if ID_SEPARATOR in value:
+        return f"holds {ID_SEPARATOR!r}, which separates the parts of component ids"
+    return _glyph_problem(value)
 
 
 def job_name_problem(value: object) -> str | None:

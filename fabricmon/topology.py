@@ -551,10 +551,10 @@ class NicFileV2:
     def validate(self, path: str, source: str) -> None:
         if not (self.device or self.node_guid or self.interface):
             raise ConfigError(f"{source}: {path}: give device, node_guid or interface")
-        if self.device is not None and "/" in self.device:
-            raise ConfigError(f"{source}: {path}.device: may not contain '/', got {self.device!r}")
-        if self.leaf is not None and ("/" in self.leaf or not self.leaf.strip()):
-            raise ConfigError(f"{source}: {path}.leaf: a leaf name may not be empty or contain '/', got {self.leaf!r}")
+        for key in ("device", "interface", "leaf"):  # parts of component ids: the node name rule
+            value = getattr(self, key)
+            if value is not None and (why := node_name_problem(value)) is not None:
+                raise ConfigError(f"{source}: {path}.{key}: {why}, got {value[:80]!a}")
         if self.node_guid is not None:
             try:
                 int(self.node_guid, 16)
@@ -574,8 +574,8 @@ class NodeFileV2:
     unit: int | None = None  # default: the leaf group (leaves sharing nodes) the node's NICs are on
 
     def validate(self, path: str, source: str) -> None:
-        if not self.name or "/" in self.name:
-            raise ConfigError(f"{source}: {path}.name: a node name may not be empty or contain '/', got {self.name!r}")
+        if (why := node_name_problem(self.name)) is not None:
+            raise ConfigError(f"{source}: {path}.name: {why}, got {str(self.name)[:80]!a}")
         if self.gpus < 1:
             raise ConfigError(f"{source}: {path}.gpus: must be >= 1, got {self.gpus}")
         seen: dict[tuple, int] = {}
@@ -626,9 +626,12 @@ class TopologyFileV2:
                     raise ConfigError(f"{source}: {where}.leaf: {nic.leaf!r} is not under leaves:")
                 if self.rail_optimized and nic.leaf is not None and nic.rail is None:
                     raise ConfigError(f"{source}: {where}.rail: null, but rail_optimized is true")
-        for leaf in self.leaves:
-            if "/" in leaf or not leaf.strip():
-                raise ConfigError(f"{source}: leaves.{leaf}: a leaf name may not be empty or contain '/'")
+        for leaf, spec in self.leaves.items():
+            shown = ascii(leaf[:80])[1:-1]  # escaped: the name may hold the controls it is refused for
+            for where, name in ((f"leaves.{shown}", leaf),
+                                *((f"leaves.{shown}.spines[{k}]", s) for k, s in enumerate(spec.spines))):
+                if (why := node_name_problem(name)) is not None or not name.strip():
+                    raise ConfigError(f"{source}: {where}: {why or 'must not be blank'}, got {name[:80]!a}")
 
 
 def topology_file_fields() -> set[str]:

@@ -926,6 +926,20 @@ label_replace(
   "component", "topology", "__name__", ".*"
 )
 '''),
+    Alert(
+        'FabricmonStateSaveFailing', for_='window', severity='warning', component_type='service',
+        summary='fabricmon aggregator {{ $labels.component }} cannot save its open incidents',
+        description="The aggregator {{ $labels.component }} failed to write its state_file in the last 10 "
+                    "minutes (disk full, a directory or a read-only path there): it still alerts, but a restart "
+                    "now forgets its open incidents (a fault still there pages again, one that cleared is never "
+                    "resolved by it).",
+        comment="Any failed save in 10 minutes; it clears 10 minutes after saves succeed again.",
+        expr='''
+label_replace(
+  sum by (cluster, instance) (increase(fabricmon_state_save_failures_total{${aggregator_selector}}[10m])) > 0,
+  "component", "$1", "instance", "(.*)"
+)
+'''),
 ])
 
 ALERT_GROUPS.append(BLIND_SPOTS)

@@ -81,6 +81,14 @@ class ClusterClock:
             self._recompute()
         return self._median if self._voters >= MIN_VOTERS else None
 
+    def receipt(self, fallback: float) -> float:
+        """The time a batch arrives, on this clock: the wall clock (injectable: ``wall``) in wall mode, the
+        last computed median in sample mode (the simulated clock in the demo; one node cannot move it);
+        ``fallback`` (the batch's own time) before any median.  Liveness is judged on it (agents_down)."""
+        if self.mode == "wall":
+            return self.wall()
+        return self._median if self._median else fallback
+
     # ------------------------------------------------------------------ admission
     def judge(self, ts: float) -> str | None:
         """Bounds only, nothing recorded: for times carried inside a batch (rank timings)."""

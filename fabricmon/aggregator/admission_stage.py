@@ -86,6 +86,7 @@ class AdmissionStage(Stage):
             ns.last_seq = batch.seq
             if ts > ns.last_ts:
                 ns.last_ts = ts
+            ns.last_heard = max(ns.last_heard, self.cluster_clock.receipt(ts))
             ns.ever_seen = True
             if batch.interval_seconds > 0:
                 # A batch's interval is the time since the node's previous poll.  An off-cadence poll (the

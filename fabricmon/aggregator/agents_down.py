@@ -1,4 +1,7 @@
-"""Agents that stopped reporting: no batch for ``agent_down_s`` (or 5 intervals) of sample time.
+"""Agents that stopped reporting: no batch for ``agent_down_s`` (or 5 intervals) of the cluster clock,
+measured from when the aggregator last heard from the node (``NodeState.last_heard``), not from the
+node's own sample times: a node whose clock ran 250 s fast (inside ``clock.max_skew_s``) was named
+down 250 s late (issue 35).
 
 After the aggregator (or a shard) starts, every node gets a grace of ``max(60 s, 5 intervals)``:
 its agents reconnect over seconds and first replay their spools, whose batches are older than the
@@ -33,10 +36,10 @@ def agents_down(nodes: Iterable[NodeState], s: DetectionSettings, cluster: str, 
     for ns in nodes:
         if started_at is not None and now - started_at < restart_grace(s, ns.interval):
             continue
-        if ns.ever_seen and now - ns.last_ts >= max(s.agent_down_s, 5 * ns.interval):
+        if ns.ever_seen and now - ns.last_heard >= max(s.agent_down_s, 5 * ns.interval):
             node = comp.node(ns.name)
             out.append(Finding("FabricmonAgentDown", node, node.labels(cluster),
-                               [f"no batch since {at(ns.last_ts)} ({secs(now - ns.last_ts)})"
+                               [f"no batch since {at(ns.last_heard)} ({secs(now - ns.last_heard)})"
                                 + ("" if ns.connected else ", stream disconnected")],
                                hold_s=0.0))
     return out

@@ -56,6 +56,7 @@ import structlog
 
 from .am_peers import PeerSet, Resolver, expandable, system_resolver
 from .cost import impact_sentence
+from .deadline_http import exchange
 from .incidents import Incident
 
 log = structlog.get_logger("fabricmon.aggregator.alertmanager")
@@ -73,7 +74,7 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-_OPENER = urllib.request.build_opener(_NoRedirect)
+MAX_ANSWER_BYTES = 1 << 20  # Alertmanager answers a POST with an empty body or a short error
 
 
 def rfc3339(ts: float) -> str:
@@ -389,9 +390,10 @@ class AlertmanagerClient:
         req = urllib.request.Request(u.url, data=data, method="POST",
                                      headers={"Content-Type": "application/json"})
         try:
-            with _OPENER.open(req, timeout=self.timeout) as resp:
-                resp.read()
-                status = OK if 200 <= resp.status < 300 else RETRY
+            # the whole POST within ``timeout``, not each read: a 200 dripping a byte every 2 s held this
+            # Alertmanager's queue (issue 35); past it the batch is retried, and the other URLs go on
+            code, _ = exchange(req, deadline_s=self.timeout, max_bytes=MAX_ANSWER_BYTES, handlers=(_NoRedirect,))
+            status = OK if 200 <= code < 300 else RETRY
         except urllib.error.HTTPError as exc:
             try:
                 detail = exc.read(500).decode(errors="replace").strip()

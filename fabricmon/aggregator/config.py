@@ -335,6 +335,18 @@ def state_dir_problem(directory: Path) -> str | None:
     return None
 
 
+def state_file_problem(path: str) -> str | None:
+    """None when ``path`` can be the state file: written by replacing it (atomic rename), so it must be
+    a regular file or not exist yet, in a directory state_dir_problem accepts (issue 35: a directory
+    there made every save fail)."""
+    if path.endswith("/"):
+        return f"{path} names a directory, not a file"
+    p = Path(path)
+    if p.exists() and not p.is_file():
+        return f"{path} exists and is not a regular file" + (" (a directory)" if p.is_dir() else "")
+    return state_dir_problem(p.parent)
+
+
 def check_files(cfg: AggregatorConfig, source: str, *, parse_topology: bool = True) -> None:
     """Every file the config names exists and is readable, and the ones the aggregator parses
     parse: what ``check-config`` and the aggregator's start check alike.  A reload passes
@@ -343,7 +355,7 @@ def check_files(cfg: AggregatorConfig, source: str, *, parse_topology: bool = Tr
     if problem:
         raise ConfigError(f"{source}: topology: {problem}")
     if cfg.state_file:
-        problem = state_dir_problem(Path(cfg.state_file).parent)
+        problem = state_file_problem(cfg.state_file)
         if problem:
             raise ConfigError(f"{source}: state_file: {problem}")
     for name, path in cfg.auth.files():

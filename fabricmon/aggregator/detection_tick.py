@@ -79,7 +79,7 @@ class DetectionTick(Stage):
             throttled = {g.id: set(g.throttle) for g in self.active_gpus if g.throttle}
             # the agents-down rule's silence (agents_down.py): a node polled every 10 s is not stale at 15 s
             down_s = self.settings.agent_down_s
-            fresh = {n for n, ns in self.nodes.items() if now - ns.last_ts < max(down_s, 5 * ns.interval)}
+            fresh = {n for n, ns in self.nodes.items() if now - ns.last_heard < max(down_s, 5 * ns.interval)}
             cross = self.cross
             if cross is not None:
                 remote = self.remote.incidents() if self.remote is not None else ()

@@ -125,6 +125,16 @@ class AggregatorCollector:
         c.add_metric(["intake"], grpc.get("engine_errors_total", 0))
         c.add_metric(["tick"], grpc.get("tick_errors_total", 0))
         yield c
+        c = CounterMetricFamily("fabricmon_state_save_failures",
+                                "Saves of the open incidents to state_file that failed (disk full, a directory or a "
+                                "read-only path there): they are lost at the next restart until a save succeeds.")
+        c.add_metric([], grpc.get("state_save_failures_total", 0))
+        yield c
+        c = CounterMetricFamily("fabricmon_state_records_skipped",
+                                "Records of state_file skipped at start: a field missing or of the wrong type, or an "
+                                "id that does not parse (that incident was not resumed).")
+        c.add_metric([], grpc.get("state_records_skipped_total", 0))
+        yield c
         g = GaugeMetricFamily("fabricmon_component_suspicion",
                               "Fault probability per component from fused counter and slow-rank evidence.",
                               labels=["component_type", "component"])

@@ -66,7 +66,7 @@ class NodeRegistry(Stage):
             down_s = self.settings.agent_down_s
             return sorted(ns.name for ns in self.nodes.values()
                           if ns.name not in self.topology.nodes
-                          and (ns.connected or (ns.ever_seen and now - ns.last_ts < max(down_s, 5 * ns.interval))))
+                          and (ns.connected or (ns.ever_seen and now - ns.last_heard < max(down_s, 5 * ns.interval))))
 
     def hello(self, hello: NodeHello) -> None:
         reg = self.registry

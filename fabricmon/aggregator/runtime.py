@@ -141,7 +141,11 @@ class AggregatorRuntime:
         self.last_tick = now
         if changed:
             if self.on_changed is not None:  # before the hand-off: delivery latencies start here
-                self.on_changed(changed, now)
+                try:
+                    self.on_changed(changed, now)
+                except Exception:  # persisting or recording a change must not keep its alert from going out
+                    self.tick_errors_total += 1
+                    log.exception("on_changed_failed")
             if self.sender is not None:
                 self.sender.submit(changed, now)
         return changed
@@ -175,4 +179,6 @@ class AggregatorRuntime:
                              state="open" if inc.open else "resolved", severity=inc.severity)
 
     def stats(self) -> dict[str, Any]:
-        return {**self.grpc_stats(), "tick_errors_total": self.tick_errors_total}
+        hook_stats = getattr(self.on_changed, "stats", None)  # incident_store.StateSaver's save counts
+        return {**self.grpc_stats(), **(hook_stats() if callable(hook_stats) else {}),
+                "tick_errors_total": self.tick_errors_total}

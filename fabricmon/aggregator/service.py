@@ -20,6 +20,7 @@ import structlog
 from ..buildinfo import ReloadStatus
 from ..configload import ConfigError, split_hostport
 from ..topology import load_topology
+from . import incident_store
 from .admission import ClusterClock
 from .alertmanager import AlertmanagerClient
 from .config import AggregatorConfig
@@ -31,7 +32,6 @@ from .runtime import AggregatorRuntime
 
 if TYPE_CHECKING:
     from ..webconfig import WebConfig
-    from .incidents import Incident
     from .server import ServerTls
 
 log = structlog.get_logger("fabricmon.aggregator")
@@ -144,38 +144,33 @@ def shard_name(units: frozenset[int] | None) -> str:
     return "units " + ",".join(parts)
 
 
-def resume_incidents(path: str, engine: Engine, sender: AlertmanagerClient,
-                     now: float | None = None) -> Callable[[list[Incident], float], None]:
-    """Restore the open incidents persisted at ``path``, note which ones Alertmanager still holds, and
-    leave them to the engine's resume check: each is sent again only once its node's first batches show
-    its evidence, else resolved once (resume_check.py).  Returns the runtime's ``on_changed`` hook that
-    persists the open incidents after every change (aggregator/incident_store.py)."""
-    from . import incident_store
+RECONCILE_BUDGET_S = 15.0  # all Alertmanagers together, before the listeners start
 
+
+def resume_incidents(path: str, engine: Engine, sender: AlertmanagerClient,
+                     now: float | None = None) -> incident_store.StateSaver:
+    """Restore the open incidents persisted at ``path``, note which ones Alertmanager still holds (asked
+    within a bounded time, whatever it answers), and leave them to the engine's resume check: each is sent
+    again only once its node's first batches show its evidence, else resolved once (resume_check.py).
+    Returns the runtime's ``on_changed`` hook that persists the open incidents after every change
+    (aggregator/incident_store.py)."""
     now = time.time() if now is None else now
-    records = incident_store.load(path)
+    records, skipped = incident_store.read_state(path)
     if records:
         with engine.lock:
             # their own holds: the resume check keeps them while their nodes reconnect
             restored = incident_store.restore(engine.manager, records, now, 0.0)
-        active = None
-        for url in sender.urls:
-            active = incident_store.active_at_alertmanager(url.url.removesuffix("/api/v2/alerts"))
-            if active is not None:
-                break
+        active = incident_store.reconcile_with([u.url.removesuffix("/api/v2/alerts") for u in sender.urls],
+                                               per_url_s=sender.timeout, budget_s=RECONCILE_BUDGET_S)
         keep, gone = incident_store.reconcile(restored, active)
         held = {id(i) for i in keep}
         with engine.lock:
             engine.resume.restored([(i, incident_store.component_of(i.component_type, i.component, i.labels),
                                      id(i) in held) for i in restored], sender.adopt)
         log.info("incidents_resumed", file=path, at_alertmanager=len(keep), lost_by_alertmanager=len(gone),
+                 skipped=skipped,
                  detail="each is sent again only once its node's first batches show it, else resolved once")
-
-    def persist(changed: list[Incident], tick_now: float) -> None:
-        open_ = engine.open_incidents()
-        incident_store.save(path, open_, sender.alerts_for(open_))
-
-    return persist
+    return incident_store.StateSaver(path, engine.open_incidents, sender.alerts_for, skipped)
 
 
 def run_aggregator(cfg: AggregatorConfig, stop_event: threading.Event, *, web: WebConfig | None = None,

@@ -127,6 +127,9 @@ class NodeState:
     boot_id: str = ""
     last_seq: int = -1
     last_ts: float = -math.inf
+    # when the aggregator last heard from it, on the cluster clock (ClusterClock.receipt): its liveness,
+    # judged on the aggregator's time, not on its own sample times (a clock 250 s fast went down unseen)
+    last_heard: float = -math.inf
     interval: float = 1.0  # the poll cadence: windows, lateness, holds and the agents-down silence scale with it
     announced_interval: float = 0.0  # the cadence the node's hello gave (0: none): a batch never lowers below it
     connected: bool = False

@@ -23,6 +23,12 @@ hung-rank shape, ras.rst "Sample Output").
 NCCL 2.28.7 and 2.28.9 write a missing rank without the comma after ``nvml_dev`` (their
 ``jsonWriteMissingRank``; fixed in 2.29.2): invalid JSON exactly when a rank is missing.  That one
 known defect is repaired (``KNOWN_DEFECTS``) when a strict parse fails; nothing else is guessed.
+
+The answer comes from whatever listens on the RAS port, so parsing is bounded as well as the I/O: the
+repair pattern cannot backtrack (possessive quantifiers: one pass, linear in the document) and runs only
+on documents up to ``MAX_REPAIR_BYTES``; a document holding more than ``MAX_VALUES`` JSON values (counted
+from its separators before decoding) is refused, since 32 MiB of ``{},`` would decode into 11 million
+dicts, near a gigabyte, where the same bytes of a real status decode into about 150 MiB.
 """
 
 from __future__ import annotations
@@ -36,16 +42,23 @@ from typing import Any
 from .protocol import TEXT_STATUS_START
 
 MAX_DOCUMENT_BYTES = 32 * 1024 * 1024
+MAX_REPAIR_BYTES = 16 * 1024 * 1024  # a 2.28 document with ~50,000 ranks; larger ones are not rewritten
+# A real status carries one value per ~15 bytes (render_json of a 1,000-node world: 4.3 MB, 280,000
+# values), so 32 MiB of it is ~2.2 million; this bound admits that with room and caps the decoded
+# heap of a hostile document of the costliest shape ('"ab",' each a new str) near 250 MiB.
+MAX_VALUES = 1 << 21
 MAX_COMMUNICATORS = 1 << 16
 MAX_RANKS = 1 << 20  # per communicator, present and missing each
 MAX_TEXT = 256
 MAX_COUNT = 2**64 - 1  # collective counts are uint64 (%lu)
 INIT_OK = (0, 7)  # ncclSuccess, ncclInProgress (ras.rst: any other value is an error)
 
-# (name, the NCCL versions that write it, pattern, replacement): repaired only after a strict parse failed
+# (name, the NCCL versions that write it, pattern, replacement): repaired only after a strict parse failed.
+# Possessive quantifiers (*+, ++) never give back what they matched, so no input makes the pattern backtrack:
+# the whitespace before the first newline ([^\S\n]) and after it is each taken once.
 KNOWN_DEFECTS: tuple[tuple[str, str, re.Pattern[str], str], ...] = (
     ("missing_rank_nvml_dev_comma", "2.28.7-2.28.9",
-     re.compile(r'("nvml_dev": -?[0-9]+)(\s*\n\s*"status")'), r"\1,\2"),
+     re.compile(r'("nvml_dev": -?[0-9]++)([^\S\n]*+\n\s*+"status")'), r"\1,\2"),
 )
 
 
@@ -232,6 +245,9 @@ def _loads(text: str) -> object:
 def _decode(data: bytes) -> tuple[object, str]:
     if len(data) > MAX_DOCUMENT_BYTES:
         raise RasFormatError("too_large", f"status document of {len(data)} bytes, at most {MAX_DOCUMENT_BYTES}")
+    values = sum(data.count(c) for c in (b",", b":", b"{", b"["))  # >= the values and keys it decodes into
+    if values > MAX_VALUES:
+        raise RasFormatError("too_large", f"status document of about {values} JSON values, at most {MAX_VALUES}")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -242,6 +258,9 @@ def _decode(data: bytes) -> tuple[object, str]:
     try:
         return _loads(text), ""
     except (ValueError, RecursionError) as first:
+        if len(data) > MAX_REPAIR_BYTES:
+            raise RasFormatError("bad_json", f"not JSON (no repair over {MAX_REPAIR_BYTES} bytes): "
+                                             f"{str(first)[:100]}") from None
         for name, _versions, pattern, repl in KNOWN_DEFECTS:
             fixed, n = pattern.subn(repl, text)
             if not n:

@@ -27,7 +27,7 @@ from ..rank_timing import (
     JobLayout,
     RankTiming,
 )
-from ..textcheck import job_name_problem, node_name_problem
+from ..textcheck import ID_LABELS, id_part_problem, job_name_problem, node_name_problem
 from . import fabricmon_pb2 as pb
 
 PROTOCOL_VERSION = 1
@@ -88,6 +88,9 @@ def hello_from_pb(m: pb.Hello) -> NodeHello:
                                  f"{n.rate_gbps!r}")
         if n.width > MAX_WIDTH or not -1 <= n.gpu <= MAX_GPU:
             raise MalformedBatch(f"hello.nics[{i}]: width {n.width} or gpu {n.gpu} out of range")
+        for field, value in (("device", n.device), ("port", n.port), ("netdev", n.netdev)):
+            if (why := id_part_problem(value, MAX_VALUE)) is not None:
+                raise MalformedBatch(f"hello.nics[{i}].{field}: {why}")
         if len(n.node_guid) > MAX_GUID_TEXT:
             raise MalformedBatch(f"hello.nics[{i}].node_guid: {len(n.node_guid)} characters, at most {MAX_GUID_TEXT}")
     return NodeHello(
@@ -165,6 +168,8 @@ def _check_def(sd: pb.SeriesDef) -> SeriesKey:
     for lab in sd.labels:
         if not lab.name or len(lab.name) > MAX_NAME or len(lab.value) > MAX_VALUE:
             raise MalformedBatch(f"new_series id {sd.id}: bad label {lab.name[:40]!r}")
+        if lab.name in ID_LABELS and (why := id_part_problem(lab.value, MAX_VALUE)) is not None:
+            raise MalformedBatch(f"new_series id {sd.id}: label {lab.name}: {why}")
         labels.append((lab.name, lab.value))
     return sd.family, tuple(labels)
 

@@ -12,6 +12,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ..textcheck import node_name_problem
 from .ibnetdiscover import IbFabric
 from .lldp import LldpNeighbor
 from .naming import CaKind, CaName, ca_name, component_safe, short_host, switch_name
@@ -101,6 +102,10 @@ def import_ibnetdiscover(fabrics: list[tuple[str, IbFabric]], *, node_names: dic
     used: dict[str, int] = {}
     for guid in sorted(g for g, k in kinds.items() if k == "switch"):
         name, _ = switch_name(descriptions.get(guid, ""), guid)
+        if (why := node_name_problem(name)) is not None:  # the loader's rule: a control or bidi character
+            out.notes.append(f"switch 0x{guid:016x}: its description {descriptions.get(guid, '')[:80]!a} gives "
+                             f"the name {name[:80]!a}, which {why}; named switch-{guid:016x}")
+            name = f"switch-{guid:016x}"
         if name in used:
             out.notes.append(f"switches 0x{used[name]:016x} and 0x{guid:016x} share the name {name!r}; "
                              f"the second is {name}-{guid:016x}")
@@ -114,6 +119,12 @@ def import_ibnetdiscover(fabrics: list[tuple[str, IbFabric]], *, node_names: dic
         if node_kind != "ca":
             continue
         cn = ca_name(descriptions.get(guid, ""), keep_domain=keep_domain)
+        if cn.kind is CaKind.HOST and (why := node_name_problem(cn.host)) is not None:
+            # the node name rule every topology file is held to (textcheck): a U+202E here named a node
+            # that renders as another in a page; skipped and said, as the operator can name it
+            out.notes.append(f"CA 0x{guid:016x}: its description {descriptions.get(guid, '')[:80]!a} gives the "
+                             f"node name {str(cn.host)[:80]!a}, which {why}; skipped (name it in --node-name-map)")
+            cn = CaName(CaKind.BAD_NAME)
         cas[guid] = cn
         if cn.kind is CaKind.FIRMWARE_DEFAULT:
             out.skipped_firmware_default.append((guid, descriptions.get(guid, "")))
@@ -178,13 +189,16 @@ def import_lldp(per_node: dict[str, list[LldpNeighbor]], *, keep_domain: bool = 
         return component_safe(text if keep_domain else short_host(text))
 
     def leaf_name(n: LldpNeighbor) -> str:
-        if n.chassis_name:
+        if n.chassis_name and node_name_problem(name(n.chassis_name)) is None:
             return name(n.chassis_name)
-        ident = (n.chassis_id or "unknown").replace(":", "").lower()
-        return f"switch-{ident}"
+        ident = "".join(c for c in (n.chassis_id or "").lower() if c in "0123456789abcdefghijklmnopqrstuvwxyz")
+        return f"switch-{ident[:64] or 'unknown'}"
 
     files: dict[str, list[LldpNeighbor]] = {}
     for node, neighbors in per_node.items():
+        if (why := node_name_problem(name(node))) is not None:
+            out.notes.append(f"{node[:80]!a}: the node name {name(node)[:80]!a} {why}; skipped")
+            continue
         files.setdefault(name(node), []).extend(neighbors)
     switches = {leaf_name(n) for ns in files.values() for n in ns if n.is_switch is not False}
     hosts = {leaf_name(n) for ns in files.values() for n in ns if n.is_switch is False}

@@ -66,10 +66,12 @@ _QUOTED_SWITCH_LINK = re.compile(r'^"(.*)"\s+lid\s+\d+\s*(\S*)')
 _QUOTED_CA_LINK = re.compile(r'^lid\s+\d+\s+lmc\s+\d+\s+"(.*)"\s+lid\s+\d+\s*(\S*)')
 # Lines that are not records and not errors: prompts, tool chatter, the grouping headers (-g).
 _IGNORED = (
-    re.compile(r"^\S*[@:]\S*\s*[$#%>]\s"),  # user@host:~$ cmd, [root@head ~]# cmd (after the bracket)
+    # (?>\S*?[@:]) commits to the first @ or ':' (a later one matches nothing the first does not), so the
+    # \S* after it backtracks once per character: linear, where \S*[@:]\S* was quadratic (issue 35)
+    re.compile(r"^(?>\S*?[@:])\S*\s*[$#%>]\s"),  # user@host:~$ cmd, [root@head ~]# cmd (after the bracket)
     re.compile(r"^\[[^\]\d][^\]]*\][$#%>]\s?"),  # [root@head ~]# cmd
     re.compile(r"^[$#%>]\s+\S*ibnetdiscover"),  # $ ibnetdiscover
-    re.compile(r"^\S*[@:]\S*\s*[$#%>]\s*$"),  # a bare prompt at the end of a paste
+    re.compile(r"^(?>\S*?[@:])\S*\s*[$#%>]\s*$"),  # a bare prompt at the end of a paste
     re.compile(r"^(ibwarn|ibnetdiscover|ibdebug|src/\S+):"),  # diagnostics on stderr pasted in
     re.compile(r"^(Non-Chassis Nodes|Chassis \d+|Switch Chassis|Spine|Line)\b"),
     re.compile(r"^(sudo\s+)?\S*ibnetdiscover(\s.*)?$"),  # the command itself, pasted without a prompt
@@ -83,6 +85,9 @@ _OTHER_TOOLS = (
 )
 
 ProgressFn = Callable[[int], None]
+# The longest line ibnetdiscover writes is a port line with two 64-byte NodeDescriptions (IB spec
+# 14.2.5.2), about 250 characters; a longer one is not its output, and would only cost regex time.
+MAX_LINE_CHARS = 4096
 
 
 def _not_topology(number: int, line: str) -> IbnetParseError:
@@ -116,6 +121,9 @@ def parse_ibnetdiscover(text: str, *, progress: ProgressFn | None = None, every:
     for number, raw in enumerate(lines, 1):
         if progress is not None and number % every == 0:
             progress(number)
+        if len(raw) > MAX_LINE_CHARS:
+            raise IbnetParseError(number, f"a line of {len(raw)} characters, at most {MAX_LINE_CHARS}: not "
+                                          "ibnetdiscover output")
         line = raw.strip()
         if not line:
             current = None  # records end at a blank line

@@ -54,6 +54,7 @@ class CaKind(Enum):
     HOST = "host"
     FIRMWARE_DEFAULT = "firmware default"
     AGGREGATION = "aggregation node"
+    BAD_NAME = "a name the node name rule refuses"
 
 
 @dataclass(frozen=True)

@@ -70,10 +70,14 @@ def load_lldp_dir(directory: str) -> dict:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{f}: line {exc.lineno}: invalid JSON ({exc.msg})") from None
+        except RecursionError:  # json's C decoder stops at the interpreter's recursion limit
+            raise ConfigError(f"{f}: JSON nested too deep to be lldpctl output") from None
         try:
             per_node[f.stem] = parse_lldpctl_json(doc)
         except LldpParseError as exc:
             raise ConfigError(f"{f}: {exc}") from None
+        except RecursionError:  # a value nested past the stack where lldpctl writes a scalar
+            raise ConfigError(f"{f}: a value nested too deep to be lldpctl output") from None
     log.info("topology_import_parsed", dir=str(d), files=len(files),
              neighbors=sum(len(v) for v in per_node.values()))
     return per_node
