@@ -67,6 +67,23 @@ def _examples(items: Iterable[str]) -> str:
 # ------------------------------------------------------------------ InfiniBand
 
 
+def name_switches(guids: Iterable[int], descriptions: dict[int, str], notes: list[str]) -> dict[int, str]:
+    """Switch names by the naming rules, unique: a second switch with the same description gets its GUID
+    appended (in GUID order, so every reader of the same fabric names it alike: the import and the
+    agent's switch sweep).  ``descriptions`` already carry the node-name-map's names."""
+    switch_names: dict[int, str] = {}
+    used: dict[str, int] = {}
+    for guid in sorted(guids):
+        name, _ = switch_name(descriptions.get(guid, ""), guid)
+        if name in used:
+            notes.append(f"switches 0x{used[name]:016x} and 0x{guid:016x} share the name {name!r}; "
+                         f"the second is {name}-{guid:016x}")
+            name = f"{name}-{guid:016x}"
+        used[name] = guid
+        switch_names[guid] = name
+    return switch_names
+
+
 def import_ibnetdiscover(fabrics: list[tuple[str, IbFabric]], *, node_names: dict[int, str] | None = None,
                          keep_domain: bool = False) -> Imported:
     """Merge one or more ibnetdiscover outputs (one per subnet or plane) by GUID and by host."""
@@ -96,17 +113,7 @@ def import_ibnetdiscover(fabrics: list[tuple[str, IbFabric]], *, node_names: dic
         if guid in descriptions:
             descriptions[guid] = name
 
-    # Switch names, unique: a second switch with the same description gets its GUID appended.
-    switch_names: dict[int, str] = {}
-    used: dict[str, int] = {}
-    for guid in sorted(g for g, k in kinds.items() if k == "switch"):
-        name, _ = switch_name(descriptions.get(guid, ""), guid)
-        if name in used:
-            out.notes.append(f"switches 0x{used[name]:016x} and 0x{guid:016x} share the name {name!r}; "
-                             f"the second is {name}-{guid:016x}")
-            name = f"{name}-{guid:016x}"
-        used[name] = guid
-        switch_names[guid] = name
+    switch_names = name_switches((g for g, k in kinds.items() if k == "switch"), descriptions, out.notes)
 
     # Host CA ports: NICs on the switch they link to.
     cas: dict[int, CaName] = {}

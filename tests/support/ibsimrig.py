@@ -203,3 +203,69 @@ class IbSim:
         out = self.run("smpquery", "portinfo", str(lid), str(port)).stdout
         m = re.search(r"^LinkState:\.*(\w+)", out, re.M)
         return m.group(1) if m else ""
+
+
+class SweeperAgent:
+    """The real ``fabricmon agent --ib-switches`` on the rig's fabric (the tools it runs inherit the preload),
+    no host sysfs, no NVML, its rank intake on a socket in ``workdir``; /metrics on a free port."""
+
+    def __init__(self, sim: IbSim, workdir: Path, *, health: float = 1.0, full: float = 2.0,
+                 rediscover: float = 5.0, node: str = "sweeper-0", aggregator: str | None = None,
+                 extra: dict | None = None) -> None:
+        import yaml
+
+        from support.net import free_port
+
+        self.dir = Path(workdir)
+        (self.dir / "sys").mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        cfg: dict = {"sysfs_root": str(self.dir / "sys"), "nvml": "off", "node_name": node,
+                     "listen": f"127.0.0.1:{self.port}", "interval": 0.5, "aggregator": aggregator,
+                     "sources": {"infiniband": {"expected_ports": 0},
+                                 "ib_switches": {"health_interval": health, "full_interval": full,
+                                                 "rediscover_interval": rediscover}},
+                     "intake": {"listen": None, "socket": str(self.dir / "ranks.sock")},
+                     "stream": {"spool_dir": str(self.dir / "spool")},
+                     "log": {"format": "json"}}
+        for key, value in (extra or {}).items():
+            cfg[key] = value
+        self.config = self.dir / "agent.yaml"
+        self.config.write_text(yaml.safe_dump(cfg))
+        self.log = self.dir / "agent.log"
+        self._env = sim.env
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> SweeperAgent:
+        import sys
+
+        self._log_fh = open(self.log, "wb")  # noqa: SIM115 - closed in stop()
+        self._proc = subprocess.Popen([sys.executable, "-m", "fabricmon", "agent", "--config", str(self.config),
+                                       "--ib-switches"], env=self._env, stdout=subprocess.DEVNULL,
+                                      stderr=self._log_fh, cwd=self.dir)
+        return self
+
+    def metrics(self) -> dict[tuple[str, frozenset], float]:
+        from support.agentrig import http_get, parse_metrics
+
+        if self._proc is not None and self._proc.poll() is not None:
+            raise RuntimeError(f"agent exited: {self.log.read_text(errors='replace')[-2000:]}")
+        status, body = http_get(f"http://127.0.0.1:{self.port}/metrics")
+        return parse_metrics(body) if status == 200 else {}
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(5)
+        self._proc = None
+        if getattr(self, "_log_fh", None) is not None:
+            self._log_fh.close()
+
+    def __enter__(self) -> SweeperAgent:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
