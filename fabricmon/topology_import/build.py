@@ -34,6 +34,7 @@ class Nic:
     interface: str | None = None
     rail: int | None = None
     source: str = ""  # file the link came from, for notes
+    leaf_port: int | None = None  # the leaf's port this NIC's cable ends on (the cable's other end)
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Imported:
     leaves: dict[str, list[str]] = field(default_factory=dict)  # leaf -> spines
     rail_optimized: bool = False
     skipped_firmware_default: list[tuple[int, str]] = field(default_factory=list)  # (guid, description)
+    switches: dict[str, int] = field(default_factory=dict)  # every switch's name -> GUID (InfiniBand)
     notes: list[str] = field(default_factory=list)
 
 
@@ -114,6 +116,7 @@ def import_ibnetdiscover(fabrics: list[tuple[str, IbFabric]], *, node_names: dic
             descriptions[guid] = name
 
     switch_names = name_switches((g for g, k in kinds.items() if k == "switch"), descriptions, out.notes)
+    out.switches = {name: guid for guid, name in sorted(switch_names.items(), key=lambda kv: natural_key(kv[1]))}
 
     # Host CA ports: NICs on the switch they link to.
     cas: dict[int, CaName] = {}
@@ -126,7 +129,7 @@ def import_ibnetdiscover(fabrics: list[tuple[str, IbFabric]], *, node_names: dic
             out.skipped_firmware_default.append((guid, descriptions.get(guid, "")))
     nics_by_key: dict[tuple[int, int], Nic] = {}
     switch_links: dict[int, set[int]] = defaultdict(set)
-    for (guid, port), (peer, _peer_port, source) in edges.items():
+    for (guid, port), (peer, peer_port, source) in edges.items():
         own_kind, peer_kind = kinds.get(guid), kinds.get(peer)
         if own_kind == "switch" and peer_kind == "switch":
             switch_links[guid].add(peer)
@@ -136,7 +139,7 @@ def import_ibnetdiscover(fabrics: list[tuple[str, IbFabric]], *, node_names: dic
         if cn.kind is not CaKind.HOST or cn.host is None:
             continue
         nics_by_key[(guid, port)] = Nic(host=cn.host, leaf=switch_names[peer], port=port, device=cn.device,
-                                        label=cn.label, node_guid=guid, source=source)
+                                        label=cn.label, node_guid=guid, source=source, leaf_port=peer_port)
     for nic in nics_by_key.values():
         out.nodes.setdefault(nic.host, []).append(nic)
     _check_duplicate_devices(out)
