@@ -45,6 +45,9 @@ from .ras_queries import RasQueries
 from .remote_evidence import CrossShard, RemoteIncident
 from .state import LinkState, Registry
 from .stragglers import StragglerTracker
+from .switch_side import DELTA_FAMILIES as SWITCH_DELTA_FAMILIES
+from .switch_side import GAUGE_FAMILIES as SWITCH_GAUGE_FAMILIES
+from .switch_side import SwitchSide
 
 # what the stream decoder needs to build for this engine; other families are only counted
 READ_DELTA_FAMILIES = frozenset(DELTA_ROUTES)
@@ -66,8 +69,8 @@ class RemoteSource(Protocol):
 class Engine:
     # what the detectors read: the stream decoder builds only these deltas (proto/codec.py), and
     # agents are told to send only these (proto/subscription.py)
-    read_delta_families = READ_DELTA_FAMILIES
-    read_gauge_families = frozenset(GAUGE_ROUTES)
+    read_delta_families = READ_DELTA_FAMILIES | SWITCH_DELTA_FAMILIES
+    read_gauge_families = frozenset(GAUGE_ROUTES) | SWITCH_GAUGE_FAMILIES
 
     def __init__(self, topology: Topology, settings: DetectionSettings | None = None,
                  clock: Callable[[], float] | None = None, *, cluster: str | None = None,
@@ -94,6 +97,7 @@ class Engine:
         self.folder = LeafFolder(s, self.cluster, self.links_by_leaf)
         self.ingest_stage = Ingest(reg, s, self.cable)
         self.node_folder = NodeFolder(s, self.cluster, self._rail_links)
+        self.switch_side = SwitchSide(topology, s, self.cluster, reg)  # switch_side.py: uplinks, cable ends
         # self-instrumentation (read by http_api)
         self.samples_total = 0
         self.batches_total = 0
@@ -271,6 +275,8 @@ class Engine:
                 self.ingest_stage.deltas(ns, batch)
             if batch.gauges:
                 self.ingest_stage.gauges(ns, batch)
+            if self.switch_side.carries(batch):
+                self.switch_side.ingest(batch)
             if batch.layouts:
                 for lay in batch.layouts:
                     self.stragglers.layout(lay)
@@ -340,7 +346,8 @@ class Engine:
 
     def _window(self, node: str) -> float:
         ns = self.nodes.get(node)
-        iv = ns.interval if ns is not None else 1.0
+        # a node that never streamed (a host cable seen from its switch end) or none (an uplink): the sweep's cadence
+        iv = ns.interval if ns is not None and ns.ever_seen else self.switch_side.interval
         return max(self.settings.window_s, iv)
 
     def _detect(self, now: float) -> tuple[list[Finding], list[Relation]]:
