@@ -44,8 +44,9 @@ def _climb(sim: IbSim, agent: SweeperAgent, guid: int, switch: str, port: int, a
             return hit
         value = min(value + step, 65535)
         sim.performance_set(guid, port, "PortCounters.SymbolErrorCounter", value)
-        wait_until(lambda: metric(agent.metrics(), "fabricmon_switch_port_errors_total", switch=switch,
-                                  port=str(port), counter="symbol_error") == value, 20.0, f"{what}: value {value}")
+        wait_until(lambda want=value: metric(agent.metrics(), "fabricmon_switch_port_errors_total", switch=switch,
+                                             port=str(port), counter="symbol_error") == want, 20.0,
+                   f"{what}: value {value}")
     raise AssertionError(f"no incident for {what}: {agg.incidents('all')}")
 
 
