@@ -25,7 +25,9 @@ SELF_ALERTS = {"FabricmonAggregatorDown", "FabricmonAlertDeliveryFailing", "Fabr
                "FabricmonBatchesDropped",
                # blind spots: what an agent cannot see, it says (issue 25)
                "FabricmonAgentStreamDown", "FabricmonAgentRefused", "FabricmonSpoolDropping",
-               "FabricmonGPUsUnmonitored", "FabricmonDevicesMissing", "FabricmonReloadFailed"}
+               "FabricmonGPUsUnmonitored", "FabricmonDevicesMissing", "FabricmonReloadFailed",
+               # the switch sweep (sources.ib_switches, issue 40)
+               "FabricmonSwitchSweepFailing"}
 CONTRACT_LABELS = {"severity", "component_type", "component", "node", "rail", "leaf", "gpu", "job", "cluster"}
 COMPONENT_TYPES = {"link", "nic", "gpu", "node", "rail", "leaf", "spine", "config", "nvlink", "service"}
 

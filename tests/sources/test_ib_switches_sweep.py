@@ -126,4 +126,7 @@ def test_no_map_is_a_failing_sweep_that_says_so():
     snap = sw.sweep_once()
     assert snap.problem.startswith("ibnetdiscover failed") and not snap.switches
     assert sw.queries == {"ok": 0, "timeout": 0, "error": 1}
+    result = IbSwitchesSource(IbSwitchesConfig(enabled=True), sweeper=sw, clock=clock,
+                              start_thread=False).poll(Inventory("/nonexistent"))
+    assert not result.up and "ibnetdiscover failed" in result.messages[0]
     sw.stop()

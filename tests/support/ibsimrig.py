@@ -22,7 +22,6 @@ import re
 import shutil
 import subprocess
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,18 +47,19 @@ def umad2sim_library() -> str:
 
 
 def two_tier(leaves: int, hosts_per_leaf: int, spines: int, *, ports: int = 8,
-             hosts_without_agent: Sequence[int] = ()) -> GenFabric:
+             spine_ports: int | None = None) -> GenFabric:
     """Leaves of ``hosts_per_leaf`` hosts (ports 1..hosts_per_leaf, node order), uplink k of each leaf on
     port ``hosts_per_leaf + 1 + k`` to spine k (the simulator's generated layout), spines' port u+1 to
     leaf u.  Hosts ``node-000``...  with one CA ``mlx5_0``; the first host is where the tools run."""
-    if hosts_per_leaf + spines > ports or leaves > ports:
+    spine_ports = spine_ports or ports
+    if hosts_per_leaf + spines > ports or leaves > spine_ports:
         raise ValueError("not enough switch ports for that fabric")
     f = GenFabric()
     hosts = [f.add("ca", 0x0c42_a100_0000 + (i << 4), 1, f"node-{i:03d} mlx5_0").guid
              for i in range(leaves * hosts_per_leaf)]
     leaf_guids = [f.add("switch", 0x0c42_b000_0000 + u, ports, f"MF0;leaf-{u:02d}:MQM9700/U1").guid
                   for u in range(leaves)]
-    spine_guids = [f.add("switch", 0x0c42_c000_0000 + s, ports, f"MF0;spine-{s:02d}:MQM9790/U1").guid
+    spine_guids = [f.add("switch", 0x0c42_c000_0000 + s, spine_ports, f"MF0;spine-{s:02d}:MQM9790/U1").guid
                    for s in range(spines)]
     for i, g in enumerate(hosts):
         f.link(g, 1, leaf_guids[i // hosts_per_leaf], 1 + i % hosts_per_leaf)

@@ -86,6 +86,8 @@ class IbSwitchesSource:
         snap = self._sweeper.snapshot()
         if snap.problem:
             result.error(f"switch sweep: {snap.problem}")
+            # no map at all: the whole source is down (fabricmon_collector_up{collector="ib_switches"} 0)
+            result.up = bool(snap.switches)
         for sr in snap.switches:
             if not sr.reachable:
                 result.error(f"switch {sr.switch.name} (lid {sr.switch.lid}): {sr.problem}")
