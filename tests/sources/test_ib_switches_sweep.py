@@ -90,10 +90,14 @@ def test_map_kept_between_sweeps_and_full_read_only_when_due():
     assert not any(a[0] == "ibnetdiscover" for a in second)
     assert not any("-l" in a for a in second)  # AllPortSelect sums did not move, full read not due
     assert sum(1 for a in second if "-a" in a) == 4
+    # between full reads PortInfo of the four leaf-spine cables, each at its leaf end only
+    assert sorted((a[-2], a[-1]) for a in second if a[0] == "smpquery") == [
+        ("2", "3"), ("2", "4"), ("4", "3"), ("4", "4")]
     clock.t += 60
     sw.sweep_once()
     third = [a for a, _ in tools.calls[first + len(second):]]
     assert sum(1 for a in third if "-x" in a and "-l" in a) == 4
+    assert sum(1 for a in third if a[0] == "smpquery") == 12  # every cabled port on a full read
     clock.t += 300
     sw.sweep_once()
     assert sum(1 for a, _ in tools.calls if a[0] == "ibnetdiscover") == 2

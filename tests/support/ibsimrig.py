@@ -86,7 +86,7 @@ class IbSim:
 
     def __init__(self, fabric: GenFabric, workdir: Path, *, sm_sweep_s: int = 1) -> None:
         self.fabric = fabric
-        self.dir = Path(workdir)
+        self.dir = Path(workdir).resolve()  # ibsim runs in it and is given paths inside it
         self.sm_sweep_s = sm_sweep_s
         self.sockname = f"fmib-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.net = self.dir / "fabric.net"

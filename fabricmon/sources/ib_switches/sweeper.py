@@ -87,6 +87,7 @@ class Sweeper:
         self._ports: dict[int, dict[int, PortSample]] = {}
         self._states: dict[int, dict[int, PortState]] = {}
         self._full_at: dict[int, float] = {}
+        self._with_hosts: set[int] = set()  # switches with a host cable: leaves
         self._node_names = self._load_node_names()
         self._exclude = {e.strip().casefold() for e in config.exclude}
         self._dir = tempfile.mkdtemp(prefix="fabricmon-ibsweep-")
@@ -137,6 +138,7 @@ class Sweeper:
                     if s.name.casefold() not in self._exclude and s.guid_text not in self._exclude
                     and f"0x{s.guid:x}" not in self._exclude]
         self._map = merge_cables(switches, self._map)
+        self._with_hosts = {s.guid for s in self._map if any(c.peer_type == "host" for c in s.cables.values())}
         self._map_at = self._mono()
         _log.info("switch_map_refreshed", switches=len(self._map),
                   cabled_ports=sum(len(s.cables) for s in self._map))
@@ -154,8 +156,14 @@ class Sweeper:
         except ParseError as exc:
             return SwitchReading(sw, False, problem=str(exc))
         sums_now = {k: v for k, (v, _w) in sums.items()}
+        moved = self._probe.get(sw.guid) != sums_now
+        due = now - self._full_at.get(sw.guid, float("-inf")) >= self.config.full_interval
+        full = due or moved or sw.guid not in self._ports
         states = dict(self._states.get(sw.guid, {}))
-        for port in sorted(sw.cables):
+        # PortInfo is one SMP but one process per port: every cabled port on a full read or when the switch's
+        # error sums moved (a link going down counts LinkDowned), else only the switch-to-switch cables, each
+        # at one end (host cables' state is their host agents' to report between full reads)
+        for port in sorted(sw.cables) if full else self._state_ports(sw):
             run = self._query(self.commands.port_info(sw.lid, port))
             if run.ok:
                 try:
@@ -163,10 +171,8 @@ class Sweeper:
                 except ParseError:
                     pass  # keeps the last state read; the query counted as ok but told nothing
         self._states[sw.guid] = states
-        moved = self._probe.get(sw.guid) != sums_now
-        due = now - self._full_at.get(sw.guid, float("-inf")) >= self.config.full_interval
         reading = SwitchReading(sw, True, states=states)
-        if due or moved or sw.guid not in self._ports:
+        if full:
             ports = self._read_ports(sw)
             if ports is not None:
                 self._ports[sw.guid] = ports
@@ -176,6 +182,21 @@ class Sweeper:
                 reading.problem = "per-port read failed; counters of the last full read served"
         reading.ports = self._ports.get(sw.guid, {})
         return reading
+
+    def _state_ports(self, sw: Switch) -> list[int]:
+        """The switch-to-switch cables whose state this switch's end reads in a health sweep: the leaf's end
+        (the switch with hosts), else the end with the lower (GUID, port)."""
+        out = []
+        for port, c in sorted(sw.cables.items()):
+            if c.peer_type != "switch":
+                continue
+            here, there = sw.guid in self._with_hosts, c.peer_guid in self._with_hosts
+            if here != there:
+                if here:
+                    out.append(port)
+            elif (sw.guid, port) < (c.peer_guid, c.peer_port):
+                out.append(port)
+        return out
 
     def _read_ports(self, sw: Switch) -> dict[int, PortSample] | None:
         ext = self._blocks(self.commands.ports_extended(sw.lid))
