@@ -132,8 +132,8 @@ class IbSwitchesConfig:
     retries: int = 1  # a failed query is run again this many times before the switch counts as unreachable
     exclude: tuple[str, ...] = ()  # switch names or GUIDs (0x...) never queried
     rediscover_interval: float = 300.0  # ibnetdiscover --cache: the map, never per sweep
-    health_interval: float = 10.0  # AllPortSelect probe per switch and PortInfo per cabled port
-    full_interval: float = 60.0  # every port's counters (perfquery -x -l), one process per switch
+    health_interval: float = 10.0  # AllPortSelect probe per switch, PortInfo of switch-to-switch cables
+    full_interval: float = 60.0  # every port's counters (perfquery -x -l, one process per switch) and PortInfo
     node_name_map: str | None = None  # OpenSM's node-name-map, as `fabricmon topology import` takes it
 
     def validate(self, path: str, source: str) -> None:

@@ -1,9 +1,10 @@
 """The sweep schedule, on a thread of its own (never on the 1 s poll path).
 
 Every ``health_interval``: per switch (``concurrency`` switches at a time, one query each in flight) an
-AllPortSelect probe (``perfquery -a``: about 3 MADs per switch) and PortInfo of each cabled port
-(``smpquery portinfo``).  Every port's counters (``perfquery -x -l``, 64-bit data; plus ``perfquery -l`` for
-the error counters where the PMA has no 64-bit error counters) are read every ``full_interval``, and at
+AllPortSelect probe (``perfquery -a``: about 3 MADs per switch) and PortInfo (``smpquery portinfo``) of its
+switch-to-switch cables, each at one end (``_state_ports``).  Every cabled port's PortInfo and every
+port's counters (``perfquery -x -l``, 64-bit data; plus ``perfquery -l`` for the error counters where the
+PMA has no 64-bit error counters) are read every ``full_interval``, and at
 once for a switch whose AllPortSelect error sums moved, so errors show within one health interval.  The
 map (``ibnetdiscover --cache``) is refreshed every ``rediscover_interval``, never per sweep.
 
