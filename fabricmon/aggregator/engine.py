@@ -505,6 +505,7 @@ class Engine:
                 "samples_total": self.samples_total,
                 "batches_total": self.batches_total,
                 "batches_dropped_total": self.batches_dropped_total,
+                "switch_side": self.switch_side.stats(),
                 "suspicion": {(c.type, c.id): p for c, p in self.suspicion.items()},
                 "lateness": self.stragglers.lateness_by_job(top=LATENESS_EXPORTED_PER_JOB),
                 "incidents_open": open_counts,

@@ -202,3 +202,6 @@ class SwitchSide:
 
     def uplink_states(self) -> list[LinkState]:
         return list(self._uplinks.values())
+
+    def stats(self) -> dict[str, float]:
+        return {"refused_batches": self.refused_batches, "uplinks": len(self._uplinks), "interval": self.interval}
