@@ -103,3 +103,19 @@ def test_switch_series_from_a_node_not_listed_are_ignored_and_counted(tmp_path):
     exported = {s.name: s.value for fam in AggregatorCollector(engine).collect() for s in fam.samples}
     assert exported["fabricmon_switch_series_refused_batches_total"] == 4
     assert exported["fabricmon_switch_uplinks"] == 0
+
+
+def test_transmit_wait_on_a_switch_port_is_congestion_on_its_uplink(tmp_path):
+    engine = _engine(tmp_path)
+    assert engine.ingest(_first(SWEEPER, 100.0))
+    engine.tick(100.0)
+    for k in range(1, 6):
+        wait = CounterDelta("fabricmon_switch_port_transmit_wait_total", (("switch", "spine-00"), ("port", "2")),
+                            5e8)
+        assert engine.ingest(NodeBatch(SWEEPER, k + 1, 100.0 + k, 1.0, deltas=(wait,),
+                                       gauges=(Sample("fabricmon_switch_sweep_seconds", (), 0.1 + k / 1000),)))
+        engine.tick(100.0 + k)
+    incs = engine.open_incidents()
+    assert [(i.alertname, i.component_type, i.component) for i in incs] == [
+        ("FabricCongestion", "uplink", "leaf-01/p3")]
+    assert "node" not in incs[0].labels
