@@ -379,6 +379,9 @@ class Engine:
         leaf_findings, relations = self.folder.fold_links(foldable, now)
         findings.extend(leaf_findings)
         findings.extend(node_findings)
+        spine_findings, spine_relations = self.switch_side.fold_spines(findings)  # uplinks of one spine
+        findings.extend(spine_findings)
+        relations.extend(spine_relations)
         relations.extend(node_relations)  # after the leaf's: a link of a failing node is the node's evidence
         cong_findings, cong_relations = self.folder.fold_congestion(congested)
         findings.extend(cong_findings)

@@ -21,9 +21,10 @@ components fed only from here, as a node's poll interval widens its own."""
 from __future__ import annotations
 
 from ..batch import NodeBatch
-from ..components import Kind, uplink
+from ..components import Kind, spine, uplink
 from ..topology import Topology
 from .config import DetectionSettings
+from .incidents import Finding, Relation
 from .ingest import PMA_ERRORS
 from .state import Event, LinkEvent, LinkState, Registry, build_link_state
 
@@ -36,6 +37,9 @@ DELTA_FAMILIES = frozenset({ERRORS, XMIT_WAIT})
 GAUGE_FAMILIES = frozenset({PORT_UP, PORT_INFO, SWEEP_SECONDS})
 FAMILIES = DELTA_FAMILIES | GAUGE_FAMILIES
 INTERVAL_RANGE = (1.0, 600.0)
+SPINE_DEGRADED = "FabricSpineDegraded"
+# what makes an uplink bad for the spine fold (congestion is not a broken cable)
+BAD_UPLINK = frozenset({"FabricLinkDown", "FabricLinkFlapping", "FabricLinkErrors", "FabricLinkDegraded"})
 
 # PortInfo as the host detectors read it: ACTIVE/LinkUp, DOWN/Polling
 _UP, _DOWN = (4, 5), (1, 2)
@@ -202,6 +206,35 @@ class SwitchSide:
 
     def uplink_states(self) -> list[LinkState]:
         return list(self._uplinks.values())
+
+    # ------------------------------------------------------------------ the spine fold
+    def fold_spines(self, findings: list[Finding]) -> tuple[list[Finding], list[Relation]]:
+        """``FabricSpineDegraded`` (critical) when one spine's uplinks to at least max(2, leaf_fold_min_links)
+        leaves are bad in the same tick; those uplink findings become its evidence (related to it), as a
+        leaf's links are the leaf's."""
+        by_spine: dict[str, dict[str, list[Finding]]] = {}
+        for f in findings:
+            c = f.component
+            if c.kind is Kind.UPLINK and c.spine and f.alertname in BAD_UPLINK and (f.fire or f.keep):
+                by_spine.setdefault(c.spine, {}).setdefault(c.leaf, []).append(f)
+        need = max(2, self.settings.leaf_fold_min_links)
+        out: list[Finding] = []
+        relations: list[Relation] = []
+        for name, leaves in sorted(by_spine.items()):
+            if len(leaves) < need:
+                continue
+            firing = sum(1 for fs in leaves.values() if any(f.fire for f in fs))
+            sp = spine(name)
+            uplinks = sorted({f.component.id for fs in leaves.values() for f in fs})
+            labels = {**sp.labels(self.cluster), "spine": name}
+            out.append(Finding(SPINE_DEGRADED, sp, labels,
+                               [f"uplinks of {name} to {len(leaves)} leaves bad at once",
+                                "uplinks: " + ", ".join(uplinks[:6]) + (f" (+{len(uplinks) - 6} more)"
+                                                                       if len(uplinks) > 6 else "")],
+                               fire=firing >= need, keep=True))
+            relations.extend(Relation((f.alertname, f.component), (SPINE_DEGRADED, sp))
+                             for fs in leaves.values() for f in fs)
+        return out, relations
 
     def stats(self) -> dict[str, float]:
         return {"refused_batches": self.refused_batches, "uplinks": len(self._uplinks), "interval": self.interval}

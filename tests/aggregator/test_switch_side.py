@@ -119,3 +119,21 @@ def test_transmit_wait_on_a_switch_port_is_congestion_on_its_uplink(tmp_path):
     assert [(i.alertname, i.component_type, i.component) for i in incs] == [
         ("FabricCongestion", "uplink", "leaf-01/p3")]
     assert "node" not in incs[0].labels
+
+
+def test_one_spines_uplinks_to_several_leaves_bad_together_are_the_spines_fault(tmp_path):
+    out = tmp_path / "topo.yaml"
+    assert main(["topology", "import", "--ibnetdiscover", str(FIXTURES / "ib_switches" / "ibnetdiscover-cache.out"),
+                 "-o", str(out)]) == 0
+    engine = Engine(load_topology(out), DetectionSettings(leaf_fold_min_links=2))  # two leaves in this fabric
+    engine.switch_side.sources = frozenset({SWEEPER})
+    incs = _run(engine, SWEEPER, [({("leaf-00", 3): 200.0, ("spine-00", 2): 200.0}, ())] * 3)
+    spine = [i for i in incs if i.alertname == "FabricSpineDegraded"]
+    assert [(i.component_type, i.component, i.severity) for i in spine] == [("spine", "spine-00", "critical")]
+    assert spine[0].labels["spine"] == "spine-00" and "node" not in spine[0].labels
+    others = {(i.alertname, i.component) for i in incs if i.alertname != "FabricSpineDegraded"}
+    assert others <= {("FabricLinkErrors", "leaf-00/p3"), ("FabricLinkErrors", "leaf-01/p3")}
+    # one bad uplink alone is not the spine's
+    engine = _engine(tmp_path)
+    assert not [i for i in _run(engine, SWEEPER, [({("leaf-00", 3): 200.0}, ())] * 3)
+                if i.alertname == "FabricSpineDegraded"]
