@@ -134,3 +134,17 @@ def test_no_map_is_a_failing_sweep_that_says_so():
                               start_thread=False).poll(Inventory("/nonexistent"))
     assert not result.up and "ibnetdiscover failed" in result.messages[0]
     sw.stop()
+
+
+def test_stop_ends_a_sweep_in_flight_within_one_query():
+    class StopAfterMap(FakeTools):
+        def _answer(self, argv):
+            if argv[0] == "perfquery":
+                sweeper._stop.set()  # what stop() does, from the agent's shutdown, mid-sweep
+            return super()._answer(argv)
+
+    tools, clock = StopAfterMap(), Clock()
+    sweeper = _sweeper(tools, clock, concurrency=1)
+    sweeper.sweep_once()
+    assert [a[0] for a, _ in tools.calls] == ["ibnetdiscover", "perfquery"]
+    sweeper.stop()

@@ -113,8 +113,10 @@ class Sweeper:
 
     def _query(self, argv: list[str]) -> ToolRun:
         """One query, tried again up to ``retries`` times; each try is counted by its result."""
-        run = ToolRun(1, "", "", 0.0)
+        run = ToolRun(1, "", "stopping", 0.0)
         for _ in range(1 + self.config.retries):
+            if self._stop.is_set():
+                break  # stopping: a sweep in flight ends within one query, not after every switch
             run = self._run(argv, self.commands.deadline_s)
             result = "ok" if run.ok else ("timeout" if run.rc is None else failure_kind(run.stderr))
             with self._lock:
