@@ -1,6 +1,7 @@
 """The real agent with ``--ib-switches`` sweeping an ibsim fabric with opensm, through the real
 infiniband-diags (tests/support/ibsimrig.py): every cabled switch port exported with the exact values
-ibsim's console set, and a pulled uplink kept at ``fabricmon_switch_port_up 0`` on both of its ends."""
+ibsim's console set, a pulled uplink kept at ``fabricmon_switch_port_up 0`` on both of its ends, and a
+switch whose MADs are dropped (ibsim's ``Error``) costing only its own series."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def test_every_cabled_switch_port_exact_and_a_pulled_uplink_stays_down(tmp_path)
                 sim.performance_set(guid, port, "PortCounters.LinkDownedCounter", downed)
                 expect[(name, port)] = (sym, wait, downed)
         assert len(expect) == 12  # 2 hosts + 2 uplinks on each leaf, 2 leaves on each spine
-        with SweeperAgent(sim, tmp_path / "agent", rediscover=2.0) as agent:
+        with SweeperAgent(sim, tmp_path / "agent", rediscover=2.0, timeout_ms=100) as agent:
             def exported():
                 m = agent.metrics()
                 return m if all(metric(m, "fabricmon_switch_port_up", switch=s, port=str(p)) is not None
@@ -72,3 +73,14 @@ def test_every_cabled_switch_port_exact_and_a_pulled_uplink_stays_down(tmp_path)
             seen = wait_until(lambda: (mm := agent.metrics()) and (metric(
                 mm, "fabricmon_switch_sweep_age_seconds") or 99) < 1 and mm, 30.0, "a fresh sweep")
             assert metric(seen, "fabricmon_switch_port_up", switch="leaf-00", port="4") == 0
+
+            # with leaf-00's uplink to spine-01 pulled, spine-01 is reached only through leaf-01's port 4: every
+            # MAD into spine-01 there dropped, its PMA times out; it costs its own series only, counted as
+            # unreachable and as timeouts
+            sim.error(_guid(fabric, "spine-01"), 2, 100)
+            blind = wait_until(lambda: (mm := agent.metrics()) and metric(
+                mm, "fabricmon_switches_unreachable") == 1 and mm, 60.0, "spine-01 unreachable")
+            assert metric(blind, "fabricmon_switch_port_up", switch="spine-01", port="2") is None
+            assert metric(blind, "fabricmon_switch_port_errors_total", switch="leaf-01", port="3",
+                          counter="symbol_error") == expect[("leaf-01", 3)][0]
+            assert (metric(blind, "fabricmon_switch_queries_total", result="timeout") or 0) >= 2

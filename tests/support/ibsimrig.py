@@ -211,7 +211,7 @@ class SweeperAgent:
 
     def __init__(self, sim: IbSim, workdir: Path, *, health: float = 1.0, full: float = 2.0,
                  rediscover: float = 5.0, node: str = "sweeper-0", aggregator: str | None = None,
-                 extra: dict | None = None) -> None:
+                 timeout_ms: int = 1000, extra: dict | None = None) -> None:
         import yaml
 
         from support.net import free_port
@@ -223,7 +223,7 @@ class SweeperAgent:
                      "listen": f"127.0.0.1:{self.port}", "interval": 0.5, "aggregator": aggregator,
                      "sources": {"infiniband": {"expected_ports": 0},
                                  "ib_switches": {"health_interval": health, "full_interval": full,
-                                                 "rediscover_interval": rediscover}},
+                                                 "rediscover_interval": rediscover, "timeout_ms": timeout_ms}},
                      "intake": {"listen": None, "socket": str(self.dir / "ranks.sock")},
                      "stream": {"spool_dir": str(self.dir / "spool")},
                      "log": {"format": "json"}}
