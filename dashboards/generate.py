@@ -604,6 +604,10 @@ def _blind_spots(b: Board) -> None:
     b.ts("Incident state saves failing (FabricmonStateSaveFailing)",
          [(f"sum by (instance) (rate(fabricmon_state_save_failures_total{{{C}}}[{RATE}]))", "{{instance}}")],
          "cps", min_val=0)
+    b.ts("Switch sweep age and unreachable switches (FabricmonSwitchSweepFailing)",
+         [(f"max by (node) (fabricmon_switch_sweep_age_seconds{{{N}}})", "{{node}} sweep age"),
+          (f"sum by (node) (fabricmon_switches_unreachable{{{N}}})", "{{node}} unreachable"),
+          (f"sum by (node) (fabricmon_switches_swept{{{N}}})", "{{node}} swept")], "none", min_val=0)
     b.ts("Versions running (skew during an upgrade)",
          [(f"count by (version) (fabricmon_build_info{{{C}}})", "{{version}}")], "none", min_val=0)
 

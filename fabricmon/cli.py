@@ -56,6 +56,9 @@ def _agent_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--unit", type=int, help="this node's scalable unit, for shard: (default: $FABRICMON_UNIT, "
                    "then shard.unit, shard.topology, shard.node_label)")
     p.add_argument("--nccl-inspector-dir", dest="nccl_inspector_dir", help="tail NCCL Inspector logs in this directory")
+    p.add_argument("--ib-switches", dest="ib_switches", action="store_true", default=None,
+                   help="sweep every InfiniBand switch port from this node (sources.ib_switches.enabled; "
+                        "one node per subnet or plane)")
     p.add_argument("--once", action="store_true", help="poll once, print the Prometheus exposition, exit")
     p.add_argument("--capture", help="with --once: read the node from a 'fabricmon collect' archive")
     _web_flag(p)
@@ -185,9 +188,11 @@ def _agent_overrides(args: argparse.Namespace) -> dict:
 def _load_agent(args: argparse.Namespace):
     import os
 
-    from .config import load_agent_config, parse_unit, with_unit
+    from .config import load_agent_config, parse_unit, with_ib_switches, with_unit
 
     cfg = load_agent_config(args.config, _agent_overrides(args))
+    if getattr(args, "ib_switches", None):
+        cfg = with_ib_switches(cfg)
     if args.unit is not None:
         cfg = with_unit(cfg, args.unit, "--unit")
     elif os.environ.get("FABRICMON_UNIT", "").strip() and cfg.shard is not None:

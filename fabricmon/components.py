@@ -39,12 +39,13 @@ class Kind(StrEnum):
     RAIL = "rail"
     LEAF = "leaf"
     SPINE = "spine"
+    UPLINK = "uplink"  # a switch-to-switch cable, named by its leaf end: leaf-a3/p17
     CONFIG = "config"
     JOB = "job"
 
 
 # the kinds a network fault lives on (what compute stragglers are never blamed on)
-NETWORK_KINDS = frozenset({Kind.LINK, Kind.NIC, Kind.LEAF, Kind.RAIL, Kind.SPINE, Kind.CONFIG})
+NETWORK_KINDS = frozenset({Kind.LINK, Kind.NIC, Kind.LEAF, Kind.RAIL, Kind.SPINE, Kind.UPLINK, Kind.CONFIG})
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -60,6 +61,8 @@ class Component:
     leaf: str = field(default="", compare=False)  # the leaf's name, as the topology hands it out
     job: str = field(default="", compare=False)
     stage: int | None = field(default=None, compare=False)
+    spine: str = field(default="", compare=False)  # an uplink's spine end: the spine's name ...
+    spine_port: str = field(default="", compare=False)  # ... and its port
 
     def __str__(self) -> str:
         return self.id
@@ -106,6 +109,10 @@ class Component:
             lab["rail"] = str(self.rail)
         if self.leaf:
             lab["leaf"] = self.leaf
+        if self.spine:
+            lab["spine"] = self.spine
+        if self.spine_port:
+            lab["spine_port"] = self.spine_port
         if self.job:
             lab["hpc_job"] = self.job
         if cluster:
@@ -148,6 +155,12 @@ def leaf(name: str, rail_index: int | None = None) -> Component:
 
 def spine(name: str) -> Component:
     return Component(Kind.SPINE, name)
+
+
+def uplink(leaf_name: str, port: int | str, spine_name: str = "", spine_port: int | str = "") -> Component:
+    """A leaf-to-spine cable, named by its leaf end (``leaf-a3/p17``); no node: no host owns it."""
+    return Component(Kind.UPLINK, f"{leaf_name}/p{port}", port=str(port), leaf=leaf_name, spine=spine_name,
+                     spine_port=str(spine_port))
 
 
 def config(node_name: str, device: str = "", rail: int | None = None, leaf: str = "") -> Component:

@@ -119,6 +119,42 @@ class TransceiverConfig:
 
 
 @dataclass(frozen=True)
+class IbSwitchesConfig:
+    """The in-band sweep of every switch port (DESIGN.md "The switch side of the fabric").  Off by default:
+    enabled on one node per subnet or plane, it reads the switches' PMAs from this node's HCA with
+    infiniband-diags on its own thread; the poll serves the last complete sweep."""
+
+    enabled: bool = False
+    ca: str | None = None  # -C: the HCA to sweep from (default: the tools' own choice, the first LinkUp port)
+    ca_port: int | None = None  # -P
+    concurrency: int = 4  # tool processes (queries) in flight
+    timeout_ms: int = 1000  # per MAD (-t); a query's deadline is four of them (libibmad retries 3 times) + 2 s
+    retries: int = 1  # a failed query is run again this many times before the switch counts as unreachable
+    exclude: tuple[str, ...] = ()  # switch names or GUIDs (0x...) never queried
+    rediscover_interval: float = 300.0  # ibnetdiscover --cache: the map, never per sweep
+    health_interval: float = 10.0  # AllPortSelect probe per switch, PortInfo of switch-to-switch cables
+    full_interval: float = 60.0  # every port's counters (perfquery -x -l, one process per switch) and PortInfo
+    node_name_map: str | None = None  # OpenSM's node-name-map, as `fabricmon topology import` takes it
+
+    def validate(self, path: str, source: str) -> None:
+        check_range(self.concurrency, 1, 64, f"{path}.concurrency", source)
+        check_range(self.timeout_ms, 10, 60_000, f"{path}.timeout_ms", source, "ms")
+        check_range(self.retries, 0, 10, f"{path}.retries", source)
+        if self.ca_port is not None:
+            check_range(self.ca_port, 1, 254, f"{path}.ca_port", source)
+        if self.ca is not None and not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", self.ca):
+            raise ConfigError(f"{source}: {path}.ca: not an RDMA device name: {self.ca!r}")
+        check_range(self.health_interval, 1.0, 3600.0, f"{path}.health_interval", source, "s")
+        check_range(self.full_interval, self.health_interval, 86400.0, f"{path}.full_interval", source,
+                    "s (at least health_interval)")
+        check_range(self.rediscover_interval, self.health_interval, 86400.0, f"{path}.rediscover_interval",
+                    source, "s (at least health_interval)")
+        for i, item in enumerate(self.exclude):
+            if not item.strip():
+                raise ConfigError(f"{source}: {path}.exclude[{i}]: empty switch name")
+
+
+@dataclass(frozen=True)
 class SourcesConfig:
     infiniband: InfinibandConfig = field(default_factory=InfinibandConfig)
     ethtool: EthtoolConfig = field(default_factory=EthtoolConfig)
@@ -126,6 +162,7 @@ class SourcesConfig:
     host: HostConfig = field(default_factory=HostConfig)
     fabric_config: FabricConfigConfig = field(default_factory=FabricConfigConfig)
     transceiver: TransceiverConfig = field(default_factory=TransceiverConfig)
+    ib_switches: IbSwitchesConfig = field(default_factory=IbSwitchesConfig)
 
 
 @dataclass(frozen=True)
@@ -355,6 +392,12 @@ def with_unit(cfg: AgentConfig, unit: int, where: str) -> AgentConfig:
         raise ConfigError(f"command line: {where}: only with a shard: section in the agent config")
     check_range(unit, *UNIT_RANGE, where, "command line")
     return replace(cfg, shard=replace(cfg.shard, unit=unit))
+
+
+def with_ib_switches(cfg: AgentConfig) -> AgentConfig:
+    """``--ib-switches``: the file's ``sources.ib_switches`` section, enabled."""
+    section = replace(cfg.sources.ib_switches, enabled=True)
+    return replace(cfg, sources=replace(cfg.sources, ib_switches=section))
 
 
 def _relative_to(path: str | None, config: str | Path | None) -> str | None:

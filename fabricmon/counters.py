@@ -71,6 +71,8 @@ _MONOTONIC = Semantics.MONOTONIC
 _WRAPPING = Semantics.WRAPPING
 _SATURATING = Semantics.SATURATING
 _SATURATED_FAMILY = "fabricmon_ib_port_error_saturated"
+# Families whose saturation flag has its own family (same labels): the switch side's.
+_SATURATED_FAMILIES = {"fabricmon_switch_port_errors_total": "fabricmon_switch_port_error_saturated"}
 
 
 class CounterTracker:
@@ -195,7 +197,7 @@ class CounterTracker:
                 sat = st.sat_sample
                 flag = 1.0 if saturated else 0.0
                 if sat is None or sat.value != flag:
-                    sat = st.sat_sample = Sample(SAT_FAMILY, labels, flag)
+                    sat = st.sat_sample = Sample(_SATURATED_FAMILIES.get(family, SAT_FAMILY), labels, flag)
                 add_sat(sat)
                 # Cached for the identity path: a pinned counter reports a zero
                 # delta flagged saturated at every poll.

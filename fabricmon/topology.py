@@ -102,6 +102,7 @@ class NicSpec:
     leaf: str | None = None  # the leaf switch's name, replacing leaf-u<unit>-r<rail>
     node_guid: str | None = None  # "0x..." as fabricmon_ib_port_info's node_guid label
     interface: str | None = None  # the netdev (LLDP imports)
+    leaf_port: int | None = None  # the leaf's port at the cable's other end (imported from ibnetdiscover)
 
     def validate(self, path: str, source: str) -> None:
         for what, v in (("rail", self.rail), ("gpu", self.gpu), ("port", self.port)):
@@ -210,6 +211,8 @@ class Topology:
     version: int = 1
     rail_optimized: bool = True
     leaf_spines: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    switches: dict[str, str] = field(default_factory=dict)  # version 2: switch name -> "0x..." GUID
+    _by_leaf_port: dict[tuple[str, int], tuple[str, NicSpec]] = field(default_factory=dict, repr=False)
     _leaf_by_rail: dict[tuple[str, int | None], str] = field(default_factory=dict, repr=False)
     _by_guid: dict[str, tuple[str, NicSpec]] = field(default_factory=dict, repr=False)
     _bound_names: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)  # bind_devices' inputs
@@ -227,6 +230,8 @@ class Topology:
                 self._leaf_by_rail.setdefault((n.name, nic.rail), nic.leaf)
             if nic.node_guid is not None:
                 self._by_guid[nic.node_guid] = (n.name, nic)
+            if nic.leaf is not None and nic.leaf_port is not None:
+                self._by_leaf_port[(nic.leaf, nic.leaf_port)] = (n.name, nic)
 
     # --- lookups ---
     def unit_of(self, node: str) -> int:
@@ -263,6 +268,10 @@ class Topology:
             return None
         return nic.leaf if nic.leaf is not None else (leaf_id(self.nodes[node].unit, nic.rail)
                                                       if nic.rail is not None else None)
+
+    def nic_on_leaf_port(self, leaf: str, port: int) -> tuple[str, NicSpec] | None:
+        """The host NIC whose cable ends on ``leaf``'s ``port`` (version-2 files with ``leaf_port``)."""
+        return self._by_leaf_port.get((leaf, port))
 
     def nic_by_guid(self, node_guid: str) -> tuple[str, NicSpec] | None:
         """(node, NIC) of a CA node GUID, in any spelling ``canonical_guid`` reads."""
@@ -439,7 +448,10 @@ class Topology:
             for key in ("node_guid", "interface"):
                 if getattr(c, key) is not None:
                     row[key] = getattr(c, key)
-            row.update({"leaf": c.leaf, "rail": c.rail, "gpu": c.gpu})
+            row["leaf"] = c.leaf
+            if c.leaf_port is not None:
+                row["leaf_port"] = c.leaf_port
+            row.update({"rail": c.rail, "gpu": c.gpu})
             return row
 
         return {
@@ -450,6 +462,7 @@ class Topology:
             "nodes": [{"name": n.name, "unit": n.unit, "gpus": n.gpus, "nics": [nic(c) for c in (*n.nics, *n.unbound)]}
                       for n in self.nodes.values()],
             "leaves": {leaf: {"spines": list(sp)} for leaf, sp in self.leaf_spines.items()},
+            **({"switches": {name: {"guid": g} for name, g in self.switches.items()}} if self.switches else {}),
         }
 
     def write_yaml(self, path: str | Path) -> None:
@@ -543,6 +556,7 @@ class NicFileV2:
     node_guid: str | None = None
     interface: str | None = None
     leaf: str | None = None
+    leaf_port: int | None = None  # the leaf's port at the cable's other end (switch-side evidence joins here)
     rail: int | None = None
     gpu: int | None = None  # default: the rail, else the NIC's place among the node's NICs
     rate_gbps: float = 400.0
@@ -564,6 +578,10 @@ class NicFileV2:
             raise ConfigError(f"{source}: {path}.rail: must be >= 0 or null, got {self.rail}")
         if not 0 <= self.port <= 255:
             raise ConfigError(f"{source}: {path}.port: must be 0..255, got {self.port}")
+        if self.leaf_port is not None and not 1 <= self.leaf_port <= 255:
+            raise ConfigError(f"{source}: {path}.leaf_port: must be 1..255, got {self.leaf_port}")
+        if self.leaf_port is not None and self.leaf is None:
+            raise ConfigError(f"{source}: {path}.leaf_port: given without leaf")
 
 
 @dataclass(frozen=True)
@@ -595,6 +613,19 @@ class LeafFileV2:
 
 
 @dataclass(frozen=True)
+class SwitchFileV2:
+    guid: str
+
+    def validate(self, path: str, source: str) -> None:
+        try:
+            value = int(self.guid, 16)
+        except ValueError:
+            raise ConfigError(f"{source}: {path}.guid: not a hex GUID: {self.guid!r}") from None
+        if not 0 < value < 1 << 64:
+            raise ConfigError(f"{source}: {path}.guid: not a 64-bit GUID: {self.guid!r}")
+
+
+@dataclass(frozen=True)
 class TopologyFileV2:
     version: int
     cluster: str = "default"
@@ -602,6 +633,7 @@ class TopologyFileV2:
     rail_optimized: bool = False
     nodes: tuple[NodeFileV2, ...] = ()
     leaves: dict[str, LeafFileV2] = field(default_factory=dict)
+    switches: dict[str, SwitchFileV2] = field(default_factory=dict)  # every switch's GUID (InfiniBand imports)
 
     def validate(self, path: str, source: str) -> None:
         if self.layout not in ("ib", "roce"):
@@ -632,6 +664,20 @@ class TopologyFileV2:
                                 *((f"leaves.{shown}.spines[{k}]", s) for k, s in enumerate(spec.spines))):
                 if (why := node_name_problem(name)) is not None or not name.strip():
                     raise ConfigError(f"{source}: {where}: {why or 'must not be blank'}, got {name[:80]!a}")
+        cable_ends: dict[tuple[str, int], str] = {}
+        for i, n in enumerate(self.nodes):
+            for j, nic in enumerate(n.nics):
+                if nic.leaf is None or nic.leaf_port is None:
+                    continue
+                key = (nic.leaf, nic.leaf_port)
+                if key in cable_ends:
+                    raise ConfigError(f"{source}: nodes[{i}].nics[{j}].leaf_port: {nic.leaf} port {nic.leaf_port} "
+                                      f"is also {cable_ends[key]}'s")
+                cable_ends[key] = n.name
+        for name in self.switches:
+            if (why := node_name_problem(name)) is not None or not name.strip():
+                raise ConfigError(f"{source}: switches.{ascii(name[:80])[1:-1]}: {why or 'must not be blank'}, "
+                                  f"got {name[:80]!a}")
 
 
 def topology_file_fields() -> set[str]:
@@ -689,7 +735,7 @@ def topology_from_v2(tf: TopologyFileV2) -> Topology:
             else:
                 gpu = place[i] % n.gpus  # until the agent's inventory (PCI affinity) says
             nic = NicSpec(device=f.device or "", rail=f.rail, gpu=gpu, port=f.port, rate_gbps=f.rate_gbps,
-                          width=f.width, leaf=f.leaf,
+                          width=f.width, leaf=f.leaf, leaf_port=f.leaf_port,
                           node_guid=f"0x{int(f.node_guid, 16):016x}" if f.node_guid else None,
                           interface=f.interface)
             (bound if f.device else unbound).append(nic)
@@ -702,4 +748,5 @@ def topology_from_v2(tf: TopologyFileV2) -> Topology:
     leaf_spines = {leaf: tuple(v.spines) for leaf, v in tf.leaves.items()}
     spines = len({s for v in leaf_spines.values() for s in v})
     return Topology(tf.cluster, tf.layout, max(per_unit.values(), default=1), spines, specs, version=2,
-                    rail_optimized=tf.rail_optimized, leaf_spines=leaf_spines)
+                    rail_optimized=tf.rail_optimized, leaf_spines=leaf_spines,
+                    switches={name: f"0x{int(v.guid, 16):016x}" for name, v in tf.switches.items()})

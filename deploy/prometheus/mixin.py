@@ -62,6 +62,10 @@ class Config:
     # An agent's stream is down (FabricmonAgentStreamDown) after this long and this many of its intervals.
     stream_down_seconds: float = 300.0
     stream_down_intervals: float = 3.0
+    # FabricmonSwitchSweepFailing: the switch sweep's last complete sweep is older than this (three full
+    # intervals at sources.ib_switches.full_interval 60 s), or more than this share of its switches is unreachable.
+    switch_sweep_max_age_seconds: float = 180.0
+    switch_unreachable_ratio: float = 0.1
 
     def __post_init__(self) -> None:
         for name, value in self.for_windows.items():
@@ -893,6 +897,23 @@ label_replace(
       - on (cluster, node)
     sum by (cluster, node) (fabricmon_devices_discovered{kind=~"ib_port|roce_port"})
     > 0
+  ),
+  "component", "$1", "node", "(.+)"
+)
+'''),
+    Alert(
+        'FabricmonSwitchSweepFailing', for_='bursty', severity='warning', component_type='service',
+        summary='the switch sweep on {{ $labels.component }} is failing',
+        description="The in-band switch sweep (sources.ib_switches) on {{ $labels.component }} has no recent "
+                    "complete sweep, or too many of its switches do not answer: the switch side of the fabric "
+                    "(uplinks, the switch end of host cables) is not monitored there.",
+        comment="fabricmon_switches_swept counts every switch of the map the sweep covered, answering or not.",
+        expr='''
+label_replace(
+  max by (cluster, node) (
+    fabricmon_switch_sweep_age_seconds > ${switch_sweep_max_age_seconds}
+    or
+    fabricmon_switches_unreachable / (fabricmon_switches_swept > 0) > ${switch_unreachable_ratio}
   ),
   "component", "$1", "node", "(.+)"
 )

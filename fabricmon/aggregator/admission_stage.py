@@ -100,6 +100,8 @@ class AdmissionStage(Stage):
                 self.ingest_stage.deltas(ns, batch)
             if batch.gauges:
                 self.ingest_stage.gauges(ns, batch)
+            if self.switch_side.carries(batch):
+                self.switch_side.ingest(batch)
             if batch.layouts:
                 for lay in batch.layouts:
                     self.stragglers.layout(lay)

@@ -26,6 +26,9 @@ class AuthSettings:
     tls_key: str | None = None
     tls_client_ca: str | None = None
     insecure: bool = False
+    # nodes whose streams may carry switch-side series (the ib_switches sweep); from any other node those
+    # series are ignored: a stream speaks only for its own node
+    switch_sources: tuple[str, ...] = ()
 
     @property
     def authenticated(self) -> bool:

@@ -132,6 +132,9 @@ class DetectionTick(Stage):
         findings.extend(self.cable.evaluate(now, loud, self.folder.degraded_leaves()))
         findings.extend(leaf_findings)
         findings.extend(node_findings)
+        spine_findings, spine_relations = self.switch_side.fold_spines(findings)  # uplinks of one spine
+        findings.extend(spine_findings)
+        relations.extend(spine_relations)
         relations.extend(node_relations)  # after the leaf's: a link of a failing node is the node's evidence
         cong_findings, cong_relations = self.folder.fold_congestion(congested)
         findings.extend(cong_findings)

@@ -42,6 +42,8 @@ from .ras_queries import RasQueries
 from .ras_queue import RasQueue
 from .remote_evidence import CrossShard
 from .stragglers import StragglerTracker
+from .switch_side import DELTA_FAMILIES as SWITCH_DELTA_FAMILIES
+from .switch_side import GAUGE_FAMILIES as SWITCH_GAUGE_FAMILIES
 
 # what callers import from here (some names now live in the stage modules)
 __all__ = ["LATENESS_EXPORTED_PER_JOB", "READ_DELTA_FAMILIES", "Engine", "RemoteSource"]
@@ -53,8 +55,8 @@ READ_DELTA_FAMILIES = frozenset(DELTA_ROUTES)
 class Engine(Stage):
     # what the detectors read: the stream decoder builds only these deltas (proto/codec.py), and
     # agents are told to send only these (proto/subscription.py)
-    read_delta_families = READ_DELTA_FAMILIES
-    read_gauge_families = frozenset(GAUGE_ROUTES)
+    read_delta_families = READ_DELTA_FAMILIES | SWITCH_DELTA_FAMILIES
+    read_gauge_families = frozenset(GAUGE_ROUTES) | SWITCH_GAUGE_FAMILIES
 
     def __init__(self, topology: Topology, settings: DetectionSettings | None = None,
                  clock: Callable[[], float] | None = None, *, cluster: str | None = None,

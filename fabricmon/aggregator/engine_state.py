@@ -20,6 +20,7 @@ from .config import DetectionSettings
 from .resume_check import ResumeCheck
 from .startup_hold import StartupHold
 from .state import GpuState, LinkState, NodeState, Registry
+from .switch_side import SwitchSide
 
 
 class EngineState:
@@ -43,6 +44,7 @@ class EngineState:
         self.started_at: float | None = None  # sample time of the first tick (agents_down's restart grace)
         self.startup = StartupHold()  # link state of a node that just booted pages nothing (startup_hold.py)
         self.resume = ResumeCheck()  # incidents restored at start wait for their node's batches (resume_check.py)
+        self.switch_side = SwitchSide(topology, settings, cluster, reg)  # switch_side.py: uplinks, cable ends
 
 
 def _shared(name: str) -> Any:
@@ -76,6 +78,7 @@ class Stage:
     started_at: float | None = _shared("started_at")
     startup: StartupHold = _shared("startup")
     resume: ResumeCheck = _shared("resume")
+    switch_side: SwitchSide = _shared("switch_side")
 
     def __init__(self, state: EngineState) -> None:
         self.state = state

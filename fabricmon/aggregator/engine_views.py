@@ -111,6 +111,7 @@ class EngineViews(Stage):
                 "samples_total": self.admission.samples_total,
                 "batches_total": self.admission.batches_total,
                 "batches_dropped_total": self.admission.batches_dropped_total,
+                "switch_side": self.switch_side.stats(),
                 "suspicion": {(c.type, c.id): p for c, p in self.detection.suspicion.items()},
                 "lateness": self.stragglers.lateness_by_job(top=LATENESS_EXPORTED_PER_JOB),
                 "incidents_open": open_counts,

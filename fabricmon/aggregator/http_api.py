@@ -85,6 +85,14 @@ class AggregatorCollector:
         c = CounterMetricFamily("fabricmon_ingest_batches", "Agent batches ingested.")
         c.add_metric([], snap["batches_total"])
         yield c
+        sw = snap["switch_side"]
+        c = CounterMetricFamily("fabricmon_switch_series_refused_batches", "Batches with switch-side series from a "
+                                "node not in auth.switch_sources (those series ignored).")
+        c.add_metric([], sw["refused_batches"])
+        yield c
+        g = GaugeMetricFamily("fabricmon_switch_uplinks", "Leaf-spine cables the switch side has reported.")
+        g.add_metric([], sw["uplinks"])
+        yield g
         grpc = self.grpc_stats() or {}
         dropped = self.engine.admission_snapshot()
         c = CounterMetricFamily("fabricmon_ingest_batches_dropped",

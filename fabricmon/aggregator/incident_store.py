@@ -223,6 +223,8 @@ def component_of(component_type: str, component: str, labels: dict[str, str]) ->
         return comp.leaf(component, rail)
     if kind is Kind.SPINE and len(parts) == 1 and component:
         return comp.spine(component)
+    if kind is Kind.UPLINK and len(parts) == 2 and parts[0] and parts[1][:1] == "p" and parts[1][1:].isdigit():
+        return comp.uplink(parts[0], parts[1][1:], labels.get("spine", ""), labels.get("spine_port", ""))
     if kind is Kind.CONFIG and component == "topology":
         return Component(Kind.CONFIG, "topology")  # FabricmonUnknownNodes: the topology itself
     if kind is Kind.CONFIG and 1 <= len(parts) <= 2 and all(parts):

@@ -127,7 +127,8 @@ class NodeRegistry(Stage):
 
     def _window(self, node: str) -> float:
         ns = self.nodes.get(node)
-        iv = ns.interval if ns is not None else 1.0
+        # a node that never streamed (a host cable seen from its switch end) or none (an uplink): the sweep's cadence
+        iv = ns.interval if ns is not None and ns.ever_seen else self.switch_side.interval
         return max(self.settings.window_s, iv)
 
     def _connected(self, node: str) -> bool:

@@ -55,8 +55,10 @@ def build_engine(cfg: AggregatorConfig, hostname: str | None = None) -> Engine:
         log.info("shard_units", units=list(units), ordinal_from_hostname=cfg.shard.ordinal_from_hostname,
                  leaves=[leaf for u in units for leaf in groups.get(u, ())][:64])
     clock = ClusterClock(cfg.clock.mode, max_skew_s=cfg.clock.max_skew_s, max_age_s=cfg.clock.max_age_s)
-    return Engine(topo, cfg.detection, cluster=cfg.cluster or topo.cluster,
-                  shard_units=units or None, cluster_clock=clock)
+    engine = Engine(topo, cfg.detection, cluster=cfg.cluster or topo.cluster,
+                    shard_units=units or None, cluster_clock=clock)
+    engine.switch_side.sources = frozenset(cfg.auth.switch_sources)
+    return engine
 
 
 def grpc_auth_kwargs(cfg: AggregatorConfig, source: str = "aggregator config") -> dict[str, Any]:

@@ -11,6 +11,7 @@ ALERT_LLR = {
     "GPUXidFatal": 6.0,
     "NVLinkDown": 5.0,
     "FabricLeafDegraded": 4.0,
+    "FabricSpineDegraded": 4.0,
     "FabricLinkErrors": 3.0,
     "FabricLinkFlapping": 3.0,
     "FabricLinkDegraded": 3.0,

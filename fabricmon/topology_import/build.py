@@ -35,6 +35,7 @@ class Nic:
     interface: str | None = None
     rail: int | None = None
     source: str = ""  # file the link came from, for notes
+    leaf_port: int | None = None  # the leaf's port this NIC's cable ends on (the cable's other end)
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Imported:
     leaves: dict[str, list[str]] = field(default_factory=dict)  # leaf -> spines
     rail_optimized: bool = False
     skipped_firmware_default: list[tuple[int, str]] = field(default_factory=list)  # (guid, description)
+    switches: dict[str, int] = field(default_factory=dict)  # every switch's name -> GUID (InfiniBand)
     notes: list[str] = field(default_factory=list)
 
 
@@ -66,6 +68,27 @@ def _examples(items: Iterable[str]) -> str:
 
 
 # ------------------------------------------------------------------ InfiniBand
+
+
+def name_switches(guids: Iterable[int], descriptions: dict[int, str], notes: list[str]) -> dict[int, str]:
+    """Switch names by the naming rules, unique: a second switch with the same description gets its GUID
+    appended (in GUID order, so every reader of the same fabric names it alike: the import and the
+    agent's switch sweep).  ``descriptions`` already carry the node-name-map's names."""
+    switch_names: dict[int, str] = {}
+    used: dict[str, int] = {}
+    for guid in sorted(guids):
+        name, _ = switch_name(descriptions.get(guid, ""), guid)
+        if (why := node_name_problem(name)) is not None:  # the loader's rule: a control or bidi character
+            notes.append(f"switch 0x{guid:016x}: its description {descriptions.get(guid, '')[:80]!a} gives "
+                         f"the name {name[:80]!a}, which {why}; named switch-{guid:016x}")
+            name = f"switch-{guid:016x}"
+        if name in used:
+            notes.append(f"switches 0x{used[name]:016x} and 0x{guid:016x} share the name {name!r}; "
+                         f"the second is {name}-{guid:016x}")
+            name = f"{name}-{guid:016x}"
+        used[name] = guid
+        switch_names[guid] = name
+    return switch_names
 
 
 def import_ibnetdiscover(fabrics: list[tuple[str, IbFabric]], *, node_names: dict[int, str] | None = None,
@@ -97,21 +120,8 @@ def import_ibnetdiscover(fabrics: list[tuple[str, IbFabric]], *, node_names: dic
         if guid in descriptions:
             descriptions[guid] = name
 
-    # Switch names, unique: a second switch with the same description gets its GUID appended.
-    switch_names: dict[int, str] = {}
-    used: dict[str, int] = {}
-    for guid in sorted(g for g, k in kinds.items() if k == "switch"):
-        name, _ = switch_name(descriptions.get(guid, ""), guid)
-        if (why := node_name_problem(name)) is not None:  # the loader's rule: a control or bidi character
-            out.notes.append(f"switch 0x{guid:016x}: its description {descriptions.get(guid, '')[:80]!a} gives "
-                             f"the name {name[:80]!a}, which {why}; named switch-{guid:016x}")
-            name = f"switch-{guid:016x}"
-        if name in used:
-            out.notes.append(f"switches 0x{used[name]:016x} and 0x{guid:016x} share the name {name!r}; "
-                             f"the second is {name}-{guid:016x}")
-            name = f"{name}-{guid:016x}"
-        used[name] = guid
-        switch_names[guid] = name
+    switch_names = name_switches((g for g, k in kinds.items() if k == "switch"), descriptions, out.notes)
+    out.switches = {name: guid for guid, name in sorted(switch_names.items(), key=lambda kv: natural_key(kv[1]))}
 
     # Host CA ports: NICs on the switch they link to.
     cas: dict[int, CaName] = {}
@@ -130,7 +140,7 @@ def import_ibnetdiscover(fabrics: list[tuple[str, IbFabric]], *, node_names: dic
             out.skipped_firmware_default.append((guid, descriptions.get(guid, "")))
     nics_by_key: dict[tuple[int, int], Nic] = {}
     switch_links: dict[int, set[int]] = defaultdict(set)
-    for (guid, port), (peer, _peer_port, source) in edges.items():
+    for (guid, port), (peer, peer_port, source) in edges.items():
         own_kind, peer_kind = kinds.get(guid), kinds.get(peer)
         if own_kind == "switch" and peer_kind == "switch":
             switch_links[guid].add(peer)
@@ -140,7 +150,7 @@ def import_ibnetdiscover(fabrics: list[tuple[str, IbFabric]], *, node_names: dic
         if cn.kind is not CaKind.HOST or cn.host is None:
             continue
         nics_by_key[(guid, port)] = Nic(host=cn.host, leaf=switch_names[peer], port=port, device=cn.device,
-                                        label=cn.label, node_guid=guid, source=source)
+                                        label=cn.label, node_guid=guid, source=source, leaf_port=peer_port)
     for nic in nics_by_key.values():
         out.nodes.setdefault(nic.host, []).append(nic)
     _check_duplicate_devices(out)

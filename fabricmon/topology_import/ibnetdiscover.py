@@ -43,6 +43,7 @@ class IbNode:
     line: int
     sysimgguid: int | None = None
     ports: dict[int, IbPort] = field(default_factory=dict)
+    lid: int | None = None  # a switch's port-0 LID (``base port 0 lid 2``): 0 before a subnet manager ran
 
 
 @dataclass
@@ -61,6 +62,7 @@ _SWITCH_PORT = re.compile(
 _CA_PORT = re.compile(
     r'^\[(\d+)\]\(([0-9a-fA-F]+)\)\s+"([SHR])-([0-9a-fA-F]+)"\[(\d+)\](?:\(([0-9a-fA-F]+)\))?\s*(?:#\s*(.*))?$')
 _KEYVAL = re.compile(r"^(vendid|devid|sysimgguid|switchguid|caguid|rtguid)=(0x[0-9a-fA-F]+)")
+_HEADER_LID = re.compile(r"\bport 0 lid (\d+)\b")
 _QUOTED_HEADER = re.compile(r'^"(.*)"(?:\s+(?:base|enhanced) port \d+.*)?$')
 _QUOTED_SWITCH_LINK = re.compile(r'^"(.*)"\s+lid\s+\d+\s*(\S*)')
 _QUOTED_CA_LINK = re.compile(r'^lid\s+\d+\s+lmc\s+\d+\s+"(.*)"\s+lid\s+\d+\s*(\S*)')
@@ -145,8 +147,9 @@ def parse_ibnetdiscover(text: str, *, progress: ProgressFn | None = None, every:
             if guid in fabric.nodes:
                 raise IbnetParseError(number, f"node 0x{guid:016x} listed twice "
                                               f"(first at line {fabric.nodes[guid].line})")
+            lid = _HEADER_LID.search(m.group(5) or "")
             current = IbNode(kind, guid, int(m.group(2)), _description_of_header(m.group(5)), number,
-                             sysimgguid=pending.get("sysimgguid"))
+                             sysimgguid=pending.get("sysimgguid"), lid=int(lid.group(1)) if lid else None)
             fabric.nodes[guid] = current
             pending = {}
             continue

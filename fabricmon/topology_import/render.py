@@ -25,10 +25,12 @@ def to_document(imp: Imported, cluster: str) -> dict:
             if n.interface is not None:
                 row["interface"] = n.interface
             row["leaf"] = n.leaf
+            if n.leaf_port is not None:
+                row["leaf_port"] = n.leaf_port
             row["rail"] = n.rail
             rows.append(row)
         nodes.append({"name": host, "nics": rows})
-    return {
+    doc: dict[str, Any] = {
         "version": 2,
         "cluster": cluster,
         "layout": imp.layout,
@@ -36,6 +38,9 @@ def to_document(imp: Imported, cluster: str) -> dict:
         "nodes": nodes,
         "leaves": {leaf: {"spines": spines} for leaf, spines in imp.leaves.items()},
     }
+    if imp.switches:
+        doc["switches"] = {name: {"guid": f"0x{guid:016x}"} for name, guid in imp.switches.items()}
+    return doc
 
 
 def render(imp: Imported, cluster: str, sources: list[str]) -> tuple[str, dict]:

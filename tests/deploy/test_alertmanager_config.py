@@ -16,6 +16,7 @@ DESIGN_ALERTS = {
     "FabricPFCStorm", "FabricCongestion", "RDMARetransmits", "FabricConfigDrift", "NVLinkDown", "NVLinkErrors",
     "GPUXidFatal", "StragglerRank", "SlowRanksSharedComponent", "StageImbalance", "FabricmonAgentDown",
     "FabricmonCollectorFailing", "FabricCableDegrading", "FabricmonAggregatorDown", "FabricmonAgentStreamDown",
+    "FabricSpineDegraded",
 }
 
 
@@ -55,6 +56,7 @@ def test_group_by_and_every_inhibition_has_equal() -> None:
     assert pairs[(('alertname=~"FabricLinkFlapping|FabricLinkErrors"',), ('alertname="StragglerRank"', comm))] \
         == ["cluster", "leaf"]
     assert pairs[(('alertname="FabricLeafDegraded"',), ('alertname="StragglerRank"', comm))] == ["cluster", "leaf"]
+    assert pairs[(('alertname="FabricSpineDegraded"',), ('component_type="uplink"',))] == ["cluster", "spine"]
     assert pairs[(('alertname="FabricmonAgentDown"',),
                   ('alertname!="FabricmonAgentDown"', 'node=~".+"', 'severity!="critical"'))] == ["cluster", "node"]
 
@@ -62,6 +64,10 @@ def test_group_by_and_every_inhibition_has_equal() -> None:
 @pytest.mark.parametrize(("labels", "receiver"), [
     ({"alertname": "FabricLinkDown", "severity": "critical", "component_type": "link"}, "fabric-pager"),
     ({"alertname": "FabricLeafDegraded", "severity": "critical", "component_type": "leaf"}, "fabric-pager"),
+    # the switch side: a leaf-spine cable and its spine
+    ({"alertname": "FabricLinkDown", "severity": "critical", "component_type": "uplink"}, "fabric-pager"),
+    ({"alertname": "FabricLinkErrors", "severity": "warning", "component_type": "uplink"}, "fabric-ticket"),
+    ({"alertname": "FabricSpineDegraded", "severity": "critical", "component_type": "spine"}, "fabric-pager"),
     ({"alertname": "GPUXidFatal", "severity": "critical", "component_type": "gpu"}, "compute-pager"),
     ({"alertname": "NVLinkErrors", "severity": "warning", "component_type": "nvlink"}, "compute-ticket"),
     ({"alertname": "FabricConfigDrift", "severity": "warning", "component_type": "config"}, "fabric-ticket"),

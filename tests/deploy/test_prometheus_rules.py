@@ -30,7 +30,9 @@ SELF_ALERTS = {"FabricmonAggregatorDown", "FabricmonAlertDeliveryFailing", "Fabr
                # what local users on a node cannot do unseen (issue 35)
                "FabricmonHeartbeatsDropped", "FabricmonIntakeRefusing",
                # the aggregator cannot persist its open incidents (issue 35)
-               "FabricmonStateSaveFailing"}
+               "FabricmonStateSaveFailing",
+               # the switch sweep (sources.ib_switches, issue 40)
+               "FabricmonSwitchSweepFailing"}
 CONTRACT_LABELS = {"severity", "component_type", "component", "node", "rail", "leaf", "gpu", "job", "cluster",
                    "sender"}  # sender: the fallback rules' alerts (prometheus), apart from the aggregator's
 COMPONENT_TYPES = {"link", "nic", "gpu", "node", "rail", "leaf", "spine", "config", "nvlink", "service"}

@@ -1,0 +1,70 @@
+"""The imported topology keeps both ends of each host cable (each NIC's ``leaf_port``) and every switch's
+GUID (``switches:``), from real ibnetdiscover output against ibsim; version-2 files without them stay
+valid, and bad values are one line naming the field."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from fabricmon.cli import main
+from fabricmon.configload import ConfigError
+from fabricmon.topology import load_topology
+from support.paths import FIXTURES
+
+# ibnetdiscover (infiniband-diags 44.0) against ibsim with opensm: tests/fixtures/ib_switches/README.md
+IBNET = FIXTURES / "ib_switches" / "ibnetdiscover-cache.out"
+
+
+def test_import_keeps_leaf_ports_and_switch_guids(tmp_path):
+    out = tmp_path / "topo.yaml"
+    assert main(["topology", "import", "--ibnetdiscover", str(IBNET), "-o", str(out)]) == 0
+    doc = yaml.safe_load(out.read_text())
+    ports = {(n["name"], nic["leaf"], nic["leaf_port"]) for n in doc["nodes"] for nic in n["nics"]}
+    assert ports == {("node-000", "leaf-00", 1), ("node-001", "leaf-00", 2),
+                     ("node-002", "leaf-01", 1), ("node-003", "leaf-01", 2)}
+    assert doc["switches"] == {"leaf-00": {"guid": "0x00000c42b0000000"}, "leaf-01": {"guid": "0x00000c42b0000001"},
+                               "spine-00": {"guid": "0x00000c42c0000000"},
+                               "spine-01": {"guid": "0x00000c42c0000001"}}
+    topo = load_topology(out)
+    node, nic = topo.nic_on_leaf_port("leaf-01", 2) or ("", None)
+    assert node == "node-003" and nic is not None and nic.device == "mlx5_0"
+    assert topo.nic_on_leaf_port("leaf-01", 3) is None  # an uplink, not a host cable
+    assert topo.switches["spine-01"] == "0x00000c42c0000001"
+    again = tmp_path / "again.yaml"
+    topo.write_yaml(again)  # written back with both
+    assert load_topology(again).nic_on_leaf_port("leaf-00", 1)[0] == "node-000"  # type: ignore[index]
+
+
+def _v2(tmp_path, nic_extra: dict, top_extra: dict | None = None):
+    doc = {"version": 2, "cluster": "c", "layout": "ib",
+           "nodes": [{"name": "h1", "nics": [{"device": "mlx5_0", "leaf": "leaf-a", **nic_extra}]},
+                     {"name": "h2", "nics": [{"device": "mlx5_0", "leaf": "leaf-a", "leaf_port": 2}]}],
+           "leaves": {"leaf-a": {"spines": ["spine-1"]}}, **(top_extra or {})}
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_files_without_them_stay_valid(tmp_path):
+    topo = load_topology(_v2(tmp_path, {}))
+    assert topo.switches == {} and topo.nic_on_leaf_port("leaf-a", 2)[0] == "h2"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(("nic", "top", "problem"), [
+    ({"leaf_port": 0}, None, "nodes[0].nics[0].leaf_port: must be 1..255"),
+    ({"leaf_port": 2}, None, "nodes[1].nics[0].leaf_port: leaf-a port 2 is also h1's"),
+    ({}, {"switches": {"leaf-a": {"guid": "zz"}}}, "switches.leaf-a.guid: not a hex GUID"),
+    ({}, {"switches": {"a/b": {"guid": "0x1"}}}, "switches.a/b: holds '/'"),
+])
+def test_bad_cable_ends_are_one_line_naming_the_field(tmp_path, nic, top, problem):
+    with pytest.raises(ConfigError, match=problem.replace("[", r"\[").replace("]", r"\]")):
+        load_topology(_v2(tmp_path, nic, top))
+
+
+def test_leaf_port_without_leaf_is_refused(tmp_path):
+    doc = {"version": 2, "nodes": [{"name": "h1", "nics": [{"device": "mlx5_0", "leaf_port": 3}]}]}
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=r"nodes\[0\]\.nics\[0\]\.leaf_port: given without leaf"):
+        load_topology(path)

@@ -1,0 +1,150 @@
+"""The sweep schedule with the tools' real outputs served by a stand-in runner (fixtures:
+tests/fixtures/ib_switches/README.md): bounded queries in flight, one deadline per query, never a
+clearing flag, the map not rediscovered per sweep, an unreachable switch costing only its own series."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from fabricmon.config import IbSwitchesConfig
+from fabricmon.sources.ib_switches.source import IbSwitchesSource, sweep_readings
+from fabricmon.sources.ib_switches.sweeper import Sweeper
+from fabricmon.sources.ib_switches.tools import ToolRun
+from fabricmon.sources.inventory import Inventory
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "ib_switches"
+CLEARING = {"-r", "-R", "-k", "-K", "--reset_after_read", "--Reset_only"}
+
+
+class FakeTools:
+    """Answers each command line with the real tool's captured output; ``dead`` LIDs time out."""
+
+    def __init__(self, dead: frozenset[int] = frozenset()) -> None:
+        self.dead = set(dead)
+        self.calls: list[tuple[list[str], float]] = []
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    def __call__(self, argv: list[str], deadline_s: float) -> ToolRun:
+        with self.lock:
+            self.calls.append((argv, deadline_s))
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            return self._answer(argv)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def _answer(self, argv: list[str]) -> ToolRun:
+        tool = argv[0]
+        if tool == "ibnetdiscover":
+            return ToolRun(0, (FIX / "ibnetdiscover-cache.out").read_text(), "", 0.01)
+        positional = [a for a in argv[1:] if not a.startswith("-") and argv[argv.index(a) - 1] != "-t"]
+        lid = int(positional[1] if tool == "smpquery" else positional[0])
+        if lid in self.dead:
+            return ToolRun(255, "", (FIX / "perfquery-unreachable.err").read_text(), 0.01)
+        if tool == "smpquery":
+            return ToolRun(0, (FIX / "smpquery-portinfo-active.out").read_text(), "", 0.01)
+        name = "perfquery-a.out" if "-a" in argv else "perfquery-x-l.out" if "-x" in argv else "perfquery-l.out"
+        text = (FIX / name).read_text().replace("Lid 2 ", f"Lid {lid} ")
+        return ToolRun(0, text, "", 0.01)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _sweeper(tools: FakeTools, clock: Clock, **kw) -> Sweeper:
+    cfg = IbSwitchesConfig(enabled=True, **kw)
+    return Sweeper(cfg, runner=tools, clock=clock, monotonic=clock)
+
+
+def test_queries_are_bounded_have_deadlines_and_never_clear():
+    tools, clock = FakeTools(), Clock()
+    sw = _sweeper(tools, clock, concurrency=2, timeout_ms=250)
+    snap = sw.sweep_once()
+    assert len(snap.switches) == 4 and snap.unreachable == 0
+    assert tools.max_in_flight <= 2
+    assert all(d == 4 * 0.25 + 2.0 for _, d in tools.calls)
+    assert not any(CLEARING & set(argv) for argv, _ in tools.calls)
+    assert not any("-G" in argv for argv, _ in tools.calls)  # by LID from the map, no SA query per call
+    assert all(["-t", "250"] == argv[argv.index("-t"):argv.index("-t") + 2] for argv, _ in tools.calls)
+    sw.stop()
+
+
+def test_map_kept_between_sweeps_and_full_read_only_when_due():
+    tools, clock = FakeTools(), Clock()
+    sw = _sweeper(tools, clock, health_interval=10, full_interval=60, rediscover_interval=300)
+    sw.sweep_once()
+    first = len(tools.calls)
+    clock.t += 10
+    sw.sweep_once()
+    second = [a for a, _ in tools.calls[first:]]
+    assert not any(a[0] == "ibnetdiscover" for a in second)
+    assert not any("-l" in a for a in second)  # AllPortSelect sums did not move, full read not due
+    assert sum(1 for a in second if "-a" in a) == 4
+    # between full reads PortInfo of the four leaf-spine cables, each at its leaf end only
+    assert sorted((a[-2], a[-1]) for a in second if a[0] == "smpquery") == [
+        ("2", "3"), ("2", "4"), ("4", "3"), ("4", "4")]
+    clock.t += 60
+    sw.sweep_once()
+    third = [a for a, _ in tools.calls[first + len(second):]]
+    assert sum(1 for a in third if "-x" in a and "-l" in a) == 4
+    assert sum(1 for a in third if a[0] == "smpquery") == 12  # every cabled port on a full read
+    clock.t += 300
+    sw.sweep_once()
+    assert sum(1 for a, _ in tools.calls if a[0] == "ibnetdiscover") == 2
+    sw.stop()
+
+
+def test_unreachable_switch_costs_only_its_own_series():
+    tools, clock = FakeTools(dead=frozenset({3})), Clock()  # spine-00 has LID 3 in the fixture
+    sw = _sweeper(tools, clock, retries=1)
+    snap = sw.sweep_once()
+    assert snap.unreachable == 1
+    readings = sweep_readings(snap, clock())
+    switches = {dict(r.labels).get("switch") for r in readings if r.labels}
+    assert "spine-00" not in switches and {"leaf-00", "leaf-01", "spine-01"} <= switches
+    assert {r.family: r.value for r in readings if not r.labels}["fabricmon_switches_unreachable"] == 1
+    assert sw.queries["timeout"] == 2  # one query, tried again once (retries: 1)
+    src = IbSwitchesSource(IbSwitchesConfig(enabled=True), sweeper=sw, clock=clock, start_thread=False)
+    result = src.poll(Inventory("/nonexistent"))
+    assert result.up and result.errors == 1 and "spine-00" in result.messages[0]
+    sw.stop()
+
+
+def test_no_map_is_a_failing_sweep_that_says_so():
+    class NoFabric(FakeTools):
+        def _answer(self, argv):
+            return ToolRun(255, "", "ibwarn: [1] mad_rpc_open_port: can't open UMAD port ((null):0)\n", 0.01)
+
+    tools, clock = NoFabric(), Clock()
+    sw = _sweeper(tools, clock, retries=0)
+    snap = sw.sweep_once()
+    assert snap.problem.startswith("ibnetdiscover failed") and not snap.switches
+    assert sw.queries == {"ok": 0, "timeout": 0, "error": 1}
+    result = IbSwitchesSource(IbSwitchesConfig(enabled=True), sweeper=sw, clock=clock,
+                              start_thread=False).poll(Inventory("/nonexistent"))
+    assert not result.up and "ibnetdiscover failed" in result.messages[0]
+    sw.stop()
+
+
+def test_stop_ends_a_sweep_in_flight_within_one_query():
+    class StopAfterMap(FakeTools):
+        def _answer(self, argv):
+            if argv[0] == "perfquery":
+                sweeper._stop.set()  # what stop() does, from the agent's shutdown, mid-sweep
+            return super()._answer(argv)
+
+    tools, clock = StopAfterMap(), Clock()
+    sweeper = _sweeper(tools, clock, concurrency=1)
+    sweeper.sweep_once()
+    assert [a[0] for a, _ in tools.calls] == ["ibnetdiscover", "perfquery"]
+    sweeper.stop()
