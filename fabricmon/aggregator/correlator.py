@@ -214,30 +214,24 @@ def localize_stragglers(topo: Topology, s: DetectionSettings, report: StragglerR
     return out, shared
 
 
-def _late_gpus_by_node(report: StragglerReport) -> dict[str, set[int]]:
-    """node -> GPUs with a rank flagged late (compute or comm) in ``straggler_clear`` of the last steps."""
-    out: dict[str, set[int]] = defaultdict(set)
-    for node, gpu in report.slowish.values():
-        out[node].add(gpu)
-    return out
-
-
 def _siblings_pending(f: Finding, report: StragglerReport, members: list[Straggler], ev: Evidence) -> bool:
-    """One GPU's StragglerRank with nothing but its lateness to show waits while other GPUs of its node are
-    late too: the hardware signature (DESIGN "Jobs, decoys and cost") is one GPU late while its siblings
-    are not.  Several GPUs of one host late together are the node's to decide (SoftwareStraggler once
-    most of its GPUs are persistent, or a node fault with evidence): a slow dataloader otherwise paged its
-    GPUs one by one as each crossed the persistence bar first.  A GPU with its own evidence (a clock
-    throttle reason, an XID) does not wait, and an incident already open is kept (``keep``)."""
+    """One GPU's StragglerRank with nothing but its lateness to show waits while other GPUs of its node
+    compute late too (flagged in ``straggler_clear`` of the last steps): the hardware signature (DESIGN
+    "Jobs, decoys and cost") is one GPU late while its siblings are not.  Several GPUs of one host
+    computing late together are the node's to decide (SoftwareStraggler once most of its GPUs are
+    persistent, or a node fault with evidence): a slow dataloader otherwise paged its GPUs one by one as
+    each crossed the persistence bar first.  Compute lateness only: the siblings of one slow GPU wait for
+    it in their collectives (late in comm at most), which is the signature, not a host problem.  A GPU
+    with its own evidence (a clock throttle reason, an XID) does not wait, and an incident already open
+    is kept (``keep``)."""
     if ev.llr.get(f.component, 0.0) > 0:
         return False
     node, gpu = members[0].node, members[0].gpu
-    late = _late_gpus_by_node(report).get(node, set())
-    others = sorted(late - {gpu})
+    others = sorted(g for n, g in report.compute_late if n == node and g != gpu)
     if not others:
         return False
     f.evidence.append(f"waiting for the node-level decision: GPU(s) {', '.join(map(str, others))} of {node} "
-                      "late too (one GPU late while its siblings are not is the hardware signature)")
+                      "compute late too (one GPU late while its siblings are not is the hardware signature)")
     return True
 
 

@@ -109,7 +109,7 @@ class JobState:
     # the job's part of the report, valid while (evaluated, number of ranks) is unchanged: it
     # changes only when a step is scored, and ticks come several times per step
     report_key: tuple[int, int] = (-1, -1)
-    report: _JobReport = ((), (), {}, ())
+    report: _JobReport = ((), (), {}, (), frozenset())
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,9 +134,10 @@ class StageLate:
     job_id: str = ""
 
 
-# one job's part of the report: stragglers, late stages, slowish (job, rank) -> (node, gpu), early ones
+# one job's part of the report: stragglers, late stages, slowish (job, rank) -> (node, gpu), early ones,
+# (node, gpu) compute-late in >= clear of the window
 _JobReport = tuple[tuple[Straggler, ...], tuple[StageLate, ...], dict[tuple[str, int], tuple[str, int]],
-                   tuple[Straggler, ...]]
+                   tuple[Straggler, ...], frozenset[tuple[str, int]]]
 
 
 @dataclass
@@ -145,6 +146,9 @@ class StragglerReport:
     stages: list[StageLate]
     slowish: dict[tuple[str, int], tuple[str, int]]  # (job, rank) -> (node, gpu) flagged in >= clear of window
     early: list[Straggler] = field(default_factory=list)  # compute-late in >= clear steps incl. the newest
+    # (node, gpu) with a rank compute-late in >= clear of the window: several on one node are the node's to
+    # decide (a host or input pipeline), one alone the hardware signature (correlator._siblings_pending)
+    compute_late: frozenset[tuple[str, int]] = frozenset()
     # (job, rank) pairs per component on their paths, built once per report by the correlator: the
     # report is cached per scored step and reused by every tick until the next one
     hurt_by_component: dict[Component, set[tuple[str, int]]] | None = field(default=None, repr=False, compare=False)
@@ -280,19 +284,22 @@ class StragglerTracker:
         stages: list[StageLate] = []
         slowish: dict[tuple[str, int], tuple[str, int]] = {}
         early: list[Straggler] = []
+        compute_late: set[tuple[str, int]] = set()
         for job in self.jobs.values():
-            js, jst, jslow, jearly = job.report
+            js, jst, jslow, jearly, jcomp = job.report
             stragglers.extend(js)
             stages.extend(jst)
             slowish.update(jslow)
             early.extend(jearly)
-        return StragglerReport(stragglers, stages, slowish, early)
+            compute_late |= jcomp
+        return StragglerReport(stragglers, stages, slowish, early, frozenset(compute_late))
 
     def _job_report(self, job: JobState) -> _JobReport:
         name, jid, clear = job.name, job.job_id, self.s.straggler_clear
         stragglers: list[Straggler] = []
         early: list[Straggler] = []
         slowish: dict[tuple[str, int], tuple[str, int]] = {}
+        compute_late: set[tuple[str, int]] = set()
         for rank, info in job.ranks.items():
             if info.persistent:
                 h = info.hist_c if info.persistent == "compute" else info.hist_m
@@ -303,12 +310,14 @@ class StragglerTracker:
                                        jid))
             if (info.hist_c | info.hist_m).bit_count() >= clear:
                 slowish[(name, rank)] = (info.node, info.gpu)
+            if info.hist_c.bit_count() >= clear:
+                compute_late.add((info.node, info.gpu))
         stages = [StageLate(name, stage, job.stage_late.get(stage, 0.0),
                             tuple(sorted(r for r, i in job.ranks.items() if i.stage == stage)), jid)
                   for stage in sorted(job.stage_persistent)]
         if job.mass_persistent:
             stages.append(StageLate(name, -1, 0.0, (), jid))
-        return tuple(stragglers), tuple(stages), slowish, tuple(early)
+        return tuple(stragglers), tuple(stages), slowish, tuple(early), frozenset(compute_late)
 
     def _score_step(self, job: JobState, reports: dict[int, tuple[float, float]]) -> None:
         s = self.s

@@ -32,3 +32,15 @@ def test_two_late_gpus_of_a_node_wait_and_a_lone_one_still_pages():
     c.run(30)
     got = sorted(i.component for i in c.incidents(alertname="StragglerRank"))
     assert got == ["node-006/gpu2"], got
+
+
+def test_siblings_late_in_comm_only_do_not_hold_a_lone_compute_straggler():
+    """One slow GPU makes the GPUs of its node wait for it in their collectives (tensor parallel inside
+    the node): late in comm, not compute.  That is the hardware signature, and it pages."""
+    c = Cluster(nodes=8, nodes_per_unit=4)
+    c.ranks_fn = synced_ranks(lambda step, n, g: 0.3 if (n, g) == ("node-006", 2) else 0.0,
+                              slow_transfer=lambda step, n, g: 0.3 if (n, g) in (("node-006", 3),
+                                                                                 ("node-006", 4)) else 0.0)
+    c.run(30)
+    gpu2 = c.incidents(alertname="StragglerRank", component="node-006/gpu2")
+    assert gpu2 and gpu2[0].labels["lateness"] == "compute", c.engine.incidents()
