@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tomllib
 
 import pytest
 import yaml
 
+from support import toml as tomllib
 from support.k8s import CRD_KINDS, K8S_VERSION, kubectl, render
 from support.promtools import REPO, promtool
 

@@ -8,7 +8,6 @@ requirement syntax through `packaging`), and each has a counter-case showing it 
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from fabricmon import __version__
+from support import toml as tomllib
 from support.promtools import REPO
 
 CONTAINERFILE = REPO / "Containerfile"
