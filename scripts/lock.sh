@@ -67,15 +67,26 @@ compile "$tools/venv/bin/pip-compile" requirements/py3.10/aggregator.lock --extr
 # pip-compile drops the markers of an extra's requirements read from pyproject.toml (it then demands
 # grafana-foundation-sdk, marked python_version >= '3.11', on 3.10): the test lock is compiled from the
 # same requirements written out as a requirements file, where it honours them.
-python3 - > "$tools/test.in" <<'PY'
-import tomllib
+# smoke.lock: the smoke set's (scripts/smoke-python.sh) share of the test extra, the runtime's pins and
+# pytest, hypothesis and pytest-timeout: installing the whole test lock would take most of CI's budget.
+reqs() {  # the requirements of pyproject's dependencies, aggregator extra and test extra (those named in $1)
+  python3 - "$1" <<'PY'
+import sys, tomllib
+from packaging.requirements import Requirement
 p = tomllib.load(open("pyproject.toml", "rb"))["project"]
 extras = p["optional-dependencies"]
-for r in p["dependencies"] + extras["aggregator"] + extras["test"]:
-    if not r.startswith("fabricmon["):
+only = set(sys.argv[1].split()) if sys.argv[1] else None
+print("\n".join(p["dependencies"] + extras["aggregator"]))
+for r in extras["test"]:
+    if not r.startswith("fabricmon[") and (only is None or Requirement(r).name in only):
         print(r)
 PY
-[ -f requirements/py3.10/test.lock ] || cp requirements/py3.10/aggregator.lock requirements/py3.10/test.lock
-compile "$tools/venv/bin/pip-compile" requirements/py3.10/test.lock "$tools/test.in"
-sed -i "s#$tools/test.in#pyproject.toml (the test extra)#" requirements/py3.10/test.lock
+}
+reqs "" > "$tools/test.in"
+reqs "pytest hypothesis pytest-timeout" > "$tools/smoke.in"
+for f in test smoke; do
+  [ -f "requirements/py3.10/$f.lock" ] || cp requirements/py3.10/aggregator.lock "requirements/py3.10/$f.lock"
+  compile "$tools/venv/bin/pip-compile" "requirements/py3.10/$f.lock" "$tools/$f.in"
+  sed -i "s#$tools/$f.in#pyproject.toml#" "requirements/py3.10/$f.lock"
+done
 ! grep -rn "^fabricmon @\|file://" requirements/

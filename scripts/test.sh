@@ -36,12 +36,22 @@ set +e
 # ruff and mypy first (scripts/lint.sh; about 10-30 s): a finding fails the run, after the tests.
 bash scripts/lint.sh
 lint_rc=$?
+# The smoke set on Python 3.10 (DGX OS 6, Ubuntu 22.04): pyenv's interpreter here; none fails the run.
+# FABRICMON_SMOKE_PYTHONS="" leaves it out (say so where you do).
+smoke_rc=0
+for v in ${FABRICMON_SMOKE_PYTHONS-3.10}; do
+  bash scripts/smoke-python.sh "$v" || smoke_rc=1
+done
 .venv/bin/python -m pytest "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then
   echo "pytest collected no tests" >&2
   exit 1
+fi
+if [ "$smoke_rc" -ne 0 ]; then
+  echo "smoke: the smoke set failed on ${FABRICMON_SMOKE_PYTHONS-3.10} (above); bash scripts/smoke-python.sh to rerun" >&2
+  [ "$rc" -ne 0 ] || rc=1
 fi
 if [ "$lint_rc" -ne 0 ]; then
   echo "lint: ruff or mypy reported findings (above); bash scripts/lint.sh to rerun" >&2
