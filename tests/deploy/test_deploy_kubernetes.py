@@ -297,7 +297,7 @@ def test_one_image_the_containerfile_builds(rendered) -> None:
     images = {c["image"] for o in objs if o["kind"] in ("DaemonSet", "Deployment", "StatefulSet")
               for c in o["spec"]["template"]["spec"]["containers"] + o["spec"]["template"]["spec"].get("initContainers",
                                                                                                        [])}
-    assert images == {f"ghcr.io/fabricmon/fabricmon:{version}"}
+    assert images == {f"ghcr.io/gpu-fabricmon/gpu-fabricmon:{version}"}
     containerfile = (REPO / "Containerfile").read_text()
     assert f"ARG VERSION={version}" in containerfile
     assert 'ENTRYPOINT ["fabricmon"]' in containerfile
