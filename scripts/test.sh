@@ -20,6 +20,16 @@ if [ ${#need[@]} -gt 0 ]; then
     ibsim-utils infiniband-diags >/dev/null
 fi
 
+# The image test (tests/deploy/test_image.py) is opt-in, longer than CI's budget: FABRICMON_IMAGE_TEST=1
+# installs what it builds and runs the image with (Debian's buildah, podman, runc, mmdebstrap).
+if [ "${FABRICMON_IMAGE_TEST:-}" = 1 ]; then
+  for bin in buildah podman runc mmdebstrap; do
+    command -v "$bin" >/dev/null 2>&1 || { SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+      DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+        buildah podman runc mmdebstrap >/dev/null; break; }
+  done
+fi
+
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/pip install -q --upgrade pip >/dev/null
