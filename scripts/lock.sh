@@ -68,7 +68,8 @@ compile "$tools/venv/bin/pip-compile" requirements/py3.10/aggregator.lock --extr
 # grafana-foundation-sdk, marked python_version >= '3.11', on 3.10): the test lock is compiled from the
 # same requirements written out as a requirements file, where it honours them.
 # smoke.lock: the smoke set's (scripts/smoke-python.sh) share of the test extra, the runtime's pins and
-# pytest, hypothesis and pytest-timeout: installing the whole test lock would take most of CI's budget.
+# pytest, hypothesis, pytest-timeout and setuptools (it builds the checkout, --no-build-isolation): the whole
+# test lock took 87 s to install here.
 reqs() {  # the requirements of pyproject's dependencies, aggregator extra and test extra (those named in $1)
   python3 - "$1" <<'PY'
 import sys, tomllib
@@ -83,7 +84,7 @@ for r in extras["test"]:
 PY
 }
 reqs "" > "$tools/test.in"
-reqs "pytest hypothesis pytest-timeout" > "$tools/smoke.in"
+reqs "pytest hypothesis pytest-timeout setuptools" > "$tools/smoke.in"
 for f in test smoke; do
   [ -f "requirements/py3.10/$f.lock" ] || cp requirements/py3.10/aggregator.lock "requirements/py3.10/$f.lock"
   compile "$tools/venv/bin/pip-compile" "requirements/py3.10/$f.lock" "$tools/$f.in"
