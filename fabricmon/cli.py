@@ -392,6 +392,11 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         from .sim.scenario import load_scenario
 
         load_scenario(args.file)
+    from .example_hosts import example_hosts
+
+    for fld, host in example_hosts(data):  # warnings only: the file is valid, but names no real host
+        print(f"{args.file}: warning: {fld}: {host} is an example hostname; put the real one before starting",
+              file=sys.stderr)
     print(f"{args.file}: ok ({kind} config)")
     for line in summary:
         print(f"  {line}")

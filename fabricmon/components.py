@@ -25,7 +25,8 @@ that renders its id, and (if it has a parent that shares its evidence, like a li
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
+
+from .compat import StrEnum
 
 
 class Kind(StrEnum):

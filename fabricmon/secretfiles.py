@@ -47,13 +47,29 @@ def placeholder_problem(path: str) -> str | None:
     return None
 
 
+# Where systemd's LoadCredential= puts a unit's credentials (the shipped units' token_file).
+CREDENTIALS_DIR = "/run/credentials/"
+
+
+def credential_hint(path: str) -> str:
+    """Why a /run/credentials path is missing when checked by hand, and what to check instead."""
+    if not path.startswith(CREDENTIALS_DIR) or os.environ.get("CREDENTIALS_DIRECTORY"):
+        return ""
+    unit = path[len(CREDENTIALS_DIR):].split("/", 1)[0] or "UNIT"
+    return (f" ({CREDENTIALS_DIR}{unit}/ is made by systemd from the unit's LoadCredential= and exists only inside "
+            f"the running unit, which runs this check as its ExecStartPre=; by hand, check a copy of the config "
+            f"naming the credential's source file, as `scripts/install.sh --check-config` does, or "
+            f"`systemctl cat {unit}` for that file)")
+
+
 def check_token_file(path: str | None, field: str, source: str) -> None:
     """A token file: readable, not empty, not the placeholder (one line naming file and field)."""
     if not path:
         return
     problem = file_problem(path) or placeholder_problem(path)
     if problem:
-        raise ConfigError(f"{source}: {field}: {path}: {problem}")
+        hint = credential_hint(path) if problem == "no such file" else ""
+        raise ConfigError(f"{source}: {field}: {path}: {problem}{hint}")
 
 
 def check_plain_file(path: str | None, field: str, source: str) -> None:
@@ -62,7 +78,8 @@ def check_plain_file(path: str | None, field: str, source: str) -> None:
         return
     problem = file_problem(path)
     if problem:
-        raise ConfigError(f"{source}: {field}: {path}: {problem}")
+        hint = credential_hint(path) if problem == "no such file" else ""
+        raise ConfigError(f"{source}: {field}: {path}: {problem}{hint}")
 
 
 def refuse_placeholder_secret(path: str | None, field: str, source: str) -> None:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install fabricmon on a Debian 12 host (as root, with only the distribution's Python):
-# a venv under --prefix, the systemd units written for that prefix, the example configs and a token.
+# Install fabricmon on a systemd host (as root): a venv under --prefix built with a Python 3.10 or newer,
+# the systemd units written for that prefix, the example configs and a token.  Supported systems and
+# the command for each: docs/install.md (Debian 12, Ubuntu 22.04/24.04, DGX OS 6, Rocky 9).
 #
 #   scripts/install.sh                       # agent and aggregator, venv in /opt/fabricmon
 #   scripts/install.sh --role agent          # agent nodes (no numpy)
@@ -16,7 +17,17 @@
 #   --sysconfdir DIR  configs go to DIR/fabricmon, EnvironmentFiles to DIR/default [/etc]
 #   --unitdir DIR     where the units go [/etc/systemd/system]
 #   --statedir DIR    where the units' StateDirectory lives, for --purge [/var/lib]
-#   --no-apt          never run apt-get (fail instead when python3-venv is missing)
+#   --python PATH     the Python (3.10 or newer) the venv is built with [the first of python3.12,
+#                     python3.11, python3.10, python3 on PATH that is 3.10 or newer]
+#   --install-deps    install what the venv needs (venv/ensurepip) with the distribution's own tool:
+#                     apt-get (Debian, Ubuntu, DGX OS) or dnf (Rocky, RHEL); without it nothing is
+#                     installed and a missing piece is named with the command that installs it
+#   --no-apt          accepted for older scripts; does nothing (packages are only installed with --install-deps)
+#
+# Paths are written into the units and configs as they are: --prefix, --sysconfdir and --unitdir may
+# hold only letters, digits and . _ + @ - / (a space, %, $, & or a quote would change what systemd or
+# sed reads); anything else is refused before anything is written.  The written units are checked with
+# `systemd-analyze verify` where it is installed; a complaint about them fails the install.
 #
 # Nothing is enabled or started: the script prints the systemctl commands.  Configs and the token
 # already in place are never overwritten (the new example is written beside them as *.dist).
@@ -33,7 +44,8 @@ UNITDIR=/etc/systemd/system
 STATEDIR=/var/lib
 ACTION=install
 PURGE=0
-APT=1
+PYTHON=""
+DEPS=0
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 die() { echo "install.sh: error: $*" >&2; exit 2; }
@@ -51,7 +63,9 @@ while [ $# -gt 0 ]; do
     --uninstall) ACTION=uninstall; shift ;;
     --check-config) ACTION=check; shift ;;
     --purge) PURGE=1; shift ;;
-    --no-apt) APT=0; shift ;;
+    --python) PYTHON=${2:?}; shift 2 ;;
+    --install-deps) DEPS=1; shift ;;
+    --no-apt) shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option: $1 (see --help)" ;;
   esac
@@ -62,6 +76,14 @@ case "$ROLE" in agent) ROLES=(agent) ;; aggregator) ROLES=(aggregator) ;; both) 
 [ "$(id -u)" -eq 0 ] || die "run as root (the units and configs go to system directories)"
 case "$PREFIX" in /*) ;; *) die "--prefix must be an absolute path (the units name it)" ;; esac
 for d in "$SYSCONFDIR" "$UNITDIR" "$STATEDIR"; do case "$d" in /*) ;; *) die "$d: not an absolute path" ;; esac; done
+# What goes into a unit unquoted: systemd splits ExecStart= at spaces and expands % and $, and the
+# templates are rewritten with sed (& and # there are its own).  Refused rather than escaped: the same
+# path also lands in YAML configs and EnvironmentFiles, each with its own quoting.
+for opt in "--prefix=$PREFIX" "--sysconfdir=$SYSCONFDIR" "--unitdir=$UNITDIR" "--statedir=$STATEDIR"; do
+  v=${opt#*=}
+  [[ "$v" =~ ^[A-Za-z0-9._+@/-]+$ ]] \
+    || die "${opt%%=*} '$v': only letters, digits and . _ + @ - / can be written into a systemd unit"
+done
 
 CONF="$SYSCONFDIR/fabricmon"
 MANIFEST="$PREFIX/share/fabricmon/installed-files"
@@ -76,11 +98,14 @@ check_configs() {
   for r in "${ROLES[@]}"; do
     check="$CONF/.check-config-$r.yaml"
     sed "s#/run/credentials/fabricmon-$r.service/token#$CONF/token#g" "$CONF/$r.yaml" > "$check"
-    if ! "$PREFIX/bin/fabricmon" check-config --kind "$r" "$check" >/dev/null; then
-      rm -f -- "$check"
+    # Its messages name the copy: shown with the installed file's name.
+    if ! "$PREFIX/bin/fabricmon" check-config --kind "$r" "$check" 2> "$check.err" >/dev/null; then
+      sed "s#$check#$CONF/$r.yaml#g" "$check.err" >&2
+      rm -f -- "$check" "$check.err"
       die "$CONF/$r.yaml does not pass check-config (above); fix it, then rerun"
     fi
-    rm -f -- "$check"
+    sed "s#$check#$CONF/$r.yaml#g" "$check.err" >&2
+    rm -f -- "$check" "$check.err"
   done
   [ "$ROLE" = agent ] || "$PREFIX/bin/fabricmon" check-config --kind topology "$CONF/topology.yaml" >/dev/null \
     || die "$CONF/topology.yaml does not pass check-config (above)"
@@ -137,21 +162,55 @@ fi
 
 # ------------------------------------------------------------------ install
 
-command -v python3 >/dev/null || die "python3 not found (apt-get install python3)"
-python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
-  || die "python3 is $(python3 -V 2>&1): fabricmon needs 3.11 or newer (Debian 12 has 3.11)"
-# Debian splits ensurepip into python3-venv: without it `python3 -m venv` makes a venv without pip.
-if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
-  [ "$APT" -eq 1 ] && command -v apt-get >/dev/null || die "python3-venv is missing (apt-get install python3-venv)"
-  note "installing python3-venv"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+# The distribution's package tool, and the packages a Python needs to build a venv with pip
+# (Debian and Ubuntu split ensurepip into python3-venv / python3.X-venv; Rocky's python3.X has it).
+pkg_tool() { if command -v apt-get >/dev/null; then echo apt; elif command -v dnf >/dev/null; then echo dnf; fi; }
+py_ok() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; }
+if [ -n "$PYTHON" ]; then
+  [ -x "$PYTHON" ] || PYTHON=$(command -v "$PYTHON" 2>/dev/null) || die "--python: not found or not executable"
+  py_ok "$PYTHON" || die "--python $PYTHON: $("$PYTHON" -V 2>&1 || echo "does not run"): fabricmon needs 3.10 or newer"
+else
+  for c in python3.12 python3.11 python3.10 python3; do
+    p=$(command -v "$c" 2>/dev/null) && py_ok "$p" && { PYTHON=$p; break; }
+  done
+  if [ -z "$PYTHON" ]; then
+    case "$(pkg_tool)" in
+      dnf) hint="dnf install python3.11 (Rocky/RHEL 8 and 9), then rerun, or --install-deps" ;;
+      apt) hint="apt-get install python3 python3-venv, then rerun, or --install-deps" ;;
+      *) hint="install one, then rerun with --python PATH" ;;
+    esac
+    [ "$DEPS" -eq 1 ] && [ "$(pkg_tool)" = dnf ] || die "no Python 3.10 or newer (python3.12, python3.11, python3.10, python3): $hint"
+    note "installing python3.11 (dnf)"
+    dnf install -y -q python3.11 >/dev/null
+    PYTHON=$(command -v python3.11) || die "dnf installed python3.11 but it is not on PATH"
+  fi
+fi
+pyver=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+note "building the venv with $PYTHON (Python $pyver)"
+if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
+  # Debian's python3 takes python3-venv; a versioned python3.X (Ubuntu, deadsnakes) takes python3.X-venv.
+  base=$(basename "$PYTHON")
+  case "$base" in python3) pkg=python3-venv ;; *) pkg=$base-venv ;; esac
+  case "$(pkg_tool)" in
+    apt) cmd="apt-get install $pkg" ;;
+    dnf) cmd="dnf install $base" ;;
+    *) cmd="your distribution's venv/ensurepip package" ;;
+  esac
+  [ "$DEPS" -eq 1 ] && [ -n "$(pkg_tool)" ] || die "$PYTHON cannot make a venv with pip (no ensurepip): $cmd, or rerun with --install-deps"
+  note "installing: $cmd"
+  if [ "$(pkg_tool)" = apt ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$pkg" >/dev/null
+  else
+    dnf install -y -q "$base" >/dev/null
+  fi
+  "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null || die "$PYTHON still has no ensurepip after: $cmd"
 fi
 
 if [ -e "$PREFIX" ] && [ ! -f "$MARKER" ]; then
   [ -z "$(ls -A "$PREFIX" 2>/dev/null)" ] || die "$PREFIX exists and was not made by this script: choose another --prefix"
 fi
-python3 -m venv "$PREFIX"
+"$PYTHON" -m venv "$PREFIX"
 PIP=("$PREFIX/bin/python" -m pip --disable-pip-version-check -q)
 mkdir -p "$PREFIX/share/fabricmon"
 : > "$MANIFEST.new"
@@ -168,7 +227,10 @@ extra=""
 [ "$ROLE" = agent ] || extra="[aggregator]"
 # The locked, hash-checked dependencies first where this checkout has them, then fabricmon itself
 # without resolving anything more (the Containerfile does the same).
-lock="$SRC/requirements/$([ "$ROLE" = agent ] && echo agent || echo aggregator).lock"
+# requirements/py3.X/ holds the locks of a Python whose resolution differs (scripts/lock.sh).
+lockdir="$SRC/requirements"
+[ ! -d "$lockdir/py$pyver" ] || lockdir="$lockdir/py$pyver"
+lock="$lockdir/$([ "$ROLE" = agent ] && echo agent || echo aggregator).lock"
 if [ -f "$lock" ]; then
   "${PIP[@]}" install --require-hashes -r "$lock"
   "${PIP[@]}" install --no-deps "$WHEEL"
@@ -222,6 +284,21 @@ if [ -f "$MANIFEST" ]; then sort -u "$MANIFEST" "$MANIFEST.new" > "$MANIFEST.tmp
 mv -f "$MANIFEST.tmp" "$MANIFEST"
 rm -f "$MANIFEST.new"
 echo "fabricmon $("$PREFIX/bin/fabricmon" --version | awk '{print $2}') role=$ROLE sysconfdir=$SYSCONFDIR unitdir=$UNITDIR" > "$MARKER"
+
+# The units as systemd will read them: `systemd-analyze verify` exits 0 on an unknown key or a value
+# it cannot parse (a warning on stderr), so its stderr is read too.
+if command -v systemd-analyze >/dev/null; then
+  for r in "${ROLES[@]}"; do
+    unit="$UNITDIR/fabricmon-$r.service"
+    rc=0
+    err=$(systemd-analyze verify "$unit" 2>&1 >/dev/null) || rc=$?
+    bad=$(printf '%s\n' "$err" | grep -e "fabricmon-$r" -e Unknown -e Invalid -e Failed -e "not executable" || true)
+    [ "$rc" -eq 0 ] && [ -z "$bad" ] \
+      || die "$unit does not pass systemd-analyze verify (exit $rc): ${bad:-$err} (scripts/install.sh --uninstall removes this install)"
+  done
+else
+  note "systemd-analyze not installed: the units were not verified"
+fi
 ! systemd_running || systemctl daemon-reload
 
 note "installed $("$PREFIX/bin/fabricmon" --version) in $PREFIX"

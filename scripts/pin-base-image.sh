@@ -1,26 +1,33 @@
 #!/usr/bin/env bash
-# Release step: resolve the Containerfile's base image tag to its digest and write it back, so the
-# release's image is built from exactly that base (a tag can be re-pushed; a digest cannot).
+# Release step: pin the image's base to the Debian archive as it is now, and write the pin to
+# deploy/image/base.env: the snapshot timestamp (the bookworm Release file's Date, also the build's
+# SOURCE_DATE_EPOCH) and the sha256 of the root filesystem mmdebstrap makes from it.
 #
-#   scripts/pin-base-image.sh          # ARG PYTHON_IMAGE=...:3.11.13-slim-bookworm -> ...@sha256:...
-#   scripts/pin-base-image.sh --check  # exit 1 unless the Containerfile names a digest
+#   scripts/pin-base-image.sh          # rebuild the base from today's archive, write the new pin
+#   scripts/pin-base-image.sh --check  # exit 1 unless base.env names a snapshot and a sha256
 #
-# Needs skopeo (apt-get install skopeo) or docker with buildx, and the registry reachable.
+# Needs mmdebstrap and Debian's archive (as root).  Commit deploy/image/base.env.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-line=$(grep -m1 '^ARG PYTHON_IMAGE=' Containerfile) || { echo "Containerfile: no ARG PYTHON_IMAGE" >&2; exit 2; }
-ref=${line#ARG PYTHON_IMAGE=}
+pin=deploy/image/base.env
 if [ "${1:-}" = --check ]; then
-  case "$ref" in *@sha256:*) echo "pinned: $ref"; exit 0 ;; *) echo "not pinned by digest: $ref" >&2; exit 1 ;; esac
+  # shellcheck source=/dev/null
+  . "$pin"
+  [[ "${DEBIAN_SNAPSHOT:-}" =~ ^[0-9]{8}T[0-9]{6}Z$ ]] && [[ "${BASE_ROOTFS_SHA256:-}" =~ ^[0-9a-f]{64}$ ]] \
+    || { echo "$pin: not pinned (DEBIAN_SNAPSHOT, BASE_ROOTFS_SHA256)" >&2; exit 1; }
+  echo "pinned: debian $DEBIAN_SUITE snapshot $DEBIAN_SNAPSHOT rootfs sha256:$BASE_ROOTFS_SHA256"
+  exit 0
 fi
-tag_ref=${ref%@*}
-if command -v skopeo >/dev/null; then
-  digest=$(skopeo inspect --format '{{.Digest}}' "docker://$tag_ref")
-elif command -v docker >/dev/null; then
-  digest=$(docker buildx imagetools inspect --format '{{json .Manifest.Digest}}' "$tag_ref" | tr -d '"')
-else
-  echo "needs skopeo or docker buildx to resolve $tag_ref" >&2; exit 2
-fi
-case "$digest" in sha256:*) ;; *) echo "could not resolve $tag_ref (got '$digest')" >&2; exit 2 ;; esac
-sed -i "s|^ARG PYTHON_IMAGE=.*|ARG PYTHON_IMAGE=$tag_ref@$digest|" Containerfile
-echo "Containerfile: PYTHON_IMAGE=$tag_ref@$digest"
+# shellcheck source=/dev/null
+. "$pin"
+date=$(curl -fsS -m 30 "http://deb.debian.org/debian/dists/$DEBIAN_SUITE/Release" | sed -n 's/^Date: //p')
+[ -n "$date" ] || { echo "pin-base-image: cannot read $DEBIAN_SUITE's Release date from deb.debian.org" >&2; exit 2; }
+epoch=$(date -u -d "$date" +%s)
+snap=$(date -u -d "@$epoch" +%Y%m%dT%H%M%SZ)
+sed -i -e "s/^DEBIAN_SNAPSHOT=.*/DEBIAN_SNAPSHOT=$snap/" -e "s/^SOURCE_DATE_EPOCH=.*/SOURCE_DATE_EPOCH=$epoch/" "$pin"
+out=build/image/rootfs.tar
+rm -f -- "$out"
+FABRICMON_DEBIAN_MIRROR=http://deb.debian.org/debian FABRICMON_BASE_EXPECT_SHA256="" bash scripts/build-base.sh "$out"
+sha=$(sha256sum < "$out" | cut -d' ' -f1)
+sed -i "s/^BASE_ROOTFS_SHA256=.*/BASE_ROOTFS_SHA256=$sha/" "$pin"
+echo "$pin: debian $DEBIAN_SUITE snapshot $snap rootfs sha256:$sha"

@@ -38,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 class Config:
     agent_selector: str = 'job=~".*fabricmon-agent.*"'
     aggregator_selector: str = 'job=~".*fabricmon-aggregator.*"'
-    runbook_url: str = "https://github.com/fabricmon/fabricmon/blob/main/deploy/prometheus/runbooks.md#{anchor}"
+    runbook_url: str = "https://github.com/gpu-fabricmon/gpu-fabricmon/blob/main/deploy/prometheus/runbooks.md#{anchor}"
     # `for:` choice.  The aggregator is the fast path (about 2 s from fault to Alertmanager);
     # the fabric rules are the backstop and the record, so they favour few false pages at
     # modest delay, assuming 15 s scrape and evaluation.  Worst case fault -> Alertmanager is

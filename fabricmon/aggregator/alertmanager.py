@@ -48,12 +48,13 @@ import urllib.error
 import urllib.request
 from collections import deque
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from http.client import HTTPMessage
 from typing import IO, Any
 
 import structlog
 
+from ..compat import UTC
 from .am_peers import PeerSet, Resolver, expandable, system_resolver
 from .cost import impact_sentence
 from .deadline_http import exchange

@@ -4,7 +4,9 @@ page.  Sample times are epoch seconds; a page said "since t=1795847686" and "+11
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
+
+from ..compat import UTC
 
 
 def at(ts: float) -> str:

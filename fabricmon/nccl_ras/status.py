@@ -54,11 +54,19 @@ MAX_COUNT = 2**64 - 1  # collective counts are uint64 (%lu)
 INIT_OK = (0, 7)  # ncclSuccess, ncclInProgress (ras.rst: any other value is an error)
 
 # (name, the NCCL versions that write it, pattern, replacement): repaired only after a strict parse failed.
-# Possessive quantifiers (*+, ++) never give back what they matched, so no input makes the pattern backtrack:
-# the whitespace before the first newline ([^\S\n]) and after it is each taken once.
+# Each run (the digits, the whitespace before the first newline ([^\S\n]) and after it) is taken once and
+# never given back, so no input makes the pattern backtrack.  ``(?=(?P<x>R))(?P=x)`` is an atomic R: a
+# lookahead matches R greedily and the backreference consumes exactly that (Python 3.10 has no possessive
+# ``*+``, which 3.11 added).
+def _atomic(name: str, run: str) -> str:
+    return f"(?=(?P<{name}>{run}))(?P={name})"
+
+
 KNOWN_DEFECTS: tuple[tuple[str, str, re.Pattern[str], str], ...] = (
     ("missing_rank_nvml_dev_comma", "2.28.7-2.28.9",
-     re.compile(r'("nvml_dev": -?[0-9]++)([^\S\n]*+\n\s*+"status")'), r"\1,\2"),
+     re.compile(r'(?P<head>"nvml_dev": -?' + _atomic("digits", "[0-9]+") + ")"
+                r"(?P<tail>" + _atomic("pad", r"[^\S\n]*") + r"\n" + _atomic("indent", r"\s*") + '"status")'),
+     r"\g<head>,\g<tail>"),
 )
 
 

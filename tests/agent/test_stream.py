@@ -254,7 +254,7 @@ def _pki(tmp_path):
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    now = datetime.datetime.now(datetime.UTC)
+    now = datetime.datetime.now(datetime.timezone.utc)
 
     def key():
         return ec.generate_private_key(ec.SECP256R1())

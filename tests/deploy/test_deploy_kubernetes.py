@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tomllib
 
 import pytest
 import yaml
 
+from support import toml as tomllib
 from support.k8s import CRD_KINDS, K8S_VERSION, kubectl, render
 from support.promtools import REPO, promtool
 
@@ -297,7 +297,7 @@ def test_one_image_the_containerfile_builds(rendered) -> None:
     images = {c["image"] for o in objs if o["kind"] in ("DaemonSet", "Deployment", "StatefulSet")
               for c in o["spec"]["template"]["spec"]["containers"] + o["spec"]["template"]["spec"].get("initContainers",
                                                                                                        [])}
-    assert images == {f"ghcr.io/fabricmon/fabricmon:{version}"}
+    assert images == {f"ghcr.io/gpu-fabricmon/gpu-fabricmon:{version}"}
     containerfile = (REPO / "Containerfile").read_text()
     assert f"ARG VERSION={version}" in containerfile
     assert 'ENTRYPOINT ["fabricmon"]' in containerfile

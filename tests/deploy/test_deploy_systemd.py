@@ -68,6 +68,9 @@ def test_units_are_hardened(name: str) -> None:
     assert u["Service.EnvironmentFile"] == [f"-/etc/default/fabricmon-{role}"]
     assert u["Service.ExecStart"] == [
         f"/usr/local/bin/fabricmon {role} --config /etc/fabricmon/{role}.yaml $FABRICMON_ARGS"]
+    # The config is checked inside the unit before the start (where its /run/credentials token exists).
+    assert u["Service.ExecStartPre"] == [
+        f"/usr/local/bin/fabricmon check-config --kind {role} /etc/fabricmon/{role}.yaml"]
     defaults = (SYSTEMD / "etc" / "default" / f"fabricmon-{role}").read_text().splitlines()
     assert [ln for ln in defaults if ln.startswith("FABRICMON_ARGS=")] == ['FABRICMON_ARGS=""']
 

@@ -29,6 +29,7 @@ import pytest
 
 from support.netns import need_netns
 from support.promtools import REPO
+from support.pythons import find_python
 
 # builds from the checkout (setuptools writes build/ and fabricmon.egg-info there): one xdist worker for both
 pytestmark = pytest.mark.xdist_group("builds-from-checkout")
@@ -93,13 +94,13 @@ def root() -> Iterator[Path]:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def _install(root: Path, *args: str) -> subprocess.CompletedProcess:
+def _install(root: Path, *args: str, prefix: Path | None = None) -> subprocess.CompletedProcess:
     # PIP_NO_COMPILE: pip skips byte-compiling the venv (about a third of the install's time here);
     # what is installed is the same.
     return subprocess.run(
-        ["bash", str(INSTALL), "--prefix", str(root / "opt" / "fabricmon"), "--sysconfdir", str(root / "etc"),
-         "--unitdir", str(root / "etc" / "systemd" / "system"), "--statedir", str(root / "var" / "lib"),
-         "--no-apt", *args],
+        ["bash", str(INSTALL), "--prefix", str(prefix or root / "opt" / "fabricmon"), "--sysconfdir",
+         str(root / "etc"), "--unitdir", str(root / "etc" / "systemd" / "system"), "--statedir",
+         str(root / "var" / "lib"), "--no-apt", *args],
         capture_output=True, text=True, timeout=600, env={**os.environ, "PIP_NO_COMPILE": "1"})
 
 
@@ -118,6 +119,8 @@ ip link set lo up
 mount -t tmpfs -o mode=0755 tmpfs /run
 mount -t tmpfs -o mode=0755 tmpfs /var/lib
 {setup}
+# ExecStartPre= (check-config) as the unit runs it: with the credential in place.
+{pre}
 {aggregator} > {out}/aggregator.log 2>&1 &
 agg=$!
 {agent} > {out}/agent.log 2>&1 &
@@ -224,20 +227,27 @@ def test_install_verify_run_uninstall(wheel: Path, root: Path, tmp_path: Path) -
 
     # Run both ExecStart lines as the units would run them.
     setup: list[str] = []
+    pre: list[str] = []
     cmds = {}
+    as_unit = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--no-new-privs", "--"]
     for role in ROLES:
         unit = _unit(unitdir / f"fabricmon-{role}.service")
         setup += _systemd_setup(f"fabricmon-{role}.service", unit, NOBODY)
-        cmds[role] = shlex.join(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                                 "--no-new-privs", "--", *_exec_start(unit)])
+        (check,) = unit["ExecStartPre"]
+        assert shlex.split(check) == [str(prefix / "bin" / "fabricmon"), "check-config", "--kind", role,
+                                      str(etc / "fabricmon" / f"{role}.yaml")]
+        pre.append(shlex.join([*as_unit, *shlex.split(check)]) + f" >> {shlex.quote(str(tmp_path))}/pre.log 2>&1")
+        cmds[role] = shlex.join([*as_unit, *_exec_start(unit)])
     out = tmp_path / "run"
     out.mkdir()
     (out / "scrape.py").write_text(SCRAPE)
-    script = RUN_SCRIPT.format(setup="\n".join(setup), aggregator=cmds["aggregator"], agent=cmds["agent"],
-                               out=shlex.quote(str(out)), python=shlex.quote(sys.executable))
+    script = RUN_SCRIPT.format(setup="\n".join(setup), pre="\n".join(pre), aggregator=cmds["aggregator"],
+                               agent=cmds["agent"], out=shlex.quote(str(out)), python=shlex.quote(sys.executable))
     run = subprocess.run(["unshare", "--mount", "--net", "--propagation", "private", "bash", "-c", script],
                          capture_output=True, text=True, timeout=120)
     logs = {r: (out / f"{r}.log").read_text() if (out / f"{r}.log").exists() else "" for r in ROLES}
+    pre_log = (tmp_path / "pre.log").read_text() if (tmp_path / "pre.log").exists() else ""
+    assert pre_log.count(": ok (") == 2, pre_log  # both ExecStartPre checks passed inside the "unit"
     assert run.returncode == 0, (f"{run.stdout}{run.stderr}\nagent:\n{logs['agent'][-3000:]}"
                                  f"\naggregator:\n{logs['aggregator'][-3000:]}")
     agent_metrics = (out / "agent.metrics").read_text()
@@ -274,3 +284,58 @@ def test_install_refuses_bad_arguments(root: Path) -> None:
     assert res.returncode == 2 and "no fabricmon installed by this script" in res.stderr, res.stderr
     res = _install(root, "--purge")
     assert res.returncode == 2 and "--purge goes with --uninstall" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("bad", ["opt/fabric mon", "opt/a&b", "opt/50%", "opt/$HOME", "opt/a#b", "opt/it's"])
+def test_install_refuses_a_prefix_it_cannot_write_into_a_unit(root: Path, bad: str) -> None:
+    # A space splits ExecStart=, % and $ are systemd's, & and # are sed's in the template rewrite: such a
+    # prefix gave a "successful" install whose units could not start.  Refused before anything is written.
+    res = _install(root, prefix=root / bad)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"--prefix '{root / bad}': only letters, digits" in res.stderr, res.stderr
+    assert not list(root.rglob("*")), sorted(map(str, root.rglob("*")))
+    res = _install(root, "--sysconfdir", str(root / "my etc"))
+    assert res.returncode == 2 and "--sysconfdir" in res.stderr, res.stderr
+
+
+def test_install_refuses_a_python_older_than_310(root: Path) -> None:
+    res = _install(root, "--python", str(root / "no-such-python"))
+    assert res.returncode == 2 and "--python: not found or not executable" in res.stderr, res.stderr
+    py39 = find_python("3.9")
+    if py39 is None:
+        pytest.skip("no python3.9 here to be refused")
+    res = _install(root, "--python", py39)
+    assert res.returncode == 2 and "needs 3.10 or newer" in res.stderr, res.stderr
+    assert not (root / "opt").exists()
+
+
+@pytest.mark.integration
+def test_install_on_python310_units_verify(wheel: Path, root: Path) -> None:
+    """DGX OS 6 and Ubuntu 22.04: a venv on 3.10 (requirements/py3.10 locks) whose units verify; a unit
+    that verify complains about (here a broken drop-in beside it) fails the install, exit 0 or not."""
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze not installed (apt-get install systemd)")
+    py310 = find_python("3.10")
+    assert py310, "no python3.10 (pyenv install 3.10, or FABRICMON_PYTHON310=PATH): 3.10 is supported and tested"
+    prefix = root / "opt" / "fabricmon"
+    unitdir = root / "etc" / "systemd" / "system"
+    dropin = unitdir / "fabricmon-agent.service.d" / "site.conf"
+    dropin.parent.mkdir(parents=True)
+    dropin.write_text("[Service]\nProtectSystem=sometimes\n")  # verify: a warning on stderr, exit 0
+    res = _install(root, "--wheel", str(wheel), "--python", py310)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "fabricmon-agent.service does not pass systemd-analyze verify" in res.stderr, res.stderr
+    assert "sometimes" in res.stderr, res.stderr
+    dropin.unlink()
+    res = _install(root, "--wheel", str(wheel), "--python", py310)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"building the venv with {py310} (Python 3.10)" in res.stdout, res.stdout
+    ver = subprocess.run([str(prefix / "bin" / "python"), "-c", "import sys, numpy; print(sys.version_info[:2])"],
+                         capture_output=True, text=True, timeout=60)
+    assert ver.stdout.strip() == "(3, 10)", ver.stdout + ver.stderr
+    for role in ROLES:
+        path = unitdir / f"fabricmon-{role}.service"
+        assert _verify(path) == [], path.read_text()
+    # The installed example configs still name example hosts: check-config said so (with the file's name).
+    assert f"{root}/etc/fabricmon/agent.yaml: warning: aggregator: fabricmon-aggregator.example.internal" \
+        in res.stderr, res.stderr

@@ -7,8 +7,9 @@ requirement syntax through `packaging`), and each has a counter-case showing it 
 
 from __future__ import annotations
 
+import datetime
 import re
-import tomllib
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,12 +18,17 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from fabricmon import __version__
+from support import toml as tomllib
 from support.promtools import REPO
 
 CONTAINERFILE = REPO / "Containerfile"
 LOCKS = REPO / "requirements"
 # An exact tag (major.minor.patch and a variant), optionally with the digest a release pins.
-PINNED_IMAGE = re.compile(r"^[\w.\-/]+:\d+\.\d+\.\d+-[\w.\-]+(@sha256:[0-9a-f]{64})?$")
+# The image's repository: not ghcr.io/fabricmon/fabricmon, which an unrelated InfiniBand monitor of that name
+# could claim; the package, CLI, units and metric prefix stay fabricmon.
+IMAGE = "ghcr.io/gpu-fabricmon/gpu-fabricmon"
+PROJECT_URL = "https://github.com/gpu-fabricmon/gpu-fabricmon"
+BASE_ENV = REPO / "deploy" / "image" / "base.env"
 
 
 def _containerfile_runs(text: str) -> list[str]:
@@ -81,34 +87,77 @@ def test_one_version_source() -> None:
     newest = re.search(r"^## \[([^\]]+)\]", changelog, re.M)
     assert newest and newest.group(1) == __version__, "CHANGELOG.md's newest entry is not the package version"
     # Every image the manifests name carries that version (or is pinned by digest).
-    tags = set(re.findall(r"image: ghcr\.io/fabricmon/fabricmon:(\S+)", "".join(
+    tags = set(re.findall(rf"image: {re.escape(IMAGE)}:(\S+)", "".join(
         p.read_text() for p in (REPO / "deploy" / "kubernetes").rglob("*.yaml"))))
     assert tags == {__version__}, tags
 
 
 # ------------------------------------------------------------ base image
 
-def test_base_image_pinned_by_exact_tag() -> None:
+def _base_env() -> dict[str, str]:
+    return dict(ln.split("=", 1) for ln in BASE_ENV.read_text().splitlines() if ln and not ln.startswith("#"))
+
+
+def test_base_is_the_pinned_debian_root_filesystem() -> None:
     text = CONTAINERFILE.read_text()
-    image = _args(text)["PYTHON_IMAGE"]
-    assert PINNED_IMAGE.match(image), f"Containerfile: PYTHON_IMAGE={image} is a floating tag"
-    froms = re.findall(r"^FROM (\S+)", text, re.M)
-    assert froms and all(f == "${PYTHON_IMAGE}" for f in froms), froms
-    for floating in ("python:3.11-slim-bookworm", "python:3-slim", "python:latest", "python:3.11"):
-        assert not PINNED_IMAGE.match(f"docker.io/library/{floating}"), floating
-    assert PINNED_IMAGE.match("docker.io/library/python:3.11.13-slim-bookworm@sha256:" + "a" * 64)
+    froms = re.findall(r"^FROM (.+)$", text, re.M)
+    # No registry image: the base stage is the mmdebstrap root filesystem, every other stage builds on it.
+    assert froms[0] == "scratch AS base" and all(f.startswith("base AS ") for f in froms[1:]), froms
+    assert re.findall(r"^ADD (.+)$", text, re.M) == ["build/image/rootfs.tar /"]
+    assert "!build/image/rootfs.tar" in (REPO / ".dockerignore").read_text().splitlines()
+    env = _base_env()
+    assert re.fullmatch(r"\d{8}T\d{6}Z", env["DEBIAN_SNAPSHOT"])
+    assert re.fullmatch(r"[0-9a-f]{64}", env["BASE_ROOTFS_SHA256"])
+    assert env["DEBIAN_SUITE"] == "bookworm" and "python3-venv" in env["BASE_PACKAGES"].split(",")
+    # The snapshot is the archive state SOURCE_DATE_EPOCH names (what makes the tarball reproducible).
+    epoch = datetime.datetime.fromtimestamp(int(env["SOURCE_DATE_EPOCH"]), datetime.timezone.utc)
+    assert epoch.strftime("%Y%m%dT%H%M%SZ") == env["DEBIAN_SNAPSHOT"]
+    build_base = (REPO / "scripts" / "build-base.sh").read_text()
+    assert "BASE_ROOTFS_SHA256" in build_base and "sha256sum" in build_base
+    res = subprocess.run(["bash", str(REPO / "scripts" / "pin-base-image.sh"), "--check"], capture_output=True,
+                         text=True, timeout=30)
+    assert res.returncode == 0 and env["BASE_ROOTFS_SHA256"] in res.stdout, res.stdout + res.stderr
+    # The release steps run the pin.
+    assert "scripts/pin-base-image.sh" in (REPO / "CHANGELOG.md").read_text().split("## [")[0]
+
+
+def test_image_name_is_its_own_everywhere() -> None:
+    """Manifests, runbook_url (the rules) and runbook_base (every aggregator config) name the same project."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, timeout=30).stdout.split()
+    texts = {f: (REPO / f).read_text(errors="replace") for f in tracked
+             if (REPO / f).is_file() and not f.startswith(("requirements/", "tests/fixtures/"))}
+    old = [f for f, t in texts.items() if "ghcr.io/fabricmon/fabricmon" in t or "github.com/fabricmon/fabricmon" in t]
+    assert [f for f in old if f not in ("CHANGELOG.md", "tests/deploy/test_release.py")] == [], old
+    images = {m for t in texts.values() for m in re.findall(r"image: (\S+?):", t) if "fabricmon" in m}
+    assert images == {IMAGE}, images
+    bases = {m for t in texts.values() for m in re.findall(r'runbook_base: "?(https?://[^"\s]+)', t)}
+    assert bases and all(b.startswith(PROJECT_URL + "/") for b in bases), bases
+    urls = {m for t in texts.values() for m in re.findall(r"runbook_url: \"?(https?://[^\"\s]+)", t)}
+    assert urls and all(u.startswith(PROJECT_URL + "/") for u in urls), sorted(urls)[:5]
+    assert f"`{IMAGE}`" in (REPO / "CHANGELOG.md").read_text()
 
 
 # ------------------------------------------------------------ the locks
 
 @pytest.mark.parametrize("lock,extras", [("agent.lock", []), ("aggregator.lock", ["aggregator"]),
-                                         ("test.lock", ["test", "aggregator"])])
+                                         ("test.lock", ["test", "aggregator"]), ("py3.10/agent.lock", []),
+                                         ("py3.10/aggregator.lock", ["aggregator"]),
+                                         ("py3.10/test.lock", ["test", "aggregator"]),
+                                         ("py3.10/smoke.lock", ["smoke", "aggregator"])])
 def test_lock_covers_the_project(lock: str, extras: list[str]) -> None:
     pinned = parse_lock(LOCKS / lock)
     project = _project()["project"]
     wanted = list(project["dependencies"])
     for e in extras:
-        wanted += project["optional-dependencies"][e]
+        if e == "smoke":  # the smoke set's share of the test extra (scripts/lock.sh)
+            wanted += [r for r in project["optional-dependencies"]["test"]
+                       if Requirement(r).name in {"pytest", "hypothesis", "pytest-timeout", "setuptools"}]
+        else:
+            wanted += project["optional-dependencies"][e]
+    if lock.startswith("py3.10/"):  # what a marker leaves out on 3.10
+        env = {"python_version": "3.10", "python_full_version": "3.10.0", "extra": ""}
+        wanted = [r for r in wanted if Requirement(r).marker is None or Requirement(r).marker.evaluate(env)]
+        assert "tomli" in pinned or lock != "py3.10/test.lock"  # pytest's own need on 3.10
     assert uncovered(pinned, wanted) == []
     assert "fabricmon" not in pinned and "file://" not in (LOCKS / lock).read_text()
     if "aggregator" not in extras:
@@ -180,6 +229,6 @@ def test_ci_and_the_installer_install_the_locks() -> None:
 
 def test_revision_reaches_the_image() -> None:
     text = CONTAINERFILE.read_text()
-    assert 'FABRICMON_REVISION="${REVISION}" python -m build' in text
+    assert 'FABRICMON_REVISION="${REVISION}" /build/bin/python -m build' in text
     assert 'org.opencontainers.image.revision="${REVISION}"' in text
     assert "setup.py" in " ".join(ln for ln in text.splitlines() if ln.startswith("COPY "))
