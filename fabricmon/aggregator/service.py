@@ -19,13 +19,14 @@ import structlog
 
 from ..buildinfo import ReloadStatus
 from ..configload import ConfigError, split_hostport
+from ..filewatch import FileWatch
 from ..topology import load_topology
 from .admission import ClusterClock
 from .alertmanager import AlertmanagerClient
 from .config import AggregatorConfig
 from .credentials import load_credentials
 from .engine import Engine
-from .reload import Reloader
+from .reload import Reloader, secret_files
 from .remote_evidence import AlertmanagerEvidence
 from .runtime import AggregatorRuntime
 
@@ -205,6 +206,8 @@ def run_aggregator(cfg: AggregatorConfig, stop_event: threading.Event, *, web: W
              alertmanagers=list(cfg.alertmanager.urls), clock=cfg.clock.mode)
     if reloader is not None and reload is not None:
         reloader.start(reload, stop_event)  # off the detection thread: ticks go on during a reload
+        # a token or certificate rewritten on disk (a Kubernetes Secret update) runs the same reload
+        FileWatch(secret_files(cfg), lambda _changed: reloader.files_changed.set(), status).start(stop_event)
     try:
         rt.run(stop_event)
     finally:
