@@ -201,7 +201,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from .agent.exporter import exposition
     from .agent.runtime import build_agent
     from .agent.wiring import build_live_agent
-    from .filewatch import FileWatch
+    from .filewatch import FileWatch, watch_period
     from .logs import configure_logging
     from .webconfig import load_web_config
 
@@ -221,6 +221,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     web = load_web_config(getattr(args, "web_config_file", None))
     configure_logging(args.log_format or cfg.log.format, args.log_level or cfg.log.level)
     log = structlog.get_logger("fabricmon.agent")
+    period = watch_period()  # checked before anything starts
     if args.once:
         agent = build_agent(cfg)
         snap = agent.poller.poll_once()
@@ -246,7 +247,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         sig.wake.set()
 
     # a token or certificate rewritten on disk (a Kubernetes Secret update) runs the SIGHUP's reload
-    FileWatch(agent.secret_files(), _files_changed, agent.reload_status).start(sig.stop)
+    FileWatch(agent.secret_files(), _files_changed, agent.reload_status, period).start(sig.stop)
     while not sig.stop.is_set():
         agent.supervise(sig.wake)  # the main thread restarts dead agent threads until a signal
         sig.wake.clear()

@@ -24,11 +24,27 @@ from collections.abc import Callable, Iterable
 import structlog
 
 from .buildinfo import ReloadStatus
+from .configload import ConfigError
 
 log = structlog.get_logger("fabricmon.filewatch")
 
 # Seconds between two looks: a rotation is applied within two periods (one to see it, one to see it still).
 WATCH_PERIOD_S = 2.0
+PERIOD_ENV = "FABRICMON_SECRET_WATCH_S"  # another period (tests; 0 turns the watch off)
+
+
+def watch_period() -> float:
+    """``FABRICMON_SECRET_WATCH_S`` when set, else ``WATCH_PERIOD_S``; ConfigError on a bad value."""
+    raw = os.environ.get(PERIOD_ENV, "").strip()
+    if not raw:
+        return WATCH_PERIOD_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 3600:
+        raise ConfigError(f"{PERIOD_ENV}: {raw!r}: seconds between 0 (off) and 3600")
+    return value
 
 StatSig = tuple[int, int, int, int, int] | None
 
@@ -54,9 +70,10 @@ class FileWatch:
     """Watch ``paths``; call ``on_change(changed paths)`` from the watch thread when contents changed."""
 
     def __init__(self, paths: Iterable[str | None], on_change: Callable[[list[str]], None],
-                 status: ReloadStatus | None = None, period: float = WATCH_PERIOD_S) -> None:
-        self.paths = tuple(dict.fromkeys(p for p in paths if p))
-        self.on_change, self.status, self.period = on_change, status, period
+                 status: ReloadStatus | None = None, period: float | None = None) -> None:
+        self.period = watch_period() if period is None else period
+        self.paths = tuple(dict.fromkeys(p for p in paths if p)) if self.period > 0 else ()
+        self.on_change, self.status = on_change, status
         self._sig: dict[str, StatSig] = {p: stat_sig(p) for p in self.paths}
         self._digest: dict[str, str | None] = {p: content_digest(p) for p in self.paths}
         self._moving: set[str] = set()

@@ -47,6 +47,16 @@ def placeholder_problem(path: str) -> str | None:
     return None
 
 
+def token_lines_problem(text: str) -> str | None:
+    """Why a token file's text is not one token per line (blank lines ignored), or None: the aggregator
+    refuses such a file at reload, and an agent must not reconnect presenting half of one."""
+    tokens = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for i, t in enumerate(tokens):
+        if any(c.isspace() for c in t) or not t.isprintable():
+            return f"token on non-blank line {i + 1} holds whitespace or control characters (one token per line)"
+    return None if tokens else "is empty"
+
+
 def check_token_file(path: str | None, field: str, source: str) -> None:
     """A token file: readable, not empty, not the placeholder (one line naming file and field)."""
     if not path:

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -185,15 +186,19 @@ class Agent:
             raise ConfigError(f"{', '.join(fixed)} changed: needs a restart (reload applies "
                               f"{', '.join(self.RELOADABLE)})")
         if self.stream is not None and new.stream.token_file:
-            from .stream_channel import presented_token
+            from ..secretfiles import token_lines_problem
 
-            # checked before anything is applied: a token file the agent cannot read fails the reload
+            # checked before anything is applied: a token file the agent cannot read, or that is not one
+            # token per line (caught mid-write, a bad Secret), fails the reload and the stream stays
             try:
-                if presented_token(None, new.stream.token_file) is None:
-                    raise ConfigError(f"stream.token_file: {new.stream.token_file} is empty")
-            except OSError as exc:
+                text = Path(new.stream.token_file).read_text()
+            except (OSError, UnicodeDecodeError) as exc:
                 raise ConfigError(f"stream.token_file: cannot read {new.stream.token_file}: "
-                                  f"{exc.strerror or exc}") from None
+                                  f"{getattr(exc, 'strerror', None) or exc}") from None
+            problem = token_lines_problem(text)
+            if problem:
+                raise ConfigError(f"stream.token_file: {new.stream.token_file}"
+                                  f"{' ' if problem == 'is empty' else ': '}{problem}")
         if self.stream is not None:
             from .stream_channel import tls_problem
 

@@ -190,6 +190,9 @@ def run_aggregator(cfg: AggregatorConfig, stop_event: threading.Event, *, web: W
     rt = build_runtime(cfg, web=web, reload_status=status)
     reloader = (Reloader(rt, cfg, status, load=load, load_web=load_web, web=web, source=source)
                 if load is not None else None)
+    # a token or certificate rewritten on disk (a Kubernetes Secret update) runs the same reload
+    watch = (FileWatch(secret_files(cfg), lambda _changed: reloader.files_changed.set(), status)
+             if reloader is not None and reload is not None else None)
     try:
         rt.start()
     except OSError:
@@ -206,8 +209,8 @@ def run_aggregator(cfg: AggregatorConfig, stop_event: threading.Event, *, web: W
              alertmanagers=list(cfg.alertmanager.urls), clock=cfg.clock.mode)
     if reloader is not None and reload is not None:
         reloader.start(reload, stop_event)  # off the detection thread: ticks go on during a reload
-        # a token or certificate rewritten on disk (a Kubernetes Secret update) runs the same reload
-        FileWatch(secret_files(cfg), lambda _changed: reloader.files_changed.set(), status).start(stop_event)
+    if watch is not None:
+        watch.start(stop_event)
     try:
         rt.run(stop_event)
     finally:
