@@ -159,7 +159,6 @@ def test_systemd_token_rewritten_in_place_reaches_both_daemons_without_a_reload(
     d.token_file.write_text(OLD + "\n")
     d.start()
     assert d.accepts(OLD) and not d.accepts(NEW)
-    assert d.agg_value("fabricmon_secret_files_watched") == 1 and d.agent_value("fabricmon_secret_files_watched") == 1
 
     # 1. the new token added on a line of its own (the documented rotation's first step), in place:
     # the aggregator takes both, the agent reconnects presenting the last line
@@ -180,6 +179,7 @@ def test_systemd_token_rewritten_in_place_reaches_both_daemons_without_a_reload(
     assert d.agg_value("fabricmon_agents_connected") == 1 and d.agent_value("fabricmon_stream_connects_total") == 2
     assert d.agg_value('fabricmon_config_reloads_total{result="success"}') == 2
     assert d.agg_value("fabricmon_secret_file_changes_total") == 2
+    assert d.agg_value("fabricmon_secret_files_watched") == 1 and d.agent_value("fabricmon_secret_files_watched") == 1
 
 
 def test_kubernetes_secret_update_reaches_both_daemons_and_a_bad_one_is_refused(deployment):
