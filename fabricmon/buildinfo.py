@@ -47,6 +47,8 @@ class ReloadStatus:
         self.successful = True
         self.success_ts = clock()  # the start counts as a successful load
         self.attempts = {"success": 0, "failure": 0}
+        self.file_changes = 0  # secret files changed on disk, noticed by the file watch (filewatch.py)
+        self.files_watched = 0
 
     def record(self, ok: bool) -> None:
         with self._lock:
@@ -55,9 +57,18 @@ class ReloadStatus:
             if ok:
                 self.success_ts = self._clock()
 
+    def noticed(self, n: int) -> None:
+        with self._lock:
+            self.file_changes += n
+
+    def watching(self, n: int) -> None:
+        with self._lock:
+            self.files_watched = n
+
     def collect(self):
         with self._lock:
             ok, ts, attempts = self.successful, self.success_ts, dict(self.attempts)
+            changes, watched = self.file_changes, self.files_watched
         c = CounterMetricFamily("fabricmon_config_reloads", "Configuration reloads (SIGHUP) finished, by result; "
                                 "reloads asked for while one ran are coalesced into the next.", labels=["result"])
         for result, n in attempts.items():
@@ -70,6 +81,15 @@ class ReloadStatus:
         g = GaugeMetricFamily("fabricmon_config_last_reload_success_timestamp_seconds",
                               "Time of the last successful configuration load.")
         g.add_metric([], ts)
+        yield g
+        c = CounterMetricFamily("fabricmon_secret_file_changes",
+                                "Token and TLS files whose contents changed on disk, noticed without a SIGHUP; each "
+                                "runs the reload a SIGHUP runs (its result in fabricmon_config_reloads_total).")
+        c.add_metric([], changes)
+        yield c
+        g = GaugeMetricFamily("fabricmon_secret_files_watched",
+                              "Token and TLS files watched for changes (0: a rotation needs a SIGHUP).")
+        g.add_metric([], watched)
         yield g
 
 

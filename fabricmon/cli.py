@@ -206,6 +206,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from .agent.exporter import exposition
     from .agent.runtime import build_agent
     from .agent.wiring import build_live_agent
+    from .filewatch import FileWatch, watch_period
     from .logs import configure_logging
     from .webconfig import load_web_config
 
@@ -225,6 +226,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     web = load_web_config(getattr(args, "web_config_file", None))
     configure_logging(args.log_format or cfg.log.format, args.log_level or cfg.log.level)
     log = structlog.get_logger("fabricmon.agent")
+    period = watch_period()  # checked before anything starts
     if args.once:
         agent = build_agent(cfg)
         snap = agent.poller.poll_once()
@@ -243,35 +245,56 @@ def cmd_agent(args: argparse.Namespace) -> int:
     agent.start_polling()
     log.info("agent_started", node=agent.node, listen=cfg.listen, port=port, interval=cfg.interval,
              sources=agent.poller.source_names, aggregator=cfg.aggregator, tls=bool(web and web.ssl_context))
+    files_changed = threading.Event()
+
+    def _files_changed(_changed: list[str]) -> None:
+        files_changed.set()
+        sig.wake.set()
+
+    # a token or certificate rewritten on disk (a Kubernetes Secret update) runs the SIGHUP's reload
+    FileWatch(agent.secret_files(), _files_changed, agent.reload_status, period).start(sig.stop)
     while not sig.stop.is_set():
         agent.supervise(sig.wake)  # the main thread restarts dead agent threads until a signal
         sig.wake.clear()
         if sig.reload.is_set() and not sig.stop.is_set():
             sig.reload.clear()
+            files_changed.clear()  # the SIGHUP's reload re-reads the files too
             _reload_agent(agent, args, log)
+        elif files_changed.is_set() and not sig.stop.is_set():
+            files_changed.clear()
+            _reload_agent(agent, args, log, files_only=True)
     log.info("agent_stopping")
     agent.stop()
     return 0
 
 
-def _reload_agent(agent, args: argparse.Namespace, log) -> None:
+def _reload_agent(agent, args: argparse.Namespace, log, files_only: bool = False) -> None:
+    """SIGHUP: the config and its files re-read and applied.  ``files_only`` (the file watch saw a
+    token or TLS file change): the running config kept, its files re-read through the same reload."""
     from .logs import configure_logging
     from .webconfig import load_web_config
 
+    trigger = "file change" if files_only else "SIGHUP"
     try:
-        new = _load_agent(args)
-        web = load_web_config(getattr(args, "web_config_file", None))
+        if files_only:
+            new, web = agent.cfg, agent.web
+            refuse_placeholder_secret(new.stream.token_file, "stream.token_file", args.config or "<defaults>")
+        else:
+            new = _load_agent(args)
+            web = load_web_config(getattr(args, "web_config_file", None))
         changed = agent.reload(new)
     except ConfigError as exc:
         agent.reload_status.record(False)
-        log.error("config_reload_failed", error=str(exc), detail="still running on the previous config")
+        log.error("config_reload_failed", error=str(exc), trigger=trigger,
+                  detail="still running on the previous config")
         return
     agent.web = web
     if agent.http is not None:
         agent.http.set_web(web)  # certificates and users re-read: rotation without a restart
     configure_logging(args.log_format or new.log.format, args.log_level or new.log.level)
     agent.reload_status.record(True)
-    structlog.get_logger("fabricmon.agent").info("config_reloaded", changed=changed, sources=agent.poller.source_names,
+    structlog.get_logger("fabricmon.agent").info("config_reloaded", changed=changed, trigger=trigger,
+                                                 sources=agent.poller.source_names,
                                                  log_level=args.log_level or new.log.level)
 
 

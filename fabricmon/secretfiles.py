@@ -47,7 +47,7 @@ def placeholder_problem(path: str) -> str | None:
     return None
 
 
-# Where systemd's LoadCredential= puts a unit's credentials (the shipped units' token_file).
+# Where systemd's LoadCredential= puts a unit's credentials (the shipped units' token_file before 0.2.0).
 CREDENTIALS_DIR = "/run/credentials/"
 
 
@@ -56,10 +56,19 @@ def credential_hint(path: str) -> str:
     if not path.startswith(CREDENTIALS_DIR) or os.environ.get("CREDENTIALS_DIRECTORY"):
         return ""
     unit = path[len(CREDENTIALS_DIR):].split("/", 1)[0] or "UNIT"
-    return (f" ({CREDENTIALS_DIR}{unit}/ is made by systemd from the unit's LoadCredential= and exists only inside "
-            f"the running unit, which runs this check as its ExecStartPre=; by hand, check a copy of the config "
-            f"naming the credential's source file, as `scripts/install.sh --check-config` does, or "
-            f"`systemctl cat {unit}` for that file)")
+    return (f" ({CREDENTIALS_DIR}{unit}/ is made by systemd from a unit's LoadCredential= and exists only inside "
+            f"the running unit, as a copy taken at start that a rotated token never reaches; the shipped units "
+            f"since 0.2.0 read /etc/fabricmon/token in place: point the config there)")
+
+
+def token_lines_problem(text: str) -> str | None:
+    """Why a token file's text is not one token per line (blank lines ignored), or None: the aggregator
+    refuses such a file at reload, and an agent must not reconnect presenting half of one."""
+    tokens = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for i, t in enumerate(tokens):
+        if any(c.isspace() for c in t) or not t.isprintable():
+            return f"token on non-blank line {i + 1} holds whitespace or control characters (one token per line)"
+    return None if tokens else "is empty"
 
 
 def check_token_file(path: str | None, field: str, source: str) -> None:

@@ -90,14 +90,15 @@ MANIFEST="$PREFIX/share/fabricmon/installed-files"
 MARKER="$PREFIX/share/fabricmon/installed-by"
 systemd_running() { [ -d /run/systemd/system ] && [ "$UNITDIR" = /etc/systemd/system ]; }
 
-# check-config on the installed configs.  The configs name the token where systemd's LoadCredential=
-# puts it for the running unit (/run/credentials/<unit>/token); outside the unit that path does not
-# exist, so each config is checked as a copy naming the credential's source, $CONF/token.
-# The copy sits beside the original, so paths relative to the config resolve the same.
+# check-config on the installed configs.  A config kept from before 0.2.0 names the token where
+# LoadCredential= put it (/run/credentials/<unit>/token), which the units no longer make: refused by
+# name.  Each config is checked as a copy beside the original, so paths relative to it resolve the same.
 check_configs() {
   for r in "${ROLES[@]}"; do
+    ! grep -q "^[^#]*/run/credentials/" "$CONF/$r.yaml" || die "$CONF/$r.yaml: token_file names" \
+      "/run/credentials/, which the units no longer make (a rotated token never reached it): set it to $CONF/token"
     check="$CONF/.check-config-$r.yaml"
-    sed "s#/run/credentials/fabricmon-$r.service/token#$CONF/token#g" "$CONF/$r.yaml" > "$check"
+    cp -- "$CONF/$r.yaml" "$check"
     # Its messages name the copy: shown with the installed file's name.
     if ! "$PREFIX/bin/fabricmon" check-config --kind "$r" "$check" 2> "$check.err" >/dev/null; then
       sed "s#$check#$CONF/$r.yaml#g" "$check.err" >&2
@@ -140,6 +141,7 @@ if [ "$ACTION" = uninstall ]; then
       rm -rf -- "$STATEDIR/fabricmon-$r" "$STATEDIR/private/fabricmon-$r"
     done
     rm -f -- "$CONF/topology.yaml" "$CONF/topology.yaml.dist" "$CONF/token"
+    ! getent group fabricmon >/dev/null || groupdel fabricmon
     rmdir -- "$CONF" 2>/dev/null || note "kept $CONF: it holds files this script did not write"
   fi
   ! systemd_running || systemctl daemon-reload
@@ -266,16 +268,20 @@ for r in "${ROLES[@]}"; do
 done
 [ "$ROLE" = agent ] || put "$SRC/systemd/etc/fabricmon/topology.yaml" "$CONF/topology.yaml" config 0644
 
-# The token both roles read through LoadCredential= (the same on every agent and aggregator).
+# The token both roles read (the same on every agent and aggregator), in place: root:fabricmon 0640,
+# the units' SupplementaryGroups=fabricmon.  Not LoadCredential=: its copy is made at start and never
+# refreshed, so a rotated token would not reach the running daemons; they watch this file instead.
+getent group fabricmon >/dev/null || groupadd --system fabricmon
 if [ -n "$TOKEN_SRC" ]; then
   [ -s "$TOKEN_SRC" ] || die "--token-file: $TOKEN_SRC: missing or empty"
-  install -m 0600 "$TOKEN_SRC" "$CONF/token"
+  install -m 0640 -g fabricmon "$TOKEN_SRC" "$CONF/token"
   echo "config:$CONF/token" >> "$MANIFEST.new"
 elif [ ! -e "$CONF/token" ]; then
   (umask 077; "$PREFIX/bin/python" -c 'import secrets; print(secrets.token_hex(32))' > "$CONF/token")
   echo "config:$CONF/token" >> "$MANIFEST.new"
   note "generated $CONF/token: copy the same file to every agent and aggregator (or rerun with --token-file)"
 fi
+chgrp fabricmon "$CONF/token" && chmod 0640 "$CONF/token"  # also a token of an earlier install (0600)
 
 check_configs
 

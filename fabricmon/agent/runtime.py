@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -185,15 +186,26 @@ class Agent:
             raise ConfigError(f"{', '.join(fixed)} changed: needs a restart (reload applies "
                               f"{', '.join(self.RELOADABLE)})")
         if self.stream is not None and new.stream.token_file:
-            from .stream_channel import presented_token
+            from ..secretfiles import token_lines_problem
 
-            # checked before anything is applied: a token file the agent cannot read fails the reload
+            # checked before anything is applied: a token file the agent cannot read, or that is not one
+            # token per line (caught mid-write, a bad Secret), fails the reload and the stream stays
             try:
-                if presented_token(None, new.stream.token_file) is None:
-                    raise ConfigError(f"stream.token_file: {new.stream.token_file} is empty")
-            except OSError as exc:
+                text = Path(new.stream.token_file).read_text()
+            except (OSError, UnicodeDecodeError) as exc:
                 raise ConfigError(f"stream.token_file: cannot read {new.stream.token_file}: "
-                                  f"{exc.strerror or exc}") from None
+                                  f"{getattr(exc, 'strerror', None) or exc}") from None
+            problem = token_lines_problem(text)
+            if problem:
+                raise ConfigError(f"stream.token_file: {new.stream.token_file}"
+                                  f"{' ' if problem == 'is empty' else ': '}{problem}")
+        if self.stream is not None:
+            from .stream_channel import tls_problem
+
+            # a certificate caught mid-write or invalid: refused, the live stream keeps its own
+            problem = tls_problem(self.stream.options.tls)
+            if problem:
+                raise ConfigError(problem)
         changed = [f for f in self.RELOADABLE if getattr(old, f) != getattr(new, f)]
         if changed and changed != ["log"]:
             if self._built is None:
@@ -208,13 +220,23 @@ class Agent:
                 except Exception as exc:  # a source that fails to close must not stop the reload
                     log.warning("source_close_failed", collector=src.name, error=str(exc))
         self.cfg = new
-        if self.stream is not None and new.stream.token_file:
+        if self.stream is not None:
             try:
-                if self.stream.refresh_credentials():
-                    changed.append("stream.token_file (contents: reconnecting with the new token)")
+                what = self.stream.credentials_changed()
+                if what is not None and self.stream.refresh_credentials():
+                    changed.append("stream.token_file (contents: reconnecting with the new token)"
+                                   if what == "token file" else
+                                   "stream.tls_* (contents: reconnecting with the new certificates)")
             except OSError as exc:  # read a moment ago: the next connect reads it again and says why
                 log.warning("token_file_unreadable", file=new.stream.token_file, error=exc.strerror or str(exc))
         return changed
+
+    def secret_files(self) -> list[str | None]:
+        """The files a rotation changes (watched by filewatch.py): the stream's token and TLS files."""
+        if self.stream is None and self.shard is None:
+            return []
+        st = self.cfg.stream
+        return [st.token_file, st.tls_ca, st.tls_cert, st.tls_key]
 
     def not_ready(self) -> list[str]:
         """Why the agent does not do its job now; empty when ready (what /readyz answers)."""

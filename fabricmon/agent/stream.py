@@ -25,7 +25,7 @@ from ..model import Snapshot
 from .ras_query import RasQuerier
 from .spool import MemorySpool
 from .stream_batches import BatchMaker
-from .stream_channel import TlsFiles, presented_token
+from .stream_channel import TlsFiles, presented_token, tls_digest
 from .stream_session import Session
 from .stream_state import (
     AGGREGATOR_DROP_REASONS,
@@ -192,16 +192,29 @@ class StreamClient:
             self.state.drain_to_spool()
 
     def refresh_credentials(self) -> bool:
-        """Re-read the token file (SIGHUP); when the token to present is not the one the live
-        connection presented, end that connection so the next one presents the new token (the
-        aggregator may already have removed the old one).  True when it changed.  OSError when
-        the file cannot be read (the reload fails, the connection stays)."""
+        """Re-read the token file and the TLS files (SIGHUP, or the file watch); when the token to
+        present or the TLS material is not what the live connection opened with, end that
+        connection so the next one uses the new (the aggregator may already have removed the old
+        token or CA).  True when it changed.  OSError when a file cannot be read (the reload
+        fails, the connection stays)."""
         session = self._session
-        now = presented_token(self.options.token, self.options.token_file)
-        if session is None or not self.state.connected or session.token == now:
+        what = self.credentials_changed()
+        if session is None or what is None:
             return False
-        session.end("token file changed: reconnecting with the new token")
+        session.end(f"{what} changed: reconnecting with the new credentials")
         return True
+
+    def credentials_changed(self) -> str | None:
+        """Which of the live connection's credentials differ from the files now ("token file",
+        "TLS files"), or None (also when not connected).  OSError when a file cannot be read."""
+        session = self._session
+        if session is None or not self.state.connected:
+            return None
+        if session.token != presented_token(self.options.token, self.options.token_file):
+            return "token file"
+        if session.tls_digest != tls_digest(self.options.tls):
+            return "TLS files"
+        return None
 
     @property
     def connected(self) -> bool:

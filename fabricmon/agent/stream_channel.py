@@ -3,6 +3,8 @@ and the bearer-token metadata."""
 
 from __future__ import annotations
 
+import hashlib
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +25,32 @@ class TlsFiles:
 
 def _read(path: str | None) -> bytes | None:
     return Path(path).read_bytes() if path else None
+
+
+def tls_digest(tls: TlsFiles | None) -> str | None:
+    """A fingerprint of the TLS material a connection opened now would use (None: no TLS files)."""
+    if tls is None:
+        return None
+    h = hashlib.sha256()
+    for path in (tls.ca, tls.cert, tls.key):
+        h.update(b"\0" + (_read(path) or b""))
+    return h.hexdigest()
+
+
+def tls_problem(tls: TlsFiles | None) -> str | None:
+    """Why the TLS files cannot be used as they are now (OpenSSL refuses them), or None: checked before a
+    reload reconnects, so a certificate caught mid-write or invalid leaves the live stream as it is."""
+    if tls is None:
+        return None
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        if tls.ca:
+            ctx.load_verify_locations(cafile=tls.ca)
+        if tls.cert and tls.key:
+            ctx.load_cert_chain(tls.cert, tls.key)
+    except (ssl.SSLError, OSError) as exc:
+        return f"stream.tls_ca/tls_cert/tls_key: {getattr(exc, 'reason', None) or exc}"
+    return None
 
 
 def presented_token(token: str | None, token_file: str | None) -> str | None:

@@ -25,7 +25,7 @@ from ..proto import fabricmon_pb2 as pb
 from ..proto.codec import SeriesEncoder, hello_to_pb
 from ..proto.subscription import BadSubscription, Subscription, subscription_from_pb
 from .stream_batches import hello_from_snapshot, read_boot_time
-from .stream_channel import auth_metadata, open_channel, presented_token
+from .stream_channel import auth_metadata, open_channel, presented_token, tls_digest
 from .stream_replay import SpoolReplay
 from .stream_state import StreamState
 from .wire_guard import U64
@@ -80,6 +80,7 @@ class Session:
         self.conn = _Conn()
         self.outq: queue.Queue = queue.Queue()
         self.token: str | None = None  # what this connection presented (a reload compares it)
+        self.tls_digest: str | None = None  # the TLS material it opened with (a reload compares it)
 
     def end(self, reason: str) -> None:
         """End this connection from outside (another thread): the session spools what was
@@ -98,6 +99,7 @@ class Session:
             hello = o.hello_factory() if o.hello_factory else hello_from_snapshot(
                 o.node, st.latest, o.interval_seconds,
                 boot_time=read_boot_time(os.path.join(o.host_root, "proc", "stat")))
+            self.tls_digest = tls_digest(o.tls)
             channel = open_channel(o.target, o.tls, o.keepalive_ms, o.max_message_bytes)
         except Exception as exc:
             st.last_error = f"{type(exc).__name__}: {exc}"

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..configload import ConfigError, load_yaml_file
+from ..secretfiles import token_lines_problem
 from .auth_settings import AuthSettings
 
 
@@ -71,14 +72,12 @@ def read_token_lines(path: str, where: str) -> frozenset[bytes]:
         raise ConfigError(f"{where}: cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{where}: {path}: not UTF-8 text") from None
-    tokens = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for i, t in enumerate(tokens):
-        if any(c.isspace() for c in t) or not t.isprintable():
-            raise ConfigError(f"{where}: {path}: token on non-blank line {i + 1} holds whitespace or control "
-                              f"characters (one token per line)")
-    if not tokens:
+    problem = token_lines_problem(text)
+    if problem == "is empty":
         raise ConfigError(f"{where}: {path} is empty")
-    return frozenset(t.encode() for t in tokens)
+    if problem:
+        raise ConfigError(f"{where}: {path}: {problem}")
+    return frozenset(ln.strip().encode() for ln in text.splitlines() if ln.strip())
 
 
 def load_node_tokens(path: str, source: str) -> dict[str, frozenset[str]]:

@@ -17,6 +17,9 @@ What a reload applies:
 * the topology's contents (topology_reload.py): nodes added and removed; anything else needs a
   restart and is refused;
 * the web config (HTTP TLS and users).
+The token and TLS files are also watched (filewatch.py): when one changes on disk (a Kubernetes
+Secret update, a rewritten /etc/fabricmon/token) the same run happens without a SIGHUP, re-reading
+the files the running config names.
 Everything is read and checked before anything is applied; ``fabricmon_config_last_reload_successful``
 is 1 only when all of it was.  A changed listener, file path, Alertmanager or shard needs a restart.
 """
@@ -85,6 +88,12 @@ def _check_tls(tls: ServerTls, source: str) -> tuple[bytes, bytes, bytes | None]
     return material
 
 
+def secret_files(cfg: AggregatorConfig) -> list[str | None]:
+    """The files a rotation changes (watched by filewatch.py): tokens, TLS certificate, key and CA."""
+    a = cfg.auth
+    return [a.token_file, a.node_tokens_file, a.tls_cert, a.tls_key, a.tls_client_ca]
+
+
 class Reloader:
     def __init__(self, rt: AggregatorRuntime, cfg: AggregatorConfig, status: ReloadStatus, *,
                  load: Callable[[], AggregatorConfig], load_web: Callable[[], WebConfig | None] | None = None,
@@ -95,6 +104,9 @@ class Reloader:
         self.topology_digest = file_digest(cfg.topology)
         self.runs_total = 0
         self._thread: threading.Thread | None = None
+        # set by the file watch (filewatch.py) when a token or TLS file changed on disk: a run that
+        # re-reads the files the running config names, the config file itself as it was
+        self.files_changed = threading.Event()
 
     # ------------------------------------------------------------------ the thread
     def start(self, reload: threading.Event, stop: threading.Event) -> Reloader:
@@ -104,32 +116,38 @@ class Reloader:
 
     def _run(self, reload: threading.Event, stop: threading.Event) -> None:
         while not stop.is_set():
-            if not reload.wait(0.2):
+            if not reload.wait(0.2) and not self.files_changed.is_set():
                 continue
+            signalled = reload.is_set()
             reload.clear()  # SIGHUPs from here on ask for one more run: a storm is coalesced
+            self.files_changed.clear()  # a SIGHUP's run re-reads the files too
             if stop.is_set():
                 return
-            self.reload_once()
+            self.reload_once(files_only=not signalled)
 
     def join(self, timeout: float) -> None:
         if self._thread is not None:
             self._thread.join(timeout)
 
     # ------------------------------------------------------------------ one reload
-    def reload_once(self) -> bool:
+    def reload_once(self, files_only: bool = False) -> bool:
+        """One reload (SIGHUP); ``files_only``: the running config's files re-read, not the config
+        file (a token or certificate changed on disk: an edit of the config still waits for SIGHUP)."""
         self.runs_total += 1
         t0 = time.perf_counter()
+        trigger = "file change" if files_only else "SIGHUP"
         try:
-            new = self.load()
-            new_web = self.load_web() if self.load_web is not None else self.web
+            new = self.current if files_only else self.load()
+            new_web = self.web if files_only or self.load_web is None else self.load_web()
             changes = self.prepare(new)
         except ConfigError as exc:
             self.status.record(False)
-            log.error("config_reload_failed", error=str(exc), detail="still running on the previous config")
+            log.error("config_reload_failed", error=str(exc), trigger=trigger,
+                      detail="still running on the previous config")
             return False
         except Exception as exc:  # a reload must never end the process
             self.status.record(False)
-            log.error("config_reload_failed", error=f"{type(exc).__name__}: {exc}",
+            log.error("config_reload_failed", error=f"{type(exc).__name__}: {exc}", trigger=trigger,
                       detail="still running on the previous config")
             return False
         changed = []
@@ -141,7 +159,7 @@ class Reloader:
         if self.rt.http is not None:
             self.rt.http.set_web(new_web)  # certificates and users re-read: rotation without a restart
         self.status.record(True)
-        log.info("config_reloaded", changed=changed, seconds=round(time.perf_counter() - t0, 3))
+        log.info("config_reloaded", changed=changed, trigger=trigger, seconds=round(time.perf_counter() - t0, 3))
         return True
 
     def prepare(self, new: AggregatorConfig) -> list[tuple[str, Callable[[], object]]]:

@@ -19,6 +19,7 @@ import structlog
 
 from ..buildinfo import ReloadStatus
 from ..configload import ConfigError, split_hostport
+from ..filewatch import FileWatch
 from ..topology import load_topology
 from . import incident_store
 from .admission import ClusterClock
@@ -26,7 +27,7 @@ from .alertmanager import AlertmanagerClient
 from .config import AggregatorConfig
 from .credentials import load_credentials
 from .engine import Engine
-from .reload import Reloader
+from .reload import Reloader, secret_files
 from .remote_evidence import AlertmanagerEvidence
 from .runtime import AggregatorRuntime
 
@@ -179,14 +180,18 @@ def run_aggregator(cfg: AggregatorConfig, stop_event: threading.Event, *, web: W
                    reload: threading.Event | None = None,
                    load: Callable[[], AggregatorConfig] | None = None,
                    load_web: Callable[[], WebConfig | None] | None = None,
-                   source: str = "aggregator config") -> int:
+                   source: str = "aggregator config", watch_period: float | None = None) -> int:
     """Run until ``stop_event``; when ``reload`` is set (SIGHUP), ``load()`` the config (and
     ``load_web()`` the web config) again and apply it, or log why not and keep the running one
-    (reload.py, in its own thread)."""
+    (reload.py, in its own thread).  The token and TLS files are watched every ``watch_period`` s
+    (None: filewatch.watch_period(); 0: not watched) and a change runs the same reload."""
     status = ReloadStatus()
     rt = build_runtime(cfg, web=web, reload_status=status)
     reloader = (Reloader(rt, cfg, status, load=load, load_web=load_web, web=web, source=source)
                 if load is not None else None)
+    # a token or certificate rewritten on disk (a Kubernetes Secret update) runs the same reload
+    watch = (FileWatch(secret_files(cfg), lambda _changed: reloader.files_changed.set(), status, watch_period)
+             if reloader is not None and reload is not None else None)
     try:
         rt.start()
     except OSError:
@@ -203,6 +208,8 @@ def run_aggregator(cfg: AggregatorConfig, stop_event: threading.Event, *, web: W
              alertmanagers=list(cfg.alertmanager.urls), clock=cfg.clock.mode)
     if reloader is not None and reload is not None:
         reloader.start(reload, stop_event)  # off the detection thread: ticks go on during a reload
+    if watch is not None:
+        watch.start(stop_event)
     try:
         rt.run(stop_event)
     finally:

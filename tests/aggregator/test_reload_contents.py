@@ -134,3 +134,35 @@ def test_a_topology_rewritten_while_a_reload_reads_it_is_applied_by_the_next_sig
     agg.topology.write_text(yaml.safe_dump(topology_doc(three)))  # the version the race fingerprinted
     assert agg.hup()
     assert agg.value("fabricmon_topology_nodes") == 3, agg.reloads()
+
+
+def test_agent_client_certificate_rotation_reconnects_and_a_bad_one_is_refused(tmp_path, rig):
+    """What the agent's reload does when its TLS files change (the file watch or SIGHUP): reconnect
+    with the new certificate once OpenSSL accepts it; a key that does not match keeps the live stream."""
+    from fabricmon.agent.stream_channel import tls_problem
+    from support.certs import make_pki
+
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    old = make_pki(tmp_path / "old", {"c0": ("node-000", ())})
+    new = make_pki(tmp_path / "new", {"c0": ("node-000", ())}, ca_name="fabricmon test CA 2")
+    bundle = tmp_path / "clients.pem"  # the aggregator trusts client certificates of both CAs (a rotation)
+    bundle.write_text(open(old["ca"]).read() + open(new["ca"]).read())
+    agg = rig(Aggregator, {"tls_cert": old["server"][1], "tls_key": old["server"][0], "tls_client_ca": str(bundle)})
+    live = tmp_path / "agent"
+    live.mkdir()
+    cert, key = live / "agent.crt", live / "agent.key"
+    shutil.copy(old["c0"][1], cert)
+    shutil.copy(old["c0"][0], key)
+    files = TlsFiles(ca=old["ca"], cert=str(cert), key=str(key), server_name="aggregator.test")
+    a = rig(Agent, agg, "node-000", tls=files)
+    assert wait_until(lambda: a.client.connected, 15), a.client.last_error
+    assert a.client.credentials_changed() is None and not a.client.refresh_credentials()
+
+    shutil.copy(new["c0"][0], key)  # the new key, its certificate not written yet: OpenSSL refuses the pair
+    assert tls_problem(files) is not None
+    shutil.copy(new["c0"][1], cert)
+    assert tls_problem(files) is None
+    assert a.client.credentials_changed() == "TLS files" and a.client.refresh_credentials()
+    assert wait_until(lambda: a.client.connected and a.connects() == 2, 15), a.client.last_error
+    assert a.client.credentials_changed() is None

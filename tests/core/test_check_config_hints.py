@@ -45,17 +45,20 @@ def test_check_config_warns_on_example_hostnames(tmp_path: Path, capsys: pytest.
     assert "warning" not in capsys.readouterr().err
 
 
-def test_check_config_explains_a_credentials_path(monkeypatch: pytest.MonkeyPatch,
+def test_check_config_explains_a_credentials_path(monkeypatch: pytest.MonkeyPatch, tmp_path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    # The shipped config names the token where LoadCredential= puts it; by hand that path does not exist.
+    # A config kept from before 0.2.0 names the token where LoadCredential= put it; by hand that path does
+    # not exist (the shipped configs now name /etc/fabricmon/token, which the units re-read).
+    old = tmp_path / "agent.yaml"
+    old.write_text((SHIPPED / "agent.yaml").read_text().replace(
+        "/etc/fabricmon/token", "/run/credentials/fabricmon-agent.service/token"))
     monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
-    assert main(["check-config", str(SHIPPED / "agent.yaml")]) == 2
+    assert main(["check-config", str(old)]) == 2
     err = capsys.readouterr().err
     assert "stream.token_file: /run/credentials/fabricmon-agent.service/token: no such file" in err, err
     assert "exists only inside the running unit" in err and "LoadCredential=" in err, err
-    assert "scripts/install.sh --check-config" in err, err
     assert len(err.strip().splitlines()) == 1, err
     # Inside a unit (systemd sets $CREDENTIALS_DIRECTORY) a missing credential is just missing.
     monkeypatch.setenv("CREDENTIALS_DIRECTORY", "/run/credentials/fabricmon-agent.service")
-    assert main(["check-config", str(SHIPPED / "agent.yaml")]) == 2
+    assert main(["check-config", str(old)]) == 2
     assert "only inside" not in capsys.readouterr().err

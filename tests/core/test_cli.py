@@ -167,7 +167,7 @@ def test_check_config_ambiguous_asks_for_kind(tmp_path, capsys) -> None:
 
 @pytest.mark.parametrize("name,kind", [("agent.yaml", "agent"), ("topology.yaml", "topology")])
 def test_check_config_example_kinds(name, kind, capsys) -> None:
-    # the examples name the token where systemd puts it (LoadCredential): absent in a checkout
+    # the examples name the installed token, /etc/fabricmon/token: absent in a checkout
     assert main(["check-config", "--skip-secrets", str(SYSTEMD / "etc" / "fabricmon" / name)]) == 0
     assert f"({kind} config)" in capsys.readouterr().out
 

@@ -95,7 +95,7 @@ def test_example_agent_config_loads() -> None:
     assert cfg.intake.socket == "/run/fabricmon/ranks.sock"
     assert cfg.stream.spool_dir.startswith("/var/lib/fabricmon-agent/")  # StateDirectory=fabricmon-agent
     assert cfg.intake.socket_mode == 0o666
-    assert cfg.stream.token_file == "/run/credentials/fabricmon-agent.service/token"  # LoadCredential=token
+    assert cfg.stream.token_file == "/etc/fabricmon/token"  # read in place (SupplementaryGroups=fabricmon), watched
     assert cfg.aggregator is not None and cfg.aggregator.endswith(":9721")
 
 
@@ -108,7 +108,7 @@ def test_example_aggregator_config_loads() -> None:
     assert cfg.http_listen == "0.0.0.0:9722"
     assert cfg.cluster
     assert cfg.alertmanager.urls
-    assert cfg.auth.token_file == "/run/credentials/fabricmon-aggregator.service/token"  # LoadCredential=token
+    assert cfg.auth.token_file == "/etc/fabricmon/token"  # read in place (SupplementaryGroups=fabricmon), watched
     assert cfg.alertmanager.runbook_base.endswith("deploy/prometheus/runbooks.md#")
     topo = load_topology(SYSTEMD / "etc" / "fabricmon" / "topology.yaml")
     assert topo.cluster == cfg.cluster

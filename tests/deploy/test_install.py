@@ -6,7 +6,8 @@ whose ExecStart does not exist: the shipped templates name /usr/local/bin, so th
 prefix).  Then each unit's ExecStart line, with $FABRICMON_ARGS from its EnvironmentFile, runs as the
 unit's user would: the units use DynamicUser= (a uid allocated at start, with no supplementary
 groups), which no test can create outside systemd, so the nobody uid 65534 with its groups cleared
-stands in.  What systemd provides the unit (StateDirectory=, RuntimeDirectory=, LoadCredential=) is
+stands in, with the unit's SupplementaryGroups= (the fabricmon group that reads the token in place,
+install.sh makes it).  What systemd provides the unit (StateDirectory=, RuntimeDirectory=) is
 made in a private mount namespace, read from the unit file, and the two daemons run in a private
 network namespace on their default ports: the agent streams to the aggregator with the installed
 token, and both /metrics are scraped.  Not emulated: the sandbox options (ProtectSystem= and the
@@ -15,6 +16,7 @@ like; `systemd-analyze security` scores them), because no systemd runs here.
 
 from __future__ import annotations
 
+import grp
 import os
 import re
 import shlex
@@ -157,7 +159,7 @@ sys.exit(0 if len(got) == len(want) else 1)
 
 
 def _systemd_setup(unit_name: str, unit: dict[str, list[str]], uid: int) -> list[str]:
-    """Shell lines making the unit's StateDirectory, RuntimeDirectory and LoadCredential as systemd would."""
+    """Shell lines making the unit's StateDirectory and RuntimeDirectory as systemd would."""
     lines = []
     modes = {"StateDirectory": "StateDirectoryMode", "RuntimeDirectory": "RuntimeDirectoryMode"}
     bases = {"StateDirectory": "/var/lib", "RuntimeDirectory": "/run"}
@@ -165,11 +167,6 @@ def _systemd_setup(unit_name: str, unit: dict[str, list[str]], uid: int) -> list
         for name in unit.get(key, []):
             mode = unit.get(modes[key], ["0755"])[0]
             lines.append(f"install -d -o {uid} -g {uid} -m {mode} {base}/{name}")
-    for cred in unit.get("LoadCredential", []):
-        name, _, src = cred.partition(":")
-        d = f"/run/credentials/{unit_name}"
-        lines.append(f"install -d -m 0500 -o {uid} -g {uid} {d}")
-        lines.append(f"install -m 0400 -o {uid} -g {uid} {shlex.quote(src)} {d}/{name}")
     return lines
 
 
@@ -197,7 +194,9 @@ def test_install_verify_run_uninstall(wheel: Path, root: Path, tmp_path: Path) -
     assert (prefix / "bin" / "fabricmon").is_file()
     for name in ("agent.yaml", "aggregator.yaml", "topology.yaml", "token"):
         assert (etc / "fabricmon" / name).is_file(), name
-    assert (etc / "fabricmon" / "token").stat().st_mode & 0o777 == 0o600
+    # the token read in place by the units' group (LoadCredential='s copy was never refreshed on rotation)
+    token_st = (etc / "fabricmon" / "token").stat()
+    assert token_st.st_mode & 0o777 == 0o640 and token_st.st_gid == grp.getgrnam("fabricmon").gr_gid
 
     # --check-config after an edit: the token as the units get it; a bad value is refused by name.
     res = _install(root, "--check-config")
@@ -217,7 +216,7 @@ def test_install_verify_run_uninstall(wheel: Path, root: Path, tmp_path: Path) -
         argv = _exec_start(unit)
         assert argv[:4] == [str(prefix / "bin" / "fabricmon"), role, "--config",
                             str(etc / "fabricmon" / f"{role}.yaml")]
-        assert unit["LoadCredential"] == [f"token:{etc}/fabricmon/token"]
+        assert "LoadCredential" not in unit and unit["SupplementaryGroups"] == ["fabricmon"]
         assert unit["EnvironmentFile"] == [f"-{etc}/default/fabricmon-{role}"]
         assert _verify(path) == [], path.read_text()
     if not Path("/usr/local/bin/fabricmon").exists():
@@ -233,6 +232,9 @@ def test_install_verify_run_uninstall(wheel: Path, root: Path, tmp_path: Path) -
     for role in ROLES:
         unit = _unit(unitdir / f"fabricmon-{role}.service")
         setup += _systemd_setup(f"fabricmon-{role}.service", unit, NOBODY)
+        groups = ",".join(str(grp.getgrnam(g).gr_gid) for g in unit.get("SupplementaryGroups", []))
+        as_unit = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}",
+                   f"--groups={groups}" if groups else "--clear-groups", "--no-new-privs", "--"]
         (check,) = unit["ExecStartPre"]
         assert shlex.split(check) == [str(prefix / "bin" / "fabricmon"), "check-config", "--kind", role,
                                       str(etc / "fabricmon" / f"{role}.yaml")]
@@ -257,7 +259,7 @@ def test_install_verify_run_uninstall(wheel: Path, root: Path, tmp_path: Path) -
                      agent_metrics), agent_metrics[:2000]
     # The host source reads the host's /proc (host_root /), the unit's sysfs_root being /sys.
     assert "fabricmon_host_memory_total_bytes" in agent_metrics
-    # The aggregator took the agent's stream: the installed token reached both through LoadCredential.
+    # The aggregator took the agent's stream: both read the installed token through their group.
     assert "fabricmon_agents_connected 1.0" in (out / "aggregator.metrics").read_text()
 
     # What `systemctl enable` makes (it links even where systemd is not running).

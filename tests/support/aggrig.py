@@ -52,7 +52,9 @@ class Aggregator:
             "http_listen": f"127.0.0.1:{self.http}", "tick_seconds": 0.05, "auth": auth, **(extra or {})}))
         self.stop_event, self.reload = threading.Event(), threading.Event()
         self.thread = threading.Thread(target=run_aggregator, daemon=True, args=(self._load(), self.stop_event),
-                                       kwargs={"reload": self.reload, "load": self._load})
+                                       # reloads here come from hup() only, so a test knows which run it
+                                       # waits for; the file watch is tested on processes (test_token_watch)
+                                       kwargs={"reload": self.reload, "load": self._load, "watch_period": 0})
         self.thread.start()
         assert wait_until(lambda: "fabricmon_ticks_total" in self.metrics(), 60)
 
