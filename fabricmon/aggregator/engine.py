@@ -7,11 +7,18 @@ and the tests call the same methods in memory.  Nothing here reads the wall
 clock for windows, persistence or incident times: those run on the sample
 time ``ts`` the agents stamped (``clock`` only times the tick for /metrics).
 
-The stages, each in its own module: admission here (duplicates, time bounds, shard
-ownership), then ``ingest.Ingest`` (deltas and gauges become typed events and state on the
-components of ``state.Registry``), then on ``tick`` the detectors, the cable-health trend, the leaf
-folder, the correlator, and the incident manager that owns what changed.  The node registry
-(node_registry.py) takes hellos and disconnects.  All methods are thread-safe (one lock, engine_state.py).
+``Engine`` is a composition; each stage is its own object in its own module, sharing one
+``engine_state.EngineState`` (topology, thresholds, lock, component registry, cluster clock):
+
+- node_registry.NodeRegistry: hellos, NIC binding, disconnects, unknown and never-connected nodes;
+- admission_stage.AdmissionStage: a batch judged (duplicate, time bounds, shard ownership), counted and
+  handed to ``ingest.Ingest`` (typed events and state on the components), the straggler, hang and cost trackers;
+- detection_tick.DetectionTick: on ``tick`` the detectors, cable health, leaf and node folders, the
+  correlator, and the incident manager that owns what changed;
+- ras_queue.RasQueue: the NCCL RAS queries waiting for a node's stream, and the answers;
+- engine_views.EngineViews: read-only views for the HTTP API and /metrics.
+
+Engine keeps the public methods its callers use as one-line delegations.  All are thread-safe (one lock).
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@ component registry, and the sample times of the first and latest tick.
 
 ``Engine`` (engine.py) builds one ``EngineState`` and hands it to each stage (node_registry.py,
 admission_stage.py, detection_tick.py, ras_queue.py, engine_views.py).  A stage reads and writes the
-shared names as its own attributes (``self.topology``, ``self.settings``, ``self.last_tick``...):
-``Stage`` forwards each of them, by name, to the one ``EngineState``, so a topology reload or a
-settings reload seen by one stage is seen by all, and the method bodies read as they did when they
-were all one class.
+shared names as its own attributes (``self.topology``, ``self.settings``, ``self.nodes``,
+``self.last_tick``...), so the method bodies read as they did when the stages were one class: the
+shared objects are the same objects on every stage, and the names that get reassigned are forwarded
+to the one ``EngineState`` (``Stage``), so a topology or settings reload seen by one stage is seen by all.
 """
 
 from __future__ import annotations
@@ -60,20 +60,14 @@ def _shared(name: str) -> Any:
 
 
 class Stage:
-    """A part of the engine: its own state on itself, the shared state forwarded to ``self.state``."""
+    """A part of the engine: its own state on itself, the shared state of its ``EngineState``.
+
+    The shared objects no one replaces (lock, registry and its maps, cluster clock) are the same objects
+    on every stage; the four names a reload or the tick assign (topology, settings, last_tick,
+    started_at) are forwarded to the one ``EngineState``, so what one stage sets every stage reads."""
 
     topology: Topology = _shared("topology")
     settings: DetectionSettings = _shared("settings")
-    cluster: str = _shared("cluster")
-    shard_units: frozenset[int] | None = _shared("shard_units")
-    lock: threading.RLock = _shared("lock")
-    registry: Registry = _shared("registry")
-    nodes: dict[str, NodeState] = _shared("nodes")
-    links_by_leaf: dict[Any, list[LinkState]] = _shared("links_by_leaf")
-    active_links: set[LinkState] = _shared("active_links")
-    active_gpus: set[GpuState] = _shared("active_gpus")
-    config_nodes: set[str] = _shared("config_nodes")
-    cluster_clock: ClusterClock = _shared("cluster_clock")
     last_tick: float | None = _shared("last_tick")
     started_at: float | None = _shared("started_at")
     startup: StartupHold = _shared("startup")
@@ -82,3 +76,13 @@ class Stage:
 
     def __init__(self, state: EngineState) -> None:
         self.state = state
+        self.cluster = state.cluster
+        self.shard_units = state.shard_units
+        self.lock = state.lock
+        self.registry = state.registry
+        self.nodes = state.nodes
+        self.links_by_leaf = state.links_by_leaf
+        self.active_links = state.active_links
+        self.active_gpus = state.active_gpus
+        self.config_nodes = state.config_nodes
+        self.cluster_clock = state.cluster_clock
