@@ -62,17 +62,15 @@ def _shared(name: str) -> Any:
 class Stage:
     """A part of the engine: its own state on itself, the shared state of its ``EngineState``.
 
-    The shared objects no one replaces (lock, registry and its maps, cluster clock) are the same objects
-    on every stage; the four names a reload or the tick assign (topology, settings, last_tick,
-    started_at) are forwarded to the one ``EngineState``, so what one stage sets every stage reads."""
+    The shared objects no one replaces (lock, registry and its maps, cluster clock, start-up hold, resume
+    check, switch side) are the same objects on every stage; the four names a reload or the tick assign
+    (topology, settings, last_tick, started_at) are forwarded to the one ``EngineState``, so what one
+    stage sets every stage reads."""
 
     topology: Topology = _shared("topology")
     settings: DetectionSettings = _shared("settings")
     last_tick: float | None = _shared("last_tick")
     started_at: float | None = _shared("started_at")
-    startup: StartupHold = _shared("startup")
-    resume: ResumeCheck = _shared("resume")
-    switch_side: SwitchSide = _shared("switch_side")
 
     def __init__(self, state: EngineState) -> None:
         self.state = state
@@ -86,3 +84,6 @@ class Stage:
         self.active_gpus = state.active_gpus
         self.config_nodes = state.config_nodes
         self.cluster_clock = state.cluster_clock
+        self.startup: StartupHold = state.startup
+        self.resume: ResumeCheck = state.resume
+        self.switch_side: SwitchSide = state.switch_side
