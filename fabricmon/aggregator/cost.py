@@ -3,13 +3,19 @@
 For a job whose ranks use the incident's component:
 
 - ``step_slowdown``: the median time of the job's steps that start while the incident is open, over the
-  median of its last 20 steps that started before ``first_seen`` while no other incident was open on
-  the job, minus 1.  ``None`` without a clean baseline (the job started during the fault).  Steps that
-  start while an incident that opened later on the same job is open are left out when at least
-  ``OWN_STEPS`` are left: that slowdown is the later fault's too (a flaky cable open when its leaf
-  degrades does not take the leaf's cost); an incident opened earlier stays in (there is nothing left).
+  median of its last 20 clean steps (no other incident open on the job) before the fault began, minus 1.
+  The fault began before the incident opened: a straggler is flagged after ``straggler_persist`` of
+  ``straggler_window`` late steps (and may wait for evidence), a counter finding after evidence in
+  ``persist_windows`` of ``of_windows`` windows.  So the baseline ends ``2 x straggler_window`` of the job's
+  steps before ``first_seen`` (the first late step is at most a window back; a window more keeps its
+  ramp out) and no later than the detection lead (``of_windows`` windows) before it; other incidents'
+  spans start their lead early too.  ``None`` without a clean baseline (the job started during the fault).
+- Overlapping incidents on one job share its slowdown by time slices (``_sliced_slowdown``): the steps
+  that start while an incident is the job's only open one measure it; one with no such steps (it opened
+  and closed inside another) takes the joint slowdown less what the others measured alone.
 - A job that completes no step while the incident is open (for longer than a few of its own steps) has
-  ``step_slowdown: None, stopped: True`` and costs all its GPUs.
+  ``step_slowdown: None, stopped: True`` and costs all its GPUs; a job ``JobHung`` names is stopped from
+  the moment it fires, so the firing notification carries the cost.
 - ``gpu_hours_per_hour`` = GPUs x (1 - 1 / (1 + step_slowdown)): the share of the job's GPU time the
   fault wastes.
 
@@ -22,12 +28,13 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import components as comp
 from ..components import Component, Kind
+from .config import DetectionSettings
 
 if TYPE_CHECKING:
     from ..topology import Topology
@@ -36,6 +43,7 @@ if TYPE_CHECKING:
 BASELINE_STEPS = 20
 MAX_STEPS = 4096  # per job: at a step a second, an hour of history
 STOPPED_AFTER_STEPS = 5  # no step for this many of the job's median steps while the incident is open
+HUNG_ALERT = "JobHung"
 OWN_STEPS = 3  # steps of its own (no later incident on the job open) that an incident's slowdown needs
 
 
@@ -88,38 +96,82 @@ class StepLog:
         js.seconds.append(seconds)
 
     def impact(self, job: str, first_seen: float, now: float,
-               other_open: Sequence[tuple[float, float]] = ()) -> JobImpact | None:
-        """``other_open``: (opened, closed or now) of the job's other incidents, kept out of the baseline
-        and, those opened after ``first_seen``, out of the steps measured (module docstring)."""
+               other_open: Sequence[tuple[float, float]] = (), *, baseline_end: float | None = None,
+               skip_steps: int = 0, stopped: bool = False, other_adds: Sequence[bool] = ()) -> JobImpact | None:
+        """``other_open``: (opened, closed or now) of the job's other incidents.  The baseline is the last
+        ``BASELINE_STEPS`` steps that started before ``baseline_end`` (default ``first_seen``) and at least
+        ``skip_steps`` of the job's steps before ``first_seen`` (module docstring), none under another
+        incident; the steps measured are sliced by the other incidents open at their start (``other_adds``:
+        whether each one's slowdown adds to this one's, ``_sliced_slowdown``).
+        ``stopped``: the job is known to have stopped (JobHung fired): all its GPUs from now on."""
         js = self.jobs.get(job)
         if js is None:
             return None
+        if stopped:
+            return JobImpact(job, js.job_id, None, True, float(js.gpus))
         starts, secs = list(js.starts), list(js.seconds)
         i0 = bisect.bisect_left(starts, first_seen)
-        during = secs[i0:]
-        later = [(lo, hi) for lo, hi in other_open if lo > first_seen]
-        if later:
-            own = [x for st, x in zip(starts[i0:], during, strict=True) if not any(lo <= st < hi for lo, hi in later)]
-            if len(own) >= OWN_STEPS:
-                during = own
+        i1 = bisect.bisect_left(starts, now)  # steps that start after ``now`` are not this incident's
+        end = first_seen if baseline_end is None else min(baseline_end, first_seen)
+        i_end = min(bisect.bisect_left(starts, end), max(0, i0 - skip_steps))
         base: list[float] = []
-        for k in range(i0 - 1, -1, -1):
-            s = starts[k]
-            if any(lo <= s < hi for lo, hi in other_open):
+        for k in range(i_end - 1, -1, -1):
+            if _inside(starts[k], other_open):
                 continue
             base.append(secs[k])
             if len(base) >= BASELINE_STEPS:
                 break
         base_med = statistics.median(base) if base else None
-        if not during:
+        if i0 >= i1:
             typical = base_med if base_med is not None else (statistics.median(secs) if secs else None)
             if typical is not None and now - max(first_seen, js.last_end) > STOPPED_AFTER_STEPS * typical:
                 return JobImpact(job, js.job_id, None, True, float(js.gpus))
             return JobImpact(job, js.job_id, None, False, 0.0)
         if base_med is None or base_med <= 0:
             return JobImpact(job, js.job_id, None, False, 0.0)
-        slowdown = max(0.0, statistics.median(during) / base_med - 1.0)
+        slowdown = _sliced_slowdown(starts, secs, i0, i1, other_open, other_adds, base_med)
         return JobImpact(job, js.job_id, slowdown, False, js.gpus * (1.0 - 1.0 / (1.0 + slowdown)))
+
+
+def _inside(t: float, spans: Sequence[tuple[float, float]]) -> bool:
+    return any(lo <= t < hi for lo, hi in spans)
+
+
+def _slow(xs: Sequence[float], base: float) -> float:
+    return max(0.0, statistics.median(xs) / base - 1.0)
+
+
+def _sliced_slowdown(starts: Sequence[float], secs: Sequence[float], i0: int, i1: int,
+                     others: Sequence[tuple[float, float]], adds: Sequence[bool], base: float) -> float:
+    """An incident's share of its job's slowdown by time slices (DESIGN "Jobs, decoys and cost"); its steps
+    are ``starts[i0:i1]``.  The steps that start while it is the job's only open incident are its own, and
+    measure it when there are ``OWN_STEPS`` of them.  Otherwise all its steps are shared and their joint
+    slowdown is split by how two slowdowns of one synchronous step combine:
+
+    - within a phase they do not add: the job's rings run in parallel and the step waits for the slowest
+      (a bad link under a degraded leaf, two rails), so the joint slowdown is the larger one's, this one's
+      when it is larger and beyond measure when it is not: the joint slowdown stands;
+    - across phases they add (``adds[k]``: the other is a compute fault, this one a fabric fault or the
+      reverse; a slow GPU's compute and a bad NIC's ring are waited for one after the other): what the
+      other measured in its own slices is taken off, and split equally with those that have none."""
+    mine_s, mine_x = starts[i0:i1], secs[i0:i1]
+    own = [x for st, x in zip(mine_s, mine_x, strict=True) if not _inside(st, others)]
+    if len(own) >= OWN_STEPS:
+        return _slow(own, base)
+    lo, hi = mine_s[0], mine_s[-1]
+    joint = _slow(mine_x, base)
+    known, unknown = 0.0, 1
+    mine_span = (lo, hi + 1e-6)
+    for k, span in enumerate(others):
+        if span[1] <= lo or span[0] > hi or not (k < len(adds) and adds[k]):
+            continue  # not open during these steps, or of the same phase
+        rest = [o for j, o in enumerate(others) if j != k] + [mine_span]
+        own_o = [x for st, x in zip(starts, secs, strict=True) if span[0] <= st < span[1] and not _inside(st, rest)]
+        if len(own_o) >= OWN_STEPS:
+            known += _slow(own_o, base)
+        else:
+            unknown += 1
+    return max(0.0, joint - known) / unknown
 
 
 def impact_sentence(impacts: list[JobImpact], shown: int = 3) -> str:
@@ -162,14 +214,25 @@ class OpenIncidents(Protocol):
     def get_open(self, alertname: str, component: Component) -> CostedIncident | None: ...
     def all_by_component(self) -> Iterable[tuple[Component, CostedIncident]]: ...
 
+# the part of a step a component's fault slows: compute (the GPU, the host) or the collectives (the rest)
+COMPUTE_KINDS = frozenset({Kind.GPU, Kind.NODE})
+
+
+def _phase(c: Component) -> str:
+    return "compute" if c.kind in COMPUTE_KINDS else "comm"
+
+
 class IncidentCost:
     """Attaches each finding's cost per job before the incident manager applies it: the jobs whose ranks
     use the finding's component (per the topology), their impact since the incident's ``first_seen``, and
     the ``hpc_job`` label, fixed when the incident first fires (the hurt job with most GPUs) so measured
     cost updates annotations, never the alert's identity."""
 
-    def __init__(self, topology: Topology) -> None:
+    def __init__(self, topology: Topology, settings: DetectionSettings | None = None,
+                 interval_of: Callable[[str | None], float] | None = None) -> None:
         self.topology = topology
+        self.settings = settings or DetectionSettings()
+        self._interval_of = interval_of or (lambda _node: 1.0)
         self.steps = StepLog()
         self._index: dict[Component, set[str]] = {}  # component -> job keys whose ranks use it
         self._index_key: tuple[tuple[str, int], ...] = ()
@@ -197,6 +260,12 @@ class IncidentCost:
                     index.setdefault(c, set()).add(jk)
         self._index = index
 
+    def lead_s(self) -> float:
+        """How long before an incident opens its effect may have begun: a counter finding needs evidence in
+        ``persist_windows`` of ``of_windows`` windows (each at least the slowest node's poll interval)."""
+        s = self.settings
+        return s.of_windows * max(s.window_s, self._interval_of(None))
+
     def jobs_using(self, component: Component) -> set[str]:
         if component.kind is Kind.NVLINK:
             component = component.parent() or component  # its GPU's ranks
@@ -210,25 +279,35 @@ class IncidentCost:
         self._rebuild(tracker)
         # every incident of the last hour, open or not, with the jobs it touches: a baseline step is clean
         # only when none of them was open on the job
-        recent = [(o, self.jobs_using(c)) for c, o in manager.all_by_component()
+        lead = self.lead_s()
+        recent = [(c, o, self.jobs_using(c)) for c, o in manager.all_by_component()
                   if o.severity != "info" and (o.resolved_at is None or now - o.resolved_at < 3600.0)]
         for f in findings:
             if not (f.fire or f.keep) or f.severity == "info":
                 continue
-            jobs = self.jobs_using(f.component) | {j for j in f.jobs if j in self.steps.jobs}
+            named = {j for j in f.jobs if j in self.steps.jobs}
+            if f.labels.get("job_id"):  # a heartbeat finding names the job; its identity is name and id
+                named |= {k for j in f.jobs if (k := f"{j}\x00{f.labels['job_id']}") in self.steps.jobs}
+            jobs = self.jobs_using(f.component) | named
             if not jobs:
                 continue
             inc = manager.get_open(f.alertname, f.component)
             first = inc.first_seen if inc is not None else now
-            others = [(o.first_seen, o.resolved_at if o.resolved_at is not None else now)
-                      for o, used in recent if o is not inc and used & jobs]
+            # another incident's effect began before it opened (its detection lead): its span starts there
+            co = [(o, c) for c, o, used in recent if o is not inc and used & jobs]
+            others = [(o.first_seen - lead, o.resolved_at if o.resolved_at is not None else now) for o, _c in co]
+            adds = [_phase(c) != _phase(f.component) for _o, c in co]
             impacts = []
             for jk in jobs:
                 js = self.steps.jobs.get(jk)
                 if js is None:
                     continue
                 js.gpus = max(js.gpus, self._gpus.get(jk, 0))  # every rank is a GPU
-                imp = self.steps.impact(jk, first, now, others)
+                # a hang stops the job it names from the moment it fires; a job merely on the hung GPU's
+                # path waits for it too (it is one of its ranks)
+                imp = self.steps.impact(jk, first, now, others, baseline_end=first - lead,
+                                        skip_steps=2 * self.settings.straggler_window,
+                                        stopped=f.alertname == HUNG_ALERT and jk in named, other_adds=adds)
                 if imp is not None:
                     impacts.append(JobImpact(js.name, js.job_id, imp.step_slowdown, imp.stopped,
                                              imp.gpu_hours_per_hour))

@@ -88,3 +88,61 @@ def test_a_later_incident_on_the_job_does_not_add_its_slowdown_to_an_earlier_one
     leaf = t = _feed(short, "llm", [2.16] * 2, t0=t, first_step=31)
     t = _feed(short, "llm", [2.3] * 20, t0=t, first_step=33)
     assert short.impact("llm", cable, t, other_open=[(leaf, t)]).step_slowdown == pytest.approx(0.15)
+
+
+def test_a_lone_straggler_is_costed_against_the_steps_before_it_began():
+    """The issue's gloo run: steps 0.42 s, then one rank 74% slower; StragglerRank opens only after 8 of
+    the last 10 steps were late, so the 20 steps before first_seen are already slow.  The baseline ends
+    2 x straggler_window steps before first_seen (the first late step is at most a window back)."""
+    log = StepLog()
+    t = _feed(log, "gloo", [0.42] * 60)
+    t = _feed(log, "gloo", [0.73] * 9, t0=t, first_step=61)  # late steps before the incident opened
+    opened = t
+    t = _feed(log, "gloo", [0.73] * 20, t0=t, first_step=70)
+    imp = log.impact("gloo", opened, t, skip_steps=20)
+    assert imp.step_slowdown == pytest.approx(0.73 / 0.42 - 1)
+    assert imp.gpu_hours_per_hour == pytest.approx(64 * (1 - 0.42 / 0.73))
+
+
+def test_a_counter_incident_baseline_ends_its_detection_lead_before_it_opened():
+    log = StepLog()
+    t = _feed(log, "llm", [2.0] * 30)
+    began = t
+    t = _feed(log, "llm", [3.0] * 4, t0=t, first_step=31)  # 12 s of evidence before the incident opened
+    opened = t
+    t = _feed(log, "llm", [3.0] * 10, t0=t, first_step=35)
+    assert log.impact("llm", opened, t, baseline_end=opened - 15.0).step_slowdown == pytest.approx(0.5)
+    assert began >= opened - 15.0
+
+
+def test_overlapping_incidents_share_the_slowdown_by_time_slices():
+    """A slow GPU (compute, +30%) opens inside a bad NIC's window (comm, +20%) and closes inside it: the NIC
+    measures its own slices (before and after the GPU); the GPU, with no slice of its own, takes the joint
+    slowdown less the NIC's (different phases of a step add).  Two faults of one phase (a link under a
+    degrading leaf): the joint slowdown is the larger one's and stands."""
+    log = StepLog()
+    t = _feed(log, "llm", [2.0] * 40)
+    nic = t
+    t = _feed(log, "llm", [2.4] * 15, t0=t, first_step=41)
+    gpu = t
+    t = _feed(log, "llm", [3.0] * 15, t0=t, first_step=56)  # 2.0 x (1 + 0.2 + 0.3)
+    gpu_end = t
+    t = _feed(log, "llm", [2.4] * 15, t0=t, first_step=71)
+    assert log.impact("llm", nic, t, [(gpu, gpu_end)], other_adds=[True]).step_slowdown == pytest.approx(0.2)
+    assert log.impact("llm", gpu, gpu_end, [(nic, t)], other_adds=[True]).step_slowdown == pytest.approx(0.3)
+    # the old rule gave the inner one the joint 0.5; one phase: the joint stands
+    assert log.impact("llm", gpu, gpu_end, [(nic, t)], other_adds=[False]).step_slowdown == pytest.approx(0.5)
+    # opened together, neither with a slice of its own: the joint split between them
+    both = StepLog()
+    t = _feed(both, "llm", [2.0] * 40)
+    opened = t
+    t = _feed(both, "llm", [3.0] * 15, t0=t, first_step=41)
+    assert both.impact("llm", opened, t, [(opened, t)], other_adds=[True]).step_slowdown == pytest.approx(0.25)
+
+
+def test_a_hung_job_is_stopped_with_all_its_gpus_from_the_moment_it_fires():
+    log = StepLog()
+    t = _feed(log, "j", [2.0] * 30)
+    imp = log.impact("j", t + 1, t + 1, stopped=True)
+    assert imp.stopped and imp.step_slowdown is None and imp.gpu_hours_per_hour == 64
+    assert not log.impact("j", t + 1, t + 1).stopped  # unknown cause: a few steps' grace
