@@ -281,7 +281,7 @@ def start_heartbeat(job: str, rank: int, **kwargs) -> HeartbeatSender:
 def _cuda() -> Any:
     """torch when CUDA is usable, else None (torch is never required)."""
     try:
-        import torch
+        import torch  # type: ignore[import-not-found]
     except ImportError:
         return None
     try:
