@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .. import components as comp
 from ..components import Component, Kind
 from .config import DetectionSettings
+from .job_gpus import JobGpus
 
 if TYPE_CHECKING:
     from ..topology import Topology
@@ -65,11 +66,19 @@ class JobImpact:
     step_slowdown: float | None
     stopped: bool
     gpu_hours_per_hour: float
+    # the scheduler has the job on the component but it reports no step times: listed, not measured,
+    # with its GPUs on the component ("node-017/gpu3")
+    exposed: bool = False
+    gpus: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"job": self.job, "job_id": self.job_id or None,
-                "step_slowdown": None if self.step_slowdown is None else round(self.step_slowdown, 4),
-                "stopped": self.stopped, "gpu_hours_per_hour": round(self.gpu_hours_per_hour, 2)}
+        out: dict[str, Any] = {"job": self.job, "job_id": self.job_id or None,
+               "step_slowdown": None if self.step_slowdown is None else round(self.step_slowdown, 4),
+               "stopped": self.stopped, "gpu_hours_per_hour": round(self.gpu_hours_per_hour, 2)}
+        if self.exposed:
+            out["exposed"] = True
+            out["gpus"] = list(self.gpus)
+        return out
 
 
 class StepLog:
@@ -176,15 +185,22 @@ def _sliced_slowdown(starts: Sequence[float], secs: Sequence[float], i0: int, i1
 
 def impact_sentence(impacts: list[JobImpact], shown: int = 3) -> str:
     """``llm-70b 14% slower (31 GPU-hours/hour); vlm-13b 3% slower (4 GPU-hours/hour)``: by cost, at most
-    ``shown`` jobs then ``+K more``; empty when nothing is hurt (a fault on idle nodes)."""
+    ``shown`` jobs then ``+K more``; then the exposed jobs (on the component, no step times to measure:
+    ``train exposed (8 GPUs)``); empty when nothing is hurt or exposed (a fault on idle nodes)."""
     hurt = sorted((i for i in impacts if i.stopped or (i.step_slowdown or 0) > 0),
                   key=lambda i: -i.gpu_hours_per_hour)
+    listed = hurt + [i for i in impacts if i.exposed]
     parts = []
-    for i in hurt[:shown]:
-        what = "stopped" if i.stopped else f"{round(100 * (i.step_slowdown or 0))}% slower"
-        parts.append(f"{i.job} {what} ({round(i.gpu_hours_per_hour)} GPU-hours/hour)")
-    if len(hurt) > shown:
-        parts.append(f"+{len(hurt) - shown} more")
+    for i in listed[:shown]:
+        if i.exposed:
+            what = f"exposed ({len(i.gpus)} GPU{'s' if len(i.gpus) != 1 else ''}, not measured)"
+        elif i.stopped:
+            what = f"stopped ({round(i.gpu_hours_per_hour)} GPU-hours/hour)"
+        else:
+            what = f"{round(100 * (i.step_slowdown or 0))}% slower ({round(i.gpu_hours_per_hour)} GPU-hours/hour)"
+        parts.append(f"{i.job} {what}")
+    if len(listed) > shown:
+        parts.append(f"+{len(listed) - shown} more")
     return "; ".join(parts)
 
 
@@ -229,8 +245,11 @@ class IncidentCost:
     cost updates annotations, never the alert's identity."""
 
     def __init__(self, topology: Topology, settings: DetectionSettings | None = None,
-                 interval_of: Callable[[str | None], float] | None = None) -> None:
+                 interval_of: Callable[[str | None], float] | None = None, job_gpus: JobGpus | None = None) -> None:
         self.topology = topology
+        self.job_gpus = job_gpus or JobGpus()
+        self._exposed: dict[Component, dict[tuple[str, str], list[str]]] = {}  # -> (job, job_id) -> GPU ids
+        self._exposed_version = -1
         self.settings = settings or DetectionSettings()
         self._interval_of = interval_of or (lambda _node: 1.0)
         self.steps = StepLog()
@@ -266,13 +285,51 @@ class IncidentCost:
         s = self.settings
         return s.of_windows * max(s.window_s, self._interval_of(None))
 
-    def jobs_using(self, component: Component) -> set[str]:
+    @staticmethod
+    def _used_as(component: Component) -> Component:
         if component.kind is Kind.NVLINK:
-            component = component.parent() or component  # its GPU's ranks
-        elif component.kind is Kind.CONFIG and component.node:
+            return component.parent() or component  # its GPU's ranks
+        if component.kind is Kind.CONFIG and component.node:
             # lossless-config drift hurts the ranks on its NIC (on the node, when all its rail NICs drift)
-            component = comp.nic(component.node, component.device) if component.device else comp.node(component.node)
-        return self._index.get(component, set())
+            return comp.nic(component.node, component.device) if component.device else comp.node(component.node)
+        return component
+
+    def jobs_using(self, component: Component) -> set[str]:
+        return self._index.get(self._used_as(component), set())
+
+    def _rebuild_exposed(self) -> None:
+        jg = self.job_gpus
+        if jg.version == self._exposed_version:
+            return
+        self._exposed_version = jg.version
+        topo = self.topology
+        index: dict[Component, dict[tuple[str, str], list[str]]] = {}
+        for node in jg.held:
+            spec = topo.nodes.get(node)
+            for job, job_id, gpus in jg.on_node(node, spec.gpus if spec is not None else 8):
+                for g in gpus:
+                    comps = topo.path_of_gpu(node, g).values() if spec is not None else (comp.node(node),)
+                    gid = f"{node}/gpu{g}"
+                    for c in comps:
+                        index.setdefault(c, {}).setdefault((job, job_id), []).append(gid)
+        self._exposed = index
+
+    def exposed(self, component: Component, measured: Iterable[JobImpact]) -> list[JobImpact]:
+        """The jobs the schedulers put on ``component`` that ``measured`` does not already cost (by job id,
+        else by name): listed ``exposed`` with their GPUs on it, cost unknown (no step times)."""
+        self._rebuild_exposed()
+        held = self._exposed.get(self._used_as(component), {})
+        if not held:
+            return []
+        seen_ids = {i.job_id for i in measured if i.job_id}
+        seen_names = {i.job for i in measured if not i.job_id}
+        out = []
+        for (job, job_id), gpus in sorted(held.items()):
+            if (job_id and job_id in seen_ids) or (not job_id and job in seen_names) or \
+                    (job_id and job in seen_names):
+                continue
+            out.append(JobImpact(job, job_id, None, False, 0.0, exposed=True, gpus=tuple(sorted(set(gpus)))))
+        return out
 
     def annotate(self, findings: Iterable[CostedFinding], manager: OpenIncidents, now: float,
                  tracker: StragglerTracker) -> None:
@@ -285,13 +342,19 @@ class IncidentCost:
         for f in findings:
             if not (f.fire or f.keep) or f.severity == "info":
                 continue
+            inc = manager.get_open(f.alertname, f.component)
             named = {j for j in f.jobs if j in self.steps.jobs}
             if f.labels.get("job_id"):  # a heartbeat finding names the job; its identity is name and id
                 named |= {k for j in f.jobs if (k := f"{j}\x00{f.labels['job_id']}") in self.steps.jobs}
             jobs = self.jobs_using(f.component) | named
             if not jobs:
+                f.impact = tuple(self.exposed(f.component, ()))
+                if inc is None and "hpc_job" not in f.labels and f.impact:
+                    most = max(f.impact, key=lambda i: (len(i.gpus), i.job))
+                    f.labels["hpc_job"] = most.job
+                    if most.job_id:
+                        f.labels["job_id"] = most.job_id
                 continue
-            inc = manager.get_open(f.alertname, f.component)
             first = inc.first_seen if inc is not None else now
             # another incident's effect began before it opened (its detection lead): its span starts there
             co = [(o, c) for c, o, used in recent if o is not inc and used & jobs]
@@ -311,7 +374,8 @@ class IncidentCost:
                 if imp is not None:
                     impacts.append(JobImpact(js.name, js.job_id, imp.step_slowdown, imp.stopped,
                                              imp.gpu_hours_per_hour))
-            f.impact = tuple(sorted(impacts, key=lambda i: -i.gpu_hours_per_hour))
+            impacts.sort(key=lambda i: -i.gpu_hours_per_hour)
+            f.impact = tuple(impacts + self.exposed(f.component, impacts))
             if inc is None and "hpc_job" not in f.labels and impacts:
                 top = max(jobs, key=lambda jk: (self._gpus.get(jk, 0), jk))
                 js = self.steps.jobs.get(top)

@@ -88,7 +88,7 @@ class Engine:
         self.stragglers = StragglerTracker(s)
         self.heartbeats = HeartbeatTracker()
         self.ras = RasQueries()  # NCCL RAS of suspect jobs, asked through one of their agents
-        self.cost = IncidentCost(topology, s, self._interval_of)
+        self.cost = IncidentCost(topology, s, self._interval_of, reg.job_gpus)
         self.cable = CableHealth(s)
         self.manager = IncidentManager(default_hold_s=s.hold_s)
         self.folder = LeafFolder(s, self.cluster, self.links_by_leaf)

@@ -25,7 +25,7 @@ from .base import Source
 C = TypeVar("C")
 
 # Source modules (relative to this package), in build and poll order.
-MODULES = ("infiniband", "ethtool", "fabric_config", "nvml.source", "pci_gpus", "transceiver", "host")
+MODULES = ("infiniband", "ethtool", "fabric_config", "nvml.source", "pci_gpus", "transceiver", "host", "jobs")
 
 
 @dataclass(frozen=True)
