@@ -275,9 +275,10 @@ def run_one(seed: int, scn: Scenario, args, rig: AmRig | None) -> dict:
         sim.close()
     wall = time.perf_counter() - wall0
     ground = sim.ground_truth()
-    if scn.jobs:
-        for g, impact in zip(ground, fault_impacts(scn, args.interval), strict=True):
-            g["impact"] = impact
+    # every scenario's faults are costed (without ``jobs:`` one job runs on every node): overlapping faults
+    # and lone slow GPUs are where the cost goes wrong
+    for g, impact in zip(ground, fault_impacts(scn, args.interval), strict=True):
+        g["impact"] = impact
     decoys = sim.decoys_truth()
     incidents = [_rel(i, epoch) for i in engine.incidents()]
     sc = score(ground, incidents, duration=scn.duration, decoys=decoys)

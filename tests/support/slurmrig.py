@@ -87,7 +87,7 @@ class Slurm:
         return self
 
     def run(self, *argv: str, timeout: float = 20.0) -> str:
-        out = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout)
+        out = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout, cwd=self.root)
         assert out.returncode == 0, (argv, out.stdout, out.stderr)
         return out.stdout
 
