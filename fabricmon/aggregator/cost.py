@@ -45,6 +45,7 @@ BASELINE_STEPS = 20
 MAX_STEPS = 4096  # per job: at a step a second, an hour of history
 STOPPED_AFTER_STEPS = 5  # no step for this many of the job's median steps while the incident is open
 HUNG_ALERT = "JobHung"
+MAX_EXCESS_KEYS = 4096  # (GPU, job) pairs whose late compute is remembered
 OWN_STEPS = 3  # steps of its own (no later incident on the job open) that an incident's slowdown needs
 
 
@@ -106,7 +107,8 @@ class StepLog:
 
     def impact(self, job: str, first_seen: float, now: float,
                other_open: Sequence[tuple[float, float]] = (), *, baseline_end: float | None = None,
-               skip_steps: int = 0, stopped: bool = False, other_adds: Sequence[bool] = ()) -> JobImpact | None:
+               skip_steps: int = 0, stopped: bool = False, other_adds: Sequence[bool] = (),
+               direct_s: float | None = None, others_direct_s: Sequence[float | None] = ()) -> JobImpact | None:
         """``other_open``: (opened, closed or now) of the job's other incidents.  The baseline is the last
         ``BASELINE_STEPS`` steps that started before ``baseline_end`` (default ``first_seen``) and at least
         ``skip_steps`` of the job's steps before ``first_seen`` (module docstring), none under another
@@ -122,13 +124,17 @@ class StepLog:
         i0 = bisect.bisect_left(starts, first_seen)
         i1 = bisect.bisect_left(starts, now)  # steps that start after ``now`` are not this incident's
         end = first_seen if baseline_end is None else min(baseline_end, first_seen)
-        i_end = min(bisect.bisect_left(starts, end), max(0, i0 - skip_steps))
         base: list[float] = []
-        for k in range(i_end - 1, -1, -1):
-            if _inside(starts[k], other_open):
-                continue
-            base.append(secs[k])
-            if len(base) >= BASELINE_STEPS:
+        for skip in (skip_steps, skip_steps // 2):
+            i_end = min(bisect.bisect_left(starts, end), max(0, i0 - skip))
+            base = []
+            for k in range(i_end - 1, -1, -1):
+                if _inside(starts[k], other_open):
+                    continue
+                base.append(secs[k])
+                if len(base) >= BASELINE_STEPS:
+                    break
+            if len(base) >= BASELINE_STEPS // 2:
                 break
         base_med = statistics.median(base) if base else None
         if i0 >= i1:
@@ -138,7 +144,7 @@ class StepLog:
             return JobImpact(job, js.job_id, None, False, 0.0)
         if base_med is None or base_med <= 0:
             return JobImpact(job, js.job_id, None, False, 0.0)
-        slowdown = _sliced_slowdown(starts, secs, i0, i1, other_open, other_adds, base_med)
+        slowdown = _sliced_slowdown(starts, secs, i0, i1, other_open, other_adds, base_med, direct_s, others_direct_s)
         return JobImpact(job, js.job_id, slowdown, False, js.gpus * (1.0 - 1.0 / (1.0 + slowdown)))
 
 
@@ -151,36 +157,51 @@ def _slow(xs: Sequence[float], base: float) -> float:
 
 
 def _sliced_slowdown(starts: Sequence[float], secs: Sequence[float], i0: int, i1: int,
-                     others: Sequence[tuple[float, float]], adds: Sequence[bool], base: float) -> float:
-    """An incident's share of its job's slowdown by time slices (DESIGN "Jobs, decoys and cost"); its steps
-    are ``starts[i0:i1]``.  The steps that start while it is the job's only open incident are its own, and
-    measure it when there are ``OWN_STEPS`` of them.  Otherwise all its steps are shared and their joint
-    slowdown is split by how two slowdowns of one synchronous step combine:
+                     others: Sequence[tuple[float, float]], adds: Sequence[bool], base: float,
+                     direct_s: float | None = None, others_direct_s: Sequence[float | None] = ()) -> float:
+    """An incident's share of its job's slowdown (DESIGN "Jobs, decoys and cost"); its steps are
+    ``starts[i0:i1]``.  The steps that start while it is the job's only open incident are its own, and
+    measure it when there are ``OWN_STEPS`` of them.  Otherwise:
 
-    - within a phase they do not add: the job's rings run in parallel and the step waits for the slowest
-      (a bad link under a degraded leaf, two rails), so the joint slowdown is the larger one's, this one's
-      when it is larger and beyond measure when it is not: the joint slowdown stands;
-    - across phases they add (``adds[k]``: the other is a compute fault, this one a fabric fault or the
-      reverse; a slow GPU's compute and a bad NIC's ring are waited for one after the other): what the
-      other measured in its own slices is taken off, and split equally with those that have none."""
+    - a compute fault measured directly (``direct_s``: the late rank's compute excess over its peers, in
+      seconds, which no fabric fault changes) is that excess over the baseline step;
+    - else its steps are cut into time slices by the set of other incidents open at their start, and each
+      slice of ``OWN_STEPS`` steps or more bounds it: within a phase two slowdowns do not add (the job's
+      rings run in parallel and the step waits for the slowest: a bad link under a degraded leaf), so a
+      slice's joint slowdown is at least this one's; across phases they add (``adds[k]``: a slow GPU's
+      compute and a bad NIC's ring are waited for one after the other), so what the other measured alone
+      (its own slices, or its direct measure) is taken off, and the rest split with the others of the
+      other phase that measured nothing.  The smallest bound stands: a link incident that outlives the
+      degraded leaf above it is not charged the leaf's slowdown."""
     mine_s, mine_x = starts[i0:i1], secs[i0:i1]
     own = [x for st, x in zip(mine_s, mine_x, strict=True) if not _inside(st, others)]
     if len(own) >= OWN_STEPS:
         return _slow(own, base)
-    lo, hi = mine_s[0], mine_s[-1]
-    joint = _slow(mine_x, base)
-    known, unknown = 0.0, 1
-    mine_span = (lo, hi + 1e-6)
+    if direct_s is not None:
+        return max(0.0, direct_s / base)
+    mine_span = (mine_s[0], mine_s[-1] + 1e-6)
+    known: list[float | None] = []
     for k, span in enumerate(others):
-        if span[1] <= lo or span[0] > hi or not (k < len(adds) and adds[k]):
-            continue  # not open during these steps, or of the same phase
+        d = others_direct_s[k] if k < len(others_direct_s) else None
+        if d is not None:
+            known.append(max(0.0, d / base))
+            continue
         rest = [o for j, o in enumerate(others) if j != k] + [mine_span]
         own_o = [x for st, x in zip(starts, secs, strict=True) if span[0] <= st < span[1] and not _inside(st, rest)]
-        if len(own_o) >= OWN_STEPS:
-            known += _slow(own_o, base)
-        else:
-            unknown += 1
-    return max(0.0, joint - known) / unknown
+        known.append(_slow(own_o, base) if len(own_o) >= OWN_STEPS else None)
+    slices: dict[frozenset[int], list[float]] = {}
+    for st, x in zip(mine_s, mine_x, strict=True):
+        key = frozenset(k for k, (lo, hi) in enumerate(others) if lo <= st < hi)
+        slices.setdefault(key, []).append(x)
+    bounds = []
+    for key, xs in slices.items():
+        if len(xs) < OWN_STEPS and len(slices) > 1:
+            continue
+        add = [k for k in key if k < len(adds) and adds[k]]
+        taken = sum(v for k in add if (v := known[k]) is not None)
+        unknown = sum(1 for k in add if known[k] is None)
+        bounds.append(max(0.0, _slow(xs, base) - taken) / (1 + unknown))
+    return min(bounds) if bounds else _slow(mine_x, base)
 
 
 def impact_sentence(impacts: list[JobImpact], shown: int = 3) -> str:
@@ -250,6 +271,9 @@ class IncidentCost:
         self.job_gpus = job_gpus or JobGpus()
         self._exposed: dict[Component, dict[tuple[str, str], list[str]]] = {}  # -> (job, job_id) -> GPU ids
         self._exposed_version = -1
+        # (GPU, job) -> its late compute (s) at each tick its finding fired: the median stands for the fault
+        # while the incident is held open after the GPU recovered (the lateness then decays to nothing)
+        self._excess: dict[tuple[Component, str], deque[float]] = {}
         self.settings = settings or DetectionSettings()
         self._interval_of = interval_of or (lambda _node: 1.0)
         self.steps = StepLog()
@@ -278,6 +302,35 @@ class IncidentCost:
                 for c in comps:
                     index.setdefault(c, set()).add(jk)
         self._index = index
+
+    @staticmethod
+    def _compute_excess(tracker: StragglerTracker, jk: str, c: Component) -> float | None:
+        """A GPU's late compute in seconds (its ranks' lateness over their peers, smoothed, times the job's
+        median step): what a slow GPU costs a synchronous step, whatever the fabric does meanwhile."""
+        if c.kind is not Kind.GPU or not c.node:
+            return None
+        js = tracker.jobs.get(jk)
+        try:
+            gpu = int(c.id.rsplit("gpu", 1)[1])
+        except (IndexError, ValueError):
+            return None
+        if js is None:
+            return None
+        late = [i.late_ewma for i in js.ranks.values() if i.node == c.node and i.gpu == gpu]
+        return max(late) * js.step_median if late and js.step_median > 0 else None
+
+    def _note_excess(self, tracker: StragglerTracker, jk: str, c: Component) -> None:
+        x = self._compute_excess(tracker, jk, c)
+        if x is None or x <= 0:
+            return
+        key = (c, jk)
+        if key not in self._excess and len(self._excess) >= MAX_EXCESS_KEYS:
+            self._excess.pop(next(iter(self._excess)))  # the oldest GPU incident's
+        self._excess.setdefault(key, deque(maxlen=512)).append(x)
+
+    def _excess_of(self, c: Component, jk: str) -> float | None:
+        seen = self._excess.get((c, jk))
+        return statistics.median(seen) if seen else None
 
     def lead_s(self) -> float:
         """How long before an incident opens its effect may have begun: a counter finding needs evidence in
@@ -365,12 +418,16 @@ class IncidentCost:
                 js = self.steps.jobs.get(jk)
                 if js is None:
                     continue
+                if f.fire:
+                    self._note_excess(tracker, jk, f.component)
                 js.gpus = max(js.gpus, self._gpus.get(jk, 0))  # every rank is a GPU
                 # a hang stops the job it names from the moment it fires; a job merely on the hung GPU's
                 # path waits for it too (it is one of its ranks)
                 imp = self.steps.impact(jk, first, now, others, baseline_end=first - lead,
                                         skip_steps=2 * self.settings.straggler_window,
-                                        stopped=f.alertname == HUNG_ALERT and jk in named, other_adds=adds)
+                                        stopped=f.alertname == HUNG_ALERT and jk in named, other_adds=adds,
+                                        direct_s=self._excess_of(f.component, jk),
+                                        others_direct_s=[self._excess_of(c, jk) for _o, c in co])
                 if imp is not None:
                     impacts.append(JobImpact(js.name, js.job_id, imp.step_slowdown, imp.stopped,
                                              imp.gpu_hours_per_hour))
