@@ -86,7 +86,7 @@ class Engine:
         self.active_gpus = reg.active_gpus
         self.config_nodes = reg.config_nodes
         self.stragglers = StragglerTracker(s)
-        self.heartbeats = HeartbeatTracker()
+        self.heartbeats = HeartbeatTracker(s.hang_stall_s)
         self.ras = RasQueries()  # NCCL RAS of suspect jobs, asked through one of their agents
         self.cost = IncidentCost(topology, s, self._interval_of, reg.job_gpus)
         self.cable = CableHealth(s)

@@ -96,9 +96,10 @@ def test_a_lone_straggler_is_costed_against_the_steps_before_it_began():
     2 x straggler_window steps before first_seen (the first late step is at most a window back)."""
     log = StepLog()
     t = _feed(log, "gloo", [0.42] * 60)
-    t = _feed(log, "gloo", [0.73] * 9, t0=t, first_step=61)  # late steps before the incident opened
+    t = _feed(log, "gloo", [0.73] * 12, t0=t, first_step=61)  # late steps before the incident opened
     opened = t
-    t = _feed(log, "gloo", [0.73] * 20, t0=t, first_step=70)
+    t = _feed(log, "gloo", [0.73] * 20, t0=t, first_step=73)
+    assert log.impact("gloo", opened, t).step_slowdown == 0.0  # the 20 steps before first_seen: the old rule
     imp = log.impact("gloo", opened, t, skip_steps=20)
     assert imp.step_slowdown == pytest.approx(0.73 / 0.42 - 1)
     assert imp.gpu_hours_per_hour == pytest.approx(64 * (1 - 0.42 / 0.73))
