@@ -146,7 +146,8 @@ class DetectionSettings:
         "congestion_persist_windows", "congestion_of_windows", "congestion_leaf_min_ports", "retries_min",
         "nvlink_errors_min", "nvlink_recovery_min", "xid_hold_s", "leaf_fold_min_links", "leaf_fold_ratio",
         "agent_down_s", "straggler_z", "straggler_mad_floor", "straggler_window", "straggler_persist",
-        "straggler_mass_ratio", "straggler_hold_s", "hang_stall_s", "medium_evidence", "cable_bucket_s", "cable_window_s",
+        "straggler_mass_ratio", "straggler_hold_s", "hang_stall_s", "medium_evidence", "cable_bucket_s",
+        "cable_window_s",
         "cable_min_buckets", "cable_min_readings", "cable_ber_slope", "cable_rx_slope_db", "cable_persist",
         "cable_hold_s", "cable_lane_share", "cable_ber_rise", "cable_rx_drop_db", "cross_shard_grace_intervals"))
     _RATIOS = frozenset(("degraded_rate_ratio", "pfc_keep_ratio", "pfc_victim_ratio", "leaf_fold_ratio",
