@@ -2,12 +2,14 @@
 # Set up everything the test suite needs on a fresh Debian machine, then run it.
 # Real parts are used where a user would use them: Prometheus, promtool,
 # Alertmanager, amtool, node_exporter and ethtool come from Debian's packages; ibsim and ibnetdiscover
-# (ibsim-utils, infiniband-diags) for the one topology-import test that runs them.
+# (ibsim-utils, infiniband-diags) for the one topology-import test that runs them; munged, slurmctld and
+# slurmd (munge, slurm-wlm) for the test whose job is named by a real slurmd's Prolog=.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for bin in prometheus promtool prometheus-alertmanager amtool prometheus-node-exporter ethtool ip ibsim ibnetdiscover; do
+for bin in prometheus promtool prometheus-alertmanager amtool prometheus-node-exporter ethtool ip ibsim ibnetdiscover \
+           munged slurmctld slurmd; do
   command -v "$bin" >/dev/null 2>&1 || need+=("$bin")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -17,7 +19,7 @@ if [ ${#need[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
     prometheus prometheus-alertmanager prometheus-node-exporter ethtool iproute2 \
-    ibsim-utils infiniband-diags >/dev/null
+    ibsim-utils infiniband-diags slurm-wlm munge >/dev/null
 fi
 
 PY=${PYTHON:-python3}
