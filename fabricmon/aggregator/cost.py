@@ -108,7 +108,8 @@ class StepLog:
     def impact(self, job: str, first_seen: float, now: float,
                other_open: Sequence[tuple[float, float]] = (), *, baseline_end: float | None = None,
                skip_steps: int = 0, stopped: bool = False, other_adds: Sequence[bool] = (),
-               direct_s: float | None = None, others_direct_s: Sequence[float | None] = ()) -> JobImpact | None:
+               direct_s: float | None = None, others_direct_s: Sequence[float | None] = (),
+               others_nested: Sequence[bool] = ()) -> JobImpact | None:
         """``other_open``: (opened, closed or now) of the job's other incidents.  The baseline is the last
         ``BASELINE_STEPS`` steps that started before ``baseline_end`` (default ``first_seen``) and at least
         ``skip_steps`` of the job's steps before ``first_seen`` (module docstring), none under another
@@ -144,7 +145,8 @@ class StepLog:
             return JobImpact(job, js.job_id, None, False, 0.0)
         if base_med is None or base_med <= 0:
             return JobImpact(job, js.job_id, None, False, 0.0)
-        slowdown = _sliced_slowdown(starts, secs, i0, i1, other_open, other_adds, base_med, direct_s, others_direct_s)
+        slowdown = _sliced_slowdown(starts, secs, i0, i1, other_open, other_adds, base_med, direct_s, others_direct_s,
+                                    others_nested)
         return JobImpact(job, js.job_id, slowdown, False, js.gpus * (1.0 - 1.0 / (1.0 + slowdown)))
 
 
@@ -158,7 +160,8 @@ def _slow(xs: Sequence[float], base: float) -> float:
 
 def _sliced_slowdown(starts: Sequence[float], secs: Sequence[float], i0: int, i1: int,
                      others: Sequence[tuple[float, float]], adds: Sequence[bool], base: float,
-                     direct_s: float | None = None, others_direct_s: Sequence[float | None] = ()) -> float:
+                     direct_s: float | None = None, others_direct_s: Sequence[float | None] = (),
+                     nested: Sequence[bool] = ()) -> float:
     """An incident's share of its job's slowdown (DESIGN "Jobs, decoys and cost"); its steps are
     ``starts[i0:i1]``.  The steps that start while it is the job's only open incident are its own, and
     measure it when there are ``OWN_STEPS`` of them.  Otherwise:
@@ -168,7 +171,9 @@ def _sliced_slowdown(starts: Sequence[float], secs: Sequence[float], i0: int, i1
     - else its steps are cut into time slices by the set of other incidents open at their start, and each
       slice of ``OWN_STEPS`` steps or more bounds it: within a phase two slowdowns do not add (the job's
       rings run in parallel and the step waits for the slowest: a bad link under a degraded leaf), so a
-      slice's joint slowdown is at least this one's; across phases they add (``adds[k]``: a slow GPU's
+      slice's joint slowdown is at least this one's, except where the two lie on one path (``nested[k]``:
+      a link under its leaf, the leaf's rail): they slow the same transfers one on top of the other, and
+      the other's own measure is divided out; across phases they add (``adds[k]``: a slow GPU's
       compute and a bad NIC's ring are waited for one after the other), so what the other measured alone
       (its own slices, or its direct measure) is taken off, and the rest split with the others of the
       other phase that measured nothing.  The smallest bound stands: a link incident that outlives the
@@ -200,7 +205,13 @@ def _sliced_slowdown(starts: Sequence[float], secs: Sequence[float], i0: int, i1
         add = [k for k in key if k < len(adds) and adds[k]]
         taken = sum(v for k in add if (v := known[k]) is not None)
         unknown = sum(1 for k in add if known[k] is None)
-        bounds.append(max(0.0, _slow(xs, base) - taken) / (1 + unknown))
+        # one path (a link under its degraded leaf): the two slow the same transfers, one on top of the other
+        over = 1.0
+        for k in key:
+            if k < len(nested) and nested[k] and not (k < len(adds) and adds[k]) and (v := known[k]) is not None:
+                over *= 1.0 + v
+        joint = (1.0 + _slow(xs, base)) / over - 1.0
+        bounds.append(max(0.0, joint - taken) / (1 + unknown))
     return min(bounds) if bounds else _slow(mine_x, base)
 
 
@@ -332,6 +343,21 @@ class IncidentCost:
         seen = self._excess.get((c, jk))
         return statistics.median(seen) if seen else None
 
+    def _one_path(self, a: Component, b: Component) -> bool:
+        """Whether ``a`` and ``b`` carry the same transfers: one link (its NIC), a link and its leaf, a
+        link or leaf and its rail."""
+        for x, y in ((a, b), (b, a)):
+            if y.kind in (Kind.LINK, Kind.NIC):
+                if x.kind in (Kind.LINK, Kind.NIC) and (x.node, x.device) == (y.node, y.device):
+                    return True
+                leaf = y.leaf or (self.topology.leaf_of_nic(y.node, y.device) or "")
+                if x.kind is Kind.LEAF and leaf and leaf == x.id:
+                    return True
+            if x.kind is Kind.RAIL and y.kind in (Kind.LINK, Kind.NIC, Kind.LEAF) and y.rail is not None \
+                    and y.rail == x.rail:
+                return True
+        return False
+
     def lead_s(self) -> float:
         """How long before an incident opens its effect may have begun: a counter finding needs evidence in
         ``persist_windows`` of ``of_windows`` windows (each at least the slowest node's poll interval)."""
@@ -427,7 +453,8 @@ class IncidentCost:
                                         skip_steps=2 * self.settings.straggler_window,
                                         stopped=f.alertname == HUNG_ALERT and jk in named, other_adds=adds,
                                         direct_s=self._excess_of(f.component, jk),
-                                        others_direct_s=[self._excess_of(c, jk) for _o, c in co])
+                                        others_direct_s=[self._excess_of(c, jk) for _o, c in co],
+                                        others_nested=[self._one_path(f.component, c) for _o, c in co])
                 if imp is not None:
                     impacts.append(JobImpact(js.name, js.job_id, imp.step_slowdown, imp.stopped,
                                              imp.gpu_hours_per_hour))
