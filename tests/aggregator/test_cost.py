@@ -147,3 +147,19 @@ def test_a_hung_job_is_stopped_with_all_its_gpus_from_the_moment_it_fires():
     imp = log.impact("j", t + 1, t + 1, stopped=True)
     assert imp.stopped and imp.step_slowdown is None and imp.gpu_hours_per_hour == 64
     assert not log.impact("j", t + 1, t + 1).stopped  # unknown cause: a few steps' grace
+
+
+def test_a_leaf_degrading_over_its_flaky_cable_is_not_charged_the_compound():
+    """At 1,024 nodes: a flaky cable (+8%) under a leaf that then degrades (+16% alone): on one path the two
+    slow the same transfers one on top of the other (+28% together).  The leaf, with no slice of its own,
+    was charged the compound; the cable's own measure is divided out."""
+    log = StepLog()
+    t = _feed(log, "llm", [2.0] * 40)
+    cable = t
+    t = _feed(log, "llm", [2.16] * 20, t0=t, first_step=41)
+    leaf = t
+    t = _feed(log, "llm", [2.0 * 1.08 * 1.16 * 1.025] * 20, t0=t, first_step=61)
+    compound = log.impact("llm", leaf, t, [(cable, t)], other_adds=[False])
+    assert compound.step_slowdown == pytest.approx(0.284, abs=0.001)  # the rule for parallel rings
+    imp = log.impact("llm", leaf, t, [(cable, t)], other_adds=[False], others_nested=[True])
+    assert imp.step_slowdown == pytest.approx(1.16 * 1.025 - 1, abs=0.001)
