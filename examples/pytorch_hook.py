@@ -2,18 +2,20 @@
 
 Not run in CI; imports without torch installed.
 
-    timer = StepTimer(job="llm-7b")
-    for step, batch in enumerate(loader):
+    timer = StepTimer()                 # fabricmon.client.StepTimer: job $SLURM_JOB_NAME, job_id
+    for step, batch in enumerate(loader):   # $FABRICMON_JOB_ID / $SLURM_JOB_ID / $TORCHELASTIC_RUN_ID
         with timer.step(step):
             loss = model(batch)
             loss.backward()
-            with timer.comm():          # the collective part, e.g. a manual all-reduce
+            with timer.comm():          # each collective: coll_sn += 1, the heartbeat says "inside"
                 all_reduce_grads(model)
             optimizer.step()
 
 Each step sends one JSON line to the local fabricmon agent via
 ``fabricmon.client.report_step`` (Unix socket, HTTP fallback, short timeout,
-never raises).  With CUDA, times come from CUDA events so asynchronous kernels
+never raises), tagged with the job's scheduler id; the timer's heartbeat thread
+sends the rank's step and collective sequence number every 5 s, so a rank that
+hangs before a collective is named by ``JobHung``.  With CUDA, times come from CUDA events so asynchronous kernels
 are counted where they run; the step end synchronizes on the last event only.
 
 NCCL Inspector (optional; the agent tails it with ``--nccl-inspector-dir``):
@@ -30,18 +32,10 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import contextmanager
 
-from fabricmon.client import report_step
+from fabricmon.client import StepTimer
 
-try:  # torch is optional: the example must import without it
-    import torch
-except ImportError:  # pragma: no cover - depends on the environment
-    torch = None
-
-
-def _cuda() -> bool:
-    return torch is not None and torch.cuda.is_available()
+__all__ = ["StepTimer", "nccl_inspector_env"]
 
 
 def nccl_inspector_env(dump_dir: str, plugin: str, interval_us: int = 1_000_000) -> dict[str, str]:
@@ -63,62 +57,6 @@ def nccl_inspector_env(dump_dir: str, plugin: str, interval_us: int = 1_000_000)
     return {k: os.environ[k] for k in wanted}
 
 
-class StepTimer:
-    def __init__(self, job: str, rank: int | None = None, local_rank: int | None = None,
-                 group: dict[str, int] | None = None, every: int = 1) -> None:
-        self.job = job
-        self.rank = rank if rank is not None else int(os.environ.get("RANK", "0"))
-        self.local_rank = local_rank if local_rank is not None else int(os.environ.get("LOCAL_RANK", "0"))
-        self.group = group
-        self.every = max(1, every)
-        self._comm_pairs: list = []
-        self._comm_cpu = 0.0
-
-    @contextmanager
-    def comm(self):
-        """Time the communication portion of a step (may be entered several times per step)."""
-        if _cuda():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            try:
-                yield
-            finally:
-                end.record()
-                self._comm_pairs.append((start, end))
-        else:
-            t0 = time.perf_counter()
-            try:
-                yield
-            finally:
-                self._comm_cpu += time.perf_counter() - t0
-
-    @contextmanager
-    def step(self, step: int):
-        self._comm_pairs = []
-        self._comm_cpu = 0.0
-        if _cuda():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            try:
-                yield
-            finally:
-                end.record()
-                end.synchronize()
-                step_s = start.elapsed_time(end) / 1000.0
-                comm_s = sum(a.elapsed_time(b) for a, b in self._comm_pairs) / 1000.0
-                self._report(step, step_s, comm_s)
-        else:
-            t0 = time.perf_counter()
-            try:
-                yield
-            finally:
-                self._report(step, time.perf_counter() - t0, self._comm_cpu)
-
-    def _report(self, step: int, step_s: float, comm_s: float) -> None:
-        if step % self.every == 0:
-            report_step(self.job, self.rank, step, step_s, comm_s, local_rank=self.local_rank, group=self.group)
-
-
 if __name__ == "__main__":  # a tiny CPU-only demonstration
     timer = StepTimer("example-job")
     for i in range(3):
@@ -126,4 +64,5 @@ if __name__ == "__main__":  # a tiny CPU-only demonstration
             time.sleep(0.01)
             with timer.comm():
                 time.sleep(0.005)
+    timer.close()
     print("reported 3 steps (False results are fine without a running agent)")

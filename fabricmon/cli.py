@@ -151,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     _check_parser(sub)
     _collect_parser(sub)
     _topology_parser(sub)
+    _slurm_parsers(sub)
     return parser
 
 
@@ -449,6 +450,24 @@ def cmd_topology(args: argparse.Namespace) -> int:
 
 
 COMMANDS["topology"] = cmd_topology
+
+
+def _slurm_parsers(sub) -> None:
+    from .jobmap import slurm_hooks
+
+    for which in ("prolog", "epilog"):
+        p = sub.add_parser(f"slurm-{which}", help=f"slurmd's {which.title()}=: tell this node's agent which job "
+                           + ("holds which GPUs" if which == "prolog" else "ended"))
+        slurm_hooks.add_arguments(p)
+
+
+def cmd_slurm(args: argparse.Namespace) -> int:
+    from .jobmap import slurm_hooks
+
+    return slurm_hooks.run(args.command.removeprefix("slurm-"), args)
+
+
+COMMANDS["slurm-prolog"] = COMMANDS["slurm-epilog"] = cmd_slurm
 
 
 def main(argv: list[str] | None = None) -> int:

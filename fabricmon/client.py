@@ -3,6 +3,16 @@
     from fabricmon.client import report_step
     report_step("llm-7b", rank=17, step=1200, step_seconds=1.82, comm_seconds=0.41)
 
+    timer = StepTimer()                 # job: $SLURM_JOB_NAME, job_id: $FABRICMON_JOB_ID / $SLURM_JOB_ID /
+    for step, batch in enumerate(data): # $TORCHELASTIC_RUN_ID; heartbeats on (hung jobs are named from them)
+        with timer.step(step):
+            ...
+            with timer.comm():          # a collective: coll_sn counts it, the heartbeat says "inside"
+                ...
+
+Every line carries the job's scheduler id (``job_id``) when there is one, so the rank series, stragglers,
+cost and ``JobHung`` (from heartbeats) name one job, and two jobs of one name stay apart.
+
 One JSON line goes to the agent's Unix socket (``/run/fabricmon/ranks.sock``,
 or ``$FABRICMON_RANKS_SOCKET``), falling back to ``POST /v1/ranks`` on
 ``http://127.0.0.1:9723`` (or ``$FABRICMON_RANKS_HTTP``; an empty value turns
@@ -22,11 +32,32 @@ import socket
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 DEFAULT_SOCKET = "/run/fabricmon/ranks.sock"
 DEFAULT_HTTP = "http://127.0.0.1:9723/v1/ranks"
 DEFAULT_TIMEOUT = 0.1
 _UNSET = object()
+
+
+# where a job's scheduler id comes from, first set wins (Slurm's job id, torchrun's rendezvous run id)
+JOB_ID_ENV = ("FABRICMON_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
+JOB_NAME_ENV = "SLURM_JOB_NAME"
+
+
+def default_job_id() -> str:
+    """The job's identity from its environment (``JOB_ID_ENV`` in order), "" when none is set."""
+    for name in JOB_ID_ENV:
+        v = os.environ.get(name, "").strip()
+        if v:
+            return v
+    return ""
+
+
+def default_job_name() -> str:
+    return os.environ.get(JOB_NAME_ENV, "").strip()
 
 
 def _env_int(name: str) -> int | None:
@@ -99,9 +130,11 @@ def report_step(
     *,
     timeout: float = DEFAULT_TIMEOUT,
     ts: float | None = None,
+    job_id: str | None = None,
 ) -> bool:
     """Report one training step of one rank.  ``local_rank`` defaults to ``$LOCAL_RANK``
-    (else 0); ``gpu`` defaults, on the agent, to ``local_rank``."""
+    (else 0); ``gpu`` defaults, on the agent, to ``local_rank``; ``job_id`` to ``default_job_id()``
+    (pass "" to send none)."""
     try:
         if local_rank is None:
             local_rank = _env_int("LOCAL_RANK") or 0
@@ -112,6 +145,9 @@ def report_step(
             return False
         if gpu is not None:
             obj["gpu"] = int(gpu)
+        jid = default_job_id() if job_id is None else str(job_id)
+        if jid:
+            obj["job_id"] = jid
         if group:
             obj["group"] = {str(k): int(v) for k, v in group.items()}
         return send_line(json.dumps(obj, separators=(",", ":")), socket_path=socket_path, http=http, timeout=timeout)
@@ -168,7 +204,8 @@ class HeartbeatSender:
     def __init__(self, job: str, rank: int, *, job_id: str | None = None, interval: float = HEARTBEAT_SECONDS,
                  socket_path=_UNSET, http=_UNSET, timeout: float = DEFAULT_TIMEOUT,
                  nccl_ras: bool | str | None = None) -> None:
-        self.job, self.rank, self.job_id = str(job), int(rank), job_id
+        self.job, self.rank = str(job), int(rank)
+        self.job_id = default_job_id() if job_id is None else job_id
         self.nccl_ras = nccl_ras_addr(nccl_ras)
         self.interval = float(interval)
         self.step = 0
@@ -255,3 +292,108 @@ class HeartbeatSender:
 def start_heartbeat(job: str, rank: int, **kwargs) -> HeartbeatSender:
     """Start a rank's heartbeat thread; see ``HeartbeatSender``."""
     return HeartbeatSender(job, rank, **kwargs).start()
+
+
+def _cuda() -> Any:
+    """torch when CUDA is usable, else None (torch is never required)."""
+    try:
+        import torch  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    try:
+        return torch if torch.cuda.is_available() else None
+    except Exception:
+        return None
+
+
+class StepTimer:
+    """Times a training loop's steps and its collectives and reports each step (``report_step``), with the
+    rank's heartbeats (``HeartbeatSender``): ``coll_sn`` counts the collectives ``comm()`` wraps and
+    ``in_collective`` says whether the rank is inside one, so a rank that never enters the collective its
+    peers wait in is named by ``JobHung``.
+
+    ``job`` defaults to ``$SLURM_JOB_NAME`` (else "job"), ``job_id`` to ``default_job_id()``, ``rank`` to
+    ``$RANK``, ``local_rank`` to ``$LOCAL_RANK``.  With CUDA, times come from CUDA events so asynchronous
+    kernels count where they run; the step end synchronizes on its last event only.  Never raises into
+    the training loop from reporting."""
+
+    def __init__(self, job: str | None = None, job_id: str | None = None, heartbeat: bool = True, *,
+                 rank: int | None = None, local_rank: int | None = None, group: dict[str, int] | None = None,
+                 every: int = 1, socket_path=_UNSET, http=_UNSET, heartbeat_interval: float = HEARTBEAT_SECONDS,
+                 nccl_ras: bool | str | None = None) -> None:
+        self.job = job if job else (default_job_name() or "job")
+        self.job_id = default_job_id() if job_id is None else job_id
+        self.rank = rank if rank is not None else (_env_int("RANK") or 0)
+        self.local_rank = local_rank if local_rank is not None else (_env_int("LOCAL_RANK") or 0)
+        self.group = group
+        self.every = max(1, int(every))
+        self._socket_path, self._http = socket_path, http
+        self._comm_pairs: list[Any] = []
+        self._comm_cpu = 0.0
+        self.coll_sn = 0
+        self.heartbeat: HeartbeatSender | None = None
+        if heartbeat:
+            self.heartbeat = HeartbeatSender(self.job, self.rank, job_id=self.job_id, interval=heartbeat_interval,
+                                             socket_path=socket_path, http=http, nccl_ras=nccl_ras).start()
+
+    def close(self) -> None:
+        """Stop the heartbeats (a rank that exits stops them anyway: the thread is a daemon)."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+
+    def _hb(self, **kw: Any) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.update(**kw)
+
+    @contextmanager
+    def comm(self) -> Iterator[None]:
+        """Time one collective of a step (entered once per collective, several times a step is fine)."""
+        self.coll_sn += 1
+        self._hb(coll_sn=self.coll_sn, in_collective=True)
+        torch = _cuda()
+        try:
+            if torch is not None:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                try:
+                    yield
+                finally:
+                    end.record()
+                    self._comm_pairs.append((start, end))
+            else:
+                t0 = time.perf_counter()
+                try:
+                    yield
+                finally:
+                    self._comm_cpu += time.perf_counter() - t0
+        finally:
+            self._hb(in_collective=False)
+
+    @contextmanager
+    def step(self, step: int) -> Iterator[None]:
+        self._comm_pairs = []
+        self._comm_cpu = 0.0
+        self._hb(step=step)
+        torch = _cuda()
+        if torch is not None:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            try:
+                yield
+            finally:
+                end.record()
+                end.synchronize()
+                step_s = start.elapsed_time(end) / 1000.0
+                comm_s = sum(a.elapsed_time(b) for a, b in self._comm_pairs) / 1000.0
+                self._report(step, step_s, comm_s)
+        else:
+            t0 = time.perf_counter()
+            try:
+                yield
+            finally:
+                self._report(step, time.perf_counter() - t0, self._comm_cpu)
+
+    def _report(self, step: int, step_s: float, comm_s: float) -> None:
+        if step % self.every == 0:
+            report_step(self.job, self.rank, step, step_s, comm_s, local_rank=self.local_rank, group=self.group,
+                        socket_path=self._socket_path, http=self._http, job_id=self.job_id)

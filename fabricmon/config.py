@@ -155,6 +155,24 @@ class IbSwitchesConfig:
 
 
 @dataclass(frozen=True)
+class JobsConfig:
+    """Which job holds which GPUs, for jobs that never report a step: the Slurm prolog's job files in
+    ``dir`` (``fabricmon slurm-prolog``; under ``host_root``)."""
+
+    enabled: bool = True
+    dir: str = "/run/fabricmon/jobs"
+    released_keep: float = 300.0  # seconds a released job stays exported at 0, so the aggregator sees it go
+    timeout: float = 1.0
+
+    def validate(self, path: str, source: str) -> None:
+        _timeout(self.timeout, f"{path}.timeout", source)
+        if not self.dir:
+            raise ConfigError(f"{source}: {path}.dir: must not be empty")
+        if not 0.0 <= self.released_keep <= 86400.0:
+            raise ConfigError(f"{source}: {path}.released_keep: must be 0..86400 seconds, got {self.released_keep}")
+
+
+@dataclass(frozen=True)
 class SourcesConfig:
     infiniband: InfinibandConfig = field(default_factory=InfinibandConfig)
     ethtool: EthtoolConfig = field(default_factory=EthtoolConfig)
@@ -163,6 +181,7 @@ class SourcesConfig:
     fabric_config: FabricConfigConfig = field(default_factory=FabricConfigConfig)
     transceiver: TransceiverConfig = field(default_factory=TransceiverConfig)
     ib_switches: IbSwitchesConfig = field(default_factory=IbSwitchesConfig)
+    jobs: JobsConfig = field(default_factory=JobsConfig)
 
 
 @dataclass(frozen=True)

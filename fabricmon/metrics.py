@@ -170,6 +170,9 @@ SPECS: dict[str, MetricSpec] = _specs(
     ("fabricmon_gpu_xid_errors_total", "counter", "XID errors seen, by XID code.", ("gpu", "xid")),
     ("fabricmon_gpu_xid_fatal_errors_total", "counter",
      "Fatal XID errors seen (sources/nvml/xid.py FATAL_XIDS), created at 0 for every GPU.", ("gpu",)),
+    ("fabricmon_job_gpu_info", "gauge",
+     "1 while the scheduler has the job on the GPU (gpu \"all\": the whole node), 0 for a while after it left "
+     "(Slurm prolog job files, Kubernetes PodResources).", ("hpc_job", "job_id", "gpu")),
     ("fabricmon_pci_nvidia_gpus", "gauge",
      "NVIDIA display or 3D controllers on the PCI bus (vendor 0x10de, class 0x03xxxx), NVML or not.", ()),
     ("fabricmon_gpu_ecc_errors_total", "counter", "ECC errors, by type (corrected, uncorrected).", ("gpu", "type")),

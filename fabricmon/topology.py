@@ -216,6 +216,9 @@ class Topology:
     _leaf_by_rail: dict[tuple[str, int | None], str] = field(default_factory=dict, repr=False)
     _by_guid: dict[str, tuple[str, NicSpec]] = field(default_factory=dict, repr=False)
     _bound_names: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)  # bind_devices' inputs
+    # version 2: (node, device) of NICs whose file states their GPU; the others take the agent's pairing
+    _gpu_stated: set[tuple[str, str]] = field(default_factory=set, repr=False)
+    _paired: dict[str, dict[str, int]] = field(default_factory=dict, repr=False)  # pair_gpus' inputs
 
     def __post_init__(self) -> None:
         for n in self.nodes.values():
@@ -224,7 +227,8 @@ class Topology:
     def _index(self, n: NodeSpec) -> None:
         for nic in n.nics:
             self._nic_by_dev[(n.name, nic.device)] = nic
-            self._nic_by_gpu[(n.name, nic.gpu)] = nic
+            if nic.gpu >= 0:  # -1: a NIC the agent pairs with no GPU (pair_gpus)
+                self._nic_by_gpu[(n.name, nic.gpu)] = nic
         for nic in (*n.nics, *n.unbound):
             if nic.leaf is not None:
                 self._leaf_by_rail.setdefault((n.name, nic.rail), nic.leaf)
@@ -314,6 +318,35 @@ class Topology:
         """Bind this (freshly loaded) topology's NICs as ``other``'s were bound by the agents' hellos."""
         for node, names in other._bound_names.items():
             self.bind_devices(node, names)
+        for node, pairing in other._paired.items():
+            self.pair_gpus(node, pairing)
+
+    def pair_gpus(self, node: str, pairing: dict[str, int]) -> int:
+        """An imported topology's GPU of each NIC from the agent's PCI-affinity pairing (its hello: device ->
+        nearest GPU, -1 none), never from name order, which stays only until a hello says.  A NIC the agent
+        pairs with no GPU while it pairs others (a storage or frontend port) serves none: it is no rail and
+        no rank's path.  A ``gpu`` the file states stands.  Returns how many NICs changed."""
+        spec = self.nodes.get(node)
+        if self.version < 2 or spec is None or not any(g >= 0 for g in pairing.values()):
+            return 0
+        nics, changed = [], 0
+        for nic in spec.nics:
+            g = pairing.get(nic.device)
+            if g is None or (node, nic.device) in self._gpu_stated:
+                nics.append(nic)
+                continue
+            new = replace(nic, gpu=g) if g >= 0 else replace(nic, gpu=-1, rail=None)
+            changed += new != nic
+            nics.append(new)
+        self._paired[node] = dict(pairing)
+        if not changed:
+            return 0
+        for k in [k for k in self._nic_by_gpu if k[0] == node]:
+            del self._nic_by_gpu[k]
+        new_spec = replace(spec, nics=tuple(nics))
+        self.nodes[node] = new_spec
+        self._index(new_spec)
+        return changed
 
     # --- typed identities (components.py) ---
     def _leaf_name(self, node: str, nic: NicSpec) -> str:
@@ -721,6 +754,7 @@ def topology_from_v2(tf: TopologyFileV2) -> Topology:
     groups = _leaf_groups(tf.nodes)
     spare = max(groups.values(), default=-1) + 1  # nodes on no known leaf
     specs: dict[str, NodeSpec] = {}
+    stated: set[tuple[str, str]] = set()
     for n in tf.nodes:
         ordered = sorted(range(len(n.nics)), key=lambda i: (_natural(n.nics[i].device or n.nics[i].interface
                                                                      or n.nics[i].node_guid or ""), n.nics[i].port))
@@ -730,10 +764,11 @@ def topology_from_v2(tf: TopologyFileV2) -> Topology:
         for i, f in enumerate(n.nics):
             if f.gpu is not None:
                 gpu = f.gpu
-            elif f.rail is not None and f.rail < n.gpus:
-                gpu = f.rail  # NIC i beside GPU i, as in the generated layout
+                stated.add((n.name, f.device or ""))
             else:
-                gpu = place[i] % n.gpus  # until the agent's inventory (PCI affinity) says
+                # the stated fallback, until the agent's hello pairs them by PCI affinity (pair_gpus): name
+                # order (a rail is a leaf group, not a GPU)
+                gpu = place[i] % n.gpus
             nic = NicSpec(device=f.device or "", rail=f.rail, gpu=gpu, port=f.port, rate_gbps=f.rate_gbps,
                           width=f.width, leaf=f.leaf, leaf_port=f.leaf_port,
                           node_guid=f"0x{int(f.node_guid, 16):016x}" if f.node_guid else None,
@@ -747,6 +782,8 @@ def topology_from_v2(tf: TopologyFileV2) -> Topology:
         per_unit[spec.unit] = per_unit.get(spec.unit, 0) + 1
     leaf_spines = {leaf: tuple(v.spines) for leaf, v in tf.leaves.items()}
     spines = len({s for v in leaf_spines.values() for s in v})
-    return Topology(tf.cluster, tf.layout, max(per_unit.values(), default=1), spines, specs, version=2,
+    topo = Topology(tf.cluster, tf.layout, max(per_unit.values(), default=1), spines, specs, version=2,
                     rail_optimized=tf.rail_optimized, leaf_spines=leaf_spines,
                     switches={name: f"0x{int(v.guid, 16):016x}" for name, v in tf.switches.items()})
+    topo._gpu_stated = stated
+    return topo

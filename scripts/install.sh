@@ -310,3 +310,8 @@ fi
 note "installed $("$PREFIX/bin/fabricmon" --version) in $PREFIX"
 note "configs in $CONF (edit them, then: $PREFIX/bin/fabricmon check-config FILE)"
 for r in "${ROLES[@]}"; do note "start: systemctl enable --now fabricmon-$r"; done
+# Jobs that report nothing are named from the scheduler: slurmd's Prolog=/Epilog= run these (no arguments)
+if [ "$ROLE" != aggregator ]; then
+  for h in prolog epilog; do [ -x "$PREFIX/bin/fabricmon-slurm-$h" ] || die "$PREFIX/bin/fabricmon-slurm-$h missing"; done
+  note "Slurm (slurm.conf): Prolog=$PREFIX/bin/fabricmon-slurm-prolog Epilog=$PREFIX/bin/fabricmon-slurm-epilog"
+fi

@@ -3,12 +3,14 @@
 # Real parts are used where a user would use them: Prometheus, promtool,
 # Alertmanager, amtool, node_exporter and ethtool come from Debian's packages; ibsim and ibnetdiscover
 # (ibsim-utils, infiniband-diags) and opensm for the topology-import and switch-sweep tests that run them
-# (opensm assigns the simulated fabric's LIDs: PMA queries are LID-routed).
+# (opensm assigns the simulated fabric's LIDs: PMA queries are LID-routed); munged, slurmctld and slurmd
+# (munge, slurm-wlm) for the test whose job is named by a real slurmd's Prolog=.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for bin in prometheus promtool prometheus-alertmanager amtool prometheus-node-exporter ethtool ip ibsim ibnetdiscover opensm perfquery smpquery; do
+for bin in prometheus promtool prometheus-alertmanager amtool prometheus-node-exporter ethtool ip ibsim ibnetdiscover \
+           opensm perfquery smpquery munged slurmctld slurmd; do
   command -v "$bin" >/dev/null 2>&1 || need+=("$bin")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -18,7 +20,7 @@ if [ ${#need[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
     prometheus prometheus-alertmanager prometheus-node-exporter ethtool iproute2 \
-    ibsim-utils infiniband-diags opensm >/dev/null
+    ibsim-utils infiniband-diags opensm slurm-wlm munge >/dev/null
 fi
 
 # The image test (tests/deploy/test_image.py) is opt-in, longer than CI's budget: FABRICMON_IMAGE_TEST=1

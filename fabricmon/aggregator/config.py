@@ -119,6 +119,7 @@ class DetectionSettings:
     straggler_clear: int = 3  # persistent ranks clear when fewer flags than this remain in the window
     straggler_mass_ratio: float = 0.25  # more late ranks than this share of a group: not an individual straggler
     straggler_hold_s: float = 20.0
+    hang_stall_s: float = 20.0  # JobHung: no collective progress this long while heartbeats go on
     # --- cable health (FabricCableDegrading, cable_health.py) ---
     cable_bucket_s: float = 10.0  # corrected bits are summed per bucket; judged once per bucket
     cable_window_s: float = 300.0  # the trend window
@@ -147,7 +148,8 @@ class DetectionSettings:
         "congestion_persist_windows", "congestion_of_windows", "congestion_leaf_min_ports", "retries_min",
         "nvlink_errors_min", "nvlink_recovery_min", "xid_hold_s", "leaf_fold_min_links", "leaf_fold_ratio",
         "agent_down_s", "straggler_z", "straggler_mad_floor", "straggler_window", "straggler_persist",
-        "straggler_mass_ratio", "straggler_hold_s", "medium_evidence", "cable_bucket_s", "cable_window_s",
+        "straggler_mass_ratio", "straggler_hold_s", "hang_stall_s", "medium_evidence", "cable_bucket_s",
+        "cable_window_s",
         "cable_min_buckets", "cable_min_readings", "cable_ber_slope", "cable_rx_slope_db", "cable_persist",
         "cable_hold_s", "cable_lane_share", "cable_ber_rise", "cable_rx_drop_db", "cross_shard_grace_intervals"))
     _RATIOS = frozenset(("degraded_rate_ratio", "pfc_keep_ratio", "pfc_victim_ratio", "leaf_fold_ratio",

@@ -76,9 +76,9 @@ class Engine(Stage):
         self.clock = clock or time.perf_counter
         self.node_registry = nr = NodeRegistry(self.state)
         self.stragglers = StragglerTracker(s)
-        self.heartbeats = HeartbeatTracker()
+        self.heartbeats = HeartbeatTracker(s.hang_stall_s)
         self.ras = RasQueries()  # NCCL RAS of suspect jobs, asked through one of their agents
-        self.cost = IncidentCost(topology)
+        self.cost = IncidentCost(topology, s, nr._interval_of, self.registry.job_gpus)
         self.cable = CableHealth(s)
         self.manager = IncidentManager(default_hold_s=s.hold_s)
         self.folder = LeafFolder(s, self.cluster, self.links_by_leaf)

@@ -76,6 +76,7 @@ class Route(Enum):
     RX_POWER = auto()
     MODULE_TEMPERATURE = auto()
     XOFF_FULL_RATE = auto()
+    JOB_GPU = auto()
 
 
 def _at(family: str, *names: str) -> tuple[int, ...]:
@@ -121,6 +122,7 @@ GAUGE_ROUTES = _routes(
     ("fabricmon_transceiver_rx_power_watts", Route.RX_POWER, (*_PORT, "lane")),
     ("fabricmon_transceiver_temperature_celsius", Route.MODULE_TEMPERATURE, _PORT),
     ("fabricmon_pfc_xoff_refresh_frames_per_second", Route.XOFF_FULL_RATE, ("interface",)),
+    ("fabricmon_job_gpu_info", Route.JOB_GPU, ("hpc_job", "job_id", "gpu")),
 )
 # family -> position of the label naming the hardware whose counters a reset restarts
 RESET_OWNER: dict[str, int] = {
@@ -131,7 +133,7 @@ _DELTA_MEMBERS = (Route.PMA_ERRORS, Route.RETRIES, Route.CNP, Route.XMIT_WAIT, R
                   Route.PHY_ERRORS, Route.FEC_CORRECTED, Route.NVLINK_ERRORS, Route.XID, Route.PFC_XOFF)
 _GAUGE_MEMBERS = (Route.PORT_STATE, Route.PORT_PHYS_STATE, Route.PORT_RATE, Route.PORT_WIDTH, Route.CONFIG_OK,
                   Route.NVLINK_UP, Route.GPU_THROTTLE, Route.GPU_UP, Route.PORT_DATA_RATE, Route.RX_POWER,
-                  Route.MODULE_TEMPERATURE, Route.XOFF_FULL_RATE)
+                  Route.MODULE_TEMPERATURE, Route.XOFF_FULL_RATE, Route.JOB_GPU)
 _LINK_EVENTS = tuple(LinkEvent)  # ERR .. PAUSE_RX, in their order
 
 
@@ -316,7 +318,7 @@ class Ingest:
         ts = batch.ts
         reg = self.registry
         (port_state, port_phys, port_rate, port_width, config_ok, nvlink_up, gpu_throttle, gpu_up, data_rate,
-         rx_power, _temperature, xoff_full) = _GAUGE_MEMBERS  # as locals: see deltas
+         rx_power, _temperature, xoff_full, job_gpu) = _GAUGE_MEMBERS  # as locals: see deltas
         touched: set[LinkState] = set()
         for g in batch.gauges:
             hit = GAUGE_ROUTES.get(g.family)
@@ -376,6 +378,8 @@ class Ingest:
                 gs = reg.gpu(ns, lab[at[0]][1])
                 if gs is not None:
                     gs.up = bool(v)
+            elif route is job_gpu:  # the schedulers' job -> GPU map (aggregator/job_gpus.py)
+                reg.job_gpus.set(ns.name, lab[at[0]][1], lab[at[1]][1], lab[at[2]][1], v > 0)
             elif route is xoff_full:
                 link = ns.by_netdev.get(lab[at[0]][1])
                 if link is not None:

@@ -86,6 +86,7 @@ class NodeRegistry(Stage):
             ns.connected = True
             self.cluster_clock.connected(hello.node)
             self._bind(hello)
+            self.topology.pair_gpus(hello.node, {nic.device: nic.gpu for nic in hello.nics if nic.device})
             for nic in hello.nics:
                 reg.announce(ns, nic.device, str(nic.port), nic.rail, nic.netdev)
 

@@ -65,6 +65,8 @@ def apply_detection(engine: Engine, new: DetectionSettings) -> None:
         engine.settings = new  # the engine's setter reconfigures its ingest stage (fatal XIDs, config checks)
         engine.stragglers.s = new
         engine.manager.default_hold_s = new.hold_s
+        engine.heartbeats.stall_s = new.hang_stall_s
+        engine.cost.settings = new  # its baseline's lead and straggler window
 
 
 def _check_tls(tls: ServerTls, source: str) -> tuple[bytes, bytes, bytes | None]:

@@ -21,6 +21,7 @@ from enum import IntEnum
 from .. import components as comp
 from ..components import Component
 from ..topology import Topology
+from .job_gpus import JobGpus
 
 
 class LinkEvent(IntEnum):
@@ -191,6 +192,7 @@ class Registry:
         self.active_links: set[LinkState] = set()
         self.active_gpus: set[GpuState] = set()
         self.config_nodes: set[str] = set()
+        self.job_gpus = JobGpus()  # the schedulers' job -> GPU map, for incidents' impact
         for name, spec in topology.nodes.items():
             if shard_units is not None and spec.unit not in shard_units:
                 continue

@@ -166,3 +166,46 @@ def test_example_hook_imports_without_torch(monkeypatch, tmp_path):
     with timer.step(0):
         with timer.comm():
             pass
+    timer.close()
+
+
+@pytest.mark.parametrize(("env", "want"), [
+    ({"FABRICMON_JOB_ID": "fm-1", "SLURM_JOB_ID": "81723", "TORCHELASTIC_RUN_ID": "te-9"}, "fm-1"),
+    ({"SLURM_JOB_ID": "81723", "TORCHELASTIC_RUN_ID": "te-9"}, "81723"),
+    ({"TORCHELASTIC_RUN_ID": "te-9"}, "te-9"),
+    ({}, ""),
+])
+def test_report_step_tags_the_job_id_from_the_scheduler_environment(intake, monkeypatch, env, want):
+    for k in fm_client.JOB_ID_ENV:
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert fm_client.report_step("llm-7b", 3, 10, 1.25, socket_path=intake.socket_path, http=None)
+    assert fm_client.report_step("llm-7b", 3, 11, 1.25, socket_path=intake.socket_path, http=None, job_id="x-2")
+    assert wait_until(lambda: intake.stats()["accepted_total"] == 2)
+    assert [r.job_id for r in intake.drain()[0]] == [want, "x-2"]
+
+
+def test_step_timer_defaults_to_the_slurm_job_and_beats_with_coll_sn(intake, monkeypatch):
+    """StepTimer lives in fabricmon.client (the example imports it): job from $SLURM_JOB_NAME, job_id from
+    $SLURM_JOB_ID, heartbeats on, coll_sn counting the collectives comm() wraps."""
+    for k in fm_client.JOB_ID_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_JOB_NAME", "train")
+    timer = fm_client.StepTimer(rank=5, socket_path=intake.socket_path, http=None, heartbeat_interval=0.05)
+    try:
+        assert (timer.job, timer.job_id) == ("train", "4242")
+        with timer.step(7):
+            with timer.comm():
+                assert timer.heartbeat.in_collective
+            with timer.comm():
+                pass
+        assert timer.heartbeat.coll_sn == 2 and not timer.heartbeat.in_collective
+        beats: list = []
+        assert wait_until(lambda: any(h.coll_sn == 2 for h in beats.extend(intake.drain_heartbeats()) or beats))
+        ranks, _ = intake.drain()
+    finally:
+        timer.close()
+    assert [(r.job, r.job_id, r.rank, r.step) for r in ranks] == [("train", "4242", 5, 7)]
+    assert {(h.job, h.job_id, h.rank) for h in beats} == {("train", "4242", 5)}

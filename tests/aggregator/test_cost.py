@@ -88,3 +88,78 @@ def test_a_later_incident_on_the_job_does_not_add_its_slowdown_to_an_earlier_one
     leaf = t = _feed(short, "llm", [2.16] * 2, t0=t, first_step=31)
     t = _feed(short, "llm", [2.3] * 20, t0=t, first_step=33)
     assert short.impact("llm", cable, t, other_open=[(leaf, t)]).step_slowdown == pytest.approx(0.15)
+
+
+def test_a_lone_straggler_is_costed_against_the_steps_before_it_began():
+    """The issue's gloo run: steps 0.42 s, then one rank 74% slower; StragglerRank opens only after 8 of
+    the last 10 steps were late, so the 20 steps before first_seen are already slow.  The baseline ends
+    2 x straggler_window steps before first_seen (the first late step is at most a window back)."""
+    log = StepLog()
+    t = _feed(log, "gloo", [0.42] * 60)
+    t = _feed(log, "gloo", [0.73] * 12, t0=t, first_step=61)  # late steps before the incident opened
+    opened = t
+    t = _feed(log, "gloo", [0.73] * 20, t0=t, first_step=73)
+    assert log.impact("gloo", opened, t).step_slowdown == 0.0  # the 20 steps before first_seen: the old rule
+    imp = log.impact("gloo", opened, t, skip_steps=20)
+    assert imp.step_slowdown == pytest.approx(0.73 / 0.42 - 1)
+    assert imp.gpu_hours_per_hour == pytest.approx(64 * (1 - 0.42 / 0.73))
+
+
+def test_a_counter_incident_baseline_ends_its_detection_lead_before_it_opened():
+    log = StepLog()
+    t = _feed(log, "llm", [2.0] * 30)
+    began = t
+    t = _feed(log, "llm", [3.0] * 4, t0=t, first_step=31)  # 12 s of evidence before the incident opened
+    opened = t
+    t = _feed(log, "llm", [3.0] * 10, t0=t, first_step=35)
+    assert log.impact("llm", opened, t, baseline_end=opened - 15.0).step_slowdown == pytest.approx(0.5)
+    assert began >= opened - 15.0
+
+
+def test_overlapping_incidents_share_the_slowdown_by_time_slices():
+    """A slow GPU (compute, +30%) opens inside a bad NIC's window (comm, +20%) and closes inside it: the NIC
+    measures its own slices (before and after the GPU); the GPU, with no slice of its own, takes the joint
+    slowdown less the NIC's (different phases of a step add).  Two faults of one phase (a link under a
+    degrading leaf): the joint slowdown is the larger one's and stands."""
+    log = StepLog()
+    t = _feed(log, "llm", [2.0] * 40)
+    nic = t
+    t = _feed(log, "llm", [2.4] * 15, t0=t, first_step=41)
+    gpu = t
+    t = _feed(log, "llm", [3.0] * 15, t0=t, first_step=56)  # 2.0 x (1 + 0.2 + 0.3)
+    gpu_end = t
+    t = _feed(log, "llm", [2.4] * 15, t0=t, first_step=71)
+    assert log.impact("llm", nic, t, [(gpu, gpu_end)], other_adds=[True]).step_slowdown == pytest.approx(0.2)
+    assert log.impact("llm", gpu, gpu_end, [(nic, t)], other_adds=[True]).step_slowdown == pytest.approx(0.3)
+    # the old rule gave the inner one the joint 0.5; one phase: the joint stands
+    assert log.impact("llm", gpu, gpu_end, [(nic, t)], other_adds=[False]).step_slowdown == pytest.approx(0.5)
+    # opened together, neither with a slice of its own: the joint split between them
+    both = StepLog()
+    t = _feed(both, "llm", [2.0] * 40)
+    opened = t
+    t = _feed(both, "llm", [3.0] * 15, t0=t, first_step=41)
+    assert both.impact("llm", opened, t, [(opened, t)], other_adds=[True]).step_slowdown == pytest.approx(0.25)
+
+
+def test_a_hung_job_is_stopped_with_all_its_gpus_from_the_moment_it_fires():
+    log = StepLog()
+    t = _feed(log, "j", [2.0] * 30)
+    imp = log.impact("j", t + 1, t + 1, stopped=True)
+    assert imp.stopped and imp.step_slowdown is None and imp.gpu_hours_per_hour == 64
+    assert not log.impact("j", t + 1, t + 1).stopped  # unknown cause: a few steps' grace
+
+
+def test_a_leaf_degrading_over_its_flaky_cable_is_not_charged_the_compound():
+    """At 1,024 nodes: a flaky cable (+8%) under a leaf that then degrades (+16% alone): on one path the two
+    slow the same transfers one on top of the other (+28% together).  The leaf, with no slice of its own,
+    was charged the compound; the cable's own measure is divided out."""
+    log = StepLog()
+    t = _feed(log, "llm", [2.0] * 40)
+    cable = t
+    t = _feed(log, "llm", [2.16] * 20, t0=t, first_step=41)
+    leaf = t
+    t = _feed(log, "llm", [2.0 * 1.08 * 1.16 * 1.025] * 20, t0=t, first_step=61)
+    compound = log.impact("llm", leaf, t, [(cable, t)], other_adds=[False])
+    assert compound.step_slowdown == pytest.approx(0.284, abs=0.001)  # the rule for parallel rings
+    imp = log.impact("llm", leaf, t, [(cable, t)], other_adds=[False], others_nested=[True])
+    assert imp.step_slowdown == pytest.approx(1.16 * 1.025 - 1, abs=0.001)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import tempfile
@@ -96,13 +97,28 @@ SCN = {"cluster": {"nodes": 16, "layout": "ib", "nodes_per_unit": 8, "seed": 3},
 
 def test_rank_hang_is_job_hung_on_that_rank_within_60_s_and_checkpoints_and_restarts_never_are():
     """The simulator's heartbeats through the stream codec into the real engine: the hung rank named at
-    its GPU within 60 s, cleared after; a 25 s checkpoint and a 60 s restart raise nothing."""
+    its GPU within 60 s, cleared after; a 25 s checkpoint and a 60 s restart raise nothing.  The first
+    version of JobHung (the one Alertmanager's firing notification carries) already costs the hung job
+    all its GPUs: it was `stopped: false, 0 GPU-hours/hour` until a later update."""
+    from fabricmon.aggregator.alertmanager import AlertmanagerClient
+
     scn = scenario_from_dict(SCN, "hang.yaml")
     sim = SimulatedCluster(scn, mode="memory", epoch=1_764_000_000.0)
     engine = Engine(sim.topology, cluster="t")
     drive = Drive(sim, engine=engine, wire=True)
     drive.connect()
-    drive.run()
+    fired: list[dict] = []
+
+    def on_step(_stats, changed) -> None:
+        for inc in changed:
+            if inc.alertname == "JobHung" and inc.version == 1:
+                fired.append(AlertmanagerClient(["http://127.0.0.1:1"], cluster="t")._snapshot(inc))
+
+    drive.run(on_step=on_step)
+    (snap,) = fired
+    impact = json.loads(snap["annotations"]["impact_json"])
+    assert [(i["job"], i["stopped"], i["gpu_hours_per_hour"]) for i in impact] == [("vlm-13b", True, 48)]
+    assert snap["annotations"]["impact"] == "vlm-13b stopped (48 GPU-hours/hour)"
     incs = engine.incidents()
     assert [(i.alertname, i.component, i.severity) for i in incs] == [("JobHung", "node-010/gpu5", "critical")]
     i = incs[0]

@@ -172,3 +172,30 @@ def test_engine_runs_unchanged_on_imported_topologies_and_labels_the_named_leaf(
     assert alerts, [(i.alertname, i.component) for i in engine.incidents()]
     labels = alerts[0].labels
     assert labels["leaf"] == leaf and labels["node"] == node and labels.get("rail") == rail, labels
+
+
+def test_v2_gpu_of_a_nic_comes_from_the_agents_pairing_not_name_order(tmp_path) -> None:
+    """An HGX H100's compute HCAs are mlx5_0,3,4,5,6,9,10,11; mlx5_1 is storage (its own leaf).  By name
+    order GPU 1 "depended" on the storage switch.  The agent's hello pairs each GPU with its nearest NIC
+    by PCI affinity: that pairing stands, and the NIC it pairs with no GPU serves none (no rail)."""
+    compute = ["mlx5_0", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_9", "mlx5_10", "mlx5_11"]
+    nodes = []
+    for h in ("gpu-01", "gpu-02"):
+        nics = [{"device": d, "port": 1, "leaf": f"leaf-r{r}", "rail": r} for r, d in enumerate(compute)]
+        nics.append({"device": "mlx5_1", "port": 1, "leaf": "storage-1", "rail": 8})  # as an import wrote it
+        nodes.append({"name": h, "nics": nics})
+    path = tmp_path / "hgx.yaml"
+    path.write_text(yaml.safe_dump({"version": 2, "cluster": "lab", "layout": "ib", "rail_optimized": True,
+                                    "nodes": nodes, "leaves": {}}))
+    topo = load_topology(path)
+    assert topo.nic_for_gpu("gpu-01", 1).device == "mlx5_1"  # name order: the storage NIC (the fallback)
+    pairing = {d: g for g, d in enumerate(compute)} | {"mlx5_1": -1}
+    assert topo.pair_gpus("gpu-01", pairing) > 0
+    assert [topo.nic_for_gpu("gpu-01", g).device for g in range(8)] == compute
+    assert _ids(topo.path_of_gpu("gpu-01", 1))["leaf"] == "leaf-r1"
+    storage = topo.nic("gpu-01", "mlx5_1")
+    assert storage.rail is None and storage.gpu == -1
+    assert topo.nic_for_gpu("gpu-02", 1).device == "mlx5_1"  # no hello from gpu-02 yet: the fallback
+    reloaded = load_topology(path)
+    reloaded.rebind(topo)  # a reloaded file keeps what the hellos said
+    assert reloaded.nic_for_gpu("gpu-01", 1).device == "mlx5_3"

@@ -97,6 +97,9 @@ def test_example_agent_config_loads() -> None:
     assert cfg.intake.socket_mode == 0o666
     assert cfg.stream.token_file == "/etc/fabricmon/token"  # read in place (SupplementaryGroups=fabricmon), watched
     assert cfg.aggregator is not None and cfg.aggregator.endswith(":9721")
+    # no hard-coded NIC -> rail map: it overrides PCI affinity and is wrong on an HGX H100, whose compute
+    # HCAs are not mlx5_0..7 (the map stays as a commented example)
+    assert not cfg.rails
 
 
 def test_example_aggregator_config_loads() -> None:

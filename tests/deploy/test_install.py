@@ -192,6 +192,9 @@ def test_install_verify_run_uninstall(wheel: Path, root: Path, tmp_path: Path) -
     example = (REPO / "systemd" / "etc" / "default" / "fabricmon-agent").read_text()
     assert (etc / "default" / "fabricmon-agent.dist").read_text() == example.replace("/etc/", f"{etc}/")
     assert (prefix / "bin" / "fabricmon").is_file()
+    for hook in ("prolog", "epilog"):  # slurmd's Prolog=/Epilog= (tests/aggregator/test_uninstrumented_jobs.py)
+        assert os.access(prefix / "bin" / f"fabricmon-slurm-{hook}", os.X_OK), hook
+    assert f"Prolog={prefix}/bin/fabricmon-slurm-prolog" in res.stdout, res.stdout
     for name in ("agent.yaml", "aggregator.yaml", "topology.yaml", "token"):
         assert (etc / "fabricmon" / name).is_file(), name
     # the token read in place by the units' group (LoadCredential='s copy was never refreshed on rotation)

@@ -1,0 +1,86 @@
+"""The "jobs" source: which job holds which GPUs of this node, for jobs that never report a step.
+
+Read every poll from the Slurm prolog's job directory (``fabricmon.jobmap.store``); ``pods`` is where a
+second provider (a kubelet's PodResources) plugs in.  Exported as
+``fabricmon_job_gpu_info{hpc_job,job_id,gpu}``: 1 while held; a job that left stays at 0 for
+``released_keep`` seconds, because the stream sends only gauges that changed and a series that vanishes
+says nothing to the aggregator.  ``gpu="all"`` when the scheduler named no GPUs (a whole-node job).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from ..config import JobsConfig
+from ..jobmap import store
+from ..jobmap.assignment import JobAssignment
+from ..model import SourceResult, reading
+from .inventory import Inventory
+from .registry import SourceContext, SourceSpec
+
+Key = tuple[str, str, str]  # (job, job_id, gpu)
+
+
+def assignment_keys(a: JobAssignment) -> list[Key]:
+    gpus = ["all"] if a.gpus is None else [str(g) for g in a.gpus]
+    return [(a.job, a.job_id, g) for g in gpus]
+
+
+class JobsSource:
+    name = "jobs"
+
+    def __init__(self, config: JobsConfig, *, directory: str | None = None, clock: Callable[[], float] = time.monotonic,
+                 pods: Callable[[], tuple[list[JobAssignment], list[str]]] | None = None) -> None:
+        self.config = config
+        self.directory = directory or config.dir
+        self.timeout = config.timeout
+        self.clock = clock
+        self.pods = pods
+        self._released: dict[Key, float] = {}  # key -> when it left
+        self._held: set[Key] = set()
+
+    def assignments(self) -> tuple[list[JobAssignment], list[str]]:
+        out, bad = store.read_all(self.directory)
+        if self.pods is not None:
+            more, why = self.pods()
+            out += more
+            bad += why
+        return out, bad
+
+    def poll(self, inventory: Inventory) -> SourceResult:
+        res = SourceResult(self.name)
+        found, bad = self.assignments()
+        for msg in bad:
+            res.error(msg)
+        now = self.clock()
+        held = {k for a in found for k in assignment_keys(a)}
+        for k in self._held - held:
+            self._released[k] = now
+        for k in held:
+            self._released.pop(k, None)
+        self._held = held
+        keep = self.config.released_keep
+        for k, at in list(self._released.items()):
+            if now - at > keep:
+                del self._released[k]
+        for job, job_id, gpu in sorted(held):
+            res.readings.append(reading("fabricmon_job_gpu_info", 1.0, hpc_job=job, job_id=job_id, gpu=gpu))
+        for job, job_id, gpu in sorted(self._released):
+            res.readings.append(reading("fabricmon_job_gpu_info", 0.0, hpc_job=job, job_id=job_id, gpu=gpu))
+        return res
+
+    def close(self) -> None:
+        pass
+
+
+def _build(config: JobsConfig, context: SourceContext) -> JobsSource | None:
+    if context.sysfs_root != "/sys" and context.host_root == "/" and config.dir == JobsConfig.dir:
+        return None  # a fixture or simulated node (as the host source): this machine's jobs are not its own
+    # the prolog writes the host's /run: a containerized agent sees it under host_root
+    directory = os.path.join(context.host_root, config.dir.lstrip("/")) if context.host_root != "/" else config.dir
+    return JobsSource(config, directory=directory)
+
+
+SOURCE: SourceSpec[JobsConfig] = SourceSpec("jobs", JobsConfig, _build)
