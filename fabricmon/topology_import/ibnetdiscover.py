@@ -68,12 +68,12 @@ _QUOTED_SWITCH_LINK = re.compile(r'^"(.*)"\s+lid\s+\d+\s*(\S*)')
 _QUOTED_CA_LINK = re.compile(r'^lid\s+\d+\s+lmc\s+\d+\s+"(.*)"\s+lid\s+\d+\s*(\S*)')
 # Lines that are not records and not errors: prompts, tool chatter, the grouping headers (-g).
 _IGNORED = (
-    # (?>\S*?[@:]) commits to the first @ or ':' (a later one matches nothing the first does not), so the
+    # [^\s@:]*[@:] stops at the first @ or ':' (a later one matches nothing the first does not), so the
     # \S* after it backtracks once per character: linear, where \S*[@:]\S* was quadratic (issue 35)
-    re.compile(r"^(?>\S*?[@:])\S*\s*[$#%>]\s"),  # user@host:~$ cmd, [root@head ~]# cmd (after the bracket)
+    re.compile(r"^[^\s@:]*[@:]\S*\s*[$#%>]\s"),  # user@host:~$ cmd, [root@head ~]# cmd (after the bracket)
     re.compile(r"^\[[^\]\d][^\]]*\][$#%>]\s?"),  # [root@head ~]# cmd
     re.compile(r"^[$#%>]\s+\S*ibnetdiscover"),  # $ ibnetdiscover
-    re.compile(r"^(?>\S*?[@:])\S*\s*[$#%>]\s*$"),  # a bare prompt at the end of a paste
+    re.compile(r"^[^\s@:]*[@:]\S*\s*[$#%>]\s*$"),  # a bare prompt at the end of a paste
     re.compile(r"^(ibwarn|ibnetdiscover|ibdebug|src/\S+):"),  # diagnostics on stderr pasted in
     re.compile(r"^(Non-Chassis Nodes|Chassis \d+|Switch Chassis|Spine|Line)\b"),
     re.compile(r"^(sudo\s+)?\S*ibnetdiscover(\s.*)?$"),  # the command itself, pasted without a prompt
