@@ -1,3 +1,3 @@
 """fabricmon: fabric telemetry and fault localization for GPU training clusters."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -29,11 +29,11 @@ def _fixed(table: dict[str, list[str]]):
 
 
 def test_expand_names_keep_literals_localhost_and_https() -> None:
-    r = _fixed({NAME: ["10.1.0.7", "10.1.0.5", "10.1.0.5", "fd00::9"]})
+    r = _fixed({NAME: ["198.51.100.7", "198.51.100.5", "198.51.100.5", "fd00::9"]})
     assert expand(f"http://{NAME}:9093", r) == (
-        "http://10.1.0.5:9093", "http://10.1.0.7:9093", "http://[fd00::9]:9093")
+        "http://198.51.100.5:9093", "http://198.51.100.7:9093", "http://[fd00::9]:9093")
     assert expand(f"http://user:pw@{NAME}/prefix", r) == (
-        "http://user:pw@10.1.0.5:80/prefix", "http://user:pw@10.1.0.7:80/prefix", "http://user:pw@[fd00::9]:80/prefix")
+        "http://user:pw@198.51.100.5:80/prefix", "http://user:pw@198.51.100.7:80/prefix", "http://user:pw@[fd00::9]:80/prefix")
     for kept in ("http://127.0.0.1:9093", "http://[::1]:9093", "http://localhost:9093", f"https://{NAME}:9093"):
         assert expand(kept, r) == (kept,)
     with pytest.raises(OSError):
@@ -41,13 +41,13 @@ def test_expand_names_keep_literals_localhost_and_https() -> None:
 
 
 def test_a_failed_resolution_keeps_the_addresses_it_had() -> None:
-    table = {NAME: ["10.1.0.5"]}
+    table = {NAME: ["198.51.100.5"]}
     peers = PeerSet([f"http://{NAME}:9093", "http://127.0.0.1:9093"], _fixed(table))
     assert peers.urls() == [f"http://{NAME}:9093", "http://127.0.0.1:9093"]  # before the first resolution
-    assert peers.refresh() and peers.urls() == ["http://10.1.0.5:9093", "http://127.0.0.1:9093"]
+    assert peers.refresh() and peers.urls() == ["http://198.51.100.5:9093", "http://127.0.0.1:9093"]
     del table[NAME]
     assert not peers.refresh() and peers.failures == 1
-    assert peers.urls() == ["http://10.1.0.5:9093", "http://127.0.0.1:9093"]
+    assert peers.urls() == ["http://198.51.100.5:9093", "http://127.0.0.1:9093"]
     assert peers.counts() == {f"http://{NAME}:9093": 1, "http://127.0.0.1:9093": 1}
 
 
