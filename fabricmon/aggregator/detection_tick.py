@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..components import Component, Kind
+from . import cable_ends
 from .agents_down import agents_down, unknown_nodes_finding
 from .cable_health import CableHealth
 from .correlator import correlate
@@ -91,6 +92,7 @@ class DetectionTick(Stage):
             findings.extend(corr.findings)
             self.suspicion = corr.suspicion
             self.cost.annotate(findings, self.manager, now, self.stragglers)
+            cable_ends.annotate(findings, self.topology)  # both ends of the cable in the page's text
             scale_holds(findings, self._interval_of, self.settings.hold_s)
             findings.extend(self.resume.hold(findings, now, self.nodes, self.started_at or now, self.settings))
             changed = self.resume.settle(self.manager.update(findings, now, relations))
