@@ -398,15 +398,7 @@ class Ingest:
                 else:
                     self.cable.temperature(link, ts, v)
         for link in touched:
-            down = link.is_down()
-            if down and link.down_since is None:
-                link.down_since = ts
-                if link.seen_up:
-                    link.trans.append(ts)
-            elif not down:
-                link.down_since = None
-                if link.state is not None:
-                    link.seen_up = True
+            down = link.note_state(ts)
             deg, _ = link.is_degraded(self.settings.degraded_rate_ratio)
             if deg:
                 if link.degraded_since is None:

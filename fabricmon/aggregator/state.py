@@ -92,6 +92,20 @@ class LinkState:
             return True
         return self.phys is not None and self.phys != LINK_UP_PHYS
 
+    def note_state(self, ts: float) -> bool:
+        """A state reading at ``ts`` (the host end's from its agent, an uplink's from the switch sweep):
+        when the link went down, a transition if it had been up; True while it is down."""
+        down = self.is_down()
+        if down and self.down_since is None:
+            self.down_since = ts
+            if self.seen_up:
+                self.trans.append(ts)
+        elif not down:
+            self.down_since = None
+            if self.state is not None:
+                self.seen_up = True
+        return down
+
     def is_degraded(self, ratio: float) -> tuple[bool, str]:
         if self.is_down() or self.state is None:
             return False, ""

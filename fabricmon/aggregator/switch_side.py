@@ -127,15 +127,7 @@ class SwitchSide:
             self._state_changed(link, ts)
 
     def _state_changed(self, link: LinkState, ts: float) -> None:
-        # as the ingest stage does for a host port's state (ingest.Ingest.gauges)
-        down = link.is_down()
-        if down and link.down_since is None:
-            link.down_since = ts
-            if link.seen_up:
-                link.trans.append(ts)
-        elif not down:
-            link.down_since = None
-            link.seen_up = True
+        down = link.note_state(ts)  # as the ingest stage does for a host port's state
         if down or link.trans:
             self.registry.active_links.add(link)
 
