@@ -176,7 +176,7 @@ class AlertmanagerSettings:
     timeout: float = 5.0
     queue_max: int = 10000
     generator_url: str = ""  # base URL of this aggregator's HTTP API, for generatorURL
-    runbook_base: str = "https://github.com/gpu-fabricmon/gpu-fabricmon/blob/main/docs/runbooks.md#"
+    runbook_base: str = "https://github.com/gpu-fabricmon/gpu-fabricmon/blob/main/deploy/prometheus/runbooks.md#"
     # sharded: how often the other shards' open fabric alerts are read back from Alertmanager (remote_evidence.py)
     evidence_poll_seconds: float = 5.0
     # a URL whose host is a name (a headless Service) is sent to at every address it resolves to, resolved

@@ -43,3 +43,17 @@ def test_the_drain_procedure_is_written_once_and_names_both_schedulers() -> None
     assert 'scontrol update NodeName=<node> State=DRAIN Reason="fabricmon:' in drain
     assert "kubectl cordon <node>" in drain and "kubectl drain <node> --ignore-daemonsets" in drain
     assert "never for a leaf, spine, rail or uplink" in drain
+
+
+def test_the_default_runbook_base_names_the_shipped_runbooks() -> None:
+    """runbook_base's default (and so every aggregator alert's runbook_url) points at this file in this
+    project's repository, and each alert's anchor is a heading there (it once named a docs/runbooks.md
+    that did not exist)."""
+    from fabricmon.aggregator.config import AlertmanagerSettings
+
+    base = AlertmanagerSettings().runbook_base
+    prefix = "https://github.com/gpu-fabricmon/gpu-fabricmon/blob/main/"
+    assert base.startswith(prefix) and base.endswith("#"), base
+    assert (REPO / base[len(prefix):-1]).resolve() == RUNBOOKS.resolve()
+    anchors = {h.lower() for h in _sections()}
+    assert {a.lower() for a in SEVERITY} <= anchors
