@@ -526,8 +526,9 @@ def self_monitoring() -> Board:
     b.stat("Agents not scraped", f'count(up{{{C}, job=~".*fabricmon-agent.*"}} == 0) or vector(0)', "none",
            thresholds=[(None, "green"), (1, "red")])
     b.stat("Agents down, last snapshot (FabricmonAgentDown)",
-           f'time() - min(max by (cluster, instance) (last_over_time(fabricmon_snapshot_timestamp_seconds{{{N}}}[1h])) '
-           f'and on (cluster, instance) (up{{{C}, job=~".*fabricmon-agent.*"}} == 0))', "s",
+           f"(time() - min(max by (cluster, instance) "
+           f"(last_over_time(fabricmon_snapshot_timestamp_seconds{{{N}}}[1h])) "
+           f'and on (cluster, instance) (up{{{C}, job=~".*fabricmon-agent.*"}} == 0))) or vector(0)', "s",
            thresholds=[(None, "green"), (30, "red")],
            description="Age of the oldest last snapshot among agents that are not scraped now.")
     b.stat("Collectors failing", f"count(fabricmon_collector_up{{{N}}} == 0) or vector(0)", "none",
@@ -561,7 +562,8 @@ ORANGE_FROM_1 = [(None, "green"), (1, "orange")]
 
 def _blind_spots(b: Board) -> None:
     """One panel (or more) per blind-spot self alert, reading what its rule reads, so the on-call sees what
-    is not monitored before and after the alert fires (tests/deploy/test_dashboards.py checks the mapping)."""
+    is not monitored before and after the alert fires (tests/deploy/test_dashboards.py checks the mapping).
+    A healthy cluster reads 0 here, not "no data" (which would look like a scrape that is missing)."""
     b.row("Blind spots: what is not monitored")
     b.stat("Agent streams down (FabricmonAgentStreamDown)",
            f"count(fabricmon_stream_disconnected_seconds{{{N}}} > 300) or vector(0)", "none",
@@ -574,16 +576,18 @@ def _blind_spots(b: Board) -> None:
            f"count(fabricmon_config_last_reload_successful{{{C}}} == 0) or vector(0)", "none",
            thresholds=ORANGE_FROM_1)
     b.ts("Stream disconnected for (worst 10 nodes)",
-         [(f"topk(10, fabricmon_stream_disconnected_seconds{{{N}}} > 0)", "{{node}}"),
+         [(f"topk(10, fabricmon_stream_disconnected_seconds{{{N}}}) or vector(0)", "{{node}}"),
           (f"max(fabricmon_stream_interval_seconds{{{N}}}) * 3", "3 intervals")], "s", min_val=0, links=[NODE_LINK])
     b.ts("Streams refused by the aggregator (FabricmonAgentRefused)",
-         [(f"sum by (node, reason) (rate(fabricmon_stream_refused_total{{{N}}}[{RATE}])) > 0", "{{node}} {{reason}}")],
+         [(f"(sum by (node, reason) (rate(fabricmon_stream_refused_total{{{N}}}[{RATE}])) > 0) or vector(0)",
+           "{{node}} {{reason}}")],
          "cps", min_val=0, links=[NODE_LINK])
     b.ts("Spool fill (worst 10 nodes)",
-         [(f"topk(10, fabricmon_stream_spool_bytes{{{N}}} / fabricmon_stream_spool_max_bytes{{{N}}} > 0)",
-           "{{node}}")], "percentunit", min_val=0, max_val=1, links=[NODE_LINK])
+         [(f"topk(10, fabricmon_stream_spool_bytes{{{N}}} / fabricmon_stream_spool_max_bytes{{{N}}} > 0) "
+           f"or vector(0)", "{{node}}")], "percentunit", min_val=0, max_val=1, links=[NODE_LINK])
     b.ts("Batches lost on the node (FabricmonSpoolDropping)",
-         [(f"sum by (reason) (rate(fabricmon_stream_batches_dropped_total{{{N}}}[{RATE}]))", "{{reason}}")],
+         [(f"sum by (reason) (rate(fabricmon_stream_batches_dropped_total{{{N}}}[{RATE}])) or vector(0)",
+           "{{reason}}")],
          "cps", min_val=0)
     b.ts("Batches dropped for clock or sequence (FabricmonBatchesDropped)",
          [(f"sum by (reason) (rate(fabricmon_ingest_batches_dropped_total{{{C}}}[{RATE}]))", "aggregator {{reason}}"),
@@ -594,18 +598,19 @@ def _blind_spots(b: Board) -> None:
            f'sum by (node) (fabricmon_devices_discovered{{{N}, kind=~"ib_port|roce_port"}}) > 0', "{{node}} ports"),
           (f"sum by (node) (fabricmon_pci_nvidia_gpus{{{N}}}) - on (node) "
            f'(sum by (node) (fabricmon_devices_discovered{{{N}, kind="gpu"}}) or sum by (node) '
-           f"(fabricmon_pci_nvidia_gpus{{{N}}}) * 0) > 0", "{{node}} GPUs")], "none", min_val=0, links=[NODE_LINK])
+           f"(fabricmon_pci_nvidia_gpus{{{N}}}) * 0) > 0 or vector(0)", "{{node}} GPUs")], "none", min_val=0,
+         links=[NODE_LINK])
     b.ts("Heartbeats dropped at the aggregator (FabricmonHeartbeatsDropped)",
          [(f"sum by (reason) (rate(fabricmon_heartbeats_dropped_total{{{C}}}[{RATE}]))", "{{reason}}")],
          "cps", min_val=0)
     b.ts("Rank lines refused at the nodes' intake (FabricmonIntakeRefusing)",
-         [(f'sum by (node, reason) (rate(fabricmon_intake_lines_total{{{N}, result="rejected"}}[{RATE}])) > 0',
-           "{{node}} {{reason}}")], "cps", min_val=0, links=[NODE_LINK])
+         [(f'(sum by (node, reason) (rate(fabricmon_intake_lines_total{{{N}, result="rejected"}}[{RATE}])) > 0) '
+           f"or vector(0)", "{{node}} {{reason}}")], "cps", min_val=0, links=[NODE_LINK])
     b.ts("Incident state saves failing (FabricmonStateSaveFailing)",
          [(f"sum by (instance) (rate(fabricmon_state_save_failures_total{{{C}}}[{RATE}]))", "{{instance}}")],
          "cps", min_val=0)
     b.ts("Switch sweep age and unreachable switches (FabricmonSwitchSweepFailing)",
-         [(f"max by (node) (fabricmon_switch_sweep_age_seconds{{{N}}})", "{{node}} sweep age"),
+         [(f"max by (node) (fabricmon_switch_sweep_age_seconds{{{N}}}) or vector(0)", "{{node}} sweep age"),
           (f"sum by (node) (fabricmon_switches_unreachable{{{N}}})", "{{node}} unreachable"),
           (f"sum by (node) (fabricmon_switches_swept{{{N}}})", "{{node}} swept")], "none", min_val=0)
     b.ts("Versions running (skew during an upgrade)",

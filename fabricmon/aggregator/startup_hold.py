@@ -54,6 +54,10 @@ class StartupHold:
         since = self._since[node]
         if since is None:  # the hello came before any sample time: it runs from now
             since = self._since[node] = now
+        if since > now:
+            # a boot after the node's own sample time: its boot time and its samples come from two clocks
+            # (a simulated node's agent reads the real host's btime), not a boot: no hold
+            return None
         return since + restart_grace(s, interval)
 
     def held(self, node: str, now: float, interval: float, s: DetectionSettings) -> bool:

@@ -86,10 +86,21 @@ def test_numpy_commands_name_the_extra_without_it(command: list[str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def dist(tmp_path_factory) -> Path:
+def source(tmp_path_factory) -> Path:
+    """What is built: a clone of the checkout's HEAD (the committed tree, as CI's clean clone has it).  The
+    build writes build/ and fabricmon.egg-info into its source tree and walks it, while tests on the other
+    worker run in the checkout (a build there failed once with a file gone under it)."""
+    src = tmp_path_factory.mktemp("src") / "fabricmon"
+    res = subprocess.run(["git", "clone", "-q", "--shared", str(REPO), str(src)], capture_output=True, text=True,
+                         timeout=120)
+    return src if res.returncode == 0 else REPO  # not a git checkout (an unpacked sdist): build it in place
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory, source: Path) -> Path:
     out = tmp_path_factory.mktemp("dist")
     # --no-isolation: build with the setuptools of this venv (the test extra), no index needed.
-    res = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(REPO)],
+    res = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(source)],
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return out
@@ -143,15 +154,15 @@ def test_wheel_in_a_clean_venv_runs_the_agent_without_numpy(dist: Path, make_fix
     assert res.returncode == 2 and "pip install 'fabricmon[aggregator]'" in res.stderr, res.stderr
 
 
-def test_wheel_from_the_sdist_carries_version_and_revision(dist: Path) -> None:
+def test_wheel_from_the_sdist_carries_version_and_revision(dist: Path, source: Path) -> None:
     """`python -m build` makes the wheel from the sdist, which has no .git: the revision reaches
     fabricmon_build_info through the REVISION file setup.py writes into the sdist."""
     from fabricmon import __version__
 
-    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
+    head = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
     if head.returncode != 0:
         pytest.skip("not a git checkout: no revision to compare")
-    dirty = subprocess.run(["git", "-C", str(REPO), "diff", "--quiet", "HEAD", "--"], timeout=30).returncode != 0
+    dirty = subprocess.run(["git", "-C", str(source), "diff", "--quiet", "HEAD", "--"], timeout=30).returncode != 0
     want = head.stdout.strip() + ("-dirty" if dirty else "")
     (whl,) = dist.glob("fabricmon-*.whl")
     (sdist,) = dist.glob("fabricmon-*.tar.gz")

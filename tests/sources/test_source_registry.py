@@ -45,10 +45,11 @@ def test_each_source_is_built_from_its_own_section(tmp_path: Path):
     try:
         by_name: dict[str, Any] = {s.name: s for s in built}
         # MODULES order; host too, since sysfs_root is this host's /sys
+        # (jobs: the Slurm prolog's job files, on by default where the agent reads this host)
         assert [s.name for s in built] == ["infiniband", "ethtool", "fabric_config", "nvml", "pci", "transceiver",
-                                           "host"]
+                                           "host", "jobs"]
         assert {n: s.timeout for n, s in by_name.items() if n not in ("host", "pci")} == {
-            "infiniband": 0.3, "ethtool": 0.4, "fabric_config": 0.7, "nvml": 0.6, "transceiver": 1.0}
+            "infiniband": 0.3, "ethtool": 0.4, "fabric_config": 0.7, "nvml": 0.6, "transceiver": 1.0, "jobs": 1.0}
         assert by_name["ethtool"].config.allow == ("^rx_vport_",) and by_name["ethtool"].ethtool_dir == "eth"
         assert by_name["fabric_config"].profile.mtu == 4200 and by_name["fabric_config"].ethtool_dir == "eth"
         assert by_name["transceiver"].interval == 30.0
