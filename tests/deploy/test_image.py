@@ -11,7 +11,7 @@ How it runs on a machine that is itself a container (this project's CI): rootful
 storage, runc with the cgroupfs manager (crun refuses cgroup v1 "hybrid" mounts), the host network, and
 rlimits under the machine's own (podman's defaults, RLIMIT_NOFILE 1048576 and a large RLIMIT_NPROC, are
 refused with EPERM).  Each `podman run` copies the image's root filesystem (vfs: about 20 s here), so one
-container runs and the commands are `podman exec`s in it, a shared directory mounted at /work.
+container runs and the commands are `podman exec`s in it, a shared directory mounted at /mnt/shared.
 """
 
 from __future__ import annotations
@@ -73,10 +73,10 @@ def image() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def container(image: str, tmp_path_factory) -> Iterator[tuple[list[str], Path]]:
-    """(the argv prefix that runs a command in the running container, the host directory mounted at /work)."""
+    """(the argv prefix that runs a command in the running container, the host directory mounted at /mnt/shared)."""
     work = tmp_path_factory.mktemp("image-work")
     work.chmod(0o755)
-    res = subprocess.run(podman_run("-d", "-v", f"{work}:/work:ro", "--entrypoint", "sleep", image, "3600"),
+    res = subprocess.run(podman_run("-d", "-v", f"{work}:/mnt/shared:ro", "--entrypoint", "sleep", image, "3600"),
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     cid = res.stdout.strip()
@@ -106,11 +106,11 @@ def test_image_agent_once_exports_the_fixture_node_as_the_venv_does(container, m
     fx = make_fixture()
     shutil.copytree(fx, work / "fx", symlinks=True)  # sysfs trees link back up: copied as links
     subprocess.run(["chmod", "-R", "a+rX", str(work / "fx")], check=True, timeout=60)
-    args = ["--log-level", "error", "agent", "--once", "--sysfs-root", "/work/fx/sys", "--ethtool-dir",
-            "/work/fx/ethtool", "--nvml", "fake:/work/fx/nvml.json", "--node-name", "node-007"]
+    args = ["--log-level", "error", "agent", "--once", "--sysfs-root", "/mnt/shared/fx/sys", "--ethtool-dir",
+            "/mnt/shared/fx/ethtool", "--nvml", "fake:/mnt/shared/fx/nvml.json", "--node-name", "node-007"]
     got = subprocess.run([*run, "fabricmon", *args], capture_output=True, text=True, timeout=120)
     assert got.returncode == 0, got.stderr
-    local = [a.replace("/work/fx", str(fx)) for a in args]
+    local = [a.replace("/mnt/shared/fx", str(fx)) for a in args]
     want = subprocess.run([*VENV_FABRICMON, *local], capture_output=True, text=True, timeout=120)
     assert want.returncode == 0, want.stderr
     assert "fabricmon_ib_port_state{" in got.stdout
@@ -149,11 +149,11 @@ def test_image_aggregator_starts_as_the_venvs(container, tmp_path: Path) -> None
         d = (work if kind == "image" else tmp_path) / f"agg-{kind}"
         d.mkdir()
         d.chmod(0o755)
-        cfg, hport = _aggregator_config(d, f"/work/{d.name}" if kind == "image" else "")
+        cfg, hport = _aggregator_config(d, f"/mnt/shared/{d.name}" if kind == "image" else "")
         cfg.chmod(0o644)
         (d / "topology.yaml").chmod(0o644)
         if kind == "image":
-            cmd = [*run, "fabricmon", "aggregator", "--config", f"/work/{d.name}/aggregator.yaml"]
+            cmd = [*run, "fabricmon", "aggregator", "--config", f"/mnt/shared/{d.name}/aggregator.yaml"]
         else:
             cmd = [*VENV_FABRICMON, "aggregator", "--config", str(cfg)]
         log = open(d / "log", "wb")
