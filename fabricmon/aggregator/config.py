@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from ..configload import ConfigError, build, check_hostport, load_yaml_file
 from .auth_settings import AuthSettings
@@ -191,6 +192,13 @@ class AlertmanagerSettings:
         for i, u in enumerate(self.urls):
             if not u.startswith(("http://", "https://")):
                 raise ConfigError(f"{source}: {path}.urls[{i}]: expected an http(s) URL, got {u!r}")
+            try:  # the sender and the name expansion (am_peers.py) read host and port from it
+                parts = urlsplit(u)
+                parts.port  # noqa: B018 - raises on a port out of range or not a number
+            except ValueError as exc:
+                raise ConfigError(f"{source}: {path}.urls[{i}]: {exc}: {u!r}") from None
+            if not parts.hostname:
+                raise ConfigError(f"{source}: {path}.urls[{i}]: no host: {u!r}")
 
 
 @dataclass(frozen=True)

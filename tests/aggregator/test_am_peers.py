@@ -104,3 +104,16 @@ def test_every_replica_behind_a_headless_name_gets_every_alert(tmp_path) -> None
         for am in ams.values():
             am.stop()
         hook.close()
+
+
+@pytest.mark.parametrize(("url", "problem"), [
+    ("http://am:99999", "Port out of range"),
+    ("http://am:x", "Port could not be cast"),
+    ("http://[::1:9093", "Invalid IPv6 URL"),
+    ("http://:9093", "no host"),
+])
+def test_an_alertmanager_url_the_sender_cannot_read_is_one_line(tmp_path, url, problem) -> None:
+    cfg = tmp_path / "aggregator.yaml"
+    cfg.write_text(f"auth: {{insecure: true}}\nalertmanager: {{urls: ['{url}']}}\n")
+    with pytest.raises(ConfigError, match=r"alertmanager\.urls\[0\]: .*" + problem):
+        load_aggregator_config(str(cfg))
