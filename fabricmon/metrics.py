@@ -192,6 +192,8 @@ SPECS: dict[str, MetricSpec] = _specs(
     # --- host (sources/host.py) ---
     ("fabricmon_host_cpu_utilization_ratio", "gauge", "Host CPU utilization (0-1) since the previous poll.", ()),
     ("fabricmon_host_load1", "gauge", "1-minute load average.", ()),
+    ("fabricmon_host_boot_time_seconds", "gauge",
+     "When the host booted (btime of /proc/stat, Unix seconds): the rules hold a just-booted node's link state.", ()),
     ("fabricmon_host_memory_total_bytes", "gauge", "Total memory.", ()),
     ("fabricmon_host_memory_available_bytes", "gauge", "Available memory.", ()),
     ("fabricmon_host_network_receive_bytes_total", "counter", "Bytes received per netdev.", ("interface",)),

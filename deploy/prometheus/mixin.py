@@ -66,6 +66,9 @@ class Config:
     # intervals at sources.ib_switches.full_interval 60 s), or more than this share of its switches is unreachable.
     switch_sweep_max_age_seconds: float = 180.0
     switch_unreachable_ratio: float = 0.1
+    # A node's link state pages nothing this long after it boots (its ports sit in INIT until the subnet
+    # manager sweeps them): the aggregator's start-up hold (detection.restart_grace_s, default 60 s).
+    startup_hold_seconds: float = 60.0
 
     def __post_init__(self) -> None:
         for name, value in self.for_windows.items():
@@ -149,6 +152,14 @@ ALERTS{{alertname="{alert}", alertstate="firing", sender="prometheus"}}
 )
 """
 FALLBACK_SENDER = "prometheus"  # the `sender` label of the fallback alerts
+
+# The start-up hold of the link-state alerts (aggregator/startup_hold.py): a node booted within
+# startup_hold_seconds (the agent's fabricmon_host_boot_time_seconds) is left out; an agent without its
+# host source exports no boot time and is never held.
+STARTUP_HOLD = """
+unless on (cluster, node)
+(time() - fabricmon_host_boot_time_seconds < ${startup_hold_seconds})
+"""
 
 
 @dataclass(frozen=True)
@@ -374,7 +385,7 @@ max without (device, port) (
     "component", "/", "node", "device", "port"
   )
 )
-'''),
+''' + STARTUP_HOLD),
         Alert(
             'FabricLinkFlapping', for_='window', severity='warning', component_type='link',
             summary='Fabric link {{ $labels.component }} is flapping (down repeatedly)',
@@ -394,7 +405,7 @@ max without (device, port) (
     "component", "/", "node", "device", "port"
   )
 )
-'''),
+''' + STARTUP_HOLD),
         Alert(
             'FabricLinkErrors', for_='rate', severity='warning', component_type='link',
             summary='Fabric link {{ $labels.component }} is taking physical/link errors',
@@ -462,7 +473,7 @@ max without (device, port) (
     "component", "/", "node", "device", "port"
   )
 )
-'''),
+''' + STARTUP_HOLD),
         Alert(
             'RDMARetransmits', for_='rate', severity='warning', component_type='link',
             summary='RDMA transport retries on {{ $labels.component }} (timeouts, out-of-sequence)',

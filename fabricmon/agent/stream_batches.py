@@ -31,6 +31,7 @@ from ..model import Sample, Snapshot
 from ..proto.codec import encode_self_contained
 from ..proto.subscription import Subscription, filter_batch
 from ..rank_timing import JobLayout, RankTiming
+from ..sources.host import read_boot_time
 from .wire_guard import WireGuard
 
 log = structlog.get_logger("fabricmon.stream")
@@ -106,18 +107,6 @@ def hello_from_snapshot(node: str, snap: Snapshot | None, interval_seconds: floa
         boot_time = read_boot_time()
     return NodeHello(node=node, agent_version=agent_version, interval_seconds=interval_seconds,
                      nics=tuple(nics), gpus=gpus, boot_id=boot_id, boot_time=boot_time)
-
-
-def read_boot_time(stat: str = "/proc/stat") -> float:
-    """The node's boot time (``btime`` of /proc/stat, Unix seconds); 0.0 when it cannot be read."""
-    try:
-        with open(stat) as f:
-            for line in f:
-                if line.startswith("btime "):
-                    return float(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0.0
 
 
 class BatchMaker:

@@ -24,7 +24,8 @@ from ..batch import NodeBatch
 from ..proto import fabricmon_pb2 as pb
 from ..proto.codec import SeriesEncoder, hello_to_pb
 from ..proto.subscription import BadSubscription, Subscription, subscription_from_pb
-from .stream_batches import hello_from_snapshot, read_boot_time
+from ..sources.host import read_boot_time
+from .stream_batches import hello_from_snapshot
 from .stream_channel import auth_metadata, open_channel, presented_token, tls_digest
 from .stream_replay import SpoolReplay
 from .stream_state import StreamState

@@ -51,6 +51,18 @@ def _loadavg(procfs: str) -> float:
         return float(fh.read(256).split()[0])
 
 
+def read_boot_time(stat: str = "/proc/stat") -> float:
+    """The node's boot time (``btime`` of /proc/stat, Unix seconds); 0.0 when it cannot be read."""
+    try:
+        with open(stat) as f:
+            for line in f:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0.0
+
+
 def _busy_and_total(times: Any) -> tuple[float, float]:
     """CPU busy and total seconds, counted the way psutil.cpu_percent counts them.
 
@@ -116,6 +128,12 @@ class HostSource:
             res.readings.append(reading("fabricmon_host_load1", _loadavg(self.procfs)))
         except (OSError, ValueError, IndexError) as exc:
             res.error(f"host: loadavg: {exc}")
+        boot = read_boot_time(os.path.join(self.procfs, "stat"))
+        if boot > 0:
+            # a gauge: the rules hold a just-booted node's link state, as the aggregator does
+            res.readings.append(reading("fabricmon_host_boot_time_seconds", boot))
+        else:
+            res.error("host: stat: no btime")
         try:
             mem = psutil.virtual_memory()
             res.readings.append(reading("fabricmon_host_memory_total_bytes", float(mem.total)))
