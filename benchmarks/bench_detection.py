@@ -25,6 +25,10 @@ Without the Alertmanager binary that column says so and the rest still runs.
 Every run counts the ``FabricCableDegrading`` incidents on links of a leaf that a ``leaf_degraded`` fault
 degrades (the leaf's own evidence, never a cable ticket each; goal 0).
 
+``--cost K`` adds K scenarios where cost goes wrong (``cost_scenario``): two jobs, a lone slow GPU on one
+(every rank waits for it), a bad NIC and a slow GPU overlapping in time on the other; each (fault, job)
+pair's estimate is held to its standalone truth (the bound and cases below).
+
 ``--workload K`` adds K scenarios of several jobs with software decoys (``workload_scenario``:
 two or three jobs, idle nodes between, one to three of the seven decoy kinds of DESIGN "Jobs,
 decoys and cost", zero to two faults away from the decoys).  Precision counts pages (warning or
@@ -165,6 +169,38 @@ def overlap_scenario(seed: int, nodes: int, duration: float, nodes_per_unit: int
             .with_fault("slow_gpu", node=node, gpu=gpu, start=gpu_start, end=min(gpu_start + r(0.3, 0.5), duration)))
 
 
+def cost_scenario(seed: int, nodes: int, duration: float, nodes_per_unit: int) -> Scenario:
+    """Where cost goes wrong (issue: a lone straggler costed 0, an overlap split one slowdown): two jobs
+    (three quarters of the nodes and the rest); on the big job a lone slow GPU (one rank +20..60%, every
+    rank waits) alone in time; on the small job a bad NIC and a slow GPU on another node that overlap in
+    time (the issue's cable fault during a straggler's slowdown)."""
+    rng = random.Random(seed)
+    layout = rng.choice(("ib", "roce"))
+    big = (3 * nodes) // 4
+    scn = scenario_from_dict({"cluster": {"nodes": nodes, "layout": layout, "nodes_per_unit": nodes_per_unit,
+                                          "seed": seed},
+                              "duration": duration,
+                              "jobs": [{"name": "llm-70b", "nodes": [0, big - 1]},
+                                       {"name": "vlm-13b", "nodes": [big, nodes - 1]}]}, f"<cost seed {seed}>")
+    r = lambda lo, hi: float(round(rng.uniform(lo, hi) * duration))  # noqa: E731
+    lone_start = r(0.25, 0.35)
+    lone = Fault("slow_gpu", start=lone_start, end=lone_start + r(0.2, 0.3), node=node_name(rng.randrange(big), nodes),
+                 gpu=rng.randrange(NGPU), magnitude=round(rng.uniform(1.2, 1.6), 2))
+    # two nodes of the job (a slow GPU behind its own bad NIC is the link's incident, overlap_scenario's case)
+    a, b = rng.sample(range(big, nodes), 2)
+    gpu = rng.randrange(NGPU)
+    rail = gpu if rng.random() < 0.5 else rng.choice([x for x in range(NRAILS) if x != gpu])
+    nic_start = r(0.25, 0.35)
+    gpu_start = nic_start + r(0.05, 0.15)
+    nic = Fault(rng.choice(BAD_NIC), start=nic_start, end=min(nic_start + r(0.3, 0.45), duration),
+                node=node_name(a, nodes), rail=rail)
+    slow = Fault("slow_gpu", start=gpu_start, end=min(gpu_start + r(0.2, 0.35), duration), node=node_name(b, nodes),
+                 gpu=gpu, magnitude=round(rng.uniform(1.2, 1.6), 2))
+    out = replace(scn, faults=(lone, nic, slow))
+    out.validate("", f"<cost seed {seed}>")
+    return out
+
+
 DECOY_KINDS = ("stage_imbalance", "seqlen_imbalance", "host_pause", "dataloader_slow", "checkpoint",
                "job_restart", "background_errors")
 
@@ -247,14 +283,16 @@ def workload_scenario(seed: int, nodes: int, duration: float, nodes_per_unit: in
 
 def make_scenario(i: int, args) -> Scenario:
     seed = args.seed0 + i
-    n_generated = args.scenarios + args.overlap + args.workload
+    n_generated = args.scenarios + args.overlap + args.workload + args.cost
     if i >= n_generated:
         return load_scenario(args.scenario[i - n_generated])
     if i < args.scenarios:
         return random_scenario(seed, nodes=args.nodes, duration=args.duration, nodes_per_unit=args.nodes_per_unit)
     if i < args.scenarios + args.overlap:
         return overlap_scenario(seed, args.nodes, args.duration, args.nodes_per_unit)
-    return workload_scenario(seed, args.nodes, args.duration, args.nodes_per_unit)
+    if i < args.scenarios + args.overlap + args.workload:
+        return workload_scenario(seed, args.nodes, args.duration, args.nodes_per_unit)
+    return cost_scenario(seed, args.nodes, args.duration, args.nodes_per_unit)
 
 
 def run_one(seed: int, scn: Scenario, args, rig: AmRig | None) -> dict:
@@ -326,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overlap", type=int, default=30, help="extra scenarios of two overlapping faults")
     ap.add_argument("--workload", type=int, default=0,
                     help="extra scenarios of several jobs with software decoys (and 0-2 faults)")
+    ap.add_argument("--cost", type=int, default=0,
+                    help="extra scenarios for cost: a lone slow GPU on one job, a bad NIC and a slow GPU overlapping "
+                         "on another")
     ap.add_argument("--scenario", action="append", default=[], metavar="FILE",
                     help="a scenario file to run after the generated ones (repeatable)")
     ap.add_argument("--mode", choices=("memory", "tree"), default="memory",
@@ -341,9 +382,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="write the markdown table here")
     ap.add_argument("--json", help="write the raw numbers here")
     args = ap.parse_args(argv)
-    if min(args.scenarios, args.overlap, args.workload) < 0 or \
-            args.scenarios + args.overlap + args.workload + len(args.scenario) < 1:
-        ap.error("--scenarios, --overlap and --workload must be >= 0, together with --scenario files >= 1")
+    generated = args.scenarios + args.overlap + args.workload + args.cost
+    if min(args.scenarios, args.overlap, args.workload, args.cost) < 0 or generated + len(args.scenario) < 1:
+        ap.error("--scenarios, --overlap, --workload and --cost must be >= 0, together with --scenario files >= 1")
 
     rig = None
     am_note = ""
@@ -357,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     am_done = 0
     t_all = time.perf_counter()
     try:
-        for i in range(args.scenarios + args.overlap + args.workload + len(args.scenario)):
+        for i in range(generated + len(args.scenario)):
             seed = args.seed0 + i
             scn = make_scenario(i, args)
             use_am = rig is not None and am_done < args.am_subset and any(
@@ -368,8 +409,10 @@ def main(argv: list[str] | None = None) -> int:
             results.append(r)
             sc = r["score"]
             tag = " (overlap)" if r["overlap"] else (" (workload)" if r["workload"] else "")
-            if i >= args.scenarios + args.overlap + args.workload:
-                tag += f" ({Path(args.scenario[i - args.scenarios - args.overlap - args.workload]).name})"
+            if args.scenarios + args.overlap + args.workload <= i < generated:
+                tag = " (cost)"
+            if i >= generated:
+                tag += f" ({Path(args.scenario[i - generated]).name})"
             print(f"seed {seed}{tag}: {len(r['ground'])} fault(s) {[g['kind'] for g in r['ground']]}, "
                   f"{len(r['decoys'])} decoy(s) {[d['kind'] for d in r['decoys']]} -> {sc['pages']} page(s), "
                   f"{sc['info_findings']} info, P {sc['precision']:.2f} R {sc['recall']:.2f}, "
@@ -523,6 +566,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(results)} scenarios (seeds {args.seed0}..{args.seed0 + len(results) - 1}: {args.scenarios} random, "
         f"{len(ov)} of two overlapping faults"
         + (f", {args.workload} workload" if args.workload else "")
+        + (f", {args.cost} cost (a lone slow GPU; a bad NIC and a slow GPU overlapping)" if args.cost else "")
         + "".join(f", {Path(f).name}: {r['scenario'].cluster.nodes} nodes ({r['scenario'].cluster.nodes_per_unit} "
                   f"per unit), {r['scenario'].duration:.0f} s"
                   for f, r in zip(args.scenario, results[len(results) - len(args.scenario):], strict=True)) + "), "

@@ -154,15 +154,72 @@ class IbSwitchesConfig:
                 raise ConfigError(f"{source}: {path}.exclude[{i}]: empty switch name")
 
 
+# Where a service account's credentials are mounted in every pod (Kubernetes "Accessing the API
+# from a pod"); the API server's address comes from KUBERNETES_SERVICE_HOST/PORT.
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+# Kubernetes label keys and values (apimachinery's validation): an optional DNS-subdomain prefix and "/",
+# then a name of 1-63 characters.
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+PODRESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+
+@dataclass(frozen=True)
+class PodResourcesConfig:
+    """Jobs of the pods the kubelet gave this node's GPUs: the kubelet's PodResources ``List`` on
+    ``socket`` (GPU device ids of ``resources`` to pods), each pod's job from the first of
+    ``job_labels`` it carries, read from the API server with the agent's service account (``get`` on
+    pods).  ``enabled`` unset: on where ``socket`` exists and the agent runs in a pod
+    (KUBERNETES_SERVICE_HOST) or ``api_server`` is given."""
+
+    enabled: bool | None = None
+    socket: str = PODRESOURCES_SOCKET
+    resources: tuple[str, ...] = ("nvidia.com/gpu",)  # the NVIDIA device plugin's resource
+    job_labels: tuple[str, ...] = ("fabricmon.io/job", "batch.kubernetes.io/job-name", "job-name")
+    # the job's identity across its pods and nodes; else "<namespace>:<job>"
+    job_id_labels: tuple[str, ...] = ("fabricmon.io/job-id", "batch.kubernetes.io/controller-uid", "controller-uid")
+    unlabelled: bool = True  # a GPU pod with none of job_labels is listed as job "<namespace>/<pod>"
+    api_server: str = ""  # empty: in-cluster, https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT
+    token_file: str = f"{SA_DIR}/token"
+    ca_file: str = f"{SA_DIR}/ca.crt"
+    interval: float = 10.0  # seconds between reads (in the background: a hung kubelet never holds a poll)
+    timeout: float = 5.0  # per kubelet or API server call
+    label_ttl: float = 300.0  # seconds a pod's labels are kept before they are read again
+
+    def validate(self, path: str, source: str) -> None:
+        if not self.socket.startswith("/"):
+            raise ConfigError(f"{source}: {path}.socket: need an absolute path, got {self.socket!r}")
+        if not self.resources:
+            raise ConfigError(f"{source}: {path}.resources: need at least one resource name (nvidia.com/gpu)")
+        for i, r in enumerate(self.resources):
+            if not _RESOURCE_NAME.match(r):
+                raise ConfigError(f"{source}: {path}.resources[{i}]: not an extended resource name "
+                                  f"(vendor/name, e.g. nvidia.com/gpu), got {r!r}")
+        for name, keys in (("job_labels", self.job_labels), ("job_id_labels", self.job_id_labels)):
+            for i, k in enumerate(keys):
+                if not _LABEL_KEY.match(k):
+                    raise ConfigError(f"{source}: {path}.{name}[{i}]: not a Kubernetes label key, got {k!r}")
+        if not self.job_labels and not self.unlabelled:
+            raise ConfigError(f"{source}: {path}: job_labels is empty and unlabelled is false: no pod would be listed")
+        if self.api_server and not self.api_server.startswith("https://"):
+            raise ConfigError(f"{source}: {path}.api_server: must be an https:// URL, got {self.api_server!r}")
+        check_range(self.interval, 1.0, 3600.0, f"{path}.interval", source, "s")
+        _timeout(self.timeout, f"{path}.timeout", source)
+        check_range(self.label_ttl, 0.0, 86400.0, f"{path}.label_ttl", source, "s")
+
+
 @dataclass(frozen=True)
 class JobsConfig:
     """Which job holds which GPUs, for jobs that never report a step: the Slurm prolog's job files in
-    ``dir`` (``fabricmon slurm-prolog``; under ``host_root``)."""
+    ``dir`` (``fabricmon slurm-prolog``; under ``host_root``) and, on Kubernetes, the kubelet's
+    PodResources (``kubernetes``)."""
 
     enabled: bool = True
     dir: str = "/run/fabricmon/jobs"
     released_keep: float = 300.0  # seconds a released job stays exported at 0, so the aggregator sees it go
     timeout: float = 1.0
+    kubernetes: PodResourcesConfig = field(default_factory=PodResourcesConfig)
 
     def validate(self, path: str, source: str) -> None:
         _timeout(self.timeout, f"{path}.timeout", source)
@@ -272,9 +329,6 @@ class LogConfig:
             raise ConfigError(f"{source}: {path}.level: must be debug, info, warning or error, got {self.level!r}")
 
 
-# Where a service account's credentials are mounted in every pod (Kubernetes "Accessing the API
-# from a pod"); the API server's address comes from KUBERNETES_SERVICE_HOST/PORT.
-SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 UNIT_RANGE = (0, 1 << 20)
 
 

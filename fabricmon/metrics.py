@@ -173,6 +173,12 @@ SPECS: dict[str, MetricSpec] = _specs(
     ("fabricmon_job_gpu_info", "gauge",
      "1 while the scheduler has the job on the GPU (gpu \"all\": the whole node), 0 for a while after it left "
      "(Slurm prolog job files, Kubernetes PodResources).", ("hpc_job", "job_id", "gpu")),
+    ("fabricmon_pod_jobs_up", "gauge",
+     "1 when the last read of the kubelet's PodResources and the pods' labels had no error (sources.jobs.kubernetes; "
+     "absent where it does not run).", ()),
+    ("fabricmon_pod_jobs_errors_total", "counter",
+     "Failed PodResources reads by reason: socket (missing), kubelet (List failed), api (API server unreachable or "
+     "refusing), answer (not what was asked for), device (a device id naming no GPU NVML shows).", ("reason",)),
     ("fabricmon_pci_nvidia_gpus", "gauge",
      "NVIDIA display or 3D controllers on the PCI bus (vendor 0x10de, class 0x03xxxx), NVML or not.", ()),
     ("fabricmon_gpu_ecc_errors_total", "counter", "ECC errors, by type (corrected, uncorrected).", ("gpu", "type")),

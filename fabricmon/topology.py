@@ -689,8 +689,6 @@ class TopologyFileV2:
                     guids[key] = n.name
                 if self.leaves and nic.leaf is not None and nic.leaf not in self.leaves:
                     raise ConfigError(f"{source}: {where}.leaf: {nic.leaf!r} is not under leaves:")
-                if self.rail_optimized and nic.leaf is not None and nic.rail is None:
-                    raise ConfigError(f"{source}: {where}.rail: null, but rail_optimized is true")
         for leaf, spec in self.leaves.items():
             shown = ascii(leaf[:80])[1:-1]  # escaped: the name may hold the controls it is refused for
             for where, name in ((f"leaves.{shown}", leaf),
@@ -756,8 +754,11 @@ def topology_from_v2(tf: TopologyFileV2) -> Topology:
     specs: dict[str, NodeSpec] = {}
     stated: set[tuple[str, str]] = set()
     for n in tf.nodes:
-        ordered = sorted(range(len(n.nics)), key=lambda i: (_natural(n.nics[i].device or n.nics[i].interface
-                                                                     or n.nics[i].node_guid or ""), n.nics[i].port))
+        # in a rail-optimized fabric a NIC on no rail (a storage or frontend port: rail null) serves no GPU
+        # and takes no place in the name order
+        railed = [i for i, f in enumerate(n.nics) if not tf.rail_optimized or f.rail is not None]
+        ordered = sorted(railed, key=lambda i: (_natural(n.nics[i].device or n.nics[i].interface
+                                                         or n.nics[i].node_guid or ""), n.nics[i].port))
         place = {i: k for k, i in enumerate(ordered)}
         bound: list[NicSpec] = []
         unbound: list[NicSpec] = []
@@ -768,7 +769,7 @@ def topology_from_v2(tf: TopologyFileV2) -> Topology:
             else:
                 # the stated fallback, until the agent's hello pairs them by PCI affinity (pair_gpus): name
                 # order (a rail is a leaf group, not a GPU)
-                gpu = place[i] % n.gpus
+                gpu = place[i] % n.gpus if i in place else -1
             nic = NicSpec(device=f.device or "", rail=f.rail, gpu=gpu, port=f.port, rate_gbps=f.rate_gbps,
                           width=f.width, leaf=f.leaf, leaf_port=f.leaf_port,
                           node_guid=f"0x{int(f.node_guid, 16):016x}" if f.node_guid else None,

@@ -1,5 +1,8 @@
 """Regenerate the checked-in protobuf/gRPC stubs: ``python -m fabricmon.proto.generate``.
 
+Two protos: fabricmon's own wire format and the kubelet's PodResources API (a verbatim copy, see its
+header), whose client the agent's ``jobs`` source uses.
+
 The stubs are generated with the pinned ``grpcio-tools`` (see GRPCIO_TOOLS_VERSION)
 and committed, so an install needs no code generator.  The generated gRPC module
 is rewritten to import its sibling relatively, so the package can live anywhere.
@@ -20,10 +23,9 @@ import tempfile
 from pathlib import Path
 
 GRPCIO_TOOLS_VERSION = "1.85.1"
-PROTO = "fabricmon/proto/fabricmon.proto"
-OUTPUTS = ("fabricmon_pb2.py", "fabricmon_pb2.pyi", "fabricmon_pb2_grpc.py")
-_ABS_IMPORT = "from fabricmon.proto import fabricmon_pb2 as"
-_REL_IMPORT = "from . import fabricmon_pb2 as"
+STEMS = ("fabricmon", "podresources_v1")  # fabricmon/proto/<stem>.proto
+PROTOS = tuple(f"fabricmon/proto/{stem}.proto" for stem in STEMS)
+OUTPUTS = tuple(f"{stem}{suffix}" for stem in STEMS for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py"))
 
 
 def _root() -> Path:
@@ -46,7 +48,7 @@ def generate(out_dir: Path) -> dict[str, bytes]:
     args = [
         "grpc_tools.protoc", f"-I{_root()}", f"-I{include}",
         f"--python_out={out_dir}", f"--pyi_out={out_dir}", f"--grpc_python_out={out_dir}",
-        str(_root() / PROTO),
+        *(str(_root() / proto) for proto in PROTOS),
     ]
     rc = protoc.main(args)
     if rc != 0:
@@ -56,9 +58,11 @@ def generate(out_dir: Path) -> dict[str, bytes]:
     for name in OUTPUTS:
         text = (gen / name).read_text()
         if name.endswith("_grpc.py"):
-            if _ABS_IMPORT not in text:
+            stem = name.removesuffix("_pb2_grpc.py")
+            absolute, relative = f"from fabricmon.proto import {stem}_pb2 as", f"from . import {stem}_pb2 as"
+            if absolute not in text:
                 raise SystemExit(f"{name}: expected import line not found; update generate.py")
-            text = text.replace(_ABS_IMPORT, _REL_IMPORT)
+            text = text.replace(absolute, relative)
         result[name] = text.encode()
     return result
 

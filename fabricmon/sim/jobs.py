@@ -22,10 +22,18 @@ from .workload import ResolvedJob
 HEARTBEAT_S = 5.0  # fabricmon.client's heartbeat period
 
 
+def scaled(spec: JobSpec, k: float) -> JobSpec:
+    """``spec`` with its step time x ``k`` (compute, NVLink, gradient bytes alike: slowdowns keep their ratios)."""
+    if k == 1.0:
+        return spec
+    return replace(spec, compute_seconds=spec.compute_seconds * k, tp_seconds=spec.tp_seconds * k,
+                   grad_bytes_per_rank=spec.grad_bytes_per_rank * k)
+
+
 class JobSet:
     def __init__(self, scenario: Scenario, cluster: ClusterState, spec: JobSpec | None = None, *,
                  epoch: float = 0.0) -> None:
-        spec = spec or JobSpec()
+        spec = scaled(spec or JobSpec(), scenario.step_scale)
         self.cluster = cluster
         self.resolved: list[ResolvedJob] = scenario.resolved_jobs()
         seed = scenario.cluster.seed

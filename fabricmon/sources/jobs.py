@@ -1,7 +1,8 @@
 """The "jobs" source: which job holds which GPUs of this node, for jobs that never report a step.
 
-Read every poll from the Slurm prolog's job directory (``fabricmon.jobmap.store``); ``pods`` is where a
-second provider (a kubelet's PodResources) plugs in.  Exported as
+Read every poll from the Slurm prolog's job directory (``fabricmon.jobmap.store``) and, on Kubernetes, from
+``pods``: the kubelet's PodResources (``fabricmon.jobmap.podresources``, read on its own thread; its GPU
+UUIDs are mapped to indexes with the ``nvml`` source's, found by ``bind``).  Exported as
 ``fabricmon_job_gpu_info{hpc_job,job_id,gpu}``: 1 while held; a job that left stays at 0 for
 ``released_keep`` seconds, because the stream sends only gauges that changed and a series that vanishes
 says nothing to the aggregator.  ``gpu="all"`` when the scheduler named no GPUs (a whole-node job).
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from ..config import JobsConfig
 from ..jobmap import store
 from ..jobmap.assignment import JobAssignment
+from ..jobmap.podresources import PodJobs
 from ..model import SourceResult, reading
 from .inventory import Inventory
 from .registry import SourceContext, SourceSpec
@@ -69,10 +71,21 @@ class JobsSource:
             res.readings.append(reading("fabricmon_job_gpu_info", 1.0, hpc_job=job, job_id=job_id, gpu=gpu))
         for job, job_id, gpu in sorted(self._released):
             res.readings.append(reading("fabricmon_job_gpu_info", 0.0, hpc_job=job, job_id=job_id, gpu=gpu))
+        if isinstance(self.pods, PodJobs):
+            res.readings.extend(self.pods.readings())
         return res
 
+    def bind(self, sources: list) -> None:
+        """Start the PodResources reader with the ``nvml`` source's GPU UUIDs (none without NVML)."""
+        if isinstance(self.pods, PodJobs):
+            nvml = next((s for s in sources if callable(getattr(s, "gpu_uuids", None))), None)
+            self.pods.uuids = nvml.gpu_uuids if nvml is not None else (lambda: {})
+            if self.pods.cfg.enabled or self.pods.api_server:  # auto: only in a pod (no thread on bare metal)
+                self.pods.start()
+
     def close(self) -> None:
-        pass
+        if isinstance(self.pods, PodJobs):
+            self.pods.close()
 
 
 def _build(config: JobsConfig, context: SourceContext) -> JobsSource | None:
@@ -80,7 +93,8 @@ def _build(config: JobsConfig, context: SourceContext) -> JobsSource | None:
         return None  # a fixture or simulated node (as the host source): this machine's jobs are not its own
     # the prolog writes the host's /run: a containerized agent sees it under host_root
     directory = os.path.join(context.host_root, config.dir.lstrip("/")) if context.host_root != "/" else config.dir
-    return JobsSource(config, directory=directory)
+    pods = PodJobs(config.kubernetes, lambda: None) if config.kubernetes.enabled is not False else None
+    return JobsSource(config, directory=directory, pods=pods)
 
 
 SOURCE: SourceSpec[JobsConfig] = SourceSpec("jobs", JobsConfig, _build)

@@ -62,4 +62,8 @@ def build_sources(sections: Any, context: SourceContext) -> list[Source]:
         source = spec.build(section, context)
         if source is not None:
             out.append(source)
+    for source in out:  # a source that reads another's findings (jobs: NVML's GPU UUIDs) finds it here
+        bind = getattr(source, "bind", None)
+        if bind is not None:
+            bind(out)
     return out

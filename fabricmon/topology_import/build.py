@@ -240,12 +240,36 @@ def _finish(out: Imported) -> None:
     out.rail_optimized = assign_rails(out)
 
 
+def off_rail(nodes: dict[str, list[Nic]]) -> set[int]:
+    """``id()`` of the NICs on a leaf no other multi-NIC node reaches (a storage or frontend switch of the
+    node's own) while the same node has NICs on shared leaves: not rail NICs.  A node whose NICs are all
+    on leaves of its own (the last, partly filled unit; a fat-tree leaf it has alone) keeps them."""
+    reach: dict[str, set[str]] = defaultdict(set)
+    multi = [h for h, nics in nodes.items() if len(nics) >= 2]
+    for h in multi:
+        for nic in nodes[h]:
+            reach[nic.leaf].add(h)
+    out: set[int] = set()
+    for h in multi:
+        lone = [n for n in nodes[h] if len(reach[n.leaf]) == 1]
+        if lone and len(lone) < len(nodes[h]):
+            out.update(id(n) for n in lone)
+    return out
+
+
 def assign_rails(out: Imported) -> bool:
     """Rail-optimized: the nodes' NIC i sit on leaves that only carry NIC i (the leaf's rail).  Each leaf's
     rail is the NIC index most of its complete nodes (those with the usual NIC count) put there; every
     NIC then takes its leaf's rail.  Otherwise (a fat tree: several NICs of a node on one leaf, or one
-    NIC per node) every rail stays None."""
-    nodes = out.nodes
+    NIC per node) every rail stays None.  A NIC on a leaf no other node's NICs share (storage, frontend:
+    ``off_rail``) is on no rail and takes no index: the GPU NICs' indexes are counted without it."""
+    off = off_rail(out.nodes)
+    if off:
+        lone = sorted((f"{n.host}/{n.device or n.label or n.interface}" for nics in out.nodes.values() for n in nics
+                       if id(n) in off), key=natural_key)
+        out.notes.append(f"{len(lone)} NICs are on a leaf no other node reaches (storage, frontend?): on no rail: "
+                         f"{_examples(lone)}")
+    nodes = {h: [n for n in nics if id(n) not in off] for h, nics in out.nodes.items()}
     counts = Counter(len(nics) for nics in nodes.values())
     if not counts:
         return False

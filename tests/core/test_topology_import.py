@@ -329,3 +329,67 @@ def test_lldp_bad_json_names_the_file(tmp_path) -> None:
     (tmp_path / "gpu-1.json").write_text('{"lldp": {"interface": ')
     with pytest.raises(ConfigError, match=r"gpu-1.json: line 1: invalid JSON"):
         import_topology(lldp=str(tmp_path))
+
+
+def _with_storage_nic(capture: dict, port: str, storage_switch: str) -> dict:
+    """A real ``lldpctl -f json`` capture (lldp/gpu-a17-03.json, several interfaces: a list) with the
+    compute ports moved to ``port`` and a third interface, ``ens1f0np0``, whose neighbor is
+    ``storage_switch``: the same record lldpd wrote for ens3f0np0, renamed."""
+    import copy
+
+    doc = copy.deepcopy(capture)
+    ifaces = doc["lldp"]["interface"]
+    for entry in ifaces:
+        for body in entry.values():
+            body["port"]["id"]["value"] = body["port"]["descr"] = port
+    (first,) = ifaces[0].values()
+    storage = copy.deepcopy(first)
+    ((_, chassis),) = storage["chassis"].items()
+    storage["chassis"] = {storage_switch: chassis}
+    ifaces.insert(0, {"ens1f0np0": storage})  # first in name order, as the issue's import had it
+    return doc
+
+
+def test_a_storage_nic_on_a_switch_of_its_own_is_on_no_rail(tmp_path) -> None:
+    """Each node's storage NIC on a storage switch no other node reaches: before, it sorted first and
+    became rail 0 (its switch "leaf" of rail 0, every GPU NIC one rail off); it is on no rail, and the
+    GPU NICs keep rails 0 and 1."""
+    import json
+
+    capture = json.loads((LLDP / "gpu-a17-03.json").read_text())
+    (tmp_path / "gpu-a17-03.json").write_text(json.dumps(_with_storage_nic(capture, "swp1", "stor-sw-1")))
+    (tmp_path / "gpu-a17-04.json").write_text(json.dumps(_with_storage_nic(capture, "swp2", "stor-sw-2")))
+    shutil.copy(LLDP / "gpu-a17-05.json", tmp_path / "gpu-a17-05.json")
+    out = tmp_path / "roce.yaml"
+    assert main(["topology", "import", "--lldp", str(tmp_path), "--cluster", "roce-a", "-o", str(out),
+                 "--log-level", "error"]) == 0
+    doc = yaml.safe_load(out.read_text())
+    assert doc["rail_optimized"] is True
+    nics = {(n["name"], c["interface"]): (c["leaf"], c["rail"]) for n in doc["nodes"] for c in n["nics"]}
+    assert nics == {("gpu-a17-03", "ens1f0np0"): ("stor-sw-1", None),
+                    ("gpu-a17-03", "ens3f0np0"): ("leaf-r0", 0),
+                    ("gpu-a17-03", "ens3f1np1"): ("leaf-r1", 1),
+                    ("gpu-a17-04", "ens1f0np0"): ("stor-sw-2", None),
+                    ("gpu-a17-04", "ens3f0np0"): ("leaf-r0", 0),
+                    ("gpu-a17-04", "ens3f1np1"): ("leaf-r1", 1),
+                    ("gpu-a17-05", "ens3f0np0"): ("leaf-r0", 0)}
+    # rail null in a rail-optimized file: the storage NIC serves no GPU, even in the name-order fallback
+    # (before an agent's hello pairs them by PCI affinity): GPU 0 depends on leaf-r0, not the storage switch
+    topo = load_topology(out)
+    assert topo.bind_devices("gpu-a17-03", {"ens1f0np0": "mlx5_2", "ens3f0np0": "mlx5_0", "ens3f1np1": "mlx5_1"}) == 3
+    assert topo.labels_of_link("gpu-a17-03", "mlx5_0")["rail"] == "0"
+    assert topo.nic("gpu-a17-03", "mlx5_2").gpu == -1
+    assert topo.leaf_of_nic("gpu-a17-03", topo.nic_for_gpu("gpu-a17-03", 0).device) == "leaf-r0"
+
+
+def test_a_node_alone_on_its_leaves_keeps_its_rails() -> None:
+    """The rule takes only a node's extra NICs: a node whose every NIC is alone on its leaf (the last,
+    partly cabled unit) is still on rails."""
+    from fabricmon.topology_import.build import Imported, Nic, assign_rails
+
+    imp = Imported("roce")
+    for h in ("a", "b"):
+        imp.nodes[h] = [Nic(h, "leaf-r0", interface="eth0"), Nic(h, "leaf-r1", interface="eth1")]
+    imp.nodes["c"] = [Nic("c", "leaf-u2-r0", interface="eth0"), Nic("c", "leaf-u2-r1", interface="eth1")]
+    assert assign_rails(imp) is True
+    assert [n.rail for n in imp.nodes["c"]] == [0, 1]

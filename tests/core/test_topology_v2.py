@@ -92,7 +92,6 @@ def test_generate_and_version_1_still_load(tmp_path) -> None:
 @pytest.mark.parametrize("edit,problem", [
     (lambda d: d["nodes"][0]["nics"][0].update(leaf="nowhere"),
      "nodes[0].nics[0].leaf: 'nowhere' is not under leaves:"),
-    (lambda d: d["nodes"][0]["nics"][1].update(rail=None), "nodes[0].nics[1].rail: null, but rail_optimized is true"),
     (lambda d: d["nodes"][1]["nics"][0].update(node_guid=d["nodes"][0]["nics"][0]["node_guid"]),
      "nodes[1].nics[0].node_guid"),
     (lambda d: d["leaves"].update({"a/b": {"spines": []}}), "leaves.a/b: holds '/'"),

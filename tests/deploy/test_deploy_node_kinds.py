@@ -236,6 +236,33 @@ def test_optics_overlay_turns_the_transceiver_source_on(tmp_path) -> None:
         assert not _kind_config(rendered("overlays/roce"), kind, tmp_path).sources.transceiver.enabled
 
 
+def test_pod_jobs_component(tmp_path) -> None:
+    """The GPU agent reads the kubelet's PodResources and pods' labels with the least it needs: get on
+    pods, the socket's directory read-only, uid 0 without a capability (the socket is root's, 0755);
+    the RDMA agent and everything else stay as the overlay it builds on."""
+    from support.k8s import identity
+
+    objs = rendered("overlays/pod-jobs")
+    role = _obj(objs, "ClusterRole", "fabricmon-agent-pod-reader")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
+    binding = _obj(objs, "ClusterRoleBinding", "fabricmon-agent-pod-reader")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "fabricmon-agent", "namespace": "fabricmon"}]
+    pod = _pod(objs, "DaemonSet", "fabricmon-agent")
+    c = pod["containers"][0]
+    assert identity(pod, c).uid == 0 and c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    cfg = _kind_config(objs, "gpu", tmp_path).sources.jobs.kubernetes
+    assert cfg.enabled is None  # auto: on where the socket is mounted, in a pod
+    assert mounts["pod-resources"]["readOnly"] and cfg.socket.startswith(mounts["pod-resources"]["mountPath"] + "/")
+    assert cfg.token_file.startswith(mounts["kube-api-access"]["mountPath"] + "/")
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["pod-resources"]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
+    assert "chown -R 0:0 " in pod["initContainers"][0]["command"][-1]
+    rdma = _pod(objs, "DaemonSet", "fabricmon-agent-rdma")
+    assert rdma == _pod(rendered("overlays/roce"), "DaemonSet", "fabricmon-agent-rdma")
+    assert not [o for o in rendered("overlays/roce") if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+
+
 def _all_kustomizations() -> list[str]:
     from support.k8s import KUSTOMIZATIONS
 
@@ -311,6 +338,7 @@ WORKLOADS = [  # (README workload, kustomization, kind, name)
     ("fabricmon-agent", "base", "DaemonSet", "fabricmon-agent"),
     ("fabricmon-agent-rdma", "base", "DaemonSet", "fabricmon-agent-rdma"),
     ("fabricmon-agent (optics)", "overlays/optics", "DaemonSet", "fabricmon-agent"),
+    ("fabricmon-agent (pod-jobs)", "overlays/pod-jobs", "DaemonSet", "fabricmon-agent"),
     ("fabricmon-aggregator", "base", "Deployment", "fabricmon-aggregator"),
     ("fabricmon-aggregator (sharded)", "sharded", "StatefulSet", "fabricmon-aggregator"),
     ("training pod example", "examples/training-pod", "Pod", "llm-7b-rank0"),
@@ -381,7 +409,7 @@ def test_documented_images_override(tmp_path) -> None:
     assert seen and set(seen) == {want}, seen
 
 
-@pytest.mark.parametrize("path", ["overlays/optics", "examples/training-pod"])
+@pytest.mark.parametrize("path", ["overlays/optics", "overlays/pod-jobs", "examples/training-pod"])
 def test_new_kustomizations_validate(path: str) -> None:
     """The objects the overlays of tests/deploy/test_deploy_kubernetes.py do not cover, against the same
     Kubernetes 1.30 OpenAPI schemas (kubernetes-validate, strict)."""

@@ -84,7 +84,8 @@ def test_memory_mode_runs_a_scenario_to_its_end():
     sim.close()
     assert steps == 12 and sim.t == 12.0
     assert len(got) == 64 * 13
-    assert sum(len(b.ranks) for b in got) == 64 * 8 * sim.jobs.jobs[0].step
+    # every completed step of each job, one line per rank (its nodes x 8 GPUs)
+    assert sum(len(b.ranks) for b in got) == sum(j.n * 8 * j.step for j in sim.jobs.jobs)
 
 
 def test_bounds():

@@ -1,4 +1,5 @@
-"""A loopback HTTPS server standing in for the Kubernetes API server's ``GET /api/v1/nodes/NAME``.
+"""A loopback HTTPS server standing in for the Kubernetes API server's ``GET /api/v1/nodes/NAME`` and
+``GET /api/v1/namespaces/NS/pods/NAME`` (a Pod object as the test sets it: tests/fixtures/kubernetes/).
 
 This machine has no cluster: the agent's node-label lookup talks to this instead, over real TLS
 (a test CA from tests/support/certs.py) with a bearer token.  Each test sets what it answers: a Node
@@ -25,6 +26,7 @@ class FakeApiServer:
         self.token_file.write_text(token + "\n")
         self.token = token
         self.nodes: dict[str, dict[str, str]] = {}  # node -> labels
+        self.pods: dict[tuple[str, str], dict] = {}  # (namespace, name) -> the Pod object to answer
         self.status: int | None = None  # answer every request with this status instead
         self.hang = threading.Event()  # set: requests wait (bounded) for release
         self.release = threading.Event()
@@ -46,6 +48,12 @@ class FakeApiServer:
                     return self._send(401, {"kind": "Status", "code": 401, "reason": "Unauthorized"})
                 if server.status is not None:
                     return self._send(server.status, {"kind": "Status", "code": server.status})
+                parts = self.path.split("/")
+                if len(parts) == 7 and parts[:4] == ["", "api", "v1", "namespaces"] and parts[5] == "pods":
+                    obj = server.pods.get((parts[4], parts[6]))
+                    if obj is None:
+                        return self._send(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
+                    return self._send(200, obj)
                 prefix = "/api/v1/nodes/"
                 name = self.path[len(prefix):] if self.path.startswith(prefix) else None
                 if name not in server.nodes:

@@ -183,6 +183,12 @@ class NvmlSource:
         self._memo = ReadingMemo()
         self._rejects = RejectCounts(self.name)
         self._errlog = ErrorLog(self.name)
+        self._uuids: dict[str, int] | None = None  # GPU UUID -> index at the last poll; None: not read yet
+
+    def gpu_uuids(self) -> dict[str, int] | None:
+        """NVML's GPU UUIDs -> indexes (the ``jobs`` source maps a device plugin's ids with it);
+        None until NVML has answered once, {} without NVML."""
+        return {} if self._absent else self._uuids
 
     # -- what runs on the NVML thread
 
@@ -249,6 +255,9 @@ class NvmlSource:
             res.error(f"nvml: {problem}")
         res.readings.extend(self._rejects.readings())
         res.facts["gpus"] = gpus
+        # a GPU that fell off the bus keeps its UUID: the pod holding it still holds it
+        kept = {u: i for u, i in (self._uuids or {}).items() if i in gpus and not gpus[i]["up"]}
+        self._uuids = kept | {g["uuid"]: i for i, g in gpus.items() if g.get("uuid")}
         if res.messages:  # per GPU (or per fake file), rate-limited: the subject is what follows "nvml: "
             self._errlog.report(m.removeprefix("nvml: ") for m in res.messages)
         return res
