@@ -118,13 +118,15 @@ def _rfc3339(ts: float) -> str:
 class K8sTaint:
     """Taint ``fabricmon.io/fabric-fault=<alertname>:NoSchedule`` and condition ``FabricHealthy=False``.
 
-    Requests (Kubernetes API reference, core/v1 Node; the same ones kubectl and node-problem-detector send):
-    ``GET /api/v1/nodes/{name}``; ``PATCH /api/v1/nodes/{name}`` with ``application/merge-patch+json`` (RFC 7386)
-    carrying ``metadata.resourceVersion`` and the whole ``spec.taints`` list (a JSON merge patch replaces a
-    list whole; the resourceVersion makes a concurrent change a 409 Conflict, retried, never lost); and
-    ``PATCH /api/v1/nodes/{name}/status`` with ``application/strategic-merge-patch+json`` whose
-    ``status.conditions`` merge by ``type`` (node-problem-detector pkg/util/... condition updates do this).
-    In-cluster credentials: the ServiceAccount token and CA, ``KUBERNETES_SERVICE_HOST``/``_PORT``."""
+    The requests (Kubernetes API reference, core/v1 Node; k8s.io/api core/v1/types.go):
+    ``GET /api/v1/nodes/{name}``; ``PATCH /api/v1/nodes/{name}`` as ``application/merge-patch+json`` (RFC 7386)
+    carrying ``metadata.resourceVersion`` and the whole ``spec.taints`` list (NodeSpec.Taints has no patch merge
+    key, so kubectl taint sends the whole list too; the resourceVersion turns a concurrent change into a 409
+    Conflict, retried, never a lost taint); and ``PATCH /api/v1/nodes/{name}/status`` as
+    ``application/strategic-merge-patch+json`` with ``status.conditions`` (merged by ``type``, the patch
+    node-problem-detector sends: pkg/exporters/k8sexporter/problemclient/problem_client.go SetConditions).
+    In-cluster credentials as client-go's rest.InClusterConfig reads them: the ServiceAccount token and CA,
+    ``KUBERNETES_SERVICE_HOST``/``_PORT``.  RBAC: nodes get/patch, nodes/status patch."""
 
     name = "k8s_taint"
 

@@ -63,7 +63,7 @@ class Breaker:
         n = self.count(now, remote)
         if n + 1 > self.limit:
             self.tripped_at = now
-            self.tripped_reason = (f"an action on {node} would be the {n + 1}th node in {self.window:g} s "
+            self.tripped_reason = (f"an action on {node} would be node {n + 1} in {self.window:g} s "
                                    f"(limit {self.limit})")
             return False
         self.actions.append((now, node))
