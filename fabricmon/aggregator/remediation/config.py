@@ -38,45 +38,51 @@ def _err(source: str, path: str, problem: str) -> ConfigError:
 
 @dataclass(frozen=True)
 class SlurmSettings:
+    """slurm_drain: ``scontrol update NodeName=<node> State=DRAIN Reason="fabricmon: ..."`` (RESUME to undo)."""
+
     scontrol: str = "scontrol"  # the binary (PATH lookup) or its path
     timeout_s: float = 10.0  # one scontrol call
 
 
 @dataclass(frozen=True)
 class KubernetesSettings:
+    """k8s_taint: taint fabricmon.io/fabric-fault=<alertname>:NoSchedule and condition FabricHealthy=False."""
+
     # in-cluster credentials (the ServiceAccount's mounted token and CA); api_url "" reads
     # KUBERNETES_SERVICE_HOST/PORT as client-go's rest.InClusterConfig does
     api_url: str = ""
-    token_file: str = f"{SERVICE_ACCOUNT}/token"
-    ca_file: str = f"{SERVICE_ACCOUNT}/ca.crt"
-    timeout_s: float = 10.0
+    token_file: str = f"{SERVICE_ACCOUNT}/token"  # the ServiceAccount token (bearer)
+    ca_file: str = f"{SERVICE_ACCOUNT}/ca.crt"  # the CA the API server's certificate is checked against
+    timeout_s: float = 10.0  # one API request
 
 
 @dataclass(frozen=True)
 class WebhookSettings:
-    url: str = ""
-    timeout_s: float = 10.0
+    """webhook: POST {"event": "remediate"|"undo", "node", "reason", "incident"} as JSON."""
+
+    url: str = ""  # http(s) URL; required when an alert's actions include webhook
+    timeout_s: float = 10.0  # one POST
 
 
 @dataclass(frozen=True)
 class RemediationSettings:
-    mode: str = "dry_run"
-    actions: tuple[str, ...] = ("slurm_drain",)
+    mode: str = "dry_run"  # dry_run (log, count and annotate what it would do) or act
+    actions: tuple[str, ...] = ("slurm_drain",)  # slurm_drain, k8s_taint, webhook: for each default alert
     # alert -> the actions for it (default: ``actions`` for each of DEFAULT_ALERTS); an alert not listed
     # is never acted on
     alerts: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    max_nodes: int = 2
+    max_nodes: int = 2  # the breaker's floor: nodes acted on per window, cluster-wide
     max_nodes_percent: float = 5.0  # of the topology's nodes
     window: float = 600.0  # seconds the breaker counts actions over
     cooldown: float = 3600.0  # seconds after an action on a node before the next one there
     undo_after: float = 1800.0  # seconds a node stays clean after its incident resolved before the undo
-    undo: bool = True
+    undo: bool = True  # resume/untaint fabricmon's own actions after undo_after (false: leave them to a human)
     exclude: tuple[str, ...] = ()  # node names or shell patterns (node-00[0-3], gpu-*)
     retries: int = 3  # after the first attempt
     retry_backoff_s: float = 5.0  # doubled each retry (wall seconds)
-    slurm: SlurmSettings = field(default_factory=SlurmSettings)
-    kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
-    webhook: WebhookSettings = field(default_factory=WebhookSettings)
+    slurm: SlurmSettings = field(default_factory=SlurmSettings)  # slurm_drain's scontrol
+    kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)  # k8s_taint's API access
+    webhook: WebhookSettings = field(default_factory=WebhookSettings)  # webhook's receiver
 
     def validate(self, path: str, source: str) -> None:
         p = path or "remediation"
