@@ -85,7 +85,19 @@ FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
 def _record(inc: Incident, sent: dict[str, Any] | None) -> dict[str, Any]:
     rec = {k: getattr(inc, k) for k in _FIELDS}
     rec["sent"] = sent
+    if inc.remediation:  # optional: what remediation decided about it (older files have none)
+        rec["remediation"] = inc.remediation
     return rec
+
+
+def _entries(v: object) -> list[dict[str, Any]]:
+    """An incident's persisted remediation entries: objects of strings, numbers and lists of strings; any
+    other shape is dropped (the incident is restored without them)."""
+    if not isinstance(v, list):
+        return []
+    ok = (str, int, float, list)
+    return [dict(e) for e in v[:64] if isinstance(e, dict) and all(isinstance(k, str) and isinstance(x, ok)
+                                                                    for k, x in e.items())]
 
 
 def save(path: str | Path, incidents: Iterable[Incident], sent: dict[str, dict[str, Any]],
@@ -149,7 +161,9 @@ def read_state(path: str | Path) -> tuple[list[tuple[Incident, dict[str, Any] | 
             skipped += 1
             log.error("incident_state_record_skipped", file=str(p), error=f"incidents[{i}].{problem}")
             continue
-        out.append((Incident(**{k: rec[k] for k in _FIELDS}), rec.get("sent")))
+        inc = Incident(**{k: rec[k] for k in _FIELDS})
+        inc.remediation = _entries(rec.get("remediation"))
+        out.append((inc, rec.get("sent")))
     return out, skipped
 
 

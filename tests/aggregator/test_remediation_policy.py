@@ -154,3 +154,58 @@ def test_scontrol_show_node_lines_from_slurm_22_05():
     got = [(n.state, n.reason, n.drained) for n in map(parse_show_node, lines)]
     assert got == [("UNKNOWN", "", False), ("IDLE+DRAIN", "fabricmon: FabricLinkDown node-000/mlx5_0/1 abc", True),
                    ("IDLE+NOT_RESPONDING", "", False), ("DOWN+DRAIN", "bad PSU, ticket [4411]", True)]
+
+
+def test_a_dry_runs_counts_do_not_carry_into_act_and_a_dry_run_never_undoes_a_real_drain(tmp_path):
+    from fabricmon.aggregator.incidents import IncidentManager
+    from fabricmon.aggregator.remediation.executor import Executor
+    from fabricmon.aggregator.remediation.remediator import Remediator
+
+    dry = state(limit=1)
+    dry.mode = "dry_run"
+    assert go(link("a", iid="ia"), st=dry).result == "act"  # decide() admits; the remediator records dry
+    dry.nodes["a"] = NodeRecord("a", 1000.0, "ia", "FabricLinkDown", "a/mlx5_0/1", "fabricmon: r", ["slurm_drain"],
+                                dry_run=True)
+    assert go(link("b", iid="ib"), st=dry).result == "breaker"
+    dry.nodes["z"] = NodeRecord("z", 900.0, "iz", "FabricLinkDown", "z/mlx5_0/1", "fabricmon: z", ["slurm_drain"])
+    dry.breaker.actions.append((900.0, "z"))  # drained for real by an earlier act
+    act = breaker.load(dry.to_json(), 1, 600.0, "s", "act")
+    assert not act.breaker.tripped and list(act.nodes) == ["z"] and [n for _, n in act.breaker.actions] == ["z"]
+    # back to a dry run: the real drain of z is due for its undo, which a dry run only reports (once)
+    back = breaker.load(act.to_json(), 1, 600.0, "s", "dry_run")
+    assert list(back.nodes) == ["z"]
+
+    class Recording:
+        name = "slurm_drain"
+        calls: list[str] = []
+
+        def apply(self, node, reason, incident):
+            self.calls.append(f"apply {node}")
+            return "done"
+
+        def undo(self, node, reason):
+            self.calls.append(f"undo {node}")
+            return "done"
+
+    ex = Executor({"slurm_drain": Recording()}, retries=0, backoff_s=0.0)
+    r = Remediator(RemediationSettings(undo_after=10.0), back, ex, owns=lambda n: True)
+    for t in (2000.0, 2011.0, 2022.0):
+        r.tick(t, IncidentManager(), [])
+        assert ex.wait_idle(5.0)
+    assert Recording.calls == [] and back.nodes["z"].undone_at is None
+    assert r.undos_total[("slurm_drain", "dry_run")] == 1
+
+
+def test_an_incidents_remediation_entries_persist_with_it(tmp_path):
+    from fabricmon import components
+    from fabricmon.aggregator.incidents import Finding, IncidentManager
+
+    mgr = IncidentManager()
+    (inc,) = mgr.update([Finding("FabricLinkDown", components.link("n1", "mlx5_0", "1"), {"node": "n1"}, ["x"])],
+                        1000.0)
+    inc.remediation = [{"at": "2026-01-01T00:00:00Z", "decision": "done", "actions": ["slurm_drain"], "node": "n1",
+                        "at_unix": 1000.0}, {"bad": {"nested": 1}}]
+    path = tmp_path / "state.json"
+    incident_store.save(path, [inc], {})
+    ((back, _),) = incident_store.read_state(path)[0]
+    assert back.remediation == inc.remediation[:1]

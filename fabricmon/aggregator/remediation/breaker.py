@@ -86,11 +86,13 @@ class Breaker:
 class RemediationState:
     breaker: Breaker
     nodes: dict[str, NodeRecord] = field(default_factory=dict)
+    mode: str = "dry_run"  # the mode that wrote it: a dry run's counts are not an act's (load)
 
     def to_json(self) -> dict[str, Any]:
         b = self.breaker
-        return {"schema": SCHEMA, "breaker": {"actions": [[t, n] for t, n in b.actions], "tripped_at": b.tripped_at,
-                                              "tripped_reason": b.tripped_reason, "reset_at": b.reset_at},
+        return {"schema": SCHEMA, "mode": self.mode,
+                "breaker": {"actions": [[t, n] for t, n in b.actions], "tripped_at": b.tripped_at,
+                            "tripped_reason": b.tripped_reason, "reset_at": b.reset_at},
                 "nodes": [asdict(r) for r in self.nodes.values()]}
 
 
@@ -109,9 +111,11 @@ _RECORD_TYPES: dict[str, tuple[Any, str]] = {
 }
 
 
-def load(body: object, limit: int, window: float, source: str) -> RemediationState:
-    """The state persisted under the state file's ``remediation`` key (None: a first start)."""
-    state = RemediationState(Breaker(limit, window))
+def load(body: object, limit: int, window: float, source: str, mode: str = "dry_run") -> RemediationState:
+    """The state persisted under the state file's ``remediation`` key (None: a first start).  Written by a
+    dry run and read by ``mode: act`` (or the other way), the dry run's would-be actions are dropped and its
+    breaker starts closed: they changed nothing; what an act did stays (its undo and cooldown still hold)."""
+    state = RemediationState(Breaker(limit, window), mode=mode)
     if body is None:
         return state
     b = body.get("breaker") if isinstance(body, dict) else None
@@ -145,4 +149,12 @@ def load(body: object, limit: int, window: float, source: str) -> RemediationSta
         assert isinstance(rec, dict)
         r = NodeRecord(**{k: rec[k] for k in _RECORD_TYPES})
         state.nodes[r.node] = r
+    if body.get("mode", mode) != mode:
+        acted = {n for n, r in state.nodes.items() if not r.dry_run}
+        state.nodes = {n: r for n, r in state.nodes.items() if not r.dry_run}
+        if body.get("mode") == "dry_run":  # the dry run's count and trip were never real
+            br.tripped_at, br.tripped_reason = None, ""
+            br.actions = [(t, n) for t, n in br.actions if n in acted]
+        log.info("remediation_mode_changed", file=source, was=body.get("mode"), now=mode,
+                 kept_nodes=sorted(acted)[:32] or None)
     return state

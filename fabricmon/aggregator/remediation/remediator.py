@@ -71,12 +71,15 @@ class Remediator:
         self._state_changed = False
         self.actions_total: dict[tuple[str, str], int] = {}
         self.undos_total: dict[tuple[str, str], int] = {}
-        for a in settings.actions:
+        # every series exists from the start (and /metrics never sees these dicts grow under it)
+        for a in sorted({*settings.actions, *(x for acts in settings.alert_actions().values() for x in acts)}):
             for r in RESULTS:
                 self.actions_total[(a, r)] = 0
             for r in UNDO_RESULTS:
                 self.undos_total[(a, r)] = 0
         self.resets_total = 0
+        self.nodes_out = 0  # recounted at each tick (read by /metrics from another thread)
+        self._dry_undo_logged: set[str] = set()
 
     # ------------------------------------------------------------------ the tick
     def tick(self, now: float, manager: IncidentManager, changed: list[Incident]) -> list[Incident]:
@@ -103,6 +106,7 @@ class Remediator:
         for node in undo_due(self.state, frozenset(open_nodes), now, self.s.undo_after):
             self._undo(node, now, in_flight)
         self.state.breaker.prune(now)
+        self.nodes_out = sum(1 for rec in self.state.nodes.values() if rec.undone_at is None and not rec.dry_run)
         if self._state_changed and self.persist is not None:
             self._state_changed = False
             self.persist()
@@ -217,6 +221,12 @@ class Remediator:
             self._log("dry_run", tuple(rec.actions), c, f"would undo {', '.join(rec.actions)} on {node}: clean "
                       f"for {self.s.undo_after:g} s", rec.reason, inc, now, undo=True)
             return
+        if self.s.mode == "dry_run":  # a real drain from an earlier act: a dry run changes nothing, says it once
+            if node not in self._dry_undo_logged:
+                self._dry_undo_logged.add(node)
+                self._log("dry_run", tuple(rec.actions), c, f"would undo {', '.join(rec.actions)} on {node} "
+                          "(done while acting; left as it is in a dry run)", rec.reason, inc, now, undo=True)
+            return
         if not self.s.undo or node in in_flight or now < self._undo_retry_at.get(node, 0.0):
             return
         acts = tuple(rec.actions)
@@ -257,7 +267,7 @@ class Remediator:
         return {"actions_total": dict(self.actions_total), "undos_total": dict(self.undos_total),
                 "tripped": self.state.breaker.tripped, "mode": self.s.mode, "limit": self.state.breaker.limit,
                 "in_flight": len(self.executor.in_flight()), "retries_total": self.executor.retries_total,
-                "nodes_out": sum(1 for r in self.state.nodes.values() if r.undone_at is None and not r.dry_run),
+                "nodes_out": self.nodes_out,
                 "resets_total": self.resets_total}
 
 

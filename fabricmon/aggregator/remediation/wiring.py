@@ -24,7 +24,8 @@ def build_remediator(s: RemediationSettings, engine: Engine, state_file: str, *,
                      remote: Callable[[], tuple[tuple[float, str], ...]] | None = None) -> Remediator:
     topo = engine.topology
     limit = s.limit(len(topo.nodes))
-    state = breaker.load(incident_store.read_section(state_file, "remediation"), limit, s.window, state_file)
+    state = breaker.load(incident_store.read_section(state_file, "remediation"), limit, s.window, state_file,
+                         s.mode)
     used = {a for acts in s.alert_actions().values() for a in acts}
     executor = Executor(build_actions(used, s.slurm, s.kubernetes, s.webhook), retries=s.retries,
                         backoff_s=s.retry_backoff_s)
