@@ -609,6 +609,13 @@ def _blind_spots(b: Board) -> None:
     b.ts("Incident state saves failing (FabricmonStateSaveFailing)",
          [(f"sum by (instance) (rate(fabricmon_state_save_failures_total{{{C}}}[{RATE}]))", "{{instance}}")],
          "cps", min_val=0)
+    b.ts("Remediation: actions by result, breaker tripped (FabricmonRemediationHalted)",
+         [(f"sum by (action, result) (rate(fabricmon_remediation_actions_total{{{C}}}[{RATE}])) or vector(0)",
+           "{{action}} {{result}}"),
+          (f'max by (instance, mode) (fabricmon_remediation_breaker_tripped{{{C}}}) or vector(0)',
+           "breaker tripped {{instance}} {{mode}}"),
+          (f"sum by (instance) (fabricmon_remediation_nodes_out{{{C}}}) or vector(0)", "nodes out {{instance}}")],
+         "none", min_val=0)
     b.ts("Switch sweep age and unreachable switches (FabricmonSwitchSweepFailing)",
          [(f"max by (node) (fabricmon_switch_sweep_age_seconds{{{N}}}) or vector(0)", "{{node}} sweep age"),
           (f"sum by (node) (fabricmon_switches_unreachable{{{N}}})", "{{node}} unreachable"),

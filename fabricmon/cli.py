@@ -1,4 +1,4 @@
-"""Command line: ``fabricmon agent | aggregator | demo | check-config | collect | topology``."""
+"""Command line: ``fabricmon agent | aggregator | demo | check-config | collect | topology | remediation``."""
 
 from __future__ import annotations
 
@@ -152,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     _collect_parser(sub)
     _topology_parser(sub)
     _slurm_parsers(sub)
+    _remediation_parser(sub)
     return parser
 
 
@@ -468,6 +469,22 @@ def cmd_slurm(args: argparse.Namespace) -> int:
 
 
 COMMANDS["slurm-prolog"] = COMMANDS["slurm-epilog"] = cmd_slurm
+
+
+def _remediation_parser(sub) -> None:
+    from .aggregator.remediation import cli as remediation_cli
+
+    p = sub.add_parser("remediation", help="acting on faults: reset the circuit breaker", parents=[_common()])
+    remediation_cli.add_arguments(p)
+
+
+def cmd_remediation(args: argparse.Namespace) -> int:
+    from .aggregator.remediation import cli as remediation_cli
+
+    return remediation_cli.run(args)
+
+
+COMMANDS["remediation"] = cmd_remediation
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,8 @@
 # Alertmanager, amtool, node_exporter and ethtool come from Debian's packages; ibsim and ibnetdiscover
 # (ibsim-utils, infiniband-diags) and opensm for the topology-import and switch-sweep tests that run them
 # (opensm assigns the simulated fabric's LIDs: PMA queries are LID-routed); munged, slurmctld and slurmd
-# (munge, slurm-wlm) for the test whose job is named by a real slurmd's Prolog=.
+# (munge, slurm-wlm) for the test whose job is named by a real slurmd's Prolog= and the remediation tests
+# that drain and resume nodes with scontrol.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -976,6 +976,27 @@ label_replace(
 
 ALERT_GROUPS.append(BLIND_SPOTS)
 
+# Acting on faults (issue 42): the breaker that stops fabricmon draining nodes in a burst.  Only when it acts
+# (mode="act"): a dry run's breaker says what would have happened, on the dashboard, and pages nobody.
+REMEDIATION = Group('fabricmon-remediation', [
+    Alert(
+        'FabricmonRemediationHalted', for_='window', severity='critical', component_type='service',
+        summary='fabricmon remediation halted on {{ $labels.component }}: its circuit breaker tripped',
+        description="The remediation circuit breaker of the aggregator {{ $labels.component }} tripped: one more "
+                    "drain or taint would have exceeded remediation.max_nodes / max_nodes_percent within the "
+                    "window. Every further action is refused (faults still page) until an operator checks the "
+                    "nodes fabricmon took out and runs `fabricmon remediation reset`.",
+        comment="At once: the trip is itself the decision (the aggregator counts over its window).",
+        expr='''
+label_replace(
+  max by (cluster, instance) (fabricmon_remediation_breaker_tripped{${aggregator_selector}, mode="act"}) == 1,
+  "component", "$1", "instance", "(.*)"
+)
+'''),
+])
+
+ALERT_GROUPS.append(REMEDIATION)
+
 
 RECORDING_HEADER = """
 fabricmon recording rules.

@@ -98,6 +98,22 @@ class _Url:
         self.last_error = ""
 
 
+def remediation_text(inc: Incident) -> str:
+    if not inc.remediation:
+        return ""
+    e = inc.remediation[-1]
+    return f"{e.get('decision', '')}: {e.get('detail', '')}"
+
+
+def remediation_acted(inc: Incident) -> str:
+    """The node and sample time of the action fabricmon took for this incident (read back by the other
+    shards: remediation.remediator.remote_actions_of), "" when it took none."""
+    done = [e for e in inc.remediation if e.get("decision") == "done" and "at_unix" in e]
+    if not done:
+        return ""
+    return json.dumps({"node": done[-1].get("node", ""), "at": done[-1]["at_unix"]}, separators=(",", ":"))
+
+
 class AlertmanagerClient:
     def __init__(self, urls: tuple[str, ...] | list[str], *, cluster: str = "", resend_seconds: float = 30.0,
                  timeout: float = 5.0, queue_max: int = 10000, generator_url: str = "",
@@ -183,6 +199,9 @@ class AlertmanagerClient:
                 "impact_json": json.dumps([i.to_dict() for i in inc.impact], separators=(",", ":"))
                 if inc.impact else "",
                 "shard": self.shard,
+                # what remediation decided (the last entry), and what it did for the other shards' breaker
+                "remediation": remediation_text(inc),
+                "remediation_acted": remediation_acted(inc),
             },
             "starts": inc.first_seen,
             "last_seen": inc.last_seen,

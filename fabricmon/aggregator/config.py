@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from ..configload import ConfigError, build, check_hostport, load_yaml_file
 from .auth_settings import AuthSettings
 from .credentials import load_credentials
+from .remediation.config import RemediationSettings
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -304,6 +305,9 @@ class AggregatorConfig:
     # Open incidents and what was sent for them, kept across restarts (aggregator/incident_store.py);
     # "" keeps nothing (a restart forgets its open incidents).
     state_file: str = ""
+    # Acting on faults (aggregator/remediation/): off unless the section is present; present, a dry run
+    # until ``mode: act``
+    remediation: RemediationSettings | None = None
 
     def validate(self, path: str, source: str) -> None:
         if not self.topology:
@@ -314,6 +318,9 @@ class AggregatorConfig:
         if not math.isfinite(self.tick_seconds) or self.tick_seconds > 60:
             raise ConfigError(f"{source}: tick_seconds: must be at most 60, got {self.tick_seconds}")
         self.auth.validate("auth", source)  # also when the file has no auth section at all
+        if self.remediation is not None and not self.state_file:
+            raise ConfigError(f"{source}: remediation: needs state_file (the circuit breaker and what fabricmon "
+                              "did to each node are kept there across restarts)")
 
 
 def _readable(path: str) -> str | None:

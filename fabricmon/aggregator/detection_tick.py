@@ -29,6 +29,7 @@ from .lateness import node_time, scale_holds
 from .node_folding import NodeFolder
 from .node_registry import NodeRegistry
 from .ras_queries import RasQueries
+from .remediation.remediator import Remediator
 from .remote_evidence import CrossShard, RemoteIncident
 from .state import LinkState
 from .stragglers import StragglerTracker
@@ -69,6 +70,8 @@ class DetectionTick(Stage):
         # sharded: comm-late stragglers another shard's fabric incident explains (remote_evidence.py)
         self.cross = CrossShard() if self.shard_units else None
         self.remote: RemoteSource | None = None  # set by the service when it has Alertmanagers to read
+        # acting on faults (remediation/remediator.py), set by the service when the config has the section
+        self.remediation: Remediator | None = None
 
     def tick(self, now: float) -> list[Incident]:
         """Run detectors, folder and correlator at sample time ``now``; the incident manager applies
@@ -96,6 +99,8 @@ class DetectionTick(Stage):
             scale_holds(findings, self._interval_of, self.settings.hold_s)
             findings.extend(self.resume.hold(findings, now, self.nodes, self.started_at or now, self.settings))
             changed = self.resume.settle(self.manager.update(findings, now, relations))
+            if self.remediation is not None:  # decisions and results ride on the incidents that changed
+                changed = self.remediation.tick(now, self.manager, changed)
             self.last_tick = now
             self.ticks_total += 1
         dt = self.clock() - t0

@@ -25,6 +25,7 @@ from .admission import TS_AHEAD, TS_BEHIND, TS_STALE
 from .alertmanager import RESULTS, rfc3339
 from .engine import LATENESS_EXPORTED_PER_JOB, Engine, RemoteSource
 from .name_bounds import KINDS as NAME_KINDS
+from .remediation.metrics import remediation_series
 
 if TYPE_CHECKING:
     from ..buildinfo import ReloadStatus
@@ -209,6 +210,7 @@ class AggregatorCollector:
         g.add_metric([], self.sender.pending() if self.sender is not None else 0)
         yield g
         yield from _cross_shard_series(snap["cross_shard"], self.engine.remote)
+        yield from remediation_series(self.engine.detection.remediation)
         c = CounterMetricFamily("fabricmon_tick_duration_seconds", "Time spent in detection ticks.")
         c.add_metric([], snap["tick_seconds_sum"])
         yield c

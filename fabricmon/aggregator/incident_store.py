@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -84,12 +85,27 @@ FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
 def _record(inc: Incident, sent: dict[str, Any] | None) -> dict[str, Any]:
     rec = {k: getattr(inc, k) for k in _FIELDS}
     rec["sent"] = sent
+    if inc.remediation:  # optional: what remediation decided about it (older files have none)
+        rec["remediation"] = inc.remediation
     return rec
 
 
-def save(path: str | Path, incidents: Iterable[Incident], sent: dict[str, dict[str, Any]]) -> None:
-    """Every open incident and the alert last sent for it (``sent``: incident id -> labels/annotations)."""
-    body = {"schema": SCHEMA, "incidents": [_record(i, sent.get(i.id)) for i in incidents if i.open]}
+def _entries(v: object) -> list[dict[str, Any]]:
+    """An incident's persisted remediation entries: objects of strings, numbers and lists of strings; any
+    other shape is dropped (the incident is restored without them)."""
+    if not isinstance(v, list):
+        return []
+    ok = (str, int, float, list)
+    return [dict(e) for e in v[:64] if isinstance(e, dict) and all(isinstance(k, str) and isinstance(x, ok)
+                                                                    for k, x in e.items())]
+
+
+def save(path: str | Path, incidents: Iterable[Incident], sent: dict[str, dict[str, Any]],
+         extra: dict[str, Any] | None = None) -> None:
+    """Every open incident and the alert last sent for it (``sent``: incident id -> labels/annotations);
+    ``extra``: further top-level sections (``remediation``: the breaker and what it did to nodes)."""
+    body: dict[str, Any] = {**(extra or {}), "schema": SCHEMA,
+                            "incidents": [_record(i, sent.get(i.id)) for i in incidents if i.open]}
     # the directory may not exist yet (check-config allows a creatable one): only this process reads it
     Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     atomic_write_bytes(path, json.dumps(body, sort_keys=True).encode(), fsync=True)
@@ -145,8 +161,30 @@ def read_state(path: str | Path) -> tuple[list[tuple[Incident, dict[str, Any] | 
             skipped += 1
             log.error("incident_state_record_skipped", file=str(p), error=f"incidents[{i}].{problem}")
             continue
-        out.append((Incident(**{k: rec[k] for k in _FIELDS}), rec.get("sent")))
+        inc = Incident(**{k: rec[k] for k in _FIELDS})
+        inc.remediation = _entries(rec.get("remediation"))
+        out.append((inc, rec.get("sent")))
     return out, skipped
+
+
+UNREADABLE = "unreadable"  # read_section: the file is there but does not parse
+
+
+def read_section(path: str | Path, key: str) -> object:
+    """The top-level ``key`` of the state file: None when the file or the key is absent, ``UNREADABLE`` when
+    the file is there but cannot be read as this format (the caller decides what that means for it)."""
+    p = Path(path)
+    if not p.exists():
+        return None
+    try:
+        if p.stat().st_size > MAX_STATE_BYTES:
+            return UNREADABLE
+        body = json.loads(p.read_text())
+    except (OSError, ValueError, RecursionError):
+        return UNREADABLE
+    if not isinstance(body, dict) or body.get("schema") != SCHEMA:
+        return UNREADABLE
+    return body.get(key)
 
 
 def load(path: str | Path) -> list[tuple[Incident, dict[str, Any] | None]]:
@@ -160,8 +198,11 @@ class StateSaver:
     tries again.  ``skipped``: the records the load at start skipped."""
 
     def __init__(self, path: str, open_incidents: Callable[[], list[Incident]],
-                 sent_for: Callable[[list[Incident]], dict[str, dict[str, Any]]], skipped: int = 0) -> None:
+                 sent_for: Callable[[list[Incident]], dict[str, dict[str, Any]]], skipped: int = 0,
+                 extra: Callable[[], dict[str, Any]] | None = None) -> None:
         self.path = path
+        self.extra = extra  # further sections saved with the incidents (the remediation state)
+        self._lock = threading.Lock()  # the tick and the remediation state save through one hook
         self._open = open_incidents
         self._sent_for = sent_for
         self.failures_total = 0
@@ -170,8 +211,9 @@ class StateSaver:
 
     def __call__(self, changed: list[Incident], now: float) -> None:
         try:
-            open_ = self._open()
-            save(self.path, open_, self._sent_for(open_))
+            with self._lock:
+                open_ = self._open()
+                save(self.path, open_, self._sent_for(open_), self.extra() if self.extra is not None else None)
         except (OSError, ValueError, TypeError) as exc:  # disk full, a directory, read-only, unencodable
             self.failures_total += 1
             if str(exc) != self.last_error:

@@ -152,6 +152,8 @@ class Incident:
     hold_s: float = 15.0
     impact: list[JobImpact] = field(default_factory=list)  # cost.JobImpact per job whose ranks use the component
     resolved_reason: str = ""  # why it resolved when not for lack of evidence (topology_removed)
+    # what remediation decided and did about it, oldest first (aggregator/remediation/remediator.py)
+    remediation: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def open(self) -> bool:
@@ -187,6 +189,7 @@ class Incident:
             "related_to": self.related_to, "absorbed": list(self.absorbed),
             "impact": [i.to_dict() for i in self.impact],
             "resolved_reason": self.resolved_reason,
+            "remediation": [dict(e) for e in self.remediation],
         }
 
 

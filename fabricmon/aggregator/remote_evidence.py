@@ -38,6 +38,7 @@ from ..components import Component, Kind
 from ..topology import Topology
 from .deadline_http import exchange
 from .incident_store import component_of
+from .remediation.remediator import remote_actions_of
 from .verdicts import ALERT_LLR, FIRE, WAIT
 
 log = structlog.get_logger("fabricmon.aggregator.remote_evidence")
@@ -162,8 +163,10 @@ class AlertmanagerEvidence:
     def __init__(self, urls: Sequence[str], *, cluster: str, topo: Topology, own_units: frozenset[int],
                  poll_s: float = 5.0, timeout: float = 3.0,
                  fetch: Callable[[str, str, float], object] = fetch_alerts,
-                 wall: Callable[[], float] = time.monotonic) -> None:
+                 wall: Callable[[], float] = time.monotonic, shard: str = "") -> None:
         self.urls = list(urls)
+        self.shard = shard  # this shard's name: its own remediation actions are counted locally
+        self._actions: tuple[tuple[float, str], ...] = ()
         self.cluster = cluster
         self.topo = topo
         self.own_units = own_units
@@ -193,8 +196,10 @@ class AlertmanagerEvidence:
                 continue
             incs, bad = parse_active(body, cluster=self.cluster, topo=self.topo, own_units=self.own_units,
                                      leaves=self._leaves)
+            acts = tuple(remote_actions_of(body, self.shard))
             with self._lock:
                 self._incidents, self._at = tuple(incs), self._wall()
+                self._actions = acts
                 self.stats.polls["ok"] += 1
                 self.stats.malformed += bad
                 self.stats.last_ok_wall = time.time()
@@ -218,6 +223,12 @@ class AlertmanagerEvidence:
             if self._at is None or self._wall() - self._at > self.stale_after:
                 return ()
             return self._incidents
+
+    def remote_actions(self) -> tuple[tuple[float, str], ...]:
+        """(sample time, node) of the other shards' remediation actions in the last read: the breaker counts
+        them cluster-wide (the remediator keeps each until it leaves the window, stale or not)."""
+        with self._lock:
+            return self._actions
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:

@@ -28,6 +28,7 @@ from .config import AggregatorConfig
 from .credentials import load_credentials
 from .engine import Engine
 from .reload import Reloader, secret_files
+from .remediation.wiring import build_remediator
 from .remote_evidence import AlertmanagerEvidence
 from .runtime import AggregatorRuntime
 
@@ -118,6 +119,7 @@ def build_runtime(cfg: AggregatorConfig, web: WebConfig | None = None, reload_st
     if engine.shard_units is not None and am.urls:
         remote = AlertmanagerEvidence(am.urls, cluster=engine.cluster, topo=engine.topology,
                                       own_units=engine.shard_units, poll_s=am.evidence_poll_seconds,
+                                      shard=shard_name(engine.shard_units),
                                       timeout=min(am.timeout, am.evidence_poll_seconds))
         engine.remote = remote
     owned = sum(1 for spec in engine.topology.nodes.values()
@@ -126,10 +128,17 @@ def build_runtime(cfg: AggregatorConfig, web: WebConfig | None = None, reload_st
                    "handshake_timeout": cfg.grpc_limits.handshake_timeout_s,
                    "idle_timeout": cfg.grpc_limits.idle_timeout_s}
     on_changed = resume_incidents(cfg.state_file, engine, sender) if cfg.state_file else None
+    background: list[Any] = [remote] if remote is not None else []
+    if cfg.remediation is not None and on_changed is not None:  # validate() requires a state_file with it
+        r = build_remediator(cfg.remediation, engine, cfg.state_file, shard=sender.shard,
+                             remote=remote.remote_actions if remote is not None else None)
+        on_changed.extra = lambda: {"remediation": r.to_json()}
+        r.persist = lambda: on_changed([], engine.newest_ts)
+        background.append(r.executor)
     return AggregatorRuntime(engine, grpc_listen=cfg.grpc_listen, grpc_kwargs=grpc_kwargs,
                              http_listen=split_hostport(cfg.http_listen), sender=sender,
                              tick_seconds=cfg.tick_seconds, http_web=web, reload_status=reload_status,
-                             on_changed=on_changed, background=(remote,) if remote is not None else ())
+                             on_changed=on_changed, background=tuple(background))
 
 
 def shard_name(units: frozenset[int] | None) -> str:

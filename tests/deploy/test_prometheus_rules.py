@@ -32,7 +32,9 @@ SELF_ALERTS = {"FabricmonAggregatorDown", "FabricmonAlertDeliveryFailing", "Fabr
                # the aggregator cannot persist its open incidents (issue 35)
                "FabricmonStateSaveFailing",
                # the switch sweep (sources.ib_switches, issue 40)
-               "FabricmonSwitchSweepFailing"}
+               "FabricmonSwitchSweepFailing",
+               # acting on faults: the remediation circuit breaker tripped (issue 42)
+               "FabricmonRemediationHalted"}
 CONTRACT_LABELS = {"severity", "component_type", "component", "node", "rail", "leaf", "gpu", "job", "cluster",
                    "sender"}  # sender: the fallback rules' alerts (prometheus), apart from the aggregator's
 COMPONENT_TYPES = {"link", "nic", "gpu", "node", "rail", "leaf", "spine", "config", "nvlink", "service"}

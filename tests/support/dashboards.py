@@ -9,7 +9,9 @@ AGGREGATOR_METRICS = {"fabricmon_agents_connected", "fabricmon_ingest_samples_to
                       "fabricmon_incident_open", "fabricmon_incident_started_timestamp_seconds",
                       "fabricmon_incident_gpu_hours_per_hour", "fabricmon_agents_unknown",
                       "fabricmon_agents_never_connected", "fabricmon_ingest_batches_dropped_total",
-                      "fabricmon_heartbeats_dropped_total", "fabricmon_state_save_failures_total"}
+                      "fabricmon_heartbeats_dropped_total", "fabricmon_state_save_failures_total",
+                      "fabricmon_remediation_actions_total", "fabricmon_remediation_breaker_tripped",
+                      "fabricmon_remediation_nodes_out"}
 
 
 PROMQL_FUNCTIONS = {
