@@ -88,8 +88,8 @@ def test_hold_runs_from_the_boot_or_from_a_reboot_hello_of_an_older_agent():
 def test_the_hello_carries_the_boot_time_read_from_proc_stat(tmp_path):
     import pytest
 
-    from fabricmon.sources.host import read_boot_time
     from fabricmon.proto.codec import MalformedBatch, hello_from_pb, hello_to_pb
+    from fabricmon.sources.host import read_boot_time
 
     # /proc/stat's btime line as proc(5) documents it ("btime 1764000000": boot time, seconds since the epoch)
     (tmp_path / "stat").write_text("cpu  10 0 5 100 0 0 0 0 0 0\nbtime 1764000000\nprocesses 42\n")
