@@ -8,6 +8,7 @@ work for every exporter on the host.
 
 from __future__ import annotations
 
+import functools
 import platform
 import threading
 import time
@@ -19,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from . import __version__
 
 
+@functools.cache
 def revision() -> str:
     """The source revision the installed package was built from (written by setup.py at build
     time; an editable or source-tree run has none: "unknown")."""

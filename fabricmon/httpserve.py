@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import gzip
+import queue
 import socket
 import sys
 import threading
@@ -66,8 +67,51 @@ def join_gzip(parts: Sequence[bytes | Chunk]) -> bytes:
                     for p in parts if (p.data if isinstance(p, Chunk) else p))
 
 
-def join_plain(parts: Sequence[bytes | Chunk]) -> bytes:
-    return b"".join(p.data if isinstance(p, Chunk) else p for p in parts)
+def plain_parts(parts: Sequence[bytes | Chunk]) -> list[bytes]:
+    return [p.data if isinstance(p, Chunk) else p for p in parts]
+
+
+class _Workers:
+    """Handler threads kept for the next connection.
+
+    Starting a thread per connection costs more than answering a scrape from a pre-rendered
+    body; a finished handler thread instead waits for the next connection, at most ``keep`` of
+    them idle (the rest end).  A connection that finds none idle gets a new thread, as before:
+    the connection limit, not this pool, bounds how many run."""
+
+    def __init__(self, run: Callable[..., None], name: str, keep: int = 4) -> None:
+        self._run = run
+        self._name = name
+        self._keep = keep
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0  # threads waiting on _jobs (or about to): each put is owed to one of them
+        self._closed = False
+
+    def submit(self, *job) -> None:
+        with self._lock:
+            if self._idle and not self._closed:
+                self._idle -= 1
+                self._jobs.put(job)
+                return
+        threading.Thread(target=self._work, args=(job,), name=self._name, daemon=True).start()
+
+    def _work(self, job) -> None:
+        while job is not None:
+            self._run(*job)
+            with self._lock:
+                if self._closed or self._idle >= self._keep:
+                    return
+                self._idle += 1
+            job = self._jobs.get()
+
+    def close(self) -> None:
+        """End the idle threads (busy ones end after their connection)."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, 0
+        for _ in range(idle):
+            self._jobs.put(None)
 
 
 # A route takes the parsed query string and returns (status, body, content type); the body may be
@@ -122,6 +166,8 @@ class GuardedHTTPServer(ThreadingHTTPServer):
         self._conns: dict[socket.socket, _Conn] = {}
         self._guard = threading.Lock()
         self.closed_total = dict.fromkeys(CLOSE_REASONS, 0)
+        self._exposition: tuple[tuple, bytes] | None = None
+        self._workers = _Workers(self.process_request_thread, f"{type(self).__name__}-conn")
         super().__init__(addr, handler)
 
     # -- connection bookkeeping (called from the accept thread and handler threads)
@@ -145,7 +191,11 @@ class GuardedHTTPServer(ThreadingHTTPServer):
         if refuse:
             self.shutdown_request(request)
             return
-        super().process_request(request, client_address)
+        self._workers.submit(request, client_address)
+
+    def server_close(self) -> None:
+        super().server_close()
+        self._workers.close()
 
     def _kill(self, c: _Conn, reason: str) -> None:
         """Under the guard: wake the handler thread blocked on this socket; it then ends."""
@@ -216,6 +266,10 @@ class GuardedHTTPServer(ThreadingHTTPServer):
         """This listener's own counters, appended to a /metrics it serves."""
         with self._guard:
             closed, refused = dict(self.closed_total), dict(self.auth_refused_total)
+        key = (tuple(closed.values()), tuple(refused.values()))
+        cached = self._exposition
+        if cached is not None and cached[0] == key:
+            return cached[1]  # the counters rarely move: most scrapes reuse the last text
         lines = ["# HELP fabricmon_http_connections_closed_total HTTP connections this listener cut: at its "
                  "connection limit (limit) or past a deadline for headers, body, a response write or the request "
                  "(timeout).", "# TYPE fabricmon_http_connections_closed_total counter"]
@@ -224,7 +278,9 @@ class GuardedHTTPServer(ThreadingHTTPServer):
                   "credentials (wrong, 401) or too many credential checks at once (throttled, 429).",
                   "# TYPE fabricmon_http_auth_refused_total counter"]
         lines += [f'fabricmon_http_auth_refused_total{{reason="{k}"}} {v}' for k, v in refused.items()]
-        return ("\n".join(lines) + "\n").encode()
+        text = ("\n".join(lines) + "\n").encode()
+        self._exposition = (key, text)
+        return text
 
 
 class _DeadlineWriter:
@@ -376,18 +432,27 @@ class RoutedHTTPServer:
                     self._send(code, join_gzip(parts), ctype, head, [("Content-Encoding", "gzip"),
                                                                        ("Vary", "Accept-Encoding")])
                 else:
-                    self._send(code, join_plain(parts), ctype, head)
+                    self._send(code, plain_parts(parts), ctype, head)
 
-            def _send(self, code: int, body: bytes, ctype: str, head: bool = False,
+            def _send(self, code: int, body: bytes | list[bytes], ctype: str, head: bool = False,
                       extra: Sequence[tuple[str, str]] = ()) -> None:
+                chunks = body if isinstance(body, list) else [body]
                 self.send_response(code)
                 self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Content-Length", str(sum(map(len, chunks))))
                 for k, v in extra:
                     self.send_header(k, v)
-                self.end_headers()
+                if self.request_version == "HTTP/0.9":
+                    if not head:
+                        self.wfile.write(b"".join(chunks))
+                    return
+                # Headers and body in one write (one copy of the body, one send), and no small last
+                # segment left waiting on the peer's delayed ACK (Nagle) behind a separate header write.
+                buffer: list[bytes] = self._headers_buffer  # type: ignore[attr-defined]  # send_header's
+                buffer.append(b"\r\n")
                 if not head:
-                    self.wfile.write(body)
+                    buffer.extend(chunks)
+                self.flush_headers()
 
         try:
             self._server = GuardedHTTPServer((host, port), Handler, max_connections=max_connections,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -176,15 +176,29 @@ def _age_lines(snapshot: Snapshot, now: float) -> bytes:
 
 
 class RenderedSnapshot:
-    """Keeps the rendered exposition of the latest snapshot; renders each snapshot once."""
+    """The /metrics body, rendered once per snapshot so a scrape only copies bytes.
 
-    def __init__(self, get_snapshot: Callable[[], Snapshot | None], clock: Callable[[], float] = time.time) -> None:
+    The snapshot's exposition and the ``extras`` (the build and process metrics) are rendered in
+    the poll thread right after each poll (``refresh``) and the extras again on each supervisor
+    pass (``refresh_extras``, every 0.5 s), so they are never older than that; a scrape renders
+    them itself only when nothing refreshed them for ``extras_max_age`` seconds (an agent whose
+    poll thread and supervisor are both gone).  What a scrape adds of its own is the one
+    ``snapshot_age`` line."""
+
+    def __init__(self, get_snapshot: Callable[[], Snapshot | None], clock: Callable[[], float] = time.time,
+                 extras: Sequence[Callable[[], bytes]] = (), extras_max_age: float = 2.0,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self._get = get_snapshot
         self._clock = clock
+        self._monotonic = monotonic
         self._lock = threading.Lock()
         self._key: tuple[str, int, float] | None = None
         self._body = Chunk(b"")  # its gzip form is made once per snapshot, on the first gzip scrape
         self._prefixes: dict = {}
+        self._extras = tuple(extras)
+        self._extras_max_age = extras_max_age
+        self._extras_body: Chunk | None = None
+        self._extras_at = float("-inf")
 
     def refresh(self, snapshot: Snapshot | None = None) -> None:
         """Render ``snapshot`` (or the latest) unless already rendered; the poller calls it after each poll."""
@@ -199,16 +213,36 @@ class RenderedSnapshot:
         body = Chunk(render_snapshot(snap, self._prefixes))
         with self._lock:
             self._key, self._body = key, body
+        self.refresh_extras()
+
+    def refresh_extras(self) -> None:
+        """Render the extras now (after a poll, and on each supervisor pass)."""
+        if not self._extras:
+            return
+        body = Chunk(b"".join(extra() for extra in self._extras))
+        with self._lock:
+            self._extras_body, self._extras_at = body, self._monotonic()
 
     def parts(self) -> list[bytes | Chunk]:
-        """The cached snapshot exposition and this scrape's age line (gzip: two members, one cached)."""
+        """The cached snapshot exposition, this scrape's age line, then the cached extras (gzip: one
+        member each, the cached ones compressed once)."""
         snap = self._get()
-        if snap is None:
-            return []
-        self.refresh(snap)
-        with self._lock:
-            body = self._body
-        return [body, _age_lines(snap, self._clock())]
+        out: list[bytes | Chunk] = []
+        if snap is not None:
+            self.refresh(snap)
+            with self._lock:
+                body = self._body
+            out += [body, _age_lines(snap, self._clock())]
+        if self._extras:
+            with self._lock:
+                extras, at = self._extras_body, self._extras_at
+            if extras is None or self._monotonic() - at > self._extras_max_age:
+                self.refresh_extras()
+                with self._lock:
+                    extras = self._extras_body
+            if extras is not None:
+                out.append(extras)
+        return out
 
     def body(self) -> bytes:
         return b"".join(p.data if isinstance(p, Chunk) else p for p in self.parts())

@@ -117,22 +117,16 @@ class Agent:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _rendered: RenderedSnapshot | None = None
-    _self_body: Callable[[], bytes] | None = None
+    _live_body: list[Callable[[], bytes]] = field(default_factory=list)
     _http_addr: tuple[str, int] | None = None
     web: Any = None  # WebConfig: TLS and basic auth for /metrics (--web.config.file)
     reload_status: ReloadStatus = field(default_factory=ReloadStatus)
-    _runtime_body: Callable[[], bytes] | None = None
-    _shard_body: Callable[[], bytes] | None = None
     _built: list | None = None  # the sources build_sources made (a reload rebuilds them); None: the caller's
     link_watch: LinkWatch | None = None  # None: disabled (0) or no faster than the polls themselves
     _watch_thread: threading.Thread | None = None
 
     def start_http(self, listen: str | None = None) -> int:
         host, port = split_hostport(listen or self.cfg.listen)
-        rendered = RenderedSnapshot(lambda: self.poller.latest, self.clock)
-        self._rendered = rendered
-        # Render in the poll thread right after each poll, so a scrape only copies bytes.
-        self.poller.add_listener(rendered.refresh)
         stream_stats: Callable[[], dict[str, Any]] | None = None
         if self.stream is not None or self.shard is not None:
             # A shard's stream may start after this (once the node label is read): zeros until then.
@@ -140,13 +134,21 @@ class Agent:
                 return self.stream.stats() if self.stream is not None else {}
 
             stream_stats = current_stream_stats
-        self._self_body = self_exposition(AgentSelfCollector(self.node, stream_stats, self.supervisor.stats,
-                                                             self.link_watch_stats))
-        self._runtime_body = runtime_exposition(self.reload_status)
+        # The agent's own counters (delivery, threads, link watch) are read at each scrape, a few
+        # dozen lines: a count shows once its event happened.  The build and process metrics (which
+        # read /proc) are rendered with the snapshot, after each poll and on each supervisor pass.
+        self._live_body = [self_exposition(AgentSelfCollector(self.node, stream_stats, self.supervisor.stats,
+                                                              self.link_watch_stats))]
         if self.shard is not None:
             from .shard_target import shard_exposition
 
-            self._shard_body = shard_exposition(self.shard)
+            self._live_body.append(shard_exposition(self.shard))
+        rendered = RenderedSnapshot(lambda: self.poller.latest, self.clock, [runtime_exposition(self.reload_status)])
+        self._rendered = rendered
+        # Render in the poll thread right after each poll, so a scrape only copies bytes.
+        self.poller.add_listener(rendered.refresh)
+        self.supervisor.after_check(rendered.refresh_extras)
+        rendered.refresh_extras()
         self.http = self._new_http(host, port)
         self._http_addr = (host, self.http.port)
         self.supervisor.add("exporter", lambda: self.http is not None and self.http.alive(), self._restart_http)
@@ -167,10 +169,7 @@ class Agent:
 
     def _metrics(self) -> list:
         parts: list = self._rendered.parts() if self._rendered is not None else []
-        for extra in (self._self_body, self._runtime_body, self._shard_body):
-            if extra is not None:
-                parts.append(extra())
-        return parts
+        return parts + [live() for live in self._live_body]
 
     # Settings a reload applies; any other change needs a restart (listeners, stream, spool, intake).
     RELOADABLE = ("sources", "profile", "rails", "log")

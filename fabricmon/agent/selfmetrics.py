@@ -15,10 +15,6 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from .ras_query import QUERY_OUTCOMES
-from .stream import AGGREGATOR_DROP_REASONS, BATCH_DROP_REASONS, REFUSAL_REASONS
-from .wire_guard import ITEM_REASONS
-
 # (stats key, family name without the _total suffix for counters, kind, help)
 _STREAM_SCALARS = (
     ("connected", "fabricmon_stream_connected", "gauge", "1 while the stream to the aggregator is established."),
@@ -97,6 +93,12 @@ class AgentSelfCollector:
     def collect(self) -> Iterator[Metric]:
         node = self._node
         if self._stream is not None:
+            # Imported only with a stream configured: they bring gRPC and protobuf, which an agent
+            # that only exports never loads (its memory).
+            from .ras_query import QUERY_OUTCOMES
+            from .stream import AGGREGATOR_DROP_REASONS, BATCH_DROP_REASONS, REFUSAL_REASONS
+            from .wire_guard import ITEM_REASONS
+
             s = self._stream()
             for key, name, kind, help_ in _STREAM_SCALARS:
                 fam = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, help_, labels=["node"])

@@ -43,10 +43,16 @@ class Supervisor:
         self._thread: threading.Thread | None = None
         self._halted = threading.Event()
         self._running = 0
+        self._after_check: list[Callable[[], None]] = []
 
     def add(self, name: str, alive: Callable[[], bool], restart: Callable[[], None] | None = None) -> None:
         with self._lock:
             self.parts[name] = Part(name, alive, restart)
+
+    def after_check(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` after each pass of ``run`` (the exporter re-renders the thread metrics)."""
+        with self._lock:
+            self._after_check.append(fn)
 
     def _alive(self, p: Part) -> bool:
         try:
@@ -95,6 +101,13 @@ class Supervisor:
                     self.check()
                 except Exception as exc:
                     log.error("supervise_failed", error=f"{type(exc).__name__}: {exc}")
+                with self._lock:
+                    hooks = list(self._after_check)
+                for hook in hooks:
+                    try:
+                        hook()
+                    except Exception as exc:
+                        log.error("supervise_hook_failed", error=f"{type(exc).__name__}: {exc}")
         finally:
             with self._lock:
                 self._running -= 1

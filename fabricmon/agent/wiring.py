@@ -21,17 +21,19 @@ def build_live_agent(cfg: AgentConfig, clock: Callable[[], float] = time.time, *
     ``stream_backoff``: (min, max) seconds between reconnect attempts (tests shorten it), also
     between lookups of the node's unit.  Raises ConfigError (naming ``source``, the config file)
     before anything starts when the shard section cannot give a replica."""
-    from .intake import RankIntake
-    from .nccl_inspector import NcclInspectorSource
-    from .shard_target import resolve_static
-
     node = resolve_node_name(cfg)
-    shard_plan = resolve_static(cfg.shard, node, source) if cfg.shard is not None and not cfg.aggregator else None
+    shard_plan = None
+    if cfg.shard is not None and not cfg.aggregator:
+        from .shard_target import resolve_static
+
+        shard_plan = resolve_static(cfg.shard, node, source)
     sources = build_sources(cfg)
     built = list(sources)  # what a reload rebuilds; the intake and NCCL tail below stay
     extras: list = []
     intake = None
     if cfg.intake.listen or cfg.intake.socket:
+        from .intake import RankIntake
+
         ic = cfg.intake
         intake = RankIntake(node, socket_path=ic.socket, listen=ic.listen, max_jobs=ic.max_jobs,
                             max_series=ic.max_series, latest_ttl=ic.series_ttl, max_connections=ic.max_connections,
@@ -44,6 +46,8 @@ def build_live_agent(cfg: AgentConfig, clock: Callable[[], float] = time.time, *
             log.error("rank_intake_unavailable", error=str(exc), socket=cfg.intake.socket, listen=cfg.intake.listen)
             intake = None
     if cfg.nccl_inspector_dir:
+        from .nccl_inspector import NcclInspectorSource
+
         sources.append(NcclInspectorSource(cfg.nccl_inspector_dir, timeout=0.5, max_series=cfg.intake.nccl_max_series,
                                            series_ttl=cfg.intake.nccl_series_ttl))
     agent = build_agent(cfg, clock=clock, sources=sources)

@@ -24,9 +24,15 @@ from .base import Source
 
 C = TypeVar("C")
 
-# Source modules (relative to this package), in build and poll order.
-MODULES = ("infiniband", "ethtool", "fabric_config", "nvml.source", "pci_gpus", "transceiver", "host",
-           "ib_switches.source", "jobs")
+# Source modules (relative to this package), in build and poll order, each with its section under
+# ``sources:`` (None: no section, always built).  The section is named here so that a disabled
+# source's module is never imported (the switch sweeper, the transceiver's ctypes): the agent's
+# memory is what its enabled sources need (tests/sources/test_source_registry.py holds the names
+# equal to the modules' own SOURCE).
+MODULES: tuple[tuple[str | None, str], ...] = (
+    ("infiniband", "infiniband"), ("ethtool", "ethtool"), ("fabric_config", "fabric_config"),
+    ("nvml", "nvml.source"), (None, "pci_gpus"), ("transceiver", "transceiver"), ("host", "host"),
+    ("ib_switches", "ib_switches.source"), ("jobs", "jobs"))
 
 
 @dataclass(frozen=True)
@@ -47,18 +53,24 @@ class SourceSpec(Generic[C]):
     build: Callable[[C, SourceContext], Source | None]
 
 
+def _spec(module: str) -> SourceSpec[Any]:
+    return importlib.import_module(f"{__package__}.{module}").SOURCE
+
+
 def source_specs() -> tuple[SourceSpec[Any], ...]:
     """Every source module's ``SOURCE``, in ``MODULES`` order (imported here, on first use)."""
-    return tuple(importlib.import_module(f"{__package__}.{module}").SOURCE for module in MODULES)
+    return tuple(_spec(module) for _, module in MODULES)
 
 
 def build_sources(sections: Any, context: SourceContext) -> list[Source]:
-    """The enabled sources, each from its section of ``sections`` (a ``SourcesConfig``)."""
+    """The enabled sources, each from its section of ``sections`` (a ``SourcesConfig``); only their
+    modules are imported."""
     out: list[Source] = []
-    for spec in source_specs():
-        section = getattr(sections, spec.name) if spec.config_class is not None else None
+    for name, module in MODULES:
+        section = getattr(sections, name) if name is not None else None
         if not getattr(section, "enabled", True):
             continue
+        spec = _spec(module)
         source = spec.build(section, context)
         if source is not None:
             out.append(source)

@@ -150,8 +150,9 @@ def test_agent_gzip_reuses_the_cached_snapshot(tmp_path) -> None:
         assert b"fabricmon_collector_up" in unzipped and b"fabricmon_snapshot_age_seconds" in unzipped
         parts = agent._metrics()
         cached = [p for p in parts if isinstance(p, Chunk)]
-        assert len(cached) == 1
+        assert len(cached) == 2  # the snapshot, and the build and process metrics rendered with it
         assert body.startswith(cached[0].gzipped())  # the same bytes: not recompressed for this scrape
+        assert cached[1].gzipped() in body
         _, _, again = _get(port, headers={"Accept-Encoding": "gzip"})
         assert again.startswith(cached[0].gzipped())
         code, headers, _ = _get(port)

@@ -27,6 +27,8 @@ def test_every_config_section_has_exactly_one_source_of_its_class():
     assert len(specs) == len(MODULES) == len({s.name for s in specs})
     assert {s.name: s.config_class for s in specs if s.config_class is not None} == sections
     assert [s.name for s in specs if s.config_class is None] == ["pci"]  # no section: always built
+    # the registry names each module's section so a disabled one is never imported: the same names
+    assert [section for section, _ in MODULES] == [s.name if s.config_class is not None else None for s in specs]
 
 
 def test_each_source_is_built_from_its_own_section(tmp_path: Path):

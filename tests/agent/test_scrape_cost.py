@@ -1,0 +1,145 @@
+"""A scrape of the agent's /metrics only copies what the poll rendered (issue 39), and the agent
+loads only what its enabled sources need.
+
+The snapshot and the build and process metrics are rendered once per poll (and the latter on each
+supervisor pass); the HTTP listener keeps its handler threads for the next connection; a source
+whose section is disabled, and the aggregator stream with its gRPC, are never imported by an agent
+that does not use them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import urllib.request
+from pathlib import Path
+
+from prometheus_client import ProcessCollector
+
+from fabricmon.agent.exporter import RenderedSnapshot
+from fabricmon.agent.runtime import build_agent
+from fabricmon.agent.supervise import Supervisor
+from fabricmon.config import load_agent_config
+from fabricmon.httpserve import TEXT, RoutedHTTPServer
+from fabricmon.model import Snapshot
+from tests.support.waiting import wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _scrape(port: int) -> bytes:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return r.read()
+
+
+def test_a_scrape_reads_no_proc_file_and_renders_nothing_of_the_poll(make_fixture, monkeypatch):
+    root = make_fixture(layout="ib")
+    cfg = load_agent_config(None, {"sysfs_root": str(root / "sys"), "ethtool_dir": str(root / "ethtool"),
+                                   "nvml": f"fake:{root / 'nvml.json'}", "listen": "127.0.0.1:0"})
+    agent = build_agent(cfg, inline_sources=True)
+    process_reads = []
+    real_collect = ProcessCollector.collect
+    monkeypatch.setattr(ProcessCollector, "collect", lambda self: (process_reads.append(1), real_collect(self))[1])
+    import fabricmon.agent.exporter as exporter
+
+    renders = []
+    real_render = exporter.render_snapshot
+    monkeypatch.setattr(exporter, "render_snapshot", lambda *a: (renders.append(1), real_render(*a))[1])
+    port = agent.start_http()
+    try:
+        agent.poller.poll_once()
+        after_poll = (len(renders), len(process_reads))
+        assert after_poll[0] == 1 and after_poll[1] >= 1  # rendered in the poll, not by a scrape
+        bodies = [_scrape(port) for _ in range(5)]
+        assert (len(renders), len(process_reads)) == after_poll
+        for body in bodies:
+            assert b"process_cpu_seconds_total" in body and b"fabricmon_build_info{" in body
+            assert b"fabricmon_snapshot_age_seconds{" in body and b"fabricmon_ib_port_state{" in body
+            assert b"fabricmon_agent_thread_up" in body  # the agent's own counters: read at the scrape
+    finally:
+        agent.stop()
+
+
+def test_process_metrics_nobody_refreshed_are_rendered_by_the_scrape():
+    """An agent whose poll thread and supervisor are both gone still tells the truth: past
+    ``extras_max_age`` a scrape renders them itself."""
+    now = [100.0]
+    calls = []
+
+    def extra() -> bytes:
+        calls.append(now[0])
+        return f"x_total {len(calls)}\n".encode()
+
+    snap = Snapshot(node="n1", ts=5.0, seq=1, interval_seconds=1.0, samples=(), deltas=(), sources=())
+    rendered = RenderedSnapshot(lambda: snap, clock=lambda: 6.0, extras=[extra], extras_max_age=2.0,
+                                monotonic=lambda: now[0])
+    assert b"x_total 1\n" in rendered.body()  # the first scrape renders (the poll listener had not run)
+    now[0] += 1.5
+    assert b"x_total 1\n" in rendered.body() and len(calls) == 1  # fresh enough: copied
+    now[0] += 1.0
+    assert b"x_total 2\n" in rendered.body() and len(calls) == 2  # stale: rendered now
+    rendered.refresh_extras()
+    assert b"x_total 3\n" in rendered.body() and len(calls) == 3
+
+
+def test_each_supervisor_pass_runs_its_hooks_even_when_one_fails():
+    sup = Supervisor()
+    ran = threading.Event()
+    sup.after_check(lambda: 1 / 0)
+    sup.after_check(ran.set)
+    stop = threading.Event()
+    sup.start(stop, every=0.01)
+    try:
+        assert ran.wait(10)
+    finally:
+        stop.set()
+        sup.halt()
+
+
+def test_handler_threads_serve_the_next_connection_and_end_at_stop():
+    seen: list[threading.Thread] = []
+
+    def route(_q):
+        seen.append(threading.current_thread())
+        return 200, b"ok\n", TEXT
+
+    srv = RoutedHTTPServer("127.0.0.1", 0, {"/ok": route})
+    srv.start()
+    try:
+        for _ in range(10):
+            with urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/ok", timeout=10) as r:
+                assert r.read() == b"ok\n"
+    finally:
+        srv.stop()
+    assert len(seen) == 10 and len({id(t) for t in seen}) <= 2  # not one new thread per connection
+    assert wait_until(lambda: not any(t.is_alive() for t in seen), 10)  # idle ones end with the server
+
+
+def test_the_shipped_sources_load_neither_grpc_nor_disabled_sources(make_fixture, tmp_path):
+    """The shipped agent.yaml's sources, exporting only: no gRPC/protobuf (the stream's), no switch
+    sweeper or transceiver module (disabled there)."""
+    root = make_fixture(layout="ib")
+    code = textwrap.dedent(f"""
+        import sys
+        from dataclasses import replace
+        from fabricmon.agent.runtime import build_agent
+        from fabricmon.config import load_agent_config
+        cfg = load_agent_config({str(REPO / "systemd/etc/fabricmon/agent.yaml")!r}, {{
+            "sysfs_root": {str(root / "sys")!r}, "ethtool_dir": {str(root / "ethtool")!r},
+            "nvml": "fake:" + {str(root / "nvml.json")!r}, "listen": "127.0.0.1:0"}})
+        assert not cfg.sources.ib_switches.enabled and not cfg.sources.transceiver.enabled
+        agent = build_agent(cfg, inline_sources=True)
+        agent.start_http()
+        agent.poller.poll_once()
+        names = sorted(s for s in agent.poller.source_names)
+        agent.stop()
+        loaded = [m for m in sys.modules if m.split(".")[0] in ("grpc", "google")
+                  or m.startswith(("fabricmon.sources.ib_switches", "fabricmon.sources.transceiver",
+                                   "fabricmon.topology_import", "fabricmon.agent.stream"))]
+        print(names, sorted(loaded))
+        sys.exit(1 if loaded else 0)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+    assert "'infiniband'" in out.stdout and "'ethtool'" in out.stdout
