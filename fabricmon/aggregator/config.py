@@ -276,11 +276,16 @@ class GrpcLimits:
     ``handshake_timeout_s``: a connection that has not completed TLS and the HTTP/2 preface by
     then is closed (gRPC's default is 120 s).  ``idle_timeout_s``: a connection that carries no call
     for this long is closed (an agent always holds its stream; idle HTTP/2 connections answering
-    PINGs would otherwise hold the connection limit for good, issue 35)."""
+    PINGs would otherwise hold the connection limit for good, issue 35).  ``connection_gate``: the
+    gate (aggregator/conn_gate.py) holds the port and, at ``max_connections``, evicts a connection
+    that never carried an authenticated stream (the peer host holding the most of them, its oldest
+    first) before refusing a new one: re-opened idle connections cannot keep agents out (issue 35).
+    false: gRPC's own limit, which refuses the newest connection whoever holds the others."""
 
     max_connections: int = 0
     handshake_timeout_s: float = 10.0
     idle_timeout_s: float = 10.0
+    connection_gate: bool = True
 
     def validate(self, path: str, source: str) -> None:
         _check_numbers(self, path, source, positive=frozenset(("handshake_timeout_s", "idle_timeout_s")))

@@ -23,6 +23,7 @@ from ..buildinfo import add_runtime_collectors
 from ..httpserve import TEXT, RoutedHTTPServer, landing_page, probe
 from .admission import TS_AHEAD, TS_BEHIND, TS_STALE
 from .alertmanager import RESULTS, rfc3339
+from .conn_gate import EVICTED_UNAUTHENTICATED, REFUSED_BACKEND, REFUSED_LIMIT
 from .engine import LATENESS_EXPORTED_PER_JOB, Engine, RemoteSource
 from .name_bounds import KINDS as NAME_KINDS
 from .remediation.metrics import remediation_series
@@ -40,6 +41,34 @@ DROP_REASONS = ("duplicate", "seq_ahead", TS_AHEAD, TS_BEHIND, TS_STALE)
 # Streams ended before any batch was believed, by why.
 REFUSAL_KEYS = (("unauthenticated", "unauthenticated_total"), ("identity", "identity_refused_total"),
                 ("malformed", "rejected_total"), ("revoked", "revoked_total"))
+
+
+def _gate_metrics(grpc: dict[str, Any]) -> Iterator[Metric]:
+    """The connection gate's (aggregator/conn_gate.py): connections held, evicted and refused."""
+    if "connections_limit" in grpc:  # absent with grpc_limits.connection_gate: false
+        g = GaugeMetricFamily("fabricmon_grpc_connections",
+                              "Connections held on the gRPC port, by whether one carried a stream whose credential "
+                              "validated (authenticated: never evicted) or not.", labels=["state"])
+        for state in ("authenticated", "unauthenticated"):
+            g.add_metric([state], grpc.get(f"connections_{state}", 0))
+        yield g
+        g = GaugeMetricFamily("fabricmon_grpc_connections_limit",
+                              "Connections the gRPC port holds at most (grpc_limits.max_connections, or as many "
+                              "as the descriptor limit fits).")
+        g.add_metric([], grpc["connections_limit"])
+        yield g
+    c = CounterMetricFamily("fabricmon_grpc_connections_evicted",
+                            "Connections closed by the connection gate to admit a new one at the limit: one that "
+                            "never carried an authenticated stream (unauthenticated).", labels=["reason"])
+    c.add_metric([EVICTED_UNAUTHENTICATED], grpc.get(f"connections_evicted_{EVICTED_UNAUTHENTICATED}_total", 0))
+    yield c
+    c = CounterMetricFamily("fabricmon_grpc_connections_refused",
+                            "New connections the connection gate refused: every held one is authenticated (limit: "
+                            "raise grpc_limits.max_connections), or the internal gRPC port did not accept the "
+                            "relay (backend).", labels=["reason"])
+    for reason in (REFUSED_LIMIT, REFUSED_BACKEND):
+        c.add_metric([reason], grpc.get(f"connections_refused_{reason}_total", 0))
+    yield c
 
 
 class AggregatorCollector:
@@ -122,6 +151,7 @@ class AggregatorCollector:
         for label, key in REFUSAL_KEYS:
             c.add_metric([label], grpc.get(key, 0))
         yield c
+        yield from _gate_metrics(grpc)
         c = CounterMetricFamily("fabricmon_ingest_names_refused",
                                 "Series refused because they would give their node more distinct names of a kind "
                                 "than its bound (aggregator/name_bounds.py: device 128, port 512, gpu 64, link 2048, "

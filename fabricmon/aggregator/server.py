@@ -60,6 +60,7 @@ from ..proto import fabricmon_pb2_grpc as pb_grpc
 from ..proto.codec import MalformedBatch, SeriesDecoder, hello_from_pb
 from ..proto.ras import BadRasMessage, report_from_pb
 from ..proto.subscription import Subscription
+from .conn_gate import ConnectionGate
 from .credentials import StreamCredentials, fingerprint
 from .name_bounds import KINDS as NAME_KINDS
 from .name_bounds import NameBounds
@@ -151,8 +152,10 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
                  hello_timeout: float = 10.0, node_tokens: Mapping[str, str] | None = None,
                  credentials: StreamCredentials | None = None,
                  bind_tls_identity: bool = False, max_skew_s: float = DEFAULT_MAX_SKEW_S,
-                 wall: Callable[[], float] = time.time, name_limits: Mapping[str, int] | None = None) -> None:
+                 wall: Callable[[], float] = time.time, name_limits: Mapping[str, int] | None = None,
+                 gate: ConnectionGate | None = None) -> None:
         self.engine = engine
+        self.gate = gate  # the connection gate in front (conn_gate.py): told which connections authenticated
         self._creds = credentials if credentials is not None else credentials_of(token, node_tokens)
         # gen -> (node, the token it presented or None, the handler's task): what a revocation cuts
         self._live: dict[int, tuple[str, bytes | None, asyncio.Task[Any]]] = {}
@@ -282,8 +285,14 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
     async def Stream(self, request_iterator: AsyncIterator[pb.AgentMessage], context: _Context) -> None:
         # context.read()/write() rather than an async generator over the request iterator: one
         # coroutine hop less per message each way, and per message is the aggregator's fixed cost
-        peer = context.peer()
+        relayed = peer = context.peer()
         reason, may_speak_for, presented = self._check_token(context)
+        if self.gate is not None:
+            real = self.gate.real_peer(relayed)
+            if real is None:  # straight to the internal port: the gate's limit and eviction would not hold it
+                reason = "not through the connection gate"
+            else:
+                peer = real
         if reason is not None:
             self.counters["unauthenticated_total"] += 1
             log.warning("stream_unauthenticated", peer=peer, reason=reason)
@@ -326,6 +335,8 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
         task = asyncio.current_task()
         if task is not None:
             self._live[gen] = (node, presented, task)
+        if self.gate is not None:  # its connection is no longer evicted at the connection limit
+            self.gate.authenticated(relayed)
         log.info("stream_connected", peer=peer, node=node, identity=identities[0] if identities else "",
                  agent_version=hello.agent_version, replaced_stream=previous is not None)
         try:
@@ -338,6 +349,8 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
             if gen not in self._revoked:
                 raise  # the server is stopping or the peer went away
             self.counters["revoked_total"] += 1
+            if self.gate is not None:
+                self.gate.unauthenticated(relayed)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "token revoked")
         finally:
             self._live.pop(gen, None)
@@ -446,6 +459,7 @@ class GrpcServer:
         self.host: str = ""
         self.loop: asyncio.AbstractEventLoop | None = None
         self.tls: TlsMaterial | None = None  # with TLS: what new handshakes present (a reload swaps it)
+        self.gate: ConnectionGate | None = None  # what listens on the configured address, when it runs
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -463,6 +477,8 @@ class GrpcServer:
             s[f"names_refused_{kind}_total"] = refused.get(kind, 0)
         for reason, n in drops.items():
             s[f"batches_dropped_{reason}_total"] = n
+        if self.gate is not None:
+            s.update(self.gate.stats())
         return s
 
     def set_credentials(self, creds: StreamCredentials, timeout: float = 10.0) -> int:
@@ -481,9 +497,13 @@ class GrpcServer:
         if self._closed or self.server is None:
             return
         self._closed = True
+        if self.gate is not None:
+            self.gate.stop_listening()
         if self.health is not None:
             await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
+        if self.gate is not None:
+            self.gate.abort_all()
 
     def stop(self, grace: float = 2.0) -> None:
         loop = self.loop
@@ -523,14 +543,23 @@ async def start_grpc_server_async(
     max_connections: int = 1024,
     handshake_timeout: float = 10.0,
     idle_timeout: float = 10.0,
+    connection_gate: bool = True,
     _handle: GrpcServer | None = None,
 ) -> GrpcServer:
     """Start on the running event loop; ``listen`` is HOST:PORT (port 0 picks one).
 
     With neither ``token``, ``node_tokens`` nor mTLS (``tls.client_ca``) anyone who can
     reach the port may speak for any node: a warning is logged (the service refuses to
-    start that way unless its config says ``insecure: true``)."""
+    start that way unless its config says ``insecure: true``).
+
+    With ``connection_gate`` (the default) the connection gate (conn_gate.py) listens on ``listen``,
+    holds at most ``max_connections`` and evicts unauthenticated ones first; the gRPC server itself
+    listens on a loopback port only the gate connects to."""
     handle = _handle or GrpcServer()
+    bind = "127.0.0.1:0" if connection_gate else listen
+    # behind the gate gRPC's own limit only bounds connections straight to the internal port; room for
+    # the gate's evicted connections that gRPC has not yet seen close
+    grpc_limit = 2 * max_connections if connection_gate else max_connections
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", 1024 * 1024),
@@ -544,7 +573,7 @@ async def start_grpc_server_async(
         # not gRPC's default 120 s; and no more than max_connections at once: a flood of bare TCP
         # connections is refused at the limit instead of exhausting the process's descriptors
         ("grpc.server_handshake_timeout_ms", max(1, int(handshake_timeout * 1000))),
-        ("grpc.max_allowed_incoming_connections", max_connections),
+        ("grpc.max_allowed_incoming_connections", grpc_limit),
         # a connection without a call (it finished the handshake, answers PINGs, opens no stream) is sent
         # GOAWAY and closed after this: such connections cannot hold the limit against agents for good
         # (an agent always holds its stream, so it is never idle)
@@ -553,29 +582,40 @@ async def start_grpc_server_async(
     server = grpc.aio.server(options=options)
     mtls = bool(tls and tls.client_ca)
     creds = credentials if credentials is not None else credentials_of(token, node_tokens)
+    gate = ConnectionGate(0, max_connections) if connection_gate else None
     servicer = FabricStreamServicer(engine, credentials=creds, lock=lock, hello_timeout=hello_timeout,
-                                    bind_tls_identity=mtls, max_skew_s=max_skew_s)
+                                    bind_tls_identity=mtls, max_skew_s=max_skew_s, gate=gate)
     pb_grpc.add_FabricStreamServicer_to_server(servicer, server)
     hs = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
     if tls is not None:
         # dynamic credentials: a reload's new certificate or CA bundle applies to the next handshake
         handle.tls = material = TlsMaterial(tls)
-        port = server.add_secure_port(listen, grpc.dynamic_ssl_server_credentials(
+        port = server.add_secure_port(bind, grpc.dynamic_ssl_server_credentials(
             material.config(material.current), material.fetch,
             require_client_authentication=tls.client_ca is not None,
         ))
     else:
-        port = server.add_insecure_port(listen)
+        port = server.add_insecure_port(bind)
     if not port:
-        raise RuntimeError(f"gRPC: cannot listen on {listen}")
+        raise RuntimeError(f"gRPC: cannot listen on {bind}")
     await server.start()
+    if gate is not None:
+        gate.backend_port = port
+        host, _, want = listen.rpartition(":")
+        try:
+            port = await gate.start(host.strip("[]"), int(want))
+        except (OSError, ValueError) as exc:
+            await server.stop(0)
+            raise RuntimeError(f"gRPC: cannot listen on {listen}: {exc}") from exc
+        handle.gate = gate
     await hs.set("", health_pb2.HealthCheckResponse.SERVING)
     await hs.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
     handle.server, handle.servicer, handle.health = server, servicer, hs
     handle.port, handle.host = port, _split_listen(listen)
     handle.loop = asyncio.get_running_loop()
     log.info("grpc_listening", address=handle.address, tls=tls is not None, mtls=mtls,
+             connection_gate=gate is not None, max_connections=max_connections,
              token="per-node" if creds.per_node else "shared" if creds.shared else "none")
     if not mtls and not servicer.auth_required:
         log.warning("grpc_insecure", address=handle.address,

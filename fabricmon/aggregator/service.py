@@ -25,6 +25,7 @@ from . import incident_store
 from .admission import ClusterClock
 from .alertmanager import AlertmanagerClient
 from .config import AggregatorConfig
+from .conn_gate import ACCEPT_BURST
 from .credentials import load_credentials
 from .engine import Engine
 from .reload import Reloader, secret_files
@@ -77,30 +78,35 @@ def grpc_auth_kwargs(cfg: AggregatorConfig, source: str = "aggregator config") -
 FD_RESERVE = 160
 
 
-def plan_fd_limit(wanted: int, soft: int, hard: int, reserve: int = FD_RESERVE) -> tuple[int, int]:
+def plan_fd_limit(wanted: int, soft: int, hard: int, reserve: int = FD_RESERVE,
+                  per_connection: int = 1) -> tuple[int, int]:
     """(the soft RLIMIT_NOFILE to set, the gRPC connections that fit under it): the soft limit is
-    raised toward the hard one for ``wanted`` connections plus the reserve; when even the hard
-    limit is too low the connection limit shrinks to fit, so the limit is what runs out, never
-    the descriptors (at least 16 connections)."""
+    raised toward the hard one for ``wanted`` connections of ``per_connection`` descriptors each
+    plus the reserve; when even the hard limit is too low the connection limit shrinks to fit, so
+    the limit is what runs out, never the descriptors (at least 16 connections)."""
     infinite = hard < 0  # RLIM_INFINITY
-    need = wanted + reserve
+    need = wanted * per_connection + reserve
     new_soft = max(soft, need) if infinite else max(soft, min(need, hard))
-    return new_soft, max(16, min(wanted, new_soft - reserve))
+    return new_soft, max(16, min(wanted, (new_soft - reserve) // per_connection))
 
 
-def fit_descriptors(wanted: int) -> int:
+def fit_descriptors(wanted: int, gate: bool = False) -> int:
+    """The gRPC connection limit that fits the descriptor limit (raised toward its hard limit for it).
+    Behind the connection gate a connection takes three descriptors (the client's, the relay's to
+    gRPC, gRPC's end of it) and up to ``ACCEPT_BURST`` more are accepted before the gate judges them."""
+    per, reserve = (3, FD_RESERVE + 8 * ACCEPT_BURST) if gate else (1, FD_RESERVE)
     try:
         import resource
 
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     except (ImportError, OSError, ValueError):
         return wanted
-    new_soft, fits = plan_fd_limit(wanted, soft, hard)
+    new_soft, fits = plan_fd_limit(wanted, soft, hard, reserve, per)
     if new_soft != soft:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (new_soft, hard))
         except (OSError, ValueError):
-            new_soft, fits = soft, max(16, min(wanted, soft - FD_RESERVE))
+            new_soft, fits = soft, max(16, min(wanted, (soft - reserve) // per))
     if fits < wanted:
         log.warning("grpc_connection_limit_lowered", wanted=wanted, limit=fits, rlimit_nofile=new_soft,
                     hint="raise LimitNOFILE (systemd) or the container's nofile ulimit")
@@ -124,9 +130,11 @@ def build_runtime(cfg: AggregatorConfig, web: WebConfig | None = None, reload_st
         engine.remote = remote
     owned = sum(1 for spec in engine.topology.nodes.values()
                 if engine.shard_units is None or spec.unit in engine.shard_units)
-    grpc_kwargs = {**grpc_auth_kwargs(cfg), "max_connections": fit_descriptors(cfg.grpc_limits.connections_for(owned)),
-                   "handshake_timeout": cfg.grpc_limits.handshake_timeout_s,
-                   "idle_timeout": cfg.grpc_limits.idle_timeout_s}
+    limits = cfg.grpc_limits
+    grpc_kwargs = {**grpc_auth_kwargs(cfg),
+                   "max_connections": fit_descriptors(limits.connections_for(owned), limits.connection_gate),
+                   "handshake_timeout": limits.handshake_timeout_s, "idle_timeout": limits.idle_timeout_s,
+                   "connection_gate": limits.connection_gate}
     on_changed = resume_incidents(cfg.state_file, engine, sender) if cfg.state_file else None
     background: list[Any] = [remote] if remote is not None else []
     if cfg.remediation is not None and on_changed is not None:  # validate() requires a state_file with it

@@ -128,6 +128,8 @@ def test_server_killed_mid_stream_and_restarted(tmp_path, engine):
         assert wait_until(lambda: len(engine.batches) == 7, 15)
         c.offer(snap(8))
         assert wait_until(lambda: len(engine.batches) == 8)
+        # the engine has the batch before its ack is on the wire: a stop before the ack arrives spools it again
+        assert wait_until(lambda: c.stats()["batches_acked_total"] == 8), c.stats()
     finally:
         c.stop()
         srv.stop(0.5)

@@ -1,0 +1,296 @@
+"""The connection gate in front of the aggregator's gRPC server (issue 35, item 1).
+
+gRPC's own connection limit (``grpc.max_allowed_incoming_connections``) refuses the newest connection
+once the limit is held, whoever holds it: a peer without any credential that keeps re-opening
+connections which answer PINGs and never carry a call (or carry only refused calls) holds it again
+after every idle close, and a real agent's new connection is refused.  grpcio offers no hook to
+evict a chosen connection, so the gate owns the listening socket instead: it accepts on
+``grpc_listen``, opens one connection to the gRPC server on an internal loopback port for each, and
+relays bytes both ways untouched (TLS ends in the gRPC server as before).  The servicer tells the
+gate when a connection carries a stream whose credential validated (``authenticated``), mapping
+gRPC's ``context.peer()`` (the relay's local port) back to the gate connection; the gate gives the
+real peer address back for logs (``real_peer``).  At the limit a new connection evicts the
+unauthenticated connection ``EvictionOrder`` picks (conn_eviction.py); with every connection
+authenticated the new one is refused.
+
+The relay runs on the gRPC server's event loop with asyncio protocols (no task per read, flow
+control by pausing the other side's reads), so each chunk costs one callback and one write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from .conn_eviction import EvictionOrder
+
+log = structlog.get_logger("fabricmon.grpc.gate")
+
+EVICTED_UNAUTHENTICATED = "unauthenticated"  # fabricmon_grpc_connections_evicted_total{reason}
+REFUSED_LIMIT = "limit"  # every connection authenticated: the new one is refused
+REFUSED_BACKEND = "backend"  # the internal gRPC port did not accept the relay's connection
+BACKLOG = 4096  # the kernel's queue of connections not yet accepted (clamped to net.core.somaxconn)
+# connections accepted per readiness event before the gate judges any: each holds a descriptor until then
+ACCEPT_BURST = 8
+
+
+def grpc_peer(addr: Any) -> tuple[str, str]:
+    """(host, gRPC-style peer ``ipv4:H:P`` / ``ipv6:[H]:P``) of a socket address; IPv4-mapped IPv6
+    addresses are IPv4 (a dual-stack listener sees IPv4 agents that way)."""
+    if not isinstance(addr, tuple) or len(addr) < 2:
+        return str(addr), f"unix:{addr}"
+    host, port = str(addr[0]), addr[1]
+    if host.startswith("::ffff:") and "." in host:
+        host = host[7:]
+    if ":" in host:
+        return host, f"ipv6:[{host}]:{port}"
+    return host, f"ipv4:{host}:{port}"
+
+
+def port_of_peer(peer: str) -> int | None:
+    """The port of a gRPC peer string (``ipv4:127.0.0.1:5000`` -> 5000)."""
+    _, _, tail = peer.rpartition(":")
+    return int(tail) if tail.isdigit() else None
+
+
+LOG_EVERY_S = 10.0  # a flood evicts thousands a second: one log line per reason this often, with the count
+
+
+class _LogThrottle:
+    """The first event of a kind is logged; later ones at most every ``LOG_EVERY_S`` with how many."""
+
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self._clock = clock
+        self._last: dict[str, float] = {}
+        self._since: dict[str, int] = {}
+
+    def __call__(self, kind: str) -> int:
+        """How many events of ``kind`` the line to log now stands for (0: do not log)."""
+        now = self._clock()
+        self._since[kind] = self._since.get(kind, 0) + 1
+        last = self._last.get(kind)
+        if last is not None and now - last < LOG_EVERY_S:
+            return 0
+        self._last[kind] = now
+        return self._since.pop(kind)
+
+
+@dataclass(eq=False)
+class GateConn:
+    cid: int
+    host: str
+    peer: str
+    outer: Any  # asyncio.Transport to the client
+    inner: Any = None  # asyncio.Transport to the gRPC server, once connected
+    inner_port: int = 0
+    authenticated: bool = False
+    closed: bool = field(default=False)
+
+    def abort(self) -> None:
+        self.closed = True
+        for t in (self.outer, self.inner):
+            if t is not None:
+                t.abort()
+
+
+class _Inner(asyncio.Protocol):
+    """The relay's side toward the gRPC server."""
+
+    def __init__(self, outer: _Outer) -> None:
+        self.outer = outer
+
+    def data_received(self, data: bytes) -> None:
+        self.outer.transport.write(data)
+
+    def pause_writing(self) -> None:  # the gRPC server reads slower than the client sends
+        self.outer.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.outer.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.outer.transport.close()  # after what is buffered toward the client
+
+
+class _Outer(asyncio.Protocol):
+    """The relay's side toward the client (an agent, a probe, anyone)."""
+
+    def __init__(self, gate: ConnectionGate) -> None:
+        self.gate = gate
+        self.transport: Any = None
+        self.conn: GateConn | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.conn = self.gate._admit(transport)
+        if self.conn is None:
+            transport.abort()
+            return
+        transport.pause_reading()  # nothing to relay to until the backend connection is up
+        loop = asyncio.get_running_loop()
+        fut = loop.create_task(loop.create_connection(lambda: _Inner(self), self.gate.backend_host,
+                                                      self.gate.backend_port))
+        fut.add_done_callback(self._connected)
+
+    def _connected(self, fut: asyncio.Task[tuple[asyncio.Transport, asyncio.Protocol]]) -> None:
+        conn = self.conn
+        assert conn is not None
+        if fut.cancelled() or fut.exception() is not None:
+            self.gate._refused(REFUSED_BACKEND, conn.peer, str(fut.exception()) if not fut.cancelled() else "")
+            self.transport.abort()
+            return
+        inner, _ = fut.result()
+        if conn.closed:  # evicted or gone while connecting
+            inner.abort()
+            return
+        conn.inner = inner
+        conn.inner_port = inner.get_extra_info("sockname")[1]
+        self.gate._by_port[conn.inner_port] = conn
+        self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        conn = self.conn
+        if conn is not None and conn.inner is not None:
+            conn.inner.write(data)
+
+    def pause_writing(self) -> None:  # the client reads slower than the gRPC server sends
+        if self.conn is not None and self.conn.inner is not None:
+            self.conn.inner.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.conn is not None and self.conn.inner is not None:
+            self.conn.inner.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        conn = self.conn
+        if conn is None:
+            return
+        conn.closed = True
+        if conn.inner is not None:
+            conn.inner.close()  # after what is buffered toward the server
+        self.gate._forget(conn)
+
+
+class ConnectionGate:
+    """Listens for gRPC clients and relays each to ``backend_host:backend_port``; at most ``limit``
+    connections, unauthenticated ones evicted first.  Runs on the event loop it is started on; every
+    method is called from that loop."""
+
+    def __init__(self, backend_port: int, limit: int, backend_host: str = "127.0.0.1") -> None:
+        self.backend_host, self.backend_port, self.limit = backend_host, backend_port, max(1, limit)
+        self.conns: dict[int, GateConn] = {}
+        self.order: EvictionOrder[int] = EvictionOrder()
+        self._by_port: dict[int, GateConn] = {}
+        self._next = 0
+        self._server: asyncio.AbstractServer | None = None
+        self.port = 0
+        self.evicted: dict[str, int] = {EVICTED_UNAUTHENTICATED: 0}
+        self.refused: dict[str, int] = {REFUSED_LIMIT: 0, REFUSED_BACKEND: 0}
+        self._throttle = _LogThrottle()
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on ``host:port`` (``::`` dual-stack where the system has it, like gRPC's ``[::]``);
+        the port it listens on."""
+        if host in ("::", "") and socket.has_dualstack_ipv6():
+            sock = socket.create_server(("::", port), family=socket.AF_INET6, backlog=BACKLOG, dualstack_ipv6=True)
+        else:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+            sock = socket.create_server(infos[0][4][:2], family=infos[0][0], backlog=BACKLOG)
+        # asyncio accepts up to ``backlog`` connections per event and listens with it: a small burst, then
+        # the kernel's queue set back to BACKLOG so agents' connections wait there during a flood
+        self._server = await asyncio.get_running_loop().create_server(lambda: _Outer(self), sock=sock,
+                                                                      backlog=ACCEPT_BURST)
+        sock.listen(BACKLOG)
+        self.port = sock.getsockname()[1]
+        return self.port
+
+    def stop_listening(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def abort_all(self) -> None:
+        self.stop_listening()
+        for conn in list(self.conns.values()):
+            conn.abort()
+            self._forget(conn)
+
+    # ------------------------------------------------------------ admission
+
+    def _admit(self, transport: asyncio.BaseTransport) -> GateConn | None:
+        host, peer = grpc_peer(transport.get_extra_info("peername"))
+        if len(self.conns) >= self.limit:
+            victim = self.order.victim()
+            if victim is None:
+                self._refused(REFUSED_LIMIT, peer, "every connection carries an authenticated stream")
+                return None
+            gone = self.conns[victim]
+            self.evicted[EVICTED_UNAUTHENTICATED] += 1
+            n = self._throttle("evicted")
+            if n:
+                log.warning("grpc_connection_evicted", peer=gone.peer, reason=EVICTED_UNAUTHENTICATED, by=peer,
+                            limit=self.limit, evicted=n)
+            gone.abort()
+            self._forget(gone)
+        self._next += 1
+        conn = GateConn(self._next, host, peer, transport)
+        self.conns[conn.cid] = conn
+        self.order.add(conn.cid, host)
+        return conn
+
+    def _refused(self, reason: str, peer: str, detail: str) -> None:
+        self.refused[reason] += 1
+        n = self._throttle(reason)
+        if n:
+            log.warning("grpc_connection_refused", peer=peer, reason=reason, detail=detail, limit=self.limit,
+                        refused=n)
+
+    def _forget(self, conn: GateConn) -> None:
+        self.conns.pop(conn.cid, None)
+        self.order.remove(conn.cid)
+        if conn.inner_port and self._by_port.get(conn.inner_port) is conn:
+            del self._by_port[conn.inner_port]
+
+    # ------------------------------------------------------------ what the servicer tells and asks
+
+    def _conn_of(self, inner_peer: str) -> GateConn | None:
+        port = port_of_peer(inner_peer)
+        return self._by_port.get(port) if port is not None else None
+
+    def real_peer(self, inner_peer: str) -> str | None:
+        """The client's address for gRPC's peer of a relayed connection; None when it did not come
+        through the gate (a connection straight to the internal port, or one already evicted)."""
+        conn = self._conn_of(inner_peer)
+        return conn.peer if conn is not None else None
+
+    def authenticated(self, inner_peer: str) -> None:
+        """The connection carries a stream whose credential validated: never evicted from now on."""
+        conn = self._conn_of(inner_peer)
+        if conn is not None and not conn.authenticated:
+            conn.authenticated = True
+            self.order.remove(conn.cid)
+
+    def unauthenticated(self, inner_peer: str) -> None:
+        """The credential its stream presented was revoked: a candidate again (as the newest)."""
+        conn = self._conn_of(inner_peer)
+        if conn is not None and conn.authenticated:
+            conn.authenticated = False
+            self.order.add(conn.cid, conn.host)
+
+    def stats(self) -> dict[str, int]:
+        unauth = len(self.order)
+        s = {"connections_authenticated": len(self.conns) - unauth, "connections_unauthenticated": unauth,
+             "connections_limit": self.limit}
+        for reason, n in self.evicted.items():
+            s[f"connections_evicted_{reason}_total"] = n
+        for reason, n in self.refused.items():
+            s[f"connections_refused_{reason}_total"] = n
+        return s
