@@ -38,6 +38,7 @@ from ..topology import Topology
 from .config import DetectionSettings
 from .incidents import Finding, Key
 from .stragglers import Straggler, StragglerReport
+from .uplink_paths import crossed
 from .verdicts import ALERT_LLR, FIRE, WAIT
 
 if TYPE_CHECKING:
@@ -475,6 +476,9 @@ def _candidates(topo: Topology, group: Component, members: list[Straggler],
                 cands[c] = None
             elif group.rail is None and group.kind is Kind.LEAF and c.kind in NETWORK_KINDS and c.leaf == group.id:
                 cands[c] = None
+        # the uplinks and spines the ring crosses (uplink_paths.py): their evidence explains it too
+        for c in crossed(topo, members, evidence):
+            cands.setdefault(c)
     if group.kind is Kind.NODE and group.node in topo.nodes:
         for nic in topo.nodes[group.node].nics:
             cands.setdefault(topo.link(group.node, nic))
