@@ -135,7 +135,8 @@ class IbSwitchesConfig:
     health_interval: float = 10.0  # AllPortSelect probe per switch, PortInfo of switch-to-switch cables
     full_interval: float = 60.0  # every port's counters (perfquery -x -l, one process per switch) and PortInfo
     node_name_map: str | None = None  # OpenSM's node-name-map, as `fabricmon topology import` takes it
-    # tools: infiniband-diags on the sweep thread; fake:FILE: the last sweep from a file a simulator writes
+    # tools: the real sweep (infiniband-diags on its own thread); fake:FILE: the last sweep from a JSON file the
+    # simulator writes (sources/ib_switches/backend_fake.py), as nvml: fake:FILE
     backend: str = "tools"
 
     @property
