@@ -149,3 +149,23 @@ def test_memory_mode_streams_the_sweep_in_the_sweeping_nodes_batch_and_tree_mode
 def test_without_spines_nothing_changes():
     c = ClusterState(Scenario(ClusterSpec(16, "ib", 8), 30))
     assert c.switches is None and c.effects().uplink_bw is None
+
+
+def test_tree_mode_the_sweeping_nodes_real_agent_reads_the_fake_sweep_file(tmp_path):
+    from fabricmon.sim.runner import SimulatedCluster
+
+    cluster = "cluster: {nodes: 8, layout: ib, nodes_per_unit: 4, seed: 3, spines: 2, uplinks_per_leaf: 2}\n"
+    scn = _scn(tmp_path, "  - {kind: uplink_flaky, leaf: leaf-u1-r3, spine: spine-1, start: 2}\n", cluster,
+               duration=30)
+    got = []
+    with SimulatedCluster(scn, mode="tree", base_dir=tmp_path / "trees", job=None) as sim:
+        sim.on_batch = got.append
+        sim.start()
+        for _ in range(11):
+            sim.step()
+        assert sim.switch_file() is not None and (tmp_path / "trees" / "switch-sweep.json").exists()
+        up = sim.cluster.switches.layout.uplink_to("leaf-u1-r3", "spine-1")
+    errs = {(dict(d.labels)["switch"], dict(d.labels)["port"]) for b in got if b.node == "node-000"
+            for d in b.deltas if d.family == "fabricmon_switch_port_errors_total" and d.delta}
+    assert errs == {("leaf-u1-r3", str(up.port)), ("spine-1", str(up.spine_port))}  # both ends of that uplink
+    assert not any(d.family.startswith("fabricmon_switch_") for b in got if b.node != "node-000" for d in b.deltas)
