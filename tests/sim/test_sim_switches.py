@@ -169,3 +169,19 @@ def test_tree_mode_the_sweeping_nodes_real_agent_reads_the_fake_sweep_file(tmp_p
             for d in b.deltas if d.family == "fabricmon_switch_port_errors_total" and d.delta}
     assert errs == {("leaf-u1-r3", str(up.port)), ("spine-1", str(up.spine_port))}  # both ends of that uplink
     assert not any(d.family.startswith("fabricmon_switch_") for b in got if b.node != "node-000" for d in b.deltas)
+
+
+def test_an_imported_fabric_gets_uplinks_to_its_own_spines_after_its_host_ports():
+    from support.promtools import REPO
+
+    scn = load_scenario(REPO / "examples/scenarios/imported-uplink.yaml")
+    lay = scn.cluster.switch_layout()
+    assert lay is not None
+    assert [(u.leaf, u.port, u.spine, u.spine_port) for u in lay.uplinks] == [
+        ("leaf-0", 9, "switch-00000c42f0000000", 1), ("leaf-0", 10, "switch-00000c42f0000001", 1),
+        ("leaf-1", 9, "switch-00000c42f0000000", 2), ("leaf-1", 10, "switch-00000c42f0000001", 2)]
+    assert sorted(p for (leaf, p) in lay.host_by_port if leaf == "leaf-0") == list(range(1, 9))
+    [truth] = scn.ground_truth()
+    assert (truth.component_type, truth.component) == ("uplink", "leaf-0/p10")
+    topo = scn.cluster.build_topology()  # the aggregator's: every host cable's leaf port stated
+    assert topo.nic_on_leaf_port("leaf-0", 1) is not None
