@@ -154,7 +154,7 @@ def test_without_spines_nothing_changes():
 def test_tree_mode_the_sweeping_nodes_real_agent_reads_the_fake_sweep_file(tmp_path):
     from fabricmon.sim.runner import SimulatedCluster
 
-    cluster = "cluster: {nodes: 8, layout: ib, nodes_per_unit: 4, seed: 3, spines: 2, uplinks_per_leaf: 2}\n"
+    cluster = "cluster: {nodes: 4, layout: ib, nodes_per_unit: 2, seed: 3, spines: 2, uplinks_per_leaf: 2}\n"
     scn = _scn(tmp_path, "  - {kind: uplink_flaky, leaf: leaf-u1-r3, spine: spine-1, start: 2}\n", cluster,
                duration=30)
     got = []
