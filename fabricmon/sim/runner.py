@@ -213,8 +213,9 @@ class SimulatedCluster:
         return (self.sweep.node,) if self.sweep is not None else ()
 
     def switch_file(self) -> str | None:
-        """Tree mode: the fake sweep file the sweeping node's agent reads."""
-        if self.sweep is None or self.base_dir is None:
+        """Tree mode: the fake sweep file the sweeping node's agent reads (None where this instance does not
+        render that node: a parallel worker of other nodes)."""
+        if self.sweep is None or self.base_dir is None or self.cluster.index[self.sweep.node] not in self._node_index:
             return None
         return os.path.join(self.base_dir, "switch-sweep.json")
 
