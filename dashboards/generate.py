@@ -377,11 +377,16 @@ def _peer(expr: str, info: str, labels: str = "peer") -> str:
     return f"({expr}) * on (cluster, switch, port) group_left({labels}) {info}"
 
 
+def _as(expr: str, here: str, there: str) -> str:
+    """``expr`` with its ``switch`` label copied to ``here`` and its ``peer`` to ``there`` (label_join of one
+    label: a copy, with no ``$1`` for a dashboard variable to be mistaken for)."""
+    return f'label_join(label_join({expr}, "{here}", "", "switch"), "{there}", "", "peer")'
+
+
 def _leaf_spine(expr: str) -> str:
     """A per-port switch series, both ends of each uplink, as (leaf, spine) pairs."""
     def named(end: str, here: str, there: str) -> str:
-        return (f'label_replace(label_replace({_peer(expr, end)}, "{here}", "$1", "switch", "(.*)"), '
-                f'"{there}", "$1", "peer", "(.*)")')
+        return _as(_peer(expr, end), here, there)
     return f"({named(LEAF_END, 'leaf', 'spine')} or {named(SPINE_END, 'spine', 'leaf')})"
 
 
@@ -664,7 +669,7 @@ def _uplinks(b: Board) -> None:
     ends = "{{switch}} port {{port}} <-> {{peer}} port {{peer_port}}"
     node_link = [_link("Node drill-down: ${__value.raw}", "fabricmon-node", "var-node=${__value.raw}")]
     b.row("Uplinks: leaf x spine")
-    base = f'label_replace(label_replace({LEAF_END}, "leaf", "$1", "switch", "(.*)"), "spine", "$1", "peer", "(.*)")'
+    base = _as(LEAF_END, "leaf", "spine")
     b.panel("table", "Uplinks: worst open incident, leaf x spine",
             [(_worst("leaf, spine", 'component_type="uplink", leaf=~"$leaf"', base), "")], "none", w=12, h=10,
             instant=True, table=True, mappings=WORST_MAPPINGS, thresholds=WORST_THRESHOLDS,
