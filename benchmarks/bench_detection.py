@@ -38,6 +38,14 @@ real agents over rendered node trees instead of the in-memory batches.  The run 
 precision >= 0.97, recall >= 0.95, hard faults (link_down, link_flap, link_degraded, nvlink_down,
 flaky_cable) first seen <= 3 s after injection and the others <= 12 s, zero decoy pages, at most
 one info finding per decoy.
+
+``--switch K`` adds K scenarios of one switch-side fault each (``switch_scenario``: ``uplink_flaky``,
+``uplink_down``, ``spine_degraded``, ``switch_congestion`` and ``flaky_cable`` counting at both ends, in
+turn) on a ``--switch-nodes`` cluster (1,024 by default) with 4 spines and 4 uplinks per leaf, one job on
+every node; the simulated sweep is streamed by the first node (memory mode).  Goals there: precision and
+recall as above, switch-side faults first seen <= 40 s after injection (a sweep every 10 s, then the
+detectors' windows of one sweep each), and no StragglerRank or SlowRanksSharedComponent page for the
+victims of an uplink or spine (their stragglers ride on its alert).
 """
 
 from __future__ import annotations
@@ -65,6 +73,7 @@ from fabricmon.sim.hw import NGPU, NRAILS  # noqa: E402
 from fabricmon.sim.impact import fault_impacts  # noqa: E402
 from fabricmon.sim.runner import SimulatedCluster  # noqa: E402
 from fabricmon.sim.scenario import (  # noqa: E402
+    SWITCH_KINDS,
     ClusterSpec,
     Fault,
     Scenario,
@@ -281,9 +290,45 @@ def workload_scenario(seed: int, nodes: int, duration: float, nodes_per_unit: in
     return out
 
 
+SWITCH_FAULTS = ("uplink_flaky", "uplink_down", "spine_degraded", "switch_congestion", "flaky_cable")
+SWITCH_S = 40.0  # goal for switch-side faults: a sweep every 10 s, then the detectors' windows of a sweep each
+STRAGGLER_PAGES = ("StragglerRank", "SlowRanksSharedComponent")
+
+
+def switch_scenario(seed: int, k: int, nodes: int, duration: float, nodes_per_unit: int, spines: int = 4,
+                    uplinks: int = 4) -> Scenario:
+    """One switch-side fault on a cluster with spines (``cluster: {spines, uplinks_per_leaf}``): an uplink
+    flaky or down (by port or by spine), a spine whose every uplink counts errors, transmit wait on an
+    uplink's switch port, or a flaky host cable (counting at both ends).  One job on every node, so every
+    rail's rings cross the uplinks: the victims' stragglers must ride on the uplink or spine."""
+    rng = random.Random(seed)
+    cluster = {"nodes": nodes, "layout": "ib", "nodes_per_unit": nodes_per_unit, "seed": seed, "spines": spines,
+               "uplinks_per_leaf": uplinks}
+    spec = scenario_from_dict({"cluster": cluster, "duration": duration}, f"<switch seed {seed}>").cluster
+    lay = spec.switch_layout()
+    assert lay is not None
+    kind = SWITCH_FAULTS[k % len(SWITCH_FAULTS)]  # the k-th switch scenario: every kind in turn
+    start = float(round(rng.uniform(0.2, 0.35) * duration))
+    fault: dict = {"kind": kind, "start": start, "end": float(round(start + rng.uniform(0.35, 0.45) * duration))}
+    up = rng.choice(lay.uplinks)
+    if kind in ("uplink_flaky", "uplink_down"):
+        fault.update({"leaf": up.leaf, "port": up.port} if rng.random() < 0.5 else {"leaf": up.leaf, "spine": up.spine})
+    elif kind == "spine_degraded":
+        fault["spine"] = rng.choice(lay.spines)
+    elif kind == "switch_congestion":
+        fault.update(leaf=up.leaf, port=up.port)
+    else:
+        fault.update(node=node_name(rng.randrange(nodes), nodes), rail=rng.randrange(NRAILS))
+    return scenario_from_dict({"cluster": cluster, "duration": duration, "faults": [fault]}, f"<switch seed {seed}>")
+
+
 def make_scenario(i: int, args) -> Scenario:
     seed = args.seed0 + i
     n_generated = args.scenarios + args.overlap + args.workload + args.cost
+    if n_generated <= i < n_generated + args.switch:
+        return switch_scenario(seed, i - n_generated, args.switch_nodes, args.switch_duration,
+                               args.switch_nodes_per_unit)
+    n_generated += args.switch
     if i >= n_generated:
         return load_scenario(args.scenario[i - n_generated])
     if i < args.scenarios:
@@ -369,6 +414,12 @@ def main(argv: list[str] | None = None) -> int:
                          "on another")
     ap.add_argument("--scenario", action="append", default=[], metavar="FILE",
                     help="a scenario file to run after the generated ones (repeatable)")
+    ap.add_argument("--switch", type=int, default=0,
+                    help="extra scenarios of one switch-side fault each (uplink, spine, switch port, both ends of a "
+                         "host cable) on a cluster with spines")
+    ap.add_argument("--switch-nodes", type=int, default=1024, help="nodes of the --switch scenarios' cluster")
+    ap.add_argument("--switch-nodes-per-unit", type=int, default=16)
+    ap.add_argument("--switch-duration", type=float, default=120.0)
     ap.add_argument("--mode", choices=("memory", "tree"), default="memory",
                     help="memory: the agents' batches built in memory; tree: real agents poll rendered node trees")
     ap.add_argument("--seed0", type=int, default=1000)
@@ -382,9 +433,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="write the markdown table here")
     ap.add_argument("--json", help="write the raw numbers here")
     args = ap.parse_args(argv)
-    generated = args.scenarios + args.overlap + args.workload + args.cost
-    if min(args.scenarios, args.overlap, args.workload, args.cost) < 0 or generated + len(args.scenario) < 1:
-        ap.error("--scenarios, --overlap, --workload and --cost must be >= 0, together with --scenario files >= 1")
+    generated = args.scenarios + args.overlap + args.workload + args.cost + args.switch
+    if min(args.scenarios, args.overlap, args.workload, args.cost, args.switch) < 0 or \
+            generated + len(args.scenario) < 1:
+        ap.error("--scenarios, --overlap, --workload, --cost and --switch must be >= 0, together with --scenario "
+                 "files >= 1")
 
     rig = None
     am_note = ""
@@ -398,21 +451,24 @@ def main(argv: list[str] | None = None) -> int:
     am_done = 0
     t_all = time.perf_counter()
     try:
-        for i in range(generated + len(args.scenario)):
+        n_before_files = generated
+        for i in range(n_before_files + len(args.scenario)):
             seed = args.seed0 + i
             scn = make_scenario(i, args)
             use_am = rig is not None and am_done < args.am_subset and any(
                 g.component for g in scn.ground_truth())
             r = run_one(seed, scn, args, rig if use_am else None)
             r["overlap"] = args.scenarios <= i < args.scenarios + args.overlap
+            r["switch"] = n_before_files - args.switch <= i < n_before_files
             am_done += use_am
             results.append(r)
             sc = r["score"]
             tag = " (overlap)" if r["overlap"] else (" (workload)" if r["workload"] else "")
-            if args.scenarios + args.overlap + args.workload <= i < generated:
+            if args.scenarios + args.overlap + args.workload <= i < n_before_files - args.switch:
                 tag = " (cost)"
-            if i >= generated:
-                tag += f" ({Path(args.scenario[i - generated]).name})"
+            tag += " (switch)" if r["switch"] else ""
+            if i >= n_before_files:
+                tag += f" ({Path(args.scenario[i - n_before_files]).name})"
             print(f"seed {seed}{tag}: {len(r['ground'])} fault(s) {[g['kind'] for g in r['ground']]}, "
                   f"{len(r['decoys'])} decoy(s) {[d['kind'] for d in r['decoys']]} -> {sc['pages']} page(s), "
                   f"{sc['info_findings']} info, P {sc['precision']:.2f} R {sc['recall']:.2f}, "
@@ -484,7 +540,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         for fi, g in enumerate(r["ground"]):
             d = r["score"]["detection_delay_s"].get(str(fi))
-            limit = HARD_S if g["kind"] in HARD else (HANG_S if g["kind"] == "rank_hang" else OTHER_S)
+            limit = HARD_S if g["kind"] in HARD else (HANG_S if g["kind"] == "rank_hang" else
+                                                      SWITCH_S if g["kind"] in SWITCH_KINDS else OTHER_S)
             # judged from the first poll that can see the fault: agents sample every interval, so at a 5 s
             # interval a fault injected just after a poll is in no batch for up to 5 s
             lag = math.ceil(g["start"] / args.interval - 1e-9) * args.interval - g["start"]
@@ -560,6 +617,17 @@ def main(argv: list[str] | None = None) -> int:
         why.append(f"a decoy raised {max(info_counts)} info findings")
     if slow:
         why.append(f"{len(slow)} fault(s) seen later than their goal")
+    # switch-side faults: their victims' stragglers ride on the uplink or spine, never a page of their own
+    sw = [r for r in results if r.get("switch")]
+    sw_straggler_pages = [f"seed {r['seed']}: {i['alertname']} {i['component']} t={i['first_seen']:.0f}"
+                          for r in sw for i in r["incidents"]
+                          if i["alertname"] in STRAGGLER_PAGES and i["severity"] in ("warning", "critical")]
+    if sw_straggler_pages:
+        why.append(f"{len(sw_straggler_pages)} straggler page(s) for an uplink's or spine's victims")
+    sw_tp = sum(r["score"]["true_positives"] for r in sw)
+    sw_pages = sum(r["score"]["pages"] for r in sw)
+    sw_det = sum(r["score"]["faults_detected"] for r in sw)
+    sw_faults = sum(r["score"]["faults"] for r in sw)
     lines = [
         "# fabricmon detection benchmark",
         "",
@@ -589,6 +657,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{(ov_det / ov_faults if ov_faults else 1.0):.3f} ({ov_det}/{ov_faults}) | >= 0.95 |",
         f"| workload scenarios (several jobs, decoys) | {len(wl)} with {n_decoys} decoys | |",
         f"| decoy pages | {decoy_pages} | 0 |",
+        *([f"| switch-side scenarios ({args.switch_nodes} nodes, {args.switch_duration:.0f} s, memory mode) | "
+           f"{len(sw)} | |",
+           f"| precision, switch-side scenarios | {(sw_tp / sw_pages if sw_pages else 1.0):.3f} ({sw_tp}/{sw_pages}) "
+           f"| >= 0.95 |",
+           f"| recall, switch-side scenarios | {(sw_det / sw_faults if sw_faults else 1.0):.3f} ({sw_det}/{sw_faults}) "
+           f"| >= 0.95 |",
+           f"| straggler pages for an uplink's or spine's victims | {len(sw_straggler_pages)} | 0 |"] if sw else []),
         f"| cable warnings (FabricCableDegrading) on links of a degraded leaf | {len(cable_under_leaf)} | 0 |",
         f"| info findings per decoy, max | {max(info_counts) if info_counts else '-'} "
         f"(total {sum(info_counts)}) | <= 1 |",
@@ -627,9 +702,9 @@ def main(argv: list[str] | None = None) -> int:
     lines.append(f"| false positives (incidents matching no fault) | | {fp} | | | | | |")
     if am_note:
         lines += ["", f"Alertmanager latency not measured: {am_note}"]
-    if misses or fps or slow or phantom or cable_under_leaf or off:
+    if misses or fps or slow or phantom or cable_under_leaf or off or sw_straggler_pages:
         lines += ["", "Misses, false positives, late detections, phantom costs and costs out of bounds:", ""] + [
-            f"- {m}" for m in misses + fps + slow + phantom + cable_under_leaf + off]
+            f"- {m}" for m in misses + fps + slow + phantom + cable_under_leaf + off + sw_straggler_pages]
     verdict = (f"detection verdict: ok precision {precision:.3f} recall {recall:.3f} decoy pages 0, "
                f"{len(results)} scenarios in {total_wall:.0f} s wall" if not why
                else "detection verdict: FAIL " + "; ".join(why))

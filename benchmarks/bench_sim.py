@@ -1,6 +1,7 @@
 """Simulator cost: tree mode (render + advance, and the real agents' polls) and in-memory batches.
 
-    .venv/bin/python benchmarks/bench_sim.py [--tree-nodes 32] [--memory-nodes 4096] [--steps 10] [--json OUT]
+    .venv/bin/python benchmarks/bench_sim.py [--tree-nodes 32] [--memory-nodes 4096] [--steps 10]
+        [--switch-nodes 1024] [--json OUT]
 
 Tree mode writes under /dev/shm when it exists (``tree.default_base_dir``);
 ``--disk DIR`` measures another file system.  Prints a table; ``--json``
@@ -111,6 +112,38 @@ def bench_memory(nodes: int, steps: int) -> dict:
             "us_per_delta": med(bat) / max(med(deltas), 1) * 1e6}
 
 
+def bench_switch_sweep(nodes: int, sweeps: int, spines: int = 4, uplinks: int = 4) -> dict:
+    """The simulated switch side at ``nodes`` (memory mode): one sweep's series every 10 simulated seconds,
+    built as the sweeping node's agent builds them (sim/sweep_feed.py); the advance's share too."""
+    from fabricmon.sim.scenario import scenario_from_dict
+    from fabricmon.sim.sweep_feed import SweepFeed
+
+    scn = scenario_from_dict({"cluster": {"nodes": nodes, "layout": "ib", "nodes_per_unit": 16, "seed": 7,
+                                          "spines": spines, "uplinks_per_leaf": uplinks}, "duration": 600.0})
+    t0 = time.perf_counter()
+    c = ClusterState(scn)
+    setup = time.perf_counter() - t0
+    assert c.switches is not None
+    feed = SweepFeed(c.switches, c.names[0])
+    adv, sweep, deltas, gauges = [], [], [], []
+    for _ in range(sweeps + 1):
+        t0 = time.perf_counter()
+        for _s in range(10):
+            c.switches.advance(1.0, c.t + 1.0)  # the switch side's share of one simulated second
+        t1 = time.perf_counter()
+        d, g = feed.series(c.t, c.ts())
+        t2 = time.perf_counter()
+        adv.append((t1 - t0) / 10)
+        sweep.append(t2 - t1)
+        deltas.append(len(d))
+        gauges.append(len(g))
+    lay = c.switches.layout
+    return {"nodes": nodes, "leaves": len(lay.leaves), "spines": len(lay.spines), "uplinks": len(lay.uplinks),
+            "switch_ports": len(lay.host_ports) + 2 * len(lay.uplinks), "setup_s": setup,
+            "advance_per_second_s": med(adv[1:]), "sweep_s": med(sweep[1:]), "first_sweep_s": sweep[0],
+            "deltas_per_sweep": med(deltas[1:]), "changed_gauges_per_sweep": med(gauges[1:])}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tree-nodes", type=int, default=32)
@@ -118,10 +151,14 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--disk", default=None, help="render trees here instead of a fresh /dev/shm directory")
     ap.add_argument("--no-poll", action="store_true", help="skip the real agents' poll timing")
+    ap.add_argument("--switch-nodes", type=int, default=1024, help="nodes of the switch-side measure (0: skip)")
+    ap.add_argument("--switch-sweeps", type=int, default=3)
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     res = {"tree": bench_tree(a.tree_nodes, a.steps, a.disk, not a.no_poll),
            "memory": bench_memory(a.memory_nodes, a.steps)}
+    if a.switch_nodes:
+        res["switch"] = bench_switch_sweep(a.switch_nodes, a.switch_sweeps)
     t, m = res["tree"], res["memory"]
     print(f"tree mode, {t['nodes']} nodes, per simulated second (median of {a.steps}):")
     print(f"  advance cluster + job        {t['advance_s'] * 1e3:8.1f} ms")
@@ -140,6 +177,14 @@ def main(argv=None) -> int:
           f"{m['deltas_per_node']:.0f}/node, {m['us_per_delta']:.2f} us/delta; "
           f"{m['changed_gauges_per_interval']:.0f} changed gauges)")
     print(f"  total                        {m['interval_total_s'] * 1e3:8.1f} ms")
+    if "switch" in res:
+        w = res["switch"]
+        print(f"switch side, {w['nodes']} nodes ({w['leaves']} leaves, {w['spines']} spines, {w['uplinks']} uplinks, "
+              f"{w['switch_ports']} switch ports), median of {a.switch_sweeps}:")
+        print(f"  setup                        {w['setup_s'] * 1e3:8.1f} ms")
+        print(f"  advance, per second          {w['advance_per_second_s'] * 1e3:8.1f} ms")
+        print(f"  one sweep's series           {w['sweep_s'] * 1e3:8.1f} ms ({w['deltas_per_sweep']:.0f} deltas, "
+              f"{w['changed_gauges_per_sweep']:.0f} changed gauges; first sweep {w['first_sweep_s'] * 1e3:.0f} ms)")
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=2))
     return 0

@@ -364,6 +364,32 @@ def overview() -> Board:
     return b
 
 
+# The switch side (the ib_switches sweep, DESIGN "The switch side of the fabric"): a cabled switch port and
+# its cable's far end (fabricmon_switch_port_info).  A leaf is a switch with a host on one of its ports.
+SW_INFO = "fabricmon_switch_port_info"
+HAS_HOSTS = f'count by (cluster, switch) ({SW_INFO}{{{C}, peer_type="host"}})'
+LEAF_END = f'({SW_INFO}{{{C}, peer_type="switch", switch=~"$leaf"}} and on (cluster, switch) {HAS_HOSTS})'
+SPINE_END = f'({SW_INFO}{{{C}, peer_type="switch", peer=~"$leaf"}} unless on (cluster, switch) {HAS_HOSTS})'
+
+
+def _peer(expr: str, info: str, labels: str = "peer") -> str:
+    """A per-port switch series with its cable's far end (``info``'s ``labels``) joined on."""
+    return f"({expr}) * on (cluster, switch, port) group_left({labels}) {info}"
+
+
+def _as(expr: str, here: str, there: str) -> str:
+    """``expr`` with its ``switch`` label copied to ``here`` and its ``peer`` to ``there`` (label_join of one
+    label: a copy, with no ``$1`` for a dashboard variable to be mistaken for)."""
+    return f'label_join(label_join({expr}, "{here}", "", "switch"), "{there}", "", "peer")'
+
+
+def _leaf_spine(expr: str) -> str:
+    """A per-port switch series, both ends of each uplink, as (leaf, spine) pairs."""
+    def named(end: str, here: str, there: str) -> str:
+        return _as(_peer(expr, end), here, there)
+    return f"({named(LEAF_END, 'leaf', 'spine')} or {named(SPINE_END, 'spine', 'leaf')})"
+
+
 def node() -> Board:
     b = Board("fabricmon-node", "fabricmon / Node drill-down",
               "One node (the first, unless a link or the picker chooses): RDMA ports, lossless Ethernet, NVLink "
@@ -398,6 +424,21 @@ def node() -> Board:
                                      "{{node}} {{device}} {{counter}}")], "cps", min_val=0)
     b.ts("Transmit wait", [(f"sum by (node, device, port) (rate(fabricmon_ib_port_transmit_wait_total{{{N}}}[{RATE}]))",
                             "{{node}} {{device}}/{{port}}")], "cps", min_val=0)
+    b.row("Switch end of the node's cables")
+    host_end = f'{SW_INFO}{{{C}, peer_type="host", peer=~"$node"}}'
+    b.ts("Leaf port errors (switch end)",
+         [(_peer(f"sum by (cluster, switch, port, counter) (rate(fabricmon_switch_port_errors_total{{{C}}}[{RATE}]))",
+                 host_end, "peer, peer_port"), "{{peer}} <-> {{switch}} port {{port}} {{counter}}")], "cps", min_val=0,
+         description="PMA errors the leaf counts on the node's cables (the ib_switches sweep): the same cable's "
+                     "other end.  Evidence on the node's link even when the node's agent is not running.")
+    b.ts("Leaf port transmit wait (switch end)",
+         [(_peer(f"rate(fabricmon_switch_port_transmit_wait_total{{{C}}}[{RATE}])", host_end, "peer, peer_port"),
+           "{{peer}} <-> {{switch}} port {{port}}")], "cps", min_val=0,
+         description="The leaf port waiting to send to this node: the node receives slower than it is sent to.")
+    b.ts("Leaf port state (switch end)",
+         [(_peer(f"fabricmon_switch_port_up{{{C}}}", host_end, "peer, peer_port"),
+           "{{peer}} <-> {{switch}} port {{port}}")], "none", min_val=0, max_val=1,
+         description="1 while the leaf's end of the cable is ACTIVE.")
     b.row("RoCE congestion and PFC")
     b.ts("CNP / ECN", [
         (f"sum by (node, device) (rate(fabricmon_roce_cnp_sent_total{{{N}}}[{RATE}]))", "{{node}} {{device}} CNP sent"),
@@ -624,6 +665,58 @@ def _blind_spots(b: Board) -> None:
          [(f"count by (version) (fabricmon_build_info{{{C}}})", "{{version}}")], "none", min_val=0)
 
 
+LEAF_X_SPINE = {"id": "groupingToMatrix", "options": {"rowField": "leaf", "columnField": "spine",
+                                                     "valueField": "Value", "emptyValue": "null"}}
+
+
+def _uplinks(b: Board) -> None:
+    """The leaf x spine map of uplink health and the switch ports that count errors, wait or went down."""
+    port_errors = f"sum by (cluster, switch, port) (rate(fabricmon_switch_port_errors_total{{{C}}}[{RATE}]))"
+    port_wait = f"rate(fabricmon_switch_port_transmit_wait_total{{{C}}}[{RATE}])"
+    ends = "{{switch}} port {{port}} <-> {{peer}} port {{peer_port}}"
+    node_link = [_link("Node drill-down: ${__value.raw}", "fabricmon-node", "var-node=${__value.raw}")]
+    b.row("Uplinks: leaf x spine")
+    base = _as(LEAF_END, "leaf", "spine")
+    b.panel("table", "Uplinks: worst open incident, leaf x spine",
+            [(_worst("leaf, spine", 'component_type="uplink", leaf=~"$leaf"', base), "")], "none", w=12, h=10,
+            instant=True, table=True, mappings=WORST_MAPPINGS, thresholds=WORST_THRESHOLDS,
+            transformations=[LEAF_X_SPINE],
+            description="One row per leaf, one column per spine: the worst open incident on the leaf's uplinks to "
+                        "that spine (FabricLinkDown/Errors/Flapping/Degraded/Congestion with component_type "
+                        "uplink).  Cells come from the switch sweep's cables (fabricmon_switch_port_info); empty "
+                        "where the leaf has no uplink to the spine.  A spine with many red cells: "
+                        "FabricSpineDegraded.")
+    b.panel("table", "Uplinks: error rate, leaf x spine",
+            [(f"sum by (leaf, spine) ({_leaf_spine(port_errors)})", "")],
+            "cps", w=12, h=10, instant=True, table=True, transformations=[LEAF_X_SPINE],
+            thresholds=[(None, "green"), (0.01, "orange"), (1, "red")],
+            description="PMA errors per second counted at either end of the uplinks between each leaf and spine "
+                        "(the switch sweep, both ends of each cable summed).")
+    b.panel("table", "Switch ports down",
+            [(_peer(f"fabricmon_switch_port_up{{{C}}} == 0", f"{SW_INFO}{{{C}}}", "peer, peer_port, peer_type"), "")],
+            "none", w=12, h=8, instant=True, table=True,
+            transformations=[{"id": "organize", "options": {
+                "excludeByName": {"Time": True, "Value": True, "__name__": True, "instance": True, "job": True},
+                "indexByName": {"switch": 0, "port": 1, "peer": 2, "peer_port": 3, "peer_type": 4}}}],
+            overrides=[{"matcher": {"id": "byName", "options": "peer"},
+                        "properties": [{"id": "links", "value": node_link}]}],
+            description="Cabled switch ports whose PortInfo is not ACTIVE (kept at 0 once down, never dropped), "
+                        "with the far end of the cable: a host (click to its drill-down) or a switch (an uplink).")
+    b.panel("status-history", "Switch ports: most errors",
+            [(f"topk(20, {_peer(port_errors, f'{SW_INFO}{{{C}}}', 'peer, peer_port')})", ends)], "cps", w=12, h=8,
+            min_val=0,
+            thresholds=[(None, "green"), (0.01, "orange"), (1, "red")],
+            description="The switch ports (host cables' leaf ends and both ends of uplinks) counting the most PMA "
+                        "errors, each named with its cable's two ends.")
+    b.panel("status-history", "Switch ports: most transmit wait",
+            [(f"topk(20, {_peer(port_wait, f'{SW_INFO}{{{C}}}', 'peer, peer_port')})", ends)], "cps", w=12, h=8,
+            min_val=0,
+            thresholds=[(None, "green"), (1e4, "orange"), (5e4, "red")],
+            description="Ticks per second the switch port had data to send and no credit (PortXmitWait): the port "
+                        "FabricCongestion names.  A leaf port facing a host waits for a slow receiver; an uplink "
+                        "port for a congested spine.")
+
+
 def fabric() -> Board:
     b = Board("fabricmon-fabric", "fabricmon / Fabric map",
               "Rail x leaf and node grids coloured by the worst open incident and by error and pause rates; "
@@ -659,6 +752,7 @@ def fabric() -> Board:
               "{{leaf}}")], "percentunit", w=12, h=8, min_val=0, links=LEAF_LINKS,
             thresholds=[(None, "green"), (0.01, "orange"), (0.1, "red")],
             description="Share of time the worst host port on the leaf was paused or pausing (RoCE).")
+    _uplinks(b)
     b.row("Nodes, spines and rails")
     b.panel("status-history", "Nodes: worst open incident",
             [(_worst("node", 'node=~"$node", node!=""',

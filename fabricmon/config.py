@@ -135,8 +135,17 @@ class IbSwitchesConfig:
     health_interval: float = 10.0  # AllPortSelect probe per switch, PortInfo of switch-to-switch cables
     full_interval: float = 60.0  # every port's counters (perfquery -x -l, one process per switch) and PortInfo
     node_name_map: str | None = None  # OpenSM's node-name-map, as `fabricmon topology import` takes it
+    # tools: the real sweep (infiniband-diags on its own thread); fake:FILE: the last sweep from a JSON file the
+    # simulator writes (sources/ib_switches/backend_fake.py), as nvml: fake:FILE
+    backend: str = "tools"
+
+    @property
+    def fake_file(self) -> str | None:
+        return self.backend[5:] if self.backend.startswith("fake:") else None
 
     def validate(self, path: str, source: str) -> None:
+        if not (self.backend == "tools" or (self.backend.startswith("fake:") and len(self.backend) > 5)):
+            raise ConfigError(f"{source}: {path}.backend: must be tools or fake:FILE, got {self.backend!r}")
         check_range(self.concurrency, 1, 64, f"{path}.concurrency", source)
         check_range(self.timeout_ms, 10, 60_000, f"{path}.timeout_ms", source, "ms")
         check_range(self.retries, 0, 10, f"{path}.retries", source)

@@ -38,6 +38,7 @@ from ..topology import Topology
 from .config import DetectionSettings
 from .incidents import Finding, Key
 from .stragglers import Straggler, StragglerReport
+from .uplink_paths import crossed
 from .verdicts import ALERT_LLR, FIRE, WAIT
 
 if TYPE_CHECKING:
@@ -178,7 +179,7 @@ def localize_stragglers(topo: Topology, s: DetectionSettings, report: StragglerR
             out.append(_hosts_imbalance(s, job, job_id, node_groups, cluster))
             groups = [g for g in groups if g[0].kind is not Kind.NODE]
         for group, members in groups:
-            cands = _candidates(topo, group, members, ev.fabric)
+            cands = _candidates(topo, group, members, ev.fabric, report)
             # late compute is not what a bad link or NIC does (that slows communication): a slow GPU on
             # a node with a bad NIC is two faults, so compute-late ranks never ride on fabric evidence
             blame = cands if members[0].kind == "comm" else [c for c in cands if c.kind not in NETWORK_KINDS]
@@ -453,7 +454,8 @@ def _group(topo: Topology, lst: list[Straggler]) -> list[tuple[Component, list[S
 
 
 def _candidates(topo: Topology, group: Component, members: list[Straggler],
-                evidence: dict[Component, float] | None = None) -> list[Component]:
+                evidence: dict[Component, float] | None = None, report: StragglerReport | None = None
+                ) -> list[Component]:
     # an insertion-ordered set: a rail's group holds every slow rank of the rail (thousands in a big
     # job), and a list's membership test made this quadratic in them
     cands: dict[Component, None] = {group: None}
@@ -475,6 +477,11 @@ def _candidates(topo: Topology, group: Component, members: list[Straggler],
                 cands[c] = None
             elif group.rail is None and group.kind is Kind.LEAF and c.kind in NETWORK_KINDS and c.leaf == group.id:
                 cands[c] = None
+    if members and members[0].kind == "comm" and evidence and report is not None:
+        # the uplinks and spines the job's ring crosses (uplink_paths.py): their evidence explains it too,
+        # whichever of the ring's ranks are persistent yet (a few under one leaf, or one GPU)
+        for c in crossed(topo, report, members[0].job, members[0].job_id, members, evidence):
+            cands.setdefault(c)
     if group.kind is Kind.NODE and group.node in topo.nodes:
         for nic in topo.nodes[group.node].nics:
             cands.setdefault(topo.link(group.node, nic))

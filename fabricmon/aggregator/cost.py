@@ -36,6 +36,7 @@ from .. import components as comp
 from ..components import Component, Kind
 from .config import DetectionSettings
 from .job_gpus import JobGpus
+from .uplink_paths import crossing_jobs, jobs_crossing
 
 if TYPE_CHECKING:
     from ..topology import Topology
@@ -289,6 +290,7 @@ class IncidentCost:
         self._interval_of = interval_of or (lambda _node: 1.0)
         self.steps = StepLog()
         self._index: dict[Component, set[str]] = {}  # component -> job keys whose ranks use it
+        self._crossing: dict[str, set[str]] = {}  # leaf -> job keys whose traffic crosses its uplinks
         self._index_key: tuple[tuple[str, int], ...] = ()
         self._gpus: dict[str, int] = {}
 
@@ -313,6 +315,9 @@ class IncidentCost:
                 for c in comps:
                     index.setdefault(c, set()).add(jk)
         self._index = index
+        # the uplinks a job's traffic crosses are on no rank's path: by leaf (uplink_paths.py)
+        self._crossing = crossing_jobs(topo, {jk: [(i.node, i.gpu) for i in js.ranks.values()]
+                                              for jk, js in tracker.jobs.items()})
 
     @staticmethod
     def _compute_excess(tracker: StragglerTracker, jk: str, c: Component) -> float | None:
@@ -374,6 +379,8 @@ class IncidentCost:
         return component
 
     def jobs_using(self, component: Component) -> set[str]:
+        if component.kind in (Kind.UPLINK, Kind.SPINE):
+            return jobs_crossing(self.topology, self._crossing, component)
         return self._index.get(self._used_as(component), set())
 
     def _rebuild_exposed(self) -> None:

@@ -143,6 +143,7 @@ class DetectionTick(Stage):
         findings.extend(spine_findings)
         relations.extend(spine_relations)
         relations.extend(node_relations)  # after the leaf's: a link of a failing node is the node's evidence
+        self.switch_side.name_waiting([f for _l, f in (e for es in congested.values() for e in es)], now)
         cong_findings, cong_relations = self.folder.fold_congestion(congested)
         findings.extend(cong_findings)
         relations.extend(cong_relations)

@@ -279,7 +279,8 @@ def _topology_series(engine: Engine) -> Iterator[GaugeMetricFamily]:
 # dashboards' incidents table and annotations read.  Labels are the DESIGN contract's routing labels, with
 # the job the incident names (hpc_job, fixed when it first fires; job_id where the finding has one) so
 # the job dashboard selects a job's stragglers, hangs and software findings.
-INCIDENT_LABELS = ("alertname", "severity", "component_type", "component", "node", "rail", "leaf", "hpc_job", "job_id")
+INCIDENT_LABELS = ("alertname", "severity", "component_type", "component", "node", "rail", "leaf", "hpc_job", "job_id",
+                   "spine")  # spine: an uplink's far end (the Fabric map's leaf x spine grid)
 
 
 def _incident_series(open_incidents: Iterable[Incident]) -> Iterator[Metric]:

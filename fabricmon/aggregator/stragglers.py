@@ -152,6 +152,12 @@ class StragglerReport:
     # (job, rank) pairs per component on their paths, built once per report by the correlator: the
     # report is cached per scored step and reused by every tick until the next one
     hurt_by_component: dict[Component, set[tuple[str, int]]] | None = field(default=None, repr=False, compare=False)
+    # (job, job_id) -> every rank's (node, gpu): where a job runs, whose rings cross which uplinks
+    # (uplink_paths.py, which caches what it derives in ``leaves_by_job``)
+    placement: dict[tuple[str, str], tuple[tuple[str, int], ...]] = field(default_factory=dict, repr=False,
+                                                                          compare=False)
+    leaves_by_job: dict[tuple[str, str], dict[int | None, set[str]]] = field(default_factory=dict, repr=False,
+                                                                          compare=False)
 
 
 class StragglerTracker:
@@ -285,14 +291,16 @@ class StragglerTracker:
         slowish: dict[tuple[str, int], tuple[str, int]] = {}
         early: list[Straggler] = []
         compute_late: set[tuple[str, int]] = set()
+        placement: dict[tuple[str, str], tuple[tuple[str, int], ...]] = {}
         for job in self.jobs.values():
+            placement[job.name, job.job_id] = tuple((r.node, r.gpu) for r in job.ranks.values())
             js, jst, jslow, jearly, jcomp = job.report
             stragglers.extend(js)
             stages.extend(jst)
             slowish.update(jslow)
             early.extend(jearly)
             compute_late |= jcomp
-        return StragglerReport(stragglers, stages, slowish, early, frozenset(compute_late))
+        return StragglerReport(stragglers, stages, slowish, early, frozenset(compute_late), placement=placement)
 
     def _job_report(self, job: JobState) -> _JobReport:
         name, jid, clear = job.name, job.job_id, self.s.straggler_clear

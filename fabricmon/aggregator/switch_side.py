@@ -21,7 +21,7 @@ components fed only from here, as a node's poll interval widens its own."""
 from __future__ import annotations
 
 from ..batch import NodeBatch
-from ..components import Kind, spine, uplink
+from ..components import Component, Kind, spine, uplink
 from ..topology import Topology
 from .config import DetectionSettings
 from .incidents import Finding, Relation
@@ -38,6 +38,7 @@ GAUGE_FAMILIES = frozenset({PORT_UP, PORT_INFO, SWEEP_SECONDS})
 FAMILIES = DELTA_FAMILIES | GAUGE_FAMILIES
 INTERVAL_RANGE = (1.0, 600.0)
 SPINE_DEGRADED = "FabricSpineDegraded"
+CONGESTION = "FabricCongestion"
 # what makes an uplink bad for the spine fold (congestion is not a broken cable)
 BAD_UPLINK = frozenset({"FabricLinkDown", "FabricLinkFlapping", "FabricLinkErrors", "FabricLinkDegraded"})
 
@@ -70,6 +71,8 @@ class SwitchSide:
         self._ends: dict[tuple[str, int], LinkState | None] = {}  # (switch, port) -> its cable's state
         self._uplinks: dict[tuple[str, int], LinkState] = {}  # (leaf, port) -> uplink state
         self._own_host_links: dict[tuple[str, str, str], LinkState] = {}  # host links of nodes with no agent
+        # component -> (the switch port that waited last, at, ticks): FabricCongestion names the port
+        self._waits: dict[Component, tuple[str, float, float]] = {}
 
     # ------------------------------------------------------------------ trust
     def carries(self, batch: NodeBatch) -> bool:
@@ -117,9 +120,16 @@ class SwitchSide:
             kind = LinkEvent.XWAIT if d.family == XMIT_WAIT else _event_of(lab.get("counter", ""))
             if kind is None:
                 continue
-            link = self._end((lab.get("switch", ""), int(lab.get("port", "0") or 0)))
+            if kind == LinkEvent.XWAIT and d.delta < 0.2 * self.interval * self.settings.xmit_wait_rate_min:
+                continue  # a port waits now and then: keep only what could matter (as the host ingest does)
+            switch = lab.get("switch", "")
+            link = self._end((switch, int(lab.get("port", "0") or 0)))
             if link is None:
                 continue
+            if kind == LinkEvent.DOWNED and link.id.kind is Kind.UPLINK and switch != link.id.leaf:
+                continue  # both ends count one going down: the leaf's end says it (as it says the state)
+            if kind == LinkEvent.XWAIT:
+                self._waits[link.id] = (f"{switch} port {lab.get('port', '')}", ts, d.delta)
             ev: Event = (ts, int(kind), d.delta, 0)
             link.ev.append(ev)
             self.registry.active_links.add(link)
@@ -195,6 +205,23 @@ class SwitchSide:
             link.leaf = None  # evidence from the switch end alone does not fold a leaf
             self._own_host_links[key] = link
         return link
+
+    def name_waiting(self, findings: list[Finding], now: float) -> None:
+        """FabricCongestion on a cable whose switch port waited names that port: the port that waits is
+        where the congestion is (its receiver is slow or its downstream backs up), whichever end the
+        cable's component is named by."""
+        horizon = now - 3 * self.interval
+        for f in findings:
+            if f.alertname != CONGESTION or not (f.fire or f.keep):
+                continue
+            wait = self._waits.get(f.component)
+            if wait is None or wait[1] < horizon:
+                continue
+            line = f"transmit wait at switch port {wait[0]}: {wait[2] / self.interval:.0f} ticks/s"
+            if line not in f.evidence:
+                f.evidence.append(line)
+        for c in [c for c, w in self._waits.items() if w[1] < horizon]:
+            del self._waits[c]
 
     def uplink_states(self) -> list[LinkState]:
         return list(self._uplinks.values())

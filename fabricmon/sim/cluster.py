@@ -77,6 +77,11 @@ class Effects:
     nic_bw: np.ndarray  # (nodes, rails) bandwidth factor of each rail NIC's link (1 = nominal)
     gpu_slow: np.ndarray  # (nodes, gpus) compute-time multiplier (1 = nominal)
     tp_slow: np.ndarray  # (nodes,) intra-node (NVLink) collective time multiplier
+    # the switch side (cluster: {spines: ...}; sim/switches.py), None without one: the share of its leaf's
+    # uplink bandwidth each (node, rail NIC)'s traffic keeps when its job crosses that leaf's uplinks, and
+    # the leaf of each (node, rail NIC) (-1: none), which tells whether a job crosses them
+    uplink_bw: np.ndarray | None = None
+    leaf_index: np.ndarray | None = None
 
 
 class ClusterState:
@@ -143,6 +148,12 @@ class ClusterState:
         self._flap_phase: dict[int, bool] = {}
         self._init_optics(c.seed)
         self._set_fault_state(0.0)
+        layout = c.switch_layout()
+        self.switches = None
+        if layout is not None:
+            from .switches import SimSwitches
+
+            self.switches = SimSwitches(scenario, self, layout)
 
     # ------------------------------------------------------------------ helpers
     def node_index(self, node: str) -> int:
@@ -371,6 +382,8 @@ class ClusterState:
                 gpu[self.index[f.the_node], f.the_gpu] *= f.mag
             elif m.tp_slow or m.tp_fixed != 1.0:
                 tp[self.index[f.the_node]] *= (1 + m.tp_slow * f.mag) * m.tp_fixed
+        if self.switches is not None:
+            return Effects(bw, gpu, tp, self.switches.leaf_factor(t), self.switches.leaf_index)
         return Effects(bw, gpu, tp)
 
     # ------------------------------------------------------------------ time
@@ -420,6 +433,8 @@ class ClusterState:
         for _, f in active:
             if MODELS[f.kind].throttle:
                 self.throttle[self.index[f.the_node], f.the_gpu] = MODELS[f.kind].throttle
+        if self.switches is not None:
+            self.switches.advance(dt, t_new)
         self.t = t_new
         self.tick += 1
 

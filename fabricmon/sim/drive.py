@@ -83,6 +83,8 @@ class Drive:
         engine = self.engine
         if engine is None:
             return
+        # the node that sweeps the simulated switches is the aggregator's switch source (auth.switch_sources)
+        engine.switch_side.sources = engine.switch_side.sources | frozenset(getattr(self.sim, "switch_sources", ()))
         for h in self.sim.hellos():
             if self.wire is not None:
                 self.wire.connect(h)

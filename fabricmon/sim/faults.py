@@ -151,6 +151,11 @@ MODELS: dict[str, FaultModel] = {
     "cable_degrading": FaultModel(link="flap", recoveries_per_down=3),
     "rank_hang": FaultModel(notes="a job effect only (sim.job)"),
     "counter_reset": FaultModel(resets_counters=True, notes="not a fault: a driver reload"),
+    # the switch side: counters, state and job effect in sim/switches.py (nothing on a host port)
+    "uplink_flaky": FaultModel(notes="switch side (sim/switches.py)"),
+    "uplink_down": FaultModel(notes="switch side (sim/switches.py)"),
+    "spine_degraded": FaultModel(notes="switch side (sim/switches.py)"),
+    "switch_congestion": FaultModel(notes="switch side (sim/switches.py)"),
     # fixture-only kinds (sim.fixture): the agent's width and presence handling, not scenario faults
     "hot_unplug": FaultModel(link="absent", notes="the NIC vanishes; re-probed with counters restarted at end"),
     "counter_saturation": FaultModel(counters=(

@@ -114,6 +114,8 @@ class SyntheticJob:
         self.dp = n // self.pp
         self.index = np.arange(n) if index is None else np.asarray(index, dtype=np.int64)
         self.pos = {name: i for i, name in enumerate(self.names)}
+        self._crossing_key: int | None = None  # _crossing: worked out again for the new nodes
+        self._crossing_of = np.zeros(NRAILS, dtype=bool)
         d = self.dp
         self.ring_bytes = 2 * (d - 1) / d * self.spec.grad_bytes_per_rank if d > 1 else 0.0
         self.stage = np.arange(n) // self.dp
@@ -178,7 +180,11 @@ class SyntheticJob:
         ready = node_max + tp_time  # (n,) when the node enters its rings
         ready_s = ready.reshape(pp, dp)
         ring_start = ready_s.max(axis=1)  # (pp,) the same for the 8 rings of a stage
-        bw = eff.nic_bw[ix, :NRAILS].reshape(pp, dp, NRAILS).min(axis=1)  # (pp, rails): slowest link
+        nic_bw = eff.nic_bw[ix, :NRAILS]
+        if eff.uplink_bw is not None and eff.leaf_index is not None:
+            # a ring that crosses its leaves' uplinks is as slow as what they still carry (sim/switches.py)
+            nic_bw = nic_bw * np.where(self._crossing(eff.leaf_index), eff.uplink_bw[ix, :NRAILS], 1.0)
+        bw = nic_bw.reshape(pp, dp, NRAILS).min(axis=1)  # (pp, rails): slowest link
         bytes_per_s = s.link_gbps * 1e9 / 8 * s.efficiency * np.maximum(bw, 1e-3)
         transfer = self.ring_bytes / bytes_per_s  # (pp, rails)
         ring_end = ring_start[:, None] + transfer
@@ -191,6 +197,18 @@ class SyntheticJob:
         comm = tp_time[:, None] + tp_wait + dp_wait[:, None] + transfer_rank + p2p_wait[:, None]
         return {"compute": compute, "comm": comm, "step_seconds": np.float64(step_seconds),
                 "transfer": transfer, "ready": ready, "checkpoint": checkpoint}
+
+    def _crossing(self, leaf_index: np.ndarray) -> np.ndarray:
+        """(rails,): whether the job's traffic on each rail crosses its leaves' uplinks: it has nodes under
+        more than one leaf of that rail (DESIGN "The switch side": without forwarding tables, a job crosses
+        every uplink of a leaf where it has nodes when it also has nodes under another leaf of the rail)."""
+        key = id(leaf_index)  # one array per cluster; a move to other nodes resets the key (_place)
+        if self._crossing_key != key:
+            leaves = leaf_index[self.index, :NRAILS]
+            self._crossing_of = np.array([len(set(leaves[:, r][leaves[:, r] >= 0].tolist())) > 1
+                                          for r in range(NRAILS)])
+            self._crossing_key = key
+        return self._crossing_of
 
     def advance_to(self, t: float, eff: Effects) -> list[RankTiming]:
         """Run every step that ends at or before simulated time t; their RankTimings (ts = step end)."""

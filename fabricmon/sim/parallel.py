@@ -125,6 +125,10 @@ class ParallelTreeCluster:
     def ground_truth(self) -> list[dict]:
         return self.driver.ground_truth()
 
+    @property
+    def switch_sources(self) -> tuple[str, ...]:
+        return self.driver.switch_sources  # the worker rendering that node runs its sweeping agent
+
     def jobs_truth(self) -> list[dict]:
         return self.driver.jobs_truth()  # the parent steps the same jobs as the workers
 

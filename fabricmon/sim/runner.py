@@ -55,6 +55,7 @@ from .job import JobSpec
 from .jobs import JobSet
 from .ras_link import SimRas
 from .scenario import Scenario
+from .sweep_feed import SweepFeed
 
 if TYPE_CHECKING:
     from .inmemory import BatchBuilder
@@ -153,6 +154,10 @@ class SimulatedCluster:
         self.keep_trees = keep_trees
         self.topology: Topology = c.build_topology()  # rail-optimized, a fat tree, or the scenario's file
         self.cluster = ClusterState(scenario, epoch=epoch)
+        # the switch side (cluster: {spines: ...}): the first node's agent sweeps every switch port
+        self.sweep: SweepFeed | None = None
+        if self.cluster.switches is not None:
+            self.sweep = SweepFeed(self.cluster.switches, self.cluster.names[0], seed=c.seed)
         # every job of the scenario (one "llm-7b" on every node without ``jobs:``), with its decoys
         self.jobs = JobSet(scenario, self.cluster, job, epoch=epoch) if job is not None else None
         # nccl_ras: every job announces a loopback RAS speaking NCCL's protocol; ``ras.attach`` links the
@@ -202,6 +207,23 @@ class SimulatedCluster:
         """The simulated clock (epoch seconds): what every agent and sample uses."""
         return self.cluster.ts()
 
+    @property
+    def switch_sources(self) -> tuple[str, ...]:
+        """The nodes whose streams carry the switch sweep (the aggregator's ``auth.switch_sources``)."""
+        return (self.sweep.node,) if self.sweep is not None else ()
+
+    def switch_file(self) -> str | None:
+        """Tree mode: the fake sweep file the sweeping node's agent reads (None where this instance does not
+        render that node: a parallel worker of other nodes)."""
+        if self.sweep is None or self.base_dir is None or self.cluster.index[self.sweep.node] not in self._node_index:
+            return None
+        return os.path.join(self.base_dir, "switch-sweep.json")
+
+    def _write_sweep(self) -> None:
+        path = self.switch_file()
+        if path is not None and self.sweep is not None and self.sweep.due(self.cluster.t):
+            self.sweep.write(self.cluster.t, self.now(), path)
+
     def write_topology(self, path: str | Path) -> None:
         self.topology.write_yaml(path)
 
@@ -226,12 +248,15 @@ class SimulatedCluster:
 
         assert self.base_dir is not None  # tree mode has one (__init__)
         os.makedirs(self.base_dir, exist_ok=True)
+        self._write_sweep()
         for i in self._node_index:
             name = c.names[i]
             tree = NodeTree(c, i, self.node_root(name))
             tree.render()
             self.trees.append(tree)
-            agent = make_sim_agent(tree, self.now, self.interval, self.link_watch)
+            sweeps = self.sweep is not None and name == self.sweep.node
+            agent = make_sim_agent(tree, self.now, self.interval, self.link_watch,
+                                   switch_file=self.switch_file() if sweeps else None)
             self.agents.append(agent)
             if self.http:
                 self.http_ports[name] = agent.start_http("127.0.0.1:0")
@@ -283,6 +308,7 @@ class SimulatedCluster:
             st.batch_s = time.perf_counter() - t2
         else:
             st.files_written = sum(tree.render() for tree in self.trees)
+            self._write_sweep()
             t3 = time.perf_counter()
             st.render_s = t3 - t2
             for a in self.agents:  # the watch's pass of this tick: what changed since is in this poll
@@ -342,7 +368,13 @@ class SimulatedCluster:
             batches = self._builder.build()
         else:
             batches = self._builder.build(by_node, self.layouts)
+        sweep = None
+        if self.sweep is not None and self.sweep.due(self.cluster.t):
+            sweep = self.sweep.series(self.cluster.t, self.now())
         for b in batches:
+            if sweep is not None and self.sweep is not None and b.node == self.sweep.node:
+                # the sweeping node's agent streams the sweep with its own series (one batch)
+                b = replace(b, deltas=b.deltas + tuple(sweep[0]), gauges=b.gauges + tuple(sweep[1]))
             hb = self._heartbeats.get(b.node)
             if self.rank_intake:
                 ranks, layouts, hbs = self._via_intake(b.node, by_node.get(b.node, []), hb or [])

@@ -53,6 +53,7 @@ from ..topology import (
     nvlink_id,
 )
 from .hw import FRONTEND, NGPU, NRAILS, NVLINKS
+from .switch_layout import SwitchLayout, build_layout
 from .workload import Decoy, JobDef, ResolvedJob, check_decoys, resolve_jobs
 
 # kind -> (target, component_type, alertname)
@@ -74,7 +75,15 @@ KINDS: dict[str, tuple[str, str | None, str | None]] = {
     "counter_reset": ("node", None, None),  # not a fault: must raise nothing
     "cable_degrading": ("link", "link", "FabricCableDegrading"),  # then FabricLinkFlapping from fails_at
     "rank_hang": ("gpu", "gpu", "JobHung"),  # that rank never enters its next collective; heartbeats go on
+    # the switch side (cluster: {spines: N, uplinks_per_leaf: M}; sim/switches.py)
+    "uplink_flaky": ("uplink", "uplink", "FabricLinkErrors"),  # {leaf, port} or {leaf, spine}
+    "uplink_down": ("uplink", "uplink", "FabricLinkDown"),
+    "spine_degraded": ("spine", "spine", "FabricSpineDegraded"),  # every uplink of {spine} counts errors
+    "switch_congestion": ("switch_port", None, "FabricCongestion"),  # {leaf, port}: transmit wait, no errors
 }
+# the kinds that need the cluster's switch side (spines); random_scenario leaves them out (its seeds draw
+# the scenarios they always drew)
+SWITCH_KINDS = ("uplink_flaky", "uplink_down", "spine_degraded", "switch_congestion")
 
 # Default magnitude per kind and what it means.
 MAGNITUDE: dict[str, float] = {
@@ -93,10 +102,14 @@ MAGNITUDE: dict[str, float] = {
     "counter_reset": 1.0,     # unused
     "cable_degrading": 1.0,   # RX power loss of the bad lane by fails_at: 4 dB x magnitude
     "rank_hang": 1.0,         # unused
+    "uplink_flaky": 1.0,      # error-rate multiplier; the uplink carries 1 - 0.25 * magnitude (>= 0.3)
+    "uplink_down": 1.0,       # unused
+    "spine_degraded": 1.0,    # error-rate multiplier on every uplink of the spine, each as uplink_flaky
+    "switch_congestion": 0.7,  # share of the port's transmit time it waits for credits
 }
 
 _OPTIONAL = ("node", "rail", "gpu", "link", "unit", "leaf", "end", "magnitude", "period", "degrade", "fails_at",
-             "optics")
+             "optics", "port", "spine")
 # which optional keys a target takes (others are errors: a key that would fault nothing)
 _TAKES = {
     "link": {"node", "rail", "end", "magnitude"},
@@ -105,6 +118,9 @@ _TAKES = {
     "gpu": {"node", "gpu", "end", "magnitude"},
     "config": {"node", "rail", "end"},
     "node": {"node"},
+    "uplink": {"leaf", "port", "spine", "end", "magnitude"},
+    "spine": {"spine", "end", "magnitude"},
+    "switch_port": {"leaf", "port", "end", "magnitude"},
 }
 
 
@@ -120,6 +136,8 @@ class ClusterSpec:
     fabric: str = "rail_optimized"  # | fat_tree (nodes_per_leaf nodes, every NIC, on one leaf)
     nodes_per_leaf: int | None = None
     topology: str | None = None  # a topology file: its nodes and leaves (nodes is its node count)
+    spines: int | None = None  # the switch side: leaf uplinks to this many spines (sim/switch_layout.py)
+    uplinks_per_leaf: int | None = None  # default: spines
 
     def validate(self, path: str, source: str) -> None:
         p = f"{path}." if path else ""
@@ -142,6 +160,24 @@ class ClusterSpec:
                 raise ConfigError(f"{source}: {p}nodes_per_leaf: must be >= 1, got {self.nodes_per_leaf}")
         if self.topology is not None and self.fabric != "rail_optimized":
             raise ConfigError(f"{source}: {p}topology: the file says the fabric: give topology or fabric, not both")
+        if self.uplinks_per_leaf is not None and self.spines is None:
+            raise ConfigError(f"{source}: {p}uplinks_per_leaf: given without spines (the spines they reach)")
+        if self.spines is not None and not 1 <= self.spines <= 64:
+            raise ConfigError(f"{source}: {p}spines: must be 1..64, got {self.spines}")
+        if self.uplinks_per_leaf is not None and not 1 <= self.uplinks_per_leaf <= 64:
+            raise ConfigError(f"{source}: {p}uplinks_per_leaf: must be 1..64, got {self.uplinks_per_leaf}")
+        if self.spines is not None and self.topology is None:
+            hosts = self.nodes_per_unit if self.fabric == "rail_optimized" else 8 * (self.nodes_per_leaf or 0)
+            if hosts + self.uplinks > 254:
+                raise ConfigError(f"{source}: {p}uplinks_per_leaf: {hosts} host ports and {self.uplinks} uplinks "
+                                  "do not fit a 254-port leaf")
+
+    @property
+    def uplinks(self) -> int:
+        """Uplinks per leaf (0: no switch side simulated)."""
+        if self.spines is None:
+            return 0
+        return self.uplinks_per_leaf if self.uplinks_per_leaf is not None else self.spines
 
     @property
     def units(self) -> int:
@@ -153,7 +189,16 @@ class ClusterSpec:
         return [node_name(i, self.nodes) for i in range(self.nodes)]
 
     def build_topology(self) -> Topology:
-        """The cluster's topology as the aggregator gets it (a fresh object: the aggregator binds NICs)."""
+        """The cluster's topology as the aggregator gets it (a fresh object: the aggregator binds NICs).
+        With ``spines``, every NIC's switch port and every leaf's spines are stated (switch_layout.cabled)."""
+        topo = self._plain_topology()
+        if self.spines is not None:
+            from .switch_layout import cabled
+
+            topo = cabled(topo, self.spines)
+        return topo
+
+    def _plain_topology(self) -> Topology:
         if self.topology is not None:
             return load_topology(self.topology)
         if self.fabric == "fat_tree":
@@ -162,6 +207,20 @@ class ClusterSpec:
                                      nics=NRAILS, gpus_per_node=NGPU, cluster="sim")
         return generate_topology(self.nodes, layout=self.layout, nodes_per_unit=self.nodes_per_unit, rails=NRAILS,
                                  gpus_per_node=NGPU, cluster="sim")
+
+    def switch_layout(self) -> SwitchLayout | None:
+        """Every switch port's cable (None without ``spines``); one per cluster spec."""
+        if self.spines is None:
+            return None
+        key = (self.topology, self.fabric, self.nodes, self.nodes_per_leaf, self.nodes_per_unit, self.layout,
+               self.spines, self.uplinks)
+        lay = _LAYOUTS.get(key)
+        if lay is None:
+            topo = _topology_of(self)
+            lay = _LAYOUTS[key] = build_layout(topo, list(topo.nodes), self.nodes_per_unit, self.spines,
+                                               self.uplinks, generated=self.topology is None
+                                               and self.fabric == "rail_optimized")
+        return lay
 
     def leaf_targets(self, leaf: str) -> tuple[list[str], list[int]] | None:
         """The (nodes, NIC indexes) a fault on ``leaf`` touches: every simulated rail NIC (mlx5_0..7) the
@@ -179,11 +238,12 @@ class ClusterSpec:
 
 
 _TOPOLOGIES: dict[tuple, Topology] = {}
+_LAYOUTS: dict[tuple, SwitchLayout] = {}
 
 
 def _topology_of(c: ClusterSpec) -> Topology:
     """One parsed topology per cluster spec (scenario validation and ground truth ask many times)."""
-    key = (c.topology, c.fabric, c.nodes, c.nodes_per_leaf, c.nodes_per_unit, c.layout)
+    key = (c.topology, c.fabric, c.nodes, c.nodes_per_leaf, c.nodes_per_unit, c.layout, c.spines)
     topo = _TOPOLOGIES.get(key)
     if topo is None:
         topo = _TOPOLOGIES[key] = c.build_topology()
@@ -200,7 +260,9 @@ class Fault:
     gpu: int | None = None
     link: int | None = None
     unit: int | None = None
-    leaf: str | None = None  # leaf_degraded / ecn_congestion: the leaf by its topology name
+    leaf: str | None = None  # leaf_degraded / ecn_congestion / the switch kinds: the leaf by its topology name
+    port: int | None = None  # uplink_flaky, uplink_down, switch_congestion: the leaf's switch port
+    spine: str | None = None  # spine_degraded; uplink_* instead of port: the leaf's (first) uplink to it
     magnitude: float | None = None
     priority: int = 3
     period: float | None = None  # link_flap: seconds per down+up cycle (default 6)
@@ -235,10 +297,16 @@ class Fault:
         required = {"link": ("node",) if self.kind == "pfc_storm" else ("node", "rail"),
                     "leaf": ("leaf",) if self.leaf is not None else ("unit", "rail"),
                     "nvlink": ("node", "gpu", "link"), "gpu": ("node", "gpu"),
-                    "config": ("node",), "node": ("node",)}[target]
+                    "config": ("node",), "node": ("node",), "uplink": ("leaf",), "spine": ("spine",),
+                    "switch_port": ("leaf", "port")}[target]
         for key in required:
             if getattr(self, key) is None:
                 raise fail(key, f"required for {self.kind}")
+        if target == "uplink" and (self.port is None) == (self.spine is None):
+            raise fail("port", f"{self.kind} names its uplink by port or by spine (one of them), "
+                               f"got {'both' if self.port is not None else 'neither'}")
+        if self.port is not None and not 1 <= self.port <= 254:
+            raise fail("port", f"switch ports are 1..254, got {self.port}")
         if self.start < 0:
             raise fail("start", f"must be >= 0, got {self.start}")
         if self.kind == "cable_degrading":
@@ -260,8 +328,8 @@ class Fault:
             raise fail("unit", f"must be >= 0, got {self.unit}")
         if self.magnitude is not None and not self.magnitude > 0:
             raise fail("magnitude", f"must be > 0, got {self.magnitude}")
-        if self.kind in ("leaf_degraded", "ecn_congestion", "pfc_storm") and self.magnitude is not None \
-                and self.magnitude > 1:
+        if self.kind in ("leaf_degraded", "ecn_congestion", "pfc_storm", "switch_congestion") \
+                and self.magnitude is not None and self.magnitude > 1:
             raise fail("magnitude", f"is a bandwidth/pause share for {self.kind}: must be <= 1, got {self.magnitude}")
         if self.priority != 3:
             raise fail("priority", f"only the RoCE priority 3 is simulated, got {self.priority}")
@@ -381,12 +449,14 @@ class Scenario:
                 raise ConfigError(f"{source}: {p}.unit: this cluster's leaves are not unit x rail "
                                   f"({'a fat tree' if c.fabric == 'fat_tree' else 'from ' + str(c.topology)}): name "
                                   f"the leaf (leaf: {leaves[0] if leaves else 'NAME'})")
-            if f.leaf is not None and c.leaf_targets(f.leaf) is None:
+            if f.kind in SWITCH_KINDS:
+                _check_switch_fault(f, c, f"{source}: {p}")
+            elif f.leaf is not None and c.leaf_targets(f.leaf) is None:
                 leaves = _topology_of(c).leaves()
                 few = ", ".join(leaves[:4]) + (f" ... ({len(leaves)} leaves)" if len(leaves) > 4 else "")
                 raise ConfigError(f"{source}: {p}.leaf: {f.leaf!r} is not a leaf of this cluster with a simulated "
                                   f"NIC (mlx5_0..{NRAILS - 1}) on it (leaves: {few or 'none'})")
-            if f.leaf is not None:
+            if f.leaf is not None and f.kind not in SWITCH_KINDS:
                 _check_grid(c, f.leaf, f"{source}: {p}.leaf")
             if f.unit is not None and f.unit >= self.cluster.units:
                 raise ConfigError(f"{source}: {p}.unit: unit {f.unit} is not in a {n}-node cluster of "
@@ -445,6 +515,8 @@ class Scenario:
             cluster.update(fabric=c.fabric, nodes_per_leaf=c.nodes_per_leaf)
         if c.topology is not None:
             cluster["topology"] = c.topology
+        if c.spines is not None:
+            cluster.update(spines=c.spines, uplinks_per_leaf=c.uplinks)
         out = {"cluster": cluster,
                "duration": self.duration, "faults": out_faults}
         if self.jobs:
@@ -453,6 +525,33 @@ class Scenario:
         if self.decoys:
             out["decoys"] = [d.to_dict() for d in self.decoys]
         return out
+
+
+def _check_switch_fault(f: Fault, c: ClusterSpec, where: str) -> None:
+    """A switch-side fault names a leaf, uplink, spine or switch port this cluster's switch side has."""
+    lay = c.switch_layout()
+    if lay is None:
+        raise ConfigError(f"{where}.kind: {f.kind} needs the switch side: cluster: {{spines: N, uplinks_per_leaf: M}}")
+    if f.spine is not None and f.spine not in lay.by_spine:
+        raise ConfigError(f"{where}.spine: {f.spine!r} is not a spine of this cluster (spines: "
+                          f"{', '.join(lay.spines[:6])}{' ...' if len(lay.spines) > 6 else ''})")
+    if f.leaf is None:
+        return
+    if f.leaf not in lay.by_leaf:
+        few = ", ".join(lay.leaves[:4]) + (f" ... ({len(lay.leaves)} leaves)" if len(lay.leaves) > 4 else "")
+        raise ConfigError(f"{where}.leaf: {f.leaf!r} is not a leaf of this cluster (leaves: {few or 'none'})")
+    ups = ", ".join(str(u.port) for u in lay.by_leaf[f.leaf])
+    if f.spine is not None and lay.uplink_to(f.leaf, f.spine) is None:
+        raise ConfigError(f"{where}.spine: {f.leaf} has no uplink to {f.spine} (its uplinks reach "
+                          f"{', '.join(sorted({u.spine for u in lay.by_leaf[f.leaf]}))})")
+    if f.port is None:
+        return
+    if f.kind == "switch_congestion":
+        if lay.uplink_at(f.leaf, f.port) is None and (f.leaf, f.port) not in lay.host_by_port:
+            raise ConfigError(f"{where}.port: {f.leaf} port {f.port} is not cabled (hosts on "
+                              f"1..{max(p for (lf, p) in lay.host_by_port if lf == f.leaf)}, uplinks {ups})")
+    elif lay.uplink_at(f.leaf, f.port) is None:
+        raise ConfigError(f"{where}.port: {f.leaf} port {f.port} is not an uplink (its uplinks: {ups})")
 
 
 def _check_grid(c: ClusterSpec, leaf: str, where: str) -> None:
@@ -488,6 +587,8 @@ def _rail_label(cluster: ClusterSpec, node: str, rail: int | None) -> int | None
 def ground_truth(f: Fault, cluster: ClusterSpec) -> GroundTruth:
     target, ctype, alert = KINDS[f.kind]
     end = f.end
+    if f.kind in SWITCH_KINDS:
+        return _switch_truth(f, cluster)
     if ctype is None:
         return GroundTruth(f.kind, None, None, f.start, end, None, node=f.node)
     if target == "leaf":
@@ -513,6 +614,38 @@ def ground_truth(f: Fault, cluster: ClusterSpec) -> GroundTruth:
         return GroundTruth(f.kind, "nvlink", nvlink_id(f.node, f.the_gpu, f.the_link), f.start, end, alert,
                            node=f.node, gpu=f.gpu)
     return GroundTruth(f.kind, "gpu", gpu_id(f.node, f.the_gpu), f.start, end, alert, node=f.node, gpu=f.gpu)
+
+
+def switch_fault_port(f: Fault, cluster: ClusterSpec) -> tuple[str, int] | None:
+    """The (leaf, port) an uplink or switch-port fault names (by port, or the leaf's first uplink to its spine)."""
+    lay = cluster.switch_layout()
+    if lay is None or f.leaf is None:
+        return None
+    if f.port is not None:
+        return f.leaf, f.port
+    u = lay.uplink_to(f.leaf, f.spine or "")
+    return (u.leaf, u.port) if u is not None else None
+
+
+def _switch_truth(f: Fault, cluster: ClusterSpec) -> GroundTruth:
+    """The component a switch-side fault is: the uplink (``<leaf>/p<port>``), the spine, or for transmit
+    wait on a host's switch port that host's link (one cable, one component)."""
+    _, ctype, alert = KINDS[f.kind]
+    if f.kind == "spine_degraded":
+        return GroundTruth(f.kind, "spine", f.spine, f.start, f.end, alert)
+    at = switch_fault_port(f, cluster)
+    assert at is not None  # validated
+    leaf, port = at
+    lay = cluster.switch_layout()
+    assert lay is not None
+    host = lay.host_by_port.get((leaf, port))
+    if host is not None:
+        names = cluster.node_names()
+        node = names[host.node]
+        rail = _rail_label(cluster, node, host.dev)
+        return GroundTruth(f.kind, "link", link_id(node, f"mlx5_{host.dev}", 1), f.start, f.end, alert, node=node,
+                           rail=rail, leaf=leaf)
+    return GroundTruth(f.kind, "uplink", f"{leaf}/p{port}", f.start, f.end, alert, leaf=leaf)
 
 
 def scenario_from_dict(data: dict, source: str = "<scenario>") -> Scenario:
@@ -586,7 +719,8 @@ def random_scenario(seed: int, nodes: int = 64, duration: float = 300.0, *, layo
     # cable_degrading needs minutes of trend before its warning (benchmarks/bench_cable_lead.py runs it);
     # rank_hang needs a job on its node (bench_detection's workload scenarios)
     kinds = [k for k in KINDS
-             if not (layout == "ib" and k == "config_drift") and k not in ("cable_degrading", "rank_hang")]
+             if not (layout == "ib" and k == "config_drift") and k not in ("cable_degrading", "rank_hang")
+             and k not in SWITCH_KINDS]
     count = 0 if rng.random() < p_none else rng.randint(1, max_faults)
     faults = []
     for _ in range(count):

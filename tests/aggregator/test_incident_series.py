@@ -35,7 +35,7 @@ def test_open_incident_has_series_and_resolved_one_disappears() -> None:
     assert lint.returncode == 0 and not lint.stdout.strip() and not lint.stderr.strip(), lint
     want = {"alertname": "FabricLinkErrors", "severity": inc.severity, "component_type": "link",
             "component": "node-003/mlx5_3/1", "node": "node-003", "rail": "3", "leaf": "leaf-u0-r3",
-            "hpc_job": "", "job_id": ""}  # no job's ranks use the link here
+            "hpc_job": "", "job_id": "", "spine": ""}  # no job's ranks use the link; spine: an uplink's
     opened = [s for s in fams["fabricmon_incident_open"] if s.labels["alertname"] == "FabricLinkErrors"]
     assert [(s.labels, s.value) for s in opened] == [(want, 1.0)]
     started = [s for s in fams["fabricmon_incident_started_timestamp_seconds"] if s.labels == want]

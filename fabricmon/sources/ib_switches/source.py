@@ -11,6 +11,8 @@ from ...model import Reading, Semantics, SourceResult
 from ..errorlog import ErrorLog
 from ..inventory import Inventory
 from ..registry import SourceContext, SourceSpec
+from .backend import SweepBackend
+from .backend_fake import FakeSweep
 from .parse import PortSample
 from .sweeper import Sweeper, SweepSnapshot
 
@@ -69,12 +71,12 @@ class IbSwitchesSource:
     name = "ib_switches"
     self_bounded = True  # poll only copies the last sweep
 
-    def __init__(self, config: IbSwitchesConfig, *, sweeper: Sweeper | None = None,
+    def __init__(self, config: IbSwitchesConfig, *, sweeper: SweepBackend | None = None,
                  clock: Callable[[], float] = time.time, start_thread: bool = True) -> None:
         self.config = config
         self.timeout = 1.0
         self._clock = clock
-        self._sweeper = sweeper if sweeper is not None else Sweeper(config, clock=clock)
+        self._sweeper: SweepBackend = sweeper if sweeper is not None else Sweeper(config, clock=clock)
         self._started = not start_thread  # False: the caller drives the sweeper (tests)
         self._errlog = ErrorLog(self.name)
 
@@ -103,7 +105,8 @@ class IbSwitchesSource:
 
 
 def _build(config: IbSwitchesConfig, context: SourceContext) -> IbSwitchesSource:
-    return IbSwitchesSource(config)
+    fake = config.fake_file
+    return IbSwitchesSource(config, sweeper=FakeSweep(fake) if fake else None)
 
 
 SOURCE = SourceSpec("ib_switches", IbSwitchesConfig, _build)
