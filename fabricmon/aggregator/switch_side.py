@@ -38,6 +38,7 @@ GAUGE_FAMILIES = frozenset({PORT_UP, PORT_INFO, SWEEP_SECONDS})
 FAMILIES = DELTA_FAMILIES | GAUGE_FAMILIES
 INTERVAL_RANGE = (1.0, 600.0)
 SPINE_DEGRADED = "FabricSpineDegraded"
+SWITCH_END = "switch_end"  # label of a host cable's alerts: its swept switch end, ``<switch>/p<port>``
 # what makes an uplink bad for the spine fold (congestion is not a broken cable)
 BAD_UPLINK = frozenset({"FabricLinkDown", "FabricLinkFlapping", "FabricLinkErrors", "FabricLinkDegraded"})
 
@@ -163,7 +164,13 @@ class SwitchSide:
             if found is None:
                 return None
             node, nic = found
-            return self._host_link(node, nic.device, str(nic.port))
+            link = self._host_link(node, nic.device, str(nic.port))
+            end = f"{switch}/p{port}"
+            if link is not None and link.labels.get(SWITCH_END) != end:
+                # the cable's switch end is swept: its alerts say which switch port, and FabricmonAgentDown
+                # of the host does not hide them (deploy/alertmanager: the switch end still sees the cable)
+                link.labels = {**link.labels, SWITCH_END: end}
+            return link
         here, there = self._is_leaf(switch), self._is_leaf(peer)
         if here and not there:
             return self._uplink(switch, port, peer, peer_port)
