@@ -135,8 +135,14 @@ class IbSwitchesConfig:
     health_interval: float = 10.0  # AllPortSelect probe per switch, PortInfo of switch-to-switch cables
     full_interval: float = 60.0  # every port's counters (perfquery -x -l, one process per switch) and PortInfo
     node_name_map: str | None = None  # OpenSM's node-name-map, as `fabricmon topology import` takes it
+    # how each health sweep reads every cabled switch port's PortInfo: `walk`, one `iblinkinfo` process (a
+    # discovery walk: ~2.7 SMPs per switch port, CAs included); `smpquery`, one process per port (fewer
+    # MADs, thousands of processes: switch-to-switch cables between full reads, every port on full reads)
+    port_state: str = "walk"
 
     def validate(self, path: str, source: str) -> None:
+        if self.port_state not in ("walk", "smpquery"):
+            raise ConfigError(f"{source}: {path}.port_state: must be walk or smpquery, got {self.port_state!r}")
         check_range(self.concurrency, 1, 64, f"{path}.concurrency", source)
         check_range(self.timeout_ms, 10, 60_000, f"{path}.timeout_ms", source, "ms")
         check_range(self.retries, 0, 10, f"{path}.retries", source)
