@@ -81,7 +81,7 @@ class SwitchSide:
         self._uplinks: dict[tuple[str, int], LinkState] = {}  # (leaf, port) -> uplink state
         self._own_host_links: dict[tuple[str, str, str], LinkState] = {}  # host links of nodes with no agent
         self._leaf_units: dict[str, frozenset[int]] | None = None  # sharded: leaf -> its units (topology)
-        self.ports_elsewhere = 0  # sharded: switch ports resolved to a component another shard owns
+        self._elsewhere: set[tuple[str, int]] = set()  # sharded: switch ports whose component another shard owns
 
     # ------------------------------------------------------------------ trust
     def carries(self, batch: NodeBatch) -> bool:
@@ -171,8 +171,9 @@ class SwitchSide:
         if key in self._ends:
             return self._ends[key]
         link = self._resolve(key)
+        self._elsewhere.discard(key)
         if link is not None and not self._owned(link):
-            self.ports_elsewhere += 1
+            self._elsewhere.add(key)
             link = None  # another shard's: it gets the same stream and keeps this port
         self._ends[key] = link
         return link
@@ -282,4 +283,4 @@ class SwitchSide:
 
     def stats(self) -> dict[str, float]:
         return {"refused_batches": self.refused_batches, "uplinks": len(self._uplinks), "interval": self.interval,
-                "ports_elsewhere": self.ports_elsewhere}
+                "ports_elsewhere": len(self._elsewhere)}

@@ -89,7 +89,12 @@ def test_each_shard_keeps_the_switch_ports_of_the_leaves_and_hosts_it_owns(tmp_p
     _feed((a, b), {("leaf-00", 4): 200.0, ("spine-01", 2): 200.0, ("leaf-00", 2): 200.0, ("leaf-01", 1): 200.0})
     assert _open(a) == {("FabricLinkErrors", "leaf-00/p4"), ("FabricLinkErrors", "node-001/mlx5_0/1")}
     assert _open(b) == {("FabricLinkErrors", "leaf-01/p4"), ("FabricLinkErrors", "node-002/mlx5_0/1")}
-    assert a.switch_side.stats()["ports_elsewhere"] > 0 and b.switch_side.stats()["ports_elsewhere"] > 0
+    # A leaves B's leaf-01 ports and the spine ends of leaf-01's uplinks to B, and the other way round
+    assert a.switch_side.stats()["ports_elsewhere"] == b.switch_side.stats()["ports_elsewhere"] == 6
+    from fabricmon.aggregator.http_api import AggregatorCollector
+
+    exported = {s.name: s.value for fam in AggregatorCollector(a).collect() for s in fam.samples}
+    assert exported["fabricmon_switch_ports_elsewhere"] == 6
 
 
 def test_spine_degraded_is_decided_from_the_shards_summaries(tmp_path):
