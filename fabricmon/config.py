@@ -138,6 +138,10 @@ class IbSwitchesConfig:
     # tools: the real sweep (infiniband-diags on its own thread); fake:FILE: the last sweep from a JSON file the
     # simulator writes (sources/ib_switches/backend_fake.py), as nvml: fake:FILE
     backend: str = "tools"
+    # how each health sweep reads every cabled switch port's PortInfo: `walk`, one `iblinkinfo` process (a
+    # discovery walk: ~2.7 SMPs per switch port, CAs included); `smpquery`, one process per port (fewer
+    # MADs, thousands of processes: switch-to-switch cables between full reads, every port on full reads)
+    port_state: str = "walk"
 
     @property
     def fake_file(self) -> str | None:
@@ -146,6 +150,8 @@ class IbSwitchesConfig:
     def validate(self, path: str, source: str) -> None:
         if not (self.backend == "tools" or (self.backend.startswith("fake:") and len(self.backend) > 5)):
             raise ConfigError(f"{source}: {path}.backend: must be tools or fake:FILE, got {self.backend!r}")
+        if self.port_state not in ("walk", "smpquery"):
+            raise ConfigError(f"{source}: {path}.port_state: must be walk or smpquery, got {self.port_state!r}")
         check_range(self.concurrency, 1, 64, f"{path}.concurrency", source)
         check_range(self.timeout_ms, 10, 60_000, f"{path}.timeout_ms", source, "ms")
         check_range(self.retries, 0, 10, f"{path}.retries", source)

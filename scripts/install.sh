@@ -19,7 +19,8 @@
 #   --statedir DIR    where the units' StateDirectory lives, for --purge [/var/lib]
 #   --python PATH     the Python (3.10 or newer) the venv is built with [the first of python3.12,
 #                     python3.11, python3.10, python3 on PATH that is 3.10 or newer]
-#   --install-deps    install what the venv needs (venv/ensurepip) with the distribution's own tool:
+#   --install-deps    install what the venv needs (venv/ensurepip) and, for the agent, infiniband-diags
+#                     (the switch sweep's tools, sources.ib_switches) with the distribution's own tool:
 #                     apt-get (Debian, Ubuntu, DGX OS) or dnf (Rocky, RHEL); without it nothing is
 #                     installed and a missing piece is named with the command that installs it
 #   --no-apt          accepted for older scripts; does nothing (packages are only installed with --install-deps)
@@ -207,6 +208,36 @@ if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
     dnf install -y -q "$base" >/dev/null
   fi
   "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null || die "$PYTHON still has no ensurepip after: $cmd"
+fi
+
+# The agent's switch sweep (sources.ib_switches, enabled on one node per plane: docs/operations.md) runs
+# infiniband-diags (ibnetdiscover, iblinkinfo, perfquery, smpquery): the same package name on both
+# families (Debian's infiniband-diags; RHEL/Rocky build it from rdma-core).  Off by default, so without
+# --install-deps a missing tool is a note, not a failure.
+SWEEP_TOOLS=(ibnetdiscover iblinkinfo perfquery smpquery)
+SWEEP_PACKAGES_APT=(infiniband-diags)
+SWEEP_PACKAGES_DNF=(infiniband-diags)
+if [ "$ROLE" != aggregator ]; then
+  missing=()
+  for t in "${SWEEP_TOOLS[@]}"; do command -v "$t" >/dev/null || missing+=("$t"); done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    case "$(pkg_tool)" in
+      apt) pkgs=("${SWEEP_PACKAGES_APT[@]}"); cmd="apt-get install ${pkgs[*]}" ;;
+      dnf) pkgs=("${SWEEP_PACKAGES_DNF[@]}"); cmd="dnf install ${pkgs[*]}" ;;
+      *) pkgs=(); cmd="your distribution's infiniband-diags" ;;
+    esac
+    if [ "$DEPS" -eq 1 ] && [ "${#pkgs[@]}" -gt 0 ]; then
+      note "installing: $cmd (the switch sweep's tools)"
+      if [ "$(pkg_tool)" = apt ]; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+      else
+        dnf install -y -q "${pkgs[@]}" >/dev/null
+      fi
+    else
+      note "not installed: ${missing[*]} (needed only where sources.ib_switches is enabled): $cmd, or --install-deps"
+    fi
+  fi
 fi
 
 if [ -e "$PREFIX" ] && [ ! -f "$MARKER" ]; then

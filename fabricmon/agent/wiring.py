@@ -27,6 +27,12 @@ def build_live_agent(cfg: AgentConfig, clock: Callable[[], float] = time.time, *
         from .shard_target import resolve_static
 
         shard_plan = resolve_static(cfg.shard, node, source)
+    fanout = None
+    if shard_plan is not None and cfg.sources.ib_switches.enabled:
+        from .sweep_fanout import every_replica
+
+        assert cfg.shard is not None
+        fanout = every_replica(shard_plan[0], cfg.shard, source)  # the switch sweep: every replica
     sources = build_sources(cfg)
     built = list(sources)  # what a reload rebuilds; the intake and NCCL tail below stay
     extras: list = []
@@ -61,6 +67,15 @@ def build_live_agent(cfg: AgentConfig, clock: Callable[[], float] = time.time, *
         agent.stream = _start_stream(agent, cfg, cfg.aggregator, node, intake, stream_backoff)
         # Stop the stream before the intake so unacked batches reach the spool.
         agent.extras.append(agent.stream)
+    elif fanout is not None:
+        streams = [_start_stream(agent, cfg, t.address, node, intake if i == 0 else None, stream_backoff,
+                                 spool_dir=os.path.join(cfg.stream.spool_dir, t.replica),
+                                 name="stream" if i == 0 else f"stream:{t.replica}")
+                   for i, t in enumerate(fanout)]
+        log.info("switch_sweep_streams", replicas=[t.replica for t in fanout],
+                 aggregators=[t.address for t in fanout])
+        agent.stream = streams[0]  # its stats and readiness stand for all (each has its own spool)
+        agent.extras.extend(streams)
     elif shard_plan is not None:
         agent.shard = _shard_target(agent, cfg, node, intake, stream_backoff, *shard_plan)
         agent.extras.append(agent.shard)  # stops the stream it started, before the intake
@@ -68,15 +83,16 @@ def build_live_agent(cfg: AgentConfig, clock: Callable[[], float] = time.time, *
 
 
 def _start_stream(agent: Agent, cfg: AgentConfig, address: str, node: str, intake,
-                  backoff: tuple[float, float]):
+                  backoff: tuple[float, float], *, spool_dir: str | None = None, name: str = "stream"):
     from .spool import MemorySpool, Spool
     from .stream import StreamClient, TlsFiles
 
+    spool_dir = spool_dir or cfg.stream.spool_dir
     try:
-        os.makedirs(cfg.stream.spool_dir, exist_ok=True)
-        spool: MemorySpool = Spool(cfg.stream.spool_dir, cfg.stream.spool_max_bytes)
+        os.makedirs(spool_dir, exist_ok=True)
+        spool: MemorySpool = Spool(spool_dir, cfg.stream.spool_max_bytes)
     except OSError as exc:
-        log.error("spool_dir_unusable_using_memory", spool_dir=cfg.stream.spool_dir, error=str(exc))
+        log.error("spool_dir_unusable_using_memory", spool_dir=spool_dir, error=str(exc))
         spool = MemorySpool(cfg.stream.spool_max_bytes)
     tls = None
     if cfg.stream.tls_ca or cfg.stream.tls_cert:
@@ -86,7 +102,7 @@ def _start_stream(agent: Agent, cfg: AgentConfig, address: str, node: str, intak
                           backoff_min=backoff[0], backoff_max=backoff[1], host_root=cfg.host_root)
     client.attach(agent.poller)
     client.start()
-    agent.supervisor.add("stream", client.alive, client.restart)
+    agent.supervisor.add(name, client.alive, client.restart)
     return client
 
 

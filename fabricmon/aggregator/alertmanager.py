@@ -62,7 +62,11 @@ from .incidents import Incident
 
 log = structlog.get_logger("fabricmon.aggregator.alertmanager")
 
-LABEL_KEYS = ("node", "rail", "leaf", "gpu", "hpc_job", "rank", "job_id", "lateness", "cluster")
+# spine: FabricSpineDegraded hides only its own spine's uplinks (`equal: [cluster, spine]`; a label
+# missing on both sides counts as equal, so without it one spine's alert would hide every uplink);
+# switch_end: a host cable's swept switch end, which FabricmonAgentDown of its host does not hide
+LABEL_KEYS = ("node", "rail", "leaf", "spine", "spine_port", "switch_end", "gpu", "hpc_job", "rank", "job_id",
+              "lateness", "cluster")
 RESULTS = ("success", "error", "rejected", "dropped")  # fabricmon_alerts_sent_total{result}
 OK, RETRY, REJECTED = "ok", "retry", "rejected"
 

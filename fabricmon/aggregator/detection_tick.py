@@ -139,7 +139,9 @@ class DetectionTick(Stage):
         findings.extend(self.cable.evaluate(now, loud, self.folder.degraded_leaves()))
         findings.extend(leaf_findings)
         findings.extend(node_findings)
-        spine_findings, spine_relations = self.switch_side.fold_spines(findings)  # uplinks of one spine
+        # uplinks of one spine; sharded, with the other shards' open uplink alerts (remote_evidence.py)
+        spine_findings, spine_relations = self.switch_side.fold_spines(
+            findings, self.remote.incidents() if self.remote is not None and self.cross is not None else ())
         findings.extend(spine_findings)
         relations.extend(spine_relations)
         relations.extend(node_relations)  # after the leaf's: a link of a failing node is the node's evidence

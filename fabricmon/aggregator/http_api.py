@@ -123,6 +123,10 @@ class AggregatorCollector:
         g = GaugeMetricFamily("fabricmon_switch_uplinks", "Leaf-spine cables the switch side has reported.")
         g.add_metric([], sw["uplinks"])
         yield g
+        g = GaugeMetricFamily("fabricmon_switch_ports_elsewhere", "Sharded: swept switch ports whose uplink or "
+                              "host cable another shard owns (left to it).")
+        g.add_metric([], sw["ports_elsewhere"])
+        yield g
         grpc = self.grpc_stats() or {}
         dropped = self.engine.admission_snapshot()
         c = CounterMetricFamily("fabricmon_ingest_batches_dropped",

@@ -90,8 +90,9 @@ SUMMARY = {
 # Labels that are part of an alert's identity once it fired: Alertmanager keys an alert on its label set,
 # so a value changing later would be a second alert beside the first (never resolved).  A straggler's
 # lateness (compute or comm, which decides whether a fabric alert may hide it) and its rank are fixed by
-# the finding that opened the incident, like ``hpc_job`` (cost.py).
-FIXED_LABELS = frozenset({"lateness", "rank"})
+# the finding that opened the incident, like ``hpc_job`` (cost.py); so is a host cable's ``switch_end``
+# (a topology reload re-labels the link and resolves its switch end again).
+FIXED_LABELS = frozenset({"lateness", "rank", "switch_end"})
 
 
 def incident_id(alertname: str, component: str) -> str:

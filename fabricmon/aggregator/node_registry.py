@@ -26,8 +26,8 @@ class NodeRegistry(Stage):
         self._unknown_warned: set[str] = set()
 
     def _note_unknown(self, node: str) -> None:
-        if node in self.topology.nodes or node in self._unknown_warned:
-            return
+        if node in self.topology.nodes or node in self._unknown_warned or node in self.switch_side.sources:
+            return  # a switch source (auth.switch_sources) is known by the config: a sweeper's own identity
         self._unknown_warned.add(node)  # once per node: a reconnecting agent would log every time
         _log.warning("unknown_node", node=node, cluster=self.cluster,
                      hint="not in the topology: monitored at node, NIC, link and GPU level without rail or leaf "
@@ -60,12 +60,13 @@ class NodeRegistry(Stage):
 
     def unknown_nodes(self) -> list[str]:
         """Streaming nodes the topology does not know: connected now, or heard from within the
-        agents-down silence (a node that left for good stops counting when it would go down)."""
+        agents-down silence (a node that left for good stops counting when it would go down).  A switch
+        source (``auth.switch_sources``: a sweeper with its own identity, ``<node>-ibsweep``) is not one."""
         with self.lock:
             now = self.cluster_clock.now()
             down_s = self.settings.agent_down_s
             return sorted(ns.name for ns in self.nodes.values()
-                          if ns.name not in self.topology.nodes
+                          if ns.name not in self.topology.nodes and ns.name not in self.switch_side.sources
                           and (ns.connected or (ns.ever_seen and now - ns.last_heard < max(down_s, 5 * ns.interval))))
 
     def hello(self, hello: NodeHello) -> None:

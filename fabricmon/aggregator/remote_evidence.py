@@ -43,9 +43,11 @@ from .verdicts import ALERT_LLR, FIRE, WAIT
 
 log = structlog.get_logger("fabricmon.aggregator.remote_evidence")
 
-# kinds of component whose evidence slows a rail's ring (a NIC's or a leaf's fault; not a GPU's)
+# kinds of component whose evidence slows a rail's ring (a NIC's or a leaf's fault; not a GPU's); and
+# uplinks (no rail: they explain no straggler here), whose other shards' alerts decide FabricSpineDegraded
+# with this shard's own (switch_side.fold_spines)
 REMOTE_EVIDENCE_ALERTS = frozenset(a for a in ALERT_LLR if not a.startswith(("GPU", "NVLink")))
-REMOTE_KINDS = frozenset({Kind.LINK, Kind.NIC, Kind.LEAF})
+REMOTE_KINDS = frozenset({Kind.LINK, Kind.NIC, Kind.LEAF, Kind.UPLINK})
 MAX_BODY_BYTES = 16 * 1024 * 1024  # an Alertmanager answer larger than this is not read (bounded memory)
 MAX_INCIDENTS = 4096  # remote incidents kept per snapshot (bounded work per tick)
 QUERY = "/api/v2/alerts?active=true&silenced=false&inhibited=true&unprocessed=true"
@@ -125,6 +127,8 @@ def parse_active(alerts: object, *, cluster: str, topo: Topology, own_units: fro
             continue
         if c.kind is Kind.LEAF:
             units = leaves.get(c.id, frozenset())
+        elif c.kind is Kind.UPLINK:
+            units = leaves.get(c.leaf, frozenset())  # named by its leaf end: that leaf's shard holds it
         else:
             spec = topo.nodes.get(c.node)
             units = frozenset((spec.unit,)) if spec is not None else frozenset()

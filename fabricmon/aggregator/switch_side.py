@@ -14,11 +14,19 @@ Each switch port's evidence goes to the component its cable is:
   topology's ``leaf_port``), so one cable is one incident whichever end counts, and a host whose agent
   does not run still gets its cable's incident.
 
+Sharded (``shard.units``): the sweeper streams to every shard, and each keeps only the ports whose component
+it owns: an uplink by its leaf's units, a host cable by its host's; the rest are counted
+(``ports_elsewhere``).  ``FabricSpineDegraded`` then needs the leaves other shards hold: ``fold_spines``
+counts their open bad-uplink alerts (remote_evidence.py reads them from Alertmanager) towards a spine that
+has a bad uplink here.
+
 A leaf is a switch the topology lists as one, or one whose ports reach hosts.  Evidence arrives at the
 sweep's cadence, not the poll's: ``interval`` (measured from the sweeps' ends) widens the windows of the
 components fed only from here, as a node's poll interval widens its own."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from ..batch import NodeBatch
 from ..components import Component, Kind, spine, uplink
@@ -26,6 +34,7 @@ from ..topology import Topology
 from .config import DetectionSettings
 from .incidents import Finding, Relation
 from .ingest import PMA_ERRORS
+from .remote_evidence import RemoteIncident, leaf_units
 from .state import Event, LinkEvent, LinkState, Registry, build_link_state
 
 ERRORS = "fabricmon_switch_port_errors_total"
@@ -39,6 +48,7 @@ FAMILIES = DELTA_FAMILIES | GAUGE_FAMILIES
 INTERVAL_RANGE = (1.0, 600.0)
 SPINE_DEGRADED = "FabricSpineDegraded"
 CONGESTION = "FabricCongestion"
+SWITCH_END = "switch_end"  # label of a host cable's alerts: its swept switch end, ``<switch>/p<port>``
 # what makes an uplink bad for the spine fold (congestion is not a broken cable)
 BAD_UPLINK = frozenset({"FabricLinkDown", "FabricLinkFlapping", "FabricLinkErrors", "FabricLinkDegraded"})
 
@@ -73,6 +83,8 @@ class SwitchSide:
         self._own_host_links: dict[tuple[str, str, str], LinkState] = {}  # host links of nodes with no agent
         # component -> (the switch port that waited last, at, ticks): FabricCongestion names the port
         self._waits: dict[Component, tuple[str, float, float]] = {}
+        self._leaf_units: dict[str, frozenset[int]] | None = None  # sharded: leaf -> its units (topology)
+        self._elsewhere: set[tuple[str, int]] = set()  # sharded: switch ports whose component another shard owns
 
     # ------------------------------------------------------------------ trust
     def carries(self, batch: NodeBatch) -> bool:
@@ -147,7 +159,17 @@ class SwitchSide:
         if self.registry.topology is not self._topology:
             self._topology = self.registry.topology
             self._ends.clear()
+            self._leaf_units = None
         return self._topology
+
+    def _owns_leaf(self, leaf: str) -> bool:
+        """Sharded: this shard owns the leaf's units (a leaf the topology does not place: no shard)."""
+        units = self.registry.shard_units
+        if units is None:
+            return True
+        if self._leaf_units is None:
+            self._leaf_units = leaf_units(self.topology)
+        return bool(self._leaf_units.get(leaf, frozenset()) & units)
 
     # ------------------------------------------------------------------ which component a port is
     def _is_leaf(self, switch: str) -> bool:
@@ -159,8 +181,17 @@ class SwitchSide:
         if key in self._ends:
             return self._ends[key]
         link = self._resolve(key)
+        self._elsewhere.discard(key)
+        if link is not None and not self._owned(link):
+            self._elsewhere.add(key)
+            link = None  # another shard's: it gets the same stream and keeps this port
         self._ends[key] = link
         return link
+
+    def _owned(self, link: LinkState) -> bool:
+        if link.id.kind is Kind.UPLINK:
+            return self._owns_leaf(link.id.leaf)
+        return self.registry.owned(link.id.node)
 
     def _resolve(self, key: tuple[str, int]) -> LinkState | None:
         cable = self._cables.get(key)
@@ -173,7 +204,13 @@ class SwitchSide:
             if found is None:
                 return None
             node, nic = found
-            return self._host_link(node, nic.device, str(nic.port))
+            link = self._host_link(node, nic.device, str(nic.port))
+            end = f"{switch}/p{port}"
+            if link is not None and link.labels.get(SWITCH_END) != end:
+                # the cable's switch end is swept: its alerts say which switch port, and FabricmonAgentDown
+                # of the host does not hide them (deploy/alertmanager: the switch end still sees the cable)
+                link.labels = {**link.labels, SWITCH_END: end}
+            return link
         here, there = self._is_leaf(switch), self._is_leaf(peer)
         if here and not there:
             return self._uplink(switch, port, peer, peer_port)
@@ -227,27 +264,43 @@ class SwitchSide:
         return list(self._uplinks.values())
 
     # ------------------------------------------------------------------ the spine fold
-    def fold_spines(self, findings: list[Finding]) -> tuple[list[Finding], list[Relation]]:
+    def fold_spines(self, findings: list[Finding],
+                    remote: Iterable[RemoteIncident] = ()) -> tuple[list[Finding], list[Relation]]:
         """``FabricSpineDegraded`` (critical) when one spine's uplinks to at least max(2, leaf_fold_min_links)
         leaves are bad in the same tick; those uplink findings become its evidence (related to it), as a
-        leaf's links are the leaf's."""
+        leaf's links are the leaf's.  Sharded, ``remote`` (the other shards' open alerts) adds the bad uplinks
+        of leaves other shards own to a spine with a bad uplink here: the shards' summaries decide it.  One
+        shard sends it, the one that owns the first (by name) of those leaves: two shards sending one alert
+        would resolve it under each other.  The others keep their uplink alerts, which the spine's hides in
+        Alertmanager (``equal: [cluster, spine]``); the deciding shard folds its own, so its summary never
+        feeds a decision back to itself."""
         by_spine: dict[str, dict[str, list[Finding]]] = {}
         for f in findings:
             c = f.component
             if c.kind is Kind.UPLINK and c.spine and f.alertname in BAD_UPLINK and (f.fire or f.keep):
                 by_spine.setdefault(c.spine, {}).setdefault(c.leaf, []).append(f)
+        elsewhere: dict[str, set[str]] = {}  # spine -> leaves another shard alerts a bad uplink of
+        for r in remote:
+            c = r.component
+            if c.kind is Kind.UPLINK and c.spine in by_spine and r.alertname in BAD_UPLINK \
+                    and c.leaf not in by_spine[c.spine]:
+                elsewhere.setdefault(c.spine, set()).add(c.leaf)
         need = max(2, self.settings.leaf_fold_min_links)
         out: list[Finding] = []
         relations: list[Relation] = []
         for name, leaves in sorted(by_spine.items()):
-            if len(leaves) < need:
-                continue
-            firing = sum(1 for fs in leaves.values() if any(f.fire for f in fs))
+            far = elsewhere.get(name, set())
+            if len(leaves) + len(far) < need or (far and min(far) < min(leaves)):
+                continue  # not degraded, or the shard of its first bad leaf decides
+            firing = sum(1 for fs in leaves.values() if any(f.fire for f in fs)) + len(far)
             sp = spine(name)
             uplinks = sorted({f.component.id for fs in leaves.values() for f in fs})
             labels = {**sp.labels(self.cluster), "spine": name}
+            seen = f"uplinks of {name} to {len(leaves) + len(far)} leaves bad at once"
+            if far:
+                seen += f" ({len(far)} of them alerted by other shards: {', '.join(sorted(far)[:6])})"
             out.append(Finding(SPINE_DEGRADED, sp, labels,
-                               [f"uplinks of {name} to {len(leaves)} leaves bad at once",
+                               [seen,
                                 "uplinks: " + ", ".join(uplinks[:6]) + (f" (+{len(uplinks) - 6} more)"
                                                                        if len(uplinks) > 6 else "")],
                                fire=firing >= need, keep=True))
@@ -256,4 +309,5 @@ class SwitchSide:
         return out, relations
 
     def stats(self) -> dict[str, float]:
-        return {"refused_batches": self.refused_batches, "uplinks": len(self._uplinks), "interval": self.interval}
+        return {"refused_batches": self.refused_batches, "uplinks": len(self._uplinks), "interval": self.interval,
+                "ports_elsewhere": len(self._elsewhere)}

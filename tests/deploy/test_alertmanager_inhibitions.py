@@ -114,6 +114,34 @@ CASES = [
            "component": "node-002", "node": "node-002"}],     # another cluster's aggregator is up
      {"FabricmonAgentStreamDown node-001"},
      {"FabricmonAggregatorDown 10.0.1.5:9722", "FabricmonAgentStreamDown node-002"}),
+    # issue 40: the switch side.  A host cable seen from its swept switch end (label switch_end, as the
+    # aggregator sends it: switch_side.py, alertmanager.LABEL_KEYS) stays visible when the host's agent is
+    # down; one without a swept end is hidden as before; an uplink (no node) is never the AgentDown's, not
+    # even the sweeper's own.
+    ("agent down hides a host cable's ticket, not one its switch end still sees",
+     [{"cluster": "c11", "alertname": "FabricmonAgentDown", "severity": "warning", "component_type": "node",
+           "component": "node-060", "node": "node-060"},
+      {"cluster": "c11", "alertname": "FabricmonAgentDown", "severity": "warning", "component_type": "node",
+           "component": "sweeper-0", "node": "sweeper-0"},
+      {"cluster": "c11", "alertname": "FabricLinkErrors", "severity": "warning", "component_type": "link",
+           "component": "node-060/mlx5_0/1", "node": "node-060", "rail": "0", "leaf": "leaf-03",
+       "switch_end": "leaf-03/p17"},
+      {"cluster": "c11", "alertname": "FabricLinkFlapping", "severity": "warning", "component_type": "link",
+           "component": "node-060/mlx5_1/1", "node": "node-060", "rail": "1", "leaf": "leaf-04"},
+      {"cluster": "c11", "alertname": "FabricLinkErrors", "severity": "warning", "component_type": "uplink",
+           "component": "leaf-03/p21", "leaf": "leaf-03", "spine": "spine-00", "spine_port": "4"}],
+     {"FabricLinkFlapping node-060/mlx5_1/1"},
+     {"FabricmonAgentDown node-060", "FabricmonAgentDown sweeper-0", "FabricLinkErrors node-060/mlx5_0/1",
+      "FabricLinkErrors leaf-03/p21"}),
+    ("a degraded spine hides its own uplinks only",
+     [{"cluster": "c12", "alertname": "FabricSpineDegraded", "severity": "critical", "component_type": "spine",
+           "component": "spine-01", "spine": "spine-01"},
+      {"cluster": "c12", "alertname": "FabricLinkErrors", "severity": "warning", "component_type": "uplink",
+           "component": "leaf-03/p22", "leaf": "leaf-03", "spine": "spine-01", "spine_port": "4"},
+      {"cluster": "c12", "alertname": "FabricLinkErrors", "severity": "warning", "component_type": "uplink",
+           "component": "leaf-03/p23", "leaf": "leaf-03", "spine": "spine-02", "spine_port": "4"}],
+     {"FabricLinkErrors leaf-03/p22"},
+     {"FabricSpineDegraded spine-01", "FabricLinkErrors leaf-03/p23"}),
 ]
 
 

@@ -12,6 +12,7 @@ from fabricmon.sources.ib_switches.fabric_map import merge_cables, switch_map
 from fabricmon.sources.ib_switches.parse import (
     ParseError,
     failure_kind,
+    parse_iblinkinfo,
     parse_perfquery,
     parse_portinfo,
     port_sample,
@@ -53,6 +54,19 @@ def test_port_info_states():
     assert parse_portinfo(_read("smpquery-portinfo-active.out")).up
     down = parse_portinfo(_read("smpquery-portinfo-down.out"))
     assert (down.link, down.physical, down.up) == ("Down", "Polling", False)
+
+
+def test_link_walk_states_of_every_switch_port():
+    walked = parse_iblinkinfo(_read("iblinkinfo-switches-line.out"))
+    leaf0, spine1 = 0x0C42B0000000, 0x0C42C0000001
+    assert len(walked) == 4 and all(sorted(p) == list(range(1, 9)) for p in walked.values())
+    assert (walked[leaf0][4].link, walked[leaf0][4].physical) == ("Down", "Polling")  # the unlinked cable
+    assert not walked[spine1][1].up and walked[leaf0][3].up and walked[leaf0][1].up
+    assert sum(st.up for p in walked.values() for st in p.values()) == 10  # 12 cabled ports, one cable pulled
+    with pytest.raises(ParseError):
+        parse_iblinkinfo(_read("smpquery-portinfo-active.out"))
+    with pytest.raises(ParseError):
+        parse_iblinkinfo("")
 
 
 def test_unreachable_switch_is_a_timeout_and_garbage_is_refused():

@@ -22,6 +22,7 @@ class FakeTools:
 
     def __init__(self, dead: frozenset[int] = frozenset()) -> None:
         self.dead = set(dead)
+        self.walk_fails = False
         self.calls: list[tuple[list[str], float]] = []
         self.lock = threading.Lock()
         self.in_flight = 0
@@ -42,6 +43,10 @@ class FakeTools:
         tool = argv[0]
         if tool == "ibnetdiscover":
             return ToolRun(0, (FIX / "ibnetdiscover-cache.out").read_text(), "", 0.01)
+        if tool == "iblinkinfo":
+            if self.walk_fails:
+                return ToolRun(None, "", "killed after 10.0s", 10.0)
+            return ToolRun(0, (FIX / "iblinkinfo-switches-line.out").read_text(), "", 0.01)
         positional = [a for a in argv[1:] if not a.startswith("-") and argv[argv.index(a) - 1] != "-t"]
         lid = int(positional[1] if tool == "smpquery" else positional[0])
         if lid in self.dead:
@@ -72,7 +77,8 @@ def test_queries_are_bounded_have_deadlines_and_never_clear():
     snap = sw.sweep_once()
     assert len(snap.switches) == 4 and snap.unreachable == 0
     assert tools.max_in_flight <= 2
-    assert all(d == 4 * 0.25 + 2.0 for _, d in tools.calls)
+    assert all(d == 4 * 0.25 + 2.0 for a, d in tools.calls if a[0] != "iblinkinfo")
+    assert [d for a, d in tools.calls if a[0] == "iblinkinfo"] == [10.0]  # the walk: one health interval
     assert not any(CLEARING & set(argv) for argv, _ in tools.calls)
     assert not any("-G" in argv for argv, _ in tools.calls)  # by LID from the map, no SA query per call
     assert all(["-t", "250"] == argv[argv.index("-t"):argv.index("-t") + 2] for argv, _ in tools.calls)
@@ -81,7 +87,8 @@ def test_queries_are_bounded_have_deadlines_and_never_clear():
 
 def test_map_kept_between_sweeps_and_full_read_only_when_due():
     tools, clock = FakeTools(), Clock()
-    sw = _sweeper(tools, clock, health_interval=10, full_interval=60, rediscover_interval=300)
+    sw = _sweeper(tools, clock, health_interval=10, full_interval=60, rediscover_interval=300,
+                  port_state="smpquery")
     sw.sweep_once()
     first = len(tools.calls)
     clock.t += 10
@@ -146,5 +153,60 @@ def test_stop_ends_a_sweep_in_flight_within_one_query():
     tools, clock = StopAfterMap(), Clock()
     sweeper = _sweeper(tools, clock, concurrency=1)
     sweeper.sweep_once()
-    assert [a[0] for a, _ in tools.calls] == ["ibnetdiscover", "perfquery"]
+    assert [a[0] for a, _ in tools.calls] == ["ibnetdiscover", "iblinkinfo", "perfquery"]
     sweeper.stop()
+
+
+def _states(snap) -> dict[tuple[str, int], bool]:
+    return {(r.switch.name, p): st.up for r in snap.switches for p, st in r.states.items()}
+
+
+def test_port_state_is_one_walk_per_health_sweep_not_a_process_per_port():
+    """Every cabled port's PortInfo each health sweep from one iblinkinfo run (live, never --load-cache,
+    which prints a cache's old states): no smpquery at all, and the unlinked cable down at both ends."""
+    tools, clock = FakeTools(), Clock()
+    sw = _sweeper(tools, clock, health_interval=10, full_interval=60)
+    for _ in range(3):
+        snap = sw.sweep_once()
+        clock.t += 10
+    walks = [a for a, _ in tools.calls if a[0] == "iblinkinfo"]
+    assert len(walks) == 3 and all("--load-cache" not in a for a in walks)
+    assert not any(a[0] == "smpquery" for a, _ in tools.calls)
+    states = _states(snap)
+    assert len(states) == 12  # every cabled port, host cables included, every health sweep
+    assert not states[("leaf-00", 4)] and not states[("spine-01", 1)]
+    assert all(up for k, up in states.items() if k not in {("leaf-00", 4), ("spine-01", 1)})
+    sw.stop()
+
+
+def test_a_failed_walk_falls_back_to_portinfo_per_port():
+    tools, clock = FakeTools(), Clock()
+    tools.walk_fails = True
+    sw = _sweeper(tools, clock, retries=1)
+    snap = sw.sweep_once()
+    assert sum(1 for a, _ in tools.calls if a[0] == "iblinkinfo") == 1  # not tried again
+    assert sum(1 for a, _ in tools.calls if a[0] == "smpquery") == 12  # first sweep: every cabled port
+    assert len(_states(snap)) == 12
+    assert sw.queries["timeout"] == 1
+    sw.stop()
+
+
+def test_a_poll_between_sweeps_serves_the_series_built_once_per_sweep():
+    """The 1 s poll copies the last sweep: its ~17 series per port are built once per sweep, not per poll
+    (3,840 ports took most of a poll to build again each time: docs/benchmarks.md "Switch sweep")."""
+    tools, clock = FakeTools(), Clock()
+    sw = _sweeper(tools, clock)
+    sw.sweep_once()
+    src = IbSwitchesSource(IbSwitchesConfig(enabled=True), sweeper=sw, clock=clock, start_thread=False)
+    first = src.poll(Inventory("/nonexistent")).readings
+    clock.t += 1
+    second = src.poll(Inventory("/nonexistent")).readings
+    ports = [r for r in first if dict(r.labels).get("port")]
+    assert len(ports) > 100 and {id(r) for r in ports} <= {id(r) for r in second}
+    age = {r.family: r.value for r in second if not r.labels}["fabricmon_switch_sweep_age_seconds"]
+    assert age == 1.0  # what changes per poll is still read per poll
+    clock.t += 10
+    sw.sweep_once()
+    third = src.poll(Inventory("/nonexistent")).readings
+    assert not {id(r) for r in ports} & {id(r) for r in third}  # a new sweep: its own series
+    sw.stop()

@@ -9,6 +9,13 @@ port 255 one block per port 1..N; with ``-a`` one block for port 255, the sum ov
 counters too where the PMA sets IsAddlPortCountersExtendedSupported in CapMask2 (same field names).
 
 ``smpquery portinfo`` (libibmad PortInfo dump): ``LinkState:.......Active``, ``PhysLinkState:....LinkUp``.
+
+``iblinkinfo --switches-only --line`` (infiniband-diags/iblinkinfo.c ``print_port``, line mode): one line per
+switch port, from the PortInfo its own discovery walk read just now (``--load-cache`` would print a cache's
+old states instead: ``ibnd_load_fabric`` queries nothing)::
+
+    0x00000c42b0000000 "        MF0;leaf-00:MQM9700/U1"      2    3[  ] ==( 4X   2.5 Gbps Active/  LinkUp)==>  ...
+    0x00000c42b0000000 "        MF0;leaf-00:MQM9700/U1"      2    4[  ] ==(        Down/ Polling)==>  [  ] "" ( )
 """
 
 from __future__ import annotations
@@ -106,6 +113,27 @@ def parse_portinfo(text: str) -> PortState:
     if link is None or phys is None:
         raise ParseError("smpquery portinfo printed no LinkState/PhysLinkState")
     return PortState(link.group(1), phys.group(1))
+
+
+# node GUID, quoted description, LID, port[ext] ==( [width speed] LinkState/ PhysLinkState)==>
+_LINK_LINE = re.compile(r'^0x([0-9a-fA-F]+)\s+"[^"]*"\s+\d+\s+(\d+)\[[^\]]*\]\s+==\((.*?)(\w+)/\s*(\w+)\)==>')
+
+
+def parse_iblinkinfo(text: str) -> dict[int, dict[int, PortState]]:
+    """Every switch port's state from one ``iblinkinfo --switches-only --line`` run: switch node GUID ->
+    port -> state.  A line of another shape is an error (this parser must notice a format change)."""
+    out: dict[int, dict[int, PortState]] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line:
+            continue
+        m = _LINK_LINE.match(line)
+        if m is None:
+            raise ParseError(f"iblinkinfo line {number}: not a link line: {line[:80]!r}")
+        out.setdefault(int(m.group(1), 16), {})[int(m.group(2))] = PortState(m.group(4), m.group(5))
+    if not out:
+        raise ParseError("iblinkinfo printed no switch ports")
+    return out
 
 
 # What the tools print on stderr when a MAD got no answer (libibmad mad_rpc ``_do_madrpc failed``, the

@@ -1,11 +1,16 @@
 """The sweep schedule, on a thread of its own (never on the 1 s poll path).
 
-Every ``health_interval``: per switch (``concurrency`` switches at a time, one query each in flight) an
-AllPortSelect probe (``perfquery -a``: about 3 MADs per switch) and PortInfo (``smpquery portinfo``) of its
-switch-to-switch cables, each at one end (``_state_ports``).  Every cabled port's PortInfo and every
-port's counters (``perfquery -x -l``, 64-bit data; plus ``perfquery -l`` for the error counters where the
-PMA has no 64-bit error counters) are read every ``full_interval``, and at
-once for a switch whose AllPortSelect error sums moved, so errors show within one health interval.  The
+Every ``health_interval``: every switch port's PortInfo (``port_state: walk``, the default: one
+``iblinkinfo`` process whose discovery walk reads them all live), then per switch (``concurrency``
+switches at a time, one query each in flight) an AllPortSelect probe (``perfquery -a``: about 3 MADs per
+switch).  Every port's counters (``perfquery -x -l``, 64-bit data; plus ``perfquery -l`` for the error
+counters where the PMA has no 64-bit error counters) are read every ``full_interval``, and at once for a
+switch whose AllPortSelect error sums moved, so errors show within one health interval.
+
+PortInfo by ``smpquery`` is one process per port: with ``port_state: smpquery``, and for a switch the walk
+did not report (it failed, or did not reach it), the switch-to-switch cables each at one end
+(``_state_ports``) every health sweep and every cabled port on a full read.  A process per port is what
+made a full sweep of 3,840 ports take minutes (docs/benchmarks.md).  The
 map (``ibnetdiscover --cache``) is refreshed every ``rediscover_interval``, never per sweep.
 
 A switch whose probe fails after ``retries`` more tries is unreachable for this sweep: it costs its own
@@ -35,6 +40,7 @@ from .parse import (
     PortSample,
     PortState,
     failure_kind,
+    parse_iblinkinfo,
     parse_perfquery,
     parse_portinfo,
     port_sample,
@@ -111,13 +117,13 @@ class Sweeper:
         with self._lock:
             return dict(self._queries)
 
-    def _query(self, argv: list[str]) -> ToolRun:
+    def _query(self, argv: list[str], deadline_s: float | None = None, retries: int | None = None) -> ToolRun:
         """One query, tried again up to ``retries`` times; each try is counted by its result."""
         run = ToolRun(1, "", "stopping", 0.0)
-        for _ in range(1 + self.config.retries):
+        for _ in range(1 + (self.config.retries if retries is None else retries)):
             if self._stop.is_set():
                 break  # stopping: a sweep in flight ends within one query, not after every switch
-            run = self._run(argv, self.commands.deadline_s)
+            run = self._run(argv, self.commands.deadline_s if deadline_s is None else deadline_s)
             result = "ok" if run.ok else ("timeout" if run.rc is None else failure_kind(run.stderr))
             with self._lock:
                 self._queries[result] += 1
@@ -148,7 +154,24 @@ class Sweeper:
         return self._map
 
     # ------------------------------------------------------------------ one switch
-    def _sweep_switch(self, sw: Switch, now: float) -> SwitchReading:
+    def _walk_states(self) -> dict[int, dict[int, PortState]]:
+        """Every switch port's live PortInfo from one walk; empty when the walk failed (the sweep then reads
+        PortInfo per port, as with ``port_state: smpquery``)."""
+        if self.config.port_state != "walk":
+            return {}
+        # not tried again: a failed walk costs a health interval at most, and per-port reads stand in for it
+        run = self._query(self.commands.link_walk(), self.commands.walk_deadline_s, retries=0)
+        if not run.ok:
+            _log.warning("switch_port_walk_failed", problem=_last_line(run.stderr))
+            return {}
+        try:
+            return parse_iblinkinfo(run.stdout)
+        except ParseError as exc:
+            _log.warning("switch_output_unparsed", command="iblinkinfo", problem=str(exc))
+            return {}
+
+    def _sweep_switch(self, sw: Switch, now: float,
+                      walked: dict[int, PortState] | None = None) -> SwitchReading:
         if sw.lid <= 0:
             return SwitchReading(sw, False, problem="no LID (is a subnet manager running?)")
         probe_run = self._query(self.commands.all_ports(sw.lid))
@@ -163,10 +186,14 @@ class Sweeper:
         due = now - self._full_at.get(sw.guid, float("-inf")) >= self.config.full_interval
         full = due or moved or sw.guid not in self._ports
         states = dict(self._states.get(sw.guid, {}))
-        # PortInfo is one SMP but one process per port: every cabled port on a full read or when the switch's
-        # error sums moved (a link going down counts LinkDowned), else only the switch-to-switch cables, each
-        # at one end (host cables' state is their host agents' to report between full reads)
-        for port in sorted(sw.cables) if full else self._state_ports(sw):
+        if walked is not None:
+            # the walk read this switch: every cabled port it reported; one it did not (the link went down
+            # and the port vanished from a partial view) keeps its last state until a walk says otherwise
+            states.update({p: walked[p] for p in sw.cables if p in walked})
+        # without the walk, PortInfo by smpquery (one SMP, but one process per port): every cabled port on a
+        # full read or when the switch's error sums moved (a link going down counts LinkDowned), else only the
+        # switch-to-switch cables, each at one end (host cables' state is their host agents' between full reads)
+        for port in [] if walked is not None else sorted(sw.cables) if full else self._state_ports(sw):
             run = self._query(self.commands.port_info(sw.lid, port))
             if run.ok:
                 try:
@@ -238,9 +265,10 @@ class Sweeper:
                 _log.warning("switch_sweep_failed", problem=str(exc))
                 return snap
             _log.warning("switch_rediscover_failed", problem=str(exc), kept_switches=len(self._map))
+        walk = self._walk_states()
         now = self._mono()
         with ThreadPoolExecutor(max_workers=self.config.concurrency, thread_name_prefix="fabricmon-ibsweep") as ex:
-            readings = list(ex.map(lambda sw: self._sweep_switch(sw, now), self._map))
+            readings = list(ex.map(lambda sw: self._sweep_switch(sw, now, walk.get(sw.guid)), self._map))
         snap = SweepSnapshot(self._clock(), self._mono() - t0, readings)
         with self._lock:
             self._snap = snap

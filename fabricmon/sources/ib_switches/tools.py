@@ -67,6 +67,9 @@ class Commands:
             self._common += ["-P", str(config.ca_port)]
         self._common += ["-t", str(config.timeout_ms)]
         self.deadline_s = LIBIBMAD_TRIES * config.timeout_ms / 1000.0 + SPAWN_S
+        # the PortInfo walk is one query of thousands of SMPs: its one deadline is a health interval (a walk
+        # that cannot finish within one is of no use to the sweep it belongs to)
+        self.walk_deadline_s = max(self.deadline_s, config.health_interval)
 
     def discover(self, cache: str) -> list[str]:
         return ["ibnetdiscover", *self._common, "--cache", cache]
@@ -79,6 +82,11 @@ class Commands:
 
     def ports(self, lid: int) -> list[str]:
         return ["perfquery", *self._common, "-l", str(lid), ALL_PORTS]
+
+    def link_walk(self) -> list[str]:
+        """Every switch port's PortInfo, read live by one discovery walk (``iblinkinfo`` without
+        ``--load-cache``, which would print the cache's old states)."""
+        return ["iblinkinfo", *self._common, "--switches-only", "--line"]
 
     def port_info(self, lid: int, port: int) -> list[str]:
         return ["smpquery", *self._common, "portinfo", str(lid), str(port)]
