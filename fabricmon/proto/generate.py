@@ -20,10 +20,9 @@ import tempfile
 from pathlib import Path
 
 GRPCIO_TOOLS_VERSION = "1.85.1"
-PROTO = "fabricmon/proto/fabricmon.proto"
-OUTPUTS = ("fabricmon_pb2.py", "fabricmon_pb2.pyi", "fabricmon_pb2_grpc.py")
-_ABS_IMPORT = "from fabricmon.proto import fabricmon_pb2 as"
-_REL_IMPORT = "from . import fabricmon_pb2 as"
+# fabricmon's own stream, and the part of gNMI the gnmi_switches source speaks (gnmi.proto says which)
+PROTOS = ("fabricmon/proto/fabricmon.proto", "fabricmon/proto/gnmi.proto")
+OUTPUTS = tuple(f"{Path(p).stem}{suffix}" for p in PROTOS for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py"))
 
 
 def _root() -> Path:
@@ -46,7 +45,7 @@ def generate(out_dir: Path) -> dict[str, bytes]:
     args = [
         "grpc_tools.protoc", f"-I{_root()}", f"-I{include}",
         f"--python_out={out_dir}", f"--pyi_out={out_dir}", f"--grpc_python_out={out_dir}",
-        str(_root() / PROTO),
+        *(str(_root() / p) for p in PROTOS),
     ]
     rc = protoc.main(args)
     if rc != 0:
@@ -56,9 +55,11 @@ def generate(out_dir: Path) -> dict[str, bytes]:
     for name in OUTPUTS:
         text = (gen / name).read_text()
         if name.endswith("_grpc.py"):
-            if _ABS_IMPORT not in text:
+            stem = name[: -len("_grpc.py")]
+            abs_import, rel_import = f"from fabricmon.proto import {stem} as", f"from . import {stem} as"
+            if abs_import not in text:
                 raise SystemExit(f"{name}: expected import line not found; update generate.py")
-            text = text.replace(_ABS_IMPORT, _REL_IMPORT)
+            text = text.replace(abs_import, rel_import)
         result[name] = text.encode()
     return result
 

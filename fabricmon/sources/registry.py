@@ -26,7 +26,7 @@ C = TypeVar("C")
 
 # Source modules (relative to this package), in build and poll order.
 MODULES = ("infiniband", "ethtool", "fabric_config", "nvml.source", "pci_gpus", "transceiver", "host",
-           "ib_switches.source", "jobs")
+           "ib_switches.source", "gnmi_switches.source", "jobs")
 
 
 @dataclass(frozen=True)
