@@ -141,10 +141,11 @@ SPECS: dict[str, MetricSpec] = _specs(
      ("switch", "port")),
     ("fabricmon_switch_transceiver_post_fec_ber", "gauge", "Post-FEC bit error ratio of a switch transceiver.",
      ("switch", "port")),
-    ("fabricmon_switch_port_pfc_enabled", "gauge", "1 when PFC is enabled on the priority of the switch port "
-     "(SONiC CONFIG_DB PORT_QOS_MAP pfc_enable), 0 when not.", ("switch", "port", "priority")),
-    ("fabricmon_switch_port_ecn_enabled", "gauge", "1 when the queue of the switch port ECN-marks (SONiC CONFIG_DB "
-     "QUEUE wred_profile with ecn other than ecn_none), 0 when not.", ("switch", "port", "queue")),
+    ("fabricmon_switch_port_pfc_enabled_priorities", "gauge", "PFC-enabled priorities of the switch port as a "
+     "bitmask, bit p for priority p (SONiC CONFIG_DB PORT_QOS_MAP pfc_enable \"3,4\" is 24): one series per port.",
+     ("switch", "port")),
+    ("fabricmon_switch_port_ecn_marking_queues", "gauge", "Queues of the switch port that ECN-mark, as a bitmask, "
+     "bit q for queue q (SONiC CONFIG_DB QUEUE wred_profile whose ecn is not ecn_none).", ("switch", "port")),
     ("fabricmon_switch_lossless_config_checked", "gauge", "1 when the switch's PFC and ECN settings are read and "
      "compared with the host ends (sonic profile); 0 when its profile models none (openconfig): not checked.",
      ("switch", "profile")),

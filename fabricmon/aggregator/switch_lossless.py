@@ -2,11 +2,11 @@
 ECN-marked on the switch port its cable ends on (DESIGN.md "The switch side of the fabric").
 
 The switch end comes from ``gnmi_switches`` (sonic profile: CONFIG_DB PORT_QOS_MAP and the WRED/ECN profile
-of each queue): ``fabricmon_switch_port_pfc_enabled{switch,port,priority}`` and
-``fabricmon_switch_port_ecn_enabled{switch,port,queue}``, 1 or 0.  The host end is the RoCE priority the
-hosts are held to (``detection.roce_priority``, the agents' ``profile.roce_priority``; each host's own
-settings are checked against it by its agent).  The topology's ``leaf_port`` (the LLDP import) says which
-switch port a host NIC is on.  A switch whose profile models no PFC configuration (openconfig) reports
+of each queue): ``fabricmon_switch_port_pfc_enabled_priorities{switch,port}`` and
+``fabricmon_switch_port_ecn_marking_queues{switch,port}``, bitmasks (bit p: priority or queue p).  The
+host end is the RoCE priority the hosts are held to (``detection.roce_priority``, the agents'
+``profile.roce_priority``; each host's own settings are checked against it by its agent).  The topology's
+``leaf_port`` (the LLDP import) says which switch port a host NIC is on.  A switch whose profile models no PFC configuration (openconfig) reports
 ``fabricmon_switch_lossless_config_checked`` 0 and is not compared here.
 
 A mismatch is ``FabricConfigDrift`` with ``check`` ``pfc_mismatch`` or ``ecn_mismatch`` on a config
@@ -20,8 +20,8 @@ from ..topology import Topology
 from .config import DetectionSettings
 from .incidents import Finding
 
-PFC_ENABLED = "fabricmon_switch_port_pfc_enabled"
-ECN_ENABLED = "fabricmon_switch_port_ecn_enabled"
+PFC_ENABLED = "fabricmon_switch_port_pfc_enabled_priorities"
+ECN_ENABLED = "fabricmon_switch_port_ecn_marking_queues"
 FAMILIES = frozenset({PFC_ENABLED, ECN_ENABLED})
 CHECKS = {PFC_ENABLED: ("pfc_mismatch", "priority"), ECN_ENABLED: ("ecn_mismatch", "queue")}
 
@@ -38,13 +38,10 @@ class SwitchLossless:
         self._since: dict[tuple[str, str, str], float] = {}  # (switch, port, check) -> mismatch seen since
 
     def note(self, family: str, labels: dict[str, str], value: float) -> None:
-        _check, key = CHECKS[family]
-        try:
-            sub = int(labels.get(key, ""))
-        except ValueError:
-            return
+        if not 0 <= value < 256 or value != int(value):
+            return  # not an 8-bit mask: nothing to compare
         port = (labels.get("switch", ""), labels.get("port", ""))
-        self._ports.setdefault(port, {}).setdefault(family, {})[sub] = value >= 1
+        self._ports.setdefault(port, {})[family] = {k: bool(int(value) >> k & 1) for k in range(8)}
 
     def findings(self, topology: Topology, s: DetectionSettings, cluster: str, now: float) -> list[Finding]:
         out: list[Finding] = []

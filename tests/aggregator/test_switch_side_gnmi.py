@@ -33,11 +33,8 @@ def _engine(tmp_path, **settings) -> Engine:
 
 def _lossless(port: str, pfc_on: set[int], ecn_on: set[int]) -> list[Sample]:
     sp = (("switch", "leaf-01"), ("port", port))
-    out = [Sample("fabricmon_switch_port_pfc_enabled", sp + (("priority", str(p)),), float(p in pfc_on))
-           for p in range(8)]
-    out += [Sample("fabricmon_switch_port_ecn_enabled", sp + (("queue", str(q)),), float(q in ecn_on))
-            for q in range(8)]
-    return out
+    return [Sample("fabricmon_switch_port_pfc_enabled_priorities", sp, float(sum(1 << p for p in pfc_on))),
+            Sample("fabricmon_switch_port_ecn_marking_queues", sp, float(sum(1 << q for q in ecn_on)))]
 
 
 def _run(engine: Engine, batches: list[tuple[tuple[CounterDelta, ...], list[Sample]]], start: int = 0) -> list:

@@ -103,7 +103,7 @@ def test_openconfig_exact_values_ramps_and_a_reset(servers):
         assert agent.value("fabricmon_switch_transceiver_pre_fec_ber", **sw) == 1.2e-07
         # openconfig models no PFC configuration: not checked, and a metric says so
         assert agent.value("fabricmon_switch_lossless_config_checked", switch="leaf-01", profile="openconfig") == 0
-        assert agent.value("fabricmon_switch_port_pfc_enabled", **sw) is None
+        assert agent.value("fabricmon_switch_port_pfc_enabled_priorities", **sw) is None
         # a ramp, then the switch's counters cleared (a reset, never a negative step)
         t.set(OC_COUNTERS, "in-errors", 40)
         agent.wait_value("fabricmon_switch_port_errors_total", 40, counter="in_errors", **sw)
@@ -148,14 +148,13 @@ def test_sonic_exact_values_per_priority_pfc_watchdog_and_lossless_settings(serv
         assert agent.value("fabricmon_switch_port_up", **sw) == 1
         # CONFIG_DB: PFC on 3 and 4 (PORT_QOS_MAP), ECN on queues 3 and 4 (QUEUE -> WRED_PROFILE ecn_all)
         agent.wait_value("fabricmon_switch_lossless_config_checked", 1, switch="leaf-02", profile="sonic")
-        assert agent.value("fabricmon_switch_port_pfc_enabled", priority="3", **sw) == 1
-        assert agent.value("fabricmon_switch_port_pfc_enabled", priority="2", **sw) == 0
-        assert agent.value("fabricmon_switch_port_ecn_enabled", queue="4", **sw) == 1
-        assert agent.value("fabricmon_switch_port_ecn_enabled", queue="0", **sw) == 0
-        assert agent.value("fabricmon_switch_port_ecn_enabled", queue="3", switch="leaf-02", port="Ethernet4") == 1
+        assert agent.value("fabricmon_switch_port_pfc_enabled_priorities", **sw) == (1 << 3) | (1 << 4)
+        assert agent.value("fabricmon_switch_port_ecn_marking_queues", **sw) == (1 << 3) | (1 << 4)  # not 0
+        # "Ethernet4|3-4": a range of queues in one CONFIG_DB key
+        assert agent.value("fabricmon_switch_port_ecn_marking_queues", switch="leaf-02", port="Ethernet4") == 24
         # the operator takes priority 3 out of PFC on Ethernet0: the switch port reads 0 for it
         t.set("", "PORT_QOS_MAP", "4", "Ethernet0/pfc_enable", target="CONFIG_DB")
-        agent.wait_value("fabricmon_switch_port_pfc_enabled", 0, priority="3", **sw)
+        agent.wait_value("fabricmon_switch_port_pfc_enabled_priorities", 1 << 4, **sw)
         # one channel, one Subscribe per SONiC DB (the prefix target names the DB)
         assert sorted(r.subscribe.prefix.target for r in t.subscribes) == ["APPL_DB", "CONFIG_DB", "COUNTERS_DB"]
     finally:
@@ -269,3 +268,41 @@ def test_an_unreachable_switch_is_counted_and_the_rest_serve(servers):
 def test_config_errors_name_the_field(doc, problem):
     with pytest.raises(ConfigError, match=re.escape(problem)):
         build(GnmiSwitchesConfig, doc, "sources.gnmi_switches", "agent.yaml")
+
+
+def test_agent_sighup_re_reads_the_switch_credentials(servers, tmp_path: Path):
+    """``Agent.reload`` (what the agent's SIGHUP runs) with an unchanged config: the switch whose password
+    file changed reconnects with the new password."""
+    import dataclasses
+
+    from fabricmon.agent.wiring import build_live_agent
+    from fabricmon.config import IntakeConfig
+    from support.agentrig import SimNode, sim_agent_config
+
+    user, pw = tmp_path / "user", tmp_path / "password"
+    user.write_text("fabricmon\n")
+    pw.write_text("old-secret\n")
+    srv = servers("openconfig", credentials=("fabricmon", "new-secret"))
+    node = SimNode(tmp_path / "node")
+    base = sim_agent_config(node.tree, 0.5)
+    gnmi = _cfg(GnmiTargetConfig(name="leaf-05", address=srv.address, profile="openconfig", insecure=True,
+                                 username_file=str(user), password_file=str(pw)))
+    cfg = dataclasses.replace(base, intake=IntakeConfig(listen=None, socket=None),
+                              sources=dataclasses.replace(base.sources, gnmi_switches=gnmi))
+    agent = build_live_agent(cfg)
+    agent.start_polling()
+
+    def up() -> float | None:
+        snap = agent.poller.latest
+        return next((s.value for s in (snap.samples if snap else ()) if s.family == "fabricmon_switch_gnmi_up"), None)
+
+    try:
+        wait_until(lambda: srv.target.streams_opened >= 1 and up() == 0, timeout=15, what="refused at first")
+        assert agent.reload(cfg) == []  # nothing changed
+        pw.write_text("new-secret\n")
+        assert agent.reload(cfg) == ["sources.gnmi_switches credential files (contents: reconnecting those switches)"]
+        wait_until(lambda: up() == 1, timeout=15, what="the switch takes the new password")
+        assert srv.target.metadata[-1]["password"] == "new-secret"
+    finally:
+        agent.stop()
+        node.stop()

@@ -119,8 +119,9 @@ class SwitchStore:
                              list(self._readings.values()), self._lossless_cache, self._problem)
 
     def _lossless(self) -> list[Reading]:
-        """The PFC-enabled priorities and ECN-marking queues of every port (sonic, once CONFIG_DB synced),
-        each 1 or 0, so a priority missing on a port is a 0 the aggregator can compare."""
+        """The PFC-enabled priorities and ECN-marking queues of every port (sonic, once CONFIG_DB synced), each
+        a bitmask: two series per port (not sixteen), and a priority missing on a port is a 0 bit the
+        aggregator compares."""
         checked = CHECKS_LOSSLESS.get(self.profile, False)
         out = [Reading("fabricmon_switch_lossless_config_checked", (("switch", self.name), ("profile", self.profile)),
                        1.0 if checked and self._config_synced else 0.0)]
@@ -130,12 +131,12 @@ class SwitchStore:
         ports |= set(self._pfc)
         for port in sorted(ports):
             sp = (("switch", self.name), ("port", port))
-            enabled = self._pfc.get(port, frozenset())
-            for p in PRIORITIES:
-                out.append(Reading("fabricmon_switch_port_pfc_enabled", sp + (("priority", str(p)),),
-                                   1.0 if p in enabled else 0.0))
-                prof = self._queue_wred.get((port, p))
-                ecn = self._wred_ecn.get(prof, "") if prof else ""
-                out.append(Reading("fabricmon_switch_port_ecn_enabled", sp + (("queue", str(p)),),
-                                   0.0 if ecn in SONIC_ECN_OFF else 1.0))
+            pfc = sum(1 << p for p in self._pfc.get(port, frozenset()) if p in PRIORITIES)
+            ecn = 0
+            for q in PRIORITIES:
+                prof = self._queue_wred.get((port, q))
+                if prof and self._wred_ecn.get(prof, "") not in SONIC_ECN_OFF:
+                    ecn |= 1 << q
+            out.append(Reading("fabricmon_switch_port_pfc_enabled_priorities", sp, float(pfc)))
+            out.append(Reading("fabricmon_switch_port_ecn_marking_queues", sp, float(ecn)))
         return out
