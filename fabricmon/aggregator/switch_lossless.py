@@ -6,8 +6,8 @@ of each queue): ``fabricmon_switch_port_pfc_enabled_priorities{switch,port}`` an
 ``fabricmon_switch_port_ecn_marking_queues{switch,port}``, bitmasks (bit p: priority or queue p).  The
 host end is the RoCE priority the hosts are held to (``detection.roce_priority``, the agents'
 ``profile.roce_priority``; each host's own settings are checked against it by its agent).  The topology's
-``leaf_port`` (the LLDP import) says which switch port a host NIC is on.  A switch whose profile models no PFC configuration (openconfig) reports
-``fabricmon_switch_lossless_config_checked`` 0 and is not compared here.
+``leaf_port`` (the LLDP import) says which switch port a host NIC is on.  A switch whose profile models no
+PFC configuration (openconfig) reports ``fabricmon_switch_lossless_config_checked`` 0 and is not compared.
 
 A mismatch is ``FabricConfigDrift`` with ``check`` ``pfc_mismatch`` or ``ecn_mismatch`` on a config
 component naming both ends (``node-017/mlx5_3@leaf-01/Ethernet1_1``: a ``/`` in the switch's port name is
