@@ -24,6 +24,7 @@ that renders its id, and (if it has a parent that shares its evidence, like a li
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from .compat import StrEnum
@@ -158,10 +159,20 @@ def spine(name: str) -> Component:
     return Component(Kind.SPINE, name)
 
 
+# A switch port as an Ethernet switch names it (Ethernet1/1, swp12, Eth1/1/2) or an InfiniBand port number.
+SWITCH_PORT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_./:-]{0,63}")
+
+
+def port_part(port: int | str) -> str:
+    """A switch port inside a component id: ``/`` separates an id's parts, so ``Ethernet1/1`` is ``Ethernet1_1``."""
+    return str(port).replace("/", "_")
+
+
 def uplink(leaf_name: str, port: int | str, spine_name: str = "", spine_port: int | str = "") -> Component:
-    """A leaf-to-spine cable, named by its leaf end (``leaf-a3/p17``); no node: no host owns it."""
-    return Component(Kind.UPLINK, f"{leaf_name}/p{port}", port=str(port), leaf=leaf_name, spine=spine_name,
-                     spine_port=str(spine_port))
+    """A leaf-to-spine cable, named by its leaf end (``leaf-a3/p17``, ``leaf-a3/pEthernet1_1``); no node: no
+    host owns it.  The ``port`` label keeps the switch's own name."""
+    return Component(Kind.UPLINK, f"{leaf_name}/p{port_part(port)}", port=str(port), leaf=leaf_name,
+                     spine=spine_name, spine_port=str(spine_port))
 
 
 def config(node_name: str, device: str = "", rail: int | None = None, leaf: str = "") -> Component:

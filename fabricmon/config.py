@@ -224,6 +224,80 @@ class PodResourcesConfig:
         check_range(self.label_ttl, 0.0, 86400.0, f"{path}.label_ttl", source, "s")
 
 
+GNMI_PROFILES = ("openconfig", "sonic")  # sources/gnmi_switches/profiles.py: what each subscribes
+_SWITCH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+
+
+@dataclass(frozen=True)
+class GnmiTargetConfig:
+    """One switch: its name as the topology names it (the leaf or spine), where its gNMI server listens,
+    how it is trusted, and which data model it speaks."""
+
+    name: str = ""  # the switch's name as the topology names it (its leaf or spine name): the switch label
+    address: str = ""  # HOST:PORT of the switch's gNMI server (SONiC telemetry 8080, Cumulus 9339, EOS 6030)
+    profile: str = "openconfig"  # openconfig | sonic: which paths are subscribed and how they read
+    tls_ca: str | None = None  # PEM bundle that signed the switch's certificate (TLS unless insecure)
+    tls_server_name: str | None = None  # the name the switch's certificate carries, when not the address's host
+    username_file: str | None = None  # gNMI username and password (metadata), read at connect and SIGHUP
+    password_file: str | None = None  # (its trailing newline is not part of the password)
+    insecure: bool = False  # plaintext gRPC: labs and tests only
+
+    def validate(self, path: str, source: str) -> None:
+        if not _SWITCH_NAME.fullmatch(self.name):
+            raise ConfigError(f"{source}: {path}.name: a switch name (letters, digits, _.:-), got {self.name!r}")
+        if not self.address:
+            raise ConfigError(f"{source}: {path}.address: required (HOST:PORT of the switch's gNMI server)")
+        check_hostport(self.address, f"{path}.address", source)
+        if self.profile not in GNMI_PROFILES:
+            raise ConfigError(f"{source}: {path}.profile: must be one of {', '.join(GNMI_PROFILES)}, "
+                              f"got {self.profile!r}")
+        if not self.insecure and not self.tls_ca:
+            raise ConfigError(f"{source}: {path}.tls_ca: required unless insecure: true (gNMI carries "
+                              f"credentials: never in plaintext by accident)")
+        if self.insecure and self.tls_ca:
+            raise ConfigError(f"{source}: {path}: give tls_ca or insecure: true, not both")
+        if bool(self.username_file) != bool(self.password_file):
+            raise ConfigError(f"{source}: {path}: username_file and password_file go together")
+
+
+@dataclass(frozen=True)
+class GnmiSwitchesConfig:
+    """gNMI Subscribe (STREAM, SAMPLE every ``interval``) to Ethernet switches.  Off by default: enabled on
+    one node per fabric, it keeps one connection per switch on a thread of its own; the poll serves the
+    last values.  A switch that is unreachable, stalls, sends garbage or oversized updates costs its own
+    series and is counted by reason (``fabricmon_switch_gnmi_failures_total``)."""
+
+    enabled: bool = False  # on one node per fabric (flag: none; set it in the file)
+    targets: tuple[GnmiTargetConfig, ...] = ()  # the switches, each one connection
+    interval: float = 10.0  # SAMPLE interval asked of every switch
+    max_series: int = 20000  # per switch: series beyond it are refused and counted (series_limit)
+    max_message_bytes: int = 4 * 1024 * 1024  # a larger update ends that switch's stream (oversize)
+    stall_intervals: float = 3.0  # no message for this many intervals: the stream is stalled, reconnect
+    connect_timeout: float = 10.0  # seconds for the channel to become ready
+    backoff_min: float = 1.0  # first reconnect delay; doubles per failure (jittered) up to backoff_max
+    backoff_max: float = 120.0  # the longest reconnect delay
+
+    def validate(self, path: str, source: str) -> None:
+        check_range(self.interval, 1.0, 3600.0, f"{path}.interval", source, "s")
+        check_range(self.max_series, 100, 1_000_000, f"{path}.max_series", source)
+        check_range(self.max_message_bytes, 64 * 1024, 256 * 1024 * 1024, f"{path}.max_message_bytes", source,
+                    "bytes")
+        check_range(self.stall_intervals, 1.5, 100.0, f"{path}.stall_intervals", source)
+        check_range(self.connect_timeout, 0.1, 300.0, f"{path}.connect_timeout", source, "s")
+        check_range(self.backoff_min, 0.01, 3600.0, f"{path}.backoff_min", source, "s")
+        check_range(self.backoff_max, self.backoff_min, 3600.0, f"{path}.backoff_max", source,
+                    "s (at least backoff_min)")
+        check_range(len(self.targets), 0, 4096, f"{path}.targets", source, "switches")
+        seen: dict[str, int] = {}
+        for i, t in enumerate(self.targets):
+            if t.name in seen:
+                raise ConfigError(f"{source}: {path}.targets[{i}].name: {t.name!r} already names "
+                                  f"targets[{seen[t.name]}]")
+            seen[t.name] = i
+        if self.enabled and not self.targets:
+            raise ConfigError(f"{source}: {path}.targets: enabled with no switch to subscribe to")
+
+
 @dataclass(frozen=True)
 class JobsConfig:
     """Which job holds which GPUs, for jobs that never report a step: the Slurm prolog's job files in
@@ -253,6 +327,7 @@ class SourcesConfig:
     fabric_config: FabricConfigConfig = field(default_factory=FabricConfigConfig)
     transceiver: TransceiverConfig = field(default_factory=TransceiverConfig)
     ib_switches: IbSwitchesConfig = field(default_factory=IbSwitchesConfig)
+    gnmi_switches: GnmiSwitchesConfig = field(default_factory=GnmiSwitchesConfig)
     jobs: JobsConfig = field(default_factory=JobsConfig)
 
 

@@ -58,6 +58,10 @@ def convert(tp: Any, value: Any, path: str, source: str) -> Any:
         non_none = [a for a in args if a is not type(None)]
         if len(non_none) == 1:
             return convert(non_none[0], value, path, source)
+        if set(non_none) == {int, str}:  # a port number or a port name (leaf_port: 17 or Ethernet1/1)
+            if isinstance(value, (int, str)) and not isinstance(value, bool):
+                return value
+            raise fail(f"expected an integer or a string, got {type(value).__name__}")
         raise fail("unsupported union type")
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if value is None:

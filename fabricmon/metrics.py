@@ -120,6 +120,49 @@ SPECS: dict[str, MetricSpec] = _specs(
     ("fabricmon_switches_unreachable", "gauge", "Switches whose PMA did not answer in the last sweep.", ()),
     ("fabricmon_switches_swept", "gauge", "Switches in the map the last sweep covered (excluded ones not counted).",
      ()),
+    # --- switch side over gNMI (sources/gnmi_switches: Ethernet switches; one node per fabric). Port errors,
+    # bytes and up/down use the families above (counter: in_errors, in_discards, out_discards, fcs,
+    # fec_uncorrectable) ---
+    ("fabricmon_switch_pfc_frames_total", "counter", "PFC pause frames per priority a switch port received (rx) or "
+     "sent (tx) (SONiC COUNTERS_DB SAI_PORT_STAT_PFC_<p>_RX/TX_PKTS).", ("switch", "port", "priority", "direction")),
+    ("fabricmon_switch_port_pause_frames_total", "counter", "Link-level (802.3x) pause frames of a switch port "
+     "(OpenConfig in/out-mac-pause-frames).", ("switch", "port", "direction")),
+    ("fabricmon_switch_queue_dropped_packets_total", "counter", "Packets an egress queue of a switch port dropped.",
+     ("switch", "port", "queue")),
+    ("fabricmon_switch_ecn_marked_packets_total", "counter", "Packets an egress queue of a switch port ECN-marked.",
+     ("switch", "port", "queue")),
+    ("fabricmon_switch_pfc_watchdog_storms_total", "counter", "PFC storms the switch's PFC watchdog detected on a "
+     "port's priority (SONiC Pfcwd PFC_WD_QUEUE_STATS_DEADLOCK_DETECTED).", ("switch", "port", "priority")),
+    ("fabricmon_switch_transceiver_input_power_dbm", "gauge", "Received optical power of a switch transceiver lane.",
+     ("switch", "port", "lane")),
+    ("fabricmon_switch_transceiver_output_power_dbm", "gauge", "Transmitted optical power of a switch transceiver "
+     "lane.", ("switch", "port", "lane")),
+    ("fabricmon_switch_transceiver_pre_fec_ber", "gauge", "Pre-FEC bit error ratio of a switch transceiver.",
+     ("switch", "port")),
+    ("fabricmon_switch_transceiver_post_fec_ber", "gauge", "Post-FEC bit error ratio of a switch transceiver.",
+     ("switch", "port")),
+    ("fabricmon_switch_port_pfc_enabled_priorities", "gauge", "PFC-enabled priorities of the switch port as a "
+     "bitmask, bit p for priority p (SONiC CONFIG_DB PORT_QOS_MAP pfc_enable \"3,4\" is 24): one series per port.",
+     ("switch", "port")),
+    ("fabricmon_switch_port_ecn_marking_queues", "gauge", "Queues of the switch port that ECN-mark, as a bitmask, "
+     "bit q for queue q (SONiC CONFIG_DB QUEUE wred_profile whose ecn is not ecn_none).", ("switch", "port")),
+    ("fabricmon_switch_lossless_config_checked", "gauge", "1 when the switch's PFC and ECN settings are read and "
+     "compared with the host ends (sonic profile); 0 when its profile models none (openconfig): not checked.",
+     ("switch", "profile")),
+    ("fabricmon_switch_gnmi_up", "gauge", "1 while the switch's gNMI subscription is synced and delivering.",
+     ("switch",)),
+    ("fabricmon_switch_gnmi_failures_total", "counter", "gNMI sessions of a switch that ended, and updates refused, by "
+     "reason (unreachable, auth, credentials, stalled, oversize, malformed, series_limit, error).",
+     ("switch", "reason")),
+    ("fabricmon_switch_gnmi_updates_total", "counter", "gNMI updates (leaves or DB rows) accepted from the switch.",
+     ("switch",)),
+    ("fabricmon_switch_gnmi_series", "gauge", "Series the switch's gNMI values make (bounded by max_series).",
+     ("switch",)),
+    ("fabricmon_switch_gnmi_update_age_seconds", "gauge", "Seconds since the switch's last gNMI message.",
+     ("switch",)),
+    ("fabricmon_switch_gnmi_sample_interval_seconds", "gauge", "The SAMPLE interval asked of the switches "
+     "(the aggregator widens switch-fed windows to it).", ()),
+    ("fabricmon_switches_gnmi_unreachable", "gauge", "Configured gNMI switches not delivering now.", ()),
     # --- transceiver modules (sources/transceiver.py; opt-in, needs CAP_NET_ADMIN) ---
     ("fabricmon_transceiver_temperature_celsius", "gauge", "Module temperature (SFF-8636 / CMIS monitor).", _PORT),
     ("fabricmon_transceiver_supply_voltage_volts", "gauge", "Module supply voltage (Vcc monitor).", _PORT),

@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from . import components as comp
-from .components import Component, Kind
+from .components import SWITCH_PORT_NAME, Component, Kind
 from .configload import ConfigError, build, load_yaml_file
 from .textcheck import node_name_problem
 
@@ -102,7 +102,8 @@ class NicSpec:
     leaf: str | None = None  # the leaf switch's name, replacing leaf-u<unit>-r<rail>
     node_guid: str | None = None  # "0x..." as fabricmon_ib_port_info's node_guid label
     interface: str | None = None  # the netdev (LLDP imports)
-    leaf_port: int | None = None  # the leaf's port at the cable's other end (imported from ibnetdiscover)
+    # the leaf's port at the cable's other end: a number (ibnetdiscover) or an Ethernet switch's port name (LLDP)
+    leaf_port: int | str | None = None
 
     def validate(self, path: str, source: str) -> None:
         for what, v in (("rail", self.rail), ("gpu", self.gpu), ("port", self.port)):
@@ -212,7 +213,7 @@ class Topology:
     rail_optimized: bool = True
     leaf_spines: dict[str, tuple[str, ...]] = field(default_factory=dict)
     switches: dict[str, str] = field(default_factory=dict)  # version 2: switch name -> "0x..." GUID
-    _by_leaf_port: dict[tuple[str, int], tuple[str, NicSpec]] = field(default_factory=dict, repr=False)
+    _by_leaf_port: dict[tuple[str, str], tuple[str, NicSpec]] = field(default_factory=dict, repr=False)
     _leaf_by_rail: dict[tuple[str, int | None], str] = field(default_factory=dict, repr=False)
     _by_guid: dict[str, tuple[str, NicSpec]] = field(default_factory=dict, repr=False)
     _bound_names: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)  # bind_devices' inputs
@@ -235,7 +236,7 @@ class Topology:
             if nic.node_guid is not None:
                 self._by_guid[nic.node_guid] = (n.name, nic)
             if nic.leaf is not None and nic.leaf_port is not None:
-                self._by_leaf_port[(nic.leaf, nic.leaf_port)] = (n.name, nic)
+                self._by_leaf_port[(nic.leaf, str(nic.leaf_port))] = (n.name, nic)
 
     # --- lookups ---
     def unit_of(self, node: str) -> int:
@@ -273,9 +274,10 @@ class Topology:
         return nic.leaf if nic.leaf is not None else (leaf_id(self.nodes[node].unit, nic.rail)
                                                       if nic.rail is not None else None)
 
-    def nic_on_leaf_port(self, leaf: str, port: int) -> tuple[str, NicSpec] | None:
-        """The host NIC whose cable ends on ``leaf``'s ``port`` (version-2 files with ``leaf_port``)."""
-        return self._by_leaf_port.get((leaf, port))
+    def nic_on_leaf_port(self, leaf: str, port: int | str) -> tuple[str, NicSpec] | None:
+        """The host NIC whose cable ends on ``leaf``'s ``port`` (version-2 files with ``leaf_port``: a number,
+        or an Ethernet switch's port name)."""
+        return self._by_leaf_port.get((leaf, str(port)))
 
     def nic_by_guid(self, node_guid: str) -> tuple[str, NicSpec] | None:
         """(node, NIC) of a CA node GUID, in any spelling ``canonical_guid`` reads."""
@@ -589,7 +591,8 @@ class NicFileV2:
     node_guid: str | None = None
     interface: str | None = None
     leaf: str | None = None
-    leaf_port: int | None = None  # the leaf's port at the cable's other end (switch-side evidence joins here)
+    # the leaf's port at the cable's other end (switch-side evidence joins here): 1..255, or a port name
+    leaf_port: int | str | None = None
     rail: int | None = None
     gpu: int | None = None  # default: the rail, else the NIC's place among the node's NICs
     rate_gbps: float = 400.0
@@ -611,8 +614,11 @@ class NicFileV2:
             raise ConfigError(f"{source}: {path}.rail: must be >= 0 or null, got {self.rail}")
         if not 0 <= self.port <= 255:
             raise ConfigError(f"{source}: {path}.port: must be 0..255, got {self.port}")
-        if self.leaf_port is not None and not 1 <= self.leaf_port <= 255:
+        if isinstance(self.leaf_port, int) and not 1 <= self.leaf_port <= 255:
             raise ConfigError(f"{source}: {path}.leaf_port: must be 1..255, got {self.leaf_port}")
+        if isinstance(self.leaf_port, str) and not SWITCH_PORT_NAME.fullmatch(self.leaf_port):
+            raise ConfigError(f"{source}: {path}.leaf_port: a port number or a switch port name "
+                              f"(Ethernet1/1, swp12), got {self.leaf_port[:80]!a}")
         if self.leaf_port is not None and self.leaf is None:
             raise ConfigError(f"{source}: {path}.leaf_port: given without leaf")
 
@@ -695,16 +701,16 @@ class TopologyFileV2:
                                 *((f"leaves.{shown}.spines[{k}]", s) for k, s in enumerate(spec.spines))):
                 if (why := node_name_problem(name)) is not None or not name.strip():
                     raise ConfigError(f"{source}: {where}: {why or 'must not be blank'}, got {name[:80]!a}")
-        cable_ends: dict[tuple[str, int], str] = {}
+        cable_ends: dict[tuple[str, str], str] = {}
         for i, n in enumerate(self.nodes):
             for j, nic in enumerate(n.nics):
                 if nic.leaf is None or nic.leaf_port is None:
                     continue
-                key = (nic.leaf, nic.leaf_port)
-                if key in cable_ends:
+                end = (nic.leaf, str(nic.leaf_port))
+                if end in cable_ends:
                     raise ConfigError(f"{source}: nodes[{i}].nics[{j}].leaf_port: {nic.leaf} port {nic.leaf_port} "
-                                      f"is also {cable_ends[key]}'s")
-                cable_ends[key] = n.name
+                                      f"is also {cable_ends[end]}'s")
+                cable_ends[end] = n.name
         for name in self.switches:
             if (why := node_name_problem(name)) is not None or not name.strip():
                 raise ConfigError(f"{source}: switches.{ascii(name[:80])[1:-1]}: {why or 'must not be blank'}, "

@@ -63,7 +63,8 @@ class Config:
     stream_down_seconds: float = 300.0
     stream_down_intervals: float = 3.0
     # FabricmonSwitchSweepFailing: the switch sweep's last complete sweep is older than this (three full
-    # intervals at sources.ib_switches.full_interval 60 s), or more than this share of its switches is unreachable.
+    # intervals at sources.ib_switches.full_interval 60 s), or more than this share of its switches is unreachable
+    # (in-band, or gNMI subscriptions not delivering).
     switch_sweep_max_age_seconds: float = 180.0
     switch_unreachable_ratio: float = 0.1
     # A node's link state pages nothing this long after it boots (its ports sit in INIT until the subnet
@@ -915,16 +916,21 @@ label_replace(
     Alert(
         'FabricmonSwitchSweepFailing', for_='bursty', severity='warning', component_type='service',
         summary='the switch sweep on {{ $labels.component }} is failing',
-        description="The in-band switch sweep (sources.ib_switches) on {{ $labels.component }} has no recent "
-                    "complete sweep, or too many of its switches do not answer: the switch side of the fabric "
-                    "(uplinks, the switch end of host cables) is not monitored there.",
-        comment="fabricmon_switches_swept counts every switch of the map the sweep covered, answering or not.",
+        description="The switch sweep (sources.ib_switches in-band, or sources.gnmi_switches over gNMI) on "
+                    "{{ $labels.component }} has no recent complete sweep, or too many of its switches do not "
+                    "answer: the switch side of the fabric (uplinks, the switch end of host cables) is not "
+                    "monitored there.",
+        comment="fabricmon_switches_swept counts every switch of the map the sweep covered, answering or not; "
+                "gNMI: fabricmon_switches_gnmi_unreachable over the configured switches (fabricmon_switch_gnmi_up).",
         expr='''
 label_replace(
   max by (cluster, node) (
     fabricmon_switch_sweep_age_seconds > ${switch_sweep_max_age_seconds}
     or
     fabricmon_switches_unreachable / (fabricmon_switches_swept > 0) > ${switch_unreachable_ratio}
+    or
+    max by (cluster, node) (fabricmon_switches_gnmi_unreachable)
+      / (count by (cluster, node) (fabricmon_switch_gnmi_up) > 0) > ${switch_unreachable_ratio}
   ),
   "component", "$1", "node", "(.+)"
 )

@@ -219,6 +219,10 @@ class Agent:
                 except Exception as exc:  # a source that fails to close must not stop the reload
                     log.warning("source_close_failed", collector=src.name, error=str(exc))
         self.cfg = new
+        for src in self._built or ():  # switch credentials (gnmi_switches): re-read, changed ones reconnect
+            refresh = getattr(src, "refresh_credentials", None)
+            if refresh is not None and refresh():
+                changed.append(f"sources.{src.name} credential files (contents: reconnecting those switches)")
         if self.stream is not None:
             try:
                 what = self.stream.credentials_changed()

@@ -97,6 +97,9 @@ class DetectionSettings:
     # --- config drift ---
     config_checks: tuple[str, ...] = ("pfc", "trust", "ecn_np", "ecn_rp", "mtu")
     config_persist_s: float = 2.0
+    # the hosts' RoCE priority (the agents' profile.roce_priority): lossless and ECN-marked on each host's
+    # switch port too, or FabricConfigDrift check=pfc_mismatch / ecn_mismatch (gnmi_switches, sonic profile)
+    roce_priority: int = 3
     # --- GPU / NVLink ---
     nvlink_errors_min: float = 10.0  # replay + crc per window_s
     nvlink_recovery_min: float = 1.0
@@ -166,6 +169,8 @@ class DetectionSettings:
             raise ConfigError(f"{source}: {path}.congestion_persist_windows: need 1 <= persist <= of <= 16")
         if not 1 <= self.straggler_persist <= self.straggler_window <= 64:
             raise ConfigError(f"{source}: {path}.straggler_persist: need 1 <= persist <= window <= 64")
+        if not 0 <= self.roce_priority <= 7:
+            raise ConfigError(f"{source}: {path}.roce_priority: must be 0..7, got {self.roce_priority}")
         if self.cross_shard_grace_intervals > 30:
             raise ConfigError(f"{source}: {path}.cross_shard_grace_intervals: at most 30 (a longer wait delays a "
                               f"real page), got {self.cross_shard_grace_intervals}")

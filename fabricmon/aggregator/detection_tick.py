@@ -154,6 +154,7 @@ class DetectionTick(Stage):
             if not g.ev and not g.nvl_down and not g.throttle:
                 self.active_gpus.discard(g)
         findings.extend(config_drift(self.nodes, self.config_nodes, s, self.cluster, now))
+        findings.extend(self.switch_side.lossless_findings(now))  # the host's RoCE priority on its switch port
         if self.started_at is None:
             self.started_at = now  # the first tick: the restart grace of agents_down runs from here
         findings.extend(agents_down(self.nodes.values(), s, self.cluster, now, self.started_at))

@@ -20,6 +20,13 @@ it owns: an uplink by its leaf's units, a host cable by its host's; the rest are
 counts their open bad-uplink alerts (remote_evidence.py reads them from Alertmanager) towards a spine that
 has a bad uplink here.
 
+Ethernet switches (``gnmi_switches``) name their ports (``Ethernet1/1``) and send no cable map: a port the
+topology's ``leaf_port`` names is that host's cable.  Their interface errors (in_errors, fcs,
+fec_uncorrectable) are link errors; discards, queue drops and ECN marks are congestion; per-priority PFC
+frames are pause evidence seen from the switch end (the switch receiving pauses on a host cable is the host
+emitting them), so ``FabricPFCStorm`` blames the port that emits pauses and receives none from either end;
+PFC watchdog storms are storm events.  The PFC and ECN settings of each port go to ``switch_lossless``.
+
 A leaf is a switch the topology lists as one, or one whose ports reach hosts.  Evidence arrives at the
 sweep's cadence, not the poll's: ``interval`` (measured from the sweeps' ends) widens the windows of the
 components fed only from here, as a node's poll interval widens its own."""
@@ -36,14 +43,22 @@ from .incidents import Finding, Relation
 from .ingest import PMA_ERRORS
 from .remote_evidence import RemoteIncident, leaf_units
 from .state import Event, LinkEvent, LinkState, Registry, build_link_state
+from .switch_lossless import FAMILIES as LOSSLESS_FAMILIES
+from .switch_lossless import SwitchLossless
 
 ERRORS = "fabricmon_switch_port_errors_total"
 XMIT_WAIT = "fabricmon_switch_port_transmit_wait_total"
 PORT_UP = "fabricmon_switch_port_up"
 PORT_INFO = "fabricmon_switch_port_info"
 SWEEP_SECONDS = "fabricmon_switch_sweep_seconds"
-DELTA_FAMILIES = frozenset({ERRORS, XMIT_WAIT})
-GAUGE_FAMILIES = frozenset({PORT_UP, PORT_INFO, SWEEP_SECONDS})
+# gNMI (Ethernet switches)
+PFC_FRAMES = "fabricmon_switch_pfc_frames_total"
+PFCWD_STORMS = "fabricmon_switch_pfc_watchdog_storms_total"
+QUEUE_DROPS = "fabricmon_switch_queue_dropped_packets_total"
+ECN_MARKED = "fabricmon_switch_ecn_marked_packets_total"
+GNMI_INTERVAL = "fabricmon_switch_gnmi_sample_interval_seconds"
+DELTA_FAMILIES = frozenset({ERRORS, XMIT_WAIT, PFC_FRAMES, PFCWD_STORMS, QUEUE_DROPS, ECN_MARKED})
+GAUGE_FAMILIES = frozenset({PORT_UP, PORT_INFO, SWEEP_SECONDS, GNMI_INTERVAL}) | LOSSLESS_FAMILIES
 FAMILIES = DELTA_FAMILIES | GAUGE_FAMILIES
 INTERVAL_RANGE = (1.0, 600.0)
 SPINE_DEGRADED = "FabricSpineDegraded"
@@ -54,10 +69,21 @@ BAD_UPLINK = frozenset({"FabricLinkDown", "FabricLinkFlapping", "FabricLinkError
 
 # PortInfo as the host detectors read it: ACTIVE/LinkUp, DOWN/Polling
 _UP, _DOWN = (4, 5), (1, 2)
+# Ethernet interface counters (gnmi_switches): a bad cable or optic, or a dropping (congested) port
+ETH_LINK_ERRORS = frozenset({"in_errors", "fcs", "fec_uncorrectable"})
+ETH_DISCARDS = frozenset({"in_discards", "out_discards"})
+# A drop on a lossless fabric weighs as this many ECN marks in the congestion evidence (CNP events): marks
+# come by the thousand per second under load, a lossless queue should drop nothing at all
+DROP_WEIGHT = 100.0
+# XOFF frames a switch port sends per second while it holds its peer paused: it re-sends before the pause
+# expires, about every half pause quantum (65535 quanta of 512 bit times are 84 us at 400 Gb/s, refreshed
+# every ~42 us: ~24k/s).  Frames over this are the share of time paused, the evidence the PFC detector reads.
+XOFF_FRAMES_PER_PAUSED_SECOND = 24_000.0
+PAUSE_MIN_SHARE = {"tx": 0.05, "rx": 0.02}  # background pauses: as the host ingest skips them
 
 
 def _event_of(counter: str) -> int | None:
-    if counter in PMA_ERRORS:
+    if counter in PMA_ERRORS or counter in ETH_LINK_ERRORS:
         return LinkEvent.ERR
     if counter == "link_error_recovery":
         return LinkEvent.RECOV
@@ -76,15 +102,17 @@ class SwitchSide:
         self.refused_batches = 0  # batches with switch-side series from a node not listed
         self.interval = 1.0
         self._sweep_ts: float | None = None
-        self._cables: dict[tuple[str, int], tuple[str, int, str]] = {}  # (switch, port) -> (peer, port, type)
+        # ports as their label spells them: "17" (InfiniBand) or "Ethernet1/1" (gNMI)
+        self._cables: dict[tuple[str, str], tuple[str, str, str]] = {}  # (switch, port) -> (peer, port, type)
         self._with_hosts: set[str] = set()
-        self._ends: dict[tuple[str, int], LinkState | None] = {}  # (switch, port) -> its cable's state
-        self._uplinks: dict[tuple[str, int], LinkState] = {}  # (leaf, port) -> uplink state
+        self._ends: dict[tuple[str, str], LinkState | None] = {}  # (switch, port) -> its cable's state
+        self._uplinks: dict[tuple[str, str], LinkState] = {}  # (leaf, port) -> uplink state
+        self.lossless = SwitchLossless()  # the PFC/ECN settings of Ethernet switch ports
         self._own_host_links: dict[tuple[str, str, str], LinkState] = {}  # host links of nodes with no agent
         # component -> (the switch port that waited last, at, ticks): FabricCongestion names the port
         self._waits: dict[Component, tuple[str, float, float]] = {}
         self._leaf_units: dict[str, frozenset[int]] | None = None  # sharded: leaf -> its units (topology)
-        self._elsewhere: set[tuple[str, int]] = set()  # sharded: switch ports whose component another shard owns
+        self._elsewhere: set[tuple[str, str]] = set()  # sharded: switch ports whose component another shard owns
 
     # ------------------------------------------------------------------ trust
     def carries(self, batch: NodeBatch) -> bool:
@@ -106,14 +134,20 @@ class SwitchSide:
             if g.family not in GAUGE_FAMILIES:
                 continue
             lab = dict(g.labels)
+            if g.family in LOSSLESS_FAMILIES:
+                self.lossless.note(g.family, lab, g.value)
+                continue
+            if g.family == GNMI_INTERVAL:  # gNMI samples arrive every SAMPLE interval, whatever the poll's
+                self.interval = min(max(g.value, INTERVAL_RANGE[0]), INTERVAL_RANGE[1])
+                continue
             if g.family == SWEEP_SECONDS:
                 if self._sweep_ts is not None and ts > self._sweep_ts:
                     self.interval = min(max(ts - self._sweep_ts, INTERVAL_RANGE[0]), INTERVAL_RANGE[1])
                 self._sweep_ts = ts
                 continue
-            key = (lab.get("switch", ""), int(lab.get("port", "0") or 0))
+            key = (lab.get("switch", ""), lab.get("port", ""))
             if g.family == PORT_INFO:
-                cable = (lab.get("peer", ""), int(lab.get("peer_port", "0") or 0), lab.get("peer_type", ""))
+                cable = (lab.get("peer", ""), lab.get("peer_port", ""), lab.get("peer_type", ""))
                 if self._cables.get(key) != cable:
                     self._cables[key] = cable
                     if cable[2] == "host":
@@ -129,24 +163,63 @@ class SwitchSide:
             if d.reset or not d.delta or d.family not in DELTA_FAMILIES:
                 continue
             lab = dict(d.labels)
-            kind = LinkEvent.XWAIT if d.family == XMIT_WAIT else _event_of(lab.get("counter", ""))
-            if kind is None:
-                continue
-            if kind == LinkEvent.XWAIT and d.delta < 0.2 * self.interval * self.settings.xmit_wait_rate_min:
-                continue  # a port waits now and then: keep only what could matter (as the host ingest does)
             switch = lab.get("switch", "")
-            link = self._end((switch, int(lab.get("port", "0") or 0)))
+            link = self._end((switch, lab.get("port", "")))
             if link is None:
                 continue
+            ev = self._event(d.family, lab, d.delta, ts, link, switch)
+            if ev is None:
+                continue
+            kind = ev[1]
+            if kind == LinkEvent.XWAIT and d.delta < 0.2 * self.interval * self.settings.xmit_wait_rate_min:
+                continue  # a port waits now and then: keep only what could matter (as the host ingest does)
             if kind == LinkEvent.DOWNED and link.id.kind is Kind.UPLINK and switch != link.id.leaf:
                 continue  # both ends count one going down: the leaf's end says it (as it says the state)
             if kind == LinkEvent.XWAIT:
                 self._waits[link.id] = (f"{switch} port {lab.get('port', '')}", ts, d.delta)
-            ev: Event = (ts, int(kind), d.delta, 0)
             link.ev.append(ev)
             self.registry.active_links.add(link)
         for link in touched:
             self._state_changed(link, ts)
+
+    def _event(self, family: str, lab: dict[str, str], delta: float, ts: float, link: LinkState,
+               switch: str) -> Event | None:
+        """The link event one switch-side counter delta is, or None (nothing the detectors read)."""
+        if family == XMIT_WAIT:
+            return (ts, int(LinkEvent.XWAIT), delta, 0)
+        if family == ERRORS:
+            counter = lab.get("counter", "")
+            if counter in ETH_DISCARDS:
+                return (ts, int(LinkEvent.CNP), delta * DROP_WEIGHT, 0)
+            kind = _event_of(counter)
+            return None if kind is None else (ts, int(kind), delta, 0)
+        if family == QUEUE_DROPS:
+            return (ts, int(LinkEvent.CNP), delta * DROP_WEIGHT, 0)
+        if family == ECN_MARKED:
+            return (ts, int(LinkEvent.CNP), delta, 0)
+        if family == PFCWD_STORMS:
+            return (ts, int(LinkEvent.STORM), delta, 0)
+        if family == PFC_FRAMES:
+            try:
+                prio = int(lab.get("priority", ""))
+            except ValueError:
+                return None
+            direction = lab.get("direction", "")
+            if direction not in PAUSE_MIN_SHARE:
+                return None
+            # the link's own end is the host NIC (a host cable) or the leaf (an uplink): seen from the far
+            # end, what the switch port receives is what the own end emits
+            own_end = link.id.kind is Kind.UPLINK and link.id.leaf == switch
+            tx = (direction == "tx") == own_end
+            paused = delta / (link.xoff_full_rate or XOFF_FRAMES_PER_PAUSED_SECOND)
+            if paused < PAUSE_MIN_SHARE["tx" if tx else "rx"] * self.interval:
+                return None
+            return (ts, int(LinkEvent.PAUSE_TX if tx else LinkEvent.PAUSE_RX), paused, prio)
+        return None
+
+    def lossless_findings(self, now: float) -> list[Finding]:
+        """pfc_mismatch / ecn_mismatch between each host's RoCE priority and its switch port (switch_lossless)."""
+        return self.lossless.findings(self.topology, self.settings, self.cluster, now)
 
     def _state_changed(self, link: LinkState, ts: float) -> None:
         down = link.note_state(ts)  # as the ingest stage does for a host port's state
@@ -176,7 +249,7 @@ class SwitchSide:
         return switch in self.topology.leaf_spines or switch in self._with_hosts or \
             switch in set(self.topology.leaves())
 
-    def _end(self, key: tuple[str, int]) -> LinkState | None:
+    def _end(self, key: tuple[str, str]) -> LinkState | None:
         _ = self.topology  # after a topology reload, the resolved ends are worked out again
         if key in self._ends:
             return self._ends[key]
@@ -193,11 +266,15 @@ class SwitchSide:
             return self._owns_leaf(link.id.leaf)
         return self.registry.owned(link.id.node)
 
-    def _resolve(self, key: tuple[str, int]) -> LinkState | None:
+    def _resolve(self, key: tuple[str, str]) -> LinkState | None:
         cable = self._cables.get(key)
-        if cable is None:
-            return None
         switch, port = key
+        if cable is None:
+            # no cable map (an Ethernet switch over gNMI): the topology's leaf_port names host cables
+            on_port = self.topology.nic_on_leaf_port(switch, port)
+            if on_port is None:
+                return None
+            return self._host_link(on_port[0], on_port[1].device, str(on_port[1].port))
         peer, peer_port, peer_type = cable
         if peer_type == "host":
             found = self.topology.nic_on_leaf_port(switch, port)
@@ -218,7 +295,7 @@ class SwitchSide:
             return self._uplink(peer, peer_port, switch, port)
         return None  # spine-to-core and leaf-to-leaf cables: not modelled yet
 
-    def _uplink(self, leaf: str, port: int, spine: str, spine_port: int) -> LinkState:
+    def _uplink(self, leaf: str, port: str, spine: str, spine_port: str) -> LinkState:
         link = self._uplinks.get((leaf, port))
         if link is None:
             link = LinkState("", "", str(port), "", None, None, "", -1, None, None, self.cluster)

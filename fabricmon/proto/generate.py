@@ -1,6 +1,7 @@
 """Regenerate the checked-in protobuf/gRPC stubs: ``python -m fabricmon.proto.generate``.
 
-Two protos: fabricmon's own wire format and the kubelet's PodResources API (a verbatim copy, see its
+Three protos: fabricmon's own wire format, the part of gNMI the gnmi_switches source speaks, and the
+kubelet's PodResources API (a verbatim copy, see its
 header), whose client the agent's ``jobs`` source uses.
 
 The stubs are generated with the pinned ``grpcio-tools`` (see GRPCIO_TOOLS_VERSION)
@@ -23,7 +24,9 @@ import tempfile
 from pathlib import Path
 
 GRPCIO_TOOLS_VERSION = "1.85.1"
-STEMS = ("fabricmon", "podresources_v1")  # fabricmon/proto/<stem>.proto
+# fabricmon's own stream, the kubelet's PodResources API (the jobs source) and the part of gNMI the
+# gnmi_switches source speaks (gnmi.proto says which): fabricmon/proto/<stem>.proto
+STEMS = ("fabricmon", "podresources_v1", "gnmi")
 PROTOS = tuple(f"fabricmon/proto/{stem}.proto" for stem in STEMS)
 OUTPUTS = tuple(f"{stem}{suffix}" for stem in STEMS for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py"))
 

@@ -74,13 +74,24 @@ def host_leaf_ports(topology: Topology, names: list[str]) -> dict[tuple[int, int
             leaf = topology.leaf_of_nic(name, nic.device)
             if leaf is None:
                 continue
-            if nic.leaf_port is not None:
-                port = nic.leaf_port
-            else:  # hosts in node order from port 1
+            numbered = _port_number(nic.leaf_port)
+            if numbered is not None:
+                port = numbered
+            else:  # hosts in node order from port 1 (also where an Ethernet switch names its ports)
                 port = next_port.get(leaf, 0) + 1
             next_port[leaf] = max(next_port.get(leaf, 0), port)
             out[(i, dev)] = (leaf, port)
     return out
+
+
+def _port_number(port: int | str | None) -> int | None:
+    """An InfiniBand switch port number (the simulated switches are numbered); None for an Ethernet
+    switch's port name ("swp1", "Ethernet1/1") or none given."""
+    if isinstance(port, int):
+        return port
+    if isinstance(port, str) and port.isdigit():
+        return int(port)
+    return None
 
 
 def _rail_dev(device: str) -> int | None:
@@ -130,8 +141,9 @@ def cabled(topo: Topology, spines: int) -> Topology:
     used: dict[str, set[int]] = {}
     for spec in topo.nodes.values():
         for nic in spec.nics:
-            if nic.leaf_port is not None and nic.leaf is not None:
-                used.setdefault(nic.leaf, set()).add(nic.leaf_port)
+            numbered = _port_number(nic.leaf_port)
+            if numbered is not None and nic.leaf is not None:
+                used.setdefault(nic.leaf, set()).add(numbered)
     next_port: dict[str, int] = {}
     specs: dict[str, NodeSpec] = {}
     for name, spec in topo.nodes.items():

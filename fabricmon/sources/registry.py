@@ -32,7 +32,7 @@ C = TypeVar("C")
 MODULES: tuple[tuple[str | None, str], ...] = (
     ("infiniband", "infiniband"), ("ethtool", "ethtool"), ("fabric_config", "fabric_config"),
     ("nvml", "nvml.source"), (None, "pci_gpus"), ("transceiver", "transceiver"), ("host", "host"),
-    ("ib_switches", "ib_switches.source"), ("jobs", "jobs"))
+    ("ib_switches", "ib_switches.source"), ("gnmi_switches", "gnmi_switches.source"), ("jobs", "jobs"))
 
 
 @dataclass(frozen=True)

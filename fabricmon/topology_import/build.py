@@ -12,6 +12,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ..components import SWITCH_PORT_NAME
 from ..textcheck import node_name_problem
 from .ibnetdiscover import IbFabric
 from .lldp import LldpNeighbor
@@ -35,7 +36,7 @@ class Nic:
     interface: str | None = None
     rail: int | None = None
     source: str = ""  # file the link came from, for notes
-    leaf_port: int | None = None  # the leaf's port this NIC's cable ends on (the cable's other end)
+    leaf_port: int | str | None = None  # the leaf's port this NIC's cable ends on: a number (IB) or a name (LLDP)
 
 
 @dataclass
@@ -188,6 +189,18 @@ def _check_duplicate_devices(out: Imported) -> None:
 
 
 # ------------------------------------------------------------------ LLDP (RoCE)
+_MAC = re.compile(r"[0-9a-fA-F]{2}([:-][0-9a-fA-F]{2}){5}")
+
+
+def switch_port_of(n: LldpNeighbor) -> str | None:
+    """The switch's port name at the cable's far end: the port ID when the switch sends its interface name
+    there (SONiC, Cumulus, EOS: ``Ethernet0``, ``swp12``, ``Ethernet1/1``), else the port description when
+    that is one; None when neither is a name (a MAC address port ID and a free-text description)."""
+    for text in (n.port_id, n.port_descr):
+        if text and SWITCH_PORT_NAME.fullmatch(text) and not _MAC.fullmatch(text) and not text.isdigit():
+            return text
+    return None
+
 
 
 def import_lldp(per_node: dict[str, list[LldpNeighbor]], *, keep_domain: bool = False) -> Imported:
@@ -219,7 +232,8 @@ def import_lldp(per_node: dict[str, list[LldpNeighbor]], *, keep_domain: bool = 
             if leaf not in switches:
                 out.notes.append(f"{host}: {n.interface} sees {leaf}, which advertises no switch capability; skipped")
                 continue
-            out.nodes.setdefault(host, []).append(Nic(host=host, leaf=leaf, interface=n.interface, label=n.interface))
+            out.nodes.setdefault(host, []).append(Nic(host=host, leaf=leaf, interface=n.interface, label=n.interface,
+                                                      leaf_port=switch_port_of(n)))
     used_leaves = {nic.leaf for nics in out.nodes.values() for nic in nics}
     for leaf in sorted(used_leaves, key=natural_key):
         spines = {leaf_name(n) for n in files.get(leaf, []) if n.is_switch is not False}

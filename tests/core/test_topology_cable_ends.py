@@ -68,3 +68,28 @@ def test_leaf_port_without_leaf_is_refused(tmp_path):
     path.write_text(yaml.safe_dump(doc))
     with pytest.raises(ConfigError, match=r"nodes\[0\]\.nics\[0\]\.leaf_port: given without leaf"):
         load_topology(path)
+
+
+def test_lldp_import_writes_the_switch_port_and_ethernet_port_names_load(tmp_path):
+    """LLDP's port ID (lldpd's captures in tests/fixtures/topology_import/lldp) is the switch's end of each
+    host cable: written as ``leaf_port`` (a port name), looked up as the gNMI source's ``port`` label."""
+    lldp = FIXTURES / "topology_import" / "lldp"
+    out = tmp_path / "roce.yaml"
+    assert main(["topology", "import", "--lldp", str(lldp), "--cluster", "roce-a", "-o", str(out),
+                 "--log-level", "error"]) == 0
+    doc = yaml.safe_load(out.read_text())
+    ends = {(n["name"], c["interface"]): (c["leaf"], c.get("leaf_port")) for n in doc["nodes"] for c in n["nics"]}
+    assert ends[("gpu-a17-03", "ens3f0np0")] == ("leaf-r0", "swp1")
+    assert ends[("gpu-a17-04", "ens3f1np1")] == ("leaf-r1", "swp2")
+    topo = load_topology(out)
+    assert topo.nic_on_leaf_port("leaf-r0", "swp3")[0] == "gpu-a17-05"  # type: ignore[index]
+    # an Ethernet port name with a slash is a valid leaf_port; a name with a space is not
+    base = {"version": 2, "nodes": [{"name": "h1", "nics": [{"device": "mlx5_0", "leaf": "leaf-a",
+                                                            "leaf_port": "Ethernet1/1"}]}]}
+    f = tmp_path / "eth.yaml"
+    f.write_text(yaml.safe_dump(base))
+    assert load_topology(f).nic_on_leaf_port("leaf-a", "Ethernet1/1")[0] == "h1"  # type: ignore[index]
+    base["nodes"][0]["nics"][0]["leaf_port"] = "Ethernet 1"
+    f.write_text(yaml.safe_dump(base))
+    with pytest.raises(ConfigError, match=r"nics\[0\]\.leaf_port: a port number or a switch port name"):
+        load_topology(f)
