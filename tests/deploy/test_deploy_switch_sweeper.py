@@ -46,6 +46,7 @@ def test_one_sweeper_per_labelled_node_with_its_own_identity_and_the_hca(objs, t
     cfg = load_agent_config(f)
     assert cfg.sources.ib_switches.enabled and cfg.sources.ib_switches.port_state == "walk"
     assert not cfg.sources.infiniband.enabled and not cfg.sources.host.enabled
+    assert cfg.intake.socket is None and cfg.intake.listen is None  # no rank intake on the sweeper
     assert cfg.stream.spool_dir.startswith(mounts["state"]["mountPath"] + "/")
     for key in ("agent.yaml", "agent-rdma.yaml"):  # every other node's agent: the sweep stays off
         f.write_text(cm[key])
