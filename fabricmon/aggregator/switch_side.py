@@ -235,12 +235,14 @@ class SwitchSide:
                 return None
             return self._host_link(on_port[0], on_port[1].device, str(on_port[1].port))
         peer, peer_port, peer_type = cable
-        if peer_type == "host":
-            found = self.topology.nic_on_leaf_port(switch, port)
-            if found is None:
-                return None
+        # gNMI's LLDP neighbours say "switch" only for switches the agent subscribes to ("unknown" otherwise):
+        # the topology knows the hosts
+        found = self.topology.nic_on_leaf_port(switch, port) if peer_type != "switch" else None
+        if found is not None:
             node, nic = found
             return self._host_link(node, nic.device, str(nic.port))
+        if peer_type == "host" or (peer_type == "unknown" and peer in self.topology.nodes):
+            return None  # a host cable the topology has no leaf_port for
         here, there = self._is_leaf(switch), self._is_leaf(peer)
         if here and not there:
             return self._uplink(switch, port, peer, peer_port)
