@@ -313,3 +313,23 @@ def test_agent_sighup_re_reads_the_switch_credentials(servers, tmp_path: Path):
     finally:
         agent.stop()
         node.stop()
+
+
+def test_check_config_names_a_missing_switch_credential_file(tmp_path: Path, capsys):
+    from fabricmon.cli import main
+
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(f"""
+sources:
+  gnmi_switches:
+    enabled: true
+    targets:
+      - {{name: leaf-01, address: "10.0.0.1:8080", profile: sonic, tls_ca: {ca},
+         username_file: {tmp_path / 'user'}, password_file: {tmp_path / 'pw'}}}
+""")
+    assert main(["check-config", str(cfg)]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith(f"agent.yaml: sources.gnmi_switches.targets[0].username_file: "
+                                             f"{tmp_path / 'user'}: no such file")
