@@ -97,16 +97,16 @@ def test_openconfig_exact_values_ramps_and_a_reset(servers):
         agent.wait_value("fabricmon_switch_port_errors_total", 5, counter="fcs", **sw)
         agent.wait_value("fabricmon_switch_queue_dropped_packets_total", 11, queue="3", **sw)
         agent.wait_value("fabricmon_switch_ecn_marked_packets_total", 13, queue="3", **sw)
-        assert agent.value("fabricmon_switch_port_receive_bytes_total", **sw) == 1000000
-        assert agent.value("fabricmon_switch_port_up", **sw) == 1
-        assert agent.value("fabricmon_switch_transceiver_input_power_dbm", lane="0", **sw) == -2.31
-        assert agent.value("fabricmon_switch_transceiver_pre_fec_ber", **sw) == 1.2e-07
+        # one sample is several notifications (and one stream per SONiC DB): each value is waited for
+        agent.wait_value("fabricmon_switch_port_receive_bytes_total", 1000000, **sw)
+        agent.wait_value("fabricmon_switch_port_up", 1, **sw)
+        agent.wait_value("fabricmon_switch_transceiver_input_power_dbm", -2.31, lane="0", **sw)
+        agent.wait_value("fabricmon_switch_transceiver_pre_fec_ber", 1.2e-07, **sw)
         # the far end of each cable from the switch's LLDP (openconfig-lldp): a host that sends its MAC as
         # port ID is named by its port description; a neighbour's domain is stripped as the import does
-        assert agent.value("fabricmon_switch_port_info", peer="h7", peer_port="ens5f0np0", peer_type="unknown",
-                           **sw) == 1
-        assert agent.value("fabricmon_switch_port_info", switch="leaf-01", port="Ethernet1/2", peer="spine-01",
-                           peer_port="Ethernet3/1") == 1
+        agent.wait_value("fabricmon_switch_port_info", 1, peer="h7", peer_port="ens5f0np0", peer_type="unknown", **sw)
+        agent.wait_value("fabricmon_switch_port_info", 1, switch="leaf-01", port="Ethernet1/2", peer="spine-01",
+                         peer_port="Ethernet3/1")
         # openconfig models no PFC configuration: not checked, and a metric says so
         assert agent.value("fabricmon_switch_lossless_config_checked", switch="leaf-01", profile="openconfig") == 0
         assert agent.value("fabricmon_switch_port_pfc_enabled_priorities", **sw) is None
@@ -151,8 +151,8 @@ def test_sonic_exact_values_per_priority_pfc_watchdog_and_lossless_settings(serv
         agent.wait_value("fabricmon_switch_queue_dropped_packets_total", 21, queue="3", **sw)
         agent.wait_value("fabricmon_switch_ecn_marked_packets_total", 4321, queue="3", **sw)
         agent.wait_value("fabricmon_switch_pfc_watchdog_storms_total", 2, priority="3", **sw)
-        assert agent.value("fabricmon_switch_port_up", **sw) == 1
-        assert agent.value("fabricmon_switch_port_info", peer="h7", peer_port="ens5f0np0", **sw) == 1  # LLDP
+        agent.wait_value("fabricmon_switch_port_up", 1, **sw)  # APPL_DB: a stream of its own
+        agent.wait_value("fabricmon_switch_port_info", 1, peer="h7", peer_port="ens5f0np0", **sw)  # LLDP
         # CONFIG_DB: PFC on 3 and 4 (PORT_QOS_MAP), ECN on queues 3 and 4 (QUEUE -> WRED_PROFILE ecn_all)
         agent.wait_value("fabricmon_switch_lossless_config_checked", 1, switch="leaf-02", profile="sonic")
         assert agent.value("fabricmon_switch_port_pfc_enabled_priorities", **sw) == (1 << 3) | (1 << 4)
