@@ -6,6 +6,7 @@ can cost (stall, 10 MB updates, garbage, disconnects) staying its own."""
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -164,6 +165,12 @@ def test_sonic_exact_values_per_priority_pfc_watchdog_and_lossless_settings(serv
         # the operator takes priority 3 out of PFC on Ethernet0: the switch port reads 0 for it
         t.set("", "PORT_QOS_MAP", "4", "Ethernet0/pfc_enable", target="CONFIG_DB")
         agent.wait_value("fabricmon_switch_port_pfc_enabled_priorities", 1 << 4, **sw)
+        # the exposition of every switch family passes promtool's parser and linter
+        from support.promtools import require_binary
+
+        proc = subprocess.run([require_binary(["promtool"]), "check", "metrics"], input=agent.scrape().encode(),
+                              capture_output=True, timeout=60)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr).decode()
         # one channel, one Subscribe per SONiC DB (the prefix target names the DB)
         assert sorted(r.subscribe.prefix.target for r in t.subscribes) == ["APPL_DB", "CONFIG_DB", "COUNTERS_DB"]
     finally:
