@@ -74,3 +74,22 @@ def test_malformed_values_are_counted_and_the_rest_kept():
 def test_every_profile_subscribes_a_bounded_set_of_paths():
     for groups in profiles.PROFILE_GROUPS.values():
         assert 0 < sum(len(g.paths) for g in groups) <= profiles.MAX_PATHS <= 16
+
+
+def test_a_switch_sending_more_series_than_max_series_is_bounded_and_counted():
+    from fabricmon.sources.gnmi_switches.decode import Decoded, Point
+    from fabricmon.sources.gnmi_switches.store import SwitchStore
+
+    store = SwitchStore("leaf-01", "sonic", max_series=100)
+    d = Decoded(points=[Point(profiles.QUEUE_DROPS, (("port", f"Ethernet{i}"), ("queue", "3")), i, profiles.COUNTER,
+                              f"Ethernet{i}") for i in range(150)])
+    notes = store.apply(d, 1000.0)
+    view = store.view()
+    assert len(view.readings) == 100 and view.failures["series_limit"] == 50
+    assert notes == ["50 series refused: max_series 100 reached"]
+    # a known series still updates at the bound; the refused ones stay refused
+    store.apply(Decoded(points=[Point(profiles.QUEUE_DROPS, (("port", "Ethernet0"), ("queue", "3")), 7,
+                                      profiles.COUNTER, "Ethernet0")]), 1001.0)
+    assert [r.value for r in store.view().readings if dict(r.labels)["port"] == "Ethernet0"] == [7]
+    store.lost("stalled", "no message")  # a session that ended costs every series of the switch
+    assert store.view().readings == [] and store.view().failures["stalled"] == 1

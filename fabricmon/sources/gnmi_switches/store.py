@@ -105,10 +105,17 @@ class SwitchStore:
                     self._lldp.setdefault(port, {}).update(far)
                     self._facts_cache = None
             if d.pfc_enable or d.queue_wred or d.wred_ecn:
-                self._pfc.update(d.pfc_enable)
-                self._queue_wred.update(d.queue_wred)
-                self._wred_ecn.update(d.wred_ecn)
-                self._facts_cache = None
+                facts = len(self._pfc) + len(self._queue_wred) + len(self._wred_ecn)
+                new = (len(d.pfc_enable.keys() - self._pfc.keys()) + len(d.queue_wred.keys() - self._queue_wred.keys())
+                       + len(d.wred_ecn.keys() - self._wred_ecn.keys()))
+                if facts + new > self.max_series:
+                    self._failures["series_limit"] += 1  # a config table larger than any switch has: refused
+                    notes.append(f"config rows refused: more than max_series {self.max_series}")
+                else:
+                    self._pfc.update(d.pfc_enable)
+                    self._queue_wred.update(d.queue_wred)
+                    self._wred_ecn.update(d.wred_ecn)
+                    self._facts_cache = None
         return notes
 
     def synced(self, target: str, now: float) -> None:
