@@ -316,6 +316,7 @@ def test_agent_sighup_re_reads_the_switch_credentials(servers, tmp_path: Path):
 
     try:
         wait_until(lambda: srv.target.streams_opened >= 1 and up() == 0, timeout=15, what="refused at first")
+        assert str(pw) in agent.secret_files()  # a rotation on disk runs the same reload (filewatch.py)
         assert agent.reload(cfg) == []  # nothing changed
         pw.write_text("new-secret\n")
         assert agent.reload(cfg) == ["sources.gnmi_switches credential files (contents: reconnecting those switches)"]
