@@ -660,7 +660,12 @@ def _blind_spots(b: Board) -> None:
     b.ts("Switch sweep age and unreachable switches (FabricmonSwitchSweepFailing)",
          [(f"max by (node) (fabricmon_switch_sweep_age_seconds{{{N}}}) or vector(0)", "{{node}} sweep age"),
           (f"sum by (node) (fabricmon_switches_unreachable{{{N}}})", "{{node}} unreachable"),
-          (f"sum by (node) (fabricmon_switches_swept{{{N}}})", "{{node}} swept")], "none", min_val=0)
+          (f"sum by (node) (fabricmon_switches_swept{{{N}}})", "{{node}} swept"),
+          (f"sum by (node) (fabricmon_switches_gnmi_unreachable{{{N}}})", "{{node}} gNMI unreachable")],
+         "none", min_val=0)
+    b.ts("gNMI switch sessions ended and updates refused, by reason (sources.gnmi_switches)",
+         [(f"(sum by (switch, reason) (rate(fabricmon_switch_gnmi_failures_total{{{N}}}[{RATE}])) > 0) "
+           f"or vector(0)", "{{switch}} {{reason}}")], "cps", min_val=0)
     b.ts("Versions running (skew during an upgrade)",
          [(f"count by (version) (fabricmon_build_info{{{C}}})", "{{version}}")], "none", min_val=0)
 

@@ -393,6 +393,12 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             check_token_file(cfg.stream.token_file, "stream.token_file", args.file)
             for name in ("tls_ca", "tls_cert", "tls_key"):
                 check_plain_file(getattr(cfg.stream, name), f"stream.{name}", args.file)
+            if cfg.sources.gnmi_switches.enabled:  # a switch's credentials: its session fails (counted) without them
+                for i, t in enumerate(cfg.sources.gnmi_switches.targets):
+                    where = f"sources.gnmi_switches.targets[{i}]"
+                    check_plain_file(t.tls_ca, f"{where}.tls_ca", args.file)
+                    check_token_file(t.username_file, f"{where}.username_file", args.file)
+                    check_token_file(t.password_file, f"{where}.password_file", args.file)
     elif kind == "aggregator":
         from .aggregator.config import check_files, load_aggregator_config
 

@@ -235,11 +235,15 @@ class Agent:
         return changed
 
     def secret_files(self) -> list[str | None]:
-        """The files a rotation changes (watched by filewatch.py): the stream's token and TLS files."""
+        """The files a rotation changes (watched by filewatch.py): the stream's token and TLS files, and the
+        gNMI switches' CA and credential files."""
+        gnmi = self.cfg.sources.gnmi_switches
+        switches = [f for t in gnmi.targets for f in (t.tls_ca, t.username_file, t.password_file)] \
+            if gnmi.enabled else []
         if self.stream is None and self.shard is None:
-            return []
+            return switches
         st = self.cfg.stream
-        return [st.token_file, st.tls_ca, st.tls_cert, st.tls_key]
+        return [st.token_file, st.tls_ca, st.tls_cert, st.tls_key, *switches]
 
     def not_ready(self) -> list[str]:
         """Why the agent does not do its job now; empty when ready (what /readyz answers)."""

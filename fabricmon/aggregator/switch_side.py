@@ -266,6 +266,15 @@ class SwitchSide:
             return self._owns_leaf(link.id.leaf)
         return self.registry.owned(link.id.node)
 
+    @staticmethod
+    def _switch_end(link: LinkState | None, switch: str, port: str) -> LinkState | None:
+        """``link`` labelled with its swept switch end: its alerts say which switch port, and FabricmonAgentDown
+        of the host does not hide them (deploy/alertmanager: the switch end still sees the cable)."""
+        end = f"{switch}/p{port.replace('/', '_')}"
+        if link is not None and link.labels.get(SWITCH_END) != end:
+            link.labels = {**link.labels, SWITCH_END: end}
+        return link
+
     def _resolve(self, key: tuple[str, str]) -> LinkState | None:
         cable = self._cables.get(key)
         switch, port = key
@@ -274,20 +283,16 @@ class SwitchSide:
             on_port = self.topology.nic_on_leaf_port(switch, port)
             if on_port is None:
                 return None
-            return self._host_link(on_port[0], on_port[1].device, str(on_port[1].port))
+            return self._switch_end(self._host_link(on_port[0], on_port[1].device, str(on_port[1].port)), switch, port)
         peer, peer_port, peer_type = cable
-        if peer_type == "host":
-            found = self.topology.nic_on_leaf_port(switch, port)
-            if found is None:
-                return None
+        # gNMI's LLDP neighbours say "switch" only for switches the agent subscribes to ("unknown" otherwise):
+        # the topology knows the hosts
+        found = self.topology.nic_on_leaf_port(switch, port) if peer_type != "switch" else None
+        if found is not None:
             node, nic = found
-            link = self._host_link(node, nic.device, str(nic.port))
-            end = f"{switch}/p{port}"
-            if link is not None and link.labels.get(SWITCH_END) != end:
-                # the cable's switch end is swept: its alerts say which switch port, and FabricmonAgentDown
-                # of the host does not hide them (deploy/alertmanager: the switch end still sees the cable)
-                link.labels = {**link.labels, SWITCH_END: end}
-            return link
+            return self._switch_end(self._host_link(node, nic.device, str(nic.port)), switch, port)
+        if peer_type == "host" or (peer_type == "unknown" and peer in self.topology.nodes):
+            return None  # a host cable the topology has no leaf_port for
         here, there = self._is_leaf(switch), self._is_leaf(peer)
         if here and not there:
             return self._uplink(switch, port, peer, peer_port)

@@ -39,7 +39,7 @@ def test_a_pfc_priority_missing_on_a_sonic_port_raises_pfc_mismatch_naming_both_
     target = ScriptedTarget("sonic")
     target.set("", "PORT_QOS_MAP", "4", "Ethernet0/pfc_enable", target="CONFIG_DB")  # priority 3 left out
     server = TargetServer(target)
-    cfg = GnmiSwitchesConfig(enabled=True, interval=1.0, stall_intervals=3.0, targets=(
+    cfg = GnmiSwitchesConfig(enabled=True, interval=1.0, stall_intervals=10.0, targets=(
         GnmiTargetConfig(name="leaf-02", address=server.address, profile="sonic", insecure=True),))
     source = GnmiSwitchesSource(cfg)
     poller = Poller("sw-agent", [source], lambda: Inventory(sysfs_root="/nonexistent"))

@@ -118,3 +118,24 @@ def test_drops_and_ecn_marks_on_a_switch_queue_are_congestion_on_the_cable(tmp_p
                          (("switch", "leaf-01"), ("port", "Ethernet1/2"), ("queue", "3")), 200.0)
     incs = _run(engine, [((), [])] + [((drops,), [])] * 5)
     assert [(i.alertname, i.component) for i in incs] == [("FabricCongestion", "h2/mlx5_0/1")]
+
+
+def test_errors_on_a_port_whose_lldp_neighbour_is_a_spine_are_an_uplink_incident(tmp_path):
+    engine = _engine(tmp_path)
+    info = Sample("fabricmon_switch_port_info", (("switch", "leaf-01"), ("switch_guid", ""), ("port", "Ethernet1/9"),
+                                                 ("peer", "spine-01"), ("peer_port", "Ethernet3/1"),
+                                                 ("peer_type", "unknown")), 1.0)
+    incs = _run(engine, [((), [info])] + [((_errors("Ethernet1/9", "fcs", 200.0),), [])] * 3)
+    assert [(i.alertname, i.component_type, i.component) for i in incs] == [
+        ("FabricLinkErrors", "uplink", "leaf-01/pEthernet1_9")]
+    lab = incs[0].labels
+    assert (lab["leaf"], lab["spine"], lab["spine_port"]) == ("leaf-01", "spine-01", "Ethernet3/1")
+    assert "node" not in lab
+
+
+def test_an_lldp_neighbour_that_is_a_host_without_leaf_port_is_not_an_uplink(tmp_path):
+    engine = _engine(tmp_path)
+    info = Sample("fabricmon_switch_port_info", (("switch", "leaf-01"), ("switch_guid", ""), ("port", "Ethernet1/8"),
+                                                 ("peer", "h2"), ("peer_port", "ens3f1np1"), ("peer_type", "unknown")),
+                  1.0)
+    assert _run(engine, [((), [info])] + [((_errors("Ethernet1/8", "fcs", 200.0),), [])] * 3) == []

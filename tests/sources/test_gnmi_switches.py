@@ -6,6 +6,7 @@ can cost (stall, 10 MB updates, garbage, disconnects) staying its own."""
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -27,7 +28,9 @@ OC_QUEUE = "/qos/interfaces/interface[interface-id=Ethernet1/1]/output/queues/qu
 
 
 def _cfg(*targets: GnmiTargetConfig, **kw) -> GnmiSwitchesConfig:
-    base = {"enabled": True, "targets": targets, "interval": 1.0, "stall_intervals": 2.0, "connect_timeout": 2.0,
+    # a stall deadline far above the 1 s samples: a loaded CI machine must not make a healthy switch look
+    # stalled (its series would go and come back); the stall test sets its own
+    base = {"enabled": True, "targets": targets, "interval": 1.0, "stall_intervals": 10.0, "connect_timeout": 2.0,
             "backoff_min": 0.05, "backoff_max": 0.2}
     base.update(kw)
     return GnmiSwitchesConfig(**base)
@@ -97,10 +100,16 @@ def test_openconfig_exact_values_ramps_and_a_reset(servers):
         agent.wait_value("fabricmon_switch_port_errors_total", 5, counter="fcs", **sw)
         agent.wait_value("fabricmon_switch_queue_dropped_packets_total", 11, queue="3", **sw)
         agent.wait_value("fabricmon_switch_ecn_marked_packets_total", 13, queue="3", **sw)
-        assert agent.value("fabricmon_switch_port_receive_bytes_total", **sw) == 1000000
-        assert agent.value("fabricmon_switch_port_up", **sw) == 1
-        assert agent.value("fabricmon_switch_transceiver_input_power_dbm", lane="0", **sw) == -2.31
-        assert agent.value("fabricmon_switch_transceiver_pre_fec_ber", **sw) == 1.2e-07
+        # one sample is several notifications (and one stream per SONiC DB): each value is waited for
+        agent.wait_value("fabricmon_switch_port_receive_bytes_total", 1000000, **sw)
+        agent.wait_value("fabricmon_switch_port_up", 1, **sw)
+        agent.wait_value("fabricmon_switch_transceiver_input_power_dbm", -2.31, lane="0", **sw)
+        agent.wait_value("fabricmon_switch_transceiver_pre_fec_ber", 1.2e-07, **sw)
+        # the far end of each cable from the switch's LLDP (openconfig-lldp): a host that sends its MAC as
+        # port ID is named by its port description; a neighbour's domain is stripped as the import does
+        agent.wait_value("fabricmon_switch_port_info", 1, peer="h7", peer_port="ens5f0np0", peer_type="unknown", **sw)
+        agent.wait_value("fabricmon_switch_port_info", 1, switch="leaf-01", port="Ethernet1/2", peer="spine-01",
+                         peer_port="Ethernet3/1")
         # openconfig models no PFC configuration: not checked, and a metric says so
         assert agent.value("fabricmon_switch_lossless_config_checked", switch="leaf-01", profile="openconfig") == 0
         assert agent.value("fabricmon_switch_port_pfc_enabled_priorities", **sw) is None
@@ -145,7 +154,8 @@ def test_sonic_exact_values_per_priority_pfc_watchdog_and_lossless_settings(serv
         agent.wait_value("fabricmon_switch_queue_dropped_packets_total", 21, queue="3", **sw)
         agent.wait_value("fabricmon_switch_ecn_marked_packets_total", 4321, queue="3", **sw)
         agent.wait_value("fabricmon_switch_pfc_watchdog_storms_total", 2, priority="3", **sw)
-        assert agent.value("fabricmon_switch_port_up", **sw) == 1
+        agent.wait_value("fabricmon_switch_port_up", 1, **sw)  # APPL_DB: a stream of its own
+        agent.wait_value("fabricmon_switch_port_info", 1, peer="h7", peer_port="ens5f0np0", **sw)  # LLDP
         # CONFIG_DB: PFC on 3 and 4 (PORT_QOS_MAP), ECN on queues 3 and 4 (QUEUE -> WRED_PROFILE ecn_all)
         agent.wait_value("fabricmon_switch_lossless_config_checked", 1, switch="leaf-02", profile="sonic")
         assert agent.value("fabricmon_switch_port_pfc_enabled_priorities", **sw) == (1 << 3) | (1 << 4)
@@ -155,6 +165,12 @@ def test_sonic_exact_values_per_priority_pfc_watchdog_and_lossless_settings(serv
         # the operator takes priority 3 out of PFC on Ethernet0: the switch port reads 0 for it
         t.set("", "PORT_QOS_MAP", "4", "Ethernet0/pfc_enable", target="CONFIG_DB")
         agent.wait_value("fabricmon_switch_port_pfc_enabled_priorities", 1 << 4, **sw)
+        # the exposition of every switch family passes promtool's parser and linter
+        from support.promtools import require_binary
+
+        proc = subprocess.run([require_binary(["promtool"]), "check", "metrics"], input=agent.scrape().encode(),
+                              capture_output=True, timeout=60)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr).decode()
         # one channel, one Subscribe per SONiC DB (the prefix target names the DB)
         assert sorted(r.subscribe.prefix.target for r in t.subscribes) == ["APPL_DB", "CONFIG_DB", "COUNTERS_DB"]
     finally:
@@ -193,7 +209,8 @@ def test_a_stalled_a_huge_and_a_garbage_switch_cost_only_their_own_series(server
     huge.target.mode = "oversize"
     garbage.target.mode = "garbage"
     agent = Agent(_cfg(_target("good", good, "openconfig"), _target("stalled", stalled, "sonic"),
-                       _target("huge", huge, "openconfig"), _target("garbage", garbage, "openconfig")))
+                       _target("huge", huge, "openconfig"), _target("garbage", garbage, "openconfig"),
+                       stall_intervals=2.0))
     try:
         agent.wait_value("fabricmon_switch_port_errors_total", 0, switch="good", port="Ethernet1/1",
                          counter="in_errors")
@@ -208,9 +225,10 @@ def test_a_stalled_a_huge_and_a_garbage_switch_cost_only_their_own_series(server
         good.target.set(OC_COUNTERS, "in-errors", 123)
         agent.wait_value("fabricmon_switch_port_errors_total", 123, switch="good", port="Ethernet1/1",
                          counter="in_errors")
-        # the garbage switch's readable values still count; its malformed ones never replace them
-        assert agent.value("fabricmon_switch_port_errors_total", switch="garbage", port="Ethernet1/1",
-                           counter="in_errors") == 0
+        # the garbage switch's readable values still count; its malformed ones ("-12 errors") never replace them
+        agent.wait_value("fabricmon_switch_port_errors_total", 0, switch="garbage", port="Ethernet1/1",
+                         counter="in_errors")
+        assert agent.value("fabricmon_switch_gnmi_updates_total", switch="garbage") > 0
         # the huge switch never delivers its oversized message, and its series go with the session
         assert failures("huge", "oversize") >= 1
         # the poll never waits on a switch: a stalled switch's handler is blocked right now
@@ -298,6 +316,7 @@ def test_agent_sighup_re_reads_the_switch_credentials(servers, tmp_path: Path):
 
     try:
         wait_until(lambda: srv.target.streams_opened >= 1 and up() == 0, timeout=15, what="refused at first")
+        assert str(pw) in agent.secret_files()  # a rotation on disk runs the same reload (filewatch.py)
         assert agent.reload(cfg) == []  # nothing changed
         pw.write_text("new-secret\n")
         assert agent.reload(cfg) == ["sources.gnmi_switches credential files (contents: reconnecting those switches)"]
@@ -306,3 +325,23 @@ def test_agent_sighup_re_reads_the_switch_credentials(servers, tmp_path: Path):
     finally:
         agent.stop()
         node.stop()
+
+
+def test_check_config_names_a_missing_switch_credential_file(tmp_path: Path, capsys):
+    from fabricmon.cli import main
+
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(f"""
+sources:
+  gnmi_switches:
+    enabled: true
+    targets:
+      - {{name: leaf-01, address: "10.0.0.1:8080", profile: sonic, tls_ca: {ca},
+         username_file: {tmp_path / 'user'}, password_file: {tmp_path / 'pw'}}}
+""")
+    assert main(["check-config", str(cfg)]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith(f"agent.yaml: sources.gnmi_switches.targets[0].username_file: "
+                                             f"{tmp_path / 'user'}: no such file")

@@ -36,6 +36,7 @@ class Decoded:
     pfc_enable: dict[str, frozenset[int]] = field(default_factory=dict)  # port -> PFC-enabled priorities
     queue_wred: dict[tuple[str, int], str] = field(default_factory=dict)  # (port, queue) -> WRED profile
     wred_ecn: dict[str, str] = field(default_factory=dict)  # WRED profile -> its ecn mode
+    lldp: dict[str, dict[str, str]] = field(default_factory=dict)  # port -> peer, peer_port, peer_port_descr
     malformed: int = 0
     notes: list[str] = field(default_factory=list)
     accepted: int = 0  # leaves or rows that made points or facts
@@ -193,7 +194,14 @@ def decode_openconfig(note: gnmi_pb2.Notification) -> Decoded:
         if pr.OPENCONFIG_LANE_KEY in keys:
             given["lane"] = keys[pr.OPENCONFIG_LANE_KEY]
         for leaf_names, raw in _leaves(names, value):
-            rule = pr.OPENCONFIG_LEAVES.get("/".join(leaf_names))
+            schema = "/".join(leaf_names)
+            lldp = pr.OPENCONFIG_LLDP.get(schema)
+            if lldp is not None:
+                if port and isinstance(raw, str):
+                    out.lldp.setdefault(port, {})[lldp] = raw
+                    out.accepted += 1
+                continue
+            rule = pr.OPENCONFIG_LEAVES.get(schema)
             if rule is None:
                 continue  # a leaf no family reads (in-pkts, carrier-transitions, ...)
             if not port:
@@ -282,6 +290,11 @@ def _sonic_row(out: Decoded, db: str, table: str, kind: str, key: str, fields: A
     elif db == "APPL_DB" and table == "PORT_TABLE":
         if pr.SONIC_OPER_STATUS in fields:
             _point(out, pr.LeafRule(pr.PORT_UP, pr.STATE), key, {}, fields[pr.SONIC_OPER_STATUS], where)
+    elif db == "APPL_DB" and table == "LLDP_ENTRY_TABLE":
+        far = {part: str(fields[f]) for f, part in pr.SONIC_LLDP.items() if isinstance(fields.get(f), str)}
+        if far:
+            out.lldp.setdefault(key, {}).update(far)
+            out.accepted += 1
     elif db == "CONFIG_DB" and table == "PORT_QOS_MAP":
         prios = _numbers(str(fields.get("pfc_enable", "")))
         if prios is None or any(p > 7 for p in prios):

@@ -10,6 +10,8 @@
 - platform/openconfig-platform-transceiver.yang: ``/components/component[name]/transceiver/state/
   {pre-fec-ber,post-fec-ber}/instant``, ``fec-uncorrectable-blocks`` and ``.../physical-channels/channel[index]/state/
   {input-power,output-power}/instant``.
+- lldp/openconfig-lldp.yang: ``/lldp/interfaces/interface[name]/neighbors/neighbor[id]/state/{system-name,
+  port-id,port-description}``: the far end of each port's cable (``fabricmon_switch_port_info``).
 OpenConfig models no per-priority PFC, no PFC watchdog and no PFC configuration, so with it the lossless
 settings are not checked (``fabricmon_switch_lossless_config_checked`` 0).
 
@@ -17,8 +19,10 @@ settings are not checked (``fabricmon_switch_lossless_config_checked`` 0).
 as the prefix target (sonic-net/SONiC doc/system-telemetry/grpc_telemetry.md): ``COUNTERS_DB``
 ``COUNTERS/Ethernet*`` (SAI_PORT_STAT_* fields, among them SAI_PORT_STAT_PFC_<p>_RX_PKTS and _TX_PKTS),
 ``COUNTERS/Ethernet*/Queues`` and ``COUNTERS/Ethernet*/Pfcwd`` (rows ``<port>:<queue>``), ``APPL_DB``
-``PORT_TABLE/Ethernet*`` (oper_status) and ``CONFIG_DB`` ``PORT_QOS_MAP`` (pfc_enable), ``QUEUE``
-(``<ports>|<queues>`` -> wred_profile) and ``WRED_PROFILE`` (ecn) (sonic-net/SONiC doc/Configuration.md).
+``PORT_TABLE/Ethernet*`` (oper_status), ``LLDP_ENTRY_TABLE/Ethernet*`` (lldp_rem_sys_name,
+lldp_rem_port_id, lldp_rem_port_desc: sonic-net/sonic-dbsyncd lldp_syncd) and ``CONFIG_DB``
+``PORT_QOS_MAP`` (pfc_enable), ``QUEUE`` (``<ports>|<queues>`` -> wred_profile) and ``WRED_PROFILE`` (ecn)
+(sonic-net/SONiC doc/Configuration.md).
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ OPENCONFIG_GROUPS = (Group("openconfig", "", (
     "/qos/interfaces/interface/output/queues/queue/state",
     "/components/component/transceiver/state",
     "/components/component/transceiver/physical-channels/channel/state",
+    "/lldp/interfaces/interface/neighbors/neighbor/state",
 )),)
 
 # schema path of a leaf (element names, no keys, no module prefixes) -> what it is
@@ -96,12 +101,18 @@ OPENCONFIG_LEAVES: dict[str, LeafRule] = {
 # which list key names the switch port, the queue, the lane (element.key)
 OPENCONFIG_PORT_KEYS = ("interface.name", "interface.interface-id", "component.name")
 OPENCONFIG_QUEUE_KEY = "queue.name"
+# LLDP neighbour leaves (schema path -> which part of the far end)
+OPENCONFIG_LLDP = {
+    "lldp/interfaces/interface/neighbors/neighbor/state/system-name": "peer",
+    "lldp/interfaces/interface/neighbors/neighbor/state/port-id": "peer_port",
+    "lldp/interfaces/interface/neighbors/neighbor/state/port-description": "peer_port_descr",
+}
 OPENCONFIG_LANE_KEY = "channel.index"
 
 # ---------------------------------------------------------------- sonic
 SONIC_GROUPS = (
     Group("", "COUNTERS_DB", ("COUNTERS/Ethernet*", "COUNTERS/Ethernet*/Queues", "COUNTERS/Ethernet*/Pfcwd")),
-    Group("", "APPL_DB", ("PORT_TABLE/Ethernet*",)),
+    Group("", "APPL_DB", ("PORT_TABLE/Ethernet*", "LLDP_ENTRY_TABLE/Ethernet*")),
     Group("", "CONFIG_DB", ("PORT_QOS_MAP", "QUEUE", "WRED_PROFILE")),
 )
 
@@ -126,6 +137,7 @@ SONIC_PFCWD_FIELDS: dict[str, LeafRule] = {
     "PFC_WD_QUEUE_STATS_DEADLOCK_DETECTED": LeafRule(PFCWD_STORMS, COUNTER),
 }
 SONIC_OPER_STATUS = "oper_status"  # APPL_DB PORT_TABLE:<port>
+SONIC_LLDP = {"lldp_rem_sys_name": "peer", "lldp_rem_port_id": "peer_port", "lldp_rem_port_desc": "peer_port_descr"}
 SONIC_ECN_OFF = frozenset({"", "ecn_none"})  # WRED_PROFILE ecn values that mark nothing
 
 PROFILE_GROUPS: dict[str, tuple[Group, ...]] = {"openconfig": OPENCONFIG_GROUPS, "sonic": SONIC_GROUPS}

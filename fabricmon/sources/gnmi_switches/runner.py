@@ -20,7 +20,8 @@ log = structlog.get_logger("fabricmon.gnmi")
 class Runner:
     def __init__(self, cfg: GnmiSwitchesConfig, clock: Callable[[], float] = time.time) -> None:
         self.cfg = cfg
-        self.stores = {t.name: SwitchStore(t.name, t.profile, cfg.max_series) for t in cfg.targets}
+        names = frozenset(t.name for t in cfg.targets)
+        self.stores = {t.name: SwitchStore(t.name, t.profile, cfg.max_series, names) for t in cfg.targets}
         self.sessions = [Session(t, cfg, self.stores[t.name], clock) for t in cfg.targets]
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -133,6 +133,10 @@ class Session:
                 delivered = self._delivered
                 self.store.lost(exc.reason, exc.detail)
                 log.warning("gnmi_session_ended", switch=self.target.name, reason=exc.reason, detail=exc.detail)
+            except Exception as exc:  # a fault of ours must cost this switch's session, never the other switches
+                delivered = False
+                self.store.lost("error", repr(exc)[:200])
+                log.error("gnmi_session_failed", switch=self.target.name, error=repr(exc))
             failures = 0 if delivered else failures + 1
             delay = backoff_delay(failures, self.cfg.backoff_min, self.cfg.backoff_max)
             try:
