@@ -240,3 +240,19 @@ def test_streams_come_through_the_gate_and_are_logged_with_the_clients_address()
     finally:
         srv.stop(0.5)
     assert not os.path.exists(backend_dir)
+
+
+def test_without_the_gate_grpc_listens_itself():
+    """``grpc_limits.connection_gate: false``: gRPC holds the port and its own limit (no relay, no eviction)."""
+    engine = Engine(generate_topology(4, nodes_per_unit=4, layout="roce", cluster="test"))
+    srv = start_grpc_server(engine, "127.0.0.1:0", connection_gate=False)
+    try:
+        assert srv.gate is None and "connections_limit" not in srv.stats()
+        client = StreamClient(srv.address, "node-001", lambda: NodeHello("node-001", "test", 1.0), MemorySpool())
+        client.start()
+        try:
+            assert wait_until(lambda: client.connected, 15), client.last_error
+        finally:
+            client.stop(2.0)
+    finally:
+        srv.stop(0.5)
