@@ -21,6 +21,10 @@ with ``clock.mode: sample``: wall time minus ``fabricmon_cluster_clock_timestamp
 the median of the nodes' newest ingested sample times).  Extrapolation to 1,024 and 4,096 nodes is linear in the
 measured per-node cost.  The last line is ``central CPU ratio aggregator/prometheus = X``.
 
+``--compare-gate`` runs a second aggregator beside the first with ``grpc_limits.connection_gate: false``
+(gRPC listening itself, no relay), every node streaming to both, and prints the connection gate's
+CPU cost: the difference between the two on the same streams in the same run.
+
 ``--profile OUT`` runs the aggregator under cProfile instead (its gRPC event loop thread
 and the tick thread, from the end of the warm-up on: the steady state, not the first
 connections; the CPU numbers then include the profiler's overhead).
@@ -141,26 +145,35 @@ def role_nodes(a: argparse.Namespace) -> int:
     clients: dict[str, StreamClient] = {}
     intakes: dict[str, _Intake] = {}
 
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    twins: dict[str, tuple[StreamClient, _Intake]] = {}  # --compare-gate: each node streams to the second too
+
     def on_snapshot(node, snap, ranks) -> None:
         c = clients.get(node)
         if c is not None:
             intakes[node].add(ranks)
             c.offer(snap)
+        twin = twins.get(node)
+        if twin is not None:
+            twin[1].add(ranks)
+            twin[0].offer(snap)
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with SimulatedCluster(scn, epoch=time.time(), http=True, on_snapshot=on_snapshot, poll_workers=2) as sim:
         sim.write_topology(a.topology_out)
         sim.start()
         for node in sim.cluster.names:
             intakes[node] = _Intake()
             clients[node] = StreamClient(a.aggregator, node, intake=intakes[node]).start()
+            if a.aggregator2:
+                twin_intake = _Intake()
+                twins[node] = (StreamClient(a.aggregator2, node, intake=twin_intake).start(), twin_intake)
         tmp = a.ports_out + ".tmp"
         with open(tmp, "w") as f:
             json.dump(sim.http_ports, f)
         os.replace(tmp, a.ports_out)
         sim.run(speed=1.0, stop=stop)
-        for c in clients.values():
+        for c in [*clients.values(), *(t[0] for t in twins.values())]:
             c.stop(timeout=2.0)
         acked = sum(c.stats().get("batches_acked_total", 0) for c in clients.values())
         print(json.dumps({"steps": sim.steps, "batches_acked": acked}), flush=True)
@@ -255,10 +268,12 @@ def orchestrate(a: argparse.Namespace) -> int:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     try:
         grpc_port, http_port, prom_port = free_port(), free_port(), free_port()
+        grpc_port2, http_port2 = free_port(), free_port()
         topo, ports_file = work / "topology.yaml", work / "ports.json"
+        twin = ["--aggregator2", f"127.0.0.1:{grpc_port2}"] if a.compare_gate else []
         nodes = subprocess.Popen(
             [sys.executable, __file__, "--role", "nodes", "--nodes", str(a.nodes), "--aggregator",
-             f"127.0.0.1:{grpc_port}", "--topology-out", str(topo), "--ports-out", str(ports_file)],
+             f"127.0.0.1:{grpc_port}", "--topology-out", str(topo), "--ports-out", str(ports_file), *twin],
             env=env, stdout=subprocess.PIPE, text=True)
         procs.append(nodes)
         wait_for(ports_file.exists, 120, "the simulated nodes")
@@ -273,6 +288,15 @@ def orchestrate(a: argparse.Namespace) -> int:
             agg_cmd = [sys.executable, "-m", "fabricmon", "--log-level", "warning", "aggregator", "--config", str(cfg)]
         agg = subprocess.Popen(agg_cmd, env=env, stdout=subprocess.DEVNULL)
         procs.append(agg)
+        agg2 = None
+        if a.compare_gate:  # the same, with gRPC listening itself: no connection gate
+            cfg2 = work / "aggregator-nogate.yaml"
+            cfg2.write_text(f"topology: {topo}\ngrpc_listen: 127.0.0.1:{grpc_port2}\n"
+                            f"http_listen: 127.0.0.1:{http_port2}\nauth: {{insecure: true}}\nclock: {{mode: sample}}\n"
+                            "grpc_limits: {connection_gate: false}\n")
+            agg2 = subprocess.Popen([sys.executable, "-m", "fabricmon", "--log-level", "warning", "aggregator",
+                                     "--config", str(cfg2)], env=env, stdout=subprocess.DEVNULL)
+            procs.append(agg2)
         pcfg = work / "prometheus.yml"
         prometheus_config(ports, pcfg)
         prom = subprocess.Popen(
@@ -282,9 +306,15 @@ def orchestrate(a: argparse.Namespace) -> int:
         procs.append(prom)
         wait_for(lambda: http_get(f"http://127.0.0.1:{http_port}/readyz") == b"ready\n", 60, "the aggregator")
         wait_for(lambda: b"ready" in http_get(f"http://127.0.0.1:{prom_port}/-/ready").lower(), 60, "Prometheus")
+        if agg2 is not None:
+            wait_for(lambda: http_get(f"http://127.0.0.1:{http_port2}/readyz") == b"ready\n", 60,
+                     "the aggregator without the gate")
         time.sleep(a.warmup)
         th0 = thread_cpu(agg.pid)
-        c0 = {"aggregator": cpu_seconds(agg.pid), "prometheus": cpu_seconds(prom.pid), "nodes": cpu_seconds(nodes.pid)}
+        pids = {"aggregator": agg.pid, "prometheus": prom.pid, "nodes": nodes.pid}
+        if agg2 is not None:
+            pids["aggregator_nogate"] = agg2.pid
+        c0 = {k: cpu_seconds(pid) for k, pid in pids.items()}
         t0 = time.monotonic()
         ages: dict[str, list[float]] = {"aggregator": [], "prometheus": []}
         up: list[float] = []
@@ -303,7 +333,13 @@ def orchestrate(a: argparse.Namespace) -> int:
             except Exception:
                 pass
         wall = time.monotonic() - t0
-        c1 = {"aggregator": cpu_seconds(agg.pid), "prometheus": cpu_seconds(prom.pid), "nodes": cpu_seconds(nodes.pid)}
+        c1 = {k: cpu_seconds(pid) for k, pid in pids.items()}
+        acked = {}
+        for name, port in (("aggregator", http_port), ("aggregator_nogate", http_port2 if agg2 else 0)):
+            if port:
+                acked[name] = next((float(line.split()[-1]) for line in http_get(f"http://127.0.0.1:{port}/metrics")
+                                    .decode().splitlines() if line.startswith("fabricmon_ingest_batches_total ")),
+                                   float("nan"))
         th1 = thread_cpu(agg.pid)
         rss = {"aggregator": rss_mib(agg.pid), "prometheus": rss_mib(prom.pid)}
         series = next((float(line.split()[-1]) for line in http_get(f"http://127.0.0.1:{prom_port}/metrics")
@@ -338,6 +374,12 @@ def orchestrate(a: argparse.Namespace) -> int:
             if v - th0.get(k, 0.0) > 0),
         f"node side (not central, all {n} agents in one process): {cpu['nodes']:.3f} cores",
     ]
+    if "aggregator_nogate" in cpu:
+        gate = cpu["aggregator"] - cpu["aggregator_nogate"]
+        lines.append(f"aggregator without the connection gate (grpc_limits.connection_gate: false, same streams, "
+                     f"same run): {cpu['aggregator_nogate']:.3f} cores; the gate's cost: {gate:+.4f} cores "
+                     f"({gate / cpu['aggregator_nogate'] * 100 if cpu['aggregator_nogate'] else float('nan'):+.1f} %, "
+                     f"{gate / n * 1e6:+.0f} us per node-second); batches ingested {acked}")
     for m in (1024, 4096):
         lines.append(f"extrapolated to {m} nodes (linear in per-node cost): prometheus "
                      f"{cpu['prometheus'] / n * m:.2f} cores, aggregator {cpu['aggregator'] / n * m:.2f} cores")
@@ -359,9 +401,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=float, default=15.0)
     ap.add_argument("--profile", help="run the aggregator under cProfile and write the stats here")
     ap.add_argument("--json", help="also write the numbers here")
+    ap.add_argument("--compare-gate", action="store_true",
+                    help="also run an aggregator without the connection gate on the same streams: the gate's cost")
     ap.add_argument("--role", choices=["orchestrate", "nodes", "aggregator"], default="orchestrate",
                     help=argparse.SUPPRESS)
     ap.add_argument("--aggregator", help=argparse.SUPPRESS)
+    ap.add_argument("--aggregator2", help=argparse.SUPPRESS)
     ap.add_argument("--topology-out", help=argparse.SUPPRESS)
     ap.add_argument("--ports-out", help=argparse.SUPPRESS)
     ap.add_argument("--config", help=argparse.SUPPRESS)

@@ -5,22 +5,29 @@ once the limit is held, whoever holds it: a peer without any credential that kee
 connections which answer PINGs and never carry a call (or carry only refused calls) holds it again
 after every idle close, and a real agent's new connection is refused.  grpcio offers no hook to
 evict a chosen connection, so the gate owns the listening socket instead: it accepts on
-``grpc_listen``, opens one connection to the gRPC server on an internal loopback port for each, and
-relays bytes both ways untouched (TLS ends in the gRPC server as before).  The servicer tells the
-gate when a connection carries a stream whose credential validated (``authenticated``), mapping
-gRPC's ``context.peer()`` (the relay's local port) back to the gate connection; the gate gives the
-real peer address back for logs (``real_peer``).  At the limit a new connection evicts the
+``grpc_listen``, opens one connection to the gRPC server for each, and relays bytes both ways
+untouched (TLS ends in the gRPC server as before).  The gRPC server listens on a Unix socket in a
+directory only the aggregator's user may enter, so no other local user reaches it past the gate.
+The servicer tells the gate when a connection carries a stream whose credential validated
+(``authenticated``), mapping gRPC's ``context.peer()`` (the relay connection's own random abstract
+name) back to the gate connection; the gate gives the real peer address back for logs
+(``real_peer``).  At the limit a new connection evicts the
 unauthenticated connection ``EvictionOrder`` picks (conn_eviction.py); with every connection
 authenticated the new one is refused.
 
-The relay runs on the gRPC server's event loop with asyncio protocols (no task per read, flow
-control by pausing the other side's reads), so each chunk costs one callback and one write.
+The relay runs on the gRPC server's event loop with asyncio buffered protocols (no task per read,
+reads into one shared buffer, flow control by pausing the other side's reads), so each chunk costs
+one callback, one recv_into, a copy of what was read and one send.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import secrets
+import shutil
 import socket
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +40,7 @@ log = structlog.get_logger("fabricmon.grpc.gate")
 
 EVICTED_UNAUTHENTICATED = "unauthenticated"  # fabricmon_grpc_connections_evicted_total{reason}
 REFUSED_LIMIT = "limit"  # every connection authenticated: the new one is refused
-REFUSED_BACKEND = "backend"  # the internal gRPC port did not accept the relay's connection
+REFUSED_BACKEND = "backend"  # the internal gRPC socket did not accept the relay's connection
 BACKLOG = 4096  # the kernel's queue of connections not yet accepted (clamped to net.core.somaxconn)
 # connections accepted per readiness event before the gate judges any: each holds a descriptor until then
 ACCEPT_BURST = 8
@@ -52,12 +59,7 @@ def grpc_peer(addr: Any) -> tuple[str, str]:
     return host, f"ipv4:{host}:{port}"
 
 
-def port_of_peer(peer: str) -> int | None:
-    """The port of a gRPC peer string (``ipv4:127.0.0.1:5000`` -> 5000)."""
-    _, _, tail = peer.rpartition(":")
-    return int(tail) if tail.isdigit() else None
-
-
+READ_BUFFER = 256 * 1024
 LOG_EVERY_S = 10.0  # a flood evicts thousands a second: one log line per reason this often, with the count
 
 
@@ -87,7 +89,7 @@ class GateConn:
     peer: str
     outer: Any  # asyncio.Transport to the client
     inner: Any = None  # asyncio.Transport to the gRPC server, once connected
-    inner_port: int = 0
+    inner_key: str = ""  # what gRPC's context.peer() says for the relay's connection
     authenticated: bool = False
     closed: bool = field(default=False)
 
@@ -98,14 +100,18 @@ class GateConn:
                 t.abort()
 
 
-class _Inner(asyncio.Protocol):
+class _Inner(asyncio.BufferedProtocol):
     """The relay's side toward the gRPC server."""
 
     def __init__(self, outer: _Outer) -> None:
         self.outer = outer
+        self.buf = outer.gate.buf
 
-    def data_received(self, data: bytes) -> None:
-        self.outer.transport.write(data)
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.buf
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.outer.transport.write(self.buf[:nbytes].tobytes())
 
     def pause_writing(self) -> None:  # the gRPC server reads slower than the client sends
         self.outer.transport.pause_reading()
@@ -117,11 +123,12 @@ class _Inner(asyncio.Protocol):
         self.outer.transport.close()  # after what is buffered toward the client
 
 
-class _Outer(asyncio.Protocol):
+class _Outer(asyncio.BufferedProtocol):
     """The relay's side toward the client (an agent, a probe, anyone)."""
 
     def __init__(self, gate: ConnectionGate) -> None:
         self.gate = gate
+        self.buf = gate.buf
         self.transport: Any = None
         self.conn: GateConn | None = None
 
@@ -133,12 +140,30 @@ class _Outer(asyncio.Protocol):
             transport.abort()
             return
         transport.pause_reading()  # nothing to relay to until the backend connection is up
-        loop = asyncio.get_running_loop()
-        fut = loop.create_task(loop.create_connection(lambda: _Inner(self), self.gate.backend_host,
-                                                      self.gate.backend_port))
+        fut = asyncio.get_running_loop().create_task(self._open_backend())
         fut.add_done_callback(self._connected)
 
-    def _connected(self, fut: asyncio.Task[tuple[asyncio.Transport, asyncio.Protocol]]) -> None:
+    async def _open_backend(self) -> tuple[asyncio.Transport, asyncio.BaseProtocol]:
+        """A Unix connection to the gRPC server, bound to a random abstract name first: gRPC reports it as
+        the stream's peer (``unix-abstract:NAME``), which names this connection.  Random, not counted,
+        so a local user cannot take the next name first."""
+        loop = asyncio.get_running_loop()
+        conn = self.conn
+        assert conn is not None
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.setblocking(False)
+            name = f"fabricmon-gate-{secrets.token_hex(12)}"
+            s.bind("\0" + name)
+            conn.inner_key = "unix-abstract:" + name
+            self.gate._by_key[conn.inner_key] = conn
+            await loop.sock_connect(s, self.gate.backend)
+            return await loop.create_unix_connection(lambda: _Inner(self), sock=s)
+        except BaseException:
+            s.close()
+            raise
+
+    def _connected(self, fut: asyncio.Task[tuple[asyncio.Transport, asyncio.BaseProtocol]]) -> None:
         conn = self.conn
         assert conn is not None
         if fut.cancelled() or fut.exception() is not None:
@@ -150,14 +175,15 @@ class _Outer(asyncio.Protocol):
             inner.abort()
             return
         conn.inner = inner
-        conn.inner_port = inner.get_extra_info("sockname")[1]
-        self.gate._by_port[conn.inner_port] = conn
         self.transport.resume_reading()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.buf
+
+    def buffer_updated(self, nbytes: int) -> None:
         conn = self.conn
         if conn is not None and conn.inner is not None:
-            conn.inner.write(data)
+            conn.inner.write(self.buf[:nbytes].tobytes())
 
     def pause_writing(self) -> None:  # the client reads slower than the gRPC server sends
         if self.conn is not None and self.conn.inner is not None:
@@ -177,22 +203,39 @@ class _Outer(asyncio.Protocol):
         self.gate._forget(conn)
 
 
-class ConnectionGate:
-    """Listens for gRPC clients and relays each to ``backend_host:backend_port``; at most ``limit``
-    connections, unauthenticated ones evicted first.  Runs on the event loop it is started on; every
-    method is called from that loop."""
+def private_socket_path() -> str:
+    """A Unix socket path in a new directory only this user may enter (0700): where the gRPC server
+    listens behind the gate, out of other local users' reach.  ``remove_private_socket`` removes it."""
+    base = tempfile.mkdtemp(prefix="fabricmon-grpc-")
+    if len(base) > 80:  # a Unix socket address holds 108 bytes: a long TMPDIR falls back to /tmp
+        os.rmdir(base)
+        base = tempfile.mkdtemp(prefix="fabricmon-grpc-", dir="/tmp")
+    return os.path.join(base, "grpc.sock")
 
-    def __init__(self, backend_port: int, limit: int, backend_host: str = "127.0.0.1") -> None:
-        self.backend_host, self.backend_port, self.limit = backend_host, backend_port, max(1, limit)
+
+def remove_private_socket(path: str) -> None:
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+
+
+class ConnectionGate:
+    """Listens for gRPC clients and relays each to the gRPC server on the Unix socket ``backend``; at
+    most ``limit`` connections, unauthenticated ones evicted first.  Runs on the event loop it is
+    started on; every method is called from that loop."""
+
+    def __init__(self, backend: str, limit: int) -> None:
+        self.backend, self.limit = backend, max(1, limit)
         self.conns: dict[int, GateConn] = {}
         self.order: EvictionOrder[int] = EvictionOrder()
-        self._by_port: dict[int, GateConn] = {}
+        self._by_key: dict[str, GateConn] = {}
         self._next = 0
         self._server: asyncio.AbstractServer | None = None
         self.port = 0
         self.evicted: dict[str, int] = {EVICTED_UNAUTHENTICATED: 0}
         self.refused: dict[str, int] = {REFUSED_LIMIT: 0, REFUSED_BACKEND: 0}
         self._throttle = _LogThrottle()
+        # every read lands here and is copied out at once (the loop runs one callback at a time): not a
+        # buffer per connection, nor the 256 KiB bytes object asyncio's recv() allocates for each read
+        self.buf = memoryview(bytearray(READ_BUFFER))
 
     # ------------------------------------------------------------ lifecycle
 
@@ -256,18 +299,17 @@ class ConnectionGate:
     def _forget(self, conn: GateConn) -> None:
         self.conns.pop(conn.cid, None)
         self.order.remove(conn.cid)
-        if conn.inner_port and self._by_port.get(conn.inner_port) is conn:
-            del self._by_port[conn.inner_port]
+        if conn.inner_key and self._by_key.get(conn.inner_key) is conn:
+            del self._by_key[conn.inner_key]
 
     # ------------------------------------------------------------ what the servicer tells and asks
 
     def _conn_of(self, inner_peer: str) -> GateConn | None:
-        port = port_of_peer(inner_peer)
-        return self._by_port.get(port) if port is not None else None
+        return self._by_key.get(inner_peer)
 
     def real_peer(self, inner_peer: str) -> str | None:
         """The client's address for gRPC's peer of a relayed connection; None when it did not come
-        through the gate (a connection straight to the internal port, or one already evicted)."""
+        through the gate (a connection straight to the internal socket, or one already evicted)."""
         conn = self._conn_of(inner_peer)
         return conn.peer if conn is not None else None
 

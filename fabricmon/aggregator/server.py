@@ -60,7 +60,7 @@ from ..proto import fabricmon_pb2_grpc as pb_grpc
 from ..proto.codec import MalformedBatch, SeriesDecoder, hello_from_pb
 from ..proto.ras import BadRasMessage, report_from_pb
 from ..proto.subscription import Subscription
-from .conn_gate import ConnectionGate
+from .conn_gate import ConnectionGate, private_socket_path, remove_private_socket
 from .credentials import StreamCredentials, fingerprint
 from .name_bounds import KINDS as NAME_KINDS
 from .name_bounds import NameBounds
@@ -289,7 +289,7 @@ class FabricStreamServicer(pb_grpc.FabricStreamServicer):
         reason, may_speak_for, presented = self._check_token(context)
         if self.gate is not None:
             real = self.gate.real_peer(relayed)
-            if real is None:  # straight to the internal port: the gate's limit and eviction would not hold it
+            if real is None:  # straight to the internal socket: the gate's limit and eviction would not hold it
                 reason = "not through the connection gate"
             else:
                 peer = real
@@ -504,6 +504,7 @@ class GrpcServer:
         await self.server.stop(grace)
         if self.gate is not None:
             self.gate.abort_all()
+            remove_private_socket(self.gate.backend)
 
     def stop(self, grace: float = 2.0) -> None:
         loop = self.loop
@@ -554,11 +555,12 @@ async def start_grpc_server_async(
 
     With ``connection_gate`` (the default) the connection gate (conn_gate.py) listens on ``listen``,
     holds at most ``max_connections`` and evicts unauthenticated ones first; the gRPC server itself
-    listens on a loopback port only the gate connects to."""
+    listens on a Unix socket in a directory only this user may enter, which only the gate connects to."""
     handle = _handle or GrpcServer()
-    bind = "127.0.0.1:0" if connection_gate else listen
-    # behind the gate gRPC's own limit only bounds connections straight to the internal port; room for
-    # the gate's evicted connections that gRPC has not yet seen close
+    backend = private_socket_path() if connection_gate else ""
+    bind = f"unix:{backend}" if connection_gate else listen
+    # behind the gate gRPC's own limit only bounds the relay's connections; room for the gate's
+    # evicted connections that gRPC has not yet seen close
     grpc_limit = 2 * max_connections if connection_gate else max_connections
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
@@ -582,7 +584,7 @@ async def start_grpc_server_async(
     server = grpc.aio.server(options=options)
     mtls = bool(tls and tls.client_ca)
     creds = credentials if credentials is not None else credentials_of(token, node_tokens)
-    gate = ConnectionGate(0, max_connections) if connection_gate else None
+    gate = ConnectionGate(backend, max_connections) if connection_gate else None
     servicer = FabricStreamServicer(engine, credentials=creds, lock=lock, hello_timeout=hello_timeout,
                                     bind_tls_identity=mtls, max_skew_s=max_skew_s, gate=gate)
     pb_grpc.add_FabricStreamServicer_to_server(servicer, server)
@@ -598,15 +600,17 @@ async def start_grpc_server_async(
     else:
         port = server.add_insecure_port(bind)
     if not port:
+        if backend:
+            remove_private_socket(backend)
         raise RuntimeError(f"gRPC: cannot listen on {bind}")
     await server.start()
     if gate is not None:
-        gate.backend_port = port
         host, _, want = listen.rpartition(":")
         try:
             port = await gate.start(host.strip("[]"), int(want))
         except (OSError, ValueError) as exc:
             await server.stop(0)
+            remove_private_socket(backend)
             raise RuntimeError(f"gRPC: cannot listen on {listen}: {exc}") from exc
         handle.gate = gate
     await hs.set("", health_pb2.HealthCheckResponse.SERVING)

@@ -52,6 +52,8 @@ BASE = {"topology": "topology.yaml", "auth": {"insecure": True}}
     ("alertmanager: {queue_max: 0}", "alertmanager.queue_max", "must be > 0"),
     ("clock: {max_skew_s: .nan}", "clock.max_skew_s", "finite"),
     ("clock: {mode: ntp}", "clock.mode", "wall or sample"),
+    ("grpc_limits: {connection_gate: 'yes'}", "grpc_limits.connection_gate", "true or false"),
+    ("grpc_limits: {max_connections: -1}", "grpc_limits.max_connections", ">= 0"),
 ])
 def test_bad_numbers_are_one_line_errors_and_exit_2(tmp_path, capsys, text, field, problem):
     path = _write(tmp_path, "topology: topology.yaml\nauth: {insecure: true}\n" + text + "\n")

@@ -19,7 +19,8 @@ from fabricmon.aggregator.conn_gate import (
     REFUSED_LIMIT,
     ConnectionGate,
     grpc_peer,
-    port_of_peer,
+    private_socket_path,
+    remove_private_socket,
 )
 
 # ------------------------------------------------------------------ the pure order
@@ -77,21 +78,22 @@ def test_peer_strings():
     assert grpc_peer(("10.1.2.3", 4000)) == ("10.1.2.3", "ipv4:10.1.2.3:4000")
     assert grpc_peer(("::ffff:10.1.2.3", 4000, 0, 0)) == ("10.1.2.3", "ipv4:10.1.2.3:4000")
     assert grpc_peer(("fd00::1", 4000, 0, 0)) == ("fd00::1", "ipv6:[fd00::1]:4000")
-    assert port_of_peer("ipv4:127.0.0.1:5123") == 5123 and port_of_peer("ipv6:[::1]:77") == 77
-    assert port_of_peer("unix:") is None
 
 
 # ------------------------------------------------------------------ the gate on loopback
 
 
 class _Backend(asyncio.Protocol):
-    """Echoes, and remembers each connection's peer (what gRPC's context.peer() would say)."""
+    """Echoes on a Unix socket, and remembers each connection's peer as gRPC's context.peer() says it
+    (``unix-abstract:NAME`` for a client bound to an abstract name)."""
 
     peers: list[str] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
-        _Backend.peers.append(grpc_peer(transport.get_extra_info("peername"))[1])
+        name = transport.get_extra_info("peername")
+        assert isinstance(name, bytes) and name.startswith(b"\0")
+        _Backend.peers.append("unix-abstract:" + name[1:].decode())
 
     def data_received(self, data: bytes) -> None:
         self.transport.write(data)  # type: ignore[attr-defined]
@@ -123,14 +125,16 @@ def gate_run():
     def run(body):
         async def main():
             _Backend.peers = []
-            backend = await asyncio.get_running_loop().create_server(_Backend, "127.0.0.1", 0)
-            gate = ConnectionGate(backend.sockets[0].getsockname()[1], limit=3)
+            path = private_socket_path()
+            backend = await asyncio.get_running_loop().create_unix_server(_Backend, path)
+            gate = ConnectionGate(path, limit=3)
             await gate.start("127.0.0.1", 0)
             try:
                 await body(gate)
             finally:
                 gate.abort_all()
                 backend.close()
+                remove_private_socket(path)
 
         asyncio.run(asyncio.wait_for(main(), 30))
 
@@ -198,14 +202,14 @@ def test_a_closed_client_frees_its_slot_and_its_peer_mapping(gate_run):
                 break
             await asyncio.sleep(0.02)
         assert not gate.conns and gate.real_peer(relayed) is None
-        assert gate.real_peer("ipv4:127.0.0.1:1") is None  # not through the gate
+        assert gate.real_peer("unix:") is None  # not through the gate
 
     gate_run(body)
 
 
 def test_the_gate_listens_dual_stack_for_the_any_address():
     async def main() -> None:
-        gate = ConnectionGate(1, limit=1)
+        gate = ConnectionGate("/nonexistent/grpc.sock", limit=1)
         port = await gate.start("::", 0)
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=5):

@@ -13,8 +13,10 @@ an authenticated stream, so it is never the one evicted).
 
 from __future__ import annotations
 
+import os
 import selectors
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -207,14 +209,17 @@ def test_reopened_idle_connections_do_not_keep_an_agent_out(tmp_path):
 
 def test_streams_come_through_the_gate_and_are_logged_with_the_clients_address():
     """Behind the gate gRPC sees the relay's loopback connection: the servicer marks the gate's connection
-    authenticated, logs the client's own address, and refuses a stream sent straight to the internal port
-    (the gate's limit and eviction would not hold it)."""
+    authenticated, logs the client's own address, and refuses a stream sent straight to the internal socket
+    (the gate's limit and eviction would not hold it); that socket's directory is the aggregator user's
+    alone, and removed at stop."""
     engine = Engine(generate_topology(4, nodes_per_unit=4, layout="roce", cluster="test"))
     srv = start_grpc_server(engine, "127.0.0.1:0", token="tok")
     auth = [("authorization", "Bearer tok")]
     hello = pb.AgentMessage(hello=codec.hello_to_pb(NodeHello("node-001", "raw", 1.0)))
     try:
-        assert srv.gate is not None and srv.port == srv.gate.port != srv.gate.backend_port
+        assert srv.gate is not None and srv.port == srv.gate.port
+        backend_dir = os.path.dirname(srv.gate.backend)
+        assert stat.S_IMODE(os.stat(backend_dir).st_mode) == 0o700  # no other local user reaches gRPC past the gate
         with capture_logs() as logs:
             client = StreamClient(srv.address, "node-001", lambda: NodeHello("node-001", "test", 1.0), MemorySpool(),
                                   token="tok").start()
@@ -226,11 +231,28 @@ def test_streams_come_through_the_gate_and_are_logged_with_the_clients_address()
                 client.stop(2.0)
         connected = next(e for e in logs if e["event"] == "stream_connected" and "peer" in e)
         assert connected["peer"] == conn.peer  # the client's address, as the gate accepted it
-        assert conn.peer.startswith("ipv4:127.0.0.1:") and int(conn.peer.rpartition(":")[2]) != conn.inner_port
-        direct = raw_stream(f"127.0.0.1:{srv.gate.backend_port}", [hello], metadata=auth)
+        assert conn.peer.startswith("ipv4:127.0.0.1:") and conn.inner_key.startswith("unix-abstract:")
+        direct = raw_stream(f"unix:{srv.gate.backend}", [hello], metadata=auth)
         assert direct == ([], grpc.StatusCode.UNAUTHENTICATED)
         st = srv.stats()
         assert st["unauthenticated_total"] == 1 and st["connections_limit"] == 1024
         assert st["connections_refused_limit_total"] == 0
+    finally:
+        srv.stop(0.5)
+    assert not os.path.exists(backend_dir)
+
+
+def test_without_the_gate_grpc_listens_itself():
+    """``grpc_limits.connection_gate: false``: gRPC holds the port and its own limit (no relay, no eviction)."""
+    engine = Engine(generate_topology(4, nodes_per_unit=4, layout="roce", cluster="test"))
+    srv = start_grpc_server(engine, "127.0.0.1:0", connection_gate=False)
+    try:
+        assert srv.gate is None and "connections_limit" not in srv.stats()
+        client = StreamClient(srv.address, "node-001", lambda: NodeHello("node-001", "test", 1.0), MemorySpool())
+        client.start()
+        try:
+            assert wait_until(lambda: client.connected, 15), client.last_error
+        finally:
+            client.stop(2.0)
     finally:
         srv.stop(0.5)
