@@ -42,6 +42,8 @@ CONGESTION = "FabricCongestion"
 # what makes an uplink bad for the spine fold (congestion is not a broken cable)
 BAD_UPLINK = frozenset({"FabricLinkDown", "FabricLinkFlapping", "FabricLinkErrors", "FabricLinkDegraded"})
 
+# events both ends of a cable count once each for one happening (a link going down, a retraining)
+_ONE_END = frozenset({int(LinkEvent.DOWNED), int(LinkEvent.RECOV)})
 # PortInfo as the host detectors read it: ACTIVE/LinkUp, DOWN/Polling
 _UP, _DOWN = (4, 5), (1, 2)
 
@@ -126,8 +128,8 @@ class SwitchSide:
             link = self._end((switch, int(lab.get("port", "0") or 0)))
             if link is None:
                 continue
-            if kind == LinkEvent.DOWNED and link.id.kind is Kind.UPLINK and switch != link.id.leaf:
-                continue  # both ends count one going down: the leaf's end says it (as it says the state)
+            if kind in _ONE_END and self._other_end_says(link, switch, ts):
+                continue
             if kind == LinkEvent.XWAIT:
                 self._waits[link.id] = (f"{switch} port {lab.get('port', '')}", ts, d.delta)
             ev: Event = (ts, int(kind), d.delta, 0)
@@ -135,6 +137,16 @@ class SwitchSide:
             self.registry.active_links.add(link)
         for link in touched:
             self._state_changed(link, ts)
+
+    def _other_end_says(self, link: LinkState, switch: str, ts: float) -> bool:
+        """A link going down or retraining is counted by both ends of its cable (LinkDownedCounter and
+        LinkErrorRecoveryCounter at each end count the same event): one end says it.  An uplink's leaf end
+        (as it says the state); a host cable's host, while its agent streams (else the switch end is all
+        there is)."""
+        if link.id.kind is Kind.UPLINK:
+            return switch != link.id.leaf
+        ns = self.registry.nodes.get(link.node)
+        return ns is not None and ts - ns.last_heard <= 3 * max(ns.interval, self.interval)
 
     def _state_changed(self, link: LinkState, ts: float) -> None:
         down = link.note_state(ts)  # as the ingest stage does for a host port's state
