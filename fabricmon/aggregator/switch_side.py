@@ -14,6 +14,11 @@ Each switch port's evidence goes to the component its cable is:
   topology's ``leaf_port``), so one cable is one incident whichever end counts, and a host whose agent
   does not run still gets its cable's incident.
 
+Both ends of a cable count a link going down or retraining (LinkDownedCounter, LinkErrorRecoveryCounter):
+one end says it, an uplink's leaf end, a host cable's host while its agent streams.  Errors are each
+end's own (each receiver counts what it receives) and add up.  Transmit wait on a switch port is
+congestion evidence on its cable; FabricCongestion then names the port that waits (``name_waiting``).
+
 A leaf is a switch the topology lists as one, or one whose ports reach hosts.  Evidence arrives at the
 sweep's cadence, not the poll's: ``interval`` (measured from the sweeps' ends) widens the windows of the
 components fed only from here, as a node's poll interval widens its own."""
