@@ -637,9 +637,11 @@ def main(argv: list[str] | None = None) -> int:
         + (f", {args.cost} cost (a lone slow GPU; a bad NIC and a slow GPU overlapping)" if args.cost else "")
         + "".join(f", {Path(f).name}: {r['scenario'].cluster.nodes} nodes ({r['scenario'].cluster.nodes_per_unit} "
                   f"per unit), {r['scenario'].duration:.0f} s"
-                  for f, r in zip(args.scenario, results[len(results) - len(args.scenario):], strict=True)) + "), "
+                  for f, r in zip(args.scenario, results[len(results) - len(args.scenario):], strict=True))
+        + (f", {args.switch} switch-side ({args.switch_nodes} nodes, {args.switch_nodes_per_unit} per unit, "
+           f"{args.switch_duration:.0f} s)" if args.switch else "") + "), "
         + (f"{args.nodes} nodes ({args.nodes_per_unit} per unit), {args.duration:.0f} s simulated each, "
-           if len(results) > len(args.scenario) else "")
+           if args.scenarios + args.overlap + args.workload else "")
         + f"at a {args.interval:g} s agent interval, "
         + ("tree-mode simulator (agents poll rendered node trees)" if args.mode == "tree" else "in-memory simulator")
         + ", fresh Engine per scenario ticked every interval"
@@ -667,8 +669,8 @@ def main(argv: list[str] | None = None) -> int:
         f"| cable warnings (FabricCableDegrading) on links of a degraded leaf | {len(cable_under_leaf)} | 0 |",
         f"| info findings per decoy, max | {max(info_counts) if info_counts else '-'} "
         f"(total {sum(info_counts)}) | <= 1 |",
-        f"| faults seen later than 3 s (hard) / 12 s (others) / 60 s (hangs) after the first poll that could "
-        f"see them | {len(slow)} | 0 |",
+        f"| faults seen later than 3 s (hard) / 12 s (others) / 60 s (hangs) / 40 s (switch side) after the first "
+        f"poll that could see them | {len(slow)} | 0 |",
         f"| hung ranks named (JobHung on the rank), time to name median / max (s) | "
         f"{len(hang_named)}/{len(hang_delays)}, {fmt(pct(hang_named, 0.5))} / {fmt(max(hang_named, default=None))}"
         f" | all, <= 60 |",

@@ -27,6 +27,11 @@ frames are pause evidence seen from the switch end (the switch receiving pauses 
 emitting them), so ``FabricPFCStorm`` blames the port that emits pauses and receives none from either end;
 PFC watchdog storms are storm events.  The PFC and ECN settings of each port go to ``switch_lossless``.
 
+Both ends of a cable count a link going down or retraining (LinkDownedCounter, LinkErrorRecoveryCounter):
+one end says it, an uplink's leaf end, a host cable's host while its agent streams.  Errors are each
+end's own (each receiver counts what it receives) and add up.  Transmit wait on a switch port is
+congestion evidence on its cable; FabricCongestion then names the port that waits (``name_waiting``).
+
 A leaf is a switch the topology lists as one, or one whose ports reach hosts.  Evidence arrives at the
 sweep's cadence, not the poll's: ``interval`` (measured from the sweeps' ends) widens the windows of the
 components fed only from here, as a node's poll interval widens its own."""
@@ -67,6 +72,8 @@ SWITCH_END = "switch_end"  # label of a host cable's alerts: its swept switch en
 # what makes an uplink bad for the spine fold (congestion is not a broken cable)
 BAD_UPLINK = frozenset({"FabricLinkDown", "FabricLinkFlapping", "FabricLinkErrors", "FabricLinkDegraded"})
 
+# events both ends of a cable count once each for one happening (a link going down, a retraining)
+_ONE_END = frozenset({int(LinkEvent.DOWNED), int(LinkEvent.RECOV)})
 # PortInfo as the host detectors read it: ACTIVE/LinkUp, DOWN/Polling
 _UP, _DOWN = (4, 5), (1, 2)
 # Ethernet interface counters (gnmi_switches): a bad cable or optic, or a dropping (congested) port
@@ -173,8 +180,8 @@ class SwitchSide:
             kind = ev[1]
             if kind == LinkEvent.XWAIT and d.delta < 0.2 * self.interval * self.settings.xmit_wait_rate_min:
                 continue  # a port waits now and then: keep only what could matter (as the host ingest does)
-            if kind == LinkEvent.DOWNED and link.id.kind is Kind.UPLINK and switch != link.id.leaf:
-                continue  # both ends count one going down: the leaf's end says it (as it says the state)
+            if kind in _ONE_END and self._other_end_says(link, switch, ts):
+                continue
             if kind == LinkEvent.XWAIT:
                 self._waits[link.id] = (f"{switch} port {lab.get('port', '')}", ts, d.delta)
             link.ev.append(ev)
@@ -220,6 +227,16 @@ class SwitchSide:
     def lossless_findings(self, now: float) -> list[Finding]:
         """pfc_mismatch / ecn_mismatch between each host's RoCE priority and its switch port (switch_lossless)."""
         return self.lossless.findings(self.topology, self.settings, self.cluster, now)
+
+    def _other_end_says(self, link: LinkState, switch: str, ts: float) -> bool:
+        """A link going down or retraining is counted by both ends of its cable (LinkDownedCounter and
+        LinkErrorRecoveryCounter at each end count the same event): one end says it.  An uplink's leaf end
+        (as it says the state); a host cable's host, while its agent streams (else the switch end is all
+        there is)."""
+        if link.id.kind is Kind.UPLINK:
+            return switch != link.id.leaf
+        ns = self.registry.nodes.get(link.node)
+        return ns is not None and ts - ns.last_heard <= 3 * max(ns.interval, self.interval)
 
     def _state_changed(self, link: LinkState, ts: float) -> None:
         down = link.note_state(ts)  # as the ingest stage does for a host port's state

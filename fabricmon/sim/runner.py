@@ -55,7 +55,7 @@ from .job import JobSpec
 from .jobs import JobSet
 from .ras_link import SimRas
 from .scenario import Scenario
-from .sweep_feed import SweepFeed
+from .sweep_feed import SWEEP_INTERVAL, SweepFeed
 
 if TYPE_CHECKING:
     from .inmemory import BatchBuilder
@@ -129,6 +129,7 @@ class SimulatedCluster:
         on_watch_tick: Callable[[float], None] | None = None,
         nccl_ras: bool = False,
         rank_intake: bool = False,
+        sweep_interval: float = SWEEP_INTERVAL,
     ) -> None:
         if mode not in ("tree", "memory"):
             raise ValueError(f"mode must be tree or memory, got {mode!r}")
@@ -157,7 +158,7 @@ class SimulatedCluster:
         # the switch side (cluster: {spines: ...}): the first node's agent sweeps every switch port
         self.sweep: SweepFeed | None = None
         if self.cluster.switches is not None:
-            self.sweep = SweepFeed(self.cluster.switches, self.cluster.names[0], seed=c.seed)
+            self.sweep = SweepFeed(self.cluster.switches, self.cluster.names[0], sweep_interval, seed=c.seed)
         # every job of the scenario (one "llm-7b" on every node without ``jobs:``), with its decoys
         self.jobs = JobSet(scenario, self.cluster, job, epoch=epoch) if job is not None else None
         # nccl_ras: every job announces a loopback RAS speaking NCCL's protocol; ``ras.attach`` links the

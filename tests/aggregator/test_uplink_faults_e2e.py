@@ -3,7 +3,7 @@ carries the sweep, as its agent streams it): an uplink going down is one FabricL
 naming both ends of its cable, and the stragglers of the job whose rings cross it are its impact, never
 pages of their own; a spine whose uplinks all count errors is one FabricSpineDegraded; transmit wait on
 a switch port is FabricCongestion naming that port; a flaky host cable counting at both ends is one
-incident."""
+incident, and a host link going down once (counted at both ends) is one FabricLinkDown, not a flap."""
 
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def uplink_run(tmp_path_factory):
     return _run(tmp_path_factory.mktemp("uplink"),
                 "  - {kind: uplink_down, leaf: leaf-u1-r3, spine: spine-0, start: 10, end: 55}\n"
                 "  - {kind: flaky_cable, node: node-020, rail: 6, start: 10, end: 40}\n"
-                "  - {kind: switch_congestion, leaf: leaf-u3-r5, port: 10, start: 10, end: 55}\n", 60)
+                "  - {kind: switch_congestion, leaf: leaf-u3-r5, port: 10, start: 10, end: 55}\n"
+                "  - {kind: link_down, node: node-009, rail: 2, start: 10, end: 40}\n", 60)
 
 
 def test_an_uplink_down_is_one_alert_on_the_uplink_and_its_stragglers_ride_on_it(uplink_run):
@@ -59,6 +60,12 @@ def test_an_uplink_down_is_one_alert_on_the_uplink_and_its_stragglers_ride_on_it
 def test_a_flaky_host_cable_counting_at_both_ends_is_one_incident(uplink_run):
     on_cable = [i for i in uplink_run if "node-020" in i.component or i.component.startswith("leaf-u2-r6")]
     assert [(i.alertname, i.component) for i in on_cable] == [("FabricLinkErrors", "node-020/mlx5_6/1")]
+
+
+def test_a_host_link_going_down_once_is_not_a_flap_though_both_ends_count_it(uplink_run):
+    # LinkDownedCounter at the host and at the leaf count the one going down: one end says it
+    on_cable = [(i.alertname, i.component) for i in uplink_run if i.component.startswith("node-009/")]
+    assert on_cable == [("FabricLinkDown", "node-009/mlx5_2/1")]
 
 
 def test_transmit_wait_on_a_switch_port_is_congestion_naming_that_port(uplink_run):

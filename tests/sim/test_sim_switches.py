@@ -158,10 +158,10 @@ def test_tree_mode_the_sweeping_nodes_real_agent_reads_the_fake_sweep_file(tmp_p
     scn = _scn(tmp_path, "  - {kind: uplink_flaky, leaf: leaf-u1-r3, spine: spine-1, start: 2}\n", cluster,
                duration=30)
     got = []
-    with SimulatedCluster(scn, mode="tree", base_dir=tmp_path / "trees", job=None) as sim:
+    with SimulatedCluster(scn, mode="tree", base_dir=tmp_path / "trees", job=None, sweep_interval=2.0) as sim:
         sim.on_batch = got.append
         sim.start()
-        for _ in range(11):
+        for _ in range(4):  # sweeps at 0, 2 and 4 s: the fault's errors from 2 s in the last
             sim.step()
         assert sim.switch_file() is not None and (tmp_path / "trees" / "switch-sweep.json").exists()
         up = sim.cluster.switches.layout.uplink_to("leaf-u1-r3", "spine-1")
