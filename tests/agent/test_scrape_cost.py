@@ -23,7 +23,7 @@ from fabricmon.agent.supervise import Supervisor
 from fabricmon.config import load_agent_config
 from fabricmon.httpserve import TEXT, RoutedHTTPServer
 from fabricmon.model import Snapshot
-from tests.support.waiting import wait_until
+from support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,7 @@ from fabricmon.sources.ib_switches.backend_fake import FakeSweep, fake_sweep_doc
 from fabricmon.sources.ib_switches.source import SOURCE, IbSwitchesSource, sweep_readings
 from fabricmon.sources.inventory import Inventory
 from fabricmon.sources.registry import SourceContext
-from sources.test_ib_switches_sweep import Clock, FakeTools, _sweeper
+from support.ibtools import Clock, FakeTools, make_sweeper
 
 
 def _values(readings) -> dict:
@@ -23,7 +23,7 @@ def _values(readings) -> dict:
 
 def test_a_real_sweep_through_the_fake_file_gives_the_same_series(tmp_path):
     tools, clock = FakeTools(), Clock()
-    sw = _sweeper(tools, clock)
+    sw = make_sweeper(tools, clock)
     snap = sw.sweep_once()
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps(fake_sweep_document(snap, sw.queries)))
@@ -37,7 +37,7 @@ def test_a_real_sweep_through_the_fake_file_gives_the_same_series(tmp_path):
 
 def test_the_source_built_with_a_fake_backend_reads_the_file(tmp_path):
     tools, clock = FakeTools(), Clock()
-    sw = _sweeper(tools, clock)
+    sw = make_sweeper(tools, clock)
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps(fake_sweep_document(sw.sweep_once(), sw.queries)))
     sw.stop()

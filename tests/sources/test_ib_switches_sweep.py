@@ -4,76 +4,16 @@ clearing flag, the map not rediscovered per sweep, an unreachable switch costing
 
 from __future__ import annotations
 
-import threading
-from pathlib import Path
-
 from fabricmon.config import IbSwitchesConfig
 from fabricmon.sources.ib_switches.source import IbSwitchesSource, sweep_readings
-from fabricmon.sources.ib_switches.sweeper import Sweeper
 from fabricmon.sources.ib_switches.tools import ToolRun
 from fabricmon.sources.inventory import Inventory
-
-FIX = Path(__file__).resolve().parents[1] / "fixtures" / "ib_switches"
-CLEARING = {"-r", "-R", "-k", "-K", "--reset_after_read", "--Reset_only"}
-
-
-class FakeTools:
-    """Answers each command line with the real tool's captured output; ``dead`` LIDs time out."""
-
-    def __init__(self, dead: frozenset[int] = frozenset()) -> None:
-        self.dead = set(dead)
-        self.walk_fails = False
-        self.calls: list[tuple[list[str], float]] = []
-        self.lock = threading.Lock()
-        self.in_flight = 0
-        self.max_in_flight = 0
-
-    def __call__(self, argv: list[str], deadline_s: float) -> ToolRun:
-        with self.lock:
-            self.calls.append((argv, deadline_s))
-            self.in_flight += 1
-            self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        try:
-            return self._answer(argv)
-        finally:
-            with self.lock:
-                self.in_flight -= 1
-
-    def _answer(self, argv: list[str]) -> ToolRun:
-        tool = argv[0]
-        if tool == "ibnetdiscover":
-            return ToolRun(0, (FIX / "ibnetdiscover-cache.out").read_text(), "", 0.01)
-        if tool == "iblinkinfo":
-            if self.walk_fails:
-                return ToolRun(None, "", "killed after 10.0s", 10.0)
-            return ToolRun(0, (FIX / "iblinkinfo-switches-line.out").read_text(), "", 0.01)
-        positional = [a for a in argv[1:] if not a.startswith("-") and argv[argv.index(a) - 1] != "-t"]
-        lid = int(positional[1] if tool == "smpquery" else positional[0])
-        if lid in self.dead:
-            return ToolRun(255, "", (FIX / "perfquery-unreachable.err").read_text(), 0.01)
-        if tool == "smpquery":
-            return ToolRun(0, (FIX / "smpquery-portinfo-active.out").read_text(), "", 0.01)
-        name = "perfquery-a.out" if "-a" in argv else "perfquery-x-l.out" if "-x" in argv else "perfquery-l.out"
-        text = (FIX / name).read_text().replace("Lid 2 ", f"Lid {lid} ")
-        return ToolRun(0, text, "", 0.01)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def _sweeper(tools: FakeTools, clock: Clock, **kw) -> Sweeper:
-    cfg = IbSwitchesConfig(enabled=True, **kw)
-    return Sweeper(cfg, runner=tools, clock=clock, monotonic=clock)
+from support.ibtools import CLEARING, Clock, FakeTools, make_sweeper
 
 
 def test_queries_are_bounded_have_deadlines_and_never_clear():
     tools, clock = FakeTools(), Clock()
-    sw = _sweeper(tools, clock, concurrency=2, timeout_ms=250)
+    sw = make_sweeper(tools, clock, concurrency=2, timeout_ms=250)
     snap = sw.sweep_once()
     assert len(snap.switches) == 4 and snap.unreachable == 0
     assert tools.max_in_flight <= 2
@@ -87,7 +27,7 @@ def test_queries_are_bounded_have_deadlines_and_never_clear():
 
 def test_map_kept_between_sweeps_and_full_read_only_when_due():
     tools, clock = FakeTools(), Clock()
-    sw = _sweeper(tools, clock, health_interval=10, full_interval=60, rediscover_interval=300,
+    sw = make_sweeper(tools, clock, health_interval=10, full_interval=60, rediscover_interval=300,
                   port_state="smpquery")
     sw.sweep_once()
     first = len(tools.calls)
@@ -113,7 +53,7 @@ def test_map_kept_between_sweeps_and_full_read_only_when_due():
 
 def test_unreachable_switch_costs_only_its_own_series():
     tools, clock = FakeTools(dead=frozenset({3})), Clock()  # spine-00 has LID 3 in the fixture
-    sw = _sweeper(tools, clock, retries=1)
+    sw = make_sweeper(tools, clock, retries=1)
     snap = sw.sweep_once()
     assert snap.unreachable == 1
     readings = sweep_readings(snap, clock())
@@ -133,7 +73,7 @@ def test_no_map_is_a_failing_sweep_that_says_so():
             return ToolRun(255, "", "ibwarn: [1] mad_rpc_open_port: can't open UMAD port ((null):0)\n", 0.01)
 
     tools, clock = NoFabric(), Clock()
-    sw = _sweeper(tools, clock, retries=0)
+    sw = make_sweeper(tools, clock, retries=0)
     snap = sw.sweep_once()
     assert snap.problem.startswith("ibnetdiscover failed") and not snap.switches
     assert sw.queries == {"ok": 0, "timeout": 0, "error": 1}
@@ -151,7 +91,7 @@ def test_stop_ends_a_sweep_in_flight_within_one_query():
             return super()._answer(argv)
 
     tools, clock = StopAfterMap(), Clock()
-    sweeper = _sweeper(tools, clock, concurrency=1)
+    sweeper = make_sweeper(tools, clock, concurrency=1)
     sweeper.sweep_once()
     assert [a[0] for a, _ in tools.calls] == ["ibnetdiscover", "iblinkinfo", "perfquery"]
     sweeper.stop()
@@ -165,7 +105,7 @@ def test_port_state_is_one_walk_per_health_sweep_not_a_process_per_port():
     """Every cabled port's PortInfo each health sweep from one iblinkinfo run (live, never --load-cache,
     which prints a cache's old states): no smpquery at all, and the unlinked cable down at both ends."""
     tools, clock = FakeTools(), Clock()
-    sw = _sweeper(tools, clock, health_interval=10, full_interval=60)
+    sw = make_sweeper(tools, clock, health_interval=10, full_interval=60)
     for _ in range(3):
         snap = sw.sweep_once()
         clock.t += 10
@@ -182,7 +122,7 @@ def test_port_state_is_one_walk_per_health_sweep_not_a_process_per_port():
 def test_a_failed_walk_falls_back_to_portinfo_per_port():
     tools, clock = FakeTools(), Clock()
     tools.walk_fails = True
-    sw = _sweeper(tools, clock, retries=1)
+    sw = make_sweeper(tools, clock, retries=1)
     snap = sw.sweep_once()
     assert sum(1 for a, _ in tools.calls if a[0] == "iblinkinfo") == 1  # not tried again
     assert sum(1 for a, _ in tools.calls if a[0] == "smpquery") == 12  # first sweep: every cabled port
@@ -195,7 +135,7 @@ def test_a_poll_between_sweeps_serves_the_series_built_once_per_sweep():
     """The 1 s poll copies the last sweep: its ~17 series per port are built once per sweep, not per poll
     (3,840 ports took most of a poll to build again each time: docs/benchmarks.md "Switch sweep")."""
     tools, clock = FakeTools(), Clock()
-    sw = _sweeper(tools, clock)
+    sw = make_sweeper(tools, clock)
     sw.sweep_once()
     src = IbSwitchesSource(IbSwitchesConfig(enabled=True), sweeper=sw, clock=clock, start_thread=False)
     first = src.poll(Inventory("/nonexistent")).readings
