@@ -13,7 +13,6 @@ import sys
 import textwrap
 import threading
 import urllib.request
-from pathlib import Path
 
 from prometheus_client import ProcessCollector
 
@@ -23,9 +22,8 @@ from fabricmon.agent.supervise import Supervisor
 from fabricmon.config import load_agent_config
 from fabricmon.httpserve import TEXT, RoutedHTTPServer
 from fabricmon.model import Snapshot
+from support.paths import REPO
 from support.waiting import wait_until
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _scrape(port: int) -> bytes:
