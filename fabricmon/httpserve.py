@@ -106,7 +106,8 @@ class _Workers:
             job = self._jobs.get()
 
     def close(self) -> None:
-        """End the idle threads (busy ones end after their connection)."""
+        """End the idle threads; busy ones end after their connection (daemon threads: ThreadingMixIn's
+        server_close never waited for them either)."""
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, 0

@@ -90,6 +90,10 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
+# One decoder for every line: json.loads with a keyword builds a new JSONDecoder on each call.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
 def _int(obj: dict, key: str, lo: int, hi: int, default: int | None = None) -> int:
     if key not in obj:
         if default is None:
@@ -161,7 +165,7 @@ def parse_line(line: str | bytes, *, node: str = "",
         except UnicodeDecodeError as exc:
             raise RankTimingError("not_utf8", f"not UTF-8 at byte {exc.start}") from None
     try:
-        obj = json.loads(line, parse_constant=_reject_constant)
+        obj = _DECODER.decode(line)
     except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the stack
         raise RankTimingError("not_json", f"not JSON: {str(exc)[:80]}") from None
     if not isinstance(obj, dict):

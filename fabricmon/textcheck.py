@@ -48,9 +48,11 @@ def name_problem(value: object, max_len: int) -> str | None:
 
 
 def _glyph_problem(value: str) -> str | None:
-    bad = next((c for c in value if c in INVISIBLE_CONTROLS), None)
-    if bad is not None:
-        return f"holds the invisible control U+{ord(bad):04X} (bidi or zero-width)"
+    # Every invisible control is above U+007F: for ASCII (nearly every name) one C call decides.
+    if not value.isascii():
+        bad = next((c for c in value if c in INVISIBLE_CONTROLS), None)
+        if bad is not None:
+            return f"holds the invisible control U+{ord(bad):04X} (bidi or zero-width)"
     if not value.isprintable():
         c = next(c for c in value if not c.isprintable())
         return f"holds the non-printable character U+{ord(c):04X}"

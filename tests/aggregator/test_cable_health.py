@@ -157,12 +157,12 @@ def test_scenario_needs_fails_at_after_start():
 
 
 @pytest.mark.integration
-def test_demo_shows_the_warning_before_the_flap(tmp_path):
+def test_demo_shows_the_warning_before_the_flap(tmp_path, tree_dir):
     """``fabricmon demo --scenario`` with real agents over simulated trees (RoCE: the BER path)."""
     report = tmp_path / "report.json"
     cmd = [sys.executable, "-m", "fabricmon", "demo", "--scenario",
            str(ROOT / "examples" / "scenarios" / "cable_degrading.yaml"), "--speed", "1000", "--interval", "5",
-           "--workers", "1", "--no-alertmanager", "--report-json", str(report), "--workdir", str(tmp_path / "w")]
+           "--workers", "1", "--no-alertmanager", "--report-json", str(report), "--workdir", str(tree_dir)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rep = json.loads(report.read_text())
