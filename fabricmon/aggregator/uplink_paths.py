@@ -11,10 +11,13 @@ a rail crosses none of that rail's uplinks: its ring stays inside the leaf."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from ..components import Component, Kind
 from ..topology import Topology
-from .stragglers import Straggler, StragglerReport
+
+if TYPE_CHECKING:  # the types only: stragglers needs numpy, which commands without the extra never load
+    from .stragglers import Straggler, StragglerReport
 
 
 def job_leaves(topo: Topology, report: StragglerReport, job: str, job_id: str) -> dict[int | None, set[str]]:

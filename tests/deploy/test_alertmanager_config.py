@@ -58,7 +58,8 @@ def test_group_by_and_every_inhibition_has_equal() -> None:
     assert pairs[(('alertname="FabricLeafDegraded"',), ('alertname="StragglerRank"', comm))] == ["cluster", "leaf"]
     assert pairs[(('alertname="FabricSpineDegraded"',), ('component_type="uplink"',))] == ["cluster", "spine"]
     assert pairs[(('alertname="FabricmonAgentDown"',),
-                  ('alertname!="FabricmonAgentDown"', 'node=~".+"', 'severity!="critical"'))] == ["cluster", "node"]
+                  ('alertname!="FabricmonAgentDown"', 'node=~".+"', 'severity!="critical"', 'switch_end=""'))] \
+        == ["cluster", "node"]
 
 
 @pytest.mark.parametrize(("labels", "receiver"), [

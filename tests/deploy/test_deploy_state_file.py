@@ -57,9 +57,8 @@ def _aggregator_state_dirs(objs: list[dict]) -> list[tuple[str, str, dict | None
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
 def test_every_aggregator_persists_its_incidents_on_a_writable_volume(kustomization: str) -> None:
     found = _aggregator_state_dirs(render(K8S / kustomization))
-    if kustomization.startswith("examples/"):
-        assert not found, f"{kustomization}: an example that runs an aggregator is checked like the rest"
-        return  # examples/ holds training pods only: no aggregator to check
+    if kustomization.startswith("examples/") and not found:
+        return  # an example of training pods only: no aggregator to check (one that runs an aggregator is)
     assert found, f"{kustomization}: no aggregator container found"
     for where, state_file, volume, c in found:
         assert state_file, f"{kustomization} {where}: aggregator config sets no state_file"

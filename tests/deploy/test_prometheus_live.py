@@ -55,6 +55,11 @@ MAY_BE_EMPTY = {
                                              "(tests/deploy/test_dashboard_jobs.py runs two jobs with decoys)",
     "Stragglers and hangs (pages)": "the slow GPU's StragglerRank needs most of 10 slow steps, the panels are "
                                     "read 8 s after injection (tests/deploy/test_dashboard_jobs.py has one open)",
+    **dict.fromkeys((
+        "Uplinks: worst open incident, leaf x spine", "Uplinks: error rate, leaf x spine", "Switch ports down",
+        "Switch ports: most errors", "Switch ports: most transmit wait", "Leaf port errors (switch end)",
+        "Leaf port transmit wait (switch end)", "Leaf port state (switch end)"),
+        "no switch sweep in this cluster (tests/deploy/test_dashboards_uplinks_live.py reads them with one)"),
 }
 # Families a dashboard names that this cluster does not export, by why (their names are checked against
 # the real collectors in tests/deploy/test_dashboards.py and test_dashboard_jobs.py).

@@ -14,7 +14,7 @@ import time
 
 from ...atomic import atomic_write_bytes
 from ...configload import ConfigError
-from .remediator import reset_marker
+from .marker import reset_marker
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

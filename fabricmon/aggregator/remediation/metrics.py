@@ -10,6 +10,8 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from .config import ACTIONS
+from .policy import RESULTS
 from .remediator import Remediator
 
 
@@ -24,7 +26,10 @@ def remediation_series(r: Remediator | None) -> Iterator[Metric]:
     c = CounterMetricFamily("fabricmon_remediation_actions",
                             "Remediation decisions and action results by action and result (done, dry_run, breaker, "
                             "cooldown, excluded, not_node_local, foreign_drain, failed).", labels=["action", "result"])
-    for (a, res), n in sorted((snap or {}).get("actions_total", {}).items()):
+    # every (action, result) from the start at 0, so a rate reads 0 rather than no data (off: the same zeros)
+    counts = {(a, res): 0 for a in ACTIONS for res in RESULTS}
+    counts.update((snap or {}).get("actions_total", {}))
+    for (a, res), n in sorted(counts.items()):
         c.add_metric([a, res], n)
     yield c
     c = CounterMetricFamily("fabricmon_remediation_undos",

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -25,17 +24,13 @@ from ..incidents import Incident, IncidentManager
 from .breaker import RemediationState
 from .config import RemediationSettings
 from .executor import Executor, Job, Outcome
+from .marker import reset_marker
 from .policy import RESULTS, Candidate, Decision, decide, undo_due
 
 log = structlog.get_logger("fabricmon.aggregator.remediation")
 
 MAX_ENTRIES = 20  # per incident: the decisions and results shown with it
 UNDO_RESULTS = ("done", "dry_run", "foreign_drain", "failed")
-RESET_SUFFIX = ".remediation-reset"  # the marker `fabricmon remediation reset` leaves beside the state file
-
-
-def reset_marker(state_file: str) -> Path:
-    return Path(state_file + RESET_SUFFIX)
 
 
 def _iso(ts: float) -> str:
