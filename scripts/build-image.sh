@@ -17,6 +17,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v buildah >/dev/null || { echo "build-image: needs buildah (apt-get install buildah)" >&2; exit 2; }
+# One build at a time in a checkout: the base and the wheelhouse are files under build/image.
+mkdir -p build/image
+exec 9>build/image/.lock
+flock 9
 version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' fabricmon/__init__.py)
 tag=${1:-ghcr.io/gpu-fabricmon/gpu-fabricmon:$version}
 revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
