@@ -109,11 +109,14 @@ def test_base_is_the_pinned_debian_root_filesystem() -> None:
     assert re.fullmatch(r"\d{8}T\d{6}Z", env["DEBIAN_SNAPSHOT"])
     assert re.fullmatch(r"[0-9a-f]{64}", env["BASE_ROOTFS_SHA256"])
     assert env["DEBIAN_SUITE"] == "bookworm" and "python3-venv" in env["BASE_PACKAGES"].split(",")
+    # The wheelhouse is fetched for the base's own interpreter (scripts/build-image.sh).
+    assert env["BASE_PYTHON"] == "3.11" and re.fullmatch(r"2\.\d+", env["BASE_GLIBC"])
     # The snapshot is the archive state SOURCE_DATE_EPOCH names (what makes the tarball reproducible).
     epoch = datetime.datetime.fromtimestamp(int(env["SOURCE_DATE_EPOCH"]), datetime.timezone.utc)
     assert epoch.strftime("%Y%m%dT%H%M%SZ") == env["DEBIAN_SNAPSHOT"]
     build_base = (REPO / "scripts" / "build-base.sh").read_text()
     assert "BASE_ROOTFS_SHA256" in build_base and "sha256sum" in build_base
+    assert '--variant="$BASE_VARIANT" --include="$BASE_PACKAGES"' in build_base
     res = subprocess.run(["bash", str(REPO / "scripts" / "pin-base-image.sh"), "--check"], capture_output=True,
                          text=True, timeout=30)
     assert res.returncode == 0 and env["BASE_ROOTFS_SHA256"] in res.stdout, res.stdout + res.stderr
@@ -196,6 +199,8 @@ def test_containerfile_installs_the_locks_and_nothing_else() -> None:
     locks_installed = []
     for cmd in pip_installs:
         words = cmd.split()
+        # From the wheelhouse alone: the build reaches no index.
+        assert "--no-index" in words, cmd
         if "-r" in words:
             assert "--require-hashes" in words, cmd
             lock = words[words.index("-r") + 1].strip('"')
@@ -214,6 +219,13 @@ def test_containerfile_installs_the_locks_and_nothing_else() -> None:
     assert "requirements/build.lock" in copied
     # The wheel is built with the locked backend, not an isolated download.
     assert "python -m build --no-isolation" in text
+    # The wheelhouse the RUN steps mount holds what the locks pin, hash-checked, and only wheels.
+    assert "!build/image/wheels" in (REPO / ".dockerignore").read_text().splitlines()
+    assert text.count("--mount=type=bind,source=build/image/wheels,") == 2
+    build_image = re.sub(r"\\\n\s*", " ", (REPO / "scripts" / "build-image.sh").read_text())
+    download = next(ln for ln in build_image.splitlines() if "pip download" in ln)
+    assert "--require-hashes" in download and "--only-binary=:all:" in download
+    assert '-r "requirements/$lock.lock"' in download and 'for lock in build "${extras:-agent}"' in build_image
 
 
 def test_ci_and_the_installer_install_the_locks() -> None:
