@@ -8,13 +8,12 @@ object with labels, an HTTP error, or nothing at all (a hang, for timeouts).
 
 from __future__ import annotations
 
-import json
-import ssl
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 from support.certs import make_pki
+from support.https_json import HttpsServer, send_json
 
 
 class FakeApiServer:
@@ -62,23 +61,10 @@ class FakeApiServer:
                                  "metadata": {"name": name, "labels": server.nodes[name]}})
 
             def _send(self, code: int, obj: dict) -> None:
-                body = json.dumps(obj).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                send_json(self, code, obj)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        key, cert = pki["server"]
-        ctx.load_cert_chain(cert, key)
-        self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
-        self.url = f"https://127.0.0.1:{self.httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="fake-apiserver", daemon=True)
-        self._thread.start()
+        self._server = HttpsServer(Handler, pki["server"], "fake-apiserver")
+        self.url = self._server.url
 
     def paths(self) -> list[str]:
         with self.lock:
@@ -86,6 +72,4 @@ class FakeApiServer:
 
     def close(self) -> None:
         self.release.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self._thread.join(5.0)
+        self._server.close()

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import copy
 import json
-import ssl
 import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 from support.certs import make_pki
+from support.https_json import HttpsServer, send_json
 
 
 @dataclass(frozen=True)
@@ -126,23 +126,10 @@ class FakeNodeApi:
                 self._send(200, out)
 
             def _send(self, code: int, obj: dict) -> None:
-                data = json.dumps(obj).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, code, obj)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        key, cert = pki["server"]
-        ctx.load_cert_chain(cert, key)
-        self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
-        self.url = f"https://127.0.0.1:{self.httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="fake-node-api", daemon=True)
-        self._thread.start()
+        self._server = HttpsServer(Handler, pki["server"], "fake-node-api")
+        self.url = self._server.url
 
     def add_node(self, name: str, *, taints: list[dict] | None = None, unschedulable: bool = False) -> None:
         spec: dict[str, Any] = {}
@@ -165,6 +152,4 @@ class FakeNodeApi:
             return [r for r in self.requests if r.method == "PATCH"]
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self._thread.join(5.0)
+        self._server.close()
