@@ -83,6 +83,8 @@ class Config:
                      "stream_down_intervals"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"Config.{name}: {getattr(self, name)} must be > 0")
+        if not 0 <= self.startup_hold_seconds <= 3600:  # a PromQL literal: also not NaN or inf
+            raise ValueError(f"Config.startup_hold_seconds: {self.startup_hold_seconds} not in [0, 3600]")
 
 
 CONFIG = Config()

@@ -11,6 +11,7 @@ container's own /proc would describe the container.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -57,7 +58,10 @@ def read_boot_time(stat: str = "/proc/stat") -> float:
         with open(stat) as f:
             for line in f:
                 if line.startswith("btime "):
-                    return float(line.split()[1])
+                    value = float(line.split()[1])
+                    # "nan", "inf" or a negative count is no boot time (the hello refuses it, the rules would hold
+                    # the node for good)
+                    return value if math.isfinite(value) and value > 0 else 0.0
     except (OSError, ValueError, IndexError):
         pass
     return 0.0
@@ -103,6 +107,7 @@ class HostSource:
         self._last_cpu: tuple[float, float] | None = None
         self._memo = ReadingMemo()  # same Reading object while a value does not change
         self._nic_labels: dict[str, tuple] = {}
+        self._boot_time = 0.0
 
     def poll(self, inventory: Inventory) -> SourceResult:
         with _procfs(self.procfs):
@@ -128,7 +133,9 @@ class HostSource:
             res.readings.append(reading("fabricmon_host_load1", _loadavg(self.procfs)))
         except (OSError, ValueError, IndexError) as exc:
             res.error(f"host: loadavg: {exc}")
-        boot = read_boot_time(os.path.join(self.procfs, "stat"))
+        if not self._boot_time:  # fixed until the host reboots, which restarts the agent: read until known
+            self._boot_time = read_boot_time(os.path.join(self.procfs, "stat"))
+        boot = self._boot_time
         if boot > 0:
             # a gauge: the rules hold a just-booted node's link state, as the aggregator does
             res.readings.append(reading("fabricmon_host_boot_time_seconds", boot))

@@ -95,6 +95,9 @@ def test_the_hello_carries_the_boot_time_read_from_proc_stat(tmp_path):
     (tmp_path / "stat").write_text("cpu  10 0 5 100 0 0 0 0 0 0\nbtime 1764000000\nprocesses 42\n")
     assert read_boot_time(str(tmp_path / "stat")) == 1764000000.0
     assert read_boot_time(str(tmp_path / "missing")) == 0.0
+    for bad in ("nan", "inf", "-5", "1e400", "x"):  # never a boot time the hello refuses or the rules hold on
+        (tmp_path / "bad").write_text(f"btime {bad}\n")
+        assert read_boot_time(str(tmp_path / "bad")) == 0.0, bad
     h = replace(Cluster(nodes=1, nodes_per_unit=1).feeds["node-000"].hello(), boot_time=1764000000.0)
     assert hello_from_pb(hello_to_pb(h)).boot_time == 1764000000.0
     bad = hello_to_pb(h)
