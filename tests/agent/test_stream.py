@@ -355,7 +355,7 @@ def test_backoff_is_bounded_with_full_jitter():
     import random
 
     c = StreamClient("127.0.0.1:1", "n", spool=MemorySpool(), rng=random.Random(1))
-    delays = [c._backoff(a) for a in range(40)]
+    delays = [c.reconnect.backoff(a) for a in range(40)]
     assert all(0.5 <= d <= 30.0 for d in delays)
     assert max(delays[10:]) > 10.0  # grows
     assert len({round(d, 3) for d in delays[10:]}) > 20  # jittered
