@@ -107,52 +107,12 @@ class StreamClient:
     # ------------------------------------------------------------ public
 
     @property
-    def target(self) -> str:
-        return self.options.target
-
-    @property
-    def node(self) -> str:
-        return self.options.node
-
-    @property
-    def interval_seconds(self) -> float:
-        return self.options.interval_seconds
-
-    @property
     def spool(self) -> MemorySpool:
         return self.state.spool
 
     @property
-    def spool_ok(self) -> bool:
-        """The last batch that had to be spooled was stored."""
-        return self.state.spool_ok
-
-    @property
     def last_error(self) -> str:
         return self.state.last_error
-
-    @property
-    def refused(self) -> dict[str, int]:
-        """Connections the aggregator refused, by reason (``REFUSAL_REASONS``)."""
-        return self.state.refused
-
-    @property
-    def aggregator_dropped(self) -> dict[str, int]:
-        """Batches the aggregator acked but did not believe, by its reason (``AGGREGATOR_DROP_REASONS``)."""
-        return self.state.aggregator_dropped
-
-    @property
-    def aggregator_dropping(self) -> str:
-        """The newest ack's drop reason; "" when that batch was believed."""
-        return self.state.aggregator_dropping
-
-    def note_ack_drop(self, reason: str) -> None:
-        """An ack came back; ``reason`` is why the aggregator did not believe that batch ("" if it did)."""
-        self.state.note_ack_drop(reason)
-
-    def disconnected_for(self) -> float:
-        """Seconds since the stream was lost (since the client was made if it never connected); 0 while up."""
-        return self.state.disconnected_for()
 
     def attach(self, poller) -> None:
         """Register ``offer`` as a listener of ``poller`` (fabricmon.agent.poller.Poller)."""
@@ -226,7 +186,7 @@ class StreamClient:
             batches_spooled_total=sp["written_total"], spool_dropped_total=sp["dropped_total"],
             spool_corrupt_total=sp["corrupt_total"], spool_entries=sp["entries"], spool_bytes=sp["bytes"],
             queue_length=len(st.queue), queue_max=st.queue_max, connected=int(st.connected),
-            disconnected_seconds=st.disconnected_for(), interval_seconds=self.interval_seconds,
+            disconnected_seconds=st.disconnected_for(), interval_seconds=self.options.interval_seconds,
             refused=dict(st.refused),
             next_seq=st.batches.next_seq, spool_max_bytes=st.spool.max_bytes,
             spool_write_failures_total=sp.get("write_failed_total", 0),
