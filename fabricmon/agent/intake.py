@@ -52,20 +52,17 @@ import structlog
 from ..httpserve import CLOSE_REASONS, GuardedHTTPServer
 from ..model import Reading, Semantics, SourceResult
 from ..rank_timing import (
-    REJECT_REASONS,
     Heartbeat,
     JobLayout,
     RankTiming,
     RankTimingError,
     parse_line,
 )
+from .intake_counts import LineCounts
 from .intake_listeners import API_PEER, Peer, UnixListener, start_http
 
 log = structlog.get_logger("fabricmon.intake")
 
-# Every (result, reason) pair the intake counts: fixed, so input cannot add series.
-LINE_RESULTS = (("accepted", "ok"),
-                *(("rejected", r) for r in (*REJECT_REASONS, "job_limit", "series_limit", "conflict")))
 OWNER_TTL_S = 60.0  # a (job, rank) silent this long from its source may be claimed by another one
 JOB_SHARE = 4  # a source holding max_jobs // JOB_SHARE jobs or more is refused when the slots are full
 
@@ -131,15 +128,8 @@ class RankIntake:
         self._job_user: dict[str, str] = {}  # job -> the source (Peer.user) that brought it
         # (job, job_id, rank) -> (Peer.user, last line): the source that speaks for that rank
         self._owners: dict[tuple[str, str, int], tuple[str, float]] = {}
-        self.conflicts_total = 0
         self._next_expiry = float("-inf")
-        self._lines = dict.fromkeys(LINE_RESULTS, 0)
-        self.accepted_total = 0
-        self.rejected_total = 0
-        self.dropped_total = 0  # accepted timings the stream did not drain in time
-        self.expired_total = 0  # (job, rank) series forgotten after latest_ttl
-        self._last_log = 0.0
-        self._suppressed = 0
+        self.counts = LineCounts()  # intake_counts.py: accepted, rejected by reason, series dropped
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         # the listeners (intake_listeners.py): the Unix socket's loop, the loopback HTTP server
@@ -182,29 +172,29 @@ class RankIntake:
             if item.job not in self._jobs and len(self._jobs) >= self._max_jobs:
                 self._expire(now)
                 if len(self._jobs) >= self._max_jobs and not self._make_room(peer):
-                    return self._bad_locked("job_limit", f"job: more than {self._max_jobs} jobs active "
+                    return self.counts.rejected("job_limit", f"job: more than {self._max_jobs} jobs active "
                                             f"({peer.who} holds its share)", origin)
             if not isinstance(item, JobLayout):
                 okey = (item.job, item.job_id, item.rank)
                 owner = self._owners.get(okey)
                 if owner is not None and owner[0] != peer.user and now - owner[1] <= OWNER_TTL_S:
-                    self.conflicts_total += 1
-                    return self._bad_locked("conflict", f"rank {item.rank} of job {item.job}: sent by another "
+                    self.counts.conflicts_total += 1
+                    return self.counts.rejected("conflict", f"rank {item.rank} of job {item.job}: sent by another "
                                             f"source than its own ({peer.who})", origin)
                 if owner is None and len(self._owners) >= 2 * self._max_series:
                     self._expire(now)
                     if len(self._owners) >= 2 * self._max_series:
-                        return self._bad_locked("series_limit", "rank: too many (job, rank) sources", origin)
+                        return self.counts.rejected("series_limit", "rank: too many (job, rank) sources", origin)
                 self._owners[okey] = (peer.user, now)
             self._job_user.setdefault(item.job, peer.user)
             if isinstance(item, Heartbeat):
                 hkey = (item.job, item.job_id, item.rank)
                 if hkey not in self._heartbeats and len(self._heartbeats) >= self._max_series:
-                    return self._bad_locked("series_limit",
+                    return self.counts.rejected("series_limit",
                                             f"heartbeat: more than {self._max_series} (job, rank) pending", origin)
                 self._jobs[item.job] = now
                 self._heartbeats[hkey] = item
-                self._accepted()
+                self.counts.accepted()
                 return True, ""
             if isinstance(item, JobLayout):
                 self._jobs[item.job] = now
@@ -212,21 +202,21 @@ class RankIntake:
                 self._new_layouts.append(item)
                 if len(self._new_layouts) > self._max_jobs:
                     del self._new_layouts[0]
-                self._accepted()
+                self.counts.accepted()
                 return True, ""
             key = (item.job, item.job_id, item.rank)
             if key not in self._latest and len(self._latest) >= self._max_series:
                 self._expire(now)
                 if len(self._latest) >= self._max_series:
-                    return self._bad_locked("series_limit",
+                    return self.counts.rejected("series_limit",
                                             f"rank: more than {self._max_series} (job, rank) series active", origin)
             self._jobs[item.job] = now
             if len(self._ranks) >= self._max_buffer:
                 self._ranks.popleft()
-                self.dropped_total += 1
+                self.counts.dropped_total += 1
             self._ranks.append(item)
             self._latest[key] = (item.step_seconds, item.comm_seconds, now)
-            self._accepted()
+            self.counts.accepted()
         return True, ""
 
     def _make_room(self, peer: Peer) -> bool:
@@ -250,10 +240,6 @@ class RankIntake:
         self._job_user.pop(job, None)
         self._layouts.pop(job, None)
 
-    def _accepted(self) -> None:
-        self.accepted_total += 1
-        self._lines[("accepted", "ok")] += 1
-
     def _expire(self, now: float, force: bool = False) -> None:
         """Under the lock: forget series and jobs silent for ``latest_ttl`` (at most once a second unless forced,
         so a flood of lines over the limit does not rescan every series per line)."""
@@ -264,7 +250,7 @@ class RankIntake:
         gone = [k for k, v in self._latest.items() if v[2] < old]
         for k in gone:
             del self._latest[k]
-        self.expired_total += len(gone)
+        self.counts.expired_total += len(gone)
         for job in [j for j, seen in self._jobs.items() if seen < old]:
             self._forget_job(job)
         for j in [j for j in self._job_user if j not in self._jobs]:
@@ -275,19 +261,7 @@ class RankIntake:
 
     def reject(self, reason: str, message: str, origin: str) -> tuple[bool, str]:
         with self._lock:
-            return self._bad_locked(reason, message, origin)
-
-    def _bad_locked(self, reason: str, message: str, origin: str) -> tuple[bool, str]:
-        self.rejected_total += 1
-        self._lines[("rejected", reason)] += 1
-        now = time.monotonic()
-        if now - self._last_log < 1.0:
-            self._suppressed += 1
-            return False, message
-        suppressed, self._suppressed, self._last_log = self._suppressed, 0, now
-        log.warning("rank_line_rejected", origin=origin, reason=reason, error=message,
-                    suppressed_since_last=suppressed, rejected_total=self.rejected_total)
-        return False, message
+            return self.counts.rejected(reason, message, origin)
 
     def drain(self) -> tuple[list[RankTiming], list[JobLayout]]:
         """Everything received since the last drain (the stream client calls this each poll)."""
@@ -322,17 +296,8 @@ class RankIntake:
 
     def self_readings(self) -> list[Reading]:
         """The intake's own counters, every label set always present (a rate over them needs no guessing)."""
-        src = ("source", self.name)
-        out = []
         with self._lock:
-            for (result, reason), n in self._lines.items():
-                out.append(Reading("fabricmon_intake_lines_total", (src, ("result", result), ("reason", reason)), n,
-                                   Semantics.MONOTONIC))
-            out.append(Reading("fabricmon_intake_series", (src,), len(self._latest)))
-            limit = self._lines[("rejected", "job_limit")] + self._lines[("rejected", "series_limit")]
-            for reason, n in (("limit", limit), ("expired", self.expired_total), ("buffer_full", self.dropped_total)):
-                out.append(Reading("fabricmon_intake_series_dropped_total", (src, ("reason", reason)), n,
-                                   Semantics.MONOTONIC))
+            out = self.counts.readings(self.name, len(self._latest))
         http = self._http.closed_total if self._http is not None else dict.fromkeys(CLOSE_REASONS, 0)
         for listener, closed in (("unix", self.unix.closed), ("http", http)):
             for reason in CLOSE_REASONS:
@@ -342,8 +307,9 @@ class RankIntake:
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            out = {"accepted_total": self.accepted_total, "rejected_total": self.rejected_total,
-                   "dropped_total": self.dropped_total, "buffered": len(self._ranks), "jobs": len(self._jobs),
+            c = self.counts
+            out = {"accepted_total": c.accepted_total, "rejected_total": c.rejected_total,
+                   "dropped_total": c.dropped_total, "buffered": len(self._ranks), "jobs": len(self._jobs),
                    "series": len(self._latest), "connections": self.unix.clients,
                    "connections_closed": sum(self.unix.closed.values())}
         if self._http is not None:
