@@ -173,14 +173,14 @@ class RankIntake:
                 self._expire(now)
                 if len(self._jobs) >= self._max_jobs and not self._make_room(peer):
                     return self.counts.rejected("job_limit", f"job: more than {self._max_jobs} jobs active "
-                                            f"({peer.who} holds its share)", origin)
+                                                f"({peer.who} holds its share)", origin)
             if not isinstance(item, JobLayout):
                 okey = (item.job, item.job_id, item.rank)
                 owner = self._owners.get(okey)
                 if owner is not None and owner[0] != peer.user and now - owner[1] <= OWNER_TTL_S:
                     self.counts.conflicts_total += 1
                     return self.counts.rejected("conflict", f"rank {item.rank} of job {item.job}: sent by another "
-                                            f"source than its own ({peer.who})", origin)
+                                                f"source than its own ({peer.who})", origin)
                 if owner is None and len(self._owners) >= 2 * self._max_series:
                     self._expire(now)
                     if len(self._owners) >= 2 * self._max_series:
@@ -191,7 +191,7 @@ class RankIntake:
                 hkey = (item.job, item.job_id, item.rank)
                 if hkey not in self._heartbeats and len(self._heartbeats) >= self._max_series:
                     return self.counts.rejected("series_limit",
-                                            f"heartbeat: more than {self._max_series} (job, rank) pending", origin)
+                                                f"heartbeat: more than {self._max_series} (job, rank) pending", origin)
                 self._jobs[item.job] = now
                 self._heartbeats[hkey] = item
                 self.counts.accepted()
@@ -209,7 +209,7 @@ class RankIntake:
                 self._expire(now)
                 if len(self._latest) >= self._max_series:
                     return self.counts.rejected("series_limit",
-                                            f"rank: more than {self._max_series} (job, rank) series active", origin)
+                                                f"rank: more than {self._max_series} (job, rank) series active", origin)
             self._jobs[item.job] = now
             if len(self._ranks) >= self._max_buffer:
                 self._ranks.popleft()
