@@ -55,10 +55,10 @@ def test_clock_ahead_is_told_in_the_ack_and_counted_then_clears():
             c.offer(_snap(i, now + 600.0 + i))
         assert wait_until(lambda: _dropped(c).get("ts_ahead") == 3.0), _dropped(c)
         assert _dropped(c)["dropping"] == 1.0 and c.state.aggregator_dropping == "ts_ahead"
-        assert eng.admission_snapshot() == {"ts_ahead": 3}
+        assert eng.admission.admission_snapshot() == {"ts_ahead": 3}
         # the clock is fixed: the next batch is believed, and the node says so
         c.offer(_snap(4, time.time()))
-        assert wait_until(lambda: eng.batches_total == 1)
+        assert wait_until(lambda: eng.admission.batches_total == 1)
         assert wait_until(lambda: _dropped(c)["dropping"] == 0.0)
         assert _dropped(c)["ts_ahead"] == 3.0  # a counter: never goes back
     finally:

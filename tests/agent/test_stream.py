@@ -380,7 +380,7 @@ def test_against_the_real_engine():
                              (CounterDelta("fabricmon_ib_port_errors_total",
                                            (("device", "mlx5_0"), ("port", "1"), ("counter", "symbol_error")), 1.0),),
                              1.0, ()))
-        assert wait_until(lambda: eng.batches_total == 3)
+        assert wait_until(lambda: eng.admission.batches_total == 3)
         assert eng.nodes[node].connected
         eng.tick(1004.0)
     finally:
