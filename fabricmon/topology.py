@@ -56,8 +56,9 @@ __all__ = [
     "LeafFileV2", "NicFileV2", "NicSpec", "NodeFileV2", "NodeSpec", "SwitchFileV2", "Topology", "TopologyFile",
     "TopologyFileV2", "canonical_guid", "generate_fat_tree", "generate_topology", "gpu_id", "leaf_id", "link_id",
     "load_topology", "natural_key", "nic_id", "node_name", "nvlink_id", "rail_id", "rail_nics", "spine_id",
-    "topology_file_fields", "topology_from_mapping", "topology_from_v2",
+    "topology_dict", "topology_file_fields", "topology_from_mapping", "topology_from_v2",
 ]
+
 
 @dataclass(frozen=True)
 class GenerateSpec:
@@ -228,52 +229,56 @@ class Topology:
         out["leaf"] = nic.leaf if nic.leaf is not None else self.leaf_of(node, nic.rail)
         return out
 
-    # --- serialization ---
-    def to_dict(self) -> dict:
-        if self.version >= 2:
-            return self._to_dict_v2()
-        return {
-            "cluster": self.cluster,
-            "layout": self.layout,
-            "nodes_per_unit": self.nodes_per_unit,
-            "spines": self.spines,
-            "nodes": [
-                {"name": n.name, "unit": n.unit, "gpus": n.gpus,
-                 "nics": [{"device": c.device, "port": c.port, "rail": c.rail, "gpu": c.gpu,
-                           "rate_gbps": c.rate_gbps, "width": c.width,
-                           **({"leaf": c.leaf} if c.leaf is not None else {})}
-                          for c in n.nics]}
-                for n in self.nodes.values()
-            ],
-        }
-
-    def _to_dict_v2(self) -> dict:
-        def nic(c: NicSpec) -> dict:
-            row: dict = {"device": c.device or None, "port": c.port}
-            for key in ("node_guid", "interface"):
-                if getattr(c, key) is not None:
-                    row[key] = getattr(c, key)
-            row["leaf"] = c.leaf
-            if c.leaf_port is not None:
-                row["leaf_port"] = c.leaf_port
-            row.update({"rail": c.rail, "gpu": c.gpu})
-            return row
-
-        return {
-            "version": 2,
-            "cluster": self.cluster,
-            "layout": self.layout,
-            "rail_optimized": self.rail_optimized,
-            "nodes": [{"name": n.name, "unit": n.unit, "gpus": n.gpus, "nics": [nic(c) for c in (*n.nics, *n.unbound)]}
-                      for n in self.nodes.values()],
-            "leaves": {leaf: {"spines": list(sp)} for leaf, sp in self.leaf_spines.items()},
-            **({"switches": {name: {"guid": g} for name, g in self.switches.items()}} if self.switches else {}),
-        }
-
     def write_yaml(self, path: str | Path) -> None:
+        """The topology as a file ``load_topology`` reads back (``topology_dict``), written atomically."""
         from .atomic import atomic_write_text
 
-        atomic_write_text(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
+        atomic_write_text(path, yaml.safe_dump(topology_dict(self), sort_keys=False))
+
+
+def topology_dict(topo: Topology) -> dict:
+    """``topo`` as the mapping of its file form: version 2 for an imported topology, else version 1 with its
+    node list (a generated one written out as the nodes it generated)."""
+    if topo.version >= 2:
+        return _topology_dict_v2(topo)
+    return {
+        "cluster": topo.cluster,
+        "layout": topo.layout,
+        "nodes_per_unit": topo.nodes_per_unit,
+        "spines": topo.spines,
+        "nodes": [
+            {"name": n.name, "unit": n.unit, "gpus": n.gpus,
+             "nics": [{"device": c.device, "port": c.port, "rail": c.rail, "gpu": c.gpu,
+                       "rate_gbps": c.rate_gbps, "width": c.width,
+                       **({"leaf": c.leaf} if c.leaf is not None else {})}
+                      for c in n.nics]}
+            for n in topo.nodes.values()
+        ],
+    }
+
+
+def _topology_dict_v2(topo: Topology) -> dict:
+    def nic(c: NicSpec) -> dict:
+        row: dict = {"device": c.device or None, "port": c.port}
+        for key in ("node_guid", "interface"):
+            if getattr(c, key) is not None:
+                row[key] = getattr(c, key)
+        row["leaf"] = c.leaf
+        if c.leaf_port is not None:
+            row["leaf_port"] = c.leaf_port
+        row.update({"rail": c.rail, "gpu": c.gpu})
+        return row
+
+    return {
+        "version": 2,
+        "cluster": topo.cluster,
+        "layout": topo.layout,
+        "rail_optimized": topo.rail_optimized,
+        "nodes": [{"name": n.name, "unit": n.unit, "gpus": n.gpus, "nics": [nic(c) for c in (*n.nics, *n.unbound)]}
+                  for n in topo.nodes.values()],
+        "leaves": {leaf: {"spines": list(sp)} for leaf, sp in topo.leaf_spines.items()},
+        **({"switches": {name: {"guid": g} for name, g in topo.switches.items()}} if topo.switches else {}),
+    }
 
 
 def rail_nics(rails: int, gpus: int, rate_gbps: float = 400.0) -> tuple[NicSpec, ...]:
