@@ -93,12 +93,12 @@ def main() -> int:
     wrong = [f"{name}/{nic.device}" for i, name in enumerate(sorted(topo.nodes)) for nic in topo.nodes[name].nics
              if nic.leaf != f"leaf-su{i // 32:02d}-r{nic.rail}" or nic.device != f"mlx5_{nic.rail}"]
     nics = sum(len(n.nics) for n in topo.nodes.values())
-    shape = (len(topo.nodes), nics, len(topo.leaves()), topo.rails())
+    shape = (len(topo.nodes), nics, len(topo.shape.leaves()), topo.shape.rails())
     want = (args.nodes, args.nodes * 8, (args.nodes // 32) * 8, list(range(8)))
     ok = shape == want and not wrong and seconds < args.target
     verdict = "PASS" if ok else "FAIL"
-    print(f"{verdict}: imported {len(topo.nodes):,} nodes ({nics:,} NICs, {len(topo.leaves())} leaves, "
-          f"rails {len(topo.rails())}) from {lines:,} ibnetdiscover lines in {seconds:.2f} s wall "
+    print(f"{verdict}: imported {len(topo.nodes):,} nodes ({nics:,} NICs, {len(topo.shape.leaves())} leaves, "
+          f"rails {len(topo.shape.rails())}) from {lines:,} ibnetdiscover lines in {seconds:.2f} s wall "
           f"(target < {args.target:g} s; the aggregator then loads the file in {load_seconds:.2f} s); "
           f"generator = ibsim byte for byte on {REAL.name}; misplaced NICs: {len(wrong)}"
           + ("" if shape == want else f"; shape {shape} != {want}"))

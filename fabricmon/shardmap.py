@@ -101,7 +101,7 @@ def resolve_leaves(shards: ShardMap, topo: Topology, source: str) -> ShardMap:
     ``owner_of`` reads.  ConfigError naming the replica for a leaf the topology does not have."""
     if not uses_leaves(shards):
         return shards
-    reps = tuple(replace(r, units=topo.units_of_leaves(r.leaves, f"{source}: replicas[{i}].leaves"))
+    reps = tuple(replace(r, units=topo.shape.units_of_leaves(r.leaves, f"{source}: replicas[{i}].leaves"))
                  if r.leaves else r for i, r in enumerate(shards.replicas))
     return replace(shards, replicas=reps)
 
@@ -132,7 +132,7 @@ def ownership_problems(shards: ShardMap, units: list[int], groups: dict[int, lis
 def explain_ownership(shards: ShardMap, topo: Topology) -> list[str]:
     """One line per replica: the leaf groups it owns, their leaves and nodes (``check-config``), and
     where a replica named only some leaves of a group, which others it takes with them."""
-    groups = topo.leaf_groups()
+    groups = topo.shape.leaf_groups()
     nodes: dict[int, int] = {}
     for spec in topo.nodes.values():
         nodes[spec.unit] = nodes.get(spec.unit, 0) + 1
@@ -161,7 +161,7 @@ def check_ownership(shards: ShardMap, source: str, topology_path: str | None = N
     topo = load_topology(path)
     shards = resolve_leaves(shards, topo, source)
     # an imported topology's unit numbers are the import's: name their leaves (a generated unit is its number)
-    problems = ownership_problems(shards, topo.units(), topo.leaf_groups() if topo.version >= 2 else None)
+    problems = ownership_problems(shards, topo.shape.units(), topo.shape.leaf_groups() if topo.version >= 2 else None)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise ConfigError(f"{source}: replicas: {problems[0]}{more}")

@@ -17,7 +17,7 @@ from ``leaf_of`` / ``leaf_of_nic``): the unit is a topology attribute, never par
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 
@@ -27,124 +27,37 @@ from . import components as comp
 from .components import SWITCH_PORT_NAME, Component, Kind
 from .configload import ConfigError, build, load_yaml_file
 from .textcheck import node_name_problem
+from .topology_binding import AgentBinding
+from .topology_index import TopologyIndex
+from .topology_shape import FabricShape
+from .topology_spec import (
+    COMPONENT_TYPES,
+    MAX_GPUS_PER_NODE,
+    MAX_NICS_PER_NODE,
+    MAX_NODES,
+    MAX_RATE_GBPS,
+    NicSpec,
+    NodeSpec,
+    canonical_guid,
+    gpu_id,
+    leaf_id,
+    link_id,
+    natural_key,
+    nic_id,
+    node_name,
+    nvlink_id,
+    rail_id,
+    spine_id,
+)
 
-# The largest cluster a topology may describe: a typo (nodes: 100000000) otherwise runs for minutes
-# and gigabytes before anything says so.  Per node, bounds far above any real machine.
-MAX_NODES = 65_536
-MAX_GPUS_PER_NODE = 64
-MAX_NICS_PER_NODE = 64
-MAX_RATE_GBPS = 10_000.0
-
-COMPONENT_TYPES = ("link", "nic", "gpu", "nvlink", "node", "rail", "leaf", "spine", "config")
-
-
-def node_name(index: int, n_nodes: int) -> str:
-    """``node-017``; more digits when the cluster needs them (``node-0017`` of 4,096)."""
-    width = max(3, len(str(max(n_nodes - 1, 0))))
-    return f"node-{index:0{width}d}"
-
-
-def canonical_guid(text: str) -> str | None:
-    """A node GUID as ``0x`` and 16 hex digits, from ``0xb8cef60300a1b2c3`` (ibnetdiscover, topology files)
-    or ``b8ce:f603:00a1:b2c3`` (sysfs ``node_guid``, the agent's label) or 16 bare hex digits; else None."""
-    t = text.strip().lower()
-    if ":" in t:
-        parts = t.split(":")
-        if len(parts) != 4 or not all(len(p) == 4 for p in parts):
-            return None
-        t = "".join(parts)
-    elif t.startswith("0x"):
-        t = t[2:]
-    elif len(t) != 16:  # bare hex only at full width: a netdev like "eth0" is no GUID
-        return None
-    if not t or len(t) > 16 or any(c not in "0123456789abcdef" for c in t):
-        return None
-    return f"0x{int(t, 16):016x}"
-
-
-def link_id(node: str, device: str, port: str | int = 1) -> str:
-    return f"{node}/{device}/{port}"
-
-
-def nic_id(node: str, device: str) -> str:
-    return f"{node}/{device}"
-
-
-def gpu_id(node: str, gpu: int) -> str:
-    return f"{node}/gpu{gpu}"
-
-
-def nvlink_id(node: str, gpu: int, link: int) -> str:
-    return f"{node}/gpu{gpu}/nvlink{link}"
-
-
-def leaf_id(unit: int, rail: int) -> str:
-    return f"leaf-u{unit}-r{rail}"
-
-
-def rail_id(rail: int) -> str:
-    return f"rail{rail}"
-
-
-def spine_id(index: int) -> str:
-    return f"spine-{index}"
-
-
-@dataclass(frozen=True)
-class NicSpec:
-    device: str
-    rail: int | None  # None: not rail-optimized (a fat tree), version-2 files only
-    gpu: int
-    port: int = 1
-    rate_gbps: float = 400.0
-    width: int = 4
-    # Version 2 (imported) only; None in generated and version-1 topologies:
-    leaf: str | None = None  # the leaf switch's name, replacing leaf-u<unit>-r<rail>
-    node_guid: str | None = None  # "0x..." as fabricmon_ib_port_info's node_guid label
-    interface: str | None = None  # the netdev (LLDP imports)
-    # the leaf's port at the cable's other end: a number (ibnetdiscover) or an Ethernet switch's port name (LLDP)
-    leaf_port: int | str | None = None
-
-    def validate(self, path: str, source: str) -> None:
-        for what, v in (("rail", self.rail), ("gpu", self.gpu), ("port", self.port)):
-            if v is not None and v < 0:  # rail: None on a fat tree (version 2)
-                raise ConfigError(f"{source}: {path}.{what}: must be >= 0, got {v}")
-        if not 0 < self.rate_gbps <= MAX_RATE_GBPS:
-            raise ConfigError(f"{source}: {path}.rate_gbps: must be in (0, {MAX_RATE_GBPS:g}], got {self.rate_gbps}")
-        if self.width < 1:
-            raise ConfigError(f"{source}: {path}.width: must be >= 1 lane, got {self.width}")
-
-
-@dataclass(frozen=True)
-class NodeSpec:
-    name: str
-    unit: int
-    gpus: int = 8
-    nics: tuple[NicSpec, ...] = ()
-    # Version 2: NICs whose RDMA device the import could not name (a "gpu-a17-03 HCA-1" description,
-    # an LLDP netdev), known by node_guid or interface until the agent's inventory names the device
-    # (Topology.bind_devices); ``device`` is "" until then.  Not in ``nics``, so no component id is
-    # built from them.
-    unbound: tuple[NicSpec, ...] = ()
-
-    def validate(self, path: str, source: str) -> None:
-        why = node_name_problem(self.name)
-        if why is not None:
-            raise ConfigError(f"{source}: {path}.name: {why}")
-        if self.unit < 0:
-            raise ConfigError(f"{source}: {path}.unit: must be >= 0, got {self.unit}")
-        if not 1 <= self.gpus <= MAX_GPUS_PER_NODE:
-            raise ConfigError(f"{source}: {path}.gpus: must be in [1, {MAX_GPUS_PER_NODE}], got {self.gpus}")
-        if len(self.nics) > MAX_NICS_PER_NODE:
-            raise ConfigError(f"{source}: {path}.nics: {len(self.nics)} NICs, at most {MAX_NICS_PER_NODE}")
-        devices: set[str] = set()
-        for i, nic in enumerate(self.nics):
-            if nic.device in devices:
-                raise ConfigError(f"{source}: {path}.nics[{i}].device: duplicate NIC {nic.device!r} on {self.name}")
-            devices.add(nic.device)
-            if not 0 <= nic.gpu < self.gpus:
-                raise ConfigError(f"{source}: {path}.nics[{i}].gpu: {nic.gpu} is not a GPU of {self.name} "
-                                  f"(0..{self.gpus - 1})")
+# what callers import from here; the specs and id spellings live in topology_spec.py
+__all__ = [
+    "COMPONENT_TYPES", "MAX_GPUS_PER_NODE", "MAX_NICS_PER_NODE", "MAX_NODES", "MAX_RATE_GBPS", "GenerateSpec",
+    "LeafFileV2", "NicFileV2", "NicSpec", "NodeFileV2", "NodeSpec", "SwitchFileV2", "Topology", "TopologyFile",
+    "TopologyFileV2", "canonical_guid", "generate_fat_tree", "generate_topology", "gpu_id", "leaf_id", "link_id",
+    "load_topology", "natural_key", "nic_id", "node_name", "nvlink_id", "rail_id", "rail_nics", "spine_id",
+    "topology_dict", "topology_file_fields", "topology_from_mapping", "topology_from_v2",
+]
 
 
 @dataclass(frozen=True)
@@ -204,54 +117,38 @@ class Topology:
     nodes_per_unit: int
     spines: int
     nodes: dict[str, NodeSpec]
-    # derived indexes
-    _nic_by_dev: dict[tuple[str, str], NicSpec] = field(default_factory=dict, repr=False)
-    _nic_by_gpu: dict[tuple[str, int], NicSpec] = field(default_factory=dict, repr=False)
     # version 2 (imported): named leaves and their spines; generated and version-1 topologies keep the
     # defaults and name leaves leaf-u<unit>-r<rail>
     version: int = 1
     rail_optimized: bool = True
     leaf_spines: dict[str, tuple[str, ...]] = field(default_factory=dict)
     switches: dict[str, str] = field(default_factory=dict)  # version 2: switch name -> "0x..." GUID
-    _by_leaf_port: dict[tuple[str, str], tuple[str, NicSpec]] = field(default_factory=dict, repr=False)
-    _leaf_by_rail: dict[tuple[str, int | None], str] = field(default_factory=dict, repr=False)
-    _by_guid: dict[str, tuple[str, NicSpec]] = field(default_factory=dict, repr=False)
-    _bound_names: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)  # bind_devices' inputs
-    # version 2: (node, device) of NICs whose file states their GPU; the others take the agent's pairing
-    _gpu_stated: set[tuple[str, str]] = field(default_factory=set, repr=False)
-    _paired: dict[str, dict[str, int]] = field(default_factory=dict, repr=False)  # pair_gpus' inputs
+    # the NIC maps (topology_index.py) and what the agents' hellos bound (topology_binding.py)
+    index: TopologyIndex = field(init=False, repr=False, compare=False)
+    binding: AgentBinding = field(init=False, repr=False, compare=False)
+    shape: FabricShape = field(init=False, repr=False, compare=False)  # rails, units, leaves, spines
 
     def __post_init__(self) -> None:
+        self.index = TopologyIndex()
         for n in self.nodes.values():
-            self._index(n)
-
-    def _index(self, n: NodeSpec) -> None:
-        for nic in n.nics:
-            self._nic_by_dev[(n.name, nic.device)] = nic
-            if nic.gpu >= 0:  # -1: a NIC the agent pairs with no GPU (pair_gpus)
-                self._nic_by_gpu[(n.name, nic.gpu)] = nic
-        for nic in (*n.nics, *n.unbound):
-            if nic.leaf is not None:
-                self._leaf_by_rail.setdefault((n.name, nic.rail), nic.leaf)
-            if nic.node_guid is not None:
-                self._by_guid[nic.node_guid] = (n.name, nic)
-            if nic.leaf is not None and nic.leaf_port is not None:
-                self._by_leaf_port[(nic.leaf, str(nic.leaf_port))] = (n.name, nic)
+            self.index.add(n)
+        self.binding = AgentBinding(self, self.index)
+        self.shape = FabricShape(self)
 
     # --- lookups ---
     def unit_of(self, node: str) -> int:
         return self.nodes[node].unit
 
     def nic(self, node: str, device: str) -> NicSpec | None:
-        return self._nic_by_dev.get((node, device))
+        return self.index.nic_by_dev.get((node, device))
 
     def nic_for_gpu(self, node: str, gpu: int) -> NicSpec | None:
-        return self._nic_by_gpu.get((node, gpu))
+        return self.index.nic_by_gpu.get((node, gpu))
 
     def leaf_of(self, node: str, rail: int | None) -> str:
         """The leaf a node's NIC on ``rail`` is cabled to: its imported name, else ``leaf-u<unit>-r<rail>``.
         On a fat tree (rail None) the leaf of the node's first NIC (``leaf-u<unit>`` if none is named)."""
-        named = self._leaf_by_rail.get((node, rail))
+        named = self.index.leaf_by_rail.get((node, rail))
         if named is not None:
             return named
         unit = self.nodes[node].unit
@@ -264,7 +161,7 @@ class Topology:
         if rail is None:
             return None
         if self.version >= 2:
-            return self._leaf_by_rail.get((node, rail))
+            return self.index.leaf_by_rail.get((node, rail))
         return self.leaf_of(node, rail)
 
     def leaf_of_nic(self, node: str, device: str) -> str | None:
@@ -277,78 +174,12 @@ class Topology:
     def nic_on_leaf_port(self, leaf: str, port: int | str) -> tuple[str, NicSpec] | None:
         """The host NIC whose cable ends on ``leaf``'s ``port`` (version-2 files with ``leaf_port``: a number,
         or an Ethernet switch's port name)."""
-        return self._by_leaf_port.get((leaf, str(port)))
+        return self.index.by_leaf_port.get((leaf, str(port)))
 
     def nic_by_guid(self, node_guid: str) -> tuple[str, NicSpec] | None:
         """(node, NIC) of a CA node GUID, in any spelling ``canonical_guid`` reads."""
         key = canonical_guid(node_guid)
-        return self._by_guid.get(key) if key is not None else None
-
-    def bind_devices(self, node: str, names: dict[str, str]) -> int:
-        """Name the RDMA device of ``node``'s unbound NICs from the agent's inventory: ``names`` maps a node
-        GUID (``0x...`` or sysfs' ``b8ce:f603:00a1:b2c3``) or a netdev to the device (``mlx5_3``).  Returns
-        how many NICs were bound.  The names are remembered (``rebind``), so a reloaded topology file binds
-        the same way before it is compared with this one."""
-        spec = self.nodes.get(node)
-        if spec is None or not spec.unbound:
-            return 0
-        keyed: dict[str, str] = {}
-        for k, v in names.items():
-            if k and v:
-                keyed[k] = v
-                guid = canonical_guid(k)
-                if guid is not None:
-                    keyed[guid] = v
-        bound, still = list(spec.nics), []
-        taken = {nic.device for nic in spec.nics}
-        for nic in spec.unbound:
-            device = keyed.get(nic.node_guid or "") or keyed.get(nic.interface or "")
-            if device and device not in taken:
-                bound.append(replace(nic, device=device))
-                taken.add(device)
-            else:
-                still.append(nic)
-        if len(still) == len(spec.unbound):
-            return 0
-        self._bound_names.setdefault(node, {}).update(names)
-        new = replace(spec, nics=tuple(bound), unbound=tuple(still))
-        self.nodes[node] = new
-        self._index(new)
-        return len(spec.unbound) - len(still)
-
-    def rebind(self, other: Topology) -> None:
-        """Bind this (freshly loaded) topology's NICs as ``other``'s were bound by the agents' hellos."""
-        for node, names in other._bound_names.items():
-            self.bind_devices(node, names)
-        for node, pairing in other._paired.items():
-            self.pair_gpus(node, pairing)
-
-    def pair_gpus(self, node: str, pairing: dict[str, int]) -> int:
-        """An imported topology's GPU of each NIC from the agent's PCI-affinity pairing (its hello: device ->
-        nearest GPU, -1 none), never from name order, which stays only until a hello says.  A NIC the agent
-        pairs with no GPU while it pairs others (a storage or frontend port) serves none: it is no rail and
-        no rank's path.  A ``gpu`` the file states stands.  Returns how many NICs changed."""
-        spec = self.nodes.get(node)
-        if self.version < 2 or spec is None or not any(g >= 0 for g in pairing.values()):
-            return 0
-        nics, changed = [], 0
-        for nic in spec.nics:
-            g = pairing.get(nic.device)
-            if g is None or (node, nic.device) in self._gpu_stated:
-                nics.append(nic)
-                continue
-            new = replace(nic, gpu=g) if g >= 0 else replace(nic, gpu=-1, rail=None)
-            changed += new != nic
-            nics.append(new)
-        self._paired[node] = dict(pairing)
-        if not changed:
-            return 0
-        for k in [k for k in self._nic_by_gpu if k[0] == node]:
-            del self._nic_by_gpu[k]
-        new_spec = replace(spec, nics=tuple(nics))
-        self.nodes[node] = new_spec
-        self._index(new_spec)
-        return changed
+        return self.index.by_guid.get(key) if key is not None else None
 
     # --- typed identities (components.py) ---
     def _leaf_name(self, node: str, nic: NicSpec) -> str:
@@ -375,66 +206,6 @@ class Topology:
             return comp.gpu(node, index)
         return comp.gpu(node, index, nic.rail, self._leaf_name(node, nic))
 
-    def rails(self) -> list[int]:
-        return sorted({nic.rail for n in self.nodes.values() for nic in (*n.nics, *n.unbound) if nic.rail is not None})
-
-    def units(self) -> list[int]:
-        return sorted({n.unit for n in self.nodes.values()})
-
-    def nodes_in_unit(self, unit: int) -> list[str]:
-        return [n.name for n in self.nodes.values() if n.unit == unit]
-
-    def leaves(self) -> list[str]:
-        """Every leaf name: imported, else generated from the units and rails."""
-        names = set(self.leaf_spines)
-        for n in self.nodes.values():
-            for nic in (*n.nics, *n.unbound):
-                if nic.leaf is not None:
-                    names.add(nic.leaf)
-                elif nic.rail is not None:
-                    names.add(leaf_id(n.unit, nic.rail))
-        return sorted(names, key=_natural)
-
-    def leaf_groups(self) -> dict[int, list[str]]:
-        """Unit (leaf group) -> its leaves: a scalable unit's leaves (one per rail), a fat tree's one leaf,
-        an imported fabric's leaves that share nodes.  The grain shards own."""
-        out: dict[int, set[str]] = {}
-        for n in self.nodes.values():
-            for nic in (*n.nics, *n.unbound):
-                leaf = nic.leaf if nic.leaf is not None else (leaf_id(n.unit, nic.rail) if nic.rail is not None
-                                                              else None)
-                if leaf is not None:
-                    out.setdefault(n.unit, set()).add(leaf)
-        return {u: sorted(v, key=_natural) for u, v in sorted(out.items())}
-
-    def units_of_leaves(self, leaves: tuple[str, ...] | list[str], where: str) -> tuple[int, ...]:
-        """The units (leaf groups) holding ``leaves``; ConfigError naming ``where`` for a leaf the topology
-        does not have.  A group is owned whole: naming one of its leaves names the group."""
-        unit_of = {leaf: u for u, group in self.leaf_groups().items() for leaf in group}
-        out: list[int] = []
-        for i, leaf in enumerate(leaves):
-            if leaf not in unit_of:
-                near = ", ".join(list(unit_of)[:4])
-                raise ConfigError(f"{where}[{i}]: leaf {leaf!r} is not in the topology (it has {near}...)")
-            if unit_of[leaf] not in out:
-                out.append(unit_of[leaf])
-        return tuple(sorted(out))
-
-    def spines_of(self, leaf: str) -> tuple[str, ...]:
-        """Imported spine names of ``leaf`` (generated topologies: every ``spine-<i>``)."""
-        if self.version >= 2:
-            return self.leaf_spines.get(leaf, ())
-        return tuple(spine_id(i) for i in range(self.spines))
-
-    def nodes_on_leaf(self, leaf: str) -> list[str]:
-        out = []
-        for n in self.nodes.values():
-            if any((nic.leaf if nic.leaf is not None else
-                    (leaf_id(n.unit, nic.rail) if nic.rail is not None else None)) == leaf
-                   for nic in (*n.nics, *n.unbound)):
-                out.append(n.name)
-        return out
-
     def path_of_gpu(self, node: str, gpu: int) -> dict[Kind, Component]:
         """Every component a rank on (node, gpu) depends on, by kind (no rail on a fat tree)."""
         out = {Kind.NODE: comp.node(node), Kind.GPU: self.gpu(node, gpu)}
@@ -458,52 +229,56 @@ class Topology:
         out["leaf"] = nic.leaf if nic.leaf is not None else self.leaf_of(node, nic.rail)
         return out
 
-    # --- serialization ---
-    def to_dict(self) -> dict:
-        if self.version >= 2:
-            return self._to_dict_v2()
-        return {
-            "cluster": self.cluster,
-            "layout": self.layout,
-            "nodes_per_unit": self.nodes_per_unit,
-            "spines": self.spines,
-            "nodes": [
-                {"name": n.name, "unit": n.unit, "gpus": n.gpus,
-                 "nics": [{"device": c.device, "port": c.port, "rail": c.rail, "gpu": c.gpu,
-                           "rate_gbps": c.rate_gbps, "width": c.width,
-                           **({"leaf": c.leaf} if c.leaf is not None else {})}
-                          for c in n.nics]}
-                for n in self.nodes.values()
-            ],
-        }
-
-    def _to_dict_v2(self) -> dict:
-        def nic(c: NicSpec) -> dict:
-            row: dict = {"device": c.device or None, "port": c.port}
-            for key in ("node_guid", "interface"):
-                if getattr(c, key) is not None:
-                    row[key] = getattr(c, key)
-            row["leaf"] = c.leaf
-            if c.leaf_port is not None:
-                row["leaf_port"] = c.leaf_port
-            row.update({"rail": c.rail, "gpu": c.gpu})
-            return row
-
-        return {
-            "version": 2,
-            "cluster": self.cluster,
-            "layout": self.layout,
-            "rail_optimized": self.rail_optimized,
-            "nodes": [{"name": n.name, "unit": n.unit, "gpus": n.gpus, "nics": [nic(c) for c in (*n.nics, *n.unbound)]}
-                      for n in self.nodes.values()],
-            "leaves": {leaf: {"spines": list(sp)} for leaf, sp in self.leaf_spines.items()},
-            **({"switches": {name: {"guid": g} for name, g in self.switches.items()}} if self.switches else {}),
-        }
-
     def write_yaml(self, path: str | Path) -> None:
+        """The topology as a file ``load_topology`` reads back (``topology_dict``), written atomically."""
         from .atomic import atomic_write_text
 
-        atomic_write_text(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
+        atomic_write_text(path, yaml.safe_dump(topology_dict(self), sort_keys=False))
+
+
+def topology_dict(topo: Topology) -> dict:
+    """``topo`` as the mapping of its file form: version 2 for an imported topology, else version 1 with its
+    node list (a generated one written out as the nodes it generated)."""
+    if topo.version >= 2:
+        return _topology_dict_v2(topo)
+    return {
+        "cluster": topo.cluster,
+        "layout": topo.layout,
+        "nodes_per_unit": topo.nodes_per_unit,
+        "spines": topo.spines,
+        "nodes": [
+            {"name": n.name, "unit": n.unit, "gpus": n.gpus,
+             "nics": [{"device": c.device, "port": c.port, "rail": c.rail, "gpu": c.gpu,
+                       "rate_gbps": c.rate_gbps, "width": c.width,
+                       **({"leaf": c.leaf} if c.leaf is not None else {})}
+                      for c in n.nics]}
+            for n in topo.nodes.values()
+        ],
+    }
+
+
+def _topology_dict_v2(topo: Topology) -> dict:
+    def nic(c: NicSpec) -> dict:
+        row: dict = {"device": c.device or None, "port": c.port}
+        for key in ("node_guid", "interface"):
+            if getattr(c, key) is not None:
+                row[key] = getattr(c, key)
+        row["leaf"] = c.leaf
+        if c.leaf_port is not None:
+            row["leaf_port"] = c.leaf_port
+        row.update({"rail": c.rail, "gpu": c.gpu})
+        return row
+
+    return {
+        "version": 2,
+        "cluster": topo.cluster,
+        "layout": topo.layout,
+        "rail_optimized": topo.rail_optimized,
+        "nodes": [{"name": n.name, "unit": n.unit, "gpus": n.gpus, "nics": [nic(c) for c in (*n.nics, *n.unbound)]}
+                  for n in topo.nodes.values()],
+        "leaves": {leaf: {"spines": list(sp)} for leaf, sp in topo.leaf_spines.items()},
+        **({"switches": {name: {"guid": g} for name, g in topo.switches.items()}} if topo.switches else {}),
+    }
 
 
 def rail_nics(rails: int, gpus: int, rate_gbps: float = 400.0) -> tuple[NicSpec, ...]:
@@ -743,15 +518,9 @@ def _leaf_groups(nodes: tuple[NodeFileV2, ...]) -> dict[str, int]:
             ra, rb = find(a), find(b)
             if ra != rb:
                 parent[max(ra, rb)] = min(ra, rb)
-    roots = sorted({find(x) for x in parent}, key=_natural)
+    roots = sorted({find(x) for x in parent}, key=natural_key)
     index = {r: i for i, r in enumerate(roots)}
     return {leaf: index[find(leaf)] for leaf in parent}
-
-
-def _natural(text: str) -> tuple:
-    import re
-
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text))
 
 
 def topology_from_v2(tf: TopologyFileV2) -> Topology:
@@ -763,7 +532,7 @@ def topology_from_v2(tf: TopologyFileV2) -> Topology:
         # in a rail-optimized fabric a NIC on no rail (a storage or frontend port: rail null) serves no GPU
         # and takes no place in the name order
         railed = [i for i, f in enumerate(n.nics) if not tf.rail_optimized or f.rail is not None]
-        ordered = sorted(railed, key=lambda i: (_natural(n.nics[i].device or n.nics[i].interface
+        ordered = sorted(railed, key=lambda i: (natural_key(n.nics[i].device or n.nics[i].interface
                                                          or n.nics[i].node_guid or ""), n.nics[i].port))
         place = {i: k for k, i in enumerate(ordered)}
         bound: list[NicSpec] = []
@@ -792,5 +561,5 @@ def topology_from_v2(tf: TopologyFileV2) -> Topology:
     topo = Topology(tf.cluster, tf.layout, max(per_unit.values(), default=1), spines, specs, version=2,
                     rail_optimized=tf.rail_optimized, leaf_spines=leaf_spines,
                     switches={name: f"0x{int(v.guid, 16):016x}" for name, v in tf.switches.items()})
-    topo._gpu_stated = stated
+    topo.binding.gpu_stated = stated
     return topo

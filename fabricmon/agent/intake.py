@@ -22,7 +22,8 @@ rejected as ``job_limit`` or ``series_limit``), and both expire after
 (the least recently active one makes room for a new one), each closed after
 ``idle_timeout`` seconds without a byte (long: a rank may keep one connection
 and send a line per step), and as many HTTP connections, whose request headers
-must arrive within ``HTTP_HEADER_TIMEOUT`` (see ``httpserve``).  The counts
+must arrive within ``HTTP_HEADER_TIMEOUT`` (see ``httpserve``); the two listeners are
+``intake_listeners``, this module judges and holds the lines.  The counts
 are exported as ``fabricmon_intake_*`` self-metrics with fixed label sets.
 
 Local users (docs/security.md): every line has a source, the peer credential of its Unix connection
@@ -41,64 +42,29 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import json
-import os
-import selectors
-import socket
-import stat
-import struct
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import cast
 
 import structlog
 
-from ..httpserve import CLOSE_REASONS, GuardedHandler, GuardedHTTPServer
+from ..httpserve import CLOSE_REASONS, GuardedHTTPServer
 from ..model import Reading, Semantics, SourceResult
 from ..rank_timing import (
-    MAX_LINE_BYTES,
-    REJECT_REASONS,
     Heartbeat,
     JobLayout,
     RankTiming,
     RankTimingError,
     parse_line,
 )
+from .intake_counts import LineCounts
+from .intake_listeners import API_PEER, Peer, UnixListener, start_http
 
 log = structlog.get_logger("fabricmon.intake")
 
-MAX_HTTP_BODY = 4 * 1024 * 1024
-HTTP_HEADER_TIMEOUT = 10.0
-# Every (result, reason) pair the intake counts: fixed, so input cannot add series.
-LINE_RESULTS = (("accepted", "ok"),
-                *(("rejected", r) for r in (*REJECT_REASONS, "job_limit", "series_limit", "conflict")))
 OWNER_TTL_S = 60.0  # a (job, rank) silent this long from its source may be claimed by another one
 JOB_SHARE = 4  # a source holding max_jobs // JOB_SHARE jobs or more is refused when the slots are full
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Peer:
-    """Where a line came from.  ``user`` owns ranks and job slots ("uid:1000", "http", "api");
-    ``who`` is what a log names (with the pid)."""
-
-    user: str
-    who: str
-
-
-API_PEER = Peer("api", "api")
-HTTP_PEER = Peer("http", "http:loopback")
-
-
-def unix_peer(conn: socket.socket) -> Peer:
-    """The peer credential of a Unix stream connection (Linux ``SO_PEERCRED``)."""
-    try:
-        pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                             struct.calcsize("3i")))
-    except (OSError, AttributeError, struct.error):
-        return Peer("unix:unknown", "unix:unknown")
-    return Peer(f"uid:{uid}", f"uid:{uid} pid:{pid}")
 
 
 def _is_loopback(host: str) -> bool:
@@ -148,7 +114,6 @@ class RankIntake:
         self._max_jobs = max_jobs
         self._max_series = max_series
         self._ttl = latest_ttl
-        self._max_conns = max_connections
         self._idle = idle_timeout
         self._clock = clock
         self._lock = threading.Lock()
@@ -163,20 +128,13 @@ class RankIntake:
         self._job_user: dict[str, str] = {}  # job -> the source (Peer.user) that brought it
         # (job, job_id, rank) -> (Peer.user, last line): the source that speaks for that rank
         self._owners: dict[tuple[str, str, int], tuple[str, float]] = {}
-        self.conflicts_total = 0
         self._next_expiry = float("-inf")
-        self._lines = dict.fromkeys(LINE_RESULTS, 0)
-        self.accepted_total = 0
-        self.rejected_total = 0
-        self.dropped_total = 0  # accepted timings the stream did not drain in time
-        self.expired_total = 0  # (job, rank) series forgotten after latest_ttl
-        self.unix_closed = dict.fromkeys(CLOSE_REASONS, 0)
-        self._unix_clients = 0
-        self._last_log = 0.0
-        self._suppressed = 0
+        self.counts = LineCounts()  # intake_counts.py: accepted, rejected by reason, series dropped
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._unix: socket.socket | None = None
+        # the listeners (intake_listeners.py): the Unix socket's loop, the loopback HTTP server
+        self.unix = UnixListener(self, self._lock, self._stop, max_connections=max_connections,
+                                 idle_timeout=idle_timeout)
         self._http: GuardedHTTPServer | None = None
 
     # ------------------------------------------------------------ core
@@ -205,38 +163,38 @@ class RankIntake:
         try:
             item = parse_line(raw, node=self.node, now=now)
         except RankTimingError as exc:
-            return self._bad(exc.reason, str(exc), origin)
+            return self.reject(exc.reason, str(exc), origin)
         except Exception as exc:  # parse_line is ours, but never let a line stop the intake
-            return self._bad("not_json", f"{type(exc).__name__}: {exc}", origin)
+            return self.reject("not_json", f"{type(exc).__name__}: {exc}", origin)
         if isinstance(item, Heartbeat):
             item = dataclasses.replace(item, ts=now)  # judged on receipt: a client's ts ahead hides nothing
         with self._lock:
             if item.job not in self._jobs and len(self._jobs) >= self._max_jobs:
                 self._expire(now)
                 if len(self._jobs) >= self._max_jobs and not self._make_room(peer):
-                    return self._bad_locked("job_limit", f"job: more than {self._max_jobs} jobs active "
-                                            f"({peer.who} holds its share)", origin)
+                    return self.counts.rejected("job_limit", f"job: more than {self._max_jobs} jobs active "
+                                                f"({peer.who} holds its share)", origin)
             if not isinstance(item, JobLayout):
                 okey = (item.job, item.job_id, item.rank)
                 owner = self._owners.get(okey)
                 if owner is not None and owner[0] != peer.user and now - owner[1] <= OWNER_TTL_S:
-                    self.conflicts_total += 1
-                    return self._bad_locked("conflict", f"rank {item.rank} of job {item.job}: sent by another "
-                                            f"source than its own ({peer.who})", origin)
+                    self.counts.conflicts_total += 1
+                    return self.counts.rejected("conflict", f"rank {item.rank} of job {item.job}: sent by another "
+                                                f"source than its own ({peer.who})", origin)
                 if owner is None and len(self._owners) >= 2 * self._max_series:
                     self._expire(now)
                     if len(self._owners) >= 2 * self._max_series:
-                        return self._bad_locked("series_limit", "rank: too many (job, rank) sources", origin)
+                        return self.counts.rejected("series_limit", "rank: too many (job, rank) sources", origin)
                 self._owners[okey] = (peer.user, now)
             self._job_user.setdefault(item.job, peer.user)
             if isinstance(item, Heartbeat):
                 hkey = (item.job, item.job_id, item.rank)
                 if hkey not in self._heartbeats and len(self._heartbeats) >= self._max_series:
-                    return self._bad_locked("series_limit",
-                                            f"heartbeat: more than {self._max_series} (job, rank) pending", origin)
+                    return self.counts.rejected("series_limit",
+                                                f"heartbeat: more than {self._max_series} (job, rank) pending", origin)
                 self._jobs[item.job] = now
                 self._heartbeats[hkey] = item
-                self._accepted()
+                self.counts.accepted()
                 return True, ""
             if isinstance(item, JobLayout):
                 self._jobs[item.job] = now
@@ -244,21 +202,21 @@ class RankIntake:
                 self._new_layouts.append(item)
                 if len(self._new_layouts) > self._max_jobs:
                     del self._new_layouts[0]
-                self._accepted()
+                self.counts.accepted()
                 return True, ""
             key = (item.job, item.job_id, item.rank)
             if key not in self._latest and len(self._latest) >= self._max_series:
                 self._expire(now)
                 if len(self._latest) >= self._max_series:
-                    return self._bad_locked("series_limit",
-                                            f"rank: more than {self._max_series} (job, rank) series active", origin)
+                    return self.counts.rejected("series_limit",
+                                                f"rank: more than {self._max_series} (job, rank) series active", origin)
             self._jobs[item.job] = now
             if len(self._ranks) >= self._max_buffer:
                 self._ranks.popleft()
-                self.dropped_total += 1
+                self.counts.dropped_total += 1
             self._ranks.append(item)
             self._latest[key] = (item.step_seconds, item.comm_seconds, now)
-            self._accepted()
+            self.counts.accepted()
         return True, ""
 
     def _make_room(self, peer: Peer) -> bool:
@@ -282,10 +240,6 @@ class RankIntake:
         self._job_user.pop(job, None)
         self._layouts.pop(job, None)
 
-    def _accepted(self) -> None:
-        self.accepted_total += 1
-        self._lines[("accepted", "ok")] += 1
-
     def _expire(self, now: float, force: bool = False) -> None:
         """Under the lock: forget series and jobs silent for ``latest_ttl`` (at most once a second unless forced,
         so a flood of lines over the limit does not rescan every series per line)."""
@@ -296,7 +250,7 @@ class RankIntake:
         gone = [k for k, v in self._latest.items() if v[2] < old]
         for k in gone:
             del self._latest[k]
-        self.expired_total += len(gone)
+        self.counts.expired_total += len(gone)
         for job in [j for j, seen in self._jobs.items() if seen < old]:
             self._forget_job(job)
         for j in [j for j in self._job_user if j not in self._jobs]:
@@ -305,21 +259,9 @@ class RankIntake:
         for k in [k for k, (_, seen) in self._owners.items() if seen < stale]:
             del self._owners[k]
 
-    def _bad(self, reason: str, message: str, origin: str) -> tuple[bool, str]:
+    def reject(self, reason: str, message: str, origin: str) -> tuple[bool, str]:
         with self._lock:
-            return self._bad_locked(reason, message, origin)
-
-    def _bad_locked(self, reason: str, message: str, origin: str) -> tuple[bool, str]:
-        self.rejected_total += 1
-        self._lines[("rejected", reason)] += 1
-        now = time.monotonic()
-        if now - self._last_log < 1.0:
-            self._suppressed += 1
-            return False, message
-        suppressed, self._suppressed, self._last_log = self._suppressed, 0, now
-        log.warning("rank_line_rejected", origin=origin, reason=reason, error=message,
-                    suppressed_since_last=suppressed, rejected_total=self.rejected_total)
-        return False, message
+            return self.counts.rejected(reason, message, origin)
 
     def drain(self) -> tuple[list[RankTiming], list[JobLayout]]:
         """Everything received since the last drain (the stream client calls this each poll)."""
@@ -354,19 +296,10 @@ class RankIntake:
 
     def self_readings(self) -> list[Reading]:
         """The intake's own counters, every label set always present (a rate over them needs no guessing)."""
-        src = ("source", self.name)
-        out = []
         with self._lock:
-            for (result, reason), n in self._lines.items():
-                out.append(Reading("fabricmon_intake_lines_total", (src, ("result", result), ("reason", reason)), n,
-                                   Semantics.MONOTONIC))
-            out.append(Reading("fabricmon_intake_series", (src,), len(self._latest)))
-            limit = self._lines[("rejected", "job_limit")] + self._lines[("rejected", "series_limit")]
-            for reason, n in (("limit", limit), ("expired", self.expired_total), ("buffer_full", self.dropped_total)):
-                out.append(Reading("fabricmon_intake_series_dropped_total", (src, ("reason", reason)), n,
-                                   Semantics.MONOTONIC))
+            out = self.counts.readings(self.name, len(self._latest))
         http = self._http.closed_total if self._http is not None else dict.fromkeys(CLOSE_REASONS, 0)
-        for listener, closed in (("unix", self.unix_closed), ("http", http)):
+        for listener, closed in (("unix", self.unix.closed), ("http", http)):
             for reason in CLOSE_REASONS:
                 out.append(Reading("fabricmon_intake_connections_closed_total",
                                    (("listener", listener), ("reason", reason)), closed[reason], Semantics.MONOTONIC))
@@ -374,10 +307,11 @@ class RankIntake:
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            out = {"accepted_total": self.accepted_total, "rejected_total": self.rejected_total,
-                   "dropped_total": self.dropped_total, "buffered": len(self._ranks), "jobs": len(self._jobs),
-                   "series": len(self._latest), "connections": self._unix_clients,
-                   "connections_closed": sum(self.unix_closed.values())}
+            c = self.counts
+            out = {"accepted_total": c.accepted_total, "rejected_total": c.rejected_total,
+                   "dropped_total": c.dropped_total, "buffered": len(self._ranks), "jobs": len(self._jobs),
+                   "series": len(self._latest), "connections": self.unix.clients,
+                   "connections_closed": sum(self.unix.closed.values())}
         if self._http is not None:
             h = self._http.stats()
             out["connections"] += h["connections"]
@@ -395,9 +329,11 @@ class RankIntake:
 
     def start(self) -> RankIntake:
         if self.socket_path:
-            self._start_unix(self.socket_path)
+            self._threads.append(self.unix.start(self.socket_path, self.socket_mode))
         if self._http_addr is not None:
-            self._start_http(self._http_addr)
+            self._http, t = start_http(self, self._http_addr, max_connections=self.unix.max_connections,
+                                       idle_timeout=self._idle)
+            self._threads.append(t)
         return self
 
     @property
@@ -413,209 +349,4 @@ class RankIntake:
         for t in self._threads:
             t.join(5.0)
         self._threads.clear()
-        if self._unix is not None:
-            self._unix.close()
-            self._unix = None
-            try:
-                if self.socket_path and stat.S_ISSOCK(os.lstat(self.socket_path).st_mode):
-                    os.unlink(self.socket_path)
-            except OSError:
-                pass
-
-    def _start_unix(self, path: str) -> None:
-        d = os.path.dirname(path) or "."
-        if not os.path.isdir(d):
-            os.makedirs(d, mode=0o750, exist_ok=True)
-            os.chmod(d, 0o750)  # makedirs applies the umask
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            pass
-        else:
-            if not stat.S_ISSOCK(st.st_mode):
-                raise RuntimeError(f"{path}: exists and is not a socket")
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            probe.settimeout(0.2)
-            try:
-                probe.connect(path)
-            except OSError:
-                os.unlink(path)  # stale socket of a previous run
-            else:
-                raise RuntimeError(f"{path}: another process is listening on it")
-            finally:
-                probe.close()
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.bind(path)
-        os.chmod(path, self.socket_mode)
-        s.listen(128)
-        s.setblocking(False)
-        self._unix = s
-        t = threading.Thread(target=self._unix_loop, args=(s,), name="fabricmon-intake-uds", daemon=True)
-        self._threads.append(t)
-        t.start()
-        log.info("rank_intake_listening", socket=path)
-
-    def _unix_loop(self, lsock: socket.socket) -> None:
-        sel = selectors.DefaultSelector()
-        sel.register(lsock, selectors.EVENT_READ, None)
-        bufs: dict[socket.socket, bytearray] = {}
-        peers: dict[socket.socket, Peer] = {}
-        counts: dict[socket.socket, list] = {}  # -> [accepted, rejected, first reasons]
-        active: dict[socket.socket, float] = {}  # -> last byte received (monotonic); insertion order = LRU
-        skipping: set[socket.socket] = set()
-
-        def close(c: socket.socket, reason: str | None = None) -> None:
-            sel.unregister(c)
-            bufs.pop(c, None)
-            peers.pop(c, None)
-            counts.pop(c, None)
-            active.pop(c, None)
-            skipping.discard(c)
-            c.close()
-            with self._lock:
-                self._unix_clients = len(bufs)
-                if reason:
-                    self.unix_closed[reason] += 1
-
-        def submit(c: socket.socket, line: bytes) -> None:
-            ok, reason = self.submit_line(line, origin="unix", peer=peers.get(c, API_PEER))
-            n = counts.setdefault(c, [0, 0, []])
-            n[0 if ok else 1] += 1
-            if not ok and len(n[2]) < 10:
-                n[2].append(reason)
-
-        def answer(c: socket.socket) -> None:
-            """The client half-closed: tell it what became of its lines (best effort, never blocks)."""
-            a, r, reasons = counts.get(c, [0, 0, []])
-            try:
-                c.send((json.dumps({"accepted": a, "rejected": r, "errors": reasons}) + "\n").encode())
-            except OSError:
-                pass
-
-        def touch(c: socket.socket, now: float) -> None:
-            active.pop(c, None)
-            active[c] = now
-
-        next_sweep = 0.0
-        try:
-            while not self._stop.is_set():
-                now = time.monotonic()
-                if now >= next_sweep:  # idle clients (a slowloris or a hung rank) give their slot back
-                    next_sweep = now + min(0.2, self._idle / 4)
-                    for c in [c for c, t in active.items() if now - t > self._idle]:
-                        close(c, "timeout")
-                for key, _ in sel.select(timeout=min(0.2, self._idle / 4)):
-                    try:
-                        if key.data is None:
-                            try:
-                                conn, _ = lsock.accept()
-                            except OSError:
-                                continue
-                            if len(bufs) >= self._max_conns:
-                                close(next(iter(active)), "limit")  # the least recently active one
-                            conn.setblocking(False)
-                            peers[conn] = unix_peer(conn)
-                            sel.register(conn, selectors.EVENT_READ, "c")
-                            bufs[conn] = bytearray()
-                            touch(conn, time.monotonic())
-                            with self._lock:
-                                self._unix_clients = len(bufs)
-                            continue
-                        c = cast(socket.socket, key.fileobj)  # the rest are client connections
-                        if c not in bufs:
-                            continue  # closed earlier in this round
-                        try:
-                            chunk = c.recv(65536)
-                        except BlockingIOError:
-                            continue
-                        except OSError:
-                            chunk = b""
-                        buf = bufs[c]
-                        if not chunk:
-                            if buf.strip() and c not in skipping:
-                                submit(c, bytes(buf))  # last line without newline
-                            answer(c)
-                            close(c)
-                            continue
-                        touch(c, time.monotonic())
-                        buf += chunk
-                        while True:
-                            nl = buf.find(b"\n")
-                            if nl < 0:
-                                break
-                            line = bytes(buf[:nl])
-                            del buf[:nl + 1]
-                            if c in skipping:
-                                skipping.discard(c)  # end of an over-long line
-                                continue
-                            if line.strip():
-                                submit(c, line)
-                        if len(buf) > MAX_LINE_BYTES:
-                            if c not in skipping:
-                                self._bad("too_long", f"line longer than {MAX_LINE_BYTES} bytes", "unix")
-                            skipping.add(c)
-                            buf.clear()
-                    except Exception as exc:  # never let one client stop the loop
-                        log.error("rank_intake_error", error=f"{type(exc).__name__}: {exc}")
-                        if key.data is not None and key.fileobj in bufs:
-                            try:
-                                close(key.fileobj)
-                            except Exception:
-                                pass
-        finally:
-            for c in list(bufs):
-                close(c)
-            sel.close()
-
-    def _start_http(self, addr: tuple[str, int]) -> None:
-        intake = self
-
-        class Handler(GuardedHandler):
-            server_version = "fabricmon-intake"
-
-            def _reply(self, code: int, obj: dict) -> None:
-                body = (json.dumps(obj) + "\n").encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_POST(self):  # http.server API
-                if self.path.split("?")[0] != "/v1/ranks":
-                    self._reply(404, {"error": "not found; POST /v1/ranks"})
-                    return
-                try:
-                    n = int(self.headers.get("Content-Length", ""))
-                except ValueError:
-                    self.close_connection = True
-                    self._reply(411, {"error": "Content-Length required"})
-                    return
-                if n < 0 or n > MAX_HTTP_BODY:
-                    self.close_connection = True
-                    self._reply(413, {"error": f"body over {MAX_HTTP_BODY} bytes"})
-                    return
-                body = self.read_body(n)  # under body_timeout: a stalled body is cut, and evictable
-                if body is None:
-                    return  # cut off before it all arrived: a partial body is never read as lines
-                acc, rej, reasons = intake.submit_lines(body, origin="http", peer=HTTP_PEER)
-                self._reply(200 if acc or not rej else 400, {"accepted": acc, "rejected": rej, "errors": reasons})
-
-            def do_GET(self):
-                if self.path == "/healthz":
-                    self._reply(200, {"status": "ok"})
-                else:
-                    self._reply(405 if self.path == "/v1/ranks" else 404, {"error": "POST /v1/ranks"})
-
-        family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
-
-        class Server(GuardedHTTPServer):
-            address_family = family
-
-        self._http = Server(addr, Handler, max_connections=self._max_conns,
-                            header_timeout=min(self._idle, HTTP_HEADER_TIMEOUT), request_timeout=60.0)
-        t = threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": 0.2},
-                             name="fabricmon-intake-http", daemon=True)
-        self._threads.append(t)
-        t.start()
-        log.info("rank_intake_listening", http=f"{addr[0]}:{self.http_port}")
+        self.unix.close(self.socket_path)

@@ -278,7 +278,7 @@ class Agent:
                 problems.append("stream thread down")
             elif not self.stream.delivering():
                 problems.append("stream neither connected nor spooling")  # the spool refuses writes: local
-        dropping = getattr(self.stream, "aggregator_dropping", "") if self.stream is not None else ""
+        dropping = self.stream.state.aggregator_dropping if self.stream is not None else ""
         if dropping:  # acked but not believed: this node's own clock or seq, a local fault to fix here
             problems.append(f"the aggregator drops this node's batches ({dropping}): check the node's clock")
         for name in self.supervisor.down():

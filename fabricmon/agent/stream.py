@@ -5,7 +5,7 @@ appends the snapshot to a bounded queue and returns.  One stream thread converts
 snapshots into ``NodeBatch``es (``stream_batches``) and runs one ``Session``
 (``stream_session``) per connection over a sync gRPC bidirectional stream
 (``stream_channel``); between connections it waits a jittered backoff and
-spools.  When the stream is down, in-flight and new batches go to the spool; on
+spools (``stream_reconnect``).  When the stream is down, in-flight and new batches go to the spool; on
 reconnect the spool is replayed in order (``stream_replay``; new snapshots
 meanwhile are appended to the spool, behind it), then live batches resume.
 """
@@ -26,7 +26,7 @@ from .ras_query import RasQuerier
 from .spool import MemorySpool
 from .stream_batches import BatchMaker
 from .stream_channel import TlsFiles, presented_token, tls_digest
-from .stream_session import Session
+from .stream_reconnect import Reconnector
 from .stream_state import (
     AGGREGATOR_DROP_REASONS,
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -97,11 +97,8 @@ class StreamClient:
         self.state = StreamState(self.options, spool, batches, counters, queue_max)
         self.ras = ras if ras is not None else RasQuerier()
         self.state.ras = self.ras
-        self._backoff_min = backoff_min
-        self._backoff_max = backoff_max
-        self._rng = rng or random.Random()
+        self.reconnect = Reconnector(self.state, backoff_min, backoff_max, rng or random.Random())
         self._thread: threading.Thread | None = None
-        self._session: Session | None = None
         if token is not None or token_file is not None:
             if tls is None:
                 log.warning("stream_token_without_tls", target=target,
@@ -110,52 +107,12 @@ class StreamClient:
     # ------------------------------------------------------------ public
 
     @property
-    def target(self) -> str:
-        return self.options.target
-
-    @property
-    def node(self) -> str:
-        return self.options.node
-
-    @property
-    def interval_seconds(self) -> float:
-        return self.options.interval_seconds
-
-    @property
     def spool(self) -> MemorySpool:
         return self.state.spool
 
     @property
-    def spool_ok(self) -> bool:
-        """The last batch that had to be spooled was stored."""
-        return self.state.spool_ok
-
-    @property
     def last_error(self) -> str:
         return self.state.last_error
-
-    @property
-    def refused(self) -> dict[str, int]:
-        """Connections the aggregator refused, by reason (``REFUSAL_REASONS``)."""
-        return self.state.refused
-
-    @property
-    def aggregator_dropped(self) -> dict[str, int]:
-        """Batches the aggregator acked but did not believe, by its reason (``AGGREGATOR_DROP_REASONS``)."""
-        return self.state.aggregator_dropped
-
-    @property
-    def aggregator_dropping(self) -> str:
-        """The newest ack's drop reason; "" when that batch was believed."""
-        return self.state.aggregator_dropping
-
-    def note_ack_drop(self, reason: str) -> None:
-        """An ack came back; ``reason`` is why the aggregator did not believe that batch ("" if it did)."""
-        self.state.note_ack_drop(reason)
-
-    def disconnected_for(self) -> float:
-        """Seconds since the stream was lost (since the client was made if it never connected); 0 while up."""
-        return self.state.disconnected_for()
 
     def attach(self, poller) -> None:
         """Register ``offer`` as a listener of ``poller`` (fabricmon.agent.poller.Poller)."""
@@ -167,7 +124,7 @@ class StreamClient:
 
     def start(self) -> StreamClient:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="fabricmon-stream", daemon=True)
+            self._thread = threading.Thread(target=self.reconnect.run, name="fabricmon-stream", daemon=True)
             self._thread.start()
         return self
 
@@ -175,7 +132,7 @@ class StreamClient:
         """Start the stream thread again if it died (the supervisor calls this)."""
         if self.state.stop.is_set() or self.alive():
             return
-        self._thread = threading.Thread(target=self._run, name="fabricmon-stream", daemon=True)
+        self._thread = threading.Thread(target=self.reconnect.run, name="fabricmon-stream", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -197,7 +154,7 @@ class StreamClient:
         connection so the next one uses the new (the aggregator may already have removed the old
         token or CA).  True when it changed.  OSError when a file cannot be read (the reload
         fails, the connection stays)."""
-        session = self._session
+        session = self.reconnect.session
         what = self.credentials_changed()
         if session is None or what is None:
             return False
@@ -207,7 +164,7 @@ class StreamClient:
     def credentials_changed(self) -> str | None:
         """Which of the live connection's credentials differ from the files now ("token file",
         "TLS files"), or None (also when not connected).  OSError when a file cannot be read."""
-        session = self._session
+        session = self.reconnect.session
         if session is None or not self.state.connected:
             return None
         if session.token != presented_token(self.options.token, self.options.token_file):
@@ -229,7 +186,7 @@ class StreamClient:
             batches_spooled_total=sp["written_total"], spool_dropped_total=sp["dropped_total"],
             spool_corrupt_total=sp["corrupt_total"], spool_entries=sp["entries"], spool_bytes=sp["bytes"],
             queue_length=len(st.queue), queue_max=st.queue_max, connected=int(st.connected),
-            disconnected_seconds=st.disconnected_for(), interval_seconds=self.interval_seconds,
+            disconnected_seconds=st.disconnected_for(), interval_seconds=self.options.interval_seconds,
             refused=dict(st.refused),
             next_seq=st.batches.next_seq, spool_max_bytes=st.spool.max_bytes,
             spool_write_failures_total=sp.get("write_failed_total", 0),
@@ -258,51 +215,3 @@ class StreamClient:
     def delivering(self) -> bool:
         """Doing its job: the thread runs and batches either stream or reach the spool."""
         return self.alive() and (self.state.connected or self.state.spool_ok)
-
-    # ------------------------------------------------------------ reconnecting
-
-    def _backoff(self, attempt: int) -> float:
-        """Exponential backoff with full jitter, within [backoff_min, backoff_max]."""
-        cap = min(self._backoff_max, self._backoff_min * (2 ** min(attempt, 30)))
-        return max(self._backoff_min, self._rng.uniform(0.0, cap))
-
-    def _run(self) -> None:
-        st = self.state
-        attempt = 0
-        while not st.stop.is_set():
-            # Whatever fails in a session or while spooling costs that attempt, never the
-            # thread: it is logged, counted, and the loop goes on after the backoff.
-            try:
-                self._session = Session(st)
-                established = self._session.run()
-            except Exception as exc:
-                st.count("thread_restarts_total")
-                log.error("stream_session_failed", error=f"{type(exc).__name__}: {exc}")
-                established = False
-            if established:
-                attempt = 0
-            if st.stop.is_set():
-                break
-            delay = self._backoff(attempt)
-            attempt += 1
-            try:
-                self._spool_for(delay)
-            except Exception as exc:
-                st.count("thread_restarts_total")
-                log.error("stream_spooling_failed", error=f"{type(exc).__name__}: {exc}")
-                st.stop.wait(min(delay, 1.0))
-        try:
-            st.drain_to_spool()
-        except Exception as exc:
-            log.error("stream_final_spool_failed", error=f"{type(exc).__name__}: {exc}")
-
-    def _spool_for(self, seconds: float) -> None:
-        st = self.state
-        deadline = time.monotonic() + seconds
-        while not st.stop.is_set():
-            st.drain_to_spool()
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            st.wake.wait(min(left, 0.5))
-            st.wake.clear()

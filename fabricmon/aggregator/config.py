@@ -260,7 +260,7 @@ class ShardSettings:
         if self.leaves:
             if topology is None:
                 raise ConfigError(f"{source}: shard.leaves: needs the topology to place them")
-            return topology.units_of_leaves(self.leaves, f"{source}: shard.leaves")
+            return topology.shape.units_of_leaves(self.leaves, f"{source}: shard.leaves")
         if not self.ordinal_from_hostname:
             return self.units
         from ..shardmap import units_of_ordinal
@@ -395,7 +395,7 @@ def check_files(cfg: AggregatorConfig, source: str, *, parse_topology: bool = Tr
     if parse_topology:
         topo = load_topology(cfg.topology)
         if cfg.shard.leaves:  # every leaf named is one of the topology's
-            topo.units_of_leaves(cfg.shard.leaves, f"{source}: shard.leaves")
+            topo.shape.units_of_leaves(cfg.shard.leaves, f"{source}: shard.leaves")
 
 
 def load_aggregator_config(path: str | Path) -> AggregatorConfig:

@@ -18,17 +18,20 @@ time ``ts`` the agents stamped (``clock`` only times the tick for /metrics).
 - ras_queue.RasQueue: the NCCL RAS queries waiting for a node's stream, and the answers;
 - engine_views.EngineViews: read-only views for the HTTP API and /metrics.
 
-Engine keeps the public methods its callers use as one-line delegations.  All are thread-safe (one lock).
+Engine keeps as one-line delegations what drives it (``hello``, ``disconnected``, ``ingest``, ``tick``,
+``newest_ts``, a settings reload), what the gRPC servicer asks of any engine (the RAS queries, the drop
+counters) and the incidents; everything else is read on the stage that owns it: ``engine.views`` (the
+HTTP API's and /metrics' snapshots, ``explained_remote``, ``topology_series``), ``engine.node_registry``
+(``nodes_view``, ``unknown_nodes``), ``engine.admission`` (admission counters and snapshots) and
+``engine.detection`` (tick counters, suspicion, the cross-shard evidence).  All are thread-safe (one lock).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from ..batch import NodeBatch, NodeHello
-from ..components import Component
 from ..proto.ras import RasQuery, RasReport
 from ..topology import Topology
 from .admission import ClusterClock
@@ -47,7 +50,6 @@ from .node_folding import NodeFolder
 from .node_registry import NodeRegistry
 from .ras_queries import RasQueries
 from .ras_queue import RasQueue
-from .remote_evidence import CrossShard
 from .stragglers import StragglerTracker
 from .switch_side import DELTA_FAMILIES as SWITCH_DELTA_FAMILIES
 from .switch_side import GAUGE_FAMILIES as SWITCH_GAUGE_FAMILIES
@@ -103,12 +105,6 @@ class Engine(Stage):
         self.ingest_stage.configure(new)
 
     # ------------------------------------------------------------------ node registry (node_registry.py)
-    def nodes_view(self) -> dict[str, Any]:
-        return self.node_registry.nodes_view()
-
-    def unknown_nodes(self) -> list[str]:
-        return self.node_registry.unknown_nodes()
-
     def hello(self, hello: NodeHello) -> None:
         self.node_registry.hello(hello)
 
@@ -122,37 +118,14 @@ class Engine(Stage):
         sample mode).  One node cannot move it: see admission.py."""
         return self.admission.newest_ts
 
-    def admission_snapshot(self) -> dict[str, int]:
-        return self.admission.admission_snapshot()
-
-    def rank_admission_snapshot(self) -> dict[str, int]:
-        return self.admission.rank_admission_snapshot()
-
     def ingest(self, batch: NodeBatch) -> bool:
         """Apply one batch; False when it was dropped (duplicate, time out of bounds, or not ours)."""
         return self.admission.ingest(batch)
 
-    # the admission's counters (http_api and the servicer read them here)
-    @property
-    def samples_total(self) -> int:
-        return self.admission.samples_total
-
-    @property
-    def batches_total(self) -> int:
-        return self.admission.batches_total
-
-    @property
-    def batches_dropped_total(self) -> int:
-        return self.admission.batches_dropped_total
-
+    # the servicer reads which drop counter an ``ingest`` moved (server.py, by getattr)
     @property
     def dropped_by_reason(self) -> dict[str, int]:
         return self.admission.dropped_by_reason
-
-    @property
-    def rank_timings_dropped(self) -> dict[str, int]:
-        return self.admission.rank_timings_dropped
-
 
     # ------------------------------------------------------------------ detection (detection_tick.py)
     def tick(self, now: float) -> list[Incident]:
@@ -160,15 +133,7 @@ class Engine(Stage):
         what they found and returns the incidents that changed (the only report of changes)."""
         return self.detection.tick(now)
 
-    # the tick's state and counters (http_api, the service and the tests read them here)
-    @property
-    def suspicion(self) -> dict[Component, float]:
-        return self.detection.suspicion
-
-    @property
-    def cross(self) -> CrossShard | None:
-        return self.detection.cross
-
+    # the other shards' incidents (service.py sets it, http_api reads it)
     @property
     def remote(self) -> RemoteSource | None:
         return self.detection.remote
@@ -176,18 +141,6 @@ class Engine(Stage):
     @remote.setter
     def remote(self, source: RemoteSource | None) -> None:
         self.detection.remote = source
-
-    @property
-    def ticks_total(self) -> int:
-        return self.detection.ticks_total
-
-    @property
-    def tick_seconds_last(self) -> float:
-        return self.detection.tick_seconds_last
-
-    @property
-    def tick_seconds_sum(self) -> float:
-        return self.detection.tick_seconds_sum
 
     # ------------------------------------------------------------------ NCCL RAS (ras_queue.py)
     def ras_waiting(self) -> list[str]:
@@ -202,21 +155,9 @@ class Engine(Stage):
         """An agent's answer to a RAS query; it joins the job's JobHung evidence at the next tick."""
         return self.ras_queue.ras_report(node, report)
 
-    # ------------------------------------------------------------------ read access (engine_views.py)
+    # ------------------------------------------------------------------ incidents (engine_views.py)
     def incidents(self, include_resolved: bool = True) -> list[Incident]:
         return self.views.incidents(include_resolved)
 
     def open_incidents(self) -> list[Incident]:
         return self.views.open_incidents()
-
-    def explained_remote(self) -> list[dict[str, Any]]:
-        return self.views.explained_remote()
-
-    def agents_connected(self) -> int:
-        return self.views.agents_connected()
-
-    def topology_series(self) -> tuple[list[tuple[str, str, str, str, str]], list[tuple[str, str]]]:
-        return self.views.topology_series()
-
-    def metrics_snapshot(self) -> dict[str, Any]:
-        return self.views.metrics_snapshot()

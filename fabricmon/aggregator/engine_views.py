@@ -94,7 +94,7 @@ class EngineViews(Stage):
                     ports.append((name, nic.device, str(nic.port), "" if nic.rail is None else str(nic.rail), leaf))
                     if leaf:
                         leaves.add(leaf)
-            uplinks = [(leaf, spine) for leaf in sorted(leaves) for spine in (topo.spines_of(leaf) or ("",))]
+            uplinks = [(leaf, spine) for leaf in sorted(leaves) for spine in (topo.shape.spines_of(leaf) or ("",))]
             return ports, uplinks
 
     def metrics_snapshot(self) -> dict[str, Any]:

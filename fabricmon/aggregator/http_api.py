@@ -79,7 +79,7 @@ class AggregatorCollector:
         self.grpc_stats: Callable[[], dict[str, Any]] = grpc_stats or dict
 
     def collect(self) -> Iterator[Metric]:
-        snap = self.engine.metrics_snapshot()
+        snap = self.engine.views.metrics_snapshot()
         g = GaugeMetricFamily("fabricmon_agents_connected", "Agents with an open stream.")
         g.add_metric([], snap["agents_connected"])
         yield g
@@ -128,7 +128,7 @@ class AggregatorCollector:
         g.add_metric([], sw["ports_elsewhere"])
         yield g
         grpc = self.grpc_stats() or {}
-        dropped = self.engine.admission_snapshot()
+        dropped = self.engine.admission.admission_snapshot()
         c = CounterMetricFamily("fabricmon_ingest_batches_dropped",
                                 "Agent batches acknowledged but not believed, by reason (replayed seq, seq ahead "
                                 "of the aggregator's clock, sample time too far ahead, behind the node's last "
@@ -136,7 +136,7 @@ class AggregatorCollector:
         for reason in DROP_REASONS:
             c.add_metric([reason], dropped.get(reason, 0) + grpc.get(f"batches_dropped_{reason}_total", 0))
         yield c
-        ranks = self.engine.rank_admission_snapshot()
+        ranks = self.engine.admission.rank_admission_snapshot()
         c = CounterMetricFamily("fabricmon_ingest_rank_timings_dropped",
                                 "Rank timings not scored: their time too far ahead of or behind the cluster clock, "
                                 "or their step past 2^53 or more than 1,000 ahead of their job's newest.",
@@ -265,7 +265,7 @@ def _topology_series(engine: Engine) -> Iterator[GaugeMetricFamily]:
     everywhere Prometheus shows a leaf).  One series per NIC port, as many as the agents'
     fabricmon_ib_port_info, and one per leaf uplink; a NIC the topology knows only by GUID or netdev
     appears once an agent's hello binds it."""
-    ports, uplinks = engine.topology_series()
+    ports, uplinks = engine.views.topology_series()
     g = GaugeMetricFamily("fabricmon_topology_port_info", "A NIC port of the topology and the leaf it is cabled "
                           "to (rail empty where the fabric is not rail-optimized); value 1.",
                           labels=["node", "device", "port", "rail", "leaf"])
@@ -375,7 +375,7 @@ class HttpApi(RoutedHTTPServer):
         }, name="aggregator-http", web=web)
 
     def _nodes(self, q: dict[str, list[str]]) -> tuple[int, bytes, str]:
-        view = self.engine.nodes_view()
+        view = self.engine.node_registry.nodes_view()
         for row in view["nodes"]:
             if row["last_seen"] is not None:
                 row["last_seen"] = rfc3339(row["last_seen"])
@@ -387,7 +387,7 @@ class HttpApi(RoutedHTTPServer):
             return 400, b"state must be open or all\n", TEXT
         incs = self.engine.incidents(include_resolved=state == "all")
         # sharded: the other shards' incidents that explain stragglers here (``"remote": true``), open by nature
-        remote = self.engine.explained_remote()
+        remote = self.engine.views.explained_remote()
         for r in remote:
             for k in ("first_seen", "last_seen"):
                 if r[k] is not None:

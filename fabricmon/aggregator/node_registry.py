@@ -87,7 +87,7 @@ class NodeRegistry(Stage):
             ns.connected = True
             self.cluster_clock.connected(hello.node)
             self._bind(hello)
-            self.topology.pair_gpus(hello.node, {nic.device: nic.gpu for nic in hello.nics if nic.device})
+            self.topology.binding.pair_gpus(hello.node, {nic.device: nic.gpu for nic in hello.nics if nic.device})
             for nic in hello.nics:
                 reg.announce(ns, nic.device, str(nic.port), nic.rail, nic.netdev)
 
@@ -102,7 +102,7 @@ class NodeRegistry(Stage):
             for key in (nic.node_guid, nic.netdev):
                 if key:
                     names[key] = nic.device
-        bound = self.topology.bind_devices(hello.node, names)
+        bound = self.topology.binding.bind_devices(hello.node, names)
         left = self.topology.nodes[hello.node].unbound
         if bound or left:
             _log.info("topology_bound", node=hello.node, bound=bound, unbound=len(left),

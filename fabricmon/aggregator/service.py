@@ -54,7 +54,7 @@ def build_engine(cfg: AggregatorConfig, hostname: str | None = None) -> Engine:
     topo = load_topology(cfg.topology)
     units = cfg.shard.owned(hostname or socket.gethostname(), "aggregator config", topo)
     if units:
-        groups = topo.leaf_groups()
+        groups = topo.shape.leaf_groups()
         log.info("shard_units", units=list(units), ordinal_from_hostname=cfg.shard.ordinal_from_hostname,
                  leaves=[leaf for u in units for leaf in groups.get(u, ())][:64])
     clock = ClusterClock(cfg.clock.mode, max_skew_s=cfg.clock.max_skew_s, max_age_s=cfg.clock.max_age_s)

@@ -264,7 +264,7 @@ class SwitchSide:
     # ------------------------------------------------------------------ which component a port is
     def _is_leaf(self, switch: str) -> bool:
         return switch in self.topology.leaf_spines or switch in self._with_hosts or \
-            switch in set(self.topology.leaves())
+            switch in set(self.topology.shape.leaves())
 
     def _end(self, key: tuple[str, str]) -> LinkState | None:
         _ = self.topology  # after a topology reload, the resolved ends are worked out again

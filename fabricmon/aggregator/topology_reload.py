@@ -65,7 +65,7 @@ def _leaves(topo: Topology) -> set[Component]:
 
 
 def plan(old: Topology, new: Topology, source: str) -> TopologyChange:
-    new.rebind(old)  # NICs the agents' hellos bound (by GUID or netdev) stay bound: not a change
+    new.binding.rebind(old.binding)  # NICs the agents' hellos bound (by GUID or netdev) stay bound: not a change
     for field, was, now in (("cluster", old.cluster, new.cluster), ("layout", old.layout, new.layout),
                             ("nodes_per_unit", old.nodes_per_unit, new.nodes_per_unit)):
         if was != now:

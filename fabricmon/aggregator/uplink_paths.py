@@ -56,7 +56,7 @@ def crossed(topo: Topology, report: StragglerReport, job: str, job_id: str, memb
     for c in ups:
         if c.kind is Kind.UPLINK and c.leaf in leaves:
             out.append(c)
-        elif c.kind is Kind.SPINE and any(c.id in topo.spines_of(leaf) for leaf in leaves):
+        elif c.kind is Kind.SPINE and any(c.id in topo.shape.spines_of(leaf) for leaf in leaves):
             out.append(c)
     return out
 
@@ -83,5 +83,5 @@ def jobs_crossing(topo: Topology, crossing: Mapping[str, set[str]], component: C
     if component.kind is Kind.UPLINK:
         return set(crossing.get(component.leaf, ()))
     if component.kind is Kind.SPINE:
-        return {jk for leaf, jobs in crossing.items() if component.id in topo.spines_of(leaf) for jk in jobs}
+        return {jk for leaf, jobs in crossing.items() if component.id in topo.shape.spines_of(leaf) for jk in jobs}
     return set()

@@ -445,14 +445,14 @@ class Scenario:
                 raise ConfigError(f"{source}: {p}.node: {f.node} is not in a {n}-node cluster{hint}")
             c = self.cluster
             if f.unit is not None and (c.fabric != "rail_optimized" or c.topology is not None):
-                leaves = _topology_of(c).leaves()
+                leaves = _topology_of(c).shape.leaves()
                 raise ConfigError(f"{source}: {p}.unit: this cluster's leaves are not unit x rail "
                                   f"({'a fat tree' if c.fabric == 'fat_tree' else 'from ' + str(c.topology)}): name "
                                   f"the leaf (leaf: {leaves[0] if leaves else 'NAME'})")
             if f.kind in SWITCH_KINDS:
                 _check_switch_fault(f, c, f"{source}: {p}")
             elif f.leaf is not None and c.leaf_targets(f.leaf) is None:
-                leaves = _topology_of(c).leaves()
+                leaves = _topology_of(c).shape.leaves()
                 few = ", ".join(leaves[:4]) + (f" ... ({len(leaves)} leaves)" if len(leaves) > 4 else "")
                 raise ConfigError(f"{source}: {p}.leaf: {f.leaf!r} is not a leaf of this cluster with a simulated "
                                   f"NIC (mlx5_0..{NRAILS - 1}) on it (leaves: {few or 'none'})")

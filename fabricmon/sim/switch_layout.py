@@ -113,7 +113,7 @@ def build_layout(topology: Topology, names: list[str], nodes_per_unit: int, spin
         lay.host_ports.append(hp)
         lay.host_by_port[(leaf, port)] = hp
         top_port[leaf] = max(top_port.get(leaf, 0), port)
-    lay.leaves = [leaf for leaf in topology.leaves() if leaf in top_port]
+    lay.leaves = [leaf for leaf in topology.shape.leaves() if leaf in top_port]
     spine_next: dict[str, int] = {}
     for leaf in lay.leaves:
         own = topology.leaf_spines.get(leaf) or default_spines
@@ -159,11 +159,11 @@ def cabled(topo: Topology, spines: int) -> Topology:
             next_port[leaf] = port
             nics.append(replace(nic, leaf=leaf, leaf_port=port))
         specs[name] = replace(spec, nics=tuple(nics))
-    leaf_spines = {leaf: topo.leaf_spines.get(leaf) or default_spines for leaf in topo.leaves()}
+    leaf_spines = {leaf: topo.leaf_spines.get(leaf) or default_spines for leaf in topo.shape.leaves()}
     out = Topology(topo.cluster, topo.layout, topo.nodes_per_unit, len({s for v in leaf_spines.values() for s in v}),
                    specs, version=2, rail_optimized=topo.rail_optimized, leaf_spines=leaf_spines,
                    switches=dict(topo.switches))
     # a generated topology states each NIC's GPU (an imported one keeps what its file stated)
-    out._gpu_stated = set(topo._gpu_stated) if topo.version >= 2 else \
+    out.binding.gpu_stated = set(topo.binding.gpu_stated) if topo.version >= 2 else \
         {(name, nic.device) for name, spec in specs.items() for nic in spec.nics}
     return out

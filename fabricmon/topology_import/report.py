@@ -30,7 +30,7 @@ def summarize(topo: Topology) -> list[str]:
     nodes = list(topo.nodes)
     nics = sum(len(_all_nics(topo, n)) for n in nodes)
     unbound = sum(len(topo.nodes[n].unbound) for n in nodes)
-    leaves = topo.leaves()
+    leaves = topo.shape.leaves()
     per_leaf: Counter = Counter()
     nics_per_leaf: Counter = Counter()
     for n in nodes:
@@ -46,10 +46,10 @@ def summarize(topo: Topology) -> list[str]:
     lines = [f"cluster {topo.cluster}, layout {topo.layout}, {form}"]
     lines.append(f"nodes: {len(nodes)}, NICs: {nics}" + (f" ({unbound} known by GUID or netdev until the agents "
                                                           f"name their devices)" if unbound else ""))
-    spine_names = sorted({s for leaf in leaves for s in topo.spines_of(leaf)})
+    spine_names = sorted({s for leaf in leaves for s in topo.shape.spines_of(leaf)})
     lines.append(f"leaves: {len(leaves)}, spines: {len(spine_names) if topo.version >= 2 else topo.spines}, "
-                 f"units (leaf groups): {len(topo.units())}")
-    rails = topo.rails()
+                 f"units (leaf groups): {len(topo.shape.units())}")
+    rails = topo.shape.rails()
     if topo.rail_optimized and rails:
         lines.append(f"rails: {len(rails)} ({', '.join(str(r) for r in rails)})")
     else:
@@ -63,7 +63,7 @@ def summarize(topo: Topology) -> list[str]:
     no_leaf = [n for n in nodes if not any(_leaf(topo, n, nic) for nic in _all_nics(topo, n))]
     if no_leaf:
         odd.append(f"{len(no_leaf)} nodes on no leaf: {_some(no_leaf)}")
-    no_spine = [leaf for leaf in leaves if topo.version >= 2 and not topo.spines_of(leaf)]
+    no_spine = [leaf for leaf in leaves if topo.version >= 2 and not topo.shape.spines_of(leaf)]
     if no_spine and topo.layout == "ib":
         odd.append(f"{len(no_spine)} leaves with no spine: {_some(no_spine)}")
     nic_counts = Counter(len(_all_nics(topo, n)) for n in nodes)
@@ -97,13 +97,13 @@ def diff(old: Topology, new: Topology) -> list[str]:
         out.append(f"- {len(gone)} nodes gone: {_some(gone)}")
     if came:
         out.append(f"+ {len(came)} nodes new: {_some(came)}")
-    old_leaves, new_leaves = set(old.leaves()), set(new.leaves())
+    old_leaves, new_leaves = set(old.shape.leaves()), set(new.shape.leaves())
     if old_leaves - new_leaves:
         out.append(f"- leaves gone: {_some(sorted(old_leaves - new_leaves))}")
     if new_leaves - old_leaves:
         out.append(f"+ leaves new: {_some(sorted(new_leaves - old_leaves))}")
     for leaf in sorted(old_leaves & new_leaves):
-        was, now = set(old.spines_of(leaf)), set(new.spines_of(leaf))
+        was, now = set(old.shape.spines_of(leaf)), set(new.shape.spines_of(leaf))
         if was != now:
             parts = ([f"lost {', '.join(sorted(was - now))}"] if was - now else []) + (
                 [f"gained {', '.join(sorted(now - was))}"] if now - was else [])

@@ -54,11 +54,11 @@ def test_clock_ahead_is_told_in_the_ack_and_counted_then_clears():
         for i in range(1, 4):  # the node's clock 10 minutes ahead
             c.offer(_snap(i, now + 600.0 + i))
         assert wait_until(lambda: _dropped(c).get("ts_ahead") == 3.0), _dropped(c)
-        assert _dropped(c)["dropping"] == 1.0 and c.aggregator_dropping == "ts_ahead"
-        assert eng.admission_snapshot() == {"ts_ahead": 3}
+        assert _dropped(c)["dropping"] == 1.0 and c.state.aggregator_dropping == "ts_ahead"
+        assert eng.admission.admission_snapshot() == {"ts_ahead": 3}
         # the clock is fixed: the next batch is believed, and the node says so
         c.offer(_snap(4, time.time()))
-        assert wait_until(lambda: eng.batches_total == 1)
+        assert wait_until(lambda: eng.admission.batches_total == 1)
         assert wait_until(lambda: _dropped(c)["dropping"] == 0.0)
         assert _dropped(c)["ts_ahead"] == 3.0  # a counter: never goes back
     finally:
@@ -73,10 +73,10 @@ def test_readyz_says_so():
     agent = build_agent(AgentConfig(node_name=NODE), sources=[])
     c = StreamClient("127.0.0.1:9", NODE, lambda: None, MemorySpool())
     agent.stream = c
-    c.note_ack_drop("ts_behind")
+    c.state.note_ack_drop("ts_behind")
     assert any("drops this node's batches (ts_behind)" in p for p in agent.not_ready()), agent.not_ready()
-    c.note_ack_drop("")
+    c.state.note_ack_drop("")
     assert not any("drops this node's batches" in p for p in agent.not_ready())
-    c.note_ack_drop("x" * 1000)  # an unknown reason from a newer aggregator: bounded label, bounded text
-    assert c.stats()["aggregator_dropped"]["other"] == 1 and len(c.aggregator_dropping) <= 40
+    c.state.note_ack_drop("x" * 1000)  # an unknown reason from a newer aggregator: bounded label, bounded text
+    assert c.stats()["aggregator_dropped"]["other"] == 1 and len(c.state.aggregator_dropping) <= 40
     agent.poller.close()

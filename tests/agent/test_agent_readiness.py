@@ -83,7 +83,7 @@ def test_ready_while_the_aggregator_refuses_the_stream(node, tmp_path) -> None:
         assert wait_until(lambda: (metric(parse_metrics(http_get(metrics_url)[1]),
                                           "fabricmon_stream_connect_failures_total") or 0) >= 2, 20)
         assert _stays_ready(url, 2.0) == (200, b"ready\n")
-        assert engine.agents_connected() == 0
+        assert engine.views.agents_connected() == 0
         assert metric(parse_metrics(http_get(metrics_url)[1]), "fabricmon_stream_connects_total") == 0
     finally:
         agent.stop()

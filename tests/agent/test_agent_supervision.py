@@ -110,7 +110,7 @@ def test_dead_threads_are_restarted_and_counted(tmp_path, node):
     try:
         assert wait_until(lambda: http_get(agent.url("/readyz"))[0] == 200, 20)
         # the stream thread
-        fired = _die_once(agent.stream, "_spool_for")
+        fired = _die_once(agent.stream.reconnect, "spool_for")
         assert wait_until(fired.is_set, 10)
         assert wait_until(lambda: metric(agent.metrics(), "fabricmon_agent_thread_restarts_total", thread="stream")
                           == 1.0, 10)
@@ -144,7 +144,7 @@ def test_readyz_reports_a_dead_poller_and_stream_when_unsupervised(tmp_path, nod
     agent = LiveAgent(node, tmp_path, f"127.0.0.1:{free_port()}", supervise=False)
     try:
         assert wait_until(lambda: http_get(agent.url("/readyz"))[0] == 200, 20)
-        fired = _die_once(agent.stream, "_spool_for")
+        fired = _die_once(agent.stream.reconnect, "spool_for")
         assert wait_until(fired.is_set, 10)
         assert wait_until(lambda: not agent.stream.alive(), 10)
         code, body = http_get(agent.url("/readyz"))

@@ -70,8 +70,8 @@ def test_a_refused_stream_is_counted_by_reason_and_its_downtime_grows() -> None:
     try:
         for c in clients.values():
             c.start()
-        assert wait_until(lambda: clients["wrong"].refused["unauthenticated"] >= 2
-                          and clients["other"].refused["permission_denied"] >= 2
+        assert wait_until(lambda: clients["wrong"].state.refused["unauthenticated"] >= 2
+                          and clients["other"].state.refused["permission_denied"] >= 2
                           and clients["good"].connected, 20)
         wrong = _samples(self_exposition(AgentSelfCollector("node-001", clients["wrong"].stats, None))())
         assert _value(wrong, "fabricmon_stream_refused_total", reason="unauthenticated") >= 2
@@ -80,7 +80,7 @@ def test_a_refused_stream_is_counted_by_reason_and_its_downtime_grows() -> None:
         down = _value(wrong, "fabricmon_stream_disconnected_seconds")
         assert down > 0
         assert _value(wrong, "fabricmon_stream_interval_seconds") == 1.0
-        assert wait_until(lambda: clients["wrong"].disconnected_for() > down + 0.2, 5)
+        assert wait_until(lambda: clients["wrong"].state.disconnected_for() > down + 0.2, 5)
         other = _samples(self_exposition(AgentSelfCollector("node-003", clients["other"].stats, None))())
         assert _value(other, "fabricmon_stream_refused_total", reason="permission_denied") >= 2
         good = _samples(self_exposition(AgentSelfCollector("node-002", clients["good"].stats, None))())
@@ -89,7 +89,7 @@ def test_a_refused_stream_is_counted_by_reason_and_its_downtime_grows() -> None:
         # Lost after being up: counts from the loss, not from the start.
         srv.stop(0)
         assert wait_until(lambda: not clients["good"].connected, 10)
-        assert 0 < clients["good"].disconnected_for() < 5
+        assert 0 < clients["good"].state.disconnected_for() < 5
     finally:
         for c in clients.values():
             c.stop(2.0)

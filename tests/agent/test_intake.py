@@ -97,7 +97,7 @@ def test_buffer_is_bounded_oldest_dropped():
     for step in range(10):
         it.submit_line(json.dumps({**GOOD, "step": step}))
     ranks, _ = it.drain()
-    assert [r.step for r in ranks] == [7, 8, 9] and it.dropped_total == 7
+    assert [r.step for r in ranks] == [7, 8, 9] and it.counts.dropped_total == 7
 
 
 def test_two_jobs_of_one_name_stay_apart_by_job_id():

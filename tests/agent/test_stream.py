@@ -355,7 +355,7 @@ def test_backoff_is_bounded_with_full_jitter():
     import random
 
     c = StreamClient("127.0.0.1:1", "n", spool=MemorySpool(), rng=random.Random(1))
-    delays = [c._backoff(a) for a in range(40)]
+    delays = [c.reconnect.backoff(a) for a in range(40)]
     assert all(0.5 <= d <= 30.0 for d in delays)
     assert max(delays[10:]) > 10.0  # grows
     assert len({round(d, 3) for d in delays[10:]}) > 20  # jittered
@@ -380,7 +380,7 @@ def test_against_the_real_engine():
                              (CounterDelta("fabricmon_ib_port_errors_total",
                                            (("device", "mlx5_0"), ("port", "1"), ("counter", "symbol_error")), 1.0),),
                              1.0, ()))
-        assert wait_until(lambda: eng.batches_total == 3)
+        assert wait_until(lambda: eng.admission.batches_total == 3)
         assert eng.nodes[node].connected
         eng.tick(1004.0)
     finally:

@@ -63,7 +63,7 @@ def test_one_batch_ten_years_ahead_neither_moves_the_clock_nor_blinds_detection(
         eng.tick(eng.newest_ts)
     # a token holder (or an agent with a broken clock) sends one batch from the future
     assert c.send(names[0], T0 + TEN_YEARS) is False
-    assert eng.admission_snapshot() == {"ts_ahead": 1}
+    assert eng.admission.admission_snapshot() == {"ts_ahead": 1}
     assert eng.newest_ts == pytest.approx(T0 + 9)
     burst = names[3]
     for t in range(10, 60):
@@ -114,7 +114,7 @@ def test_rank_timing_from_the_future_is_not_scored():
     ok = RankTiming("llm", 0, 0, 10, 1.0, 0.2, T0 - 1)
     bad = RankTiming("llm", 1, 1, 10, 1.0, 0.2, T0 + TEN_YEARS)
     assert eng.ingest(NodeBatch("node-000", 1, T0, 1.0, ranks=(ok, bad)))
-    assert eng.rank_admission_snapshot() == {"ts_ahead": 1}
+    assert eng.admission.rank_admission_snapshot() == {"ts_ahead": 1}
     assert list(eng.stragglers.jobs["llm"].ranks) == [0]
     assert eng.stragglers.jobs["llm"].last_ts == T0 - 1
 
@@ -203,7 +203,7 @@ def test_seq_two_to_the_64_cannot_poison_a_node(engine):
         try:
             for i in range(1, 4):
                 real.offer(_snap("node-001", i))
-            assert wait_until(lambda: engine.batches_total == 3)
+            assert wait_until(lambda: engine.admission.batches_total == 3)
         finally:
             real.stop()
         assert srv.stats()["batches_duplicate_total"] == 0
@@ -222,16 +222,16 @@ def test_a_high_but_plausible_seq_from_another_session_does_not_silence_the_live
     real.start()
     try:
         real.offer(_snap("node-002", 1))
-        assert wait_until(lambda: engine.batches_total == 1)
+        assert wait_until(lambda: engine.admission.batches_total == 1)
         # a second session for the same node, seq just under the ceiling (wall ms + skew)
         high = int(time.time() * 1000) + 200_000
         resp, code = raw_stream(srv.address, [_hello_msg("node-002"), _batch_msg("node-002", high, time.time())])
         assert code == grpc.StatusCode.OK and resp[-1].ack.seq == high
-        assert engine.batches_total == 2
+        assert engine.admission.batches_total == 2
         # the live agent's session keeps its own floor: its next batches still count
         for i in range(2, 5):
             real.offer(_snap("node-002", i))
-        assert wait_until(lambda: engine.batches_total == 5)
+        assert wait_until(lambda: engine.admission.batches_total == 5)
         assert srv.servicer.drop_counts()["duplicate"] == 0
     finally:
         real.stop()
@@ -240,7 +240,7 @@ def test_a_high_but_plausible_seq_from_another_session_does_not_silence_the_live
     again.start()
     try:
         again.offer(_snap("node-002", 9))
-        assert wait_until(lambda: engine.batches_total == 6)
+        assert wait_until(lambda: engine.admission.batches_total == 6)
         assert engine.nodes["node-002"].last_seq > high
     finally:
         again.stop()

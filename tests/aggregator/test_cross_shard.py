@@ -103,7 +103,7 @@ def test_remote_link_fault_explains_comm_late_rail_stragglers_no_page():
     # shard B: late rail-3 ranks with clean counters, explained by A's incident: no page
     assert _straggler_pages(rig) == []
     assert not [i for i in rig.b.open_incidents() if i.alertname in ("StragglerRank", "SlowRanksSharedComponent")]
-    explained = rig.b.explained_remote()
+    explained = rig.b.views.explained_remote()
     assert len(explained) == 1
     e = explained[0]
     assert e["remote"] is True and e["alertname"] == "FabricLinkErrors"
@@ -133,7 +133,7 @@ def test_no_remote_fault_pages_after_the_grace_only():
     seen_at = None
     for _ in range(60):
         rig.step()
-        if seen_at is None and rig.b.cross.waiting:
+        if seen_at is None and rig.b.detection.cross.waiting:
             seen_at = rig.t
         if _straggler_pages(rig):
             break
@@ -143,7 +143,7 @@ def test_no_remote_fault_pages_after_the_grace_only():
     # opened no earlier than the grace (5 intervals of 1 s) after it was first seen unexplained
     first_open = rig.t
     assert first_open - seen_at >= 5
-    assert rig.b.explained_remote() == []
+    assert rig.b.views.explained_remote() == []
 
 
 def test_explanation_gone_while_stragglers_stay_fires_normally():
@@ -154,12 +154,12 @@ def test_explanation_gone_while_stragglers_stay_fires_normally():
     rig.b.remote = src
     rig.fault = rig.slow_rail3 = True
     rig.run(40)
-    assert _straggler_pages(rig) == [] and rig.b.explained_remote()
+    assert _straggler_pages(rig) == [] and rig.b.views.explained_remote()
     remote_alive["on"] = False  # A's incident resolved (or unreadable), B's ranks still late
     rig.run(15)
     pages = _straggler_pages(rig)  # an open and its updates (ranks joining), nothing resolved
     assert pages and all(p[2] for p in pages) and len({p[1] for p in pages}) == 1, pages
-    assert rig.b.explained_remote() == []
+    assert rig.b.views.explained_remote() == []
 
 
 def test_compute_late_rank_is_never_delayed_or_hidden_by_a_remote_fault():
@@ -271,7 +271,7 @@ def test_real_alertmanager_remote_fault_silences_then_its_absence_pages(tmp_path
                   if x["status"]["state"] != "unprocessed"}
         assert ("FabricLinkErrors", f"{FAULT_NODE}/{FAULT_DEV}/1") in active
         assert not [k for k in active if k[0] == "StragglerRank"], active
-        assert [e["alertname"] for e in rig.b.explained_remote()] == ["FabricLinkErrors"]
+        assert [e["alertname"] for e in rig.b.views.explained_remote()] == ["FabricLinkErrors"]
         assert src.stats.polls["ok"] >= 40 and src.stats.polls["error"] == 0
 
         # shard A's incident resolved at Alertmanager (its fault's evidence gone elsewhere), B's ranks still late
@@ -285,7 +285,7 @@ def test_real_alertmanager_remote_fault_silences_then_its_absence_pages(tmp_path
         pages = {x["labels"]["component"]: x["status"]["state"] for x in am.get_alerts(cluster="test")
                  if x["labels"]["alertname"] == "StragglerRank"}
         assert pages and set(pages.values()) == {"active"}, pages
-        assert rig.b.explained_remote() == []
+        assert rig.b.views.explained_remote() == []
 
 
 @pytest.mark.integration
@@ -332,10 +332,10 @@ def test_sharded_service_polls_alertmanager_off_the_tick_and_counts_an_unreachab
             return float(line.rsplit(" ", 1)[1])
 
         wait_until(lambda: errors() >= 2, 10.0, "the unreachable Alertmanager counted")
-        t0 = rt.engine.ticks_total
+        t0 = rt.engine.detection.ticks_total
         rt.tick(1_764_000_000.0)  # a tick does not wait for the poller
         rt.tick(1_764_000_001.0)
-        assert rt.engine.ticks_total == t0 + 2 and rt.engine.remote.incidents() == ()
+        assert rt.engine.detection.ticks_total == t0 + 2 and rt.engine.remote.incidents() == ()
     finally:
         rt.stop(grace=0.5, flush=0.2)
 

@@ -378,7 +378,7 @@ def test_compute_slow_gpu_with_clean_fabric_is_a_gpu_straggler(rig):
 def test_quiet_30_minutes_raise_nothing(rig):
     scn = Scenario(_cluster(16, 8), 1800.0)
     eng, _, _ = _drive_memory(scn, rig)
-    assert eng.ticks_total == 1800
+    assert eng.detection.ticks_total == 1800
     assert eng.manager.all_incidents() == []
     time.sleep(1.2)  # one group_interval
     assert rig.hook() == [] and rig.active() == []
@@ -400,7 +400,7 @@ def test_counter_reset_from_driver_reload_raises_nothing(rig, pipelines):
     p.start()
     p.run_to(scn.duration)
     assert seen_reset and 10 <= seen_reset[0] <= 12, seen_reset  # the agent saw the counters go back
-    assert p.engine.ticks_total >= 29
+    assert p.engine.detection.ticks_total >= 29
     assert p.engine.manager.all_incidents() == []
     assert p.sender.flush(3.0)
     time.sleep(1.2)  # one group_interval
@@ -457,7 +457,7 @@ def test_aggregator_restart_during_fault_spools_replays_and_dedups(rig, pipeline
         keys = [(n, s) for n, s, _ in log]
         assert len(keys) == len(set(keys))
     for eng in p.engines:
-        assert eng.batches_dropped_total == 0
+        assert eng.admission.batches_dropped_total == 0
     for n in p.names:
         seqs = sorted({s for log in p.ingested for nn, s, _ in log if nn == n})
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), (n, seqs)

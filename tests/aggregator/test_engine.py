@@ -205,7 +205,7 @@ def test_counter_reset_and_quiet_30_minutes_raise_nothing():
     f.add("fabricmon_ib_port_errors_total", _port("mlx5_1") + (("counter", "symbol_error"),), 40000.0)
     c.run(1800)
     assert c.engine.incidents() == []
-    assert c.engine.suspicion == {}
+    assert c.engine.detection.suspicion == {}
 
 
 def test_duplicate_and_old_batches_are_dropped():
@@ -216,7 +216,7 @@ def test_duplicate_and_old_batches_are_dropped():
     assert c.engine.ingest(b) is False
     old = NodeBatch("node-000", b.seq - 1 if b.seq > 1 else 0, T0, 1.0)
     assert c.engine.ingest(old) is False
-    assert c.engine.batches_dropped_total == 2
+    assert c.engine.admission.batches_dropped_total == 2
 
 
 def test_link_down_critical_fast_then_resolves():
@@ -347,7 +347,7 @@ def test_slow_gpu_with_clean_fabric_is_a_gpu_straggler_without_fabric_blame():
     assert i.ranks == [6 * 8 + 2] and i.jobs == ["llm"]
     assert i.labels["gpu"] == "2" and i.labels["node"] == "node-006" and i.labels["hpc_job"] == "llm"
     # /metrics carries the job's latest ranks, not one series per GPU: the slow one first
-    exported = c.engine.metrics_snapshot()["lateness"]
+    exported = c.engine.views.metrics_snapshot()["lateness"]
     everyone = c.engine.stragglers.lateness_by_job()
     assert len(everyone) == 64 and len(exported) == LATENESS_EXPORTED_PER_JOB < 64
     assert exported[0][:3] == ("llm", "", 6 * 8 + 2)  # (job, job_id, rank, score): this job sends no job_id

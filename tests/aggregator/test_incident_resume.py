@@ -226,13 +226,13 @@ def test_resuming_holds_the_fallback_until_restored_incidents_are_settled(tmp_pa
     b = Cluster(nodes=4, nodes_per_unit=4)
     b.t += 30.0
     resume_incidents(state, b.engine, sender, now=b.t)
-    assert b.engine.resume.pending == 1 and b.engine.metrics_snapshot()["resuming"]
+    assert b.engine.resume.pending == 1 and b.engine.views.metrics_snapshot()["resuming"]
     for _ in range(4):
         b.step()
-        assert b.engine.metrics_snapshot()["resuming"]  # the link's node is up, its incident not settled yet
+        assert b.engine.views.metrics_snapshot()["resuming"]  # the link's node is up, its incident not settled yet
     for _ in range(20):
         b.step()
-    assert b.engine.resume.pending == 0 and not b.engine.metrics_snapshot()["resuming"]
+    assert b.engine.resume.pending == 0 and not b.engine.views.metrics_snapshot()["resuming"]
     # the link is up again: what the engine reported for it is its resolve alone, never an open
     assert [(c, o) for _, _, c, o in b.reported if c == LINK] == [(LINK, False)]
     assert b.engine.manager.get_open("FabricLinkDown", LINK) is None

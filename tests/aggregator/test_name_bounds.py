@@ -35,7 +35,7 @@ def test_a_node_cannot_grow_the_aggregator_without_bound():
         assert wait_until(lambda: c.connected)
         for i in range(1, 7):  # 50 new device names a batch, 300 in all, and 100 GPU indexes
             c.offer(_snap(i, range(50 * (i - 1), 50 * i), range(100) if i == 1 else range(0)))
-        assert wait_until(lambda: eng.batches_total == 6)
+        assert wait_until(lambda: eng.admission.batches_total == 6)
         links = eng.nodes[NODE].links
         assert limit <= len(links) <= limit + 8, len(links)  # 8: the topology's own NICs
         refused = srv.stats()

@@ -64,7 +64,7 @@ def _run(ras_addr: str, rounds: int = 8) -> tuple[Engine, list[float], dict]:
                 beats[node].pending.append(Heartbeat("llm", r, 3, 7 + int(inside), inside, ts, "", "j1", ras_addr))
             for n, c in clients.items():
                 c.offer(Snapshot(node=n, ts=ts, seq=i + 1, samples=(), deltas=(), interval_seconds=5.0, sources=()))
-            assert wait_until(lambda i=i: engine.batches_total >= 2 * (i + 1))
+            assert wait_until(lambda i=i: engine.admission.batches_total >= 2 * (i + 1))
             # a query planned at the last tick went down after this round's ack: its answer, before the tick
             assert wait_until(lambda: not any(j.pending for j in engine.ras.jobs.values()), 15)
             engine.tick(ts)

@@ -115,5 +115,5 @@ def test_agents_down_silence_and_lateness_use_the_cadence_not_the_short_batch():
 def test_ingest_counts_the_off_cadence_batch_once():
     c, _ = _run(off_cadence=True)
     c2, _ = _run(off_cadence=False)
-    assert c.engine.batches_total == c2.engine.batches_total + 1
-    assert c.engine.admission_snapshot() == {} == c2.engine.admission_snapshot()
+    assert c.engine.admission.batches_total == c2.engine.admission.batches_total + 1
+    assert c.engine.admission.admission_snapshot() == {} == c2.engine.admission.admission_snapshot()

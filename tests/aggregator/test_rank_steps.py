@@ -117,4 +117,4 @@ def test_engine_counts_step_refusals():
     eng = Engine(topo, DetectionSettings())
     rt = RankTiming("j", 0, 0, 2**53, 1.0, 0.1, 100.0, node="node-000")
     eng.ingest(NodeBatch("node-000", 1, 100.0, 1.0, ranks=(rt,)))
-    assert eng.rank_admission_snapshot().get("step_range") == 1
+    assert eng.admission.rank_admission_snapshot().get("step_range") == 1

@@ -97,7 +97,7 @@ def test_switch_series_from_a_node_not_listed_are_ignored_and_counted(tmp_path):
     incs = _run(engine, "node-002", [({("leaf-00", 3): 200.0}, (("leaf-00", 4), ("spine-01", 1)))] * 3)
     assert incs == []
     assert engine.switch_side.refused_batches == 4
-    assert engine.metrics_snapshot()["switch_side"]["refused_batches"] == 4
+    assert engine.views.metrics_snapshot()["switch_side"]["refused_batches"] == 4
     from fabricmon.aggregator.http_api import AggregatorCollector
 
     exported = {s.name: s.value for fam in AggregatorCollector(engine).collect() for s in fam.samples}

@@ -114,7 +114,7 @@ def test_fat_tree_leaf_carrying_eight_nics_of_two_nodes_is_found_as_that_leaf(tm
     late in communication: one FabricLeafDegraded on leaf-a3, by its name and without a rail, the slow
     ranks riding on it; no link alert, no rail, no other leaf."""
     topo = load_topology(fat_tree_halves(tmp_path))
-    assert topo.nodes_on_leaf("leaf-a3") == ["gpu-a17-02", "gpu-a17-03"]
+    assert topo.shape.nodes_on_leaf("leaf-a3") == ["gpu-a17-02", "gpu-a17-03"]
     rig = Rig(topo, [Node(n, _devices(), seed=i) for i, n in enumerate(topo.nodes)])
     slow = frozenset((n, int(d[-1])) for n, d in BEHIND_A3)
     rig.run(25)
@@ -223,7 +223,7 @@ def test_shards_of_an_imported_topology_own_leaf_groups_by_leaf_name(tmp_path, c
 
     topo_path = _import(tmp_path, "rail-optimized.out", "topology.yaml")
     topo = load_topology(topo_path)
-    groups = topo.leaf_groups()
+    groups = topo.shape.leaf_groups()
     assert len(groups) >= 2 and groups[0] == ["leaf-su00-r0", "leaf-su00-r1", "leaf-su00-r2", "leaf-su00-r3"]
     rest = [leaf for u, g in groups.items() if u >= 1 for leaf in g]
     p = _shard_map(tmp_path, "topology.yaml", [
@@ -231,16 +231,17 @@ def test_shards_of_an_imported_topology_own_leaf_groups_by_leaf_name(tmp_path, c
         {"name": "agg-1", "address": "127.0.0.1:9731", "leaves": rest}])
     assert main(["check-config", str(p)]) == 0
     out = capsys.readouterr().out
-    n0 = len(topo.nodes_in_unit(0))
+    n0 = len(topo.shape.nodes_in_unit(0))
     assert f"agg-0 (127.0.0.1:9721): 1 leaf group(s), {n0} nodes: unit 0 (leaf-su00-r0, leaf-su00-r1, leaf-su00-r2, " \
            f"leaf-su00-r3)" in out, out
     assert "agg-0 also owns leaf-su00-r0, leaf-su00-r1, leaf-su00-r3: they share nodes with the leaves it names" in out
     assert f"agg-1 (127.0.0.1:9731): {len(groups) - 1} leaf group(s), {len(topo.nodes) - n0} nodes" in out
     # the agent of a node in unit 1 finds agg-1 by the same rule
-    node1 = topo.nodes_in_unit(1)[0]
+    node1 = topo.shape.nodes_in_unit(1)[0]
     _, target = resolve_static(ShardConfig(map=str(p), topology=str(topo_path)), node1, "agent.yaml")
     assert (target.replica, target.address, target.via) == ("agg-1", "127.0.0.1:9731", "topology")
-    _, target = resolve_static(ShardConfig(map=str(p), topology=str(topo_path)), topo.nodes_in_unit(0)[0], "a.yaml")
+    node0 = topo.shape.nodes_in_unit(0)[0]
+    _, target = resolve_static(ShardConfig(map=str(p), topology=str(topo_path)), node0, "a.yaml")
     assert target.replica == "agg-0"
     # and the aggregator replica with shard.leaves owns exactly those nodes
     cfg = tmp_path / "aggregator.yaml"
@@ -248,14 +249,14 @@ def test_shards_of_an_imported_topology_own_leaf_groups_by_leaf_name(tmp_path, c
                                    "shard": {"leaves": ["leaf-su00-r2"]}}))
     engine = build_engine(load_aggregator_config(cfg), hostname="agg-0")
     assert engine.shard_units == frozenset({0})
-    assert sorted(engine.nodes) == sorted(topo.nodes_in_unit(0))
-    assert engine.registry.owned(topo.nodes_in_unit(0)[1]) and not engine.registry.owned(node1)
+    assert sorted(engine.nodes) == sorted(topo.shape.nodes_in_unit(0))
+    assert engine.registry.owned(topo.shape.nodes_in_unit(0)[1]) and not engine.registry.owned(node1)
 
 
 def test_shard_leaves_split_a_group_or_name_no_leaf_are_refused(tmp_path, capsys) -> None:
     topo_path = _import(tmp_path, "rail-optimized.out", "topology.yaml")
     topo = load_topology(topo_path)
-    rest = [leaf for u, g in topo.leaf_groups().items() if u >= 1 for leaf in g]
+    rest = [leaf for u, g in topo.shape.leaf_groups().items() if u >= 1 for leaf in g]
     split = _shard_map(tmp_path, "topology.yaml", [
         {"name": "agg-0", "address": "127.0.0.1:9721", "leaves": ["leaf-su00-r0", "leaf-su00-r1"]},
         {"name": "agg-1", "address": "127.0.0.1:9731", "leaves": ["leaf-su00-r3", *rest]}])
@@ -310,7 +311,7 @@ def test_aggregator_exports_the_topology_it_owns_with_named_leaves(tmp_path) -> 
     shard = Engine(ro, Settings(), shard_units=(0,))
     nodes = {ln.split('node="')[1].split('"')[0] for ln in _exposition(shard).splitlines()
              if ln.startswith("fabricmon_topology_port_info{")}
-    assert nodes == set(ro.nodes_in_unit(0))
+    assert nodes == set(ro.shape.nodes_in_unit(0))
     # forms-plane-a: gpu-a17-04's CAs are known by GUID only; its hello binds them, then they are series
     fa = load_topology(_import(tmp_path, "forms-plane-a.out", "fa.yaml"))
     eng = Engine(fa, Settings())

@@ -124,7 +124,7 @@ def test_unknown_nodes_are_one_cluster_alert_and_resolve_when_they_leave():
     assert len(alerts) == 1 and alerts[0].component == "topology" and alerts[0].component_type == "config"
     assert alerts[0].labels == {"cluster": "test"}  # one per cluster: no node label
     assert "gpu-a17-02, gpu-a17-03" in alerts[0].description
-    assert c.engine.unknown_nodes() == ["gpu-a17-02", "gpu-a17-03"]
+    assert c.engine.node_registry.unknown_nodes() == ["gpu-a17-02", "gpu-a17-03"]
     c.run(30, flaky("gpu-a17-03", "mlx5_1"))
     link = [i for i in c.engine.incidents() if i.alertname == "FabricLinkErrors"]
     assert [i.component for i in link] == ["gpu-a17-03/mlx5_1/1"]
@@ -135,7 +135,7 @@ def test_unknown_nodes_are_one_cluster_alert_and_resolve_when_they_leave():
         c.feeds.pop(name)
     c.run(400)
     assert alerts[0].resolved_at is not None
-    assert c.engine.unknown_nodes() == []
+    assert c.engine.node_registry.unknown_nodes() == []
 
 
 def test_a_shard_monitors_the_unknown_node_that_streams_to_it_and_drops_other_units_nodes():
@@ -149,7 +149,7 @@ def test_a_shard_monitors_the_unknown_node_that_streams_to_it_and_drops_other_un
     assert "node-003" not in shard.nodes
     f.node = UNKNOWN
     shard.hello(f.hello())
-    assert shard.unknown_nodes() == [UNKNOWN] and UNKNOWN in shard.nodes
+    assert shard.node_registry.unknown_nodes() == [UNKNOWN] and UNKNOWN in shard.nodes
     assert shard.ingest(f.batch(T0 + 1.0, first=True))
 
 
@@ -165,10 +165,10 @@ def test_topology_nodes_never_heard_from_are_listed_after_the_start_up_grace():
             engine.ingest(f.batch(T0 + k, first=(k == 1)))
         engine.tick(T0 + k)
         if k == 30:  # inside max(60 s, 5 intervals): agents may still be reconnecting
-            assert engine.nodes_view()["never_connected"] == []
-            assert engine.metrics_snapshot()["never_connected"] == []
-    assert engine.nodes_view()["never_connected"] == ["node-003"]
-    assert engine.metrics_snapshot()["never_connected"] == ["node-003"]
+            assert engine.node_registry.nodes_view()["never_connected"] == []
+            assert engine.views.metrics_snapshot()["never_connected"] == []
+    assert engine.node_registry.nodes_view()["never_connected"] == ["node-003"]
+    assert engine.views.metrics_snapshot()["never_connected"] == ["node-003"]
     # exported one series per node (FabricmonNodesNeverConnected lists them) beside the count
     from prometheus_client import generate_latest
     from prometheus_client.core import CollectorRegistry
@@ -181,4 +181,4 @@ def test_topology_nodes_never_heard_from_are_listed_after_the_start_up_grace():
     assert 'fabricmon_agent_never_connected{node="node-003"} 1.0' in text
     assert "fabricmon_agents_never_connected 1.0" in text
     assert "fabricmon_aggregator_resuming 0.0" in text  # 90 s in: past the grace, nothing restored
-    assert engine.unknown_nodes() == []
+    assert engine.node_registry.unknown_nodes() == []

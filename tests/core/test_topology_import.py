@@ -320,7 +320,7 @@ def test_lldp_import(tmp_path, capsys) -> None:
     assert doc["leaves"] == {"leaf-r0": {"spines": ["spine-1"]}, "leaf-r1": {"spines": []}}
     topo = load_topology(out)
     assert topo.nodes["gpu-a17-03"].nics == () and len(topo.nodes["gpu-a17-03"].unbound) == 2
-    assert topo.bind_devices("gpu-a17-03", {"ens3f0np0": "mlx5_0", "ens3f1np1": "mlx5_1"}) == 2
+    assert topo.binding.bind_devices("gpu-a17-03", {"ens3f0np0": "mlx5_0", "ens3f1np1": "mlx5_1"}) == 2
     assert topo.leaf_of_nic("gpu-a17-03", "mlx5_1") == "leaf-r1"
     assert topo.labels_of_link("gpu-a17-03", "mlx5_1") == {"node": "gpu-a17-03", "rail": "1", "leaf": "leaf-r1"}
 
@@ -376,7 +376,8 @@ def test_a_storage_nic_on_a_switch_of_its_own_is_on_no_rail(tmp_path) -> None:
     # rail null in a rail-optimized file: the storage NIC serves no GPU, even in the name-order fallback
     # (before an agent's hello pairs them by PCI affinity): GPU 0 depends on leaf-r0, not the storage switch
     topo = load_topology(out)
-    assert topo.bind_devices("gpu-a17-03", {"ens1f0np0": "mlx5_2", "ens3f0np0": "mlx5_0", "ens3f1np1": "mlx5_1"}) == 3
+    names = {"ens1f0np0": "mlx5_2", "ens3f0np0": "mlx5_0", "ens3f1np1": "mlx5_1"}
+    assert topo.binding.bind_devices("gpu-a17-03", names) == 3
     assert topo.labels_of_link("gpu-a17-03", "mlx5_0")["rail"] == "0"
     assert topo.nic("gpu-a17-03", "mlx5_2").gpu == -1
     assert topo.leaf_of_nic("gpu-a17-03", topo.nic_for_gpu("gpu-a17-03", 0).device) == "leaf-r0"

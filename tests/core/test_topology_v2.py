@@ -11,7 +11,7 @@ import yaml
 from fabricmon.cli import main
 from fabricmon.components import Component, Kind
 from fabricmon.configload import ConfigError
-from fabricmon.topology import generate_topology, load_topology
+from fabricmon.topology import generate_topology, load_topology, topology_dict
 from support.paths import FIXTURES
 
 IBSIM = FIXTURES / "topology_import" / "ibsim"
@@ -35,7 +35,7 @@ def imported(tmp_path: Path, *outs: str, name: str = "t.yaml") -> Path:
 def test_v2_rail_optimized_lookups(tmp_path) -> None:
     topo = load_topology(imported(tmp_path, "forms-plane-a.out", "forms-plane-b.out"))
     assert (topo.version, topo.cluster, topo.layout, topo.rail_optimized) == (2, "lab", "ib", True)
-    assert topo.rails() == [0, 1, 2, 3]
+    assert topo.shape.rails() == [0, 1, 2, 3]
     # named leaves replace leaf-u<unit>-r<rail> in every lookup the aggregator makes
     assert topo.leaf_of("gpu-a17-03", 2) == "leaf-b0"
     assert _ids(topo.path_of_gpu("gpu-a17-03", 1)) == {
@@ -43,29 +43,30 @@ def test_v2_rail_optimized_lookups(tmp_path) -> None:
         "rail": "rail1", "leaf": "leaf-a1"}
     assert topo.path_of_gpu("gpu-a17-03", 1)[Kind.LINK].leaf == "leaf-a1"
     assert topo.labels_of_link("gpu-a17-05", "mlx5_3") == {"node": "gpu-a17-05", "rail": "3", "leaf": "leaf-b1"}
-    assert topo.spines_of("leaf-a0") == ("spine-a2", "switch-b8cef60300f00040")
-    assert topo.units() == [0,
+    assert topo.shape.spines_of("leaf-a0") == ("spine-a2", "switch-b8cef60300f00040")
+    assert topo.shape.units() == [0,
                             1] and topo.unit_of("gpu-a17-03") == topo.unit_of("gpu-a17-05") != topo.unit_of("gpu-b02")
     # "gpu-a17-04 HCA-1": no device until the agent's fabricmon_ib_port_info names it by node GUID
     spec = topo.nodes["gpu-a17-04"]
     assert spec.nics == () and len(spec.unbound) == 4
     assert topo.nic_by_guid("0xb8cef60300a11010")[0] == "gpu-a17-04"
     assert topo.nic("gpu-a17-04", "mlx5_0") is None
-    assert topo.bind_devices("gpu-a17-04", {"0xB8CEF60300A11010": "mlx5_0", "0xb8cef60300a11020": "mlx5_1"}) == 2
+    names = {"0xB8CEF60300A11010": "mlx5_0", "0xb8cef60300a11020": "mlx5_1"}
+    assert topo.binding.bind_devices("gpu-a17-04", names) == 2
     assert topo.nic("gpu-a17-04", "mlx5_1").leaf == "leaf-a1" and len(topo.nodes["gpu-a17-04"].unbound) == 2
     assert topo.leaf_of_nic("gpu-a17-04", "mlx5_0") == "leaf-a0"
 
 
 def test_v2_fat_tree_has_no_rail_labels(tmp_path) -> None:
     topo = load_topology(imported(tmp_path, "fat-tree.out"))
-    assert not topo.rail_optimized and topo.rails() == []
+    assert not topo.rail_optimized and topo.shape.rails() == []
     p = _ids(topo.path_of_gpu("node05", 1))
     assert "rail" not in p and p["leaf"] == "leaf-1" and p["nic"] == "node05/mlx5_1"
     assert topo.path_of_gpu("node05", 1)[Kind.LINK].labels() == {"node": "node05", "leaf": "leaf-1"}
     assert topo.leaf_of("node05", None) == "leaf-1"
     assert topo.labels_of_link("node00", "mlx5_0") == {"node": "node00", "leaf": "leaf-0"}
-    assert topo.nodes_on_leaf("leaf-0") == ["node00", "node01", "node02", "node03"]
-    assert topo.units() == [0, 1]
+    assert topo.shape.nodes_on_leaf("leaf-0") == ["node00", "node01", "node02", "node03"]
+    assert topo.shape.units() == [0, 1]
 
 
 def test_v2_round_trips_through_to_dict(tmp_path) -> None:
@@ -73,17 +74,17 @@ def test_v2_round_trips_through_to_dict(tmp_path) -> None:
     again = tmp_path / "again.yaml"
     topo.write_yaml(again)
     back = load_topology(again)
-    assert back.to_dict() == topo.to_dict() and back.leaf_of("gpu-b02", 0) == "pod1_leaf-a2"
+    assert topology_dict(back) == topology_dict(topo) and back.leaf_of("gpu-b02", 0) == "pod1_leaf-a2"
 
 
 def test_generate_and_version_1_still_load(tmp_path) -> None:
     gen = tmp_path / "gen.yaml"
     gen.write_text("cluster: x\nnodes_per_unit: 2\ngenerate: {nodes: 4, rails: 2}\n")
     topo = load_topology(gen)
-    assert topo.version == 1 and topo.leaf_of("node-003", 1) == "leaf-u1-r1" and topo.rails() == [0, 1]
+    assert topo.version == 1 and topo.leaf_of("node-003", 1) == "leaf-u1-r1" and topo.shape.rails() == [0, 1]
     v1 = tmp_path / "v1.yaml"
     generate_topology(4, nodes_per_unit=2, rails=2, cluster="x").write_yaml(v1)
-    assert load_topology(v1).to_dict() == topo.to_dict()
+    assert topology_dict(load_topology(v1)) == topology_dict(topo)
     one = tmp_path / "one.yaml"
     one.write_text("version: 1\n" + v1.read_text())
     assert load_topology(one).leaf_of("node-000", 0) == "leaf-u0-r0"
@@ -189,12 +190,12 @@ def test_v2_gpu_of_a_nic_comes_from_the_agents_pairing_not_name_order(tmp_path) 
     topo = load_topology(path)
     assert topo.nic_for_gpu("gpu-01", 1).device == "mlx5_1"  # name order: the storage NIC (the fallback)
     pairing = {d: g for g, d in enumerate(compute)} | {"mlx5_1": -1}
-    assert topo.pair_gpus("gpu-01", pairing) > 0
+    assert topo.binding.pair_gpus("gpu-01", pairing) > 0
     assert [topo.nic_for_gpu("gpu-01", g).device for g in range(8)] == compute
     assert _ids(topo.path_of_gpu("gpu-01", 1))["leaf"] == "leaf-r1"
     storage = topo.nic("gpu-01", "mlx5_1")
     assert storage.rail is None and storage.gpu == -1
     assert topo.nic_for_gpu("gpu-02", 1).device == "mlx5_1"  # no hello from gpu-02 yet: the fallback
     reloaded = load_topology(path)
-    reloaded.rebind(topo)  # a reloaded file keeps what the hellos said
+    reloaded.binding.rebind(topo.binding)  # a reloaded file keeps what the hellos said
     assert reloaded.nic_for_gpu("gpu-01", 1).device == "mlx5_3"

@@ -84,7 +84,7 @@ def test_replicas_share_one_config_and_own_every_unit_once(objs, tmp_path):
     name, replicas = sts["metadata"]["name"], sts["spec"]["replicas"]
     owned = ShardMap(tuple(Replica(f"{name}-{k}", "x:1", cfg.shard.owned(f"{name}-{k}", "cm"))
                            for k in range(replicas)))
-    assert ownership_problems(owned, load_topology(cfg.topology).units()) == []
+    assert ownership_problems(owned, load_topology(cfg.topology).shape.units()) == []
 
 
 def test_agents_dial_the_replicas_the_aggregators_are(objs, tmp_path):
@@ -101,7 +101,7 @@ def test_agents_dial_the_replicas_the_aggregators_are(objs, tmp_path):
     assert k.port in {p["port"] for p in svc["spec"]["ports"] if p["name"] == "grpc"}
     # every unit of the topology is dialled at the replica whose ordinal owns it
     name = sts["metadata"]["name"]
-    for unit in load_topology(agg.topology).units():
+    for unit in load_topology(agg.topology).shape.units():
         _, target = resolve_static(ShardConfig(kubernetes=k, unit=unit), "n", "cm")
         ordinal = int(target.replica.rsplit("-", 1)[1])
         assert ordinal < sts["spec"]["replicas"] and unit in agg.shard.owned(f"{name}-{ordinal}", "cm")

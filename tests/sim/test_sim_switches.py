@@ -35,7 +35,7 @@ def test_generated_leaves_cable_hosts_in_node_order_then_uplinks_to_spines_in_tu
     # the aggregator's topology names the same ports: the switch end of a host cable finds its link
     topo = scn.cluster.build_topology()
     assert topo.nic_on_leaf_port("leaf-u1-r3", 2)[0] == "node-009"
-    assert topo.spines_of("leaf-u1-r3") == ("spine-0", "spine-1", "spine-2", "spine-3")
+    assert topo.shape.spines_of("leaf-u1-r3") == ("spine-0", "spine-1", "spine-2", "spine-3")
     spine_ports = sorted(u.spine_port for u in lay.by_spine["spine-2"])
     assert spine_ports == list(range(1, len(lay.leaves) + 1))  # one per leaf, in leaf order
 

@@ -28,8 +28,8 @@ def test_scenario_fat_tree_layout_and_named_leaf_fault() -> None:
                               "faults": [{"kind": "leaf_degraded", "leaf": "leaf-u3", "start": 30, "end": 90},
                                          {"kind": "flaky_cable", "node": "node-009", "rail": 2, "start": 10}]})
     topo = scn.cluster.build_topology()
-    assert not topo.rail_optimized and topo.rails() == [] and len(topo.leaves()) == 8
-    assert topo.nodes_on_leaf("leaf-u3") == ["node-006", "node-007"]
+    assert not topo.rail_optimized and topo.shape.rails() == [] and len(topo.shape.leaves()) == 8
+    assert topo.shape.nodes_on_leaf("leaf-u3") == ["node-006", "node-007"]
     assert scn.cluster.leaf_targets("leaf-u3") == (["node-006", "node-007"], list(range(8)))
     leaf, cable = (g.to_dict() for g in scn.ground_truth())
     assert (leaf["component"], leaf["leaf"], leaf["rail"]) == ("leaf-u3", "leaf-u3", None)
