@@ -25,6 +25,14 @@ measured per-node cost.  The last line is ``central CPU ratio aggregator/prometh
 (gRPC listening itself, no relay), every node streaming to both, and prints the connection gate's
 CPU cost: the difference between the two on the same streams in the same run.
 
+``--against TREE`` runs the second aggregator from another source tree instead (a ``git worktree`` of
+the commit to compare with), configured as shipped (gate on), on the same streams: before and after a
+change side by side in one run, on the same load; it prints the two and their ratio.
+
+Every aggregator line says how many batches it ingested per node-second over the measured window: the
+nodes' simulator runs in real time only while the machine has the CPU for it, and a slower batch rate
+makes the aggregator's cost look smaller beside Prometheus, which scrapes every second regardless.
+
 ``--profile OUT`` runs the aggregator under cProfile instead (its gRPC event loop thread
 and the tick thread, from the end of the warm-up on: the steady state, not the first
 connections; the CPU numbers then include the profiler's overhead).
@@ -147,7 +155,7 @@ def role_nodes(a: argparse.Namespace) -> int:
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    twins: dict[str, tuple[StreamClient, _Intake]] = {}  # --compare-gate: each node streams to the second too
+    twins: dict[str, tuple[StreamClient, _Intake]] = {}  # --compare-gate/--against: each node streams to both
 
     def on_snapshot(node, snap, ranks) -> None:
         c = clients.get(node)
@@ -254,6 +262,12 @@ def agg_clock(port: int) -> float:
     return float("nan")
 
 
+def ingested(port: int) -> float:
+    """The aggregator's fabricmon_ingest_batches_total."""
+    return next((float(line.split()[-1]) for line in http_get(f"http://127.0.0.1:{port}/metrics").decode().splitlines()
+                 if line.startswith("fabricmon_ingest_batches_total ")), float("nan"))
+
+
 def _median(xs: list[float]) -> float:
     xs = sorted(x for x in xs if x == x)
     return xs[len(xs) // 2] if xs else float("nan")
@@ -270,7 +284,8 @@ def orchestrate(a: argparse.Namespace) -> int:
         grpc_port, http_port, prom_port = free_port(), free_port(), free_port()
         grpc_port2, http_port2 = free_port(), free_port()
         topo, ports_file = work / "topology.yaml", work / "ports.json"
-        twin = ["--aggregator2", f"127.0.0.1:{grpc_port2}"] if a.compare_gate else []
+        second = a.compare_gate or a.against
+        twin = ["--aggregator2", f"127.0.0.1:{grpc_port2}"] if second else []
         nodes = subprocess.Popen(
             [sys.executable, __file__, "--role", "nodes", "--nodes", str(a.nodes), "--aggregator",
              f"127.0.0.1:{grpc_port}", "--topology-out", str(topo), "--ports-out", str(ports_file), *twin],
@@ -289,7 +304,16 @@ def orchestrate(a: argparse.Namespace) -> int:
         agg = subprocess.Popen(agg_cmd, env=env, stdout=subprocess.DEVNULL)
         procs.append(agg)
         agg2 = None
-        if a.compare_gate:  # the same, with gRPC listening itself: no connection gate
+        if a.against:  # another source tree's aggregator, configured as shipped, on the same streams
+            cfg2 = work / "aggregator-against.yaml"
+            cfg2.write_text(f"topology: {topo}\ngrpc_listen: 127.0.0.1:{grpc_port2}\n"
+                            f"http_listen: 127.0.0.1:{http_port2}\nauth: {{insecure: true}}\nclock: {{mode: sample}}\n")
+            agg2 = subprocess.Popen([sys.executable, "-m", "fabricmon", "--log-level", "warning", "aggregator",
+                                     "--config", str(cfg2)], cwd=a.against,
+                                    env=dict(os.environ, PYTHONPATH=str(Path(a.against).resolve())),
+                                    stdout=subprocess.DEVNULL)
+            procs.append(agg2)
+        elif a.compare_gate:  # the same, with gRPC listening itself: no connection gate
             cfg2 = work / "aggregator-nogate.yaml"
             cfg2.write_text(f"topology: {topo}\ngrpc_listen: 127.0.0.1:{grpc_port2}\n"
                             f"http_listen: 127.0.0.1:{http_port2}\nauth: {{insecure: true}}\nclock: {{mode: sample}}\n"
@@ -308,15 +332,18 @@ def orchestrate(a: argparse.Namespace) -> int:
         wait_for(lambda: b"ready" in http_get(f"http://127.0.0.1:{prom_port}/-/ready").lower(), 60, "Prometheus")
         if agg2 is not None:
             wait_for(lambda: http_get(f"http://127.0.0.1:{http_port2}/readyz") == b"ready\n", 60,
-                     "the aggregator without the gate")
+                     "the second aggregator")
         time.sleep(a.warmup)
+        second_name = "aggregator_against" if a.against else "aggregator_nogate"
+        ingested0 = {name: ingested(port) for name, port in (("aggregator", http_port), (second_name, http_port2))
+                     if name == "aggregator" or agg2 is not None}
         th0 = thread_cpu(agg.pid)
         pids = {"aggregator": agg.pid, "prometheus": prom.pid, "nodes": nodes.pid}
         if agg2 is not None:
-            pids["aggregator_nogate"] = agg2.pid
+            pids[second_name] = agg2.pid
         c0 = {k: cpu_seconds(pid) for k, pid in pids.items()}
         t0 = time.monotonic()
-        ages: dict[str, list[float]] = {"aggregator": [], "prometheus": []}
+        ages: dict[str, list[float]] = {"aggregator": [], "prometheus": [], second_name: []}
         up: list[float] = []
         end = t0 + a.seconds
         while time.monotonic() < end:
@@ -328,18 +355,20 @@ def orchestrate(a: argparse.Namespace) -> int:
                 up.append(prom_query(prom_port, "sum(up)"))
             except Exception:  # a slow query is a missed reading, not a failure
                 pass
-            try:
-                ages["aggregator"].append(time.time() - agg_clock(http_port))
-            except Exception:
-                pass
+            # the second aggregator is asked as often: rendering /metrics is part of what each one costs
+            for name, port in (("aggregator", http_port), (second_name, http_port2 if agg2 else 0)):
+                if not port:
+                    continue
+                try:
+                    ages[name].append(time.time() - agg_clock(port))
+                except Exception:
+                    pass
         wall = time.monotonic() - t0
         c1 = {k: cpu_seconds(pid) for k, pid in pids.items()}
-        acked = {}
-        for name, port in (("aggregator", http_port), ("aggregator_nogate", http_port2 if agg2 else 0)):
-            if port:
-                acked[name] = next((float(line.split()[-1]) for line in http_get(f"http://127.0.0.1:{port}/metrics")
-                                    .decode().splitlines() if line.startswith("fabricmon_ingest_batches_total ")),
-                                   float("nan"))
+        acked = {name: ingested(port) for name, port in (("aggregator", http_port), (second_name, http_port2))
+                 if name in ingested0}
+        # batches per node-second over the window: what the CPU figures were spent on
+        rate = {name: (acked[name] - ingested0[name]) / wall / a.nodes for name in acked}
         th1 = thread_cpu(agg.pid)
         rss = {"aggregator": rss_mib(agg.pid), "prometheus": rss_mib(prom.pid)}
         series = next((float(line.split()[-1]) for line in http_get(f"http://127.0.0.1:{prom_port}/metrics")
@@ -367,7 +396,9 @@ def orchestrate(a: argparse.Namespace) -> int:
         f"targets up {_median(up):.0f}/{n}, freshness median {_median(ages['prometheus']):.2f} s "
         f"(max {max(ages['prometheus'], default=float('nan')):.2f} s)",
         f"aggregator: {cpu['aggregator']:.3f} cores, RSS {rss['aggregator']:.0f} MiB, freshness median "
-        f"{_median(ages['aggregator']):.2f} s (max {max(ages['aggregator'], default=float('nan')):.2f} s)"
+        f"{_median(ages['aggregator']):.2f} s (max {max(ages['aggregator'], default=float('nan')):.2f} s), "
+        f"{rate['aggregator']:.2f} batches per node-second ingested, "
+        f"{cpu['aggregator'] / max(rate['aggregator'] * n, 1e-9) * 1e6:.0f} us CPU per batch"
         + (" [under cProfile]" if a.profile else ""),
         "aggregator threads (cores): " + ", ".join(
             f"{k} {(v - th0.get(k, 0.0)) / wall:.3f}" for k, v in sorted(th1.items(), key=lambda kv: -kv[1])
@@ -379,7 +410,15 @@ def orchestrate(a: argparse.Namespace) -> int:
         lines.append(f"aggregator without the connection gate (grpc_limits.connection_gate: false, same streams, "
                      f"same run): {cpu['aggregator_nogate']:.3f} cores; the gate's cost: {gate:+.4f} cores "
                      f"({gate / cpu['aggregator_nogate'] * 100 if cpu['aggregator_nogate'] else float('nan'):+.1f} %, "
-                     f"{gate / n * 1e6:+.0f} us per node-second); batches ingested {acked}")
+                     f"{gate / n * 1e6:+.0f} us per node-second); batches ingested {acked}, per node-second "
+                     f"{rate}")
+    if "aggregator_against" in cpu:
+        other = cpu["aggregator_against"]
+        lines.append(f"aggregator from {a.against} (as shipped, same streams, same run): {other:.3f} cores, "
+                     f"freshness median {_median(ages['aggregator_against']):.2f} s, "
+                     f"{rate['aggregator_against']:.2f} batches per node-second; this tree / that tree = "
+                     f"{cpu['aggregator'] / other if other else float('nan'):.3f}; its central CPU ratio "
+                     f"aggregator/prometheus = {other / cpu['prometheus'] if cpu['prometheus'] else float('nan'):.3f}")
     for m in (1024, 4096):
         lines.append(f"extrapolated to {m} nodes (linear in per-node cost): prometheus "
                      f"{cpu['prometheus'] / n * m:.2f} cores, aggregator {cpu['aggregator'] / n * m:.2f} cores")
@@ -390,7 +429,7 @@ def orchestrate(a: argparse.Namespace) -> int:
     if a.json:
         Path(a.json).write_text(json.dumps({"nodes": n, "seconds": wall, "cpu_cores": cpu, "rss_mib": rss,
                                             "freshness_median_s": {k: _median(v) for k, v in ages.items()},
-                                            "ratio": ratio}, indent=1))
+                                            "batches_per_node_second": rate, "ratio": ratio}, indent=1))
     return 0
 
 
@@ -403,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="also write the numbers here")
     ap.add_argument("--compare-gate", action="store_true",
                     help="also run an aggregator without the connection gate on the same streams: the gate's cost")
+    ap.add_argument("--against", metavar="TREE",
+                    help="also run the aggregator of another source tree (as shipped) on the same streams")
     ap.add_argument("--role", choices=["orchestrate", "nodes", "aggregator"], default="orchestrate",
                     help=argparse.SUPPRESS)
     ap.add_argument("--aggregator", help=argparse.SUPPRESS)
@@ -412,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", help=argparse.SUPPRESS)
     ap.add_argument("--profile-after", type=float, default=0.0, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.against and a.compare_gate:
+        ap.error("--against and --compare-gate each run the second aggregator: choose one")
     if a.role == "nodes":
         return role_nodes(a)
     if a.role == "aggregator":

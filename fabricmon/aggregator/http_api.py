@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
@@ -25,6 +25,7 @@ from .admission import TS_AHEAD, TS_BEHIND, TS_STALE
 from .alertmanager import RESULTS, rfc3339
 from .conn_gate import EVICTED_UNAUTHENTICATED, REFUSED_BACKEND, REFUSED_LIMIT
 from .engine import LATENESS_EXPORTED_PER_JOB, Engine, RemoteSource
+from .metrics_text import render as render_metrics
 from .name_bounds import KINDS as NAME_KINDS
 from .remediation.metrics import remediation_series
 
@@ -367,7 +368,7 @@ class HttpApi(RoutedHTTPServer):
         super().__init__(listen[0], listen[1], {
             "/": landing_page("fabricmon aggregator",
                               ["/metrics", "/api/incidents", "/api/nodes", "/healthz", "/readyz"]),
-            "/metrics": lambda q: (200, generate_latest(self.registry), CONTENT_TYPE_LATEST),
+            "/metrics": lambda q: (200, render_metrics(self.registry), CONTENT_TYPE_LATEST),
             "/healthz": lambda q: (200, b"ok\n", TEXT),
             "/readyz": probe(lambda: self.ready(), b"ready\n", b"not ready\n"),
             "/api/incidents": self._incidents,

@@ -10,7 +10,7 @@ it never trusts lengths or ids from the wire.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from itertools import compress
 
 from ..batch import NicHello, NodeBatch, NodeHello
@@ -231,22 +231,27 @@ class SeriesDecoder:
 
     def decode(self, m: pb.Batch, node: str) -> NodeBatch:
         """Validate and decode; raises MalformedBatch.  The table changes only if the batch is valid."""
-        if m.seq == 0:
+        # every field read once: a protobuf attribute costs as much as a dict lookup and a call, and
+        # most batches carry a few changed counters, so these fixed costs are most of a batch's cost
+        seq, ts, iv, sc = m.seq, m.ts, m.interval_seconds, m.self_contained
+        if seq == 0:
             raise MalformedBatch("seq: must be > 0")
-        if not (math.isfinite(m.ts) and math.isfinite(m.interval_seconds)) or m.interval_seconds < 0:
+        if not (math.isfinite(ts) and math.isfinite(iv)) or iv < 0:
             raise MalformedBatch("ts/interval_seconds: must be finite (interval >= 0)")
         ids = list(m.delta_ids)
         vals = list(m.delta_values)
         if len(ids) != len(vals):
             raise MalformedBatch(f"delta_ids ({len(ids)}) and delta_values ({len(vals)}) differ in length")
-        if len(m.gauge_ids) != len(m.gauge_values):
-            raise MalformedBatch(f"gauge_ids ({len(m.gauge_ids)}) and gauge_values ({len(m.gauge_values)}) differ in "
+        g_ids = list(m.gauge_ids)
+        gvals = list(m.gauge_values)
+        if len(g_ids) != len(gvals):
+            raise MalformedBatch(f"gauge_ids ({len(g_ids)}) and gauge_values ({len(gvals)}) differ in "
                                  f"length")
-        table = {} if m.self_contained else self._table
-        zero = {} if m.self_contained else self._zero
-        read_ids = set() if m.self_contained else self._read_ids
-        gauge_ids = set() if m.self_contained else self._gauge_ids
-        counter_ids = set() if m.self_contained else self._counter_ids
+        if sc:
+            table, zero, read_ids, gauge_ids, counter_ids = {}, {}, set(), set(), set()
+        else:
+            table, zero, read_ids = self._table, self._zero, self._read_ids
+            gauge_ids, counter_ids = self._gauge_ids, self._counter_ids
         added: dict[int, SeriesKey] = {}
         added_gauges: set[int] = set()
         added_counters: set[int] = set()
@@ -267,9 +272,9 @@ class SeriesDecoder:
                 added_gauges.add(sd.id)
             elif sd.kind == COUNTER:
                 added_counters.add(sd.id)
-        if not m.self_contained and len(table) + len(added) > self._max:
+        if not sc and len(table) + len(added) > self._max:
             raise MalformedBatch(f"series table over its limit of {self._max} series")
-        refused = set() if m.self_contained else self._refused
+        refused = set() if sc else self._refused
         if added:
             # the table (and the zero cache) change only once the whole batch is valid
             table = {**table, **added}
@@ -278,7 +283,7 @@ class SeriesDecoder:
                 # ids redefined identically were judged when first defined on this connection
                 # (names admitted for a batch refused later stay counted: only that node's own budget)
                 no = {sid for sid, k in added.items()
-                      if (m.self_contained or sid not in self._table) and not self._admit(k)}
+                      if (sc or sid not in self._table) and not self._admit(k)}
                 if no:
                     refused = refused | no
             read_ids = read_ids | {sid for sid, k in added.items()
@@ -301,11 +306,12 @@ class SeriesDecoder:
             # a level sent as a count: its fall would read as a counter reset downstream
             bad = next(sid for sid in ids if sid in gauge_ids or sid in added_gauges)
             raise MalformedBatch(f"delta_ids: series {look(bad, 'delta_ids')[0]} is a gauge")
-        if not counter_ids.isdisjoint(m.gauge_ids) or not added_counters.isdisjoint(m.gauge_ids):
-            bad = next(sid for sid in m.gauge_ids if sid in counter_ids or sid in added_counters)
+        if g_ids and (not counter_ids.isdisjoint(g_ids) or not added_counters.isdisjoint(g_ids)):
+            bad = next(sid for sid in g_ids if sid in counter_ids or sid in added_counters)
             raise MalformedBatch(f"gauge_ids: series {look(bad, 'gauge_ids')[0]} is a counter")
-        sat = set(m.saturated_ids)
-        rst = set(m.reset_ids)
+        sat_ids, rst_ids = m.saturated_ids, m.reset_ids
+        sat = set(sat_ids) if sat_ids else _NONE
+        rst = set(rst_ids) if rst_ids else _NONE
         if sat or rst:
             delta_set = set(ids)
             for what, flagged in (("saturated_ids", sat), ("reset_ids", rst)):
@@ -332,15 +338,14 @@ class SeriesDecoder:
         n_refused = sum(1 for sid in ids if sid in refused) if refused else 0  # neither read nor "unread"
         skipped = len(ids) - len(deltas) - n_refused
         gauges = []
-        gvals = m.gauge_values
         # the same one C pass as for deltas: a NaN or an infinity makes the sum non-finite
         if gvals and not math.isfinite(sum(gvals)):
-            for sid, v in zip(m.gauge_ids, gvals, strict=True):
+            for sid, v in zip(g_ids, gvals, strict=True):
                 if not math.isfinite(v):
                     raise MalformedBatch(f"gauge_values: series {look(sid, 'gauge_ids')[0]} has a non-finite value "
                                          f"{v!r}")
         get = table.get
-        for sid, v in zip(m.gauge_ids, gvals, strict=True):
+        for sid, v in zip(g_ids, gvals, strict=True):
             gkey = get(sid)
             if gkey is None:
                 gkey = look(sid, "gauge_ids")  # raises, naming the id
@@ -348,59 +353,93 @@ class SeriesDecoder:
                 n_refused += 1
                 continue
             gauges.append(Sample(gkey[0], gkey[1], v))
-        ranks = []
-        for r in m.ranks:
-            why = job_name_problem(r.job)
-            if why is not None:
-                raise MalformedBatch(f"ranks.job: {why}")
-            if not (math.isfinite(r.step_seconds) and math.isfinite(r.comm_seconds) and math.isfinite(r.ts)):
-                raise MalformedBatch(f"ranks: job {r.job} rank {r.rank}: non-finite time")
-            if not (0 <= r.step_seconds <= MAX_SECONDS and 0 <= r.comm_seconds <= MAX_SECONDS and 0 <= r.ts <= MAX_TS):
-                raise MalformedBatch(f"ranks: job {r.job} rank {r.rank}: a time out of range (seconds in "
-                                     f"[0, {MAX_SECONDS:g}], ts in [0, {MAX_TS:g}])")
-            if r.step > MAX_STEP or r.local_rank > MAX_LOCAL_RANK or not -1 <= r.gpu <= MAX_GPU:
-                raise MalformedBatch(f"ranks: job {r.job} rank {r.rank}: step, local_rank or gpu out of range")
-            group = tuple((p.key, p.value) for p in r.group)  # the wire's pairs read once
-            if group and not (0 <= min(v for _, v in group) and max(v for _, v in group) <= MAX_GROUP_VALUE):
-                raise MalformedBatch(f"ranks: job {r.job} rank {r.rank}: a group value out of range")
-            if r.job_id and (why := job_name_problem(r.job_id)) is not None:
-                raise MalformedBatch(f"ranks.job_id: {why}")
-            ranks.append(RankTiming(
-                job=r.job, rank=r.rank, local_rank=r.local_rank, step=r.step, step_seconds=r.step_seconds,
-                comm_seconds=r.comm_seconds, ts=r.ts, node=node, gpu=r.gpu, group=group, job_id=r.job_id))
-        layouts = []
-        for lay in m.layouts:
-            why = job_name_problem(lay.job)
-            if why is not None:
-                raise MalformedBatch(f"layouts.job: {why}")
-            if any(not 1 <= p.value <= MAX_GROUP_VALUE for p in lay.layout):
-                raise MalformedBatch(f"layouts: job {lay.job}: a layout value out of range")
-            layouts.append(JobLayout(lay.job, tuple((p.key, p.value) for p in lay.layout)))
-        heartbeats = []
-        for h in m.heartbeats:
-            why = job_name_problem(h.job) or (job_name_problem(h.job_id) if h.job_id else None)
-            if why is not None:
-                raise MalformedBatch(f"heartbeats.job: {why}")
-            if not math.isfinite(h.ts) or not 0 <= h.ts <= MAX_TS or h.step > MAX_STEP or h.coll_sn > MAX_STEP:
-                raise MalformedBatch(f"heartbeats: job {h.job} rank {h.rank}: ts, step or coll_sn out of range")
-            if h.nccl_ras:
-                try:
-                    parse_addr(h.nccl_ras)
-                except BadAddress as exc:
-                    raise MalformedBatch(f"heartbeats: job {h.job} rank {h.rank}: nccl_ras: {exc}") from None
-            heartbeats.append(Heartbeat(h.job, h.rank, h.step, h.coll_sn, h.in_collective, h.ts, node, h.job_id,
-                                        h.nccl_ras))
-        if not m.self_contained and added:
+        ranks = _ranks(m.ranks, node) if m.ranks else ()
+        layouts = _layouts(m.layouts) if m.layouts else ()
+        heartbeats = _heartbeats(m.heartbeats, node) if m.heartbeats else ()
+        if not sc and added:
             self._table, self._zero, self._read_ids, self._refused = table, zero, read_ids, refused
             if added_gauges:
                 self._gauge_ids = gauge_ids | added_gauges
             if added_counters:
                 self._counter_ids = counter_ids | added_counters
         self.refused_values += n_refused
-        return NodeBatch(node=node, seq=m.seq, ts=m.ts, interval_seconds=m.interval_seconds,
-                         deltas=tuple(deltas), gauges=tuple(gauges), ranks=tuple(ranks), layouts=tuple(layouts),
-                         heartbeats=tuple(heartbeats),
-                         unread_deltas=skipped)
+        return NodeBatch(node, seq, ts, iv, tuple(deltas), tuple(gauges), ranks, layouts, skipped, heartbeats)
+
+
+_NONE: frozenset[int] = frozenset()
+# Job names (and job ids) already found fit, as _ID_PARTS_OK: a node's ranks repeat the same few every
+# batch, so each is checked once per process, not per rank timing.
+_JOB_NAMES_OK: set[str] = set()
+
+
+def _job_name_problem(value: str) -> str | None:
+    if value in _JOB_NAMES_OK:
+        return None
+    why = job_name_problem(value)
+    if why is None:
+        if len(_JOB_NAMES_OK) >= _ID_PARTS_OK_MAX:
+            _JOB_NAMES_OK.clear()
+        _JOB_NAMES_OK.add(value)
+    return why
+
+
+def _ranks(wire: Iterable[pb.RankTiming], node: str) -> tuple[RankTiming, ...]:
+    out = []
+    for r in wire:
+        # each field read once (see decode)
+        job, job_id, step_s, comm_s, ts = r.job, r.job_id, r.step_seconds, r.comm_seconds, r.ts
+        step, local_rank, gpu, rank = r.step, r.local_rank, r.gpu, r.rank
+        why = _job_name_problem(job)
+        if why is not None:
+            raise MalformedBatch(f"ranks.job: {why}")
+        # one chain decides the usual case: a NaN fails every comparison, an infinity the bound
+        if not (0 <= step_s <= MAX_SECONDS and 0 <= comm_s <= MAX_SECONDS and 0 <= ts <= MAX_TS):
+            if not (math.isfinite(step_s) and math.isfinite(comm_s) and math.isfinite(ts)):
+                raise MalformedBatch(f"ranks: job {job} rank {rank}: non-finite time")
+            raise MalformedBatch(f"ranks: job {job} rank {rank}: a time out of range (seconds in "
+                                 f"[0, {MAX_SECONDS:g}], ts in [0, {MAX_TS:g}])")
+        if step > MAX_STEP or local_rank > MAX_LOCAL_RANK or not -1 <= gpu <= MAX_GPU:
+            raise MalformedBatch(f"ranks: job {job} rank {rank}: step, local_rank or gpu out of range")
+        pairs = r.group
+        group: tuple[tuple[str, int], ...] = ()
+        if pairs:
+            group = tuple([(p.key, p.value) for p in pairs])  # the wire's pairs read once
+            values = [v for _, v in group]
+            if not (0 <= min(values) and max(values) <= MAX_GROUP_VALUE):
+                raise MalformedBatch(f"ranks: job {job} rank {rank}: a group value out of range")
+        if job_id and (why := _job_name_problem(job_id)) is not None:
+            raise MalformedBatch(f"ranks.job_id: {why}")
+        out.append(RankTiming(job, rank, local_rank, step, step_s, comm_s, ts, node, gpu, group, job_id))
+    return tuple(out)
+
+
+def _layouts(wire: Iterable[pb.JobLayout]) -> tuple[JobLayout, ...]:
+    out = []
+    for lay in wire:
+        why = _job_name_problem(lay.job)
+        if why is not None:
+            raise MalformedBatch(f"layouts.job: {why}")
+        if any(not 1 <= p.value <= MAX_GROUP_VALUE for p in lay.layout):
+            raise MalformedBatch(f"layouts: job {lay.job}: a layout value out of range")
+        out.append(JobLayout(lay.job, tuple((p.key, p.value) for p in lay.layout)))
+    return tuple(out)
+
+
+def _heartbeats(wire: Iterable[pb.Heartbeat], node: str) -> tuple[Heartbeat, ...]:
+    out = []
+    for h in wire:
+        why = _job_name_problem(h.job) or (_job_name_problem(h.job_id) if h.job_id else None)
+        if why is not None:
+            raise MalformedBatch(f"heartbeats.job: {why}")
+        if not math.isfinite(h.ts) or not 0 <= h.ts <= MAX_TS or h.step > MAX_STEP or h.coll_sn > MAX_STEP:
+            raise MalformedBatch(f"heartbeats: job {h.job} rank {h.rank}: ts, step or coll_sn out of range")
+        if h.nccl_ras:
+            try:
+                parse_addr(h.nccl_ras)
+            except BadAddress as exc:
+                raise MalformedBatch(f"heartbeats: job {h.job} rank {h.rank}: nccl_ras: {exc}") from None
+        out.append(Heartbeat(h.job, h.rank, h.step, h.coll_sn, h.in_collective, h.ts, node, h.job_id, h.nccl_ras))
+    return tuple(out)
 
 
 # --------------------------------------------------------------------- framing helpers

@@ -67,3 +67,27 @@ def test_hello_values_in_range(nic, match):
     m = pb.Hello(node="node-000", protocol_version=codec.PROTOCOL_VERSION, gpus=2**31)
     with pytest.raises(codec.MalformedBatch, match="hello.gpus"):
         codec.hello_from_pb(m)
+
+
+@pytest.mark.parametrize("field", ["step_seconds", "comm_seconds", "ts"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_rank_times_not_finite_refused_as_such(field, bad):
+    # the decoder judges the usual in-range case with one comparison chain; a NaN or an infinity must
+    # still be named for what it is, not as out of range
+    with pytest.raises(codec.MalformedBatch, match="non-finite time"):
+        codec.SeriesDecoder().decode(_batch(ranks=[_rank(**{field: bad})]), "node-000")
+
+
+def test_job_names_checked_on_every_batch_not_only_the_first():
+    # valid job names are remembered (one check per process): a bad one never is, whichever field it is in
+    dec = codec.SeriesDecoder()
+    assert dec.decode(_batch(ranks=[_rank(job="llm-7b", job_id="slurm-1")]), "node-000").ranks[0].job == "llm-7b"
+    for _ in range(2):
+        with pytest.raises(codec.MalformedBatch, match="ranks.job:"):
+            dec.decode(_batch(ranks=[_rank(job="llm\u202e7b")]), "node-000")
+        with pytest.raises(codec.MalformedBatch, match="ranks.job_id:"):
+            dec.decode(_batch(ranks=[_rank(job_id="x" * 129)]), "node-000")
+        with pytest.raises(codec.MalformedBatch, match="heartbeats.job:"):
+            dec.decode(_batch(heartbeats=[pb.Heartbeat(job="llm-7b", job_id="bad\x00id", ts=1.0e9)]), "node-000")
+        with pytest.raises(codec.MalformedBatch, match="layouts.job:"):
+            dec.decode(_batch(layouts=[pb.JobLayout(job="", layout=[pb.IntPair(key="tp", value=2)])]), "node-000")
