@@ -131,6 +131,7 @@ class _Outer(asyncio.BufferedProtocol):
         self.buf = gate.buf
         self.transport: Any = None
         self.conn: GateConn | None = None
+        self.early: list[bytes] = []  # what the client sent before the backend connection was up
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -139,7 +140,10 @@ class _Outer(asyncio.BufferedProtocol):
         if self.conn is None:
             transport.abort()
             return
-        transport.pause_reading()  # nothing to relay to until the backend connection is up
+        # nothing to relay to until the backend connection is up.  Python 3.10 and early 3.11 (Debian 12's
+        # 3.11.2) ignore a pause from connection_made (CPython gh-103607: the transport adds its reader after
+        # this returns), so what the client sends meanwhile is still read there: buffer_updated keeps it
+        transport.pause_reading()
         fut = asyncio.get_running_loop().create_task(self._open_backend())
         fut.add_done_callback(self._connected)
 
@@ -175,6 +179,9 @@ class _Outer(asyncio.BufferedProtocol):
             inner.abort()
             return
         conn.inner = inner
+        if self.early:  # the client's first bytes (its HTTP/2 preface), read before the backend was up
+            inner.write(b"".join(self.early))
+            self.early.clear()
         self.transport.resume_reading()
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -184,6 +191,12 @@ class _Outer(asyncio.BufferedProtocol):
         conn = self.conn
         if conn is not None and conn.inner is not None:
             conn.inner.write(self.buf[:nbytes].tobytes())
+        elif conn is not None:  # read despite the pause in connection_made: kept for the backend, not dropped
+            self.early.append(self.buf[:nbytes].tobytes())
+            # and paused for real: resume then pause removes the reader that pause left in place, so at most
+            # one read is held per connection until the backend connection is up
+            self.transport.resume_reading()
+            self.transport.pause_reading()
 
     def pause_writing(self) -> None:  # the client reads slower than the gRPC server sends
         if self.conn is not None and self.conn.inner is not None:
