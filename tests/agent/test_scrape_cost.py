@@ -14,10 +14,11 @@ import textwrap
 import threading
 import urllib.request
 
+import pytest
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 
 from fabricmon.agent.exporter import RenderedSnapshot
-from fabricmon.agent.runtime import build_agent
+from fabricmon.agent.runtime import GIL_SWITCH_INTERVAL, build_agent
 from fabricmon.agent.selfmetrics import AgentSelfCollector, self_exposition
 from fabricmon.agent.stream import AGGREGATOR_DROP_REASONS, BATCH_DROP_REASONS, REFUSAL_REASONS
 from fabricmon.agent.supervise import Supervisor
@@ -203,3 +204,32 @@ def test_the_shipped_sources_load_neither_grpc_nor_disabled_sources(make_fixture
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0, out.stdout + out.stderr[-2000:]
     assert "'infiniband'" in out.stdout and "'ethtool'" in out.stdout
+
+
+@pytest.mark.integration
+def test_the_agent_process_hands_the_gil_over_within_half_a_millisecond(make_fixture, tmp_path):
+    """``fabricmon agent`` lowers CPython's GIL switch interval (5 ms): a scrape that needs the GIL
+    while the poll or the stream thread runs Python waits at most that long, at each of its steps."""
+    root = make_fixture(layout="ib")
+    code = textwrap.dedent(f"""
+        import os, signal, sys, threading, time
+        from fabricmon.cli import main
+
+        default = sys.getswitchinterval()
+
+        def report():
+            end = time.monotonic() + 60
+            while sys.getswitchinterval() == default and time.monotonic() < end:
+                time.sleep(0.01)
+            print("interval", default, sys.getswitchinterval(), flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=report, daemon=True).start()
+        sys.exit(main(["agent", "--sysfs-root", {str(root / "sys")!r}, "--ethtool-dir", {str(root / "ethtool")!r},
+                       "--nvml", "fake:" + {str(root / "nvml.json")!r}, "--listen", "127.0.0.1:0",
+                       "--config", {str(tmp_path / "agent.yaml")!r}]))
+    """)
+    (tmp_path / "agent.yaml").write_text(f"intake:\n  listen: null\n  socket: {tmp_path / 'ranks.sock'}\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+    assert f"interval 0.005 {GIL_SWITCH_INTERVAL}" in out.stdout and GIL_SWITCH_INTERVAL == 0.0005
