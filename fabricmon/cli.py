@@ -206,7 +206,7 @@ def _load_agent(args: argparse.Namespace):
 
 def cmd_agent(args: argparse.Namespace) -> int:
     from .agent.exporter import exposition
-    from .agent.runtime import build_agent
+    from .agent.runtime import build_agent, hand_over_gil_promptly
     from .agent.wiring import build_live_agent
     from .filewatch import FileWatch, watch_period
     from .logs import configure_logging
@@ -237,6 +237,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         agent.poller.close()
         return 0
     sig = Signals().install()
+    hand_over_gil_promptly()
     agent = build_live_agent(cfg, source=args.config or "<defaults>")
     agent.web = web
     try:

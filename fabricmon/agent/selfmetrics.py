@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 # (stats key, family name without the _total suffix for counters, kind, help)
 _STREAM_SCALARS = (
@@ -91,6 +91,15 @@ class AgentSelfCollector:
         return []
 
     def collect(self) -> Iterator[Metric]:
+        for name, kind, help_, labels, samples in self.rows():
+            fam = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, help_, labels=list(labels))
+            for values, value in samples:
+                fam.add_metric(list(values), value)
+            yield fam
+
+    def rows(self) -> Iterator[tuple[str, str, str, tuple[str, ...], list[tuple[tuple[str, ...], float]]]]:
+        """Each family as (name, kind, help, label names, [(label values, value)]): what ``collect``
+        and ``SelfExposition`` both write."""
         node = self._node
         if self._stream is not None:
             # Imported only with a stream configured: they bring gRPC and protobuf, which an agent
@@ -101,75 +110,89 @@ class AgentSelfCollector:
 
             s = self._stream()
             for key, name, kind, help_ in _STREAM_SCALARS:
-                fam = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, help_, labels=["node"])
-                fam.add_metric([node], float(s.get(key, 0)))
-                yield fam
-            fam = CounterMetricFamily("fabricmon_stream_batches_dropped",
-                                      "Batches (or the snapshots they come from) lost, by reason.",
-                                      labels=["node", "reason"])
-            dropped = s.get("batches_dropped", {})
-            for reason in BATCH_DROP_REASONS:
-                fam.add_metric([node, reason], float(dropped.get(reason, 0)))
-            yield fam
-            fam = CounterMetricFamily("fabricmon_stream_batches_dropped_by_aggregator",
-                                      "Batches the aggregator acknowledged but did not believe, by the reason its ack "
-                                      "gave: the node's clock (ts_ahead, ts_behind, ts_stale) or seq (seq_ahead).",
-                                      labels=["node", "reason"])
-            agg = s.get("aggregator_dropped", {})
-            for reason in AGGREGATOR_DROP_REASONS:
-                fam.add_metric([node, reason], float(agg.get(reason, 0)))
-            yield fam
-            fam = CounterMetricFamily("fabricmon_stream_refused",
-                                      "Connections the aggregator refused: no or wrong credential (unauthenticated), "
-                                      "a credential naming another node (permission_denied).",
-                                      labels=["node", "reason"])
-            refused = s.get("refused", {})
-            for reason in REFUSAL_REASONS.values():
-                fam.add_metric([node, reason], float(refused.get(reason, 0)))
-            yield fam
-            fam = CounterMetricFamily("fabricmon_stream_items_dropped",
-                                      "Items left out of a batch because the wire cannot carry them, by kind.",
-                                      labels=["node", "reason"])
-            items = s.get("items_dropped", {})
-            for reason in ITEM_REASONS:
-                fam.add_metric([node, reason], float(items.get(reason, 0)))
-            yield fam
+                yield name, kind, help_, _NODE, [((node,), float(s.get(key, 0)))]
+            for name, help_, key, reasons in (
+                ("fabricmon_stream_batches_dropped", "Batches (or the snapshots they come from) lost, by reason.",
+                 "batches_dropped", BATCH_DROP_REASONS),
+                ("fabricmon_stream_batches_dropped_by_aggregator",
+                 "Batches the aggregator acknowledged but did not believe, by the reason its ack gave: the node's "
+                 "clock (ts_ahead, ts_behind, ts_stale) or seq (seq_ahead).", "aggregator_dropped",
+                 AGGREGATOR_DROP_REASONS),
+                ("fabricmon_stream_refused", "Connections the aggregator refused: no or wrong credential "
+                 "(unauthenticated), a credential naming another node (permission_denied).", "refused",
+                 tuple(REFUSAL_REASONS.values())),
+                ("fabricmon_stream_items_dropped", "Items left out of a batch because the wire cannot carry them, "
+                 "by kind.", "items_dropped", ITEM_REASONS),
+            ):
+                counts = s.get(key, {})
+                yield name, "counter", help_, _NODE_REASON, [((node, r), float(counts.get(r, 0))) for r in reasons]
             ras = s.get("nccl_ras", {})
-            fam = CounterMetricFamily("fabricmon_agent_nccl_ras_queries",
-                                      "NCCL RAS queries the aggregator asked this agent to run, by outcome: ok, "
-                                      "refused, unreachable, timeout, old_protocol (NCCL < 2.28.7, no JSON), "
-                                      "bad_reply, bad_json, too_large, not_local, bad_address, busy, bad_query.",
-                                      labels=["node", "outcome"])
             outcomes = ras.get("outcomes", {})
-            for outcome in QUERY_OUTCOMES:
-                fam.add_metric([node, outcome], float(outcomes.get(outcome, 0)))
-            yield fam
-            fam = CounterMetricFamily("fabricmon_agent_nccl_ras_query_seconds",
-                                      "Seconds spent in NCCL RAS queries (on their own thread, off the poll loop).",
-                                      labels=["node"])
-            fam.add_metric([node], float(ras.get("seconds_total", 0.0)))
-            yield fam
+            yield ("fabricmon_agent_nccl_ras_queries", "counter",
+                   "NCCL RAS queries the aggregator asked this agent to run, by outcome: ok, refused, unreachable, "
+                   "timeout, old_protocol (NCCL < 2.28.7, no JSON), bad_reply, bad_json, too_large, not_local, "
+                   "bad_address, busy, bad_query.", ("node", "outcome"),
+                   [((node, o), float(outcomes.get(o, 0))) for o in QUERY_OUTCOMES])
+            yield ("fabricmon_agent_nccl_ras_query_seconds", "counter",
+                   "Seconds spent in NCCL RAS queries (on their own thread, off the poll loop).", _NODE,
+                   [((node,), float(ras.get("seconds_total", 0.0)))])
         if self._threads is not None:
             st = self._threads()
-            up = GaugeMetricFamily("fabricmon_agent_thread_up", "1 while the agent thread runs.",
-                                   labels=["node", "thread"])
-            rs = CounterMetricFamily("fabricmon_agent_thread_restarts",
-                                     "Times the supervisor restarted a dead agent thread.", labels=["node", "thread"])
-            for name in sorted(st):
-                alive, restarts = st[name]
-                up.add_metric([node, name], float(alive))
-                rs.add_metric([node, name], float(restarts))
-            yield up
-            yield rs
+            names = sorted(st)
+            yield ("fabricmon_agent_thread_up", "gauge", "1 while the agent thread runs.", _NODE_THREAD,
+                   [((node, n), float(st[n][0])) for n in names])
+            yield ("fabricmon_agent_thread_restarts", "counter", "Times the supervisor restarted a dead agent thread.",
+                   _NODE_THREAD, [((node, n), float(st[n][1])) for n in names])
         lw = self._link_watch() if self._link_watch is not None else {}
         if lw:  # only while the watch runs: a disabled watch has no series rather than zeros
             for key, name, kind, help_ in _LINK_WATCH:
-                fam = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, help_, labels=["node"])
-                fam.add_metric([node], float(lw.get(key, 0)))
-                yield fam
+                yield name, kind, help_, _NODE, [((node,), float(lw.get(key, 0)))]
+
+
+_NODE = ("node",)
+_NODE_REASON = ("node", "reason")
+_NODE_THREAD = ("node", "thread")
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+
+
+class SelfExposition:
+    """The collector's text exposition, the same bytes as prometheus_client's ``generate_latest``
+    (a test holds them equal) at a fraction of its cost: read at each scrape (a count shows once
+    its event happened), so each family's HELP/TYPE lines and each series' ``name{labels} `` are
+    made once and a scrape only formats the values."""
+
+    _MAX_PREFIXES = 4096  # series are fixed sets (reasons, threads): a bound against a leak, not a limit
+
+    def __init__(self, collector: AgentSelfCollector) -> None:
+        self._collector = collector
+        self._heads: dict[str, str] = {}
+        self._prefixes: dict[tuple[str, tuple[str, ...], tuple[str, ...]], str] = {}
+
+    def __call__(self) -> bytes:
+        out: list[str] = []
+        heads, prefixes = self._heads, self._prefixes
+        if len(prefixes) > self._MAX_PREFIXES:
+            prefixes.clear()
+        for name, kind, help_, labels, samples in self._collector.rows():
+            sample_name = name + "_total" if kind == "counter" else name
+            head = heads.get(sample_name)
+            if head is None:
+                doc = help_.replace("\\", r"\\").replace("\n", r"\n")
+                head = heads[sample_name] = f"# HELP {sample_name} {doc}\n# TYPE {sample_name} {kind}\n"
+            out.append(head)
+            for values, value in samples:
+                key = (sample_name, labels, values)
+                prefix = prefixes.get(key)
+                if prefix is None:
+                    pairs = sorted(zip(labels, values, strict=True))
+                    prefix = prefixes[key] = (sample_name + "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in pairs)
+                                              + "} ")
+                out.append(prefix + floatToGoString(value) + "\n")
+        return "".join(out).encode("utf-8")
 
 
 def self_exposition(collector: AgentSelfCollector) -> Callable[[], bytes]:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
-    return lambda: generate_latest(registry)
+    return SelfExposition(collector)
