@@ -248,6 +248,7 @@ class CostedFinding(Protocol):
     jobs: tuple[str, ...]
     severity: str
     impact: tuple[JobImpact, ...]
+    costed: bool
 
 
 class CostedIncident(Protocol):
@@ -428,6 +429,10 @@ class IncidentCost:
         for f in findings:
             if not (f.fire or f.keep) or f.severity == "info":
                 continue
+            # the jobs on the component now, none included: a job that left (its epilog, its steps ended
+            # for good) leaves the open incident's impact; a rate (GPU-hours/hour) of GPUs it no longer holds
+            # would be counted twice once the next job takes them
+            f.costed = True
             inc = manager.get_open(f.alertname, f.component)
             named = {j for j in f.jobs if j in self.steps.jobs}
             if f.labels.get("job_id"):  # a heartbeat finding names the job; its identity is name and id
