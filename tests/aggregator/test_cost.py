@@ -163,3 +163,35 @@ def test_a_leaf_degrading_over_its_flaky_cable_is_not_charged_the_compound():
     assert compound.step_slowdown == pytest.approx(0.284, abs=0.001)  # the rule for parallel rings
     imp = log.impact("llm", leaf, t, [(cable, t)], other_adds=[False], others_nested=[True])
     assert imp.step_slowdown == pytest.approx(1.16 * 1.025 - 1, abs=0.001)
+
+
+def test_a_leaf_over_a_degraded_link_is_divided_out_of_the_transfer_part_of_the_step():
+    """Seed 5201 of ``bench_detection --overlap``, in the simulator's terms (sim/job.py): a 1.66 s step of
+    1.26 s compute and 0.4 s ring transfer (0.46 s in collectives); a link at half rate (+0.24 alone) and,
+    inside it, its leaf at 0.61 of its rate (+0.154 alone): rates multiply on one path, so together the
+    transfer takes 0.4 / (0.5 x 0.61) s (+0.55).  Dividing whole steps charged the leaf +0.25; divided out
+    of the part in collectives it is its own +0.154."""
+    log = StepLog()
+    compute, transfer, tp = 1.2, 0.4, 0.06
+
+    def feed(n: int, rate: float, t0: float, first: int) -> float:
+        t = t0
+        for k in range(n):
+            s = compute + tp + transfer / rate
+            t += s
+            log.record("llm", first + k, t, s, gpus=64, comm=tp + transfer / rate)
+        return t
+
+    t = feed(40, 1.0, 1000.0, 1)
+    link = t
+    t = feed(20, 0.5, t, 41)
+    leaf = t
+    t = feed(20, 0.5 * 0.61, t, 61)
+    leaf_end = t
+    t = feed(20, 0.5, t, 81)
+    alone = (transfer / 0.61 - transfer) / (compute + tp + transfer)
+    imp = log.impact("llm", leaf, leaf_end, [(link, t)], other_adds=[False], others_nested=[True])
+    assert imp.step_slowdown == pytest.approx(alone, rel=0.15)
+    # the link measures its own slices (before and after the leaf)
+    assert log.impact("llm", link, t, [(leaf, leaf_end)], other_adds=[False], others_nested=[True]).step_slowdown \
+        == pytest.approx(0.4 / 1.66, rel=0.01)
