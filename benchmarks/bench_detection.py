@@ -69,6 +69,7 @@ from fabricmon.aggregator.alertmanager import AlertmanagerClient  # noqa: E402
 from fabricmon.aggregator.config import DetectionSettings  # noqa: E402
 from fabricmon.aggregator.engine import Engine  # noqa: E402
 from fabricmon.aggregator.runtime import AggregatorRuntime  # noqa: E402
+from fabricmon.atomic import atomic_write_text  # noqa: E402
 from fabricmon.demo.local_alertmanager import WebhookReceiver  # noqa: E402
 from fabricmon.demo.scoring import score  # noqa: E402
 from fabricmon.sim.drive import Drive  # noqa: E402
@@ -483,6 +484,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{len(r['decoys'])} decoy(s) {[d['kind'] for d in r['decoys']]} -> {sc['pages']} page(s), "
                   f"{sc['info_findings']} info, P {sc['precision']:.2f} R {sc['recall']:.2f}, "
                   f"{r['wall']:.1f} s", flush=True)
+            if args.json:  # every scenario so far: a run stopped early (a long 1,024-node series) keeps them
+                atomic_write_text(args.json, json.dumps({"partial": True, "scenarios": [
+                    {"seed": x["seed"], "faults": x["ground"], "decoys": x["decoys"], "incidents": x["incidents"],
+                     "score": x["score"]} for x in results]}, default=str))
     finally:
         if rig is not None:
             rig.close()
