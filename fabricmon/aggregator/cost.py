@@ -191,7 +191,7 @@ def _sliced_slowdown(starts: Sequence[float], secs: Sequence[float], i0: int, i1
       joint ``J`` (dividing whole steps charged a leaf over a degraded link 0.25 for 0.16 alone); across
       phases they add (``adds[k]``: a slow GPU's
       compute and a bad NIC's ring are waited for one after the other), so what the other measured alone
-      (its own slices, or its direct measure) is taken off, and the rest split with the others of the
+      (its own slices, else its direct measure) is taken off, and the rest split with the others of the
       other phase that measured nothing.  The smallest bound stands: a link incident that outlives the
       degraded leaf above it is not charged the leaf's slowdown."""
     mine_s, mine_x = starts[i0:i1], secs[i0:i1]
@@ -203,13 +203,16 @@ def _sliced_slowdown(starts: Sequence[float], secs: Sequence[float], i0: int, i1
     mine_span = (mine_s[0], mine_s[-1] + 1e-6)
     known: list[float | None] = []
     for k, span in enumerate(others):
-        d = others_direct_s[k] if k < len(others_direct_s) else None
-        if d is not None:
-            known.append(max(0.0, d / base))
-            continue
+        # what the other measured alone (its own slices) first, as an incident's own measure comes first above;
+        # its direct measure only without them: a slow GPU's late compute over the median GPU reads high by
+        # the jitter the step already waited for at the slowest GPU (a NIC inside it took ~0.02 too little)
         rest = [o for j, o in enumerate(others) if j != k] + [mine_span]
         own_o = [x for st, x in zip(starts, secs, strict=True) if span[0] <= st < span[1] and not _inside(st, rest)]
-        known.append(_slow(own_o, base) if len(own_o) >= OWN_STEPS else None)
+        d = others_direct_s[k] if k < len(others_direct_s) else None
+        if len(own_o) >= OWN_STEPS:
+            known.append(_slow(own_o, base))
+        else:
+            known.append(max(0.0, d / base) if d is not None else None)
     slices: dict[frozenset[int], list[float]] = {}
     for st, x in zip(mine_s, mine_x, strict=True):
         key = frozenset(k for k, (lo, hi) in enumerate(others) if lo <= st < hi)
