@@ -190,7 +190,9 @@ class PodResourcesConfig:
 
     enabled: bool | None = None
     socket: str = PODRESOURCES_SOCKET
-    resources: tuple[str, ...] = ("nvidia.com/gpu",)  # the NVIDIA device plugin's resource
+    # the NVIDIA device plugin's resources: whole GPUs (MIG devices too under its mig strategy "single"), and
+    # MIG devices under "mixed" (nvidia.com/mig-1g.10gb ...); a name ending in "*" is a prefix
+    resources: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/mig-*")
     job_labels: tuple[str, ...] = ("fabricmon.io/job", "batch.kubernetes.io/job-name", "job-name")
     # the job's identity across its pods and nodes; else "<namespace>:<job>"
     job_id_labels: tuple[str, ...] = ("fabricmon.io/job-id", "batch.kubernetes.io/controller-uid", "controller-uid")
@@ -208,7 +210,7 @@ class PodResourcesConfig:
         if not self.resources:
             raise ConfigError(f"{source}: {path}.resources: need at least one resource name (nvidia.com/gpu)")
         for i, r in enumerate(self.resources):
-            if not _RESOURCE_NAME.match(r):
+            if not _RESOURCE_NAME.match(r.removesuffix("-*").removesuffix("*")):
                 raise ConfigError(f"{source}: {path}.resources[{i}]: not an extended resource name "
                                   f"(vendor/name, e.g. nvidia.com/gpu), got {r!r}")
         for name, keys in (("job_labels", self.job_labels), ("job_id_labels", self.job_id_labels)):

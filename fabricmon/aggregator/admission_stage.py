@@ -121,7 +121,7 @@ class AdmissionStage(Stage):
                         why = add(rt, batch.node)  # the tracker's own refusals (step range) count here too
                     if why is None:
                         self.cost.record(f"{rt.job}\x00{rt.job_id}" if rt.job_id else rt.job, rt.job, rt.job_id,
-                                         rt.step, rt.ts, rt.step_seconds)
+                                         rt.step, rt.ts, rt.step_seconds, rt.comm_seconds)
                     else:
                         self.rank_timings_dropped[why] = self.rank_timings_dropped.get(why, 0) + 1
             return True

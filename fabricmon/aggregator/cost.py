@@ -26,6 +26,7 @@ job; pure functions of what was recorded, so tests feed steps and read impacts.
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -48,6 +49,7 @@ STOPPED_AFTER_STEPS = 5  # no step for this many of the job's median steps while
 HUNG_ALERT = "JobHung"
 MAX_EXCESS_KEYS = 4096  # (GPU, job) pairs whose late compute is remembered
 OWN_STEPS = 3  # steps of its own (no later incident on the job open) that an incident's slowdown needs
+COMM_SHARE_MIN = 0.05  # below this a job's comm times say nothing of its transfers (a share of a clean step)
 
 
 @dataclass
@@ -57,6 +59,7 @@ class JobSteps:
     gpus: int = 0
     starts: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_STEPS))
     seconds: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_STEPS))
+    comms: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_STEPS))  # NaN: not reported
     last_step: int = -1
     last_end: float = 0.0
 
@@ -90,7 +93,7 @@ class StepLog:
         self.jobs: dict[str, JobSteps] = {}
 
     def record(self, job: str, step: int, end_ts: float, seconds: float, *, job_id: str = "",
-               gpus: int = 0) -> None:
+               gpus: int = 0, comm: float | None = None) -> None:
         js = self.jobs.get(job)
         if js is None:
             js = self.jobs[job] = JobSteps(job, job_id)
@@ -105,6 +108,7 @@ class StepLog:
             return  # out of order: the log stays sorted by start
         js.starts.append(start)
         js.seconds.append(seconds)
+        js.comms.append(comm if comm is not None and comm > 0 else math.nan)
 
     def impact(self, job: str, first_seen: float, now: float,
                other_open: Sequence[tuple[float, float]] = (), *, baseline_end: float | None = None,
@@ -122,18 +126,21 @@ class StepLog:
             return None
         if stopped:
             return JobImpact(job, js.job_id, None, True, float(js.gpus))
-        starts, secs = list(js.starts), list(js.seconds)
+        starts, secs, comms = list(js.starts), list(js.seconds), list(js.comms)
         i0 = bisect.bisect_left(starts, first_seen)
         i1 = bisect.bisect_left(starts, now)  # steps that start after ``now`` are not this incident's
         end = first_seen if baseline_end is None else min(baseline_end, first_seen)
         base: list[float] = []
+        base_comm: list[float] = []
         for skip in (skip_steps, skip_steps // 2):
             i_end = min(bisect.bisect_left(starts, end), max(0, i0 - skip))
-            base = []
+            base, base_comm = [], []
             for k in range(i_end - 1, -1, -1):
                 if _inside(starts[k], other_open):
                     continue
                 base.append(secs[k])
+                if not math.isnan(comms[k]):
+                    base_comm.append(comms[k])
                 if len(base) >= BASELINE_STEPS:
                     break
             if len(base) >= BASELINE_STEPS // 2:
@@ -146,8 +153,11 @@ class StepLog:
             return JobImpact(job, js.job_id, None, False, 0.0)
         if base_med is None or base_med <= 0:
             return JobImpact(job, js.job_id, None, False, 0.0)
+        # the share of a clean step in collectives: what a bandwidth factor on the job's path scales
+        share = (min(1.0, max(COMM_SHARE_MIN, statistics.median(base_comm) / base_med))
+                 if len(base_comm) >= BASELINE_STEPS // 2 else 1.0)
         slowdown = _sliced_slowdown(starts, secs, i0, i1, other_open, other_adds, base_med, direct_s, others_direct_s,
-                                    others_nested)
+                                    others_nested, share)
         return JobImpact(job, js.job_id, slowdown, False, js.gpus * (1.0 - 1.0 / (1.0 + slowdown)))
 
 
@@ -162,7 +172,7 @@ def _slow(xs: Sequence[float], base: float) -> float:
 def _sliced_slowdown(starts: Sequence[float], secs: Sequence[float], i0: int, i1: int,
                      others: Sequence[tuple[float, float]], adds: Sequence[bool], base: float,
                      direct_s: float | None = None, others_direct_s: Sequence[float | None] = (),
-                     nested: Sequence[bool] = ()) -> float:
+                     nested: Sequence[bool] = (), comm_share: float = 1.0) -> float:
     """An incident's share of its job's slowdown (DESIGN "Jobs, decoys and cost"); its steps are
     ``starts[i0:i1]``.  The steps that start while it is the job's only open incident are its own, and
     measure it when there are ``OWN_STEPS`` of them.  Otherwise:
@@ -173,10 +183,15 @@ def _sliced_slowdown(starts: Sequence[float], secs: Sequence[float], i0: int, i1
       slice of ``OWN_STEPS`` steps or more bounds it: within a phase two slowdowns do not add (the job's
       rings run in parallel and the step waits for the slowest: a bad link under a degraded leaf), so a
       slice's joint slowdown is at least this one's, except where the two lie on one path (``nested[k]``:
-      a link under its leaf, the leaf's rail): they slow the same transfers one on top of the other, and
-      the other's own measure is divided out; across phases they add (``adds[k]``: a slow GPU's
+      a link under its leaf, the leaf's rail): they slow the same transfers one on top of the other (their
+      rates multiply), and the other's own measure is divided out of the part of the step in collectives
+      (``comm_share`` of a clean step, 1 when the job reports no comm time): with ``f`` that share, a
+      step is ``(1 - f) + f / (a x b)`` of a clean one for rate factors ``a`` and ``b``, so the other's
+      ``v`` gives ``1 / a = 1 + v / f`` and this one's own is ``f x ((1 + J / f) / (1 + v / f) - 1)`` for a
+      joint ``J`` (dividing whole steps charged a leaf over a degraded link 0.25 for 0.16 alone); across
+      phases they add (``adds[k]``: a slow GPU's
       compute and a bad NIC's ring are waited for one after the other), so what the other measured alone
-      (its own slices, or its direct measure) is taken off, and the rest split with the others of the
+      (its own slices, else its direct measure) is taken off, and the rest split with the others of the
       other phase that measured nothing.  The smallest bound stands: a link incident that outlives the
       degraded leaf above it is not charged the leaf's slowdown."""
     mine_s, mine_x = starts[i0:i1], secs[i0:i1]
@@ -188,13 +203,16 @@ def _sliced_slowdown(starts: Sequence[float], secs: Sequence[float], i0: int, i1
     mine_span = (mine_s[0], mine_s[-1] + 1e-6)
     known: list[float | None] = []
     for k, span in enumerate(others):
-        d = others_direct_s[k] if k < len(others_direct_s) else None
-        if d is not None:
-            known.append(max(0.0, d / base))
-            continue
+        # what the other measured alone (its own slices) first, as an incident's own measure comes first above;
+        # its direct measure only without them: a slow GPU's late compute over the median GPU reads high by
+        # the jitter the step already waited for at the slowest GPU (a NIC inside it took ~0.02 too little)
         rest = [o for j, o in enumerate(others) if j != k] + [mine_span]
         own_o = [x for st, x in zip(starts, secs, strict=True) if span[0] <= st < span[1] and not _inside(st, rest)]
-        known.append(_slow(own_o, base) if len(own_o) >= OWN_STEPS else None)
+        d = others_direct_s[k] if k < len(others_direct_s) else None
+        if len(own_o) >= OWN_STEPS:
+            known.append(_slow(own_o, base))
+        else:
+            known.append(max(0.0, d / base) if d is not None else None)
     slices: dict[frozenset[int], list[float]] = {}
     for st, x in zip(mine_s, mine_x, strict=True):
         key = frozenset(k for k, (lo, hi) in enumerate(others) if lo <= st < hi)
@@ -207,11 +225,12 @@ def _sliced_slowdown(starts: Sequence[float], secs: Sequence[float], i0: int, i1
         taken = sum(v for k in add if (v := known[k]) is not None)
         unknown = sum(1 for k in add if known[k] is None)
         # one path (a link under its degraded leaf): the two slow the same transfers, one on top of the other
+        f = comm_share
         over = 1.0
         for k in key:
             if k < len(nested) and nested[k] and not (k < len(adds) and adds[k]) and (v := known[k]) is not None:
-                over *= 1.0 + v
-        joint = (1.0 + _slow(xs, base)) / over - 1.0
+                over *= 1.0 + v / f
+        joint = f * ((1.0 + _slow(xs, base) / f) / over - 1.0)
         bounds.append(max(0.0, joint - taken) / (1 + unknown))
     return min(bounds) if bounds else _slow(mine_x, base)
 
@@ -248,6 +267,7 @@ class CostedFinding(Protocol):
     jobs: tuple[str, ...]
     severity: str
     impact: tuple[JobImpact, ...]
+    costed: bool
 
 
 class CostedIncident(Protocol):
@@ -294,8 +314,9 @@ class IncidentCost:
         self._index_key: tuple[tuple[str, int], ...] = ()
         self._gpus: dict[str, int] = {}
 
-    def record(self, job_key: str, job: str, job_id: str, step: int, end_ts: float, seconds: float) -> None:
-        self.steps.record(job_key, step, end_ts, seconds, job_id=job_id)
+    def record(self, job_key: str, job: str, job_id: str, step: int, end_ts: float, seconds: float,
+               comm: float | None = None) -> None:
+        self.steps.record(job_key, step, end_ts, seconds, job_id=job_id, comm=comm)
         js = self.steps.jobs[job_key]
         js.name = job
 
@@ -428,6 +449,10 @@ class IncidentCost:
         for f in findings:
             if not (f.fire or f.keep) or f.severity == "info":
                 continue
+            # the jobs on the component now, none included: a job that left (its epilog, its steps ended
+            # for good) leaves the open incident's impact; a rate (GPU-hours/hour) of GPUs it no longer holds
+            # would be counted twice once the next job takes them
+            f.costed = True
             inc = manager.get_open(f.alertname, f.component)
             named = {j for j in f.jobs if j in self.steps.jobs}
             if f.labels.get("job_id"):  # a heartbeat finding names the job; its identity is name and id

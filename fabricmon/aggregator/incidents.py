@@ -115,6 +115,9 @@ class Finding:
     description: str = ""
     severity: str = ""
     impact: tuple[JobImpact, ...] = ()  # cost.JobImpact per hurt job, by cost (aggregator/cost.py)
+    # the cost stage ran on it this tick: ``impact`` is the jobs on the component now, empty included (a job
+    # that left is dropped); a finding it did not see (a restart's hold) leaves the incident's impact alone
+    costed: bool = False
 
     @property
     def component_type(self) -> str:
@@ -352,7 +355,7 @@ class IncidentManager:
         if f.description and f.description != inc.description:
             inc.description = f.description
             visible = True
-        if f.impact and list(f.impact) != inc.impact:
+        if f.costed and list(f.impact) != inc.impact:
             # shown as integers (impact_sentence): a resend only when what an operator reads changes
             visible = visible or impact_sentence(list(f.impact)) != impact_sentence(inc.impact)
             inc.impact = list(f.impact)

@@ -334,6 +334,8 @@ class StragglerTracker:
         step_t, comm = vals[:, 0], vals[:, 1]
         compute = step_t - comm
         stage_of = np.array([job.ranks[int(r)].stage for r in ranks], dtype=np.int64)
+        ring_c, ring_m = _ring_medians(stage_of, np.array([job.ranks[int(r)].gpu for r in ranks], dtype=np.int64),
+                                       compute, comm)
         job_med_step = float(np.median(step_t))
         job.step_median = job_med_step
         job.evaluated += 1
@@ -352,13 +354,18 @@ class StragglerTracker:
             stage_meds[int(stage)] = mc
             if len(idx) < 3:
                 continue
-            sc = max(1.4826 * float(np.median(np.abs(c - mc))), floor)
             mm = float(np.median(m))
+            # compute and comm against the rank's own ring (ring_medians): the step-end wait for a slower
+            # ring is common to a ring's ranks, so a slow GPU on the rail of a degraded link stays late
+            rc, rm = ring_c[idx], ring_m[idx]
+            c = np.where(np.isnan(rc), c, c - rc + mc)
+            m_own = np.where(np.isnan(rm), m, m - rm + mm)
+            sc = max(1.4826 * float(np.median(np.abs(c - mc))), floor)
             sm = max(1.4826 * float(np.median(np.abs(m - mm))), floor)
             zc = (c - mc) / sc
             zm = (m - mm) / sm
             impact = s.straggler_min_impact * med_step
-            fc = (zc >= s.straggler_z) & ((c - mc) >= impact) & (m <= mm + sc)
+            fc = (zc >= s.straggler_z) & ((c - mc) >= impact) & (m_own <= mm + sc)
             fm = (zm >= s.straggler_z) & ((m - mm) >= impact) & (zc < 2.0)
             limit = max(2, math.ceil(s.straggler_mass_ratio * len(idx)))
             if fc.sum() >= limit:
@@ -426,3 +433,27 @@ class StragglerTracker:
                     else sorted(items, key=lambda ri: -ri[1].score))
             out.extend((j.name, j.job_id, r, i.score) for r, i in best)
         return out
+
+
+RING_MIN = 3  # ranks of one ring before its median stands for it
+
+
+def _ring_medians(stage_of: np.ndarray, gpu_of: np.ndarray, compute: np.ndarray, comm: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Per rank, the median compute and comm time of its ring (DESIGN "Correlation": the ranks of one
+    pipeline stage with one local GPU index all-reduce over one rail), NaN where the ring has fewer than
+    ``RING_MIN`` ranks.  ``step - comm`` holds the wait at the step's end for the slowest ring, which is
+    the same for every rank of a ring and differs between rings: with a degraded link on rail 7, every
+    rank of the other rails looks ``R7 - R`` later in compute than the rail-7 ranks, which hid a slow
+    GPU on rail 7 (its excess less that wait) and let its ring's long comm disqualify it.  Measured
+    against its ring, that wait cancels out; where GPU indexes are no rings, each ring's median is the
+    stage's and nothing moves."""
+    ring_c = np.full(len(compute), np.nan)
+    ring_m = np.full(len(comm), np.nan)
+    key = stage_of * 4096 + gpu_of
+    for k in np.unique(key):
+        idx = np.nonzero(key == k)[0]
+        if len(idx) >= RING_MIN:
+            ring_c[idx] = float(np.median(compute[idx]))
+            ring_m[idx] = float(np.median(comm[idx]))
+    return ring_c, ring_m

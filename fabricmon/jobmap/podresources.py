@@ -4,7 +4,8 @@ The kubelet's PodResources API (``v1.PodResourcesLister/List`` on its unix socke
 fabricmon/proto/podresources_v1.proto, the same call dcgm-exporter makes to put pods on GPU metrics)
 names, per pod, the device ids each container was given for each extended resource.  The NVIDIA device
 plugin's ids for ``nvidia.com/gpu`` are NVML GPU UUIDs (``GPU-...``; ``GPU-...::N`` for the Nth
-time-sliced replica of one GPU) or, with ``DEVICE_ID_STRATEGY=index``, NVML indexes.  A pod's job is the
+time-sliced replica of one GPU; ``MIG-...`` for a MIG device under the mig strategies, counted for its
+parent GPU) or, with ``DEVICE_ID_STRATEGY=index``, NVML indexes (``N:M`` for MIG device M of GPU N).  A pod's job is the
 value of the first of ``job_labels`` its labels carry (``GET /api/v1/namespaces/NS/pods/NAME`` with the
 agent's service account: ``get`` on pods, nothing else); its identity across nodes is the first of
 ``job_id_labels`` (the Job controller's uid), else ``<namespace>:<job>``.  A pod with none of the
@@ -40,6 +41,8 @@ MAX_PODS = 1024  # a kubelet runs at most a few hundred pods; more is not an ans
 MAX_DEVICES = 4096
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _REPLICA = "::"  # the NVIDIA device plugin's time-slicing replica suffix (GPU-uuid::3)
+_MIG_INDEX = re.compile(r"^[0-9]{1,3}:[0-9]{1,3}$")  # index strategy: MIG device M of GPU N
+_MIG_OLD = re.compile(r"^MIG-(GPU-[^/]{1,80})/[0-9]{1,3}/[0-9]{1,3}$")  # before R470: parent/gi/ci
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +55,8 @@ class PodGpus:
 def pods_with_devices(resp: object, resources: tuple[str, ...]) -> list[PodGpus]:
     """The pods of a ``ListPodResourcesResponse`` holding devices of ``resources`` (every container's)."""
     out: list[PodGpus] = []
+    exact = {r for r in resources if not r.endswith("*")}
+    prefixes = tuple(r[:-1] for r in resources if r.endswith("*"))
     pods = list(resp.pod_resources)  # type: ignore[attr-defined]
     if len(pods) > MAX_PODS:
         raise AssignmentError(f"kubelet listed {len(pods)} pods (more than {MAX_PODS})")
@@ -59,7 +64,7 @@ def pods_with_devices(resp: object, resources: tuple[str, ...]) -> list[PodGpus]
         ids: list[str] = []
         for container in pod.containers:
             for dev in container.devices:
-                if dev.resource_name in resources:
+                if dev.resource_name in exact or (prefixes and dev.resource_name.startswith(prefixes)):
                     ids.extend(dev.device_ids)
         if len(ids) > MAX_DEVICES:
             raise AssignmentError(f"pod {pod.namespace}/{pod.name}: {len(ids)} device ids")
@@ -69,12 +74,23 @@ def pods_with_devices(resp: object, resources: tuple[str, ...]) -> list[PodGpus]
 
 
 def device_gpu(device_id: str, uuids: Mapping[str, int]) -> int | None:
-    """The NVML index of a device plugin id: ``GPU-<uuid>`` (``::N`` replica suffix dropped) through
-    NVML's UUIDs, or an index; None when it names no GPU NVML shows (a MIG slice, an unknown UUID)."""
+    """The NVML index of the GPU a device plugin id names (``::N`` replica suffix dropped):
+
+    - ``GPU-<uuid>`` or a MIG device's ``MIG-<uuid>`` through NVML's UUIDs (``uuids`` holds each GPU's and,
+      with MIG on, each of its MIG devices' UUIDs: the agent's NVML source): a MIG slice counts for its
+      parent GPU, whose fabric path its ranks share;
+    - ``MIG-GPU-<gpu uuid>/<gi>/<ci>``, the MIG device name of drivers before R470 (CUDA's
+      CUDA_VISIBLE_DEVICES documentation), through its parent's UUID;
+    - an index, ``N``, or ``N:M`` (MIG device M of GPU N) with ``DEVICE_ID_STRATEGY=index`` (NVIDIA
+      k8s-device-plugin, internal/rm/nvml_devices.go: newMigDevice names MIG devices ``"%v:%v"``).
+
+    None when it names no GPU NVML shows (an unknown UUID, NVML not read yet)."""
     base = device_id.split(_REPLICA, 1)[0]
-    if base.isdigit():
-        return int(base) if int(base) < MAX_GPUS else None
-    return uuids.get(base)
+    index = base.split(":", 1)[0] if _MIG_INDEX.match(base) else base
+    if index.isdigit():
+        return int(index) if int(index) < MAX_GPUS else None
+    old = _MIG_OLD.match(base)
+    return uuids.get(old.group(1) if old else base)
 
 
 def pod_job(obj: object, pod: PodGpus, cfg: PodResourcesConfig) -> tuple[str, str]:
@@ -188,7 +204,7 @@ class PodJobs:
             if key not in listed:
                 del self._labels[key]
         uuids = self.uuids()
-        self.pending = uuids is None and any(not d.split(_REPLICA, 1)[0].isdigit() for p in pods for d in p.device_ids)
+        self.pending = uuids is None and any(device_gpu(d, {}) is None for p in pods for d in p.device_ids)
         if self.pending:
             return None  # not an error: NVML answers at the agent's first poll
         uuids = uuids or {}
@@ -201,8 +217,8 @@ class PodJobs:
             for d in pod.device_ids:
                 g = device_gpu(d, uuids)
                 if g is None:
-                    self._fail("device", f"pod {pod.namespace}/{pod.name}: device {d[:80]!r} is no GPU NVML "
-                                         f"shows here (a MIG slice, or NVML not read yet)", errors)
+                    self._fail("device", f"pod {pod.namespace}/{pod.name}: device {d[:80]!r} is no GPU or MIG "
+                                         f"device NVML shows here (NVML not read yet?)", errors)
                 else:
                     gpus.add(g)
         return [JobAssignment(job, job_id, tuple(sorted(gpus)), "", "kubernetes")

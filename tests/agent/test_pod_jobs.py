@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from fabricmon.config import JobsConfig, PodResourcesConfig
 from fabricmon.configload import ConfigError, build
 from fabricmon.jobmap.assignment import JobAssignment
-from fabricmon.jobmap.podresources import PodJobs, device_gpu
+from fabricmon.jobmap.podresources import PodJobs, device_gpu, pods_with_devices
 from fabricmon.sources.jobs import JobsSource
 
 pytest.importorskip("cryptography", reason="tests/support/certs.py makes the test CA with cryptography")
@@ -58,9 +59,49 @@ def test_device_ids_of_the_nvidia_device_plugin():
     assert device_gpu(U[3], UUIDS) == 3
     assert device_gpu(f"{U[3]}::2", UUIDS) == 3  # time-slicing replica 2 of GPU 3
     assert device_gpu("5", UUIDS) == 5  # DEVICE_ID_STRATEGY=index
-    assert device_gpu("MIG-1a2b3c4d-0000-0000-0000-000000000000", UUIDS) is None
+    assert device_gpu("MIG-1a2b3c4d-0000-0000-0000-000000000000", UUIDS) is None  # not one NVML lists here
     assert device_gpu("GPU-not-on-this-node", UUIDS) is None
     assert device_gpu("999", UUIDS) is None
+
+
+# The formats of a MIG device: `nvidia-smi -L` on a MIG-enabled A100 (NVIDIA MIG User Guide, "Getting Started
+# with MIG"; R470+ drivers) lists, under "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-<uuid>)",
+# "  MIG 1g.5gb     Device  0: (UUID: MIG-<uuid>)"; NVML gives the same string (nvmlDeviceGetUUID on the MIG
+# device handle), which the NVIDIA k8s-device-plugin hands the kubelet as the device id under the mig
+# strategies (internal/rm/nvml_devices.go: nvmlMigDevice.GetUUID), or "<gpu>:<mig>" with
+# DEVICE_ID_STRATEGY=index (newMigDevice); drivers before R470 named it MIG-GPU-<gpu uuid>/<gi>/<ci> (CUDA
+# programming guide, CUDA_VISIBLE_DEVICES).  The UUIDs below are made up in that format.
+MIG_UUIDS = ["MIG-0b6f9e2c-5a1d-5c3e-9f47-2d8a6b1c0e35", None, "MIG-7c2e4d91-3b8a-5f06-a1d2-9e5b7c3f4a68"]
+
+
+def test_a_mig_device_counts_for_its_parent_gpu():
+    """A pod holding a MIG slice holds (part of) its parent GPU: mapped through the MIG UUIDs the agent's NVML
+    source reads (here pynvml's own types over stubbed entry points), never counted as an unmapped device."""
+    from fabricmon.sources.nvml.backend_pynvml import PynvmlBackend
+    from fabricmon.sources.nvml.source import NvmlSource
+    from support.nvmlstub import StubPynvml, no_inventory
+
+    nv = StubPynvml(gpus=2)
+    nv.mig[1] = MIG_UUIDS  # slot 1 empty (NVML_ERROR_NOT_FOUND); GPU 0 has MIG off
+    src = NvmlSource(PynvmlBackend(module=nv), timeout=5.0)
+    try:
+        res = src.poll(no_inventory())
+        uuids = src.gpu_uuids()
+    finally:
+        src.close()
+    assert res.up and res.errors == 0, res.messages
+    assert uuids == {"GPU-stub-0": 0, "GPU-stub-1": 1, MIG_UUIDS[0]: 1, MIG_UUIDS[2]: 1}
+    assert device_gpu(MIG_UUIDS[2], uuids) == 1
+    assert device_gpu(f"{MIG_UUIDS[0]}::1", uuids) == 1  # time-sliced MIG device, replica 1
+    assert device_gpu("1:2", uuids) == 1  # DEVICE_ID_STRATEGY=index: MIG device 2 of GPU 1
+    assert device_gpu("MIG-GPU-stub-1/3/0", uuids) == 1  # before R470: parent/gi/ci
+    assert device_gpu("MIG-GPU-stub-7/3/0", uuids) is None
+    # the mig strategy "mixed" names a resource per profile (nvidia.com/mig-1g.10gb): taken by default
+    answer = SimpleNamespace(pod_resources=[pod("infer", "chat-0", {"nvidia.com/mig-1g.10gb": [MIG_UUIDS[0]]}),
+                                            pod("kube-system", "nic", {"openshift.io/mlnxnics": ["0000:5e:00.2"]})])
+    found = pods_with_devices(answer, PodResourcesConfig().resources)
+    assert [(p.name, p.device_ids) for p in found] == [("chat-0", (MIG_UUIDS[0],))]
+    assert pods_with_devices(answer, ("nvidia.com/gpu",)) == []
 
 
 def test_pods_gpus_and_jobs_through_the_real_kubelet_api(rig):

@@ -163,3 +163,61 @@ def test_a_leaf_degrading_over_its_flaky_cable_is_not_charged_the_compound():
     assert compound.step_slowdown == pytest.approx(0.284, abs=0.001)  # the rule for parallel rings
     imp = log.impact("llm", leaf, t, [(cable, t)], other_adds=[False], others_nested=[True])
     assert imp.step_slowdown == pytest.approx(1.16 * 1.025 - 1, abs=0.001)
+
+
+def test_a_leaf_over_a_degraded_link_is_divided_out_of_the_transfer_part_of_the_step():
+    """Seed 5201 of ``bench_detection --overlap``, in the simulator's terms (sim/job.py): a 1.66 s step of
+    1.26 s compute and 0.4 s ring transfer (0.46 s in collectives); a link at half rate (+0.24 alone) and,
+    inside it, its leaf at 0.61 of its rate (+0.154 alone): rates multiply on one path, so together the
+    transfer takes 0.4 / (0.5 x 0.61) s (+0.55).  Dividing whole steps charged the leaf +0.25; divided out
+    of the part in collectives it is its own +0.154."""
+    log = StepLog()
+    compute, transfer, tp = 1.2, 0.4, 0.06
+
+    def feed(n: int, rate: float, t0: float, first: int) -> float:
+        t = t0
+        for k in range(n):
+            s = compute + tp + transfer / rate
+            t += s
+            log.record("llm", first + k, t, s, gpus=64, comm=tp + transfer / rate)
+        return t
+
+    t = feed(40, 1.0, 1000.0, 1)
+    link = t
+    t = feed(20, 0.5, t, 41)
+    leaf = t
+    t = feed(20, 0.5 * 0.61, t, 61)
+    leaf_end = t
+    t = feed(20, 0.5, t, 81)
+    alone = (transfer / 0.61 - transfer) / (compute + tp + transfer)
+    imp = log.impact("llm", leaf, leaf_end, [(link, t)], other_adds=[False], others_nested=[True])
+    assert imp.step_slowdown == pytest.approx(alone, rel=0.15)
+    # the link measures its own slices (before and after the leaf)
+    assert log.impact("llm", link, t, [(leaf, leaf_end)], other_adds=[False], others_nested=[True]).step_slowdown \
+        == pytest.approx(0.4 / 1.66, rel=0.01)
+
+
+def test_a_nic_inside_a_slow_gpus_incident_takes_off_what_the_gpu_measured_alone():
+    """A slow GPU (+30% alone, 20 steps before the NIC) with a bad NIC on its own rail opening and closing inside
+    it (joint +35%): the NIC takes the joint less what the GPU measured alone, 0.05.  The GPU's direct measure
+    (its late compute over the median GPU) reads high, by the jitter the baseline step already waited for at
+    the slowest GPU (bench_detection overlap seed 5200: the NIC 0.018 for 0.041); it stands only for a GPU
+    with no slice of its own."""
+    log = StepLog()
+    t = _feed(log, "llm", [2.0] * 40)
+    gpu = t
+    t = _feed(log, "llm", [2.6] * 20, t0=t, first_step=41)
+    nic = t
+    t = _feed(log, "llm", [2.7] * 20, t0=t, first_step=61)
+    nic_end = t
+    t = _feed(log, "llm", [2.6] * 5, t0=t, first_step=81)
+    direct = 0.66  # the GPU's late compute over the median GPU, s: 0.33 of the 2.0 s baseline
+    imp = log.impact("llm", nic, nic_end, [(gpu, t)], other_adds=[True], others_direct_s=[direct])
+    assert imp.step_slowdown == pytest.approx(0.05)
+    # a GPU that opened with the NIC (no slice of its own): its direct measure is all there is
+    both = StepLog()
+    t = _feed(both, "llm", [2.0] * 40)
+    opened = t
+    t = _feed(both, "llm", [2.7] * 20, t0=t, first_step=41)
+    imp = both.impact("llm", opened, t, [(opened, t)], other_adds=[True], others_direct_s=[0.6])
+    assert imp.step_slowdown == pytest.approx(0.05)

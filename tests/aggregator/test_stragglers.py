@@ -129,3 +129,28 @@ def test_two_jobs_of_one_name_are_grouped_apart_and_their_findings_carry_the_job
                  for f in findings)
     assert got == [("SoftwareStraggler", "node-010", "j", "slurm-2", tuple(range(16, 24))),
                    ("StragglerRank", "node-001/gpu3", "j", "slurm-1", (11,))]
+
+
+def test_slow_gpu_on_the_rail_of_a_degraded_link_is_a_compute_straggler_measured_against_its_ring():
+    # the simulator's step (fabricmon/sim/job.py): ring g over the GPU-g ranks starts when the slowest node
+    # is done; a degraded link on node 5 rail 7 doubles ring 7's transfer; the step waits for ring 7, so
+    # every rank of rails 0-6 waits R7 - R at the step's end, which ``step - comm`` counts as compute
+    rng = random.Random(3)
+    tr = StragglerTracker(DetectionSettings())
+    nodes, tp, r = 8, 0.06, 0.4
+    for step in range(1, 16):
+        comp = {(n, g): 1.2 * (1.3 if (n, g) == (2, 7) else 1.0) * (1 + rng.gauss(0, 0.01))
+                for n in range(nodes) for g in range(8)}
+        start = max(comp.values()) + tp
+        ring = {g: r * (2.0 if g == 7 else 1.0) for g in range(8)}
+        end = start + max(ring.values())
+        for (n, g), c in comp.items():
+            tr.add(RankTiming("j", n * 8 + g, g, step, end, start + ring[g] - c, float(step),
+                              node=f"node-{n:03d}"), "")
+        tr.evaluate(float(step))
+    rep = tr.evaluate(16.0)
+    late = [(x.node, x.gpu, x.kind) for x in rep.stragglers if x.kind == "compute"]
+    assert late == [("node-002", 7, "compute")]
+    st = next(x for x in rep.stragglers if x.kind == "compute")
+    # its late compute (0.36 s of a 2.06 s step), not that less the other rails' wait (0.4 s)
+    assert abs(st.late_frac * (start + 0.8) - 0.36) < 0.05

@@ -17,6 +17,7 @@ import yaml
 
 from fabricmon.aggregator.cost import JobImpact, impact_sentence
 from fabricmon.aggregator.engine import Engine
+from fabricmon.aggregator.incidents import Finding, IncidentManager
 from fabricmon.batch import NodeBatch
 from fabricmon.config import JobsConfig
 from fabricmon.jobmap import store
@@ -105,6 +106,34 @@ def test_an_incident_lists_every_job_on_its_component_measured_or_exposed():
     assert eng.cost.exposed(link, (JobImpact("etl", "99", 0.1, False, 0.2),)) == []
     eng.ingest(_gauge_batch("node-000", 2, 1001.0, [Sample(s.family, s.labels, 0.0) for s in held]))
     assert eng.cost.exposed(link, ()) == []
+
+
+def test_a_job_that_leaves_leaves_the_open_incident():
+    """The epilog releases the only job on a link that stays down: the open incident's impact empties (and
+    the change is visible, so Alertmanager's annotation loses the job).  Before, an empty impact was never
+    applied and the departed job stayed listed for the incident's life."""
+    topo = generate_topology(2, nodes_per_unit=2, gpus_per_node=NGPU)
+    eng = Engine(topo, cluster="t")
+    held = [Sample("fabricmon_job_gpu_info", (("hpc_job", "etl"), ("job_id", "99"), ("gpu", "1")), 1.0)]
+    eng.ingest(_gauge_batch("node-000", 1, 1000.0, held))
+    link = topo.link("node-000", topo.nic_for_gpu("node-000", 1))
+    manager = IncidentManager()
+
+    def tick(now: float) -> list:
+        findings = [Finding("FabricLinkDown", link, {}, ["link down"])]
+        eng.cost.annotate(findings, manager, now, eng.stragglers)
+        return manager.update(findings, now)
+
+    (inc,) = tick(1000.0)
+    assert [(i.job, i.exposed) for i in inc.impact] == [("etl", True)]
+    eng.ingest(_gauge_batch("node-000", 2, 1001.0, [Sample(s.family, s.labels, 0.0) for s in held]))
+    version = inc.version
+    assert tick(1001.0) == [inc] and inc.open
+    assert inc.impact == [] and inc.version == version + 1
+    # a finding the cost stage did not see (a restart's hold, an info finding) leaves the impact as it was
+    inc.impact = [JobImpact("etl", "99", 0.1, False, 0.2)]
+    manager.update([Finding("FabricLinkDown", link, {}, ["link down"])], 1002.0)
+    assert [i.job for i in inc.impact] == ["etl"]
 
 
 def _incidents(port: int) -> list[dict]:

@@ -39,6 +39,7 @@ def source_status(snap: Snapshot, name: str = "nvml"):
 
 
 _NS = pynvml.NVML_ERROR_NOT_SUPPORTED
+_MIG_HANDLE = 0x100000  # MIG device handles: _MIG_HANDLE + (gpu << 8) + slot
 
 
 class StubPynvml:
@@ -63,6 +64,7 @@ class StubPynvml:
         self.pending_xids: list[tuple[int, int]] = []
         self.lost: set[int] = set()
         self.registered: list[int] = []
+        self.mig: dict[int, list[str | None]] = {}
         # field id -> (kind, link) for the per-link error fields
         self.err_fields: dict[int, tuple[str, int]] = {}
         for kind in ("REPLAY", "RECOVERY", "CRC_FLIT", "CRC_DATA"):
@@ -95,7 +97,24 @@ class StubPynvml:
         return 0x1000 + i
 
     def nvmlDeviceGetUUID(self, h: int) -> str:
+        if h >= _MIG_HANDLE:
+            return self.mig[(h - _MIG_HANDLE) >> 8][h & 0xFF] or ""
         return f"GPU-stub-{self._idx(h)}"
+
+    # MIG: ``self.mig[gpu]`` lists the UUIDs of its MIG device slots (None: an empty slot); a GPU not in it
+    # has MIG off (NVML answers DISABLE on an H100 without MIG instances)
+    def nvmlDeviceGetMigMode(self, h: int) -> tuple[int, int]:
+        on = pynvml.NVML_DEVICE_MIG_ENABLE if self._idx(h) in self.mig else pynvml.NVML_DEVICE_MIG_DISABLE
+        return on, on
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: int) -> int:
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: int, j: int) -> int:
+        slots = self.mig.get(self._idx(h), [])
+        if j >= len(slots) or slots[j] is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return _MIG_HANDLE + (self._idx(h) << 8) + j
 
     def nvmlDeviceGetName(self, h: int) -> str:
         return "NVIDIA H100 80GB HBM3"

@@ -117,6 +117,9 @@ class GpuReading:
     # None while not yet known (a transient NVML error hid the answer) or without links.
     traffic_path: str | None = None
     errors_path: str | None = None
+    # With MIG on, the UUIDs of its MIG devices ("MIG-<uuid>", what `nvidia-smi -L` lists under the GPU and
+    # the NVIDIA device plugin hands a pod under the mig strategies): a pod holding one holds this GPU
+    mig_uuids: tuple[str, ...] = ()
 
 
 class NvmlBackend(Protocol):

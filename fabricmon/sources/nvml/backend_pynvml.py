@@ -501,6 +501,25 @@ class PynvmlBackend:
         if g.pcie_replay is None and "pcie_replay" not in st.unsupported and not any(
                 m[0] == "pcie_replay" for m in st.meanings):
             g.pcie_replay = self._optional(st, "pcie_replay", index, problems, nv.nvmlDeviceGetPcieReplayCounter, h)
+        g.mig_uuids = self._mig_uuids(st, index, problems)
         if index in self._handle_index.values():
             g.xid_counts = dict(self._xids.get(index, {}))
         return g
+
+    def _mig_uuids(self, st: _GpuStatic, index: int, problems: list[str]) -> tuple[str, ...]:
+        """The UUIDs of the GPU's MIG devices while MIG is on (one call a poll when it is off; none on a GPU
+        or driver without MIG): instances are made and destroyed while the driver stays loaded."""
+        nv = self._nv
+        mode = self._optional(st, "mig_mode", index, problems, nv.nvmlDeviceGetMigMode, st.handle)
+        if mode is None or mode[0] != nv.NVML_DEVICE_MIG_ENABLE:
+            return ()
+        count = self._optional(st, "mig_count", index, problems, nv.nvmlDeviceGetMaxMigDeviceCount, st.handle) or 0
+        out = []
+        for j in range(min(int(count), 64)):  # 7 on an A100/H100
+            try:
+                mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(st.handle, j)
+                out.append(_text(nv.nvmlDeviceGetUUID(mig)))
+            except nv.NVMLError as exc:
+                if getattr(exc, "value", None) != nv.NVML_ERROR_NOT_FOUND:  # NOT_FOUND: no instance in the slot
+                    problems.append(f"mig device {j}: {type(exc).__name__}: {exc}")
+        return tuple(out)

@@ -186,7 +186,7 @@ class NvmlSource:
         self._uuids: dict[str, int] | None = None  # GPU UUID -> index at the last poll; None: not read yet
 
     def gpu_uuids(self) -> dict[str, int] | None:
-        """NVML's GPU UUIDs -> indexes (the ``jobs`` source maps a device plugin's ids with it);
+        """NVML's GPU and MIG device UUIDs -> GPU indexes (the ``jobs`` source maps a device plugin's ids with it);
         None until NVML has answered once, {} without NVML."""
         return {} if self._absent else self._uuids
 
@@ -244,6 +244,7 @@ class NvmlSource:
                 "throttle_reasons": g.throttle_reasons,
                 "links_down": [j for j, lk in enumerate(g.links) if not lk.state],
                 "nvlink_counters": nvlink_summary(g),
+                "mig_uuids": list(g.mig_uuids),
             }
         res.readings.append(memo.get("fabricmon_devices_discovered", (("kind", "gpu"),), len(gpus)))
         memo.commit()
@@ -257,7 +258,8 @@ class NvmlSource:
         res.facts["gpus"] = gpus
         # a GPU that fell off the bus keeps its UUID: the pod holding it still holds it
         kept = {u: i for u, i in (self._uuids or {}).items() if i in gpus and not gpus[i]["up"]}
-        self._uuids = kept | {g["uuid"]: i for i, g in gpus.items() if g.get("uuid")}
+        # a MIG device's UUID names its parent GPU: a pod holding a MIG slice holds (part of) that GPU
+        self._uuids = kept | {u: i for i, g in gpus.items() for u in (g.get("uuid"), *g.get("mig_uuids", ())) if u}
         if res.messages:  # per GPU (or per fake file), rate-limited: the subject is what follows "nvml: "
             self._errlog.report(m.removeprefix("nvml: ") for m in res.messages)
         return res
