@@ -48,11 +48,12 @@ import structlog
 
 from ..batch import NodeBatch, NodeHello
 from ..model import Snapshot
-from ..rank_timing import Heartbeat, JobLayout, RankTiming, heartbeat_json, to_json
+from ..rank_timing import Heartbeat, JobLayout, RankTiming, heartbeat_json
 from ..topology import Topology
 from .cluster import EPOCH, ClusterState
 from .job import JobSpec
 from .jobs import JobSet
+from .rank_lines import RankLines
 from .ras_link import SimRas
 from .scenario import Scenario
 from .sweep_feed import SWEEP_INTERVAL, SweepFeed
@@ -182,6 +183,7 @@ class SimulatedCluster:
         self._heartbeats: dict[str, list] = {}  # this step's heartbeats by node
         self.rank_intake = rank_intake
         self._intakes: dict = {}  # node -> agent.intake.RankIntake (rank_intake only)
+        self._rank_lines = RankLines()  # the lines a job's client writes (rank_intake only)
         # Tree mode: the node indexes this instance renders and polls (all by default).  The whole
         # cluster state and job still advance here: the simulation is deterministic, so parallel
         # workers (sim/parallel.py) each advance all of it and render and poll their own nodes.
@@ -353,7 +355,8 @@ class SimulatedCluster:
             intake = self._intakes[node] = RankIntake(node, clock=self.now)
             lines += [json.dumps({"job": lay.job, "layout": dict(lay.layout)}, separators=(",", ":"))
                       for lay in self.layouts]
-        lines += [to_json(replace(r, node="")) for r in ranks]
+        line = self._rank_lines.line  # to_json(replace(r, node="")), the same bytes (sim/rank_lines.py)
+        lines += [line(r) for r in ranks]
         lines += [heartbeat_json(replace(h, node="")) for h in heartbeats]
         if lines:
             _, rejected, reasons = intake.submit_lines("\n".join(lines), origin="sim")
@@ -365,14 +368,17 @@ class SimulatedCluster:
     def _emit_memory(self, timings: list[RankTiming]) -> int:
         by_node = self._by_node(timings)
         assert self._builder is not None  # start() in memory mode
+        # one node's batch at a time, delivered before the next is made (BatchBuilder.stream)
         if self.rank_intake:
-            batches = self._builder.build()
+            batches = self._builder.stream()
         else:
-            batches = self._builder.build(by_node, self.layouts)
+            batches = self._builder.stream(by_node, self.layouts)
         sweep = None
         if self.sweep is not None and self.sweep.due(self.cluster.t):
             sweep = self.sweep.series(self.cluster.t, self.now())
+        made = 0
         for b in batches:
+            made += 1
             if sweep is not None and self.sweep is not None and b.node == self.sweep.node:
                 # the sweeping node's agent streams the sweep with its own series (one batch)
                 b = replace(b, deltas=b.deltas + tuple(sweep[0]), gauges=b.gauges + tuple(sweep[1]))
@@ -383,7 +389,7 @@ class SimulatedCluster:
             elif hb:
                 b = replace(b, heartbeats=tuple(hb))
             self._deliver(b)
-        return len(batches)
+        return made
 
     def _poll_all(self, timings: list[RankTiming]) -> int:
         from .inmemory import batch_from_snapshot
