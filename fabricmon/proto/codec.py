@@ -198,6 +198,44 @@ def _check_def(sd: pb.SeriesDef) -> SeriesKey:
     return family, tuple(labels)
 
 
+def _decode_ranks(wire, node: str) -> list[RankTiming]:
+    """A batch's rank timings, validated field by field (raises MalformedBatch naming the first bad one).
+
+    Each field is read from the wire message once, and a job name found valid is not checked again
+    within the batch: a node sends its eight ranks of one job several times a second."""
+    ranks: list[RankTiming] = []
+    isfinite = math.isfinite
+    names_ok: set[str] = set()  # job and job_id values valid in this batch (one rule for both)
+    for r in wire:
+        job = r.job
+        if job not in names_ok:
+            why = job_name_problem(job)
+            if why is not None:
+                raise MalformedBatch(f"ranks.job: {why}")
+            names_ok.add(job)
+        step_s, comm_s, ts = r.step_seconds, r.comm_seconds, r.ts
+        if not (isfinite(step_s) and isfinite(comm_s) and isfinite(ts)):
+            raise MalformedBatch(f"ranks: job {job} rank {r.rank}: non-finite time")
+        if not (0 <= step_s <= MAX_SECONDS and 0 <= comm_s <= MAX_SECONDS and 0 <= ts <= MAX_TS):
+            raise MalformedBatch(f"ranks: job {job} rank {r.rank}: a time out of range (seconds in "
+                                 f"[0, {MAX_SECONDS:g}], ts in [0, {MAX_TS:g}])")
+        step, local_rank, gpu = r.step, r.local_rank, r.gpu
+        if step > MAX_STEP or local_rank > MAX_LOCAL_RANK or not -1 <= gpu <= MAX_GPU:
+            raise MalformedBatch(f"ranks: job {job} rank {r.rank}: step, local_rank or gpu out of range")
+        group = tuple([(p.key, p.value) for p in r.group])  # the wire's pairs read once
+        if group:
+            values = [v for _, v in group]  # one list for min and max
+            if not (0 <= min(values) and max(values) <= MAX_GROUP_VALUE):
+                raise MalformedBatch(f"ranks: job {job} rank {r.rank}: a group value out of range")
+        job_id = r.job_id
+        if job_id and job_id not in names_ok:
+            if (why := job_name_problem(job_id)) is not None:
+                raise MalformedBatch(f"ranks.job_id: {why}")
+            names_ok.add(job_id)
+        ranks.append(RankTiming(job, r.rank, local_rank, step, step_s, comm_s, ts, node, gpu, group, job_id))
+    return ranks
+
+
 class SeriesDecoder:
     """Aggregator side of one connection's series table.
 
@@ -348,26 +386,7 @@ class SeriesDecoder:
                 n_refused += 1
                 continue
             gauges.append(Sample(gkey[0], gkey[1], v))
-        ranks = []
-        for r in m.ranks:
-            why = job_name_problem(r.job)
-            if why is not None:
-                raise MalformedBatch(f"ranks.job: {why}")
-            if not (math.isfinite(r.step_seconds) and math.isfinite(r.comm_seconds) and math.isfinite(r.ts)):
-                raise MalformedBatch(f"ranks: job {r.job} rank {r.rank}: non-finite time")
-            if not (0 <= r.step_seconds <= MAX_SECONDS and 0 <= r.comm_seconds <= MAX_SECONDS and 0 <= r.ts <= MAX_TS):
-                raise MalformedBatch(f"ranks: job {r.job} rank {r.rank}: a time out of range (seconds in "
-                                     f"[0, {MAX_SECONDS:g}], ts in [0, {MAX_TS:g}])")
-            if r.step > MAX_STEP or r.local_rank > MAX_LOCAL_RANK or not -1 <= r.gpu <= MAX_GPU:
-                raise MalformedBatch(f"ranks: job {r.job} rank {r.rank}: step, local_rank or gpu out of range")
-            group = tuple((p.key, p.value) for p in r.group)  # the wire's pairs read once
-            if group and not (0 <= min(v for _, v in group) and max(v for _, v in group) <= MAX_GROUP_VALUE):
-                raise MalformedBatch(f"ranks: job {r.job} rank {r.rank}: a group value out of range")
-            if r.job_id and (why := job_name_problem(r.job_id)) is not None:
-                raise MalformedBatch(f"ranks.job_id: {why}")
-            ranks.append(RankTiming(
-                job=r.job, rank=r.rank, local_rank=r.local_rank, step=r.step, step_seconds=r.step_seconds,
-                comm_seconds=r.comm_seconds, ts=r.ts, node=node, gpu=r.gpu, group=group, job_id=r.job_id))
+        ranks = _decode_ranks(m.ranks, node)
         layouts = []
         for lay in m.layouts:
             why = job_name_problem(lay.job)
