@@ -26,6 +26,7 @@ from ..aggregator.engine import Engine
 from ..aggregator.runtime import AggregatorRuntime
 from ..atomic import atomic_write_text
 from ..configload import ConfigError
+from ..sim.collector import LongRunCollector
 from ..sim.drive import Drive, Pace
 from ..sim.impact import fault_impacts
 from ..sim.parallel import ParallelTreeCluster
@@ -118,6 +119,8 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
     for g in ground:
         p(f"    {_fault_line(g)}")
     wall0 = time.monotonic()
+    collector = LongRunCollector()  # paused while every node connects and sends its first batch (sim/collector.py)
+    collector.pause()
     try:
         drive = Drive(sim, rt, wire=wired)
         drive.connect()
@@ -128,6 +131,7 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
         pace = SimPace(args.speed)
 
         def on_step(st, changed) -> None:
+            collector.settle()  # after the first step: the long-lived state is built
             pace.mark(sim.t)
             for inc in changed:
                 if shown.get(inc.id) == inc.open:
@@ -175,6 +179,7 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
             p(f"  report written to {args.report_json}")
         return 0
     finally:
+        collector.restore()
         rt.stop(grace=0, flush=1.0, final_tick=False)
         sim.close()
         if am is not None:

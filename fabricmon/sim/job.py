@@ -51,6 +51,7 @@ import numpy as np
 from ..rank_timing import Heartbeat, JobLayout, RankTiming, to_json
 from .cluster import Effects
 from .hw import NGPU, NRAILS
+from .rank_lines import RankLines
 from .workload import Decoy
 
 
@@ -305,11 +306,10 @@ class SyntheticJob:
 
 def timing_lines(timings: list[RankTiming], *, include_node: bool = False) -> list[str]:
     """JSON lines for the rank intake (the agent adds ``node`` itself)."""
-    from dataclasses import replace
-
     if include_node:
         return [to_json(t) for t in timings]
-    return [to_json(replace(t, node="")) for t in timings]
+    line = RankLines().line  # to_json(replace(t, node="")), the same bytes
+    return [line(t) for t in timings]
 
 
 def layout_line(job: SyntheticJob) -> str:

@@ -11,7 +11,6 @@ and always told to stop; a worker that dies ends the run with its error.
 
 from __future__ import annotations
 
-import gc
 import multiprocessing as mp
 import os
 import shutil
@@ -21,6 +20,7 @@ from multiprocessing.connection import Connection
 
 from ..batch import NodeBatch, NodeHello
 from ..model import CounterDelta, Sample
+from .collector import settle
 from .runner import SimulatedCluster, StepStats
 from .scenario import Scenario
 
@@ -55,9 +55,7 @@ def _worker(conn: Connection, scenario: Scenario, interval: float, base_dir: str
         # Each step allocates tens of thousands of short-lived objects (readings, samples, deltas)
         # over a heap of long-lived tracker state: move what exists now out of the collector's
         # view and collect young objects less often (about 10 % of a worker's CPU otherwise).
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(100_000, 20, 100)
+        settle()  # sim/collector.py
         conn.send(("started", sim.hellos(), [_pack(b) for b in batches]))
         batches.clear()
         while True:

@@ -32,7 +32,6 @@ Time: ``t`` is simulated seconds since the scenario started; sample times are
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
 import os
 import shutil
 import threading
@@ -48,9 +47,10 @@ import structlog
 
 from ..batch import NodeBatch, NodeHello
 from ..model import Snapshot
-from ..rank_timing import Heartbeat, JobLayout, RankTiming, heartbeat_json, to_json
+from ..rank_timing import RankTiming
 from ..topology import Topology
 from .cluster import EPOCH, ClusterState
+from .intake_feed import IntakeFeed
 from .job import JobSpec
 from .jobs import JobSet
 from .ras_link import SimRas
@@ -181,7 +181,7 @@ class SimulatedCluster:
         self.steps = 0
         self._heartbeats: dict[str, list] = {}  # this step's heartbeats by node
         self.rank_intake = rank_intake
-        self._intakes: dict = {}  # node -> agent.intake.RankIntake (rank_intake only)
+        self._intake_feed = IntakeFeed(self.now, lambda: self.layouts)  # rank_intake only (sim/intake_feed.py)
         # Tree mode: the node indexes this instance renders and polls (all by default).  The whole
         # cluster state and job still advance here: the simulation is deterministic, so parallel
         # workers (sim/parallel.py) each advance all of it and render and poll their own nodes.
@@ -341,49 +341,31 @@ class SimulatedCluster:
                 self.on_batch(b)
         self.on_batch(batch)
 
-    def _via_intake(self, node: str, ranks: list[RankTiming], heartbeats: list[Heartbeat]
-                    ) -> tuple[tuple[RankTiming, ...], tuple[JobLayout, ...], tuple[Heartbeat, ...]]:
-        """What the node's agent streams of its ranks this interval: the lines a job's client writes
-        (``fabricmon.client``: no node, the agent adds it; the layouts once) through its RankIntake."""
-        from ..agent.intake import RankIntake
-
-        intake = self._intakes.get(node)
-        lines: list[str] = []
-        if intake is None:
-            intake = self._intakes[node] = RankIntake(node, clock=self.now)
-            lines += [json.dumps({"job": lay.job, "layout": dict(lay.layout)}, separators=(",", ":"))
-                      for lay in self.layouts]
-        lines += [to_json(replace(r, node="")) for r in ranks]
-        lines += [heartbeat_json(replace(h, node="")) for h in heartbeats]
-        if lines:
-            _, rejected, reasons = intake.submit_lines("\n".join(lines), origin="sim")
-            if rejected:  # the simulator wrote a line the agent refuses: a simulator bug, never silent
-                raise RuntimeError(f"{node}: the rank intake refused {rejected} simulated line(s): {reasons}")
-        got, layouts = intake.drain()
-        return tuple(got), tuple(layouts), tuple(intake.drain_heartbeats())
-
     def _emit_memory(self, timings: list[RankTiming]) -> int:
         by_node = self._by_node(timings)
         assert self._builder is not None  # start() in memory mode
+        # one node's batch at a time, delivered before the next is made (BatchBuilder.stream)
         if self.rank_intake:
-            batches = self._builder.build()
+            batches = self._builder.stream()
         else:
-            batches = self._builder.build(by_node, self.layouts)
+            batches = self._builder.stream(by_node, self.layouts)
         sweep = None
         if self.sweep is not None and self.sweep.due(self.cluster.t):
             sweep = self.sweep.series(self.cluster.t, self.now())
+        made = 0
         for b in batches:
+            made += 1
             if sweep is not None and self.sweep is not None and b.node == self.sweep.node:
                 # the sweeping node's agent streams the sweep with its own series (one batch)
                 b = replace(b, deltas=b.deltas + tuple(sweep[0]), gauges=b.gauges + tuple(sweep[1]))
             hb = self._heartbeats.get(b.node)
             if self.rank_intake:
-                ranks, layouts, hbs = self._via_intake(b.node, by_node.get(b.node, []), hb or [])
+                ranks, layouts, hbs = self._intake_feed.through(b.node, by_node.get(b.node, []), hb or [])
                 b = replace(b, ranks=ranks, layouts=layouts, heartbeats=hbs)
             elif hb:
                 b = replace(b, heartbeats=tuple(hb))
             self._deliver(b)
-        return len(batches)
+        return made
 
     def _poll_all(self, timings: list[RankTiming]) -> int:
         from .inmemory import batch_from_snapshot
@@ -400,7 +382,7 @@ class SimulatedCluster:
                 self._seq[i] += 1
                 hb = self._heartbeats.get(name)
                 if self.rank_intake:
-                    got, layouts, hbs = self._via_intake(name, ranks, hb or [])
+                    got, layouts, hbs = self._intake_feed.through(name, ranks, hb or [])
                     b = replace(batch_from_snapshot(snap, self._filters[i], self._seq[i], got),
                                 layouts=layouts, heartbeats=hbs)
                 else:
