@@ -18,7 +18,7 @@ from prometheus_client.core import (
 
 from fabricmon.aggregator.http_api import HttpApi
 from fabricmon.aggregator.metrics_text import render
-from tests.support.enginerig import Cluster, flaky
+from support.enginerig import Cluster, flaky
 
 
 class _Every:
