@@ -223,17 +223,25 @@ def parse_line(line: str | bytes, *, node: str = "",
     )
 
 
-def to_json(t: RankTiming) -> str:
-    obj = {"job": t.job, "rank": t.rank, "local_rank": t.local_rank, "step": t.step,
-           "step_seconds": t.step_seconds, "comm_seconds": t.comm_seconds, "ts": t.ts}
-    if t.node:
-        obj["node"] = t.node
+def optional_keys(t: RankTiming) -> dict:
+    """The keys ``to_json`` writes after ``node`` only when set, in its order (the simulator's cached lines
+    write the same tail)."""
+    obj: dict = {}
     if t.gpu >= 0:
         obj["gpu"] = t.gpu
     if t.group:
         obj["group"] = dict(t.group)
     if t.job_id:
         obj["job_id"] = t.job_id
+    return obj
+
+
+def to_json(t: RankTiming) -> str:
+    obj = {"job": t.job, "rank": t.rank, "local_rank": t.local_rank, "step": t.step,
+           "step_seconds": t.step_seconds, "comm_seconds": t.comm_seconds, "ts": t.ts}
+    if t.node:
+        obj["node"] = t.node
+    obj.update(optional_keys(t))
     return json.dumps(obj, separators=(",", ":"))
 
 

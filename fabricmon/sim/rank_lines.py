@@ -19,7 +19,7 @@ import json
 import math
 from dataclasses import replace
 
-from ..rank_timing import RankTiming, to_json
+from ..rank_timing import RankTiming, optional_keys, to_json
 
 _SEP = (",", ":")
 
@@ -58,13 +58,7 @@ class RankLines:
     @staticmethod
     def _make_tail(t: RankTiming) -> str:
         """What follows ``ts`` in ``to_json``'s line: its optional keys in its order, and the closing brace."""
-        obj: dict = {}
-        if t.gpu >= 0:
-            obj["gpu"] = t.gpu
-        if t.group:
-            obj["group"] = dict(t.group)
-        if t.job_id:
-            obj["job_id"] = t.job_id
+        obj = optional_keys(t)
         if not obj:
             return "}"
         return "," + json.dumps(obj, separators=_SEP)[1:]
