@@ -13,14 +13,17 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..config import JobsConfig
 from ..jobmap import store
 from ..jobmap.assignment import JobAssignment
-from ..jobmap.podresources import PodJobs
 from ..model import SourceResult, reading
 from .inventory import Inventory
 from .registry import SourceContext, SourceSpec
+
+if TYPE_CHECKING:
+    from ..jobmap.podresources import PodJobs
 
 Key = tuple[str, str, str]  # (job, job_id, gpu)
 
@@ -71,21 +74,32 @@ class JobsSource:
             res.readings.append(reading("fabricmon_job_gpu_info", 1.0, hpc_job=job, job_id=job_id, gpu=gpu))
         for job, job_id, gpu in sorted(self._released):
             res.readings.append(reading("fabricmon_job_gpu_info", 0.0, hpc_job=job, job_id=job_id, gpu=gpu))
-        if isinstance(self.pods, PodJobs):
-            res.readings.extend(self.pods.readings())
+        pod_jobs = self._pod_jobs()
+        if pod_jobs is not None:
+            res.readings.extend(pod_jobs.readings())
         return res
 
     def bind(self, sources: list) -> None:
         """Start the PodResources reader with the ``nvml`` source's GPU UUIDs (none without NVML)."""
-        if isinstance(self.pods, PodJobs):
+        pod_jobs = self._pod_jobs()
+        if pod_jobs is not None:
             nvml = next((s for s in sources if callable(getattr(s, "gpu_uuids", None))), None)
-            self.pods.uuids = nvml.gpu_uuids if nvml is not None else (lambda: {})
-            if self.pods.cfg.enabled or self.pods.api_server:  # auto: only in a pod (no thread on bare metal)
-                self.pods.start()
+            pod_jobs.uuids = nvml.gpu_uuids if nvml is not None else (lambda: {})
+            if pod_jobs.cfg.enabled or pod_jobs.api_server:  # auto: only in a pod (no thread on bare metal)
+                pod_jobs.start()
 
     def close(self) -> None:
-        if isinstance(self.pods, PodJobs):
-            self.pods.close()
+        pod_jobs = self._pod_jobs()
+        if pod_jobs is not None:
+            pod_jobs.close()
+
+    def _pod_jobs(self) -> PodJobs | None:
+        """``pods`` when it is the kubelet reader (a test may pass a plain callable)."""
+        if self.pods is None:
+            return None
+        from ..jobmap.podresources import PodJobs  # only where pods are read: never on a fixture or simulated node
+
+        return self.pods if isinstance(self.pods, PodJobs) else None
 
 
 def _build(config: JobsConfig, context: SourceContext) -> JobsSource | None:
@@ -93,7 +107,11 @@ def _build(config: JobsConfig, context: SourceContext) -> JobsSource | None:
         return None  # a fixture or simulated node (as the host source): this machine's jobs are not its own
     # the prolog writes the host's /run: a containerized agent sees it under host_root
     directory = os.path.join(context.host_root, config.dir.lstrip("/")) if context.host_root != "/" else config.dir
-    pods = PodJobs(config.kubernetes, lambda: None) if config.kubernetes.enabled is not False else None
+    pods = None
+    if config.kubernetes.enabled is not False:
+        from ..jobmap.podresources import PodJobs
+
+        pods = PodJobs(config.kubernetes, lambda: None)
     return JobsSource(config, directory=directory, pods=pods)
 
 

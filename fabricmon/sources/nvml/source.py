@@ -26,8 +26,6 @@ from .backend import (
     NvmlError,
     NvmlLibraryMissing,
 )
-from .backend_fake import FakeNvmlBackend
-from .backend_pynvml import PynvmlBackend
 from .worker import NvmlWorker
 from .xid import fatal_count
 
@@ -333,8 +331,13 @@ def make_nvml_source(mode: str, config: NvmlConfig | None = None) -> NvmlSource 
     timeout = (config or NvmlConfig()).timeout
     if mode == "off":
         return None
+    # the backend's module only (the fake one reads a fixture; the real one loads pynvml and ctypes)
     if mode.startswith("fake:"):
+        from .backend_fake import FakeNvmlBackend
+
         return NvmlSource(FakeNvmlBackend(mode[5:]), timeout=timeout)
+    from .backend_pynvml import PynvmlBackend
+
     return NvmlSource(PynvmlBackend(), timeout=timeout)
 
 
