@@ -205,6 +205,7 @@ def _load_agent(args: argparse.Namespace):
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
+    from .agent import memtune
     from .agent.exporter import exposition
     from .agent.runtime import build_agent, hand_over_gil_promptly
     from .agent.wiring import build_live_agent
@@ -238,6 +239,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         return 0
     sig = Signals().install()
     hand_over_gil_promptly()
+    memtune.limit_arenas()  # before the agent's first thread
     agent = build_live_agent(cfg, source=args.config or "<defaults>")
     agent.web = web
     try:
@@ -246,6 +248,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         agent.stop()
         raise
     agent.start_polling()
+    memtune.release_free()  # what importing and building the agent freed
     log.info("agent_started", node=agent.node, listen=cfg.listen, port=port, interval=cfg.interval,
              sources=agent.poller.source_names, aggregator=cfg.aggregator, tls=bool(web and web.ssl_context))
     files_changed = threading.Event()
