@@ -17,7 +17,6 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import psutil
 import structlog
 
 from ..config import HostConfig
@@ -34,8 +33,17 @@ EXCLUDED_INTERFACES = frozenset({"lo"})
 _PROCFS_LOCK = threading.Lock()
 
 
+def _psutil() -> Any:
+    """psutil, imported by the first host source built (never by an agent whose host source is off, nor
+    by the stream's ``read_boot_time``)."""
+    import psutil
+
+    return psutil
+
+
 @contextlib.contextmanager
 def _procfs(path: str) -> Iterator[None]:
+    psutil = _psutil()
     with _PROCFS_LOCK:
         before = psutil.PROCFS_PATH
         psutil.PROCFS_PATH = path
@@ -95,7 +103,7 @@ class HostSource:
         config: HostConfig | None = None,
         *,
         timeout: float | None = None,
-        cpu_times: Callable[[], Any] = psutil.cpu_times,
+        cpu_times: Callable[[], Any] | None = None,  # psutil.cpu_times
         host_root: str = "/",
     ) -> None:
         # An explicit timeout wins over the section's.
@@ -103,7 +111,8 @@ class HostSource:
             timeout = (config or HostConfig()).timeout
         self.timeout = timeout
         self.procfs = os.path.join(host_root, "proc")
-        self._cpu_times = cpu_times
+        self._psutil = _psutil()
+        self._cpu_times = cpu_times or self._psutil.cpu_times
         self._last_cpu: tuple[float, float] | None = None
         self._memo = ReadingMemo()  # same Reading object while a value does not change
         self._nic_labels: dict[str, tuple] = {}
@@ -142,7 +151,7 @@ class HostSource:
         else:
             res.error("host: stat: no btime")
         try:
-            mem = psutil.virtual_memory()
+            mem = self._psutil.virtual_memory()
             res.readings.append(reading("fabricmon_host_memory_total_bytes", float(mem.total)))
             res.readings.append(reading("fabricmon_host_memory_available_bytes", float(mem.available)))
         except (OSError, ValueError, KeyError) as exc:
@@ -150,7 +159,7 @@ class HostSource:
         try:
             # nowrap=False: psutil's own wrap compensation is process-global and
             # would hide a driver reset; the counter tracker sees raw values.
-            nics = psutil.net_io_counters(pernic=True, nowrap=False)
+            nics = self._psutil.net_io_counters(pernic=True, nowrap=False)
         except (OSError, ValueError) as exc:
             res.error(f"host: net_io_counters: {exc}")
             nics = {}
