@@ -45,7 +45,11 @@ def _glibc() -> Any:
 
 
 def limit_arenas(arenas: int = AGENT_ARENAS) -> bool:
-    """Caps glibc's malloc arenas (call before the first thread starts); False where not applied."""
+    """Caps glibc's malloc arenas (call before the first thread starts); False where not applied,
+    and where the operator set the cap already (``MALLOC_ARENA_MAX``, or ``glibc.malloc.arena_max``
+    in ``GLIBC_TUNABLES``): theirs stands."""
+    if "MALLOC_ARENA_MAX" in os.environ or "glibc.malloc.arena_max" in os.environ.get("GLIBC_TUNABLES", ""):
+        return False
     lib = _glibc()
     return bool(lib is not None and lib.mallopt(M_ARENA_MAX, arenas) == 1)
 

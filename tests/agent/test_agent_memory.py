@@ -46,11 +46,20 @@ def test_the_shipped_config_imports_only_the_modules_it_uses(make_fixture):
     assert loaded == "[]"
 
 
-def test_the_arena_cap_and_the_trim_apply_on_glibc():
+def test_the_arena_cap_and_the_trim_apply_on_glibc(monkeypatch):
     if not os.confstr("CS_GNU_LIBC_VERSION"):
         pytest.skip("not glibc")
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     assert memtune.limit_arenas(memtune.AGENT_ARENAS) is True
     assert memtune.release_free() is True
+
+
+@pytest.mark.parametrize("var, value", [("MALLOC_ARENA_MAX", "4"),
+                                        ("GLIBC_TUNABLES", "glibc.malloc.tcache_count=0:glibc.malloc.arena_max=8")])
+def test_an_operators_arena_setting_stands(monkeypatch, var, value):
+    monkeypatch.setenv(var, value)
+    assert memtune.limit_arenas() is False
 
 
 def test_elsewhere_the_allocator_keeps_its_defaults_and_nothing_fails(monkeypatch):
