@@ -33,18 +33,18 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from email.utils import formatdate
 from http import HTTPStatus
 from urllib.parse import parse_qs, urlparse
 
 import structlog
 
+from .heldio import LibcIO, SocketIO, held_io
 from .httpserve import AUTH_REFUSALS, CLOSE_REASONS, TEXT, Chunk, Route, accepts_gzip, listener_counters_text
 
 log = structlog.get_logger("fabricmon.http")
 
-_RECV = 65536
 # A per-scrape part shorter than this (the snapshot_age line) goes out as a stored gzip member:
 # setting up a deflate stream for 150 bytes costs more than it saves.
 _STORED_BELOW = 1024
@@ -54,7 +54,9 @@ _DEFLATED_KEEP = 8
 # The send buffer the listener's connections inherit: a whole /metrics (about 200 kB) goes out in
 # one sendmsg instead of waiting on the peer's window between pieces (the kernel caps it at wmem_max).
 _SNDBUF = 1 << 20
-_ACCEPT_BURST = 64  # connections accepted per wake-up before the others' events are served
+
+
+_LINGER = 2.0  # seconds an answered connection that is being closed drains the peer's input
 
 
 def stored_gzip(data: bytes) -> bytes:
@@ -79,17 +81,21 @@ def _header_end(buf: bytearray) -> tuple[int, int]:
 
 
 class _Conn:
-    __slots__ = ("sock", "buf", "out", "deadline", "since", "close_after", "writing", "closed")
+    __slots__ = ("handle", "buf", "out", "offset", "deadline", "since", "close_after", "linger", "writing",
+                 "closed", "registered")
 
-    def __init__(self, sock: socket.socket, now: float, deadline: float) -> None:
-        self.sock = sock
+    def __init__(self, handle, now: float, deadline: float) -> None:
+        self.handle = handle  # what heldio's calls take and the selector registers
         self.buf = bytearray()
-        self.out: list = []  # the response not yet taken by the peer (bytes or memoryviews)
+        self.out: list[bytes] = []  # the response not yet taken by the peer, from ``offset`` in the first
+        self.offset = 0
         self.deadline = deadline
         self.since = now  # when the current wait on the peer began (the eviction order at the limit)
         self.close_after = False
+        self.linger = False  # after the response: FIN, then drain the peer's input before closing (below)
         self.writing = False  # registered for EVENT_WRITE (the peer's window was full)
         self.closed = False
+        self.registered = False  # with the selector: only once it has to wait on its peer
 
 
 class _Request:
@@ -118,7 +124,8 @@ class LoopHTTPServer:
 
     def __init__(self, host: str, port: int, routes: dict[str, Route], name: str = "http", *,
                  max_connections: int = 64, header_timeout: float = 10.0, write_timeout: float = 10.0,
-                 max_header_bytes: int = 65536, max_headers: int = 100) -> None:
+                 max_header_bytes: int = 65536, max_headers: int = 100,
+                 make_io: Callable[[socket.socket], SocketIO | LibcIO] = held_io) -> None:
         if max_connections < 1 or min(header_timeout, write_timeout) <= 0 or min(max_header_bytes, max_headers) < 1:
             raise ValueError("max_connections, every timeout and every size limit must be positive")
         self.max_connections = max_connections
@@ -138,6 +145,7 @@ class LoopHTTPServer:
         except OSError:
             pass  # the default buffer only costs more wake-ups for a big body
         self._listener.setblocking(False)
+        self._io = make_io(self._listener)
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._listener, selectors.EVENT_READ, None)
         self._wake_r, self._wake_w = socket.socketpair()
@@ -233,7 +241,7 @@ class LoopHTTPServer:
                             log.error("http_handler_failed", error=f"{type(exc).__name__}: {exc}")
                             self._close(c)
                 for c in [c for c in self._conns if now > c.deadline]:
-                    self._close(c, "timeout")
+                    self._close(c, None if c.linger else "timeout")
         finally:
             self._close_all()
 
@@ -256,49 +264,51 @@ class LoopHTTPServer:
         self._conns.discard(c)
         if reason is not None:
             self._count(reason)
-        try:
-            self._sel.unregister(c.sock)
-        except (KeyError, ValueError, OSError):
-            pass
-        try:
-            c.sock.close()
-        except OSError:
-            pass
+        if c.registered:
+            try:
+                self._sel.unregister(c.handle)
+            except (KeyError, ValueError, OSError):
+                pass
+        self._io.close(c.handle)
 
     def _accept(self, now: float) -> None:
-        for _ in range(_ACCEPT_BURST):
-            try:
-                sock, _addr = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # out of descriptors: the backlog waits for the next pass
-                log.warning("http_accept_failed", listener=self._name, error=exc.strerror or str(exc))
-                return
-            sock.setblocking(False)
-            if len(self._conns) >= self.max_connections:
-                self._close(min(self._conns, key=lambda c: c.since), "limit")
-            c = _Conn(sock, now, now + self.header_timeout)
-            self._conns.add(c)
-            self._sel.register(sock, selectors.EVENT_READ, c)
-            self._read(c, now)  # the request has usually arrived with the connection: no second pass
+        # One connection a wake-up (the listener stays readable while more wait): each socket call
+        # lets the poll or stream thread take the GIL, so a scrape makes as few as it can.
+        try:
+            handle = self._io.accept()
+        except OSError as exc:  # out of descriptors: the backlog waits for the next pass
+            log.warning("http_accept_failed", listener=self._name, error=exc.strerror or str(exc))
+            return
+        if handle is None:
+            return
+        if len(self._conns) >= self.max_connections:
+            self._close(min(self._conns, key=lambda c: c.since), "limit")
+        c = _Conn(handle, now, now + self.header_timeout)
+        self._conns.add(c)
+        self._read(c, now)  # the request has usually arrived with the connection: no second pass
+        if not c.closed and not c.registered:
+            c.registered = True
+            self._sel.register(handle, selectors.EVENT_WRITE if c.writing else selectors.EVENT_READ, c)
 
     def _read(self, c: _Conn, now: float) -> None:
         try:
-            data = c.sock.recv(_RECV)
-        except (BlockingIOError, InterruptedError):
-            return
+            data = self._io.recv(c.handle)
         except OSError:
             self._close(c)
+            return
+        if data is None:
             return
         if not data:
             self._close(c)  # the peer is gone, or sent only part of a request
             return
+        if c.close_after:
+            return  # lingering: what the peer still sends is dropped
         c.buf += data
         self._serve_buffered(c, now)
 
     def _serve_buffered(self, c: _Conn, now: float) -> None:
         """Answer each complete request in the buffer in turn (pipelining), one response in flight at a time."""
-        while not c.out and not c.closed:
+        while not c.out and not c.closed and not c.close_after:
             end, blank = _header_end(c.buf)
             if end < 0 or end > self.max_header_bytes:
                 if end > self.max_header_bytes or len(c.buf) > self.max_header_bytes:
@@ -392,7 +402,9 @@ class LoopHTTPServer:
                            extra, b"\r\n\r\n"))]
         if not head:
             c.out += body
+        c.offset = 0
         c.close_after = close
+        c.linger = close and code >= 400
 
     def _gzip_member(self, part: bytes | Chunk) -> bytes:
         if isinstance(part, Chunk):
@@ -417,31 +429,40 @@ class LoopHTTPServer:
     def _write(self, c: _Conn, now: float) -> None:
         """Send what the peer has not taken; once all is sent: close, or wait for the next request."""
         out = c.out
-        try:
-            while out:
-                sent = c.sock.sendmsg(out)
-                while sent:
-                    first = out[0]
-                    if sent >= len(first):
-                        sent -= len(first)
-                        out.pop(0)
-                    else:
-                        out[0] = memoryview(first)[sent:]
-                        sent = 0
-        except (BlockingIOError, InterruptedError):
-            if not c.writing:  # the peer's window is full: wait for it to take the rest, under write_timeout
-                c.writing = True
-                c.deadline, c.since = now + self.write_timeout, now
-                self._sel.modify(c.sock, selectors.EVENT_WRITE, c)
-            return
-        except OSError:
-            self._close(c)
-            return
+        while out:
+            try:
+                sent = self._io.send(c.handle, out, c.offset)
+            except OSError:
+                self._close(c)
+                return
+            if sent is None:
+                if not c.writing:  # the peer's window is full: wait for it to take the rest, under write_timeout
+                    c.writing = True
+                    c.deadline, c.since = now + self.write_timeout, now
+                    if c.registered:
+                        self._sel.modify(c.handle, selectors.EVENT_WRITE, c)
+                return
+            sent += c.offset
+            while out and sent >= len(out[0]):
+                sent -= len(out.pop(0))
+            c.offset = sent
         if c.close_after:
-            self._close(c)
+            if not (c.linger or c.buf):
+                self._close(c)
+                return
+            # Closing with the peer's bytes unread would reset the connection, and a reset can discard
+            # the response before the peer reads it (an error answered mid-request): FIN first, drop
+            # what still comes until the peer closes too, at most _LINGER seconds.
+            self._io.shutdown_write(c.handle)
+            c.buf.clear()
+            c.linger = True
+            c.deadline, c.since = now + min(_LINGER, self.header_timeout), now
+            if c.writing:
+                c.writing = False
+                self._sel.modify(c.handle, selectors.EVENT_READ, c)
             return
         c.deadline, c.since = now + self.header_timeout, now  # the next request's wait starts now
         if c.writing:
             c.writing = False
-            self._sel.modify(c.sock, selectors.EVENT_READ, c)
+            self._sel.modify(c.handle, selectors.EVENT_READ, c)
             self._serve_buffered(c, now)  # a pipelined request already read
