@@ -287,3 +287,23 @@ def test_the_body_is_the_snapshots_rendered_text_and_changes_only_with_a_new_sna
         assert rendered._body is not cached
     finally:
         agent.stop()
+
+
+def test_a_web_config_given_at_a_reload_moves_the_port_to_the_threaded_listener_and_back():
+    """TLS and basic auth run in the threaded listener (a handshake or a bcrypt check would stall the
+    loop): a reload that adds a web config swaps the listener, on the same port."""
+    from fabricmon.httpserve import RoutedHTTPServer
+    from fabricmon.webconfig import WebConfig
+
+    srv = AgentHTTPServer("127.0.0.1", 0, metrics=lambda: [b"x 1\n"], not_ready=lambda: [])
+    srv.start()
+    try:
+        port = srv.port
+        srv.set_web(WebConfig(source="web.yml"))
+        assert isinstance(srv._server, RoutedHTTPServer) and srv.port == port
+        assert _scrape(port).startswith(b"x 1\n")
+        srv.set_web(None)
+        assert isinstance(srv._server, LoopHTTPServer) and srv.port == port
+        assert _scrape(port).startswith(b"x 1\n")
+    finally:
+        srv.stop()
