@@ -190,12 +190,28 @@ def test_the_connection_limit_makes_room_for_a_scrape(serve):
     srv = serve(ROUTES, max_connections=4)
     idle = [socket.create_connection(("127.0.0.1", srv.port), timeout=10) for _ in range(10)]
     try:
+        for s in idle:
+            s.sendall(b"G")  # a request begun, never finished
         assert responses(talk(srv.port, b"GET /x HTTP/1.1\r\nConnection: close\r\n\r\n"))[0][2] == b"x\n"
         assert wait_until(lambda: srv.stats()["closed_limit"] >= 7, 10)
         assert srv.stats()["connections"] <= 4
     finally:
         for s in idle:
             s.close()
+
+
+def test_a_new_connection_is_read_in_the_pass_that_accepts_it(serve):
+    """The listener wakes once a connection's request has arrived (TCP_DEFER_ACCEPT): one recv a scrape."""
+    srv = serve(ROUTES)
+    if not hasattr(socket, "TCP_DEFER_ACCEPT"):
+        pytest.skip("no TCP_DEFER_ACCEPT on this platform")
+    assert srv._listener.getsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT) > 0
+    recvs = []
+    real = srv._io.recv
+    srv._io.recv = lambda handle: recvs.append(1) or real(handle)
+    for _ in range(20):
+        assert responses(talk(srv.port, b"GET /x HTTP/1.1\r\nConnection: close\r\n\r\n"))[0][2] == b"x\n"
+    assert len(recvs) == 20
 
 
 def test_bad_requests_get_an_answer_and_the_listener_goes_on(serve):
