@@ -57,6 +57,7 @@ _SNDBUF = 1 << 20
 
 
 _DEFER_S = 1
+_ACCEPT_PAUSE = 0.1  # seconds the listener rests after a failed accept (out of descriptors)
 _LINGER = 2.0  # seconds an answered connection that is being closed drains the peer's input
 
 
@@ -164,6 +165,7 @@ class LoopHTTPServer:
         self._sel.register(self._wake_r, selectors.EVENT_READ, _WAKE)
         self._conns: set[_Conn] = set()
         self._stopping = False
+        self._accept_paused_until: float | None = None
         self.closed_total = dict.fromkeys(CLOSE_REASONS, 0)
         self.auth_refused_total = dict.fromkeys(AUTH_REFUSALS, 0)  # no auth here: always zero, for the same series
         self._counters: bytes | None = None
@@ -231,28 +233,36 @@ class LoopHTTPServer:
             while not self._stopping:
                 now = time.monotonic()
                 deadline = min((c.deadline for c in self._conns), default=now + 0.5)
+                if self._accept_paused_until is not None:
+                    deadline = min(deadline, self._accept_paused_until)
                 events = sel.select(max(0.0, min(deadline - now, 0.5)))
                 now = time.monotonic()
                 for key, mask in events:
                     c = key.data
-                    if c is None:
-                        self._accept(now)
-                    elif c is _WAKE:
+                    if c is _WAKE:
                         try:
                             self._wake_r.recv(64)
                         except OSError:
                             pass
-                    elif not c.closed:
-                        try:
-                            if mask & selectors.EVENT_WRITE:
-                                self._write(c, now)
-                            elif mask & selectors.EVENT_READ:
-                                self._read(c, now)
-                        except Exception as exc:  # a bug must cost one connection, not the listener
-                            log.error("http_handler_failed", error=f"{type(exc).__name__}: {exc}")
+                        continue
+                    try:
+                        if c is None:
+                            self._accept(now)
+                        elif c.closed:
+                            pass
+                        elif mask & selectors.EVENT_WRITE:
+                            self._write(c, now)
+                        elif mask & selectors.EVENT_READ:
+                            self._read(c, now)
+                    except Exception as exc:  # a bug must cost one connection, not the listener
+                        log.error("http_handler_failed", error=f"{type(exc).__name__}: {exc}")
+                        if c is not None:
                             self._close(c)
                 for c in [c for c in self._conns if now > c.deadline]:
                     self._close(c, None if c.linger else "timeout")
+                if self._accept_paused_until is not None and now >= self._accept_paused_until:
+                    self._accept_paused_until = None
+                    sel.register(self._listener, selectors.EVENT_READ, None)
         finally:
             self._close_all()
 
@@ -287,8 +297,13 @@ class LoopHTTPServer:
         # lets the poll or stream thread take the GIL, so a scrape makes as few as it can.
         try:
             handle = self._io.accept()
-        except OSError as exc:  # out of descriptors: the backlog waits for the next pass
-            log.warning("http_accept_failed", listener=self._name, error=exc.strerror or str(exc))
+        except OSError as exc:
+            # Out of descriptors (EMFILE): the listener stays readable, so it is left out of the
+            # selector for a moment instead of spinning the loop; the backlog waits meanwhile.
+            log.warning("http_accept_failed", listener=self._name, error=exc.strerror or str(exc),
+                        retry_in_s=_ACCEPT_PAUSE)
+            self._sel.unregister(self._listener)
+            self._accept_paused_until = now + _ACCEPT_PAUSE
             return
         if handle is None:
             return

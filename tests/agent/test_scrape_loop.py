@@ -13,6 +13,7 @@ import http.client
 import socket
 import sys
 import threading
+import time
 
 import pytest
 
@@ -20,7 +21,7 @@ from fabricmon.agent.exporter import AgentHTTPServer, RenderedSnapshot, render_s
 from fabricmon.agent.runtime import build_agent
 from fabricmon.config import load_agent_config
 from fabricmon.heldio import LibcIO, SocketIO
-from fabricmon.httploop import LoopHTTPServer, stored_gzip
+from fabricmon.httploop import _ACCEPT_PAUSE, LoopHTTPServer, stored_gzip
 from fabricmon.httpserve import TEXT, Chunk
 from support.waiting import wait_until
 
@@ -227,6 +228,24 @@ def test_bad_requests_get_an_answer_and_the_listener_goes_on(serve):
         assert (got, headers["connection"]) == (code, "close"), req
     assert responses(talk(srv.port, b"GET http://h/x HTTP/1.1\r\nConnection: close\r\n\r\n"))[0][2] == b"x\n"
     assert srv.alive()
+
+
+def test_out_of_descriptors_rests_the_listener_instead_of_spinning(serve):
+    """EMFILE leaves the listener readable: retried at once, the loop would spin on it."""
+    srv = serve(ROUTES)
+    real = srv._io.accept
+    failures: list[float] = []
+
+    def accept():
+        if len(failures) < 3:
+            failures.append(time.monotonic())
+            raise OSError(24, "Too many open files")
+        return real()
+
+    srv._io.accept = accept
+    assert responses(talk(srv.port, b"GET /x HTTP/1.1\r\nConnection: close\r\n\r\n"))[0][2] == b"x\n"
+    gaps = [failures[i + 1] - failures[i] for i in range(len(failures) - 1)]
+    assert len(failures) == 3 and min(gaps) >= _ACCEPT_PAUSE * 0.9, gaps  # a rest between tries
 
 
 def test_stored_gzip_members_decompress_to_their_bytes():
