@@ -15,13 +15,14 @@ The last line is the verdict against issue 39's goals: node_exporter's latency a
 least 3x the agent's at p50 and at p99, and the agent's RSS under 50 MB; the exit
 status is 1 when a goal is missed (2 when node_exporter is not installed).
 
-    .venv/bin/python benchmarks/bench_agent.py [--scrapes 1000] [--no-stream] [--out results.md]
+    .venv/bin/python benchmarks/bench_agent.py [--scrapes 1000] [--no-stream] [--keep-alive [--gzip]] [--out results.md]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import http.client
 import os
 import shutil
 import socket
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -64,10 +66,31 @@ def wait_http(url: str, deadline_s: float = 30.0, want: str | None = None) -> No
 
 
 def scrape(url: str) -> tuple[float, int]:
+    """A new connection a scrape (urllib sends Connection: close)."""
     t0 = time.perf_counter()
     with urllib.request.urlopen(url, timeout=5) as r:
         body = r.read()
     return time.perf_counter() - t0, len(body)
+
+
+class KeptScraper:
+    """Scrapes over one kept-alive connection, as Prometheus does; ``gzip``: with Prometheus'
+    Accept-Encoding (the size is then the compressed body's)."""
+
+    def __init__(self, url: str, gzip: bool) -> None:
+        u = urllib.parse.urlsplit(url)
+        self._conn = http.client.HTTPConnection(u.hostname, u.port, timeout=5)
+        self._path = u.path
+        self._headers = {"Accept-Encoding": "gzip"} if gzip else {}
+
+    def __call__(self) -> tuple[float, int]:
+        t0 = time.perf_counter()
+        self._conn.request("GET", self._path, headers=self._headers)
+        r = self._conn.getresponse()
+        body = r.read()
+        if r.status != 200:
+            raise RuntimeError(f"{self._path}: HTTP {r.status}")
+        return time.perf_counter() - t0, len(body)
 
 
 def pct(values: list[float], p: float) -> float:
@@ -130,6 +153,9 @@ def main() -> int:
     ap.add_argument("--scrapes", type=int, default=1000)
     ap.add_argument("--polls", type=int, default=200)
     ap.add_argument("--no-stream", action="store_true", help="no aggregator: the agent only exports")
+    ap.add_argument("--keep-alive", action="store_true",
+                    help="one kept-alive connection per target, as Prometheus scrapes (default: one a scrape)")
+    ap.add_argument("--gzip", action="store_true", help="with --keep-alive: Accept-Encoding: gzip, as Prometheus")
     ap.add_argument("--out", help="write the markdown table here too")
     args = ap.parse_args()
     ne_bin = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
@@ -171,11 +197,13 @@ def main() -> int:
         load_before = os.getloadavg()
         lat: dict[str, list[float]] = {k: [] for k in targets}
         size: dict[str, int] = {}
+        scrapers = {name: KeptScraper(url, args.gzip) if args.keep_alive else (lambda u=url: scrape(u))
+                    for name, url in targets.items()}
         gc.disable()  # the client's own collections are not either server's latency
         try:
             for _ in range(args.scrapes):  # alternate so both see the same load
-                for name, url in targets.items():
-                    dt, n = scrape(url)
+                for name, scraper in scrapers.items():
+                    dt, n = scraper()
                     lat[name].append(dt)
                     size[name] = n
         finally:
@@ -190,6 +218,8 @@ def main() -> int:
         (_, a50, a99, _), (_, n50, n99, _) = rows
         r50, r99 = n50 / a50, n99 / a99
         mode = "streaming to a real aggregator" if aggregator else "no stream (--no-stream)"
+        mode += ("; one kept-alive connection per target" + (", gzip" if args.gzip else "") if args.keep_alive
+                 else "; a new connection a scrape")
         lines = [
             f"Scrapes: {args.scrapes} per target, alternating, same 8-HCA (+1 frontend) fixture, one run; "
             f"agent: shipped agent.yaml, {mode}.",

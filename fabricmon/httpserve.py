@@ -271,17 +271,22 @@ class GuardedHTTPServer(ThreadingHTTPServer):
         cached = self._exposition
         if cached is not None and cached[0] == key:
             return cached[1]  # the counters rarely move: most scrapes reuse the last text
-        lines = ["# HELP fabricmon_http_connections_closed_total HTTP connections this listener cut: at its "
-                 "connection limit (limit) or past a deadline for headers, body, a response write or the request "
-                 "(timeout).", "# TYPE fabricmon_http_connections_closed_total counter"]
-        lines += [f'fabricmon_http_connections_closed_total{{reason="{k}"}} {v}' for k, v in closed.items()]
-        lines += ["# HELP fabricmon_http_auth_refused_total HTTP requests refused before their route: wrong "
-                  "credentials (wrong, 401) or too many credential checks at once (throttled, 429).",
-                  "# TYPE fabricmon_http_auth_refused_total counter"]
-        lines += [f'fabricmon_http_auth_refused_total{{reason="{k}"}} {v}' for k, v in refused.items()]
-        text = ("\n".join(lines) + "\n").encode()
+        text = listener_counters_text(closed, refused)
         self._exposition = (key, text)
         return text
+
+
+def listener_counters_text(closed: dict[str, int], refused: dict[str, int]) -> bytes:
+    """A listener's own counters (closed connections and refused requests, by reason) as exposition text."""
+    lines = ["# HELP fabricmon_http_connections_closed_total HTTP connections this listener cut: at its "
+             "connection limit (limit) or past a deadline for headers, body, a response write or the request "
+             "(timeout).", "# TYPE fabricmon_http_connections_closed_total counter"]
+    lines += [f'fabricmon_http_connections_closed_total{{reason="{k}"}} {v}' for k, v in closed.items()]
+    lines += ["# HELP fabricmon_http_auth_refused_total HTTP requests refused before their route: wrong "
+              "credentials (wrong, 401) or too many credential checks at once (throttled, 429).",
+              "# TYPE fabricmon_http_auth_refused_total counter"]
+    lines += [f'fabricmon_http_auth_refused_total{{reason="{k}"}} {v}' for k, v in refused.items()]
+    return ("\n".join(lines) + "\n").encode()
 
 
 class _DeadlineWriter:
@@ -386,7 +391,7 @@ class GuardedHandler(BaseHTTPRequestHandler):
         pass  # scrapes every second would flood the log; structlog is the log
 
 
-def _accepts_gzip(header: str | None) -> bool:
+def accepts_gzip(header: str | None) -> bool:
     for item in (header or "").split(","):
         name, _, params = item.strip().partition(";")
         if name.strip().lower() in ("gzip", "*"):
@@ -429,7 +434,7 @@ class RoutedHTTPServer:
                 parts = body if isinstance(body, list) else [body]
                 if u.path == "/metrics" and code == 200:
                     parts = [*parts, self.server.exposition()]
-                if _accepts_gzip(self.headers.get("Accept-Encoding")):
+                if accepts_gzip(self.headers.get("Accept-Encoding")):
                     self._send(code, join_gzip(parts), ctype, head, [("Content-Encoding", "gzip"),
                                                                        ("Vary", "Accept-Encoding")])
                 else:
@@ -485,6 +490,16 @@ class RoutedHTTPServer:
 
     def start(self) -> None:
         self._thread.start()
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def close_dead(self) -> None:
+        """Release the listening socket of a server whose thread died (``stop()`` would wait for it)."""
+        try:
+            self._server.server_close()
+        except OSError:
+            pass
 
     def stop(self) -> None:
         self._server.shutdown()

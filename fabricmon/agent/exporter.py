@@ -16,7 +16,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from ..httpserve import TEXT, Chunk, RoutedHTTPServer, landing_page, probe
+from ..httploop import LoopHTTPServer
+from ..httpserve import TEXT, Chunk, Route, RoutedHTTPServer, landing_page, probe
 from ..metrics import SELF_SPECS, SPECS, MetricSpec
 from ..model import Snapshot
 from .margins import link_margins
@@ -253,11 +254,16 @@ def exposition(snapshot: Snapshot, now: float | None = None) -> bytes:
     return render_snapshot(snapshot) + _age_lines(snapshot, snapshot.ts if now is None else now)
 
 
-class AgentHTTPServer(RoutedHTTPServer):
+class AgentHTTPServer:
     """/metrics, /healthz (liveness: cheap, never touches NVML) and /readyz (the agent does its job).
 
     ``not_ready()`` returns why the agent is not ready (fresh poll, stream delivering,
     threads up); /readyz answers 503 with those reasons, one a line, or 200.
+
+    Plain HTTP is served by a ``LoopHTTPServer``: one thread accepts, reads and answers, so a
+    scrape is one wake-up that sends the pre-rendered parts (issue 39's p99).  With a web config
+    (TLS, basic auth) the threaded ``RoutedHTTPServer`` serves: the handshake and the bcrypt
+    checks run in a connection's own thread there, never in a loop every scrape waits on.
     """
 
     def __init__(
@@ -269,22 +275,56 @@ class AgentHTTPServer(RoutedHTTPServer):
         alive: Callable[[], bool] = lambda: True,
         web=None,
     ) -> None:
-        super().__init__(host, port, {
+        self._host = host
+        self._routes: dict[str, Route] = {
             "/": landing_page("fabricmon agent", ["/metrics", "/healthz", "/readyz"]),
             "/metrics": lambda q: (200, metrics(), "text/plain; version=0.0.4; charset=utf-8"),
             "/healthz": probe(alive, b"ok\n", b"poller stopped\n"),
             "/readyz": lambda q: _readyz(not_ready),
-        }, name="agent-http", web=web)
+        }
+        self._server = self._listen(port, web)
+
+    def _listen(self, port: int, web) -> LoopHTTPServer | RoutedHTTPServer:
+        if web is None:
+            return LoopHTTPServer(self._host, port, self._routes, name="agent-http")
+        return RoutedHTTPServer(self._host, port, self._routes, name="agent-http", web=web)
+
+    @property
+    def port(self) -> int:
+        return self._server.port
+
+    @property
+    def max_connections(self) -> int:
+        return self._server.max_connections
+
+    def stats(self) -> dict[str, int]:
+        return self._server.stats()
+
+    def start(self) -> None:
+        self._server.start()
+
+    def stop(self) -> None:
+        self._server.stop()
 
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._server.alive()
 
     def close_dead(self) -> None:
         """Release the listening socket of a server whose thread died (``stop()`` would wait for it)."""
-        try:
-            self._server.server_close()
-        except OSError:
-            pass
+        self._server.close_dead()
+
+    def set_web(self, web) -> None:
+        """TLS and basic auth from now on (a reload rotates certificates); a web config given or taken
+        away needs the other kind of listener, on the same port."""
+        if isinstance(self._server, RoutedHTTPServer) and web is not None:
+            self._server.set_web(web)
+            return
+        if web is None and isinstance(self._server, LoopHTTPServer):
+            return
+        port = self.port
+        self._server.stop()
+        self._server = self._listen(port, web)
+        self._server.start()
 
 
 def _readyz(not_ready: Callable[[], list[str]]) -> tuple[int, bytes, str]:
