@@ -257,6 +257,11 @@ class AggregatorCollector:
         c = CounterMetricFamily("fabricmon_ticks", "Detection ticks run.")
         c.add_metric([], snap["ticks_total"])
         yield c
+        c = CounterMetricFamily("fabricmon_ticks_skipped", "Periodic detection ticks skipped: at the sample time of "
+                                "the last one with no batch, hello, disconnect, RAS report or reload since "
+                                "(aggregator/tick_gate.py); they would have found the same.")
+        c.add_metric([], grpc.get("ticks_skipped_total", 0))
+        yield c
         g = GaugeMetricFamily("fabricmon_cluster_clock_timestamp_seconds",
                               "The cluster clock detection runs at (wall clock, or the nodes' median sample time).")
         g.add_metric([], snap["newest_ts"])
