@@ -59,6 +59,9 @@ __all__ = [
     "topology_dict", "topology_file_fields", "topology_from_mapping", "topology_from_v2",
 ]
 
+# GPU paths kept per NIC-map version (``Topology.path_of_gpu``): 4,096 nodes of 8 GPUs with room to spare
+_PATHS_KEPT = 65536
+
 
 @dataclass(frozen=True)
 class GenerateSpec:
@@ -207,7 +210,18 @@ class Topology:
         return comp.gpu(node, index, nic.rail, self._leaf_name(node, nic))
 
     def path_of_gpu(self, node: str, gpu: int) -> dict[Kind, Component]:
-        """Every component a rank on (node, gpu) depends on, by kind (no rail on a fat tree)."""
+        """Every component a rank on (node, gpu) depends on, by kind (no rail on a fat tree).  Kept per
+        version of the NIC maps (topology_index.py): every detection tick asks it for every slow rank.
+        Read-only: the same dict is returned until a hello binds or pairs NICs."""
+        paths = self.index.paths
+        got = paths.get((node, gpu))
+        if got is None:
+            if len(paths) >= _PATHS_KEPT:  # GPU indexes come from the agents: bounded whatever they send
+                paths.clear()
+            got = paths[(node, gpu)] = self._path_of_gpu(node, gpu)
+        return got
+
+    def _path_of_gpu(self, node: str, gpu: int) -> dict[Kind, Component]:
         out = {Kind.NODE: comp.node(node), Kind.GPU: self.gpu(node, gpu)}
         nic = self.nic_for_gpu(node, gpu)
         if nic is not None:

@@ -18,9 +18,18 @@ class TopologyIndex:
         self.leaf_by_rail: dict[tuple[str, int | None], str] = {}
         self.by_guid: dict[str, tuple[str, NicSpec]] = {}
         self.by_leaf_port: dict[tuple[str, str], tuple[str, NicSpec]] = {}
+        # moves whenever a map changes: what is derived from the topology (a GPU's path, the /metrics
+        # topology series) is kept per version and derived again after a hello binds or pairs NICs
+        self.version = 0
+        self.paths: dict[tuple[str, int], dict] = {}  # Topology.path_of_gpu's answers at this version
+
+    def _changed(self) -> None:
+        self.version += 1
+        self.paths.clear()
 
     def add(self, n: NodeSpec) -> None:
         """Index ``n``'s NICs (again: a node re-added after binding replaces its entries)."""
+        self._changed()
         for nic in n.nics:
             self.nic_by_dev[(n.name, nic.device)] = nic
             if nic.gpu >= 0:  # -1: a NIC the agent pairs with no GPU (pair_gpus)
@@ -35,5 +44,6 @@ class TopologyIndex:
 
     def forget_gpus(self, node: str) -> None:
         """Drop ``node``'s GPU -> NIC entries before it is added with a new pairing."""
+        self._changed()
         for k in [k for k in self.nic_by_gpu if k[0] == node]:
             del self.nic_by_gpu[k]

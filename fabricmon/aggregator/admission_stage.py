@@ -71,6 +71,7 @@ class AdmissionStage(Stage):
     def ingest(self, batch: NodeBatch) -> bool:
         """Apply one batch; False when it was dropped (duplicate, time out of bounds, or not ours)."""
         with self.lock:
+            self.state.inputs += 1  # judged, dropped or not: the clock and the counters move (tick_gate.py)
             ns = self.nodes.get(batch.node)
             if ns is None:
                 if not self.registry.owned(batch.node):

@@ -171,15 +171,16 @@ def localize_stragglers(topo: Topology, s: DetectionSettings, report: StragglerR
     for st in report.early:  # a throttled GPU's rank needs less persistence: the clock reason is evidence
         if (st.job, st.job_id, st.rank) not in persistent and throttled.get(comp.gpu(st.node, st.gpu)):
             by_job[st.job, st.job_id].append(st)
+    memo = _Localized.of(topo, report)
     for (job, job_id), lst in by_job.items():
-        groups = _group(topo, lst)
+        groups = memo.groups(lst)
         node_groups = [g for g in groups if g[0].kind is Kind.NODE]
         if len(node_groups) >= 2 and not any(
-                ev.llr.get(c, 0.0) > 0 for g in node_groups for c in _candidates(topo, *g)):
+                ev.llr.get(c, 0.0) > 0 for g in node_groups for c in _candidates(topo, *g, memo=memo)):
             out.append(_hosts_imbalance(s, job, job_id, node_groups, cluster))
             groups = [g for g in groups if g[0].kind is not Kind.NODE]
         for group, members in groups:
-            cands = _candidates(topo, group, members, ev.fabric, report)
+            cands = _candidates(topo, group, members, ev.fabric, report, memo=memo)
             # late compute is not what a bad link or NIC does (that slows communication): a slow GPU on
             # a node with a bad NIC is two faults, so compute-late ranks never ride on fabric evidence
             blame = cands if members[0].kind == "comm" else [c for c in cands if c.kind not in NETWORK_KINDS]
@@ -453,9 +454,50 @@ def _group(topo: Topology, lst: list[Straggler]) -> list[tuple[Component, list[S
     return groups
 
 
-def _candidates(topo: Topology, group: Component, members: list[Straggler],
-                evidence: dict[Component, float] | None = None, report: StragglerReport | None = None
-                ) -> list[Component]:
+class _Localized:
+    """What localization derives from one straggler report and the topology alone, kept on the report
+    (``StragglerReport.localized``) for the ticks that reuse it (4 a second against one scored step):
+    each job's groups and each group's path components.  Derived again when the topology's NIC maps
+    change (a hello binds or pairs NICs) or a reload replaces it; evidence is never kept here."""
+
+    def __init__(self, topo: Topology, version: int) -> None:
+        self.topo, self.version = topo, version
+        # keyed by the identity of the report's own objects (Stragglers, the group lists made here),
+        # which live as long as the report that holds this
+        self._groups: dict[tuple[int, ...], tuple[list[Straggler], list[tuple[Component, list[Straggler]]]]] = {}
+        self._paths: dict[tuple[Component, int], tuple[list[Straggler], tuple[Component, ...]]] = {}
+        self._nodes: dict[str, tuple[Component, ...]] = {}
+
+    @staticmethod
+    def of(topo: Topology, report: StragglerReport) -> _Localized:
+        got = report.localized
+        if not isinstance(got, _Localized) or got.topo is not topo or got.version != topo.index.version:
+            got = report.localized = _Localized(topo, topo.index.version)
+        return got
+
+    def groups(self, lst: list[Straggler]) -> list[tuple[Component, list[Straggler]]]:
+        key = tuple(map(id, lst))
+        got = self._groups.get(key)
+        if got is None:
+            got = self._groups[key] = (lst, _group(self.topo, lst))  # lst kept: its ids stay its own
+        return got[1]
+
+    def node_network(self, node: str) -> tuple[Component, ...]:
+        got = self._nodes.get(node)
+        if got is None:
+            got = self._nodes[node] = _node_network(self.topo, node)
+        return got
+
+    def path_components(self, group: Component, members: list[Straggler]) -> tuple[Component, ...]:
+        key = (group, id(members))
+        got = self._paths.get(key)
+        if got is None or got[0] is not members:
+            got = self._paths[key] = (members, _path_components(self.topo, group, members))
+        return got[1]
+
+
+def _path_components(topo: Topology, group: Component, members: list[Straggler]) -> tuple[Component, ...]:
+    """The group, then every component on its members' paths, in the order they are candidates."""
     # an insertion-ordered set: a rail's group holds every slow rank of the rail (thousands in a big
     # job), and a list's membership test made this quadratic in them
     cands: dict[Component, None] = {group: None}
@@ -467,6 +509,14 @@ def _candidates(topo: Topology, group: Component, members: list[Straggler],
             if k in p:
                 cands.setdefault(p[k])
         # NVLinks of the GPU carry their evidence on the GPU (see fuse_evidence)
+    return tuple(cands)
+
+
+def _candidates(topo: Topology, group: Component, members: list[Straggler],
+                evidence: dict[Component, float] | None = None, report: StragglerReport | None = None,
+                memo: _Localized | None = None) -> list[Component]:
+    cands: dict[Component, None] = dict.fromkeys(
+        memo.path_components(group, members) if memo is not None else _path_components(topo, group, members))
     if group.kind in (Kind.RAIL, Kind.LEAF) and members and members[0].kind == "comm" and evidence:
         # a ring is as slow as its slowest link: any component of the rail with evidence explains it;
         # with no rail (a fat tree's leaf) the components the topology puts on that leaf
@@ -483,10 +533,14 @@ def _candidates(topo: Topology, group: Component, members: list[Straggler],
         for c in crossed(topo, report, members[0].job, members[0].job_id, members, evidence):
             cands.setdefault(c)
     if group.kind is Kind.NODE and group.node in topo.nodes:
-        for nic in topo.nodes[group.node].nics:
-            cands.setdefault(topo.link(group.node, nic))
-            cands.setdefault(topo.nic_component(group.node, nic))
+        for c in memo.node_network(group.node) if memo is not None else _node_network(topo, group.node):
+            cands.setdefault(c)
     return list(cands)
+
+
+def _node_network(topo: Topology, node: str) -> tuple[Component, ...]:
+    """A node's links and NICs, link then NIC for each of its NICs: a whole host's candidates."""
+    return tuple(c for nic in topo.nodes[node].nics for c in (topo.link(node, nic), topo.nic_component(node, nic)))
 
 
 def _leaf_of_rank(topo: Topology, m: Straggler) -> Component:

@@ -41,6 +41,8 @@ class EngineState:
         # what ``tick`` runs at and what every batch's time is judged against (admission.py)
         self.cluster_clock = cluster_clock
         self.last_tick: float | None = None
+        # moved by every call that changes what a tick reads, under the lock (tick_gate.py)
+        self.inputs = 0
         self.started_at: float | None = None  # sample time of the first tick (agents_down's restart grace)
         self.startup = StartupHold()  # link state of a node that just booted pages nothing (startup_hold.py)
         self.resume = ResumeCheck()  # incidents restored at start wait for their node's batches (resume_check.py)

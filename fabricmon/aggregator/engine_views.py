@@ -17,6 +17,9 @@ from .node_registry import NodeRegistry
 # dashboards read topk(10) of it.
 LATENESS_EXPORTED_PER_JOB = 32
 
+# EngineViews.topology_series: NIC ports (node, device, port, rail, leaf) and uplinks (leaf, spine)
+TopologySeries = tuple[list[tuple[str, str, str, str, str]], list[tuple[str, str]]]
+
 
 class EngineViews(Stage):
     def __init__(self, state: EngineState, nodes: NodeRegistry, admission: AdmissionStage,
@@ -32,6 +35,8 @@ class EngineViews(Stage):
         # the node registry's, by the names the views call them
         self.unknown_nodes = nodes.unknown_nodes
         self._never_connected = nodes._never_connected
+        # topology_series' answer and what it was derived from (it changes only with a reload or a binding)
+        self._series: tuple[tuple[object, ...], TopologySeries] | None = None
 
     def incidents(self, include_resolved: bool = True) -> list[Incident]:
         with self.lock:
@@ -78,12 +83,18 @@ class EngineViews(Stage):
         with self.lock:
             return sum(1 for ns in self.nodes.values() if ns.connected)
 
-    def topology_series(self) -> tuple[list[tuple[str, str, str, str, str]], list[tuple[str, str]]]:
+    def topology_series(self) -> TopologySeries:
         """The topology this replica owns, as Prometheus reads it: (node, device, port, rail, leaf) per
         NIC port (named leaves; rail "" on a fat tree) and (leaf, spine) per uplink (spine "" for a leaf
-        with none known).  The recording rules take rail and leaf from here."""
+        with none known).  The recording rules take rail and leaf from here.  The same object (read-only)
+        until a reload or a hello's binding changes the topology: /metrics renders it once per version."""
         with self.lock:
             topo, reg = self.topology, self.registry
+            # the objects themselves are in the key (compared by identity), so an id is never reused
+            key = (topo, topo.index.version, reg, reg.topology, reg.shard_units)
+            got = self._series
+            if got is not None and all(a is b for a, b in zip(got[0], key, strict=True)):
+                return got[1]
             ports: list[tuple[str, str, str, str, str]] = []
             leaves: set[str] = set()
             for name, spec in topo.nodes.items():
@@ -95,7 +106,9 @@ class EngineViews(Stage):
                     if leaf:
                         leaves.add(leaf)
             uplinks = [(leaf, spine) for leaf in sorted(leaves) for spine in (topo.shape.spines_of(leaf) or ("",))]
-            return ports, uplinks
+            series = (ports, uplinks)
+            self._series = (key, series)
+            return series
 
     def metrics_snapshot(self) -> dict[str, Any]:
         with self.lock:

@@ -25,6 +25,7 @@ from .admission import TS_AHEAD, TS_BEHIND, TS_STALE
 from .alertmanager import RESULTS, rfc3339
 from .conn_gate import EVICTED_UNAUTHENTICATED, REFUSED_BACKEND, REFUSED_LIMIT
 from .engine import LATENESS_EXPORTED_PER_JOB, Engine, RemoteSource
+from .metrics_text import freeze
 from .metrics_text import render as render_metrics
 from .name_bounds import KINDS as NAME_KINDS
 from .remediation.metrics import remediation_series
@@ -78,6 +79,7 @@ class AggregatorCollector:
         self.engine = engine
         self.sender = sender
         self.grpc_stats: Callable[[], dict[str, Any]] = grpc_stats or dict
+        self.topology = TopologyFamilies()
 
     def collect(self) -> Iterator[Metric]:
         snap = self.engine.views.metrics_snapshot()
@@ -109,7 +111,7 @@ class AggregatorCollector:
                               "may add and remove nodes).")
         g.add_metric([], len(self.engine.topology.nodes))
         yield g
-        yield from _topology_series(self.engine)
+        yield from self.topology.families(self.engine)
         c = CounterMetricFamily("fabricmon_ingest_samples", "Deltas, gauges and rank timings ingested.")
         c.add_metric([], snap["samples_total"])
         yield c
@@ -255,18 +257,40 @@ class AggregatorCollector:
         c = CounterMetricFamily("fabricmon_ticks", "Detection ticks run.")
         c.add_metric([], snap["ticks_total"])
         yield c
+        c = CounterMetricFamily("fabricmon_ticks_skipped", "Periodic detection ticks skipped: at the sample time of "
+                                "the last one with no batch, hello, disconnect, RAS report or reload since "
+                                "(aggregator/tick_gate.py); they would have found the same.")
+        c.add_metric([], grpc.get("ticks_skipped_total", 0))
+        yield c
         g = GaugeMetricFamily("fabricmon_cluster_clock_timestamp_seconds",
                               "The cluster clock detection runs at (wall clock, or the nodes' median sample time).")
         g.add_metric([], snap["newest_ts"])
         yield g
 
 
-def _topology_series(engine: Engine) -> Iterator[GaugeMetricFamily]:
+class TopologyFamilies:
+    """The topology this replica owns as two families, built and rendered (metrics_text.freeze) once per
+    version of ``EngineViews.topology_series``: at 32 nodes they are two thirds of the exposition's lines,
+    and they change only with a reload or a hello's binding."""
+
+    def __init__(self) -> None:
+        self._of: object = None  # the series object they were built from (identity)
+        self._families: tuple[GaugeMetricFamily, ...] = ()
+
+    def families(self, engine: Engine) -> tuple[GaugeMetricFamily, ...]:
+        series = engine.views.topology_series()
+        if series is not self._of:
+            self._families = tuple(freeze(f) for f in _topology_series(*series))
+            self._of = series
+        return self._families
+
+
+def _topology_series(ports: Iterable[tuple[str, ...]], uplinks: Iterable[tuple[str, ...]]
+                     ) -> Iterator[GaugeMetricFamily]:
     """The topology this replica owns: the recording rules join rail and leaf from it (named leaves
     everywhere Prometheus shows a leaf).  One series per NIC port, as many as the agents'
     fabricmon_ib_port_info, and one per leaf uplink; a NIC the topology knows only by GUID or netdev
     appears once an agent's hello binds it."""
-    ports, uplinks = engine.views.topology_series()
     g = GaugeMetricFamily("fabricmon_topology_port_info", "A NIC port of the topology and the leaf it is cabled "
                           "to (rail empty where the fabric is not rail-optimized); value 1.",
                           labels=["node", "device", "port", "rail", "leaf"])

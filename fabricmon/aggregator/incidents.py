@@ -203,6 +203,7 @@ class IncidentManager:
     def __init__(self, default_hold_s: float = 15.0, keep_resolved: int = 5000) -> None:
         self.default_hold_s = default_hold_s
         self._updated = False  # restore() is for the state persisted before a restart, before any tick
+        self.updates = 0  # calls of update (tick_gate.py: one outside a tick runs the next tick)
         self._open: dict[Key, Incident] = {}
         self._last_evidence: dict[Key, float] = {}
         self._resolved: list[tuple[Component, Incident]] = []  # oldest first, with the component it was on
@@ -252,6 +253,7 @@ class IncidentManager:
         ``retire(component)``: open incidents on the components it selects resolve now with ``reason``
         (a component that left the topology has no evidence left to wait for)."""
         self._updated = True
+        self.updates += 1
         changed: dict[str, Incident] = {}
         if retire is not None:
             for key, inc in list(self._open.items()):

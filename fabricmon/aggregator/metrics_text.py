@@ -68,27 +68,47 @@ def _line(s: Any) -> str:
     return f"{_metric_name(s.name)} {_go(s.value)}{ts}\n"
 
 
+def _family(metric: Any) -> str:
+    """One family's lines, HELP and TYPE first, as generate_latest writes them."""
+    out: list[str] = []
+    name, mtype = metric.name, metric.type
+    shown = name + "_total" if mtype == "counter" else name + "_info" if mtype == "info" else name
+    doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
+    esc = _metric_name(shown)
+    out.append(f"# HELP {esc} {doc}\n")
+    out.append(f"# TYPE {esc} {_TEXT_TYPE.get(mtype, mtype)}\n")
+    om: dict[str, list[str]] = {}
+    om_names = {name + suffix: suffix for suffix in _OM_SUFFIXES}
+    for s in metric.samples:
+        suffix = om_names.get(s.name)
+        if suffix is None:
+            out.append(_line(s))
+        else:
+            om.setdefault(suffix, []).append(_line(s))
+    for suffix, lines in sorted(om.items()):
+        esc = _metric_name(name + suffix)
+        out.append(f"# HELP {esc} {doc}\n")
+        out.append(f"# TYPE {esc} gauge\n")
+        out.extend(lines)
+    return "".join(out)
+
+
+# the attribute a frozen family carries its text in (``freeze``)
+_TEXT_ATTR = "_fabricmon_text"
+
+
+def freeze(metric: Any) -> Any:
+    """``metric`` with its text rendered now and kept on it: ``render`` writes that text, not the samples.
+    For families a collector builds once per version of what they show (the topology's hundreds of info
+    series) and yields again until it changes; adding samples after this is not seen."""
+    setattr(metric, _TEXT_ATTR, _family(metric))
+    return metric
+
+
 def render(registry: Any) -> bytes:
     """What ``prometheus_client.generate_latest(registry)`` returns (its default escaping)."""
     out: list[str] = []
     for metric in registry.collect():
-        name, mtype = metric.name, metric.type
-        shown = name + "_total" if mtype == "counter" else name + "_info" if mtype == "info" else name
-        doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
-        esc = _metric_name(shown)
-        out.append(f"# HELP {esc} {doc}\n")
-        out.append(f"# TYPE {esc} {_TEXT_TYPE.get(mtype, mtype)}\n")
-        om: dict[str, list[str]] = {}
-        om_names = {name + suffix: suffix for suffix in _OM_SUFFIXES}
-        for s in metric.samples:
-            suffix = om_names.get(s.name)
-            if suffix is None:
-                out.append(_line(s))
-            else:
-                om.setdefault(suffix, []).append(_line(s))
-        for suffix, lines in sorted(om.items()):
-            esc = _metric_name(name + suffix)
-            out.append(f"# HELP {esc} {doc}\n")
-            out.append(f"# TYPE {esc} gauge\n")
-            out.extend(lines)
+        text = getattr(metric, _TEXT_ATTR, None)
+        out.append(text if text is not None else _family(metric))
     return "".join(out).encode("utf-8")

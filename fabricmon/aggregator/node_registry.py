@@ -74,6 +74,7 @@ class NodeRegistry(Stage):
         if not reg.owned(hello.node):
             return
         with self.lock:
+            self.state.inputs += 1  # tick_gate.py
             self._note_unknown(hello.node)
             ns = reg.node(hello.node)
             rebooted = bool(ns.boot_id and hello.boot_id and hello.boot_id != ns.boot_id)
@@ -111,6 +112,7 @@ class NodeRegistry(Stage):
 
     def disconnected(self, node: str) -> None:
         with self.lock:
+            self.state.inputs += 1  # tick_gate.py
             ns = self.nodes.get(node)
             if ns is not None:
                 ns.connected = False

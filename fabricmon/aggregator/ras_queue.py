@@ -21,10 +21,14 @@ class RasQueue(Stage):
     def take_ras_queries(self, node: str) -> list[RasQuery]:
         """The RAS queries to send down ``node``'s stream now (the servicer, after each ack)."""
         with self.lock:
-            return self.ras.take(node) if self.ras.outbox else []
+            if not self.ras.outbox:
+                return []
+            self.state.inputs += 1  # tick_gate.py
+            return self.ras.take(node)
 
     def ras_report(self, node: str, report: RasReport) -> bool:
         """An agent's answer to a RAS query; it joins the job's JobHung evidence at the next tick."""
         with self.lock:
+            self.state.inputs += 1  # tick_gate.py
             now = self.last_tick if self.last_tick is not None else self.cluster_clock.now()
             return self.ras.report(node, report, now)

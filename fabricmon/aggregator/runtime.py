@@ -30,6 +30,7 @@ from .engine import Engine
 from .http_api import HttpApi
 from .incidents import Incident
 from .server import GrpcServer, start_grpc_server
+from .tick_gate import TickGate
 
 if TYPE_CHECKING:
     from ..buildinfo import ReloadStatus
@@ -71,6 +72,7 @@ class AggregatorRuntime:
                                 web=http_web, reload_status=reload_status)
         self.last_tick: float | None = None
         self.tick_errors_total = 0
+        self.gate = TickGate(engine)  # skips a periodic tick that would read what the last one read
         self._stopped = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -128,16 +130,22 @@ class AggregatorRuntime:
     # ------------------------------------------------------------------ ticks
     def tick(self, now: float | None = None) -> list[Incident]:
         """Tick at ``now`` (default the cluster clock); hand what changed to the sender."""
+        key = None
         if now is None:
             now = self.engine.newest_ts
             if not now:
                 return []  # sample clock with no batch yet
+            if self.gate.skip(now):
+                return []  # nothing it reads changed since the last tick (tick_gate.py)
+            key = self.gate.before(now)
         try:
             changed = self.engine.tick(now)
         except Exception:  # one bad tick must not stop alerting
+            self.gate.ran(None)
             self.tick_errors_total += 1
             log.exception("tick_failed")
             return []
+        self.gate.ran(key)
         self.last_tick = now
         if changed:
             if self.on_changed is not None:  # before the hand-off: delivery latencies start here
@@ -181,4 +189,4 @@ class AggregatorRuntime:
     def stats(self) -> dict[str, Any]:
         hook_stats = getattr(self.on_changed, "stats", None)  # incident_store.StateSaver's save counts
         return {**self.grpc_stats(), **(hook_stats() if callable(hook_stats) else {}),
-                "tick_errors_total": self.tick_errors_total}
+                "tick_errors_total": self.tick_errors_total, "ticks_skipped_total": self.gate.skipped_total}

@@ -158,6 +158,9 @@ class StragglerReport:
                                                                           compare=False)
     leaves_by_job: dict[tuple[str, str], dict[int | None, set[str]]] = field(default_factory=dict, repr=False,
                                                                           compare=False)
+    # what the correlator's localization derives from this report and the topology alone (its groups and
+    # their paths' components), kept with the topology version it came from (correlator._Localized)
+    localized: object = field(default=None, repr=False, compare=False)
 
 
 class StragglerTracker:
