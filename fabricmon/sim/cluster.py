@@ -34,14 +34,12 @@ import numpy as np
 
 from .faults import GAUGES, MODELS, degraded, fault_rng, link_down, nvlink_evidence, port_evidence, reset_fraction
 from .hw import (
-    DOWN_RATE,
     ETH_STATS,
     FRONTEND,
     HW_CONG64,
     HW_PPCNT64,
     HW_Q32,
     HW_ROCE_ACCL32,
-    LANE_DGBPS,
     NCOUNTERS,
     NDEV,
     NGPU,
@@ -51,11 +49,10 @@ from .hw import (
     NVLINKS,
     PMA_ERR_WIDTH,
     PRIO_SHARE,
-    SPEED_IDX,
-    SPEEDS,
     K,
     device_specs,
 )
+from .link_state import LinkState
 from .scenario import Fault, Scenario
 
 EPOCH = 1764000000.0  # wall-clock time of simulated t = 0 (sample times are EPOCH + t)
@@ -66,7 +63,6 @@ DEGRADED_BER_LOG = -3.6  # the bad lane at fails_at: near the KP4 FEC limit, whe
 LEAF_OPTICS_RAMP_S = 600.0  # leaf_degraded with optics and no end: its ports' drift reaches the FEC limit here
 MODULE_INTERVAL_S = 30.0  # module readings refresh (the agent's sources.transceiver.interval)
 _DATA_PER_LINE = 0.97  # 256b/257b + FEC overhead of the line rate (what the agent's data rate gauge says)
-_LANE_DGBPS_BY_IDX = np.array([LANE_DGBPS[s] for s in SPEEDS], dtype=np.float64)
 _NVL = {f"nvl:{name}": j for j, name in enumerate(NVL_FIELDS)}
 
 
@@ -94,10 +90,6 @@ class ClusterState:
         self.names = c.node_names()
         self.index = {name: i for i, name in enumerate(self.names)}
         self.devs = device_specs(c.layout)
-        self.eth_mask = np.array([d.ethernet for d in self.devs])
-        self.nominal_lanes = np.array([d.lanes for d in self.devs], dtype=np.int64)
-        self.nominal_speed = np.array([SPEED_IDX[d.speed] for d in self.devs], dtype=np.int64)
-        self.nominal_gbps = np.array([LANE_DGBPS[d.speed] * d.lanes / 10 for d in self.devs])
         self.t = 0.0
         self.tick = 0
 
@@ -107,7 +99,7 @@ class ClusterState:
         self.frngs = [fault_rng(c.seed, i) for i in range(len(scenario.faults))]
         # identity
         self.guid_low = ident.integers(0, 1 << 40, size=(n, NDEV), dtype=np.int64)
-        self.lid = np.where(self.eth_mask[None, :], 0, ident.integers(0x10, 0x7FFF, size=(n, NDEV)))
+        lid = ident.integers(0x10, 0x7FFF, size=(n, NDEV))  # drawn here: every draw keeps its place
         self.uuid_bits = ident.integers(0, 1 << 62, size=(n, NGPU, 3), dtype=np.int64)
         self.boot_id = ident.integers(0, 1 << 62, size=n, dtype=np.int64)
         # offered load when no job drives the rails (fraction of the nominal line rate)
@@ -115,22 +107,14 @@ class ClusterState:
         self.frontend_util = ident.uniform(0.01, 0.1, size=n)
         self.gpu_load = ident.uniform(0.15, 0.4, size=(n, NGPU))  # NVLink utilization of the job
 
-        # link state
-        self.up = np.ones((n, NDEV), dtype=bool)
-        self.lanes = np.broadcast_to(self.nominal_lanes, (n, NDEV)).copy()
-        self.speed = np.broadcast_to(self.nominal_speed, (n, NDEV)).copy()
-        self.downs = ident.integers(0, 2, size=(n, NDEV), dtype=np.int64)  # carrier down events so far
-        # lossless config (Ethernet ports): PFC and ECN (np, rp) enabled per priority
-        self.pfc = np.zeros((n, NDEV, 8), dtype=bool)
-        self.pfc[:, self.eth_mask, 3] = True
-        self.ecn_np = self.pfc.copy()
-        self.ecn_rp = self.pfc.copy()
-        self.mtu = np.where(self.eth_mask, 9000, 4092)
+        # link state, config and carrier down events so far (sim/link_state.py)
+        self.links = LinkState(self.devs, n, ident.integers(0, 2, size=(n, NDEV), dtype=np.int64))
+        self.lid = np.where(self.links.eth_mask[None, :], 0, lid)  # Ethernet ports have none
 
         # counters: (counter, node, device), true unbounded values
         self.C = np.zeros((NCOUNTERS, n, NDEV), dtype=np.int64)
-        self.C[K["pma:link_downed"]] = self.downs
-        self.C[K["eth:link_down_events_phy"]] = self.downs * self.eth_mask
+        self.C[K["pma:link_downed"]] = self.links.downs
+        self.C[K["eth:link_down_events_phy"]] = self.links.downs * self.links.eth_mask
 
         # GPUs
         self.util = ident.integers(88, 100, size=(n, NGPU), dtype=np.int64)
@@ -163,21 +147,9 @@ class ClusterState:
         """Sample time (epoch seconds) of simulated time t."""
         return self.epoch + (self.t if t is None else t)
 
-    def gbps(self) -> np.ndarray:
-        """(nodes, devices) current signalling rate in Gb/s (ignoring up/down)."""
-        return _LANE_DGBPS_BY_IDX[self.speed] * self.lanes / 10
-
     def unit_nodes(self, unit: int) -> range:
         npu = self.scenario.cluster.nodes_per_unit
         return range(unit * npu, min(self.n, (unit + 1) * npu))
-
-    def rate_text(self, node: int, dev: int) -> str:
-        from .hw import rate_str
-
-        d = self.devs[dev]
-        if not self.up[node, dev]:
-            return rate_str(*DOWN_RATE[d.link_layer])
-        return rate_str(int(self.lanes[node, dev]), SPEEDS[self.speed[node, dev]])
 
     def default_offered(self) -> np.ndarray:
         return self._default_offered()
@@ -187,7 +159,7 @@ class ClusterState:
         util = np.empty((self.n, NDEV))
         util[:, :NRAILS] = self.rail_util
         util[:, FRONTEND] = self.frontend_util
-        return util * self.nominal_gbps[None, :] * 1e9 / 8
+        return util * self.links.nominal_gbps[None, :] * 1e9 / 8
 
     # ------------------------------------------------------------------ faults
     def _fault_targets(self, f: Fault) -> tuple[list[int], list[int]]:
@@ -278,9 +250,9 @@ class ClusterState:
             if f.kind == "leaf_degraded" and f.optics and f.active(t):
                 self._leaf_optics(f, t, lane_log, rx, temp)
         self.lane_ber_log = lane_log
-        bits_per_s = self.gbps() * 1e9 * _DATA_PER_LINE
+        bits_per_s = self.links.gbps() * 1e9 * _DATA_PER_LINE
         lane_bits = (10.0 ** lane_log) * self.lane_share * OPTIC_LANES * (bits_per_s * dt / OPTIC_LANES)[:, :, None]
-        live = (self.eth_mask[None, :] & self.up)[:, :, None]
+        live = (self.links.eth_mask[None, :] & self.links.up)[:, :, None]
         lane_cnt = o.poisson(lane_bits * live).astype(np.int64)
         for lane in range(OPTIC_LANES):
             self.C[K[f"eth:rx_err_lane_{lane}_phy"]] += lane_cnt[:, :, lane]
@@ -297,7 +269,7 @@ class ClusterState:
         self.bias_ma = self.bias_ma0 + o.normal(0, 0.02, size=shape)
         self.temp_c = temp + o.normal(0, 0.2, size=self.temp_c0.shape)
         # a dark lane (link down: no light from the far end) reads about nothing
-        self.rx_dbm = np.where(self.up[:, :, None], self.rx_dbm, -40.0)
+        self.rx_dbm = np.where(self.links.up[:, :, None], self.rx_dbm, -40.0)
 
     def module_image(self, node: int, dev: int) -> bytes:
         """The module EEPROM (SFF-8636 lower + upper page 00h, QSFP28-style 4 lanes) of one port."""
@@ -315,9 +287,9 @@ class ClusterState:
     def link_state(self, t: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(up, lanes, speed), each (nodes, devices), of every link at time t, changing nothing: what
         the simulated agents' link watch reads between their polls, and what ``_set_fault_state`` applies."""
-        want_up = np.ones_like(self.up)
-        lanes = np.broadcast_to(self.nominal_lanes, self.lanes.shape).copy()
-        speed = np.broadcast_to(self.nominal_speed, self.speed.shape).copy()
+        want_up = np.ones_like(self.links.up)
+        lanes = np.broadcast_to(self.links.nominal_lanes, self.links.lanes.shape).copy()
+        speed = np.broadcast_to(self.links.nominal_speed, self.links.speed.shape).copy()
         for f in self.scenario.faults:
             m = MODELS[f.kind]
             if not f.active(t) or not m.link:
@@ -328,15 +300,15 @@ class ClusterState:
             elif m.link == "degraded":
                 for nn in nodes:
                     for d in devs:
-                        lanes[nn, d], speed[nn, d] = degraded(int(self.nominal_lanes[d]),
-                                                              int(self.nominal_speed[d]), f.degrade)
+                        lanes[nn, d], speed[nn, d] = degraded(int(self.links.nominal_lanes[d]),
+                                                              int(self.links.nominal_speed[d]), f.degrade)
         return want_up, lanes, speed
 
     def _set_fault_state(self, t: float) -> None:
         """Link state, rate and config as of time t; counts down events on transitions."""
         want_up, lanes, speed = self.link_state(t)
-        pfc = np.zeros_like(self.pfc)
-        pfc[:, self.eth_mask, 3] = True
+        pfc = np.zeros_like(self.links.pfc)
+        pfc[:, self.links.eth_mask, 3] = True
         ecn = pfc.copy()
         for f in self.scenario.faults:
             if not f.active(t) or not MODELS[f.kind].config_off:
@@ -344,28 +316,28 @@ class ClusterState:
             nodes, devs = self._fault_targets(f)
             pfc[np.ix_(nodes, devs, [3])] = False
             ecn[np.ix_(nodes, devs, [3])] = False
-        going_down = self.up & ~want_up
+        going_down = self.links.up & ~want_up
         if going_down.any():
-            self.downs += going_down
+            self.links.downs += going_down
             self.C[K["pma:link_downed"]] += going_down
-            self.C[K["eth:link_down_events_phy"]] += going_down & self.eth_mask[None, :]
+            self.C[K["eth:link_down_events_phy"]] += going_down & self.links.eth_mask[None, :]
             for f in self.scenario.faults:
                 per_down = MODELS[f.kind].recoveries_per_down
                 if per_down and f.active(t):
                     nodes, devs = self._fault_targets(f)
                     self.C[K["pma:link_error_recovery"]][np.ix_(nodes, devs)] += \
                         per_down * going_down[np.ix_(nodes, devs)]
-        self.up = want_up
-        self.lanes, self.speed = lanes, speed
-        self.pfc, self.ecn_np, self.ecn_rp = pfc, ecn, ecn.copy()
+        self.links.up = want_up
+        self.links.lanes, self.links.speed = lanes, speed
+        self.links.pfc, self.links.ecn_np, self.links.ecn_rp = pfc, ecn, ecn.copy()
 
     def effects(self, t: float | None = None) -> Effects:
         t = self.t if t is None else t
         n = self.n
-        bw = self.gbps()[:, :NRAILS] / self.nominal_gbps[None, :NRAILS]
+        bw = self.links.gbps()[:, :NRAILS] / self.links.nominal_gbps[None, :NRAILS]
         # a rail NIC that is down: NCCL (PXN) sends its share through a neighbouring rail's NIC over
         # NVLink, at about half the bandwidth
-        bw = np.where(self.up[:, :NRAILS], bw, 0.5)
+        bw = np.where(self.links.up[:, :NRAILS], bw, 0.5)
         gpu = np.ones((n, NGPU))
         tp = np.ones(n)
         for f in self.scenario.faults:
@@ -409,7 +381,7 @@ class ClusterState:
             self._applied_resets.add(id(f))
             ni = self.index[f.the_node]
             self.C[:, ni, :] = 0
-            self.downs[ni, :] = 0
+            self.links.downs[ni, :] = 0
             dt_arr[ni, :] = dt * reset_fraction(self.frngs[i])
         rx_scale = np.ones((self.n, NDEV))
         for f in self.scenario.faults:
@@ -442,10 +414,10 @@ class ClusterState:
                  baseline: bool = False) -> None:
         """Add dt seconds of traffic at the offered load, capped by the current link rate (vectorized
         Port.advance of sim.fixture)."""
-        C, rng, eth = self.C, self.rng, self.eth_mask[None, :]
+        C, rng, eth = self.C, self.rng, self.links.eth_mask[None, :]
         n = self.n
-        cap = self.gbps() * 1e9 / 8 * 0.97
-        up = self.up
+        cap = self.links.gbps() * 1e9 / 8 * 0.97
+        up = self.links.up
         rate = np.minimum(offered * rng.uniform(0.9, 1.1, size=(n, NDEV)), cap)
         rate = np.where(up, rate, 0.0)
         tx = (rate * dt).astype(np.int64)

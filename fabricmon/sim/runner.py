@@ -399,7 +399,7 @@ class SimulatedCluster:
         c = self.cluster
         every = self.link_watch
         t0 = c.t
-        base = (c.up, c.lanes, c.speed)
+        base = (c.links.up, c.links.lanes, c.links.speed)
         allowed = np.ones(c.n, dtype=bool)  # memory mode: each agent's OffCadenceGate
         k = 1
         while t0 + k * every < t_new - 1e-9:

@@ -195,7 +195,7 @@ class SimSwitches:
                     for name, v, _ in evidence(rules, r, dt, since, f.mag, False):
                         self.uc[self._row(name), u, end] += v
             for h in self._host_of[i]:
-                if not self.cluster.up[self.hp_node[h], self.hp_dev[h]]:
+                if not self.cluster.links.up[self.hp_node[h], self.hp_dev[h]]:
                     continue
                 for name, v, _ in evidence(rules, r, dt, since, f.mag, False):
                     self.hc[self._row(name), h] += v
@@ -232,7 +232,7 @@ class SimSwitches:
         h_rcv = C[K["pma:port_rcv_data"]][self.hp_node, self.hp_dev]
         h_xmit = C[K["pma:port_xmit_data"]][self.hp_node, self.hp_dev]
         h_downed = C[K["pma:link_downed"]][self.hp_node, self.hp_dev]
-        h_up = c.up[self.hp_node, self.hp_dev]
+        h_up = c.links.up[self.hp_node, self.hp_dev]
         hc = self.hc.T.tolist()
         for k, h in enumerate(self.layout.host_ports):
             row = hc[k]

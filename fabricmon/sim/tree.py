@@ -157,7 +157,7 @@ class NodeTree:
             else:
                 files.append((os.path.join(nd, "address"), "00:00:10:29:fe:80:00:00:00:00:00:00:" + ":".join(
                     guid.replace(":", "")[i:i + 2] for i in range(0, 16, 2))))
-            files += [(os.path.join(nd, "mtu"), str(int(c.mtu[d.index]))),
+            files += [(os.path.join(nd, "mtu"), str(int(c.links.mtu[d.index]))),
                       (os.path.join(nd, "type"), "1" if d.ethernet else "32")]  # ARPHRD_ETHER / _INFINIBAND
         # The node's GPUs on the PCI bus (H100 SXM5: 10de:2330, 3D controller 0x030200), linked from
         # /sys/bus/pci/devices as the kernel does: what the agent's "pci" source counts beside NVML.
@@ -182,14 +182,15 @@ class NodeTree:
         paths: list[str] = self._paths if not build_paths else []
         out: list[str] = []
         vals = c.node_counters(n)
-        up_row = c.up[n].tolist()
-        lanes_row = c.lanes[n].tolist()
-        speed_row = c.speed[n].tolist()
-        downs_row = c.downs[n].tolist()
+        links = c.links
+        up_row = links.up[n].tolist()
+        lanes_row = links.lanes[n].tolist()
+        speed_row = links.speed[n].tolist()
+        downs_row = links.downs[n].tolist()
         lid_row = c.lid[n].tolist()
-        pfc3 = c.pfc[n, :, :].tolist()
-        np3 = c.ecn_np[n].tolist()
-        rp3 = c.ecn_rp[n].tolist()
+        pfc3 = links.pfc[n, :, :].tolist()
+        np3 = links.ecn_np[n].tolist()
+        rp3 = links.ecn_rp[n].tolist()
         ap = paths.append if build_paths else None
         kx = K
         for d in c.devs:

@@ -96,12 +96,12 @@ def test_link_down_and_recovery():
     states, data = [], []
     for _ in range(8):
         c.advance(1.0)
-        states.append(bool(c.up[2, 6]))
+        states.append(bool(c.links.up[2, 6]))
         data.append(int(c.C[K["pma:port_xmit_data"], 2, 6]))
     assert states == [True, True, False, False, False, True, True, True]
     assert data[2] == data[3] == data[4]  # no traffic while down
     assert int(c.C[K["pma:link_downed"], 2, 6]) == downed0 + 1
-    assert c.up.sum() == 4 * NDEV
+    assert c.links.up.sum() == 4 * NDEV
 
 
 def test_link_flap_alternates_and_counts_each_down():
@@ -112,7 +112,7 @@ def test_link_flap_alternates_and_counts_each_down():
     states = []
     for _ in range(16):
         c.advance(1.0)
-        states.append(bool(c.up[1, 0]))
+        states.append(bool(c.links.up[1, 0]))
     assert states[:6] == [True, False, False, True, True, False]
     downs = sum(1 for a, b in pairwise([True, *states]) if a and not b)
     assert int(c.C[K["pma:link_downed"], 1, 0]) - downed0 == downs == 3
@@ -123,7 +123,7 @@ def test_link_degraded_halves_width_and_caps_traffic():
     scn = Scenario(ClusterSpec(2, "ib", 2), 60).with_fault("link_degraded", node="node-000", rail=1, start=1)
     c = ClusterState(scn)
     c.advance(1.0)
-    assert c.rate_text(0, 1) == "200 Gb/sec (2X NDR)" and c.rate_text(0, 2) == "400 Gb/sec (4X NDR)"
+    assert c.links.rate_text(0, 1) == "200 Gb/sec (2X NDR)" and c.links.rate_text(0, 2) == "400 Gb/sec (4X NDR)"
     before = int(c.C[K["pma:port_xmit_data"], 0, 1])
     c.advance(1.0, rail_bytes_per_second=np.full((2, 8), 45e9))  # more than 200 Gb/s offered
     assert (int(c.C[K["pma:port_xmit_data"], 0, 1]) - before) * 4 <= 200e9 / 8 * 0.97 + 1
@@ -165,7 +165,7 @@ def test_config_drift_without_rail_drifts_every_rail_nic_not_the_frontend():
     scn = Scenario(ClusterSpec(2, "roce", 2), 60).with_fault("config_drift", node="node-000", start=0)
     c = ClusterState(scn)
     c.advance(1.0)
-    assert not c.pfc[0, :8, 3].any() and c.pfc[0, 8, 3] and c.pfc[1, :, 3].all()
+    assert not c.links.pfc[0, :8, 3].any() and c.links.pfc[0, 8, 3] and c.links.pfc[1, :, 3].all()
 
 
 def test_pfc_storm_slow_receiver_emits_pauses():
@@ -194,4 +194,4 @@ def test_counter_reset_restarts_every_mlx5_counter_of_the_node_only():
     data = K["pma:port_xmit_data"]
     assert (c.C[data, 1, :] < before[data, 1, :]).all()
     assert (c.C[data, 0, :] > before[data, 0, :]).all() and (c.C[data, 2, :] > before[data, 2, :]).all()
-    assert c.up.all()
+    assert c.links.up.all()

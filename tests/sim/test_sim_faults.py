@@ -73,8 +73,10 @@ def _cluster(kind: str, layout: str, where: dict, dev: int, gpu: int, link: int)
     for t in range(SNAPSHOTS):
         if t:
             c.advance(INTERVAL)
-        out.append({"counters": {name: int(c.C[i, 0, dev]) for name, i in K.items()}, "up": bool(c.up[0, dev]),
-                    "rate": (int(c.lanes[0, dev]), SPEEDS[int(c.speed[0, dev])]), "pfc3": bool(c.pfc[0, dev, 3]),
+        links = c.links
+        out.append({"counters": {name: int(c.C[i, 0, dev]) for name, i in K.items()}, "up": bool(links.up[0, dev]),
+                    "rate": (int(links.lanes[0, dev]), SPEEDS[int(links.speed[0, dev])]),
+                    "pfc3": bool(links.pfc[0, dev, 3]),
                     "nvl": {f"nvl:{f}": int(c.nvl[j, 0, gpu, link]) for j, f in enumerate(NVL_FIELDS)},
                     "nvl_state": int(c.nvl_up[0, gpu, link]), "throttle": int(c.throttle[0, gpu])})
     return out

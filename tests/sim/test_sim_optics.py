@@ -49,7 +49,7 @@ def test_corrected_bits_follow_ber_and_lanes_add_up():
     corr = d[K["eth:rx_corrected_bits_phy"]]
     lanes = sum(d[K[f"eth:rx_err_lane_{i}_phy"]] for i in range(4))
     assert (corr == lanes).all()
-    eth = c.eth_mask
-    ber = corr[:, eth] / (c.gbps()[:, eth] * 1e9 * 0.97 * 10)
+    eth = c.links.eth_mask
+    ber = corr[:, eth] / (c.links.gbps()[:, eth] * 1e9 * 0.97 * 10)
     assert (ber > 1e-9).all() and (ber < 1e-5).all()  # healthy NDR links: far below the FEC limit
     assert (corr[:, ~eth] == 0).all()  # IB ports have no ethtool FEC counters
