@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .faults import GAUGES, MODELS, degraded, fault_rng, link_down, nvlink_evidence, port_evidence, reset_fraction
+from .gpu_state import GpuState
 from .hw import (
     ETH_STATS,
     FRONTEND,
@@ -45,7 +46,6 @@ from .hw import (
     NGPU,
     NRAILS,
     NVL_FIELDS,
-    NVLINK_KIB_S,
     NVLINKS,
     PMA_ERR_WIDTH,
     PRIO_SHARE,
@@ -100,12 +100,12 @@ class ClusterState:
         # identity
         self.guid_low = ident.integers(0, 1 << 40, size=(n, NDEV), dtype=np.int64)
         lid = ident.integers(0x10, 0x7FFF, size=(n, NDEV))  # drawn here: every draw keeps its place
-        self.uuid_bits = ident.integers(0, 1 << 62, size=(n, NGPU, 3), dtype=np.int64)
+        uuid_bits = ident.integers(0, 1 << 62, size=(n, NGPU, 3), dtype=np.int64)
         self.boot_id = ident.integers(0, 1 << 62, size=n, dtype=np.int64)
         # offered load when no job drives the rails (fraction of the nominal line rate)
         self.rail_util = ident.uniform(0.15, 0.55, size=(n, NRAILS))
         self.frontend_util = ident.uniform(0.01, 0.1, size=n)
-        self.gpu_load = ident.uniform(0.15, 0.4, size=(n, NGPU))  # NVLink utilization of the job
+        gpu_load = ident.uniform(0.15, 0.4, size=(n, NGPU))  # NVLink utilization of the job
 
         # link state, config and carrier down events so far (sim/link_state.py)
         self.links = LinkState(self.devs, n, ident.integers(0, 2, size=(n, NDEV), dtype=np.int64))
@@ -116,18 +116,15 @@ class ClusterState:
         self.C[K["pma:link_downed"]] = self.links.downs
         self.C[K["eth:link_down_events_phy"]] = self.links.downs * self.links.eth_mask
 
-        # GPUs
-        self.util = ident.integers(88, 100, size=(n, NGPU), dtype=np.int64)
-        self.throttle = np.zeros((n, NGPU), dtype=np.int64)
-        self.xid: dict[tuple[int, int], list[int]] = {}
-        self.nvl = np.zeros((6, n, NGPU, NVLINKS), dtype=np.int64)  # hw.NVL_FIELDS
-        self.nvl[4] = ident.choice(np.array([0, 0, 0, 1, 2]), size=(n, NGPU, NVLINKS))
-        self.nvl_up = np.ones((n, NGPU, NVLINKS), dtype=bool)
+        # GPUs and their NVLinks (sim/gpu_state.py)
+        util = ident.integers(88, 100, size=(n, NGPU), dtype=np.int64)
+        self.gpus = GpuState(n, uuid_bits, gpu_load, util,
+                             ident.choice(np.array([0, 0, 0, 1, 2]), size=(n, NGPU, NVLINKS)))
 
         # a believable uptime of history
         uptime = ident.uniform(3600, 30 * 86400, size=(n, NDEV))
         self._traffic(uptime, self._default_offered(), baseline=True)
-        self._nvlink_traffic(ident.uniform(3600, 30 * 86400, size=(n, 1, 1)), np.ones(n), -1.0)
+        self.gpus.nvlink_traffic(self.rng, ident.uniform(3600, 30 * 86400, size=(n, 1, 1)), np.ones(n))
         self._applied_resets: set[int] = set()
         self._flap_phase: dict[int, bool] = {}
         self._init_optics(c.seed)
@@ -398,13 +395,16 @@ class ClusterState:
         self._background_errors(dt, t_new)
         act = np.ones(self.n) if nvlink_activity is None else nvlink_activity
         self._optics(dt, t_new)
-        self._nvlink_traffic(np.full((self.n, 1, 1), float(dt)), act if job_running else act * 0, t_new)
-        self.util = self.rng.integers(88, 100, size=(self.n, NGPU)) if job_running else np.zeros((self.n, NGPU),
+        gpus = self.gpus
+        down = [(self.index[f.the_node], f.the_gpu, f.the_link) for f in self.scenario.faults
+                if MODELS[f.kind].nvlink_down and f.active(t_new)]
+        gpus.nvlink_traffic(self.rng, np.full((self.n, 1, 1), float(dt)), act if job_running else act * 0, down)
+        gpus.util = self.rng.integers(88, 100, size=(self.n, NGPU)) if job_running else np.zeros((self.n, NGPU),
                                                                                                  np.int64)
-        self.throttle[:] = 0
+        gpus.throttle[:] = 0
         for _, f in active:
             if MODELS[f.kind].throttle:
-                self.throttle[self.index[f.the_node], f.the_gpu] = MODELS[f.kind].throttle
+                gpus.throttle[self.index[f.the_node], f.the_gpu] = MODELS[f.kind].throttle
         if self.switches is not None:
             self.switches.advance(dt, t_new)
         self.t = t_new
@@ -476,19 +476,6 @@ class ClusterState:
                 C[K[k]] += rng.integers(lo, hi + 1, size=shape) * eth
             C[K["hw:np_cnp_sent"]] += C[K["hw:np_ecn_marked_roce_packets"]] // 3
 
-    def _nvlink_traffic(self, dt: np.ndarray, activity: np.ndarray, t: float = 0.0) -> None:
-        rng = self.rng
-        shape = (self.n, NGPU, NVLINKS)
-        load = self.gpu_load[:, :, None] * activity[:, None, None]
-        tx = (NVLINK_KIB_S * load * dt * rng.uniform(0.9, 1.1, size=shape)).astype(np.int64)
-        rx = (tx * rng.uniform(0.95, 1.05, size=shape)).astype(np.int64)
-        self.nvl_up[:] = True
-        for f in self.scenario.faults:
-            if MODELS[f.kind].nvlink_down and f.active(t):
-                self.nvl_up[self.index[f.the_node], f.the_gpu, f.the_link] = False
-        self.nvl[0] += tx * self.nvl_up  # a down link carries nothing: its counters stay flat
-        self.nvl[1] += rx * self.nvl_up
-
     def _background_errors(self, dt: float, t: float) -> None:
         """Decoy ``background_errors``: symbol errors at ``rate``/s on a healthy link, forever (many real
         links show a steady trickle).  Its own random stream, so it changes no other draw."""
@@ -504,7 +491,7 @@ class ClusterState:
         if m.nvlink:
             ni = self.index[f.the_node]
             for name, v, _ in nvlink_evidence(f.kind, r, dt, since, f.mag):
-                self.nvl[_NVL[name], ni, f.the_gpu, f.the_link] += v
+                self.gpus.nvl[_NVL[name], ni, f.the_gpu, f.the_link] += v
         if not m.counters:
             return  # state-only faults (link_flap's evidence is counted on its transitions)
         nodes, devs = self._fault_targets(f)
@@ -538,11 +525,6 @@ class ClusterState:
 
     def eth_names(self) -> tuple[str, ...]:
         return ETH_STATS
-
-    def uuid(self, node: int, gpu: int) -> str:
-        a, b, c = (int(x) for x in self.uuid_bits[node, gpu])
-        h = f"{a << 2 | (c & 3):016x}{b << 2 | (c >> 2 & 3):016x}"  # 128 random bits
-        return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
     def node_guid(self, node: int, dev: int) -> str:
         from .hw import guid_str

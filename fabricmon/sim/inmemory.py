@@ -214,7 +214,7 @@ class Catalog:
         grp = f"gpu{g}"
         G = self.gauges
         G.append(_Gauge("fabricmon_gpu_info", None, ("const", 1.0),
-                        lambda n: (("gpu", str(g)), ("uuid", c.uuid(n, g)), ("name", GPU_NAME),
+                        lambda n: (("gpu", str(g)), ("uuid", c.gpus.uuid(n, g)), ("name", GPU_NAME),
                                         ("pci_bus_id", gpu_pci_bus_id(g)), ("nvlink_counters", "legacy"))))
         G.append(_Gauge("fabricmon_gpu_up", (("gpu", gpu),), ("const", 1.0)))
         G.append(_Gauge("fabricmon_gpu_utilization_ratio", (("gpu", gpu),), ("util", g)))
@@ -296,13 +296,13 @@ class BatchBuilder:
         v = np.where(sat[:, None], np.minimum(v, np.where(sat, self._c_sat, 0)[:, None]), v)
         v = np.where(self._c_mask32[:, None], v & 0xFFFFFFFF, v)
         out[self._crow] = v * self._c_mult[:, None]
-        out[self._nrow] = c.nvl[self._nf, :, self._ng, self._nl] * self._n_mult[:, None]
+        out[self._nrow] = c.gpus.nvl[self._nf, :, self._ng, self._nl] * self._n_mult[:, None]
         return out
 
     def gauges(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(values, present) of every gauge row, each (rows, nodes)."""
         c = self.cluster
-        links = c.links
+        links, gpus = c.links, c.gpus
         n = c.n
         gs = self.catalog.gauges
         vals = np.zeros((len(gs), n))
@@ -350,7 +350,7 @@ class BatchBuilder:
                     vals[i] = links.lanes[:, dev] == 4
                     pres[i] = links.up[:, dev]
             elif kind == "util":
-                vals[i] = np.clip(c.util[:, gg.getter[1]] / 100.0, 0.0, 1.0)
+                vals[i] = np.clip(gpus.util[:, gg.getter[1]] / 100.0, 0.0, 1.0)
             elif kind == "optic":
                 _, what, dev, lane = gg.getter
                 if what == "temp":
@@ -362,10 +362,10 @@ class BatchBuilder:
                     vals[i] = np.round(10 ** (dbm / 10) * 1e4) * 1e-7  # 0.1 uW steps
             elif kind == "throttle":
                 _, g, bit = gg.getter
-                vals[i] = (c.throttle[:, g] & bit) != 0
+                vals[i] = (gpus.throttle[:, g] & bit) != 0
             elif kind == "nvl_up":
                 _, g, j = gg.getter
-                vals[i] = c.nvl_up[:, g, j]
+                vals[i] = gpus.nvl_up[:, g, j]
             elif kind == "sat":
                 row = gg.getter[1]
                 vals[i] = raw[row] >= self.c_satlim[row]

@@ -279,17 +279,18 @@ class NodeTree:
 
     def nvml_document(self) -> dict:
         c, n = self.cluster, self.node
-        nvl = c.nvl[:, n].tolist()  # [field][gpu][link]
-        ups = c.nvl_up[n].tolist()
-        util = c.util[n].tolist()
-        thr = c.throttle[n].tolist()
+        gpu_state = c.gpus
+        nvl = gpu_state.nvl[:, n].tolist()  # [field][gpu][link]
+        ups = gpu_state.nvl_up[n].tolist()
+        util = gpu_state.util[n].tolist()
+        thr = gpu_state.throttle[n].tolist()
         gpus = []
         for g in range(NGPU):
             links = [{"state": 1 if ups[g][j] else 0, "tx_kib": nvl[0][g][j], "rx_kib": nvl[1][g][j],
                       "replay": nvl[2][g][j], "recovery": nvl[3][g][j], "crc_flit": nvl[4][g][j],
                       "crc_data": nvl[5][g][j]} for j in range(NVLINKS)]
-            gpus.append({"index": g, "uuid": c.uuid(n, g), "name": GPU_NAME, "pci_bus_id": gpu_pci_bus_id(g),
-                         "utilization": util[g], "throttle_reasons": thr[g], "xid": list(c.xid.get((n, g), [])),
+            gpus.append({"index": g, "uuid": gpu_state.uuid(n, g), "name": GPU_NAME, "pci_bus_id": gpu_pci_bus_id(g),
+                         "utilization": util[g], "throttle_reasons": thr[g], "xid": list(gpu_state.xid.get((n, g), [])),
                          "links": links})
         return {"gpus": gpus}
 

@@ -82,9 +82,9 @@ def test_slow_gpu_leaves_fabric_counters_clean():
     clean = run(base, 10)
     faulty = run(base.with_fault("slow_gpu", node="node-003", gpu=2, start=2), 10)
     assert np.array_equal(clean.C, faulty.C)  # every NIC counter, errors and traffic alike
-    assert np.array_equal(clean.nvl, faulty.nvl)
-    assert faulty.throttle[3, 2] == 0x60 and int(faulty.throttle.sum()) == 0x60
-    assert (faulty.util >= 88).all()
+    assert np.array_equal(clean.gpus.nvl, faulty.gpus.nvl)
+    assert faulty.gpus.throttle[3, 2] == 0x60 and int(faulty.gpus.throttle.sum()) == 0x60
+    assert (faulty.gpus.util >= 88).all()
     eff = faulty.effects()
     assert eff.gpu_slow[3, 2] == 1.5 and (eff.nic_bw == 1).all()
 

@@ -77,8 +77,8 @@ def _cluster(kind: str, layout: str, where: dict, dev: int, gpu: int, link: int)
         out.append({"counters": {name: int(c.C[i, 0, dev]) for name, i in K.items()}, "up": bool(links.up[0, dev]),
                     "rate": (int(links.lanes[0, dev]), SPEEDS[int(links.speed[0, dev])]),
                     "pfc3": bool(links.pfc[0, dev, 3]),
-                    "nvl": {f"nvl:{f}": int(c.nvl[j, 0, gpu, link]) for j, f in enumerate(NVL_FIELDS)},
-                    "nvl_state": int(c.nvl_up[0, gpu, link]), "throttle": int(c.throttle[0, gpu])})
+                    "nvl": {f"nvl:{f}": int(c.gpus.nvl[j, 0, gpu, link]) for j, f in enumerate(NVL_FIELDS)},
+                    "nvl_state": int(c.gpus.nvl_up[0, gpu, link]), "throttle": int(c.gpus.throttle[0, gpu])})
     return out
 
 

@@ -107,8 +107,9 @@ def test_rendered_tree_parses_with_real_sources_to_the_state(tmp_path):
                                                     ("direction", "tx")))] == \
         pytest.approx(c.raw("eth:tx_prio3_pause_duration", 2, 3) * 1e-6)
     assert v[("fabricmon_nvlink_errors_total", (("gpu", "1"), ("link", "4"), ("type", "replay")))] == \
-        int(c.nvl[2, 2, 1, 4]) > 0
-    assert v[("fabricmon_nvlink_transmit_bytes_total", (("gpu", "0"), ("link", "0")))] == 1024 * int(c.nvl[0, 2, 0, 0])
+        int(c.gpus.nvl[2, 2, 1, 4]) > 0
+    assert v[("fabricmon_nvlink_transmit_bytes_total", (("gpu", "0"), ("link", "0")))] == \
+        1024 * int(c.gpus.nvl[0, 2, 0, 0])
     assert v[("fabricmon_ib_port_state", (("device", "mlx5_6"), ("port", "1")))] == 1
     assert v[("fabricmon_ib_port_state", (("device", "mlx5_5"), ("port", "1")))] == 4
     cfg = {s.labels[2][1]: s.value for s in snap.samples
