@@ -166,7 +166,7 @@ class Catalog:
 
     # -- transceiver source ------------------------------------------------------------------
     def _transceiver(self, d) -> None:
-        from .cluster import OPTIC_LANES
+        from .link_optics import OPTIC_LANES
 
         dp: Labels = (("device", d.name), ("port", "1"))
         G = self.gauges
@@ -302,7 +302,7 @@ class BatchBuilder:
     def gauges(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(values, present) of every gauge row, each (rows, nodes)."""
         c = self.cluster
-        links, gpus = c.links, c.gpus
+        links, gpus, optics = c.links, c.gpus, c.optics
         n = c.n
         gs = self.catalog.gauges
         vals = np.zeros((len(gs), n))
@@ -354,11 +354,11 @@ class BatchBuilder:
             elif kind == "optic":
                 _, what, dev, lane = gg.getter
                 if what == "temp":
-                    vals[i] = np.round(c.temp_c[:, dev] * 256) / 256  # SFF-8636 resolution
+                    vals[i] = np.round(optics.temp_c[:, dev] * 256) / 256  # SFF-8636 resolution
                 elif what == "bias":
-                    vals[i] = np.round(c.bias_ma[:, dev, lane] * 500) * 2e-6
+                    vals[i] = np.round(optics.bias_ma[:, dev, lane] * 500) * 2e-6
                 else:
-                    dbm = (c.rx_dbm if what == "rx" else c.tx_dbm)[:, dev, lane]
+                    dbm = (optics.rx_dbm if what == "rx" else optics.tx_dbm)[:, dev, lane]
                     vals[i] = np.round(10 ** (dbm / 10) * 1e4) * 1e-7  # 0.1 uW steps
             elif kind == "throttle":
                 _, g, bit = gg.getter

@@ -320,12 +320,12 @@ class NodeTree:
         """``ethtool/<if>.module.bin`` of every rail NIC (the module EEPROM image the agent's
         transceiver source parses), rewritten when the simulated module readings refresh."""
         c, n = self.cluster, self.node
-        if getattr(self, "_module_at", None) == c.module_taken_at:
+        if getattr(self, "_module_at", None) == c.optics.module_taken_at:
             return 0
-        self._module_at = c.module_taken_at
+        self._module_at = c.optics.module_taken_at
         for d in c.devs:
             if d.rail is not None:
-                self._write(os.path.join(self.ethtool_dir, d.ifname + ".module.bin"), c.module_image(n, d.index))
+                self._write(os.path.join(self.ethtool_dir, d.ifname + ".module.bin"), c.optics.module_image(n, d.index))
         return sum(1 for d in c.devs if d.rail is not None)
 
 
