@@ -34,25 +34,17 @@ import numpy as np
 from .faults import GAUGES, MODELS, degraded, fault_rng, link_down, nvlink_evidence, port_evidence, reset_fraction
 from .gpu_state import GpuState
 from .hw import (
-    ETH_STATS,
-    FRONTEND,
-    HW_CONG64,
-    HW_PPCNT64,
-    HW_Q32,
-    HW_ROCE_ACCL32,
-    NCOUNTERS,
     NDEV,
     NGPU,
     NRAILS,
     NVL_FIELDS,
     NVLINKS,
-    PMA_ERR_WIDTH,
-    PRIO_SHARE,
     K,
     device_specs,
 )
 from .link_optics import LinkOptics
 from .link_state import LinkState
+from .port_counters import PortCounters
 from .scenario import Fault, Scenario
 
 EPOCH = 1764000000.0  # wall-clock time of simulated t = 0 (sample times are EPOCH + t)
@@ -96,18 +88,16 @@ class ClusterState:
         uuid_bits = ident.integers(0, 1 << 62, size=(n, NGPU, 3), dtype=np.int64)
         self.boot_id = ident.integers(0, 1 << 62, size=n, dtype=np.int64)
         # offered load when no job drives the rails (fraction of the nominal line rate)
-        self.rail_util = ident.uniform(0.15, 0.55, size=(n, NRAILS))
-        self.frontend_util = ident.uniform(0.01, 0.1, size=n)
+        rail_util = ident.uniform(0.15, 0.55, size=(n, NRAILS))
+        frontend_util = ident.uniform(0.01, 0.1, size=n)
         gpu_load = ident.uniform(0.15, 0.4, size=(n, NGPU))  # NVLink utilization of the job
 
         # link state, config and carrier down events so far (sim/link_state.py)
         self.links = LinkState(self.devs, n, ident.integers(0, 2, size=(n, NDEV), dtype=np.int64))
         self.lid = np.where(self.links.eth_mask[None, :], 0, lid)  # Ethernet ports have none
 
-        # counters: (counter, node, device), true unbounded values
-        self.C = np.zeros((NCOUNTERS, n, NDEV), dtype=np.int64)
-        self.C[K["pma:link_downed"]] = self.links.downs
-        self.C[K["eth:link_down_events_phy"]] = self.links.downs * self.links.eth_mask
+        # the NICs' counters and the traffic that moves them (sim/port_counters.py)
+        self.counters = PortCounters(self.links, self.rng, rail_util, frontend_util)
 
         # GPUs and their NVLinks (sim/gpu_state.py)
         util = ident.integers(88, 100, size=(n, NGPU), dtype=np.int64)
@@ -116,7 +106,7 @@ class ClusterState:
 
         # a believable uptime of history
         uptime = ident.uniform(3600, 30 * 86400, size=(n, NDEV))
-        self._traffic(uptime, self._default_offered(), baseline=True)
+        self.counters.traffic(uptime, self.counters.default_offered(), self.links, baseline=True)
         self.gpus.nvlink_traffic(self.rng, ident.uniform(3600, 30 * 86400, size=(n, 1, 1)), np.ones(n))
         self._applied_resets: set[int] = set()
         self._flap_phase: dict[int, bool] = {}
@@ -141,16 +131,6 @@ class ClusterState:
     def unit_nodes(self, unit: int) -> range:
         npu = self.scenario.cluster.nodes_per_unit
         return range(unit * npu, min(self.n, (unit + 1) * npu))
-
-    def default_offered(self) -> np.ndarray:
-        return self._default_offered()
-
-    def _default_offered(self) -> np.ndarray:
-        """(nodes, devices) offered bytes/s without a job: fixed share of the nominal line rate."""
-        util = np.empty((self.n, NDEV))
-        util[:, :NRAILS] = self.rail_util
-        util[:, FRONTEND] = self.frontend_util
-        return util * self.links.nominal_gbps[None, :] * 1e9 / 8
 
     # ------------------------------------------------------------------ faults
     def _fault_targets(self, f: Fault) -> tuple[list[int], list[int]]:
@@ -209,13 +189,13 @@ class ClusterState:
         going_down = self.links.up & ~want_up
         if going_down.any():
             self.links.downs += going_down
-            self.C[K["pma:link_downed"]] += going_down
-            self.C[K["eth:link_down_events_phy"]] += going_down & self.links.eth_mask[None, :]
+            self.counters.C[K["pma:link_downed"]] += going_down
+            self.counters.C[K["eth:link_down_events_phy"]] += going_down & self.links.eth_mask[None, :]
             for f in self.scenario.faults:
                 per_down = MODELS[f.kind].recoveries_per_down
                 if per_down and f.active(t):
                     nodes, devs = self._fault_targets(f)
-                    self.C[K["pma:link_error_recovery"]][np.ix_(nodes, devs)] += \
+                    self.counters.C[K["pma:link_error_recovery"]][np.ix_(nodes, devs)] += \
                         per_down * going_down[np.ix_(nodes, devs)]
         self.links.up = want_up
         self.links.lanes, self.links.speed = lanes, speed
@@ -262,7 +242,9 @@ class ClusterState:
         self._set_fault_state(t_new)
         resets = [(i, f) for i, f in enumerate(self.scenario.faults)
                   if MODELS[f.kind].resets_counters and id(f) not in self._applied_resets and f.start <= t_new]
-        offered = self._default_offered()
+        counters = self.counters
+        C = counters.C
+        offered = counters.default_offered()
         if rail_bytes_per_second is not None:
             offered[:, :NRAILS] = rail_bytes_per_second
         dt_arr = np.full((self.n, NDEV), float(dt))
@@ -270,7 +252,7 @@ class ClusterState:
             # driver reload part-way through the interval: every counter of every mlx5 device restarts
             self._applied_resets.add(id(f))
             ni = self.index[f.the_node]
-            self.C[:, ni, :] = 0
+            C[:, ni, :] = 0
             self.links.downs[ni, :] = 0
             dt_arr[ni, :] = dt * reset_fraction(self.frngs[i])
         rx_scale = np.ones((self.n, NDEV))
@@ -278,16 +260,16 @@ class ClusterState:
             if MODELS[f.kind].rx_share and f.active(t_new):
                 nodes, devs = self._fault_targets(f)
                 rx_scale[np.ix_(nodes, devs)] = 1 - f.mag
-        self._traffic(dt_arr, offered, rx_scale=rx_scale)
+        counters.traffic(dt_arr, offered, self.links, rx_scale=rx_scale)
         for g in GAUGES:
-            self.C[K[g]] = 0  # a gauge reads what the active faults set it to this interval
+            C[K[g]] = 0  # a gauge reads what the active faults set it to this interval
         active = [(i, f) for i, f in enumerate(self.scenario.faults)
                   if f.active(t_new) and not MODELS[f.kind].resets_counters]
         for i, f in active:
             self._evidence(i, f, dt, t_new)
         self._background_errors(dt, t_new)
         act = np.ones(self.n) if nvlink_activity is None else nvlink_activity
-        self.optics.advance(dt, t_new, self.links, self.C)
+        self.optics.advance(dt, t_new, self.links, C)
         gpus = self.gpus
         down = [(self.index[f.the_node], f.the_gpu, f.the_link) for f in self.scenario.faults
                 if MODELS[f.kind].nvlink_down and f.active(t_new)]
@@ -303,72 +285,6 @@ class ClusterState:
         self.t = t_new
         self.tick += 1
 
-    def _traffic(self, dt: np.ndarray, offered: np.ndarray, rx_scale: np.ndarray | None = None,
-                 baseline: bool = False) -> None:
-        """Add dt seconds of traffic at the offered load, capped by the current link rate (vectorized
-        Port.advance of sim.fixture)."""
-        C, rng, eth = self.C, self.rng, self.links.eth_mask[None, :]
-        n = self.n
-        cap = self.links.gbps() * 1e9 / 8 * 0.97
-        up = self.links.up
-        rate = np.minimum(offered * rng.uniform(0.9, 1.1, size=(n, NDEV)), cap)
-        rate = np.where(up, rate, 0.0)
-        tx = (rate * dt).astype(np.int64)
-        rx = tx if rx_scale is None else (tx * rx_scale).astype(np.int64)
-        txp, rxp = tx // 4096, rx // 4096
-        C[K["pma:port_xmit_data"]] += tx // 4  # 4-octet words
-        C[K["pma:port_rcv_data"]] += rx // 4
-        C[K["pma:port_xmit_packets"]] += txp
-        C[K["pma:port_rcv_packets"]] += rxp
-        C[K["pma:unicast_xmit_packets"]] += txp - txp // 5000
-        C[K["pma:unicast_rcv_packets"]] += rxp - rxp // 5000
-        C[K["pma:multicast_xmit_packets"]] += txp // 5000
-        C[K["pma:multicast_rcv_packets"]] += rxp // 5000
-        util = np.where(up, rate / np.maximum(cap, 1.0), 0.0)
-        C[K["pma:port_xmit_wait"]] += (dt * 1e3 * util * rng.uniform(0, 2, size=(n, NDEV))).astype(np.int64)
-        C[K["hw:rx_write_requests"]] += rxp // 3  # RDMA operations arriving
-        C[K["hw:rx_read_requests"]] += rxp // 50
-        C[K["hw:rx_atomic_requests"]] += rxp // 100000
-        # Ethernet (RoCE) ports: PHY, vport, per-priority counters, background PFC and ECN
-        etx, erx = tx * eth, rx * eth
-        etxp, erxp = txp * eth, rxp * eth
-        for k, v in (("rx_bytes_phy", erx), ("tx_bytes_phy", etx), ("rx_packets_phy", erxp),
-                     ("tx_packets_phy", etxp),
-                     ("rx_vport_rdma_unicast_bytes", erx), ("tx_vport_rdma_unicast_bytes", etx),
-                     ("rx_vport_rdma_unicast_packets", erxp), ("tx_vport_rdma_unicast_packets", etxp),
-                     ("rx_bytes", erx // 50), ("tx_bytes", etx // 50),  # netdev (non-RDMA) share
-                     ("rx_packets", erxp // 50), ("tx_packets", etxp // 50)):
-            C[K["eth:" + k]] += v
-        for prio, share in enumerate(PRIO_SHARE):
-            C[K[f"eth:rx_prio{prio}_bytes"]] += (erx * share).astype(np.int64)
-            C[K[f"eth:rx_prio{prio}_packets"]] += (erxp * share).astype(np.int64)
-            C[K[f"eth:tx_prio{prio}_bytes"]] += (etx * share).astype(np.int64)
-            C[K[f"eth:tx_prio{prio}_packets"]] += (etxp * share).astype(np.int64)
-        live = eth & up
-        for d, scale in (("rx", 2), ("tx", 1)):  # background PFC: a few short pauses now and then
-            cnt = (rng.uniform(0, 1, size=(n, NDEV)) * (scale * dt + 1)).astype(np.int64) * live
-            C[K[f"eth:{d}_prio3_pause"]] += cnt
-            C[K[f"eth:{d}_prio3_pause_duration"]] += cnt * rng.integers(1, 11, size=(n, NDEV))  # microseconds
-        C[K["eth:rx_prio3_pause_transition"]] = C[K["eth:rx_prio3_pause"]] // 2
-        # background ECN marking in an all-reduce: a few marked packets per million, each answered by a CNP
-        marked = (erxp * rng.uniform(0, 4e-6, size=(n, NDEV))).astype(np.int64)
-        C[K["hw:np_ecn_marked_roce_packets"]] += marked
-        C[K["hw:np_cnp_sent"]] += marked
-        C[K["hw:rp_cnp_handled"]] += (etxp * rng.uniform(0, 4e-6, size=(n, NDEV))).astype(np.int64)
-        C[K["eth:rx_prio3_marked"]] += marked
-        if baseline:  # a little history, as on a real long-running node
-            shape = (n, NDEV)
-            for k, hi in (("hw:out_of_sequence", 40), ("hw:duplicate_request", 10), ("hw:local_ack_timeout_err", 3),
-                          ("hw:req_cqe_flush_error", 200), ("hw:resp_cqe_flush_error", 200),
-                          ("pma:link_error_recovery", 1)):
-                C[K[k]] += rng.integers(0, hi + 1, size=shape)
-            for k, lo, hi in (("eth:rx_discards_phy", 0, 5), ("eth:rx_out_of_buffer", 0, 20),
-                              ("eth:rx_buffer_passed_thres_phy", 0, 50), ("eth:rx_corrected_bits_phy", 0, 5000),
-                              ("eth:rx_prio3_marked", 0, 10000), ("hw:np_ecn_marked_roce_packets", 1000, 100000),
-                              ("hw:rp_cnp_handled", 1000, 100000)):
-                C[K[k]] += rng.integers(lo, hi + 1, size=shape) * eth
-            C[K["hw:np_cnp_sent"]] += C[K["hw:np_ecn_marked_roce_packets"]] // 3
-
     def _background_errors(self, dt: float, t: float) -> None:
         """Decoy ``background_errors``: symbol errors at ``rate``/s on a healthy link, forever (many real
         links show a steady trickle).  Its own random stream, so it changes no other draw."""
@@ -376,7 +292,8 @@ class ClusterState:
             if d.kind != "background_errors" or not d.active(t, math.inf):
                 continue
             rng = np.random.default_rng([self.scenario.cluster.seed, 7, k, self.tick])
-            self.C[K["pma:symbol_error"], self.index[d.the_node], d.the_rail] += int(rng.poisson(d.value("rate") * dt))
+            self.counters.C[K["pma:symbol_error"], self.index[d.the_node], d.the_rail] += \
+                int(rng.poisson(d.value("rate") * dt))
 
     def _evidence(self, i: int, f: Fault, dt: float, t: float) -> None:
         """Counter evidence of the scenario's i-th fault, active at t, over dt seconds (``sim.faults``)."""
@@ -388,7 +305,7 @@ class ClusterState:
         if not m.counters:
             return  # state-only faults (link_flap's evidence is counted on its transitions)
         nodes, devs = self._fault_targets(f)
-        C = self.C
+        C = self.counters.C
         for nn in nodes:
             for d in devs:
                 for name, v, is_set in port_evidence(f.kind, r, dt, since, f.mag, self.devs[d].ethernet):
@@ -396,28 +313,6 @@ class ClusterState:
                         C[K[name], nn, d] = v
                     else:
                         C[K[name], nn, d] += v
-
-    # ------------------------------------------------------------------ read-out
-    def raw(self, name: str, node: int, dev: int) -> int:
-        """The value the hardware shows for counter ``name`` ("pma:..", "hw:..", "eth:..")."""
-        v = int(self.C[K[name], node, dev])
-        kind, short = name.split(":", 1)
-        if kind == "pma" and short in PMA_ERR_WIDTH:
-            return min(v, (1 << PMA_ERR_WIDTH[short]) - 1)
-        if kind == "hw" and (short in HW_Q32 or short in HW_ROCE_ACCL32):
-            return v & 0xFFFFFFFF
-        return v & 0xFFFFFFFFFFFFFFFF
-
-    def node_counters(self, node: int) -> list[list[int]]:
-        """[device][counter] true values of one node (for the tree renderer)."""
-        return self.C[:, node, :].T.tolist()
-
-    def hw_names(self, dev: int) -> tuple[str, ...]:
-        d = self.devs[dev]
-        return HW_Q32 + ((HW_ROCE_ACCL32 + HW_CONG64 + HW_PPCNT64) if d.ethernet else ())
-
-    def eth_names(self) -> tuple[str, ...]:
-        return ETH_STATS
 
     def node_guid(self, node: int, dev: int) -> str:
         from .hw import guid_str

@@ -291,7 +291,7 @@ class BatchBuilder:
         """(series, nodes) raw values as the sources read them (after width transforms and scaling)."""
         c = self.cluster
         out = np.empty((len(self.c_family), c.n), dtype=np.int64)
-        v = c.C[self._ck, :, self._cd]  # (rows, nodes)
+        v = c.counters.C[self._ck, :, self._cd]  # (rows, nodes)
         sat = self._c_sat >= 0
         v = np.where(sat[:, None], np.minimum(v, np.where(sat, self._c_sat, 0)[:, None]), v)
         v = np.where(self._c_mask32[:, None], v & 0xFFFFFFFF, v)
@@ -330,7 +330,7 @@ class BatchBuilder:
                 vals[i] = np.where(links.up[:, d.index], links.lanes[:, d.index], DOWN_RATE[d.link_layer][0])
             elif kind == "eth_gauge":
                 _, k, dev, scale = gg.getter
-                vals[i] = c.C[k, :, dev] * scale
+                vals[i] = c.counters.C[k, :, dev] * scale
             elif kind == "cfg":
                 _, check, dev = gg.getter
                 if check == "pfc":

@@ -87,7 +87,7 @@ class JobSet:
 
     def rail_bytes_per_second(self, t: float) -> np.ndarray:
         """(cluster nodes, rails): what the running jobs offer each rail NIC; idle nodes their background."""
-        out = self.cluster.default_offered()[:, :NRAILS].copy()
+        out = self.cluster.counters.default_offered()[:, :NRAILS].copy()
         for j in self.running(t):
             out[j.index] = j.rail_bytes_per_second()
         return out

@@ -157,7 +157,7 @@ class SimSwitches:
 
     # ------------------------------------------------------------------ time
     def _host_data(self) -> np.ndarray:
-        C = self.cluster.C
+        C = self.cluster.counters.C
         return C[K["pma:port_xmit_data"]][self.hp_node, self.hp_dev].copy()
 
     def advance(self, dt: float, t_new: float) -> None:
@@ -228,7 +228,7 @@ class SimSwitches:
         ports: dict[str, dict[int, PortSample]] = {name: {} for name in self._switches}
         states: dict[str, dict[int, PortState]] = {name: {} for name in self._switches}
         up_state, down_state = PortState("Active", "LinkUp"), PortState("Down", "Polling")
-        C = c.C
+        C = c.counters.C
         h_rcv = C[K["pma:port_rcv_data"]][self.hp_node, self.hp_dev]
         h_xmit = C[K["pma:port_xmit_data"]][self.hp_node, self.hp_dev]
         h_downed = C[K["pma:link_downed"]][self.hp_node, self.hp_dev]

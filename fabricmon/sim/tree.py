@@ -181,7 +181,7 @@ class NodeTree:
         build_paths = not self._paths
         paths: list[str] = self._paths if not build_paths else []
         out: list[str] = []
-        vals = c.node_counters(n)
+        vals = c.counters.node_counters(n)
         links = c.links
         up_row = links.up[n].tolist()
         lanes_row = links.lanes[n].tolist()

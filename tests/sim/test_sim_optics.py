@@ -44,9 +44,9 @@ def test_module_gauges_through_the_tree_equal_the_inmemory_ones_after_a_refresh(
 def test_corrected_bits_follow_ber_and_lanes_add_up():
     scn = Scenario(ClusterSpec(4, "roce", 4, seed=2), 600)
     c = ClusterState(scn)
-    before = c.C.copy()
+    before = c.counters.C.copy()
     c.advance(10.0)
-    d = c.C - before
+    d = c.counters.C - before
     corr = d[K["eth:rx_corrected_bits_phy"]]
     lanes = sum(d[K[f"eth:rx_err_lane_{i}_phy"]] for i in range(4))
     assert (corr == lanes).all()
