@@ -13,7 +13,8 @@ from dataclasses import replace
 import numpy as np
 
 from ..rank_timing import Heartbeat, JobLayout, RankTiming
-from .cluster import ClusterState, Effects
+from .cluster import ClusterState
+from .fault_state import Effects
 from .hw import NRAILS
 from .job import JobSpec, SyntheticJob
 from .scenario import Scenario

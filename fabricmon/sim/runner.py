@@ -405,7 +405,7 @@ class SimulatedCluster:
         while t0 + k * every < t_new - 1e-9:
             t_k = t0 + k * every
             k += 1
-            now = c.link_state(t_k)
+            now = c.faults.link_state(t_k)
             moved = np.zeros(c.n, dtype=bool)
             for now_k, base_k in zip(now, base, strict=True):
                 moved |= (now_k != base_k).any(axis=1)
