@@ -31,7 +31,6 @@ Time: ``t`` is simulated seconds since the scenario started; sample times are
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import os
 import shutil
 import threading
@@ -56,6 +55,7 @@ from .jobs import JobSet
 from .ras_link import SimRas
 from .scenario import Scenario
 from .sweep_feed import SWEEP_INTERVAL, SweepFeed
+from .tree_agents import TreeAgents
 
 if TYPE_CHECKING:
     from .inmemory import BatchBuilder
@@ -164,16 +164,11 @@ class SimulatedCluster:
         # nccl_ras: every job announces a loopback RAS speaking NCCL's protocol; ``ras.attach`` links the
         # aggregator's queries to it (sim/ras_link.py)
         self.ras = SimRas(self.jobs.jobs) if nccl_ras and self.jobs is not None else None
-        self.trees: list = []
-        self.agents: list = []
-        self.http_ports: dict[str, int] = {}
         self._own_base = False
         self.base_dir: str | None = None
         self._builder: BatchBuilder | None = None  # memory mode, from start()
-        self._filters: list = []
-        self._seq: list[int] = []
-        self._pool: cf.ThreadPoolExecutor | None = None
-        self._poll_workers = poll_workers or min(8, max(1, c.nodes))
+        # tree mode: the node trees and their real agents (sim/tree_agents.py)
+        self.tree_agents: TreeAgents | None = None
         self._started = False
         self._closed = False
         # batches of the initial poll made by start() before anyone set on_batch: delivered first
@@ -193,6 +188,9 @@ class SimulatedCluster:
                 base_dir = default_base_dir()
                 self._own_base = True
             self.base_dir = str(base_dir)
+            self.tree_agents = TreeAgents(self.cluster, self._node_index, self.base_dir, self.now, self.interval,
+                                          self.link_watch, http=http,
+                                          poll_workers=poll_workers or min(8, max(1, c.nodes)))
 
     # ------------------------------------------------------------------ setup
     @property
@@ -228,10 +226,6 @@ class SimulatedCluster:
     def write_topology(self, path: str | Path) -> None:
         self.topology.write_yaml(path)
 
-    def node_root(self, node: str) -> str:
-        assert self.base_dir is not None
-        return os.path.join(self.base_dir, node)
-
     def start(self) -> None:
         if self._started:
             return
@@ -243,27 +237,10 @@ class SimulatedCluster:
             self._builder = BatchBuilder(c, self.interval)
             self._emit_memory([])
             return
-        from .agents import make_sim_agent
-        from .inmemory import GaugeFilter
-        from .tree import NodeTree
-
-        assert self.base_dir is not None  # tree mode has one (__init__)
+        assert self.base_dir is not None and self.tree_agents is not None  # tree mode has them (__init__)
         os.makedirs(self.base_dir, exist_ok=True)
         self._write_sweep()
-        for i in self._node_index:
-            name = c.names[i]
-            tree = NodeTree(c, i, self.node_root(name))
-            tree.render()
-            self.trees.append(tree)
-            sweeps = self.sweep is not None and name == self.sweep.node
-            agent = make_sim_agent(tree, self.now, self.interval, self.link_watch,
-                                   switch_file=self.switch_file() if sweeps else None)
-            self.agents.append(agent)
-            if self.http:
-                self.http_ports[name] = agent.start_http("127.0.0.1:0")
-            self._filters.append(GaugeFilter())
-            self._seq.append(0)
-        self._pool = cf.ThreadPoolExecutor(max_workers=self._poll_workers, thread_name_prefix="sim-poll")
+        self.tree_agents.start(self.sweep.node if self.sweep is not None else None, self.switch_file())
         log.info("sim_started", nodes=c.n, mode=self.mode, base_dir=self.base_dir, interval=self.interval)
         self._poll_all([])
 
@@ -273,10 +250,8 @@ class SimulatedCluster:
             self.start()
             assert self._builder is not None
             return self._builder.hellos()
-        from ..agent.stream_batches import hello_from_snapshot
-
-        return [hello_from_snapshot(a.node, a.poller.latest, self.interval, boot_id=f"sim-{a.node}")
-                for a in self.agents]
+        assert self.tree_agents is not None  # tree mode
+        return self.tree_agents.hellos()
 
     # ------------------------------------------------------------------ stepping
     def step(self) -> StepStats:
@@ -308,14 +283,14 @@ class SimulatedCluster:
             st.batches = self._emit_memory(timings)
             st.batch_s = time.perf_counter() - t2
         else:
-            st.files_written = sum(tree.render() for tree in self.trees)
+            agents = self.tree_agents
+            assert agents is not None  # tree mode
+            st.files_written = agents.render()
             self._write_sweep()
             t3 = time.perf_counter()
             st.render_s = t3 - t2
-            for a in self.agents:  # the watch's pass of this tick: what changed since is in this poll
-                if a.link_watch is not None:
-                    a.link_watch.tick()
-            st.batches = self._poll_all(timings) if self.agents else 0
+            agents.watch_pass()  # the watch's pass of this tick: what changed since is in this poll
+            st.batches = self._poll_all(timings) if agents.agents else 0
             st.poll_s = time.perf_counter() - t3
         self.steps += 1
         if self.ras is not None:
@@ -368,26 +343,23 @@ class SimulatedCluster:
         return made
 
     def _poll_all(self, timings: list[RankTiming]) -> int:
-        from .inmemory import batch_from_snapshot
-
         by_node = self._by_node(timings)
-        assert self._pool is not None  # start() in tree mode
-        snaps = list(self._pool.map(lambda a: a.poller.poll_regular(), self.agents))
+        agents = self.tree_agents
+        assert agents is not None  # tree mode
+        snaps = agents.poll()
         for i, snap in enumerate(snaps):
-            name = self.cluster.names[self._node_index[i]]
+            name = agents.name(i)
             ranks = by_node.get(name, [])
             if self.on_snapshot is not None:
                 self.on_snapshot(name, snap, ranks)
             if self.on_batch is not None or not self.steps:
-                self._seq[i] += 1
                 hb = self._heartbeats.get(name)
                 if self.rank_intake:
                     got, layouts, hbs = self._intake_feed.through(name, ranks, hb or [])
-                    b = replace(batch_from_snapshot(snap, self._filters[i], self._seq[i], got),
-                                layouts=layouts, heartbeats=hbs)
+                    b = replace(agents.batch(i, snap, got), layouts=layouts, heartbeats=hbs)
                 else:
-                    b = batch_from_snapshot(snap, self._filters[i], self._seq[i], tuple(ranks))
-                    if self._seq[i] == 1 and self.layouts:
+                    b = agents.batch(i, snap, tuple(ranks))
+                    if agents.first_batch(i) and self.layouts:
                         b = replace(b, layouts=self.layouts)
                     if hb:
                         b = replace(b, heartbeats=tuple(hb))
@@ -426,7 +398,8 @@ class SimulatedCluster:
                 if not mine.any():
                     continue  # no tree's link files change: the watches would read what they read before
                 c.advance(t_k - c.t, *rates)
-                st.files_written += sum(tree.render() for tree in self.trees)
+                assert self.tree_agents is not None  # tree mode
+                st.files_written += self.tree_agents.render()
                 batches = self._watch_polls()
             self.watch_batches += len(batches)
             st.extra["watch_batches"] = st.extra.get("watch_batches", 0) + len(batches)
@@ -434,27 +407,15 @@ class SimulatedCluster:
                 self.on_watch_tick(c.ts())
 
     def _watch_polls(self) -> list[NodeBatch]:
-        """Tree mode: every real agent's link watch reads its tree; those that saw a change poll off the
-        cadence if their poller's gate allows."""
-        from .inmemory import batch_from_snapshot
-
+        """Tree mode: the batches of the agents whose link watch saw a change and polled off the cadence."""
+        agents = self.tree_agents
+        assert agents is not None  # tree mode
         out: list[NodeBatch] = []
-        for i, a in enumerate(self.agents):
-            watch = a.link_watch
-            if watch is None:
-                continue
-            before = watch.requests_total
-            watch.tick()
-            if watch.requests_total == before:
-                continue
-            snap = a.poller.poll_off_cadence()
-            if snap is None:
-                continue
-            name = self.cluster.names[self._node_index[i]]
+        for i, snap in agents.watch_polls():
+            name = agents.name(i)
             if self.on_snapshot is not None:
                 self.on_snapshot(name, snap, [])
-            self._seq[i] += 1
-            b = batch_from_snapshot(snap, self._filters[i], self._seq[i], ())
+            b = agents.batch(i, snap, ())
             out.append(b)
             self._deliver(b)
         return out
@@ -497,13 +458,8 @@ class SimulatedCluster:
         self._closed = True
         if self.ras is not None:
             self.ras.close()
-        for a in self.agents:
-            try:
-                a.stop()
-            except Exception as exc:  # pragma: no cover - best effort
-                log.warning("sim_agent_stop_failed", node=a.node, error=str(exc))
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        if self.tree_agents is not None:
+            self.tree_agents.close()
         if self._own_base and not self.keep_trees and self.base_dir and os.path.isdir(self.base_dir):
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
