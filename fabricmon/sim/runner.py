@@ -41,7 +41,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import numpy as np
 import structlog
 
 from ..batch import NodeBatch, NodeHello
@@ -56,6 +55,7 @@ from .ras_link import SimRas
 from .scenario import Scenario
 from .sweep_feed import SWEEP_INTERVAL, SweepFeed
 from .tree_agents import TreeAgents
+from .watch_ticks import WatchTicks
 
 if TYPE_CHECKING:
     from .inmemory import BatchBuilder
@@ -147,7 +147,6 @@ class SimulatedCluster:
         # the agents' link watch period; 0 (or not shorter than the interval): no watch, as in the agent
         self.link_watch = float(link_watch) if 0 < link_watch < interval else 0.0
         self.on_watch_tick = on_watch_tick
-        self.watch_batches = 0  # off-cadence batches the link watch caused
         self.on_snapshot = on_snapshot
         self.on_batch: Callable[[NodeBatch], object] | None = on_batch
         self.progress = progress
@@ -191,6 +190,8 @@ class SimulatedCluster:
             self.tree_agents = TreeAgents(self.cluster, self._node_index, self.base_dir, self.now, self.interval,
                                           self.link_watch, http=http,
                                           poll_workers=poll_workers or min(8, max(1, c.nodes)))
+        # the agents' link watch between polls, when on (sim/watch_ticks.py)
+        self.watch = WatchTicks(self.cluster, self.link_watch, self._node_index) if self.link_watch else None
 
     # ------------------------------------------------------------------ setup
     @property
@@ -273,8 +274,10 @@ class SimulatedCluster:
         t1 = time.perf_counter()
         rates = ((self.jobs.rail_bytes_per_second(t_new), self.jobs.nvlink_activity(t_new))
                  if self.jobs is not None else (None, None))
-        if self.link_watch:
-            self._watch_between(t_new, rates, st)
+        if self.watch is not None:
+            st.files_written += self.watch.between(t_new, rates, st.extra, self._deliver, builder=self._builder,
+                                                   tree_agents=self.tree_agents, on_snapshot=self.on_snapshot,
+                                                   on_tick=self.on_watch_tick)
         c.advance(t_new - c.t, *rates)
         t2 = time.perf_counter()
         st.job_s, st.advance_s = t1 - t0, t2 - t1
@@ -365,60 +368,6 @@ class SimulatedCluster:
                         b = replace(b, heartbeats=tuple(hb))
                 self._deliver(b)
         return len(snaps)
-
-    def _watch_between(self, t_new: float, rates: tuple, st: StepStats) -> None:
-        """The agents' link watch between this step's two regular polls (see the module's docstring)."""
-        c = self.cluster
-        every = self.link_watch
-        t0 = c.t
-        base = (c.links.up, c.links.lanes, c.links.speed)
-        allowed = np.ones(c.n, dtype=bool)  # memory mode: each agent's OffCadenceGate
-        k = 1
-        while t0 + k * every < t_new - 1e-9:
-            t_k = t0 + k * every
-            k += 1
-            now = c.faults.link_state(t_k)
-            moved = np.zeros(c.n, dtype=bool)
-            for now_k, base_k in zip(now, base, strict=True):
-                moved |= (now_k != base_k).any(axis=1)
-            base = now
-            if self.mode == "memory":
-                fire = moved & allowed
-                if not fire.any():
-                    continue
-                allowed &= ~fire
-                c.advance(t_k - c.t, *rates)
-                builder = self._builder
-                assert builder is not None  # memory mode: made by start()
-                batches = builder.build({}, (), nodes=np.flatnonzero(fire).tolist())
-                for b in batches:
-                    self._deliver(b)
-            else:
-                mine = moved[self._node_index]
-                if not mine.any():
-                    continue  # no tree's link files change: the watches would read what they read before
-                c.advance(t_k - c.t, *rates)
-                assert self.tree_agents is not None  # tree mode
-                st.files_written += self.tree_agents.render()
-                batches = self._watch_polls()
-            self.watch_batches += len(batches)
-            st.extra["watch_batches"] = st.extra.get("watch_batches", 0) + len(batches)
-            if batches and self.on_watch_tick is not None:
-                self.on_watch_tick(c.ts())
-
-    def _watch_polls(self) -> list[NodeBatch]:
-        """Tree mode: the batches of the agents whose link watch saw a change and polled off the cadence."""
-        agents = self.tree_agents
-        assert agents is not None  # tree mode
-        out: list[NodeBatch] = []
-        for i, snap in agents.watch_polls():
-            name = agents.name(i)
-            if self.on_snapshot is not None:
-                self.on_snapshot(name, snap, [])
-            b = agents.batch(i, snap, ())
-            out.append(b)
-            self._deliver(b)
-        return out
 
     def run(self, until: float | None = None, *, speed: float | None = None, stop: threading.Event | None = None,
             deadline: float | None = None) -> int:
