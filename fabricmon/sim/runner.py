@@ -39,7 +39,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import structlog
 
@@ -51,14 +51,12 @@ from .cluster import EPOCH, ClusterState
 from .intake_feed import IntakeFeed
 from .job import JobSpec
 from .jobs import JobSet
+from .memory_batches import MemoryBatches
 from .ras_link import SimRas
 from .scenario import Scenario
 from .sweep_feed import SWEEP_INTERVAL, SweepFeed
 from .tree_agents import TreeAgents
 from .watch_ticks import WatchTicks
-
-if TYPE_CHECKING:
-    from .inmemory import BatchBuilder
 
 log = structlog.get_logger("fabricmon.sim")
 
@@ -165,7 +163,7 @@ class SimulatedCluster:
         self.ras = SimRas(self.jobs.jobs) if nccl_ras and self.jobs is not None else None
         self._own_base = False
         self.base_dir: str | None = None
-        self._builder: BatchBuilder | None = None  # memory mode, from start()
+        self.memory: MemoryBatches | None = None  # memory mode's batches, from start() (sim/memory_batches.py)
         # tree mode: the node trees and their real agents (sim/tree_agents.py)
         self.tree_agents: TreeAgents | None = None
         self._started = False
@@ -233,10 +231,9 @@ class SimulatedCluster:
         self._started = True
         c = self.cluster
         if self.mode == "memory":
-            from .inmemory import BatchBuilder
-
-            self._builder = BatchBuilder(c, self.interval)
-            self._emit_memory([])
+            self.memory = MemoryBatches(c, self.interval, self.sweep, self.now, lambda: self.layouts,
+                                        self._intake_feed if self.rank_intake else None)
+            self.memory.emit(self._by_node([]), self._heartbeats, self._deliver)
             return
         assert self.base_dir is not None and self.tree_agents is not None  # tree mode has them (__init__)
         os.makedirs(self.base_dir, exist_ok=True)
@@ -249,8 +246,8 @@ class SimulatedCluster:
         """The hello each node's agent sends when it connects."""
         if self.mode == "memory":
             self.start()
-            assert self._builder is not None
-            return self._builder.hellos()
+            assert self.memory is not None
+            return self.memory.hellos()
         assert self.tree_agents is not None  # tree mode
         return self.tree_agents.hellos()
 
@@ -275,7 +272,8 @@ class SimulatedCluster:
         rates = ((self.jobs.rail_bytes_per_second(t_new), self.jobs.nvlink_activity(t_new))
                  if self.jobs is not None else (None, None))
         if self.watch is not None:
-            st.files_written += self.watch.between(t_new, rates, st.extra, self._deliver, builder=self._builder,
+            builder = self.memory.builder if self.memory is not None else None
+            st.files_written += self.watch.between(t_new, rates, st.extra, self._deliver, builder=builder,
                                                    tree_agents=self.tree_agents, on_snapshot=self.on_snapshot,
                                                    on_tick=self.on_watch_tick)
         c.advance(t_new - c.t, *rates)
@@ -283,7 +281,8 @@ class SimulatedCluster:
         st.job_s, st.advance_s = t1 - t0, t2 - t1
         st.rank_timings = len(timings)
         if self.mode == "memory":
-            st.batches = self._emit_memory(timings)
+            assert self.memory is not None  # start() in memory mode
+            st.batches = self.memory.emit(self._by_node(timings), self._heartbeats, self._deliver)
             st.batch_s = time.perf_counter() - t2
         else:
             agents = self.tree_agents
@@ -318,32 +317,6 @@ class SimulatedCluster:
             for b in pending:
                 self.on_batch(b)
         self.on_batch(batch)
-
-    def _emit_memory(self, timings: list[RankTiming]) -> int:
-        by_node = self._by_node(timings)
-        assert self._builder is not None  # start() in memory mode
-        # one node's batch at a time, delivered before the next is made (BatchBuilder.stream)
-        if self.rank_intake:
-            batches = self._builder.stream()
-        else:
-            batches = self._builder.stream(by_node, self.layouts)
-        sweep = None
-        if self.sweep is not None and self.sweep.due(self.cluster.t):
-            sweep = self.sweep.series(self.cluster.t, self.now())
-        made = 0
-        for b in batches:
-            made += 1
-            if sweep is not None and self.sweep is not None and b.node == self.sweep.node:
-                # the sweeping node's agent streams the sweep with its own series (one batch)
-                b = replace(b, deltas=b.deltas + tuple(sweep[0]), gauges=b.gauges + tuple(sweep[1]))
-            hb = self._heartbeats.get(b.node)
-            if self.rank_intake:
-                ranks, layouts, hbs = self._intake_feed.through(b.node, by_node.get(b.node, []), hb or [])
-                b = replace(b, ranks=ranks, layouts=layouts, heartbeats=hbs)
-            elif hb:
-                b = replace(b, heartbeats=tuple(hb))
-            self._deliver(b)
-        return made
 
     def _poll_all(self, timings: list[RankTiming]) -> int:
         by_node = self._by_node(timings)
