@@ -3,7 +3,7 @@ its parts, each in its own module, and the clock that moves them.
 
 - ``links`` (``sim.link_state``): per node, per NIC (8 rail NICs ``mlx5_0..7`` + frontend ``mlx5_8``) the
   link state (up, lanes, speed, carrier down events) and the lossless config (PFC, ECN per priority);
-- ``counters`` (``sim.port_counters``): the NICs' raw counters of ``sim.fixture`` (PMA, mlx5
+- ``counters`` (``sim.nic_counters``): the NICs' raw counters of ``sim.fixture`` (PMA, mlx5
   hw_counters, ``ethtool -S``) as true unbounded values, and the traffic that moves them;
 - ``gpus`` (``sim.gpu_state``): per GPU the fake-NVML state (utilization, throttle reasons, 18 NVLinks
   with tx/rx KiB and error counters);
@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from .fault_state import Effects, FaultState
-from .gpu_state import GpuState
+from .gpu_state import Gpus
 from .hw import (
     NDEV,
     NGPU,
@@ -36,8 +36,8 @@ from .hw import (
     device_specs,
 )
 from .link_optics import LinkOptics
-from .link_state import LinkState
-from .port_counters import PortCounters
+from .link_state import Links
+from .nic_counters import NicCounters
 from .scenario import Scenario
 
 EPOCH = 1764000000.0  # wall-clock time of simulated t = 0 (sample times are EPOCH + t)
@@ -69,15 +69,15 @@ class ClusterState:
         gpu_load = ident.uniform(0.15, 0.4, size=(n, NGPU))  # NVLink utilization of the job
 
         # link state, config and carrier down events so far (sim/link_state.py)
-        self.links = LinkState(self.devs, n, ident.integers(0, 2, size=(n, NDEV), dtype=np.int64))
+        self.links = Links(self.devs, n, ident.integers(0, 2, size=(n, NDEV), dtype=np.int64))
         self.lid = np.where(self.links.eth_mask[None, :], 0, lid)  # Ethernet ports have none
 
-        # the NICs' counters and the traffic that moves them (sim/port_counters.py)
-        self.counters = PortCounters(self.links, self.rng, rail_util, frontend_util)
+        # the NICs' counters and the traffic that moves them (sim/nic_counters.py)
+        self.counters = NicCounters(self.links, self.rng, rail_util, frontend_util)
 
         # GPUs and their NVLinks (sim/gpu_state.py)
         util = ident.integers(88, 100, size=(n, NGPU), dtype=np.int64)
-        self.gpus = GpuState(n, uuid_bits, gpu_load, util,
+        self.gpus = Gpus(n, uuid_bits, gpu_load, util,
                              ident.choice(np.array([0, 0, 0, 1, 2]), size=(n, NGPU, NVLINKS)))
 
         # a believable uptime of history

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .faults import GAUGES, MODELS, degraded, fault_rng, link_down, nvlink_evidence, port_evidence, reset_fraction
-from .gpu_state import GpuState
+from .gpu_state import Gpus
 from .hw import NDEV, NGPU, NRAILS, NVL_FIELDS, K
-from .link_state import LinkState
-from .port_counters import PortCounters
+from .link_state import Links
+from .nic_counters import NicCounters
 from .scenario import Fault, Scenario
 
 if TYPE_CHECKING:
@@ -44,8 +44,8 @@ class Effects:
 
 
 class FaultState:
-    def __init__(self, scenario: Scenario, index: dict[str, int], links: LinkState, counters: PortCounters,
-                 gpus: GpuState) -> None:
+    def __init__(self, scenario: Scenario, index: dict[str, int], links: Links, counters: NicCounters,
+                 gpus: Gpus) -> None:
         self.scenario = scenario
         self.index = index
         self.n = len(index)

@@ -15,7 +15,7 @@ import numpy as np
 from .hw import NGPU, NVLINK_KIB_S, NVLINKS
 
 
-class GpuState:
+class Gpus:
     def __init__(self, n: int, uuid_bits: np.ndarray, load: np.ndarray, util: np.ndarray,
                  replay_errors: np.ndarray) -> None:
         self.n = n

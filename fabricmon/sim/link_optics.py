@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .hw import NDEV, K
-from .link_state import LinkState
+from .link_state import Links
 from .scenario import Fault, Scenario
 
 OPTIC_LANES = 4
@@ -61,7 +61,7 @@ class LinkOptics:
                          if f.kind == "cable_degrading"}
         self._read_modules(0.0, self.rx_dbm0, self.temp_c0, up)
 
-    def advance(self, dt: float, t: float, links: LinkState, C: np.ndarray) -> None:
+    def advance(self, dt: float, t: float, links: Links, C: np.ndarray) -> None:
         """dt seconds of FEC-corrected bits (rx_corrected_bits_phy and per lane rx_err_lane_N_phy on
         Ethernet ports) at each link's BER over its data rate, and the module readings, refreshed
         every MODULE_INTERVAL_S as an agent's slow module reader would."""

@@ -15,7 +15,7 @@ from .hw import DOWN_RATE, LANE_DGBPS, NDEV, SPEED_IDX, SPEEDS, DeviceSpec, rate
 _LANE_DGBPS_BY_IDX = np.array([LANE_DGBPS[s] for s in SPEEDS], dtype=np.float64)
 
 
-class LinkState:
+class Links:
     def __init__(self, devs: tuple[DeviceSpec, ...], n: int, downs: np.ndarray) -> None:
         self.devs = devs
         self.eth_mask = np.array([d.ethernet for d in devs])

@@ -31,11 +31,11 @@ from .hw import (
     PRIO_SHARE,
     K,
 )
-from .link_state import LinkState
+from .link_state import Links
 
 
-class PortCounters:
-    def __init__(self, links: LinkState, rng: np.random.Generator, rail_util: np.ndarray,
+class NicCounters:
+    def __init__(self, links: Links, rng: np.random.Generator, rail_util: np.ndarray,
                  frontend_util: np.ndarray) -> None:
         self.devs = links.devs
         self.n = n = len(frontend_util)
@@ -55,7 +55,7 @@ class PortCounters:
         util[:, FRONTEND] = self.frontend_util
         return util * self._nominal_gbps[None, :] * 1e9 / 8
 
-    def traffic(self, dt: np.ndarray, offered: np.ndarray, links: LinkState, rx_scale: np.ndarray | None = None,
+    def traffic(self, dt: np.ndarray, offered: np.ndarray, links: Links, rx_scale: np.ndarray | None = None,
                 baseline: bool = False) -> None:
         """Add dt seconds of traffic at the offered load, capped by the current link rate (vectorized
         Port.advance of sim.fixture)."""
