@@ -1,23 +1,19 @@
 """SimulatedCluster: topology + scenario + cluster state + synthetic job + per-node agents, on a simulated clock.
 
-Two modes:
+A composition: the cluster state (``sim.cluster``), the jobs (``sim.jobs``), and one of two modes:
 
-* ``tree`` (small runs, the demo, the agent's integration tests): every node
-  gets a tree (``tree.NodeTree``, on /dev/shm when it exists) rewritten
-  incrementally each interval, and a real agent (``agent.runtime.build_agent``
-  with ``clock`` = the simulated clock) polls it; each snapshot, with the
-  node's rank timings, goes to ``on_snapshot`` and, converted with the stream
+* ``tree`` (small runs, the demo, the agent's integration tests): ``sim.tree_agents`` gives every node
+  a tree (``tree.NodeTree``, on /dev/shm when it exists) rewritten incrementally each interval, and a
+  real agent (``agent.runtime.build_agent`` with ``clock`` = the simulated clock) polls it; each
+  snapshot, with the node's rank timings, goes to ``on_snapshot`` and, converted with the stream
   client's gauge rule, to ``on_batch``.
-* ``memory`` (large or long runs, benchmarks): no files; ``inmemory.BatchBuilder``
-  produces the NodeBatch each agent would stream, to ``on_batch``.
+* ``memory`` (large or long runs, benchmarks): no files; ``sim.memory_batches`` (over
+  ``inmemory.BatchBuilder``) produces the NodeBatch each agent would stream, to ``on_batch``.
 
-Link watch: each simulated agent watches its links between polls as the real agent does
-(``agent/linkwatch.py``, ``link_watch`` seconds, default the agent's 1 s; only when shorter than the
-interval).  At each watch tick where some link's state (up, width, speed) differs from the previous
-tick, the cluster advances to that tick and the nodes concerned poll off their cadence, at most once
-between two regular polls (the poller's ``OffCadenceGate``): in tree mode the real agents' watches read
-their re-rendered trees and decide, in memory mode the same rule picks the nodes; ``on_watch_tick(ts)``
-is then called (a benchmark ticks its aggregator there).
+Link watch (``sim.watch_ticks``): each simulated agent watches its links between polls as the real agent
+does (``link_watch`` seconds, default the agent's 1 s; only when shorter than the interval);
+``on_watch_tick(ts)`` is called after a watch tick that sent batches (a benchmark ticks its aggregator
+there).
 ``rank_intake=True``: the training ranks' timings, heartbeats and layouts reach the batches as a
 job's client sends them, JSON lines into each node's real ``agent.intake.RankIntake``, drained
 each interval as the agent's stream does; without it they are handed to the batch as parsed values.
