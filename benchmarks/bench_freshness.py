@@ -178,7 +178,7 @@ def role_nodes(a: argparse.Namespace) -> int:
                 twins[node] = (StreamClient(a.aggregator2, node, intake=twin_intake).start(), twin_intake)
         tmp = a.ports_out + ".tmp"
         with open(tmp, "w") as f:
-            json.dump(sim.http_ports, f)
+            json.dump(sim.tree_agents.http_ports, f)
         os.replace(tmp, a.ports_out)
         sim.run(speed=1.0, stop=stop)
         for c in [*clients.values(), *(t[0] for t in twins.values())]:

@@ -1,87 +1,46 @@
-"""The simulated cluster's hardware state in memory, vectorized over nodes with numpy.
+"""The simulated cluster's hardware state in memory, vectorized over nodes with numpy: a composition of
+its parts, each in its own module, and the clock that moves them.
 
-Per node, per NIC (8 rail NICs ``mlx5_0..7`` + frontend ``mlx5_8``) the raw
-counters of ``sim.fixture`` (PMA counters, mlx5 hw_counters, ``ethtool
--S`` stats; netdev statistics are derived from them at render time), the link
-state (up, lanes, speed, carrier down events) and the lossless config (PFC,
-ECN per priority); per GPU the fake-NVML state (utilization, throttle
-reasons, 18 NVLinks with tx/rx KiB and error counters).
-
-Counters are kept as their *true* unbounded values (int64); the width
-behaviour of the hardware is applied when they are read out
-(``raw_pma``/``raw_hw``): PMA error counters saturate at their IBTA width,
-mlx5 Q/accel hw_counters are shown masked to 32 bits (they wrap), the rest are
-64-bit.  The layout of ``C`` is ``(counter, node, device)`` so that the per-tick
-column updates are contiguous.
+- ``links`` (``sim.link_state``): per node, per NIC (8 rail NICs ``mlx5_0..7`` + frontend ``mlx5_8``) the
+  link state (up, lanes, speed, carrier down events) and the lossless config (PFC, ECN per priority);
+- ``counters`` (``sim.nic_counters``): the NICs' raw counters of ``sim.fixture`` (PMA, mlx5
+  hw_counters, ``ethtool -S``) as true unbounded values, and the traffic that moves them;
+- ``gpus`` (``sim.gpu_state``): per GPU the fake-NVML state (utilization, throttle reasons, 18 NVLinks
+  with tx/rx KiB and error counters);
+- ``optics`` (``sim.link_optics``): each link's pre-FEC BER and its optical module's readings;
+- ``faults`` (``sim.fault_state``): what the scenario's faults do to all of these, and to the job;
+- ``switches`` (``sim.switches``): the switch side, when the cluster has spines;
+- the nodes' identity here: names, devices, GUIDs, LIDs, boot ids.
 
 Time: ``advance(dt, ...)`` moves the clock from ``t`` to ``t + dt``: first the
 fault state at ``t + dt`` is applied (a link that goes down at ``start`` is
 down in the snapshot taken at ``start``), then ``dt`` seconds of traffic and
 fault evidence accumulate.  Traffic follows the synthetic job (``job.py``):
 the bytes per second each rail NIC carries in the job's ring all-reduce; the
-frontend NIC carries a little storage traffic.  What a fault does is ``sim.faults``' model (shared
-with ``sim.fixture``); each fault draws its evidence from its own RNG, so a fault never changes the
-traffic noise or another fault's evidence.
+frontend NIC carries a little storage traffic.  Every random draw keeps its place: the identity RNG
+draws in one order at construction, the traffic RNG (shared by the NIC and NVLink traffic) in one order
+per interval, the optics and each fault their own streams, so a seed makes the same cluster.
 """
 
 from __future__ import annotations
 
-import math
-import random
-from dataclasses import dataclass
-
 import numpy as np
 
-from .faults import GAUGES, MODELS, degraded, fault_rng, link_down, nvlink_evidence, port_evidence, reset_fraction
+from .fault_state import Effects, FaultState
+from .gpu_state import Gpus
 from .hw import (
-    DOWN_RATE,
-    ETH_STATS,
-    FRONTEND,
-    HW_CONG64,
-    HW_PPCNT64,
-    HW_Q32,
-    HW_ROCE_ACCL32,
-    LANE_DGBPS,
-    NCOUNTERS,
     NDEV,
     NGPU,
     NRAILS,
-    NVL_FIELDS,
-    NVLINK_KIB_S,
     NVLINKS,
-    PMA_ERR_WIDTH,
-    PRIO_SHARE,
-    SPEED_IDX,
-    SPEEDS,
-    K,
     device_specs,
 )
-from .scenario import Fault, Scenario
+from .link_optics import LinkOptics
+from .link_state import Links
+from .nic_counters import NicCounters
+from .scenario import Scenario
 
 EPOCH = 1764000000.0  # wall-clock time of simulated t = 0 (sample times are EPOCH + t)
-OPTIC_LANES = 4
-BER_WANDER = 0.08  # stationary std of a healthy link's log10 BER around its level (decades)
-BER_TAU_S = 60.0  # correlation time of that wander
-DEGRADED_BER_LOG = -3.6  # the bad lane at fails_at: near the KP4 FEC limit, where links drop
-LEAF_OPTICS_RAMP_S = 600.0  # leaf_degraded with optics and no end: its ports' drift reaches the FEC limit here
-MODULE_INTERVAL_S = 30.0  # module readings refresh (the agent's sources.transceiver.interval)
-_DATA_PER_LINE = 0.97  # 256b/257b + FEC overhead of the line rate (what the agent's data rate gauge says)
-_LANE_DGBPS_BY_IDX = np.array([LANE_DGBPS[s] for s in SPEEDS], dtype=np.float64)
-_NVL = {f"nvl:{name}": j for j, name in enumerate(NVL_FIELDS)}
-
-
-@dataclass
-class Effects:
-    """What the active faults do to the job (consumed by ``job.SyntheticJob``)."""
-
-    nic_bw: np.ndarray  # (nodes, rails) bandwidth factor of each rail NIC's link (1 = nominal)
-    gpu_slow: np.ndarray  # (nodes, gpus) compute-time multiplier (1 = nominal)
-    tp_slow: np.ndarray  # (nodes,) intra-node (NVLink) collective time multiplier
-    # the switch side (cluster: {spines: ...}; sim/switches.py), None without one: the share of its leaf's
-    # uplink bandwidth each (node, rail NIC)'s traffic keeps when its job crosses that leaf's uplinks, and
-    # the leaf of each (node, rail NIC) (-1: none), which tells whether a job crosses them
-    uplink_bw: np.ndarray | None = None
-    leaf_index: np.ndarray | None = None
 
 
 class ClusterState:
@@ -94,60 +53,42 @@ class ClusterState:
         self.names = c.node_names()
         self.index = {name: i for i, name in enumerate(self.names)}
         self.devs = device_specs(c.layout)
-        self.eth_mask = np.array([d.ethernet for d in self.devs])
-        self.nominal_lanes = np.array([d.lanes for d in self.devs], dtype=np.int64)
-        self.nominal_speed = np.array([SPEED_IDX[d.speed] for d in self.devs], dtype=np.int64)
-        self.nominal_gbps = np.array([LANE_DGBPS[d.speed] * d.lanes / 10 for d in self.devs])
         self.t = 0.0
         self.tick = 0
 
         ident = np.random.default_rng([c.seed, 0])
         self.rng = np.random.default_rng([c.seed, 1])  # traffic noise
-        # fault evidence: one RNG per fault (scalar draws), the fixture writer's for the same seed and fault
-        self.frngs = [fault_rng(c.seed, i) for i in range(len(scenario.faults))]
         # identity
         self.guid_low = ident.integers(0, 1 << 40, size=(n, NDEV), dtype=np.int64)
-        self.lid = np.where(self.eth_mask[None, :], 0, ident.integers(0x10, 0x7FFF, size=(n, NDEV)))
-        self.uuid_bits = ident.integers(0, 1 << 62, size=(n, NGPU, 3), dtype=np.int64)
+        lid = ident.integers(0x10, 0x7FFF, size=(n, NDEV))  # drawn here: every draw keeps its place
+        uuid_bits = ident.integers(0, 1 << 62, size=(n, NGPU, 3), dtype=np.int64)
         self.boot_id = ident.integers(0, 1 << 62, size=n, dtype=np.int64)
         # offered load when no job drives the rails (fraction of the nominal line rate)
-        self.rail_util = ident.uniform(0.15, 0.55, size=(n, NRAILS))
-        self.frontend_util = ident.uniform(0.01, 0.1, size=n)
-        self.gpu_load = ident.uniform(0.15, 0.4, size=(n, NGPU))  # NVLink utilization of the job
+        rail_util = ident.uniform(0.15, 0.55, size=(n, NRAILS))
+        frontend_util = ident.uniform(0.01, 0.1, size=n)
+        gpu_load = ident.uniform(0.15, 0.4, size=(n, NGPU))  # NVLink utilization of the job
 
-        # link state
-        self.up = np.ones((n, NDEV), dtype=bool)
-        self.lanes = np.broadcast_to(self.nominal_lanes, (n, NDEV)).copy()
-        self.speed = np.broadcast_to(self.nominal_speed, (n, NDEV)).copy()
-        self.downs = ident.integers(0, 2, size=(n, NDEV), dtype=np.int64)  # carrier down events so far
-        # lossless config (Ethernet ports): PFC and ECN (np, rp) enabled per priority
-        self.pfc = np.zeros((n, NDEV, 8), dtype=bool)
-        self.pfc[:, self.eth_mask, 3] = True
-        self.ecn_np = self.pfc.copy()
-        self.ecn_rp = self.pfc.copy()
-        self.mtu = np.where(self.eth_mask, 9000, 4092)
+        # link state, config and carrier down events so far (sim/link_state.py)
+        self.links = Links(self.devs, n, ident.integers(0, 2, size=(n, NDEV), dtype=np.int64))
+        self.lid = np.where(self.links.eth_mask[None, :], 0, lid)  # Ethernet ports have none
 
-        # counters: (counter, node, device), true unbounded values
-        self.C = np.zeros((NCOUNTERS, n, NDEV), dtype=np.int64)
-        self.C[K["pma:link_downed"]] = self.downs
-        self.C[K["eth:link_down_events_phy"]] = self.downs * self.eth_mask
+        # the NICs' counters and the traffic that moves them (sim/nic_counters.py)
+        self.counters = NicCounters(self.links, self.rng, rail_util, frontend_util)
 
-        # GPUs
-        self.util = ident.integers(88, 100, size=(n, NGPU), dtype=np.int64)
-        self.throttle = np.zeros((n, NGPU), dtype=np.int64)
-        self.xid: dict[tuple[int, int], list[int]] = {}
-        self.nvl = np.zeros((6, n, NGPU, NVLINKS), dtype=np.int64)  # hw.NVL_FIELDS
-        self.nvl[4] = ident.choice(np.array([0, 0, 0, 1, 2]), size=(n, NGPU, NVLINKS))
-        self.nvl_up = np.ones((n, NGPU, NVLINKS), dtype=bool)
+        # GPUs and their NVLinks (sim/gpu_state.py)
+        util = ident.integers(88, 100, size=(n, NGPU), dtype=np.int64)
+        self.gpus = Gpus(n, uuid_bits, gpu_load, util,
+                             ident.choice(np.array([0, 0, 0, 1, 2]), size=(n, NGPU, NVLINKS)))
 
         # a believable uptime of history
         uptime = ident.uniform(3600, 30 * 86400, size=(n, NDEV))
-        self._traffic(uptime, self._default_offered(), baseline=True)
-        self._nvlink_traffic(ident.uniform(3600, 30 * 86400, size=(n, 1, 1)), np.ones(n), -1.0)
-        self._applied_resets: set[int] = set()
-        self._flap_phase: dict[int, bool] = {}
-        self._init_optics(c.seed)
-        self._set_fault_state(0.0)
+        self.counters.traffic(uptime, self.counters.default_offered(), self.links, baseline=True)
+        self.gpus.nvlink_traffic(self.rng, ident.uniform(3600, 30 * 86400, size=(n, 1, 1)), np.ones(n))
+        # what the scenario's faults do to the parts, and to the job (sim/fault_state.py)
+        self.faults = FaultState(scenario, self.index, self.links, self.counters, self.gpus)
+        # the optics: each link's pre-FEC BER and its module's readings (sim/link_optics.py)
+        self.optics = LinkOptics(scenario, n, self.faults.targets, self.links.up)
+        self.faults.apply(0.0)
         layout = c.switch_layout()
         self.switches = None
         if layout is not None:
@@ -163,228 +104,9 @@ class ClusterState:
         """Sample time (epoch seconds) of simulated time t."""
         return self.epoch + (self.t if t is None else t)
 
-    def gbps(self) -> np.ndarray:
-        """(nodes, devices) current signalling rate in Gb/s (ignoring up/down)."""
-        return _LANE_DGBPS_BY_IDX[self.speed] * self.lanes / 10
-
-    def unit_nodes(self, unit: int) -> range:
-        npu = self.scenario.cluster.nodes_per_unit
-        return range(unit * npu, min(self.n, (unit + 1) * npu))
-
-    def rate_text(self, node: int, dev: int) -> str:
-        from .hw import rate_str
-
-        d = self.devs[dev]
-        if not self.up[node, dev]:
-            return rate_str(*DOWN_RATE[d.link_layer])
-        return rate_str(int(self.lanes[node, dev]), SPEEDS[self.speed[node, dev]])
-
-    def default_offered(self) -> np.ndarray:
-        return self._default_offered()
-
-    def _default_offered(self) -> np.ndarray:
-        """(nodes, devices) offered bytes/s without a job: fixed share of the nominal line rate."""
-        util = np.empty((self.n, NDEV))
-        util[:, :NRAILS] = self.rail_util
-        util[:, FRONTEND] = self.frontend_util
-        return util * self.nominal_gbps[None, :] * 1e9 / 8
-
-    # ------------------------------------------------------------------ faults
-    def _fault_targets(self, f: Fault) -> tuple[list[int], list[int]]:
-        """(node indexes, device indexes) a NIC-level fault touches."""
-        if f.leaf is not None:  # a leaf by its topology name (a fat tree's, an imported one's)
-            names, devs = self.scenario.cluster.leaf_targets(f.leaf) or ([], [])
-            return [self.index[name] for name in names], devs
-        if f.unit is not None:
-            return list(self.unit_nodes(f.unit)), [f.the_rail]
-        n = self.index[f.the_node]
-        dev = f.device_index
-        if dev is None:  # config_drift without rail: every rail NIC of the node
-            return [n], list(range(NRAILS))
-        return [n], [dev]
-
-    def _link_down(self, f: Fault, t: float) -> bool:
-        fails_after = f.fails_at - f.start if f.fails_at is not None else None
-        return link_down(f.kind, t - f.start, f.period, fails_after)
-
-    def _leaf_optics(self, f: Fault, t: float, lane_log: np.ndarray, rx: np.ndarray, temp: np.ndarray) -> None:
-        """A leaf_degraded fault with ``optics``: every port of the leaf drifts as a dying cable does (one
-        lane's BER climbing to the FEC limit, its RX power falling 4 dB, the module
-        warming) over the fault's span (LEAF_OPTICS_RAMP_S when it has no end).  Each port's bad lane is
-        drawn from its position, so it stays put for the whole fault."""
-        nodes, devs = self._fault_targets(f)
-        span = (f.end - f.start) if f.end is not None else LEAF_OPTICS_RAMP_S
-        p = min(1.0, (t - f.start) / span)
-        for ni in nodes:
-            for d in devs:
-                lane = (ni * 7 + d * 3) % OPTIC_LANES
-                lane_log[ni, d, lane] = self.ber_log[ni, d] + (DEGRADED_BER_LOG - self.ber_log[ni, d]) * p
-                rx[ni, d, lane] -= 4.0 * p
-                temp[ni, d] += 6.0 * p
-
-    # ------------------------------------------------------------------ optics (BER, module readings)
-    def _init_optics(self, seed: int) -> None:
-        """Per link: a pre-FEC BER level (log10) that wanders around its own stable level, and a
-        4-lane optical module (RX/TX power, TX bias, temperature).  Own RNG: optics never change
-        the traffic noise."""
-        n = self.n
-        self.orng = np.random.default_rng([seed, 2])
-        o = self.orng
-        # NDR PAM4 links run at a pre-FEC BER of 1e-8..1e-6, far below the KP4 FEC limit (2.4e-4)
-        self.ber_level = o.uniform(-8.0, -6.5, size=(n, NDEV))
-        self.ber_log = self.ber_level + o.normal(0, BER_WANDER, size=(n, NDEV))
-        share = o.uniform(0.8, 1.2, size=(n, NDEV, OPTIC_LANES))
-        self.lane_share = share / share.sum(axis=2, keepdims=True)
-        self.rx_dbm0 = o.uniform(-2.5, 0.5, size=(n, NDEV, OPTIC_LANES))
-        self.tx_dbm0 = o.uniform(-1.0, 1.5, size=(n, NDEV, OPTIC_LANES))
-        self.bias_ma0 = o.uniform(6.0, 9.0, size=(n, NDEV, OPTIC_LANES))
-        self.temp_c0 = o.uniform(38.0, 52.0, size=(n, NDEV))
-        self.rx_dbm = self.rx_dbm0.copy()
-        self.tx_dbm = self.tx_dbm0.copy()
-        self.bias_ma = self.bias_ma0.copy()
-        self.temp_c = self.temp_c0.copy()
-        self.lane_ber_log = np.repeat(self.ber_log[:, :, None], OPTIC_LANES, axis=2)
-        # the degrading cable's bad lane: an optics property (the fixture has no optics), drawn from the
-        # stream the simulator has always drawn it from, so a scenario keeps its lane
-        lanes = random.Random(seed * 7919 + 17)
-        self.bad_lane = {id(f): lanes.randrange(OPTIC_LANES) for f in self.scenario.faults
-                         if f.kind == "cable_degrading"}
-        self._read_modules(0.0, self.rx_dbm0, self.temp_c0)
-
-    def _optics(self, dt: float, t: float) -> None:
-        """dt seconds of FEC-corrected bits (rx_corrected_bits_phy and per lane rx_err_lane_N_phy on
-        Ethernet ports) at each link's BER over its data rate, and the module readings, refreshed
-        every MODULE_INTERVAL_S as an agent's slow module reader would."""
-        o = self.orng
-        # mean-reverting wander (Ornstein-Uhlenbeck, correlation time BER_TAU_S): the level stays
-        a = math.exp(-dt / BER_TAU_S)
-        self.ber_log = self.ber_level + (self.ber_log - self.ber_level) * a + \
-            o.normal(0, BER_WANDER * math.sqrt(1 - a * a), size=self.ber_log.shape)
-        lane_log = np.repeat(self.ber_log[:, :, None], OPTIC_LANES, axis=2)
-        rx = self.rx_dbm0.copy()
-        temp = self.temp_c0.copy()
-        for f in self.scenario.faults:
-            if f.kind != "cable_degrading" or not f.active(t):
-                continue
-            nodes, devs = self._fault_targets(f)
-            ni, d = nodes[0], devs[0]
-            lane = self.bad_lane[id(f)]
-            p = min(1.0, (t - f.start) / (f.the_fails_at - f.start))
-            # the bad lane's BER climbs (linear in log) to the FEC limit by fails_at
-            lane_log[ni, d, lane] = self.ber_log[ni, d] + (DEGRADED_BER_LOG - self.ber_log[ni, d]) * p
-            rx[ni, d, lane] -= 4.0 * f.mag * p
-            temp[ni, d] += 6.0 * p
-        for f in self.scenario.faults:
-            if f.kind == "leaf_degraded" and f.optics and f.active(t):
-                self._leaf_optics(f, t, lane_log, rx, temp)
-        self.lane_ber_log = lane_log
-        bits_per_s = self.gbps() * 1e9 * _DATA_PER_LINE
-        lane_bits = (10.0 ** lane_log) * self.lane_share * OPTIC_LANES * (bits_per_s * dt / OPTIC_LANES)[:, :, None]
-        live = (self.eth_mask[None, :] & self.up)[:, :, None]
-        lane_cnt = o.poisson(lane_bits * live).astype(np.int64)
-        for lane in range(OPTIC_LANES):
-            self.C[K[f"eth:rx_err_lane_{lane}_phy"]] += lane_cnt[:, :, lane]
-        self.C[K["eth:rx_corrected_bits_phy"]] += lane_cnt.sum(axis=2)
-        if t - self.module_taken_at >= MODULE_INTERVAL_S:
-            self._read_modules(t, rx, temp)
-
-    def _read_modules(self, t: float, rx: np.ndarray, temp: np.ndarray) -> None:
-        o = self.orng
-        self.module_taken_at = t
-        shape = self.rx_dbm0.shape
-        self.rx_dbm = rx + o.normal(0, 0.03, size=shape)
-        self.tx_dbm = self.tx_dbm0 + o.normal(0, 0.03, size=shape)
-        self.bias_ma = self.bias_ma0 + o.normal(0, 0.02, size=shape)
-        self.temp_c = temp + o.normal(0, 0.2, size=self.temp_c0.shape)
-        # a dark lane (link down: no light from the far end) reads about nothing
-        self.rx_dbm = np.where(self.up[:, :, None], self.rx_dbm, -40.0)
-
-    def module_image(self, node: int, dev: int) -> bytes:
-        """The module EEPROM (SFF-8636 lower + upper page 00h, QSFP28-style 4 lanes) of one port."""
-        from .optics import sff8636_image
-
-        return sff8636_image(float(self.temp_c[node, dev]), 3.3,
-                             [10 ** (x / 10) * 1e-3 for x in self.rx_dbm[node, dev]],
-                             [10 ** (x / 10) * 1e-3 for x in self.tx_dbm[node, dev]],
-                             [x * 1e-3 for x in self.bias_ma[node, dev]])
-
-    def set_fault_state(self, t: float) -> None:
-        """Link state, rates and config at t without advancing counters (sim/impact.py's job-only runs)."""
-        self._set_fault_state(t)
-
-    def link_state(self, t: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(up, lanes, speed), each (nodes, devices), of every link at time t, changing nothing: what
-        the simulated agents' link watch reads between their polls, and what ``_set_fault_state`` applies."""
-        want_up = np.ones_like(self.up)
-        lanes = np.broadcast_to(self.nominal_lanes, self.lanes.shape).copy()
-        speed = np.broadcast_to(self.nominal_speed, self.speed.shape).copy()
-        for f in self.scenario.faults:
-            m = MODELS[f.kind]
-            if not f.active(t) or not m.link:
-                continue
-            nodes, devs = self._fault_targets(f)
-            if self._link_down(f, t):
-                want_up[np.ix_(nodes, devs)] = False
-            elif m.link == "degraded":
-                for nn in nodes:
-                    for d in devs:
-                        lanes[nn, d], speed[nn, d] = degraded(int(self.nominal_lanes[d]),
-                                                              int(self.nominal_speed[d]), f.degrade)
-        return want_up, lanes, speed
-
-    def _set_fault_state(self, t: float) -> None:
-        """Link state, rate and config as of time t; counts down events on transitions."""
-        want_up, lanes, speed = self.link_state(t)
-        pfc = np.zeros_like(self.pfc)
-        pfc[:, self.eth_mask, 3] = True
-        ecn = pfc.copy()
-        for f in self.scenario.faults:
-            if not f.active(t) or not MODELS[f.kind].config_off:
-                continue
-            nodes, devs = self._fault_targets(f)
-            pfc[np.ix_(nodes, devs, [3])] = False
-            ecn[np.ix_(nodes, devs, [3])] = False
-        going_down = self.up & ~want_up
-        if going_down.any():
-            self.downs += going_down
-            self.C[K["pma:link_downed"]] += going_down
-            self.C[K["eth:link_down_events_phy"]] += going_down & self.eth_mask[None, :]
-            for f in self.scenario.faults:
-                per_down = MODELS[f.kind].recoveries_per_down
-                if per_down and f.active(t):
-                    nodes, devs = self._fault_targets(f)
-                    self.C[K["pma:link_error_recovery"]][np.ix_(nodes, devs)] += \
-                        per_down * going_down[np.ix_(nodes, devs)]
-        self.up = want_up
-        self.lanes, self.speed = lanes, speed
-        self.pfc, self.ecn_np, self.ecn_rp = pfc, ecn, ecn.copy()
-
     def effects(self, t: float | None = None) -> Effects:
-        t = self.t if t is None else t
-        n = self.n
-        bw = self.gbps()[:, :NRAILS] / self.nominal_gbps[None, :NRAILS]
-        # a rail NIC that is down: NCCL (PXN) sends its share through a neighbouring rail's NIC over
-        # NVLink, at about half the bandwidth
-        bw = np.where(self.up[:, :NRAILS], bw, 0.5)
-        gpu = np.ones((n, NGPU))
-        tp = np.ones(n)
-        for f in self.scenario.faults:
-            if not f.active(t):
-                continue
-            m = MODELS[f.kind]
-            if m.bandwidth is not None:
-                nodes, devs = self._fault_targets(f)
-                devs = [d for d in devs if d < NRAILS]
-                if not devs:
-                    continue  # the frontend NIC carries no job traffic
-                bw[np.ix_(nodes, devs)] *= m.bandwidth.at(f.mag)
-            elif m.gpu_slow:
-                gpu[self.index[f.the_node], f.the_gpu] *= f.mag
-            elif m.tp_slow or m.tp_fixed != 1.0:
-                tp[self.index[f.the_node]] *= (1 + m.tp_slow * f.mag) * m.tp_fixed
-        if self.switches is not None:
-            return Effects(bw, gpu, tp, self.switches.leaf_factor(t), self.switches.leaf_index)
-        return Effects(bw, gpu, tp)
+        """What the faults active at t (default: now) do to the job."""
+        return self.faults.effects(self.t if t is None else t, self.switches)
 
     # ------------------------------------------------------------------ time
     def advance(self, dt: float, rail_bytes_per_second: np.ndarray | None = None,
@@ -397,180 +119,25 @@ class ClusterState:
         if dt <= 0:
             raise ValueError(f"dt must be > 0, got {dt}")
         t_new = self.t + dt
-        self._set_fault_state(t_new)
-        resets = [(i, f) for i, f in enumerate(self.scenario.faults)
-                  if MODELS[f.kind].resets_counters and id(f) not in self._applied_resets and f.start <= t_new]
-        offered = self._default_offered()
+        faults, counters, gpus = self.faults, self.counters, self.gpus
+        faults.apply(t_new)
+        offered = counters.default_offered()
         if rail_bytes_per_second is not None:
             offered[:, :NRAILS] = rail_bytes_per_second
-        dt_arr = np.full((self.n, NDEV), float(dt))
-        for i, f in resets:
-            # driver reload part-way through the interval: every counter of every mlx5 device restarts
-            self._applied_resets.add(id(f))
-            ni = self.index[f.the_node]
-            self.C[:, ni, :] = 0
-            self.downs[ni, :] = 0
-            dt_arr[ni, :] = dt * reset_fraction(self.frngs[i])
-        rx_scale = np.ones((self.n, NDEV))
-        for f in self.scenario.faults:
-            if MODELS[f.kind].rx_share and f.active(t_new):
-                nodes, devs = self._fault_targets(f)
-                rx_scale[np.ix_(nodes, devs)] = 1 - f.mag
-        self._traffic(dt_arr, offered, rx_scale=rx_scale)
-        for g in GAUGES:
-            self.C[K[g]] = 0  # a gauge reads what the active faults set it to this interval
-        active = [(i, f) for i, f in enumerate(self.scenario.faults)
-                  if f.active(t_new) and not MODELS[f.kind].resets_counters]
-        for i, f in active:
-            self._evidence(i, f, dt, t_new)
-        self._background_errors(dt, t_new)
+        dt_arr = faults.reset_counters(dt, t_new)
+        counters.traffic(dt_arr, offered, self.links, rx_scale=faults.rx_scale(t_new))
+        active = faults.add_evidence(dt, t_new, self.tick)
         act = np.ones(self.n) if nvlink_activity is None else nvlink_activity
-        self._optics(dt, t_new)
-        self._nvlink_traffic(np.full((self.n, 1, 1), float(dt)), act if job_running else act * 0, t_new)
-        self.util = self.rng.integers(88, 100, size=(self.n, NGPU)) if job_running else np.zeros((self.n, NGPU),
+        self.optics.advance(dt, t_new, self.links, counters.C)
+        gpus.nvlink_traffic(self.rng, np.full((self.n, 1, 1), float(dt)), act if job_running else act * 0,
+                            faults.nvlinks_down(t_new))
+        gpus.util = self.rng.integers(88, 100, size=(self.n, NGPU)) if job_running else np.zeros((self.n, NGPU),
                                                                                                  np.int64)
-        self.throttle[:] = 0
-        for _, f in active:
-            if MODELS[f.kind].throttle:
-                self.throttle[self.index[f.the_node], f.the_gpu] = MODELS[f.kind].throttle
+        faults.throttle(active)
         if self.switches is not None:
             self.switches.advance(dt, t_new)
         self.t = t_new
         self.tick += 1
-
-    def _traffic(self, dt: np.ndarray, offered: np.ndarray, rx_scale: np.ndarray | None = None,
-                 baseline: bool = False) -> None:
-        """Add dt seconds of traffic at the offered load, capped by the current link rate (vectorized
-        Port.advance of sim.fixture)."""
-        C, rng, eth = self.C, self.rng, self.eth_mask[None, :]
-        n = self.n
-        cap = self.gbps() * 1e9 / 8 * 0.97
-        up = self.up
-        rate = np.minimum(offered * rng.uniform(0.9, 1.1, size=(n, NDEV)), cap)
-        rate = np.where(up, rate, 0.0)
-        tx = (rate * dt).astype(np.int64)
-        rx = tx if rx_scale is None else (tx * rx_scale).astype(np.int64)
-        txp, rxp = tx // 4096, rx // 4096
-        C[K["pma:port_xmit_data"]] += tx // 4  # 4-octet words
-        C[K["pma:port_rcv_data"]] += rx // 4
-        C[K["pma:port_xmit_packets"]] += txp
-        C[K["pma:port_rcv_packets"]] += rxp
-        C[K["pma:unicast_xmit_packets"]] += txp - txp // 5000
-        C[K["pma:unicast_rcv_packets"]] += rxp - rxp // 5000
-        C[K["pma:multicast_xmit_packets"]] += txp // 5000
-        C[K["pma:multicast_rcv_packets"]] += rxp // 5000
-        util = np.where(up, rate / np.maximum(cap, 1.0), 0.0)
-        C[K["pma:port_xmit_wait"]] += (dt * 1e3 * util * rng.uniform(0, 2, size=(n, NDEV))).astype(np.int64)
-        C[K["hw:rx_write_requests"]] += rxp // 3  # RDMA operations arriving
-        C[K["hw:rx_read_requests"]] += rxp // 50
-        C[K["hw:rx_atomic_requests"]] += rxp // 100000
-        # Ethernet (RoCE) ports: PHY, vport, per-priority counters, background PFC and ECN
-        etx, erx = tx * eth, rx * eth
-        etxp, erxp = txp * eth, rxp * eth
-        for k, v in (("rx_bytes_phy", erx), ("tx_bytes_phy", etx), ("rx_packets_phy", erxp),
-                     ("tx_packets_phy", etxp),
-                     ("rx_vport_rdma_unicast_bytes", erx), ("tx_vport_rdma_unicast_bytes", etx),
-                     ("rx_vport_rdma_unicast_packets", erxp), ("tx_vport_rdma_unicast_packets", etxp),
-                     ("rx_bytes", erx // 50), ("tx_bytes", etx // 50),  # netdev (non-RDMA) share
-                     ("rx_packets", erxp // 50), ("tx_packets", etxp // 50)):
-            C[K["eth:" + k]] += v
-        for prio, share in enumerate(PRIO_SHARE):
-            C[K[f"eth:rx_prio{prio}_bytes"]] += (erx * share).astype(np.int64)
-            C[K[f"eth:rx_prio{prio}_packets"]] += (erxp * share).astype(np.int64)
-            C[K[f"eth:tx_prio{prio}_bytes"]] += (etx * share).astype(np.int64)
-            C[K[f"eth:tx_prio{prio}_packets"]] += (etxp * share).astype(np.int64)
-        live = eth & up
-        for d, scale in (("rx", 2), ("tx", 1)):  # background PFC: a few short pauses now and then
-            cnt = (rng.uniform(0, 1, size=(n, NDEV)) * (scale * dt + 1)).astype(np.int64) * live
-            C[K[f"eth:{d}_prio3_pause"]] += cnt
-            C[K[f"eth:{d}_prio3_pause_duration"]] += cnt * rng.integers(1, 11, size=(n, NDEV))  # microseconds
-        C[K["eth:rx_prio3_pause_transition"]] = C[K["eth:rx_prio3_pause"]] // 2
-        # background ECN marking in an all-reduce: a few marked packets per million, each answered by a CNP
-        marked = (erxp * rng.uniform(0, 4e-6, size=(n, NDEV))).astype(np.int64)
-        C[K["hw:np_ecn_marked_roce_packets"]] += marked
-        C[K["hw:np_cnp_sent"]] += marked
-        C[K["hw:rp_cnp_handled"]] += (etxp * rng.uniform(0, 4e-6, size=(n, NDEV))).astype(np.int64)
-        C[K["eth:rx_prio3_marked"]] += marked
-        if baseline:  # a little history, as on a real long-running node
-            shape = (n, NDEV)
-            for k, hi in (("hw:out_of_sequence", 40), ("hw:duplicate_request", 10), ("hw:local_ack_timeout_err", 3),
-                          ("hw:req_cqe_flush_error", 200), ("hw:resp_cqe_flush_error", 200),
-                          ("pma:link_error_recovery", 1)):
-                C[K[k]] += rng.integers(0, hi + 1, size=shape)
-            for k, lo, hi in (("eth:rx_discards_phy", 0, 5), ("eth:rx_out_of_buffer", 0, 20),
-                              ("eth:rx_buffer_passed_thres_phy", 0, 50), ("eth:rx_corrected_bits_phy", 0, 5000),
-                              ("eth:rx_prio3_marked", 0, 10000), ("hw:np_ecn_marked_roce_packets", 1000, 100000),
-                              ("hw:rp_cnp_handled", 1000, 100000)):
-                C[K[k]] += rng.integers(lo, hi + 1, size=shape) * eth
-            C[K["hw:np_cnp_sent"]] += C[K["hw:np_ecn_marked_roce_packets"]] // 3
-
-    def _nvlink_traffic(self, dt: np.ndarray, activity: np.ndarray, t: float = 0.0) -> None:
-        rng = self.rng
-        shape = (self.n, NGPU, NVLINKS)
-        load = self.gpu_load[:, :, None] * activity[:, None, None]
-        tx = (NVLINK_KIB_S * load * dt * rng.uniform(0.9, 1.1, size=shape)).astype(np.int64)
-        rx = (tx * rng.uniform(0.95, 1.05, size=shape)).astype(np.int64)
-        self.nvl_up[:] = True
-        for f in self.scenario.faults:
-            if MODELS[f.kind].nvlink_down and f.active(t):
-                self.nvl_up[self.index[f.the_node], f.the_gpu, f.the_link] = False
-        self.nvl[0] += tx * self.nvl_up  # a down link carries nothing: its counters stay flat
-        self.nvl[1] += rx * self.nvl_up
-
-    def _background_errors(self, dt: float, t: float) -> None:
-        """Decoy ``background_errors``: symbol errors at ``rate``/s on a healthy link, forever (many real
-        links show a steady trickle).  Its own random stream, so it changes no other draw."""
-        for k, d in enumerate(self.scenario.decoys):
-            if d.kind != "background_errors" or not d.active(t, math.inf):
-                continue
-            rng = np.random.default_rng([self.scenario.cluster.seed, 7, k, self.tick])
-            self.C[K["pma:symbol_error"], self.index[d.the_node], d.the_rail] += int(rng.poisson(d.value("rate") * dt))
-
-    def _evidence(self, i: int, f: Fault, dt: float, t: float) -> None:
-        """Counter evidence of the scenario's i-th fault, active at t, over dt seconds (``sim.faults``)."""
-        m, r, since = MODELS[f.kind], self.frngs[i], t - f.start
-        if m.nvlink:
-            ni = self.index[f.the_node]
-            for name, v, _ in nvlink_evidence(f.kind, r, dt, since, f.mag):
-                self.nvl[_NVL[name], ni, f.the_gpu, f.the_link] += v
-        if not m.counters:
-            return  # state-only faults (link_flap's evidence is counted on its transitions)
-        nodes, devs = self._fault_targets(f)
-        C = self.C
-        for nn in nodes:
-            for d in devs:
-                for name, v, is_set in port_evidence(f.kind, r, dt, since, f.mag, self.devs[d].ethernet):
-                    if is_set:
-                        C[K[name], nn, d] = v
-                    else:
-                        C[K[name], nn, d] += v
-
-    # ------------------------------------------------------------------ read-out
-    def raw(self, name: str, node: int, dev: int) -> int:
-        """The value the hardware shows for counter ``name`` ("pma:..", "hw:..", "eth:..")."""
-        v = int(self.C[K[name], node, dev])
-        kind, short = name.split(":", 1)
-        if kind == "pma" and short in PMA_ERR_WIDTH:
-            return min(v, (1 << PMA_ERR_WIDTH[short]) - 1)
-        if kind == "hw" and (short in HW_Q32 or short in HW_ROCE_ACCL32):
-            return v & 0xFFFFFFFF
-        return v & 0xFFFFFFFFFFFFFFFF
-
-    def node_counters(self, node: int) -> list[list[int]]:
-        """[device][counter] true values of one node (for the tree renderer)."""
-        return self.C[:, node, :].T.tolist()
-
-    def hw_names(self, dev: int) -> tuple[str, ...]:
-        d = self.devs[dev]
-        return HW_Q32 + ((HW_ROCE_ACCL32 + HW_CONG64 + HW_PPCNT64) if d.ethernet else ())
-
-    def eth_names(self) -> tuple[str, ...]:
-        return ETH_STATS
-
-    def uuid(self, node: int, gpu: int) -> str:
-        a, b, c = (int(x) for x in self.uuid_bits[node, gpu])
-        h = f"{a << 2 | (c & 3):016x}{b << 2 | (c >> 2 & 3):016x}"  # 128 random bits
-        return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
     def node_guid(self, node: int, dev: int) -> str:
         from .hw import guid_str

@@ -29,7 +29,7 @@ def _step_starts(scn: Scenario, interval: float, spec: JobSpec) -> dict[str, lis
     while t + interval <= scn.duration + 1e-9:
         t += interval
         jobs.advance_to(t, cluster.effects(t))
-        cluster.set_fault_state(t)  # as the runner's advance does after the job's step
+        cluster.faults.apply(t)  # as the runner's advance does after the job's step
     return {j.spec.name: [(end - s, s) for end, s in j.completed] for j in jobs.jobs}
 
 

@@ -166,7 +166,7 @@ class Catalog:
 
     # -- transceiver source ------------------------------------------------------------------
     def _transceiver(self, d) -> None:
-        from .cluster import OPTIC_LANES
+        from .link_optics import OPTIC_LANES
 
         dp: Labels = (("device", d.name), ("port", "1"))
         G = self.gauges
@@ -214,7 +214,7 @@ class Catalog:
         grp = f"gpu{g}"
         G = self.gauges
         G.append(_Gauge("fabricmon_gpu_info", None, ("const", 1.0),
-                        lambda n: (("gpu", str(g)), ("uuid", c.uuid(n, g)), ("name", GPU_NAME),
+                        lambda n: (("gpu", str(g)), ("uuid", c.gpus.uuid(n, g)), ("name", GPU_NAME),
                                         ("pci_bus_id", gpu_pci_bus_id(g)), ("nvlink_counters", "legacy"))))
         G.append(_Gauge("fabricmon_gpu_up", (("gpu", gpu),), ("const", 1.0)))
         G.append(_Gauge("fabricmon_gpu_utilization_ratio", (("gpu", gpu),), ("util", g)))
@@ -291,80 +291,81 @@ class BatchBuilder:
         """(series, nodes) raw values as the sources read them (after width transforms and scaling)."""
         c = self.cluster
         out = np.empty((len(self.c_family), c.n), dtype=np.int64)
-        v = c.C[self._ck, :, self._cd]  # (rows, nodes)
+        v = c.counters.C[self._ck, :, self._cd]  # (rows, nodes)
         sat = self._c_sat >= 0
         v = np.where(sat[:, None], np.minimum(v, np.where(sat, self._c_sat, 0)[:, None]), v)
         v = np.where(self._c_mask32[:, None], v & 0xFFFFFFFF, v)
         out[self._crow] = v * self._c_mult[:, None]
-        out[self._nrow] = c.nvl[self._nf, :, self._ng, self._nl] * self._n_mult[:, None]
+        out[self._nrow] = c.gpus.nvl[self._nf, :, self._ng, self._nl] * self._n_mult[:, None]
         return out
 
     def gauges(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(values, present) of every gauge row, each (rows, nodes)."""
         c = self.cluster
+        links, gpus, optics = c.links, c.gpus, c.optics
         n = c.n
         gs = self.catalog.gauges
         vals = np.zeros((len(gs), n))
         pres = np.ones((len(gs), n), dtype=bool)
-        gbps = _LANE[c.speed] * c.lanes / 10
+        gbps = _LANE[links.speed] * links.lanes / 10
         for i, gg in enumerate(gs):
             kind = gg.getter[0]
             if kind == "const":
                 vals[i] = gg.getter[1]
             elif kind == "state":
-                vals[i] = np.where(c.up[:, gg.getter[1]], 4, 1)
+                vals[i] = np.where(links.up[:, gg.getter[1]], 4, 1)
             elif kind == "phys":
                 d = c.devs[gg.getter[1]]
-                vals[i] = np.where(c.up[:, d.index], 5, 2 if d.link_layer == "InfiniBand" else 3)
+                vals[i] = np.where(links.up[:, d.index], 5, 2 if d.link_layer == "InfiniBand" else 3)
             elif kind in ("rate_Bps", "data_Bps"):
                 d = c.devs[gg.getter[1]]
                 lanes, speed = DOWN_RATE[d.link_layer]
                 down = LANE_DGBPS[speed] * lanes / 10
-                vals[i] = np.where(c.up[:, d.index], gbps[:, d.index], down) * 1e9 / 8
+                vals[i] = np.where(links.up[:, d.index], gbps[:, d.index], down) * 1e9 / 8
                 if kind == "data_Bps" and not d.ethernet:  # the agent's data_rate_gbps: less IB line coding
-                    coding = np.where(c.up[:, d.index], _CODING[c.speed[:, d.index]], DATA_PER_NOMINAL[speed])
+                    coding = np.where(links.up[:, d.index], _CODING[links.speed[:, d.index]], DATA_PER_NOMINAL[speed])
                     vals[i] = vals[i] * coding
             elif kind == "width":
                 d = c.devs[gg.getter[1]]
-                vals[i] = np.where(c.up[:, d.index], c.lanes[:, d.index], DOWN_RATE[d.link_layer][0])
+                vals[i] = np.where(links.up[:, d.index], links.lanes[:, d.index], DOWN_RATE[d.link_layer][0])
             elif kind == "eth_gauge":
                 _, k, dev, scale = gg.getter
-                vals[i] = c.C[k, :, dev] * scale
+                vals[i] = c.counters.C[k, :, dev] * scale
             elif kind == "cfg":
                 _, check, dev = gg.getter
                 if check == "pfc":
                     want = np.zeros(8, dtype=bool)
                     want[3] = True
-                    vals[i] = (c.pfc[:, dev, :] == want).all(axis=1)
+                    vals[i] = (links.pfc[:, dev, :] == want).all(axis=1)
                 elif check == "ecn_np":
-                    vals[i] = c.ecn_np[:, dev, 3]
+                    vals[i] = links.ecn_np[:, dev, 3]
                 elif check == "ecn_rp":
-                    vals[i] = c.ecn_rp[:, dev, 3]
+                    vals[i] = links.ecn_rp[:, dev, 3]
                 elif check in ("trust", "mtu"):
                     vals[i] = 1.0  # the simulator never drifts these (compute NICs: trust dscp, MTU 9000)
                 elif check == "rate":
                     vals[i] = np.abs(gbps[:, dev] - 400.0) < 1e-6
-                    pres[i] = c.up[:, dev]  # checked on ACTIVE ports only
+                    pres[i] = links.up[:, dev]  # checked on ACTIVE ports only
                 elif check == "width":
-                    vals[i] = c.lanes[:, dev] == 4
-                    pres[i] = c.up[:, dev]
+                    vals[i] = links.lanes[:, dev] == 4
+                    pres[i] = links.up[:, dev]
             elif kind == "util":
-                vals[i] = np.clip(c.util[:, gg.getter[1]] / 100.0, 0.0, 1.0)
+                vals[i] = np.clip(gpus.util[:, gg.getter[1]] / 100.0, 0.0, 1.0)
             elif kind == "optic":
                 _, what, dev, lane = gg.getter
                 if what == "temp":
-                    vals[i] = np.round(c.temp_c[:, dev] * 256) / 256  # SFF-8636 resolution
+                    vals[i] = np.round(optics.temp_c[:, dev] * 256) / 256  # SFF-8636 resolution
                 elif what == "bias":
-                    vals[i] = np.round(c.bias_ma[:, dev, lane] * 500) * 2e-6
+                    vals[i] = np.round(optics.bias_ma[:, dev, lane] * 500) * 2e-6
                 else:
-                    dbm = (c.rx_dbm if what == "rx" else c.tx_dbm)[:, dev, lane]
+                    dbm = (optics.rx_dbm if what == "rx" else optics.tx_dbm)[:, dev, lane]
                     vals[i] = np.round(10 ** (dbm / 10) * 1e4) * 1e-7  # 0.1 uW steps
             elif kind == "throttle":
                 _, g, bit = gg.getter
-                vals[i] = (c.throttle[:, g] & bit) != 0
+                vals[i] = (gpus.throttle[:, g] & bit) != 0
             elif kind == "nvl_up":
                 _, g, j = gg.getter
-                vals[i] = c.nvl_up[:, g, j]
+                vals[i] = gpus.nvl_up[:, g, j]
             elif kind == "sat":
                 row = gg.getter[1]
                 vals[i] = raw[row] >= self.c_satlim[row]
@@ -375,14 +376,16 @@ class BatchBuilder:
     # ------------------------------------------------------------------ batches
     def hellos(self) -> list[NodeHello]:
         c = self.cluster
+        links = c.links
         out = []
         for n in range(c.n):
             nics = tuple(NicHello(device=d.name, port="1", rail="" if d.rail is None else str(d.rail),
                                   link_layer=d.link_layer, netdev=d.ifname if d.ethernet else "",
-                                  rate_gbps=float(_LANE[c.speed[n, d.index]] * c.lanes[n, d.index] / 10)
-                                  if c.up[n, d.index] else DOWN_RATE[d.link_layer][0] *
+                                  rate_gbps=float(_LANE[links.speed[n, d.index]] * links.lanes[n, d.index] / 10)
+                                  if links.up[n, d.index] else DOWN_RATE[d.link_layer][0] *
                                   LANE_DGBPS[DOWN_RATE[d.link_layer][1]] / 10,
-                                  width=int(c.lanes[n, d.index]) if c.up[n, d.index] else DOWN_RATE[d.link_layer][0],
+                                  width=int(links.lanes[n, d.index]) if links.up[n, d.index]
+                                  else DOWN_RATE[d.link_layer][0],
                                   gpu=-1)
                          for d in c.devs)
             out.append(NodeHello(node=c.names[n], agent_version=__version__, interval_seconds=self.interval_seconds,

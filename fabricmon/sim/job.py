@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..rank_timing import Heartbeat, JobLayout, RankTiming, to_json
-from .cluster import Effects
+from .fault_state import Effects
 from .hw import NGPU, NRAILS
 from .rank_lines import RankLines
 from .workload import Decoy

@@ -13,7 +13,8 @@ from dataclasses import replace
 import numpy as np
 
 from ..rank_timing import Heartbeat, JobLayout, RankTiming
-from .cluster import ClusterState, Effects
+from .cluster import ClusterState
+from .fault_state import Effects
 from .hw import NRAILS
 from .job import JobSpec, SyntheticJob
 from .scenario import Scenario
@@ -87,7 +88,7 @@ class JobSet:
 
     def rail_bytes_per_second(self, t: float) -> np.ndarray:
         """(cluster nodes, rails): what the running jobs offer each rail NIC; idle nodes their background."""
-        out = self.cluster.default_offered()[:, :NRAILS].copy()
+        out = self.cluster.counters.default_offered()[:, :NRAILS].copy()
         for j in self.running(t):
             out[j.index] = j.rail_bytes_per_second()
         return out

@@ -74,8 +74,10 @@ def _worker(conn: Connection, scenario: Scenario, interval: float, base_dir: str
             pass
     finally:
         sim.close()
-        for i in nodes:  # each worker removes its own trees: in parallel, and before the parent's rmtree
-            shutil.rmtree(sim.node_root(sim.cluster.names[i]), ignore_errors=True)
+        agents = sim.tree_agents  # tree mode: always there
+        if agents is not None:
+            for i in nodes:  # each worker removes its own trees: in parallel, and before the parent's rmtree
+                shutil.rmtree(agents.node_root(sim.cluster.names[i]), ignore_errors=True)
         conn.close()
 
 

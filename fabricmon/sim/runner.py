@@ -1,23 +1,19 @@
 """SimulatedCluster: topology + scenario + cluster state + synthetic job + per-node agents, on a simulated clock.
 
-Two modes:
+A composition: the cluster state (``sim.cluster``), the jobs (``sim.jobs``), and one of two modes:
 
-* ``tree`` (small runs, the demo, the agent's integration tests): every node
-  gets a tree (``tree.NodeTree``, on /dev/shm when it exists) rewritten
-  incrementally each interval, and a real agent (``agent.runtime.build_agent``
-  with ``clock`` = the simulated clock) polls it; each snapshot, with the
-  node's rank timings, goes to ``on_snapshot`` and, converted with the stream
+* ``tree`` (small runs, the demo, the agent's integration tests): ``sim.tree_agents`` gives every node
+  a tree (``tree.NodeTree``, on /dev/shm when it exists) rewritten incrementally each interval, and a
+  real agent (``agent.runtime.build_agent`` with ``clock`` = the simulated clock) polls it; each
+  snapshot, with the node's rank timings, goes to ``on_snapshot`` and, converted with the stream
   client's gauge rule, to ``on_batch``.
-* ``memory`` (large or long runs, benchmarks): no files; ``inmemory.BatchBuilder``
-  produces the NodeBatch each agent would stream, to ``on_batch``.
+* ``memory`` (large or long runs, benchmarks): no files; ``sim.memory_batches`` (over
+  ``inmemory.BatchBuilder``) produces the NodeBatch each agent would stream, to ``on_batch``.
 
-Link watch: each simulated agent watches its links between polls as the real agent does
-(``agent/linkwatch.py``, ``link_watch`` seconds, default the agent's 1 s; only when shorter than the
-interval).  At each watch tick where some link's state (up, width, speed) differs from the previous
-tick, the cluster advances to that tick and the nodes concerned poll off their cadence, at most once
-between two regular polls (the poller's ``OffCadenceGate``): in tree mode the real agents' watches read
-their re-rendered trees and decide, in memory mode the same rule picks the nodes; ``on_watch_tick(ts)``
-is then called (a benchmark ticks its aggregator there).
+Link watch (``sim.watch_ticks``): each simulated agent watches its links between polls as the real agent
+does (``link_watch`` seconds, default the agent's 1 s; only when shorter than the interval);
+``on_watch_tick(ts)`` is called after a watch tick that sent batches (a benchmark ticks its aggregator
+there).
 ``rank_intake=True``: the training ranks' timings, heartbeats and layouts reach the batches as a
 job's client sends them, JSON lines into each node's real ``agent.intake.RankIntake``, drained
 each interval as the agent's stream does; without it they are handed to the batch as parsed values.
@@ -31,7 +27,6 @@ Time: ``t`` is simulated seconds since the scenario started; sample times are
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import os
 import shutil
 import threading
@@ -40,9 +35,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-import numpy as np
 import structlog
 
 from ..batch import NodeBatch, NodeHello
@@ -53,12 +47,12 @@ from .cluster import EPOCH, ClusterState
 from .intake_feed import IntakeFeed
 from .job import JobSpec
 from .jobs import JobSet
+from .memory_batches import MemoryBatches
 from .ras_link import SimRas
 from .scenario import Scenario
 from .sweep_feed import SWEEP_INTERVAL, SweepFeed
-
-if TYPE_CHECKING:
-    from .inmemory import BatchBuilder
+from .tree_agents import TreeAgents
+from .watch_ticks import WatchTicks
 
 log = structlog.get_logger("fabricmon.sim")
 
@@ -147,7 +141,6 @@ class SimulatedCluster:
         # the agents' link watch period; 0 (or not shorter than the interval): no watch, as in the agent
         self.link_watch = float(link_watch) if 0 < link_watch < interval else 0.0
         self.on_watch_tick = on_watch_tick
-        self.watch_batches = 0  # off-cadence batches the link watch caused
         self.on_snapshot = on_snapshot
         self.on_batch: Callable[[NodeBatch], object] | None = on_batch
         self.progress = progress
@@ -164,16 +157,11 @@ class SimulatedCluster:
         # nccl_ras: every job announces a loopback RAS speaking NCCL's protocol; ``ras.attach`` links the
         # aggregator's queries to it (sim/ras_link.py)
         self.ras = SimRas(self.jobs.jobs) if nccl_ras and self.jobs is not None else None
-        self.trees: list = []
-        self.agents: list = []
-        self.http_ports: dict[str, int] = {}
         self._own_base = False
         self.base_dir: str | None = None
-        self._builder: BatchBuilder | None = None  # memory mode, from start()
-        self._filters: list = []
-        self._seq: list[int] = []
-        self._pool: cf.ThreadPoolExecutor | None = None
-        self._poll_workers = poll_workers or min(8, max(1, c.nodes))
+        self.memory: MemoryBatches | None = None  # memory mode's batches, from start() (sim/memory_batches.py)
+        # tree mode: the node trees and their real agents (sim/tree_agents.py)
+        self.tree_agents: TreeAgents | None = None
         self._started = False
         self._closed = False
         # batches of the initial poll made by start() before anyone set on_batch: delivered first
@@ -193,6 +181,11 @@ class SimulatedCluster:
                 base_dir = default_base_dir()
                 self._own_base = True
             self.base_dir = str(base_dir)
+            self.tree_agents = TreeAgents(self.cluster, self._node_index, self.base_dir, self.now, self.interval,
+                                          self.link_watch, http=http,
+                                          poll_workers=poll_workers or min(8, max(1, c.nodes)))
+        # the agents' link watch between polls, when on (sim/watch_ticks.py)
+        self.watch = WatchTicks(self.cluster, self.link_watch, self._node_index) if self.link_watch else None
 
     # ------------------------------------------------------------------ setup
     @property
@@ -228,42 +221,20 @@ class SimulatedCluster:
     def write_topology(self, path: str | Path) -> None:
         self.topology.write_yaml(path)
 
-    def node_root(self, node: str) -> str:
-        assert self.base_dir is not None
-        return os.path.join(self.base_dir, node)
-
     def start(self) -> None:
         if self._started:
             return
         self._started = True
         c = self.cluster
         if self.mode == "memory":
-            from .inmemory import BatchBuilder
-
-            self._builder = BatchBuilder(c, self.interval)
-            self._emit_memory([])
+            self.memory = MemoryBatches(c, self.interval, self.sweep, self.now, lambda: self.layouts,
+                                        self._intake_feed if self.rank_intake else None)
+            self.memory.emit(self._by_node([]), self._heartbeats, self._deliver)
             return
-        from .agents import make_sim_agent
-        from .inmemory import GaugeFilter
-        from .tree import NodeTree
-
-        assert self.base_dir is not None  # tree mode has one (__init__)
+        assert self.base_dir is not None and self.tree_agents is not None  # tree mode has them (__init__)
         os.makedirs(self.base_dir, exist_ok=True)
         self._write_sweep()
-        for i in self._node_index:
-            name = c.names[i]
-            tree = NodeTree(c, i, self.node_root(name))
-            tree.render()
-            self.trees.append(tree)
-            sweeps = self.sweep is not None and name == self.sweep.node
-            agent = make_sim_agent(tree, self.now, self.interval, self.link_watch,
-                                   switch_file=self.switch_file() if sweeps else None)
-            self.agents.append(agent)
-            if self.http:
-                self.http_ports[name] = agent.start_http("127.0.0.1:0")
-            self._filters.append(GaugeFilter())
-            self._seq.append(0)
-        self._pool = cf.ThreadPoolExecutor(max_workers=self._poll_workers, thread_name_prefix="sim-poll")
+        self.tree_agents.start(self.sweep.node if self.sweep is not None else None, self.switch_file())
         log.info("sim_started", nodes=c.n, mode=self.mode, base_dir=self.base_dir, interval=self.interval)
         self._poll_all([])
 
@@ -271,12 +242,10 @@ class SimulatedCluster:
         """The hello each node's agent sends when it connects."""
         if self.mode == "memory":
             self.start()
-            assert self._builder is not None
-            return self._builder.hellos()
-        from ..agent.stream_batches import hello_from_snapshot
-
-        return [hello_from_snapshot(a.node, a.poller.latest, self.interval, boot_id=f"sim-{a.node}")
-                for a in self.agents]
+            assert self.memory is not None
+            return self.memory.hellos()
+        assert self.tree_agents is not None  # tree mode
+        return self.tree_agents.hellos()
 
     # ------------------------------------------------------------------ stepping
     def step(self) -> StepStats:
@@ -298,24 +267,28 @@ class SimulatedCluster:
         t1 = time.perf_counter()
         rates = ((self.jobs.rail_bytes_per_second(t_new), self.jobs.nvlink_activity(t_new))
                  if self.jobs is not None else (None, None))
-        if self.link_watch:
-            self._watch_between(t_new, rates, st)
+        if self.watch is not None:
+            builder = self.memory.builder if self.memory is not None else None
+            st.files_written += self.watch.between(t_new, rates, st.extra, self._deliver, builder=builder,
+                                                   tree_agents=self.tree_agents, on_snapshot=self.on_snapshot,
+                                                   on_tick=self.on_watch_tick)
         c.advance(t_new - c.t, *rates)
         t2 = time.perf_counter()
         st.job_s, st.advance_s = t1 - t0, t2 - t1
         st.rank_timings = len(timings)
         if self.mode == "memory":
-            st.batches = self._emit_memory(timings)
+            assert self.memory is not None  # start() in memory mode
+            st.batches = self.memory.emit(self._by_node(timings), self._heartbeats, self._deliver)
             st.batch_s = time.perf_counter() - t2
         else:
-            st.files_written = sum(tree.render() for tree in self.trees)
+            agents = self.tree_agents
+            assert agents is not None  # tree mode
+            st.files_written = agents.render()
             self._write_sweep()
             t3 = time.perf_counter()
             st.render_s = t3 - t2
-            for a in self.agents:  # the watch's pass of this tick: what changed since is in this poll
-                if a.link_watch is not None:
-                    a.link_watch.tick()
-            st.batches = self._poll_all(timings) if self.agents else 0
+            agents.watch_pass()  # the watch's pass of this tick: what changed since is in this poll
+            st.batches = self._poll_all(timings) if agents.agents else 0
             st.poll_s = time.perf_counter() - t3
         self.steps += 1
         if self.ras is not None:
@@ -341,123 +314,29 @@ class SimulatedCluster:
                 self.on_batch(b)
         self.on_batch(batch)
 
-    def _emit_memory(self, timings: list[RankTiming]) -> int:
-        by_node = self._by_node(timings)
-        assert self._builder is not None  # start() in memory mode
-        # one node's batch at a time, delivered before the next is made (BatchBuilder.stream)
-        if self.rank_intake:
-            batches = self._builder.stream()
-        else:
-            batches = self._builder.stream(by_node, self.layouts)
-        sweep = None
-        if self.sweep is not None and self.sweep.due(self.cluster.t):
-            sweep = self.sweep.series(self.cluster.t, self.now())
-        made = 0
-        for b in batches:
-            made += 1
-            if sweep is not None and self.sweep is not None and b.node == self.sweep.node:
-                # the sweeping node's agent streams the sweep with its own series (one batch)
-                b = replace(b, deltas=b.deltas + tuple(sweep[0]), gauges=b.gauges + tuple(sweep[1]))
-            hb = self._heartbeats.get(b.node)
-            if self.rank_intake:
-                ranks, layouts, hbs = self._intake_feed.through(b.node, by_node.get(b.node, []), hb or [])
-                b = replace(b, ranks=ranks, layouts=layouts, heartbeats=hbs)
-            elif hb:
-                b = replace(b, heartbeats=tuple(hb))
-            self._deliver(b)
-        return made
-
     def _poll_all(self, timings: list[RankTiming]) -> int:
-        from .inmemory import batch_from_snapshot
-
         by_node = self._by_node(timings)
-        assert self._pool is not None  # start() in tree mode
-        snaps = list(self._pool.map(lambda a: a.poller.poll_regular(), self.agents))
+        agents = self.tree_agents
+        assert agents is not None  # tree mode
+        snaps = agents.poll()
         for i, snap in enumerate(snaps):
-            name = self.cluster.names[self._node_index[i]]
+            name = agents.name(i)
             ranks = by_node.get(name, [])
             if self.on_snapshot is not None:
                 self.on_snapshot(name, snap, ranks)
             if self.on_batch is not None or not self.steps:
-                self._seq[i] += 1
                 hb = self._heartbeats.get(name)
                 if self.rank_intake:
                     got, layouts, hbs = self._intake_feed.through(name, ranks, hb or [])
-                    b = replace(batch_from_snapshot(snap, self._filters[i], self._seq[i], got),
-                                layouts=layouts, heartbeats=hbs)
+                    b = replace(agents.batch(i, snap, got), layouts=layouts, heartbeats=hbs)
                 else:
-                    b = batch_from_snapshot(snap, self._filters[i], self._seq[i], tuple(ranks))
-                    if self._seq[i] == 1 and self.layouts:
+                    b = agents.batch(i, snap, tuple(ranks))
+                    if agents.first_batch(i) and self.layouts:
                         b = replace(b, layouts=self.layouts)
                     if hb:
                         b = replace(b, heartbeats=tuple(hb))
                 self._deliver(b)
         return len(snaps)
-
-    def _watch_between(self, t_new: float, rates: tuple, st: StepStats) -> None:
-        """The agents' link watch between this step's two regular polls (see the module's docstring)."""
-        c = self.cluster
-        every = self.link_watch
-        t0 = c.t
-        base = (c.up, c.lanes, c.speed)
-        allowed = np.ones(c.n, dtype=bool)  # memory mode: each agent's OffCadenceGate
-        k = 1
-        while t0 + k * every < t_new - 1e-9:
-            t_k = t0 + k * every
-            k += 1
-            now = c.link_state(t_k)
-            moved = np.zeros(c.n, dtype=bool)
-            for now_k, base_k in zip(now, base, strict=True):
-                moved |= (now_k != base_k).any(axis=1)
-            base = now
-            if self.mode == "memory":
-                fire = moved & allowed
-                if not fire.any():
-                    continue
-                allowed &= ~fire
-                c.advance(t_k - c.t, *rates)
-                builder = self._builder
-                assert builder is not None  # memory mode: made by start()
-                batches = builder.build({}, (), nodes=np.flatnonzero(fire).tolist())
-                for b in batches:
-                    self._deliver(b)
-            else:
-                mine = moved[self._node_index]
-                if not mine.any():
-                    continue  # no tree's link files change: the watches would read what they read before
-                c.advance(t_k - c.t, *rates)
-                st.files_written += sum(tree.render() for tree in self.trees)
-                batches = self._watch_polls()
-            self.watch_batches += len(batches)
-            st.extra["watch_batches"] = st.extra.get("watch_batches", 0) + len(batches)
-            if batches and self.on_watch_tick is not None:
-                self.on_watch_tick(c.ts())
-
-    def _watch_polls(self) -> list[NodeBatch]:
-        """Tree mode: every real agent's link watch reads its tree; those that saw a change poll off the
-        cadence if their poller's gate allows."""
-        from .inmemory import batch_from_snapshot
-
-        out: list[NodeBatch] = []
-        for i, a in enumerate(self.agents):
-            watch = a.link_watch
-            if watch is None:
-                continue
-            before = watch.requests_total
-            watch.tick()
-            if watch.requests_total == before:
-                continue
-            snap = a.poller.poll_off_cadence()
-            if snap is None:
-                continue
-            name = self.cluster.names[self._node_index[i]]
-            if self.on_snapshot is not None:
-                self.on_snapshot(name, snap, [])
-            self._seq[i] += 1
-            b = batch_from_snapshot(snap, self._filters[i], self._seq[i], ())
-            out.append(b)
-            self._deliver(b)
-        return out
 
     def run(self, until: float | None = None, *, speed: float | None = None, stop: threading.Event | None = None,
             deadline: float | None = None) -> int:
@@ -497,13 +376,8 @@ class SimulatedCluster:
         self._closed = True
         if self.ras is not None:
             self.ras.close()
-        for a in self.agents:
-            try:
-                a.stop()
-            except Exception as exc:  # pragma: no cover - best effort
-                log.warning("sim_agent_stop_failed", node=a.node, error=str(exc))
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        if self.tree_agents is not None:
+            self.tree_agents.close()
         if self._own_base and not self.keep_trees and self.base_dir and os.path.isdir(self.base_dir):
             shutil.rmtree(self.base_dir, ignore_errors=True)
 

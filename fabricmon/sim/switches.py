@@ -157,7 +157,7 @@ class SimSwitches:
 
     # ------------------------------------------------------------------ time
     def _host_data(self) -> np.ndarray:
-        C = self.cluster.C
+        C = self.cluster.counters.C
         return C[K["pma:port_xmit_data"]][self.hp_node, self.hp_dev].copy()
 
     def advance(self, dt: float, t_new: float) -> None:
@@ -195,7 +195,7 @@ class SimSwitches:
                     for name, v, _ in evidence(rules, r, dt, since, f.mag, False):
                         self.uc[self._row(name), u, end] += v
             for h in self._host_of[i]:
-                if not self.cluster.up[self.hp_node[h], self.hp_dev[h]]:
+                if not self.cluster.links.up[self.hp_node[h], self.hp_dev[h]]:
                     continue
                 for name, v, _ in evidence(rules, r, dt, since, f.mag, False):
                     self.hc[self._row(name), h] += v
@@ -228,11 +228,11 @@ class SimSwitches:
         ports: dict[str, dict[int, PortSample]] = {name: {} for name in self._switches}
         states: dict[str, dict[int, PortState]] = {name: {} for name in self._switches}
         up_state, down_state = PortState("Active", "LinkUp"), PortState("Down", "Polling")
-        C = c.C
+        C = c.counters.C
         h_rcv = C[K["pma:port_rcv_data"]][self.hp_node, self.hp_dev]
         h_xmit = C[K["pma:port_xmit_data"]][self.hp_node, self.hp_dev]
         h_downed = C[K["pma:link_downed"]][self.hp_node, self.hp_dev]
-        h_up = c.up[self.hp_node, self.hp_dev]
+        h_up = c.links.up[self.hp_node, self.hp_dev]
         hc = self.hc.T.tolist()
         for k, h in enumerate(self.layout.host_ports):
             row = hc[k]

@@ -157,7 +157,7 @@ class NodeTree:
             else:
                 files.append((os.path.join(nd, "address"), "00:00:10:29:fe:80:00:00:00:00:00:00:" + ":".join(
                     guid.replace(":", "")[i:i + 2] for i in range(0, 16, 2))))
-            files += [(os.path.join(nd, "mtu"), str(int(c.mtu[d.index]))),
+            files += [(os.path.join(nd, "mtu"), str(int(c.links.mtu[d.index]))),
                       (os.path.join(nd, "type"), "1" if d.ethernet else "32")]  # ARPHRD_ETHER / _INFINIBAND
         # The node's GPUs on the PCI bus (H100 SXM5: 10de:2330, 3D controller 0x030200), linked from
         # /sys/bus/pci/devices as the kernel does: what the agent's "pci" source counts beside NVML.
@@ -181,15 +181,16 @@ class NodeTree:
         build_paths = not self._paths
         paths: list[str] = self._paths if not build_paths else []
         out: list[str] = []
-        vals = c.node_counters(n)
-        up_row = c.up[n].tolist()
-        lanes_row = c.lanes[n].tolist()
-        speed_row = c.speed[n].tolist()
-        downs_row = c.downs[n].tolist()
+        vals = c.counters.node_counters(n)
+        links = c.links
+        up_row = links.up[n].tolist()
+        lanes_row = links.lanes[n].tolist()
+        speed_row = links.speed[n].tolist()
+        downs_row = links.downs[n].tolist()
         lid_row = c.lid[n].tolist()
-        pfc3 = c.pfc[n, :, :].tolist()
-        np3 = c.ecn_np[n].tolist()
-        rp3 = c.ecn_rp[n].tolist()
+        pfc3 = links.pfc[n, :, :].tolist()
+        np3 = links.ecn_np[n].tolist()
+        rp3 = links.ecn_rp[n].tolist()
         ap = paths.append if build_paths else None
         kx = K
         for d in c.devs:
@@ -278,17 +279,18 @@ class NodeTree:
 
     def nvml_document(self) -> dict:
         c, n = self.cluster, self.node
-        nvl = c.nvl[:, n].tolist()  # [field][gpu][link]
-        ups = c.nvl_up[n].tolist()
-        util = c.util[n].tolist()
-        thr = c.throttle[n].tolist()
+        gpu_state = c.gpus
+        nvl = gpu_state.nvl[:, n].tolist()  # [field][gpu][link]
+        ups = gpu_state.nvl_up[n].tolist()
+        util = gpu_state.util[n].tolist()
+        thr = gpu_state.throttle[n].tolist()
         gpus = []
         for g in range(NGPU):
             links = [{"state": 1 if ups[g][j] else 0, "tx_kib": nvl[0][g][j], "rx_kib": nvl[1][g][j],
                       "replay": nvl[2][g][j], "recovery": nvl[3][g][j], "crc_flit": nvl[4][g][j],
                       "crc_data": nvl[5][g][j]} for j in range(NVLINKS)]
-            gpus.append({"index": g, "uuid": c.uuid(n, g), "name": GPU_NAME, "pci_bus_id": gpu_pci_bus_id(g),
-                         "utilization": util[g], "throttle_reasons": thr[g], "xid": list(c.xid.get((n, g), [])),
+            gpus.append({"index": g, "uuid": gpu_state.uuid(n, g), "name": GPU_NAME, "pci_bus_id": gpu_pci_bus_id(g),
+                         "utilization": util[g], "throttle_reasons": thr[g], "xid": list(gpu_state.xid.get((n, g), [])),
                          "links": links})
         return {"gpus": gpus}
 
@@ -318,12 +320,12 @@ class NodeTree:
         """``ethtool/<if>.module.bin`` of every rail NIC (the module EEPROM image the agent's
         transceiver source parses), rewritten when the simulated module readings refresh."""
         c, n = self.cluster, self.node
-        if getattr(self, "_module_at", None) == c.module_taken_at:
+        if getattr(self, "_module_at", None) == c.optics.module_taken_at:
             return 0
-        self._module_at = c.module_taken_at
+        self._module_at = c.optics.module_taken_at
         for d in c.devs:
             if d.rail is not None:
-                self._write(os.path.join(self.ethtool_dir, d.ifname + ".module.bin"), c.module_image(n, d.index))
+                self._write(os.path.join(self.ethtool_dir, d.ifname + ".module.bin"), c.optics.module_image(n, d.index))
         return sum(1 for d in c.devs if d.rail is not None)
 
 

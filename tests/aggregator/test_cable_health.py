@@ -68,7 +68,7 @@ def test_lane_evidence_names_the_bad_lane():
     scn = degrading("roce", 3)
     c = ClusterState(scn, epoch=T0)
     events, _ = run_engine(scn)
-    lane = c.bad_lane[id(scn.faults[0])]
+    lane = c.optics.bad_lane[id(scn.faults[0])]
     texts = [" ".join(ev[4]) for ev in events if ev[1] == "FabricCableDegrading"]
     assert texts
     # by the time the flaps start the lane share is overwhelming: the incident's evidence names it

@@ -54,7 +54,7 @@ def test_a_pods_job_is_on_the_fabric_incident_of_its_node(tmp_path):
     name, ns = obj["metadata"]["name"], obj["metadata"]["namespace"]
     api.pods[(ns, name)] = obj
     # the NVIDIA device plugin's ids are the GPUs' NVML UUIDs (here the simulated node's fake NVML)
-    kubelet.pods = [pod(ns, name, {"nvidia.com/gpu": [sim.uuid(0, 0), sim.uuid(0, 1)]})]
+    kubelet.pods = [pod(ns, name, {"nvidia.com/gpu": [sim.gpus.uuid(0, 0), sim.gpus.uuid(0, 1)]})]
     g, h, m = free_port(), free_port(), free_port()
     (tmp_path / "aggregator.yaml").write_text(yaml.safe_dump({
         "topology": "topology.yaml", "grpc_listen": f"127.0.0.1:{g}", "http_listen": f"127.0.0.1:{h}",

@@ -163,7 +163,7 @@ def test_dashboards_and_alerts_on_live_data(tmp_path: Path) -> None:
                 for g in truth}
 
         # Data: every scrape target up, a [4s] rate exists, the fault is a few samples old.
-        targets = len(lf.sim.http_ports) + 2  # + probe agent + aggregator
+        targets = len(lf.sim.tree_agents.http_ports) + 2  # + probe agent + aggregator
         wait_until(lambda: len(prom.query("up == 1")) == targets, 20.0, f"{targets} targets up", interval=0.2)
         wait_until(lambda: time.time() - lf.epoch > FAULT_START + 8, 30.0, "8 s of faulted samples", interval=0.2)
         wait_until(lambda: prom.query("fabricmon:ib_port:info{leaf!=''}")

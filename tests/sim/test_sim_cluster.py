@@ -28,7 +28,7 @@ def moved(a: ClusterState, b: ClusterState, names) -> set[tuple[str, int, int]]:
     """(counter, node, device) whose value differs between two runs of the same cluster."""
     out = set()
     for name in names:
-        diff = a.C[K[name]] != b.C[K[name]]
+        diff = a.counters.C[K[name]] != b.counters.C[K[name]]
         out |= {(name, int(n), int(d)) for n, d in zip(*np.nonzero(diff), strict=True)}
     return out
 
@@ -39,7 +39,7 @@ def test_flaky_cable_raises_exactly_that_ports_symbol_errors():
     faulty = run(base.with_fault("flaky_cable", node="node-017", rail=3, start=5, end=15), 20)
     sym = moved(clean, faulty, ["pma:symbol_error"])
     assert sym == {("pma:symbol_error", 17, 3)}
-    assert faulty.C[K["pma:symbol_error"], 17, 3] - clean.C[K["pma:symbol_error"], 17, 3] > 100
+    assert faulty.counters.C[K["pma:symbol_error"], 17, 3] - clean.counters.C[K["pma:symbol_error"], 17, 3] > 100
     # every other error counter moved on that port only, and traffic elsewhere is untouched
     assert {(n, d) for _, n, d in moved(clean, faulty, ERRORS + HW_ERRORS)} == {(17, 3)}
     assert not moved(clean, faulty, ["pma:port_xmit_data"]) - {("pma:port_xmit_data", 17, 3)}
@@ -52,11 +52,11 @@ def test_flaky_cable_stops_rising_after_end():
     seen = []
     for _ in range(10):
         c.advance(1.0)
-        seen.append(int(c.C[K["pma:symbol_error"], 1, 2]))
+        seen.append(int(c.counters.C[K["pma:symbol_error"], 1, 2]))
     assert seen[0] == seen[1]  # before start (t = 1, 2)
     assert seen[2] < seen[4]  # rising while active
     assert seen[6] == seen[9]  # flat after end
-    assert c.C[K["eth:rx_crc_errors_phy"], 1, 2] > 0 or c.C[K["eth:rx_pcs_symbol_err_phy"], 1, 2] > 0
+    assert c.counters.C[K["eth:rx_crc_errors_phy"], 1, 2] > 0 or c.counters.C[K["eth:rx_pcs_symbol_err_phy"], 1, 2] > 0
 
 
 @pytest.mark.parametrize("layout", ["ib", "roce"])
@@ -81,10 +81,10 @@ def test_slow_gpu_leaves_fabric_counters_clean():
     base = Scenario(ClusterSpec(8, "roce", 8, seed=4), 60)
     clean = run(base, 10)
     faulty = run(base.with_fault("slow_gpu", node="node-003", gpu=2, start=2), 10)
-    assert np.array_equal(clean.C, faulty.C)  # every NIC counter, errors and traffic alike
-    assert np.array_equal(clean.nvl, faulty.nvl)
-    assert faulty.throttle[3, 2] == 0x60 and int(faulty.throttle.sum()) == 0x60
-    assert (faulty.util >= 88).all()
+    assert np.array_equal(clean.counters.C, faulty.counters.C)  # every NIC counter, errors and traffic alike
+    assert np.array_equal(clean.gpus.nvl, faulty.gpus.nvl)
+    assert faulty.gpus.throttle[3, 2] == 0x60 and int(faulty.gpus.throttle.sum()) == 0x60
+    assert (faulty.gpus.util >= 88).all()
     eff = faulty.effects()
     assert eff.gpu_slow[3, 2] == 1.5 and (eff.nic_bw == 1).all()
 
@@ -92,41 +92,41 @@ def test_slow_gpu_leaves_fabric_counters_clean():
 def test_link_down_and_recovery():
     scn = Scenario(ClusterSpec(4, "ib", 4, seed=1), 60).with_fault("link_down", node="node-002", rail=6, start=3, end=6)
     c = ClusterState(scn)
-    downed0 = int(c.C[K["pma:link_downed"], 2, 6])
+    downed0 = int(c.counters.C[K["pma:link_downed"], 2, 6])
     states, data = [], []
     for _ in range(8):
         c.advance(1.0)
-        states.append(bool(c.up[2, 6]))
-        data.append(int(c.C[K["pma:port_xmit_data"], 2, 6]))
+        states.append(bool(c.links.up[2, 6]))
+        data.append(int(c.counters.C[K["pma:port_xmit_data"], 2, 6]))
     assert states == [True, True, False, False, False, True, True, True]
     assert data[2] == data[3] == data[4]  # no traffic while down
-    assert int(c.C[K["pma:link_downed"], 2, 6]) == downed0 + 1
-    assert c.up.sum() == 4 * NDEV
+    assert int(c.counters.C[K["pma:link_downed"], 2, 6]) == downed0 + 1
+    assert c.links.up.sum() == 4 * NDEV
 
 
 def test_link_flap_alternates_and_counts_each_down():
     scn = Scenario(ClusterSpec(2, "roce", 2), 60).with_fault("link_flap", node="node-001", rail=0, start=2, end=14,
                                                           period=4)
     c = ClusterState(scn)
-    downed0 = int(c.C[K["pma:link_downed"], 1, 0])
+    downed0 = int(c.counters.C[K["pma:link_downed"], 1, 0])
     states = []
     for _ in range(16):
         c.advance(1.0)
-        states.append(bool(c.up[1, 0]))
+        states.append(bool(c.links.up[1, 0]))
     assert states[:6] == [True, False, False, True, True, False]
     downs = sum(1 for a, b in pairwise([True, *states]) if a and not b)
-    assert int(c.C[K["pma:link_downed"], 1, 0]) - downed0 == downs == 3
-    assert int(c.C[K["eth:link_down_events_phy"], 1, 0]) >= downs
+    assert int(c.counters.C[K["pma:link_downed"], 1, 0]) - downed0 == downs == 3
+    assert int(c.counters.C[K["eth:link_down_events_phy"], 1, 0]) >= downs
 
 
 def test_link_degraded_halves_width_and_caps_traffic():
     scn = Scenario(ClusterSpec(2, "ib", 2), 60).with_fault("link_degraded", node="node-000", rail=1, start=1)
     c = ClusterState(scn)
     c.advance(1.0)
-    assert c.rate_text(0, 1) == "200 Gb/sec (2X NDR)" and c.rate_text(0, 2) == "400 Gb/sec (4X NDR)"
-    before = int(c.C[K["pma:port_xmit_data"], 0, 1])
+    assert c.links.rate_text(0, 1) == "200 Gb/sec (2X NDR)" and c.links.rate_text(0, 2) == "400 Gb/sec (4X NDR)"
+    before = int(c.counters.C[K["pma:port_xmit_data"], 0, 1])
     c.advance(1.0, rail_bytes_per_second=np.full((2, 8), 45e9))  # more than 200 Gb/s offered
-    assert (int(c.C[K["pma:port_xmit_data"], 0, 1]) - before) * 4 <= 200e9 / 8 * 0.97 + 1
+    assert (int(c.counters.C[K["pma:port_xmit_data"], 0, 1]) - before) * 4 <= 200e9 / 8 * 0.97 + 1
     assert c.effects().nic_bw[0, 1] == 0.5
 
 
@@ -165,33 +165,34 @@ def test_config_drift_without_rail_drifts_every_rail_nic_not_the_frontend():
     scn = Scenario(ClusterSpec(2, "roce", 2), 60).with_fault("config_drift", node="node-000", start=0)
     c = ClusterState(scn)
     c.advance(1.0)
-    assert not c.pfc[0, :8, 3].any() and c.pfc[0, 8, 3] and c.pfc[1, :, 3].all()
+    assert not c.links.pfc[0, :8, 3].any() and c.links.pfc[0, 8, 3] and c.links.pfc[1, :, 3].all()
 
 
 def test_pfc_storm_slow_receiver_emits_pauses():
     scn = Scenario(ClusterSpec(2, "roce", 2), 60).with_fault("pfc_storm", node="node-001", rail=2, start=1)
     c = ClusterState(scn)
-    dur0 = int(c.C[K["eth:tx_prio3_pause_duration"], 1, 2])
-    rx0 = int(c.C[K["eth:rx_prio3_pause_duration"], 1, 2])
-    other0 = int(c.C[K["eth:tx_prio3_pause_duration"], 0, 2])
+    dur0 = int(c.counters.C[K["eth:tx_prio3_pause_duration"], 1, 2])
+    rx0 = int(c.counters.C[K["eth:rx_prio3_pause_duration"], 1, 2])
+    other0 = int(c.counters.C[K["eth:tx_prio3_pause_duration"], 0, 2])
     for _ in range(10):
         c.advance(1.0)
-    paused = (int(c.C[K["eth:tx_prio3_pause_duration"], 1, 2]) - dur0) / 1e6  # seconds of 10
+    paused = (int(c.counters.C[K["eth:tx_prio3_pause_duration"], 1, 2]) - dur0) / 1e6  # seconds of 10
     assert 8.0 < paused < 9.0  # ~85% of each interval
-    assert int(c.C[K["eth:rx_prio3_pause_duration"], 1, 2]) - rx0 < 1000  # receives only background pauses
-    assert c.C[K["eth:tx_pause_storm_warning_events"], 1, 2] > 0
-    assert int(c.C[K["eth:outbound_pci_stalled_wr"], 1, 2]) >= 60
-    assert int(c.C[K["eth:tx_prio3_pause_duration"], 0, 2]) - other0 < 1000  # its partner: background only
+    assert int(c.counters.C[K["eth:rx_prio3_pause_duration"], 1, 2]) - rx0 < 1000  # receives only background pauses
+    assert c.counters.C[K["eth:tx_pause_storm_warning_events"], 1, 2] > 0
+    assert int(c.counters.C[K["eth:outbound_pci_stalled_wr"], 1, 2]) >= 60
+    assert int(c.counters.C[K["eth:tx_prio3_pause_duration"], 0, 2]) - other0 < 1000  # its partner: background only
 
 
 def test_counter_reset_restarts_every_mlx5_counter_of_the_node_only():
     scn = Scenario(ClusterSpec(3, "roce", 3, seed=9), 60).with_fault("counter_reset", node="node-001", start=3)
     c = ClusterState(scn)
     c.advance(1.0)
-    before = c.C.copy()
+    before = c.counters.C.copy()
     for _ in range(3):
         c.advance(1.0)
     data = K["pma:port_xmit_data"]
-    assert (c.C[data, 1, :] < before[data, 1, :]).all()
-    assert (c.C[data, 0, :] > before[data, 0, :]).all() and (c.C[data, 2, :] > before[data, 2, :]).all()
-    assert c.up.all()
+    assert (c.counters.C[data, 1, :] < before[data, 1, :]).all()
+    C = c.counters.C
+    assert (C[data, 0, :] > before[data, 0, :]).all() and (C[data, 2, :] > before[data, 2, :]).all()
+    assert c.links.up.all()

@@ -73,10 +73,12 @@ def _cluster(kind: str, layout: str, where: dict, dev: int, gpu: int, link: int)
     for t in range(SNAPSHOTS):
         if t:
             c.advance(INTERVAL)
-        out.append({"counters": {name: int(c.C[i, 0, dev]) for name, i in K.items()}, "up": bool(c.up[0, dev]),
-                    "rate": (int(c.lanes[0, dev]), SPEEDS[int(c.speed[0, dev])]), "pfc3": bool(c.pfc[0, dev, 3]),
-                    "nvl": {f"nvl:{f}": int(c.nvl[j, 0, gpu, link]) for j, f in enumerate(NVL_FIELDS)},
-                    "nvl_state": int(c.nvl_up[0, gpu, link]), "throttle": int(c.throttle[0, gpu])})
+        links, C = c.links, c.counters.C
+        out.append({"counters": {name: int(C[i, 0, dev]) for name, i in K.items()}, "up": bool(links.up[0, dev]),
+                    "rate": (int(links.lanes[0, dev]), SPEEDS[int(links.speed[0, dev])]),
+                    "pfc3": bool(links.pfc[0, dev, 3]),
+                    "nvl": {f"nvl:{f}": int(c.gpus.nvl[j, 0, gpu, link]) for j, f in enumerate(NVL_FIELDS)},
+                    "nvl_state": int(c.gpus.nvl_up[0, gpu, link]), "throttle": int(c.gpus.throttle[0, gpu])})
     return out
 
 
@@ -143,8 +145,8 @@ def test_a_faults_evidence_is_its_own_whatever_else_the_scenario_holds():
         a.advance(2.0)
         b.advance(2.0)
     for name in ("pma:symbol_error", "pma:port_rcv_errors", "eth:rx_pcs_symbol_err_phy", "eth:rx_crc_errors_phy"):
-        assert a.C[K[name], 0, 2] == b.C[K[name], 0, 2] > 0, name
-    assert b.C[K["hw:packet_seq_err"], 1, 5] > a.C[K["hw:packet_seq_err"], 1, 5]
+        assert a.counters.C[K[name], 0, 2] == b.counters.C[K[name], 0, 2] > 0, name
+    assert b.counters.C[K["hw:packet_seq_err"], 1, 5] > a.counters.C[K["hw:packet_seq_err"], 1, 5]
 
 
 def test_every_scenario_fault_kind_has_a_model():

@@ -41,7 +41,7 @@ def _run(mode: str, faults: list[Fault], link_watch: float = 1.0, duration: floa
             sim.step()
             eng.tick(sim.now())
         epoch = sim.cluster.ts(0)
-        watch_batches = sim.watch_batches
+        watch_batches = sim.watch.batches if sim.watch is not None else 0
     finally:
         sim.close()
     return eng, batches, watch_ticks, epoch, watch_batches

@@ -53,7 +53,7 @@ def test_own_tree_dir_is_removed_and_http_serves_metrics():
     with SimulatedCluster(scn, http=True) as sim:
         base = sim.base_dir
         sim.step()
-        port = sim.http_ports["node-001"]
+        port = sim.tree_agents.http_ports["node-001"]
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         assert 'node="node-001"' in body and 'interface="enp154s0np0"' in body
         assert "fabricmon_nvlink_transmit_bytes_total" in body

@@ -96,19 +96,21 @@ def test_rendered_tree_parses_with_real_sources_to_the_state(tmp_path):
     assert all(s.up and s.errors_total == 0 for s in snap.sources), snap.sources
     v = {(s.family, s.labels): s.value for s in snap.samples}
     dp = (("device", "mlx5_3"), ("port", "1"))
-    assert v[("fabricmon_ib_port_errors_total", dp + (("counter", "symbol_error"),))] == c.raw("pma:symbol_error", 2, 3)
+    raw = c.counters.raw
+    assert v[("fabricmon_ib_port_errors_total", dp + (("counter", "symbol_error"),))] == raw("pma:symbol_error", 2, 3)
     # a float sample: above 2**53 bytes it is exact only to its 53-bit mantissa
-    assert v[("fabricmon_ib_port_transmit_bytes_total", dp)] == pytest.approx(4 * c.raw("pma:port_xmit_data", 2, 3),
+    assert v[("fabricmon_ib_port_transmit_bytes_total", dp)] == pytest.approx(4 * raw("pma:port_xmit_data", 2, 3),
                                                                               rel=2 ** -52)
     hw_family = ib_classify("hw_counters", "out_of_sequence").families[0][0]  # the every-hw_counters family
     assert v[(hw_family, dp + (("counter", "out_of_sequence"),))] == \
-        c.raw("hw:out_of_sequence", 2, 3)
+        c.counters.raw("hw:out_of_sequence", 2, 3)
     assert v[("fabricmon_pfc_pause_seconds_total", (("interface", "enp94s0np0"), ("priority", "3"),
                                                     ("direction", "tx")))] == \
-        pytest.approx(c.raw("eth:tx_prio3_pause_duration", 2, 3) * 1e-6)
+        pytest.approx(c.counters.raw("eth:tx_prio3_pause_duration", 2, 3) * 1e-6)
     assert v[("fabricmon_nvlink_errors_total", (("gpu", "1"), ("link", "4"), ("type", "replay")))] == \
-        int(c.nvl[2, 2, 1, 4]) > 0
-    assert v[("fabricmon_nvlink_transmit_bytes_total", (("gpu", "0"), ("link", "0")))] == 1024 * int(c.nvl[0, 2, 0, 0])
+        int(c.gpus.nvl[2, 2, 1, 4]) > 0
+    assert v[("fabricmon_nvlink_transmit_bytes_total", (("gpu", "0"), ("link", "0")))] == \
+        1024 * int(c.gpus.nvl[0, 2, 0, 0])
     assert v[("fabricmon_ib_port_state", (("device", "mlx5_6"), ("port", "1")))] == 1
     assert v[("fabricmon_ib_port_state", (("device", "mlx5_5"), ("port", "1")))] == 4
     cfg = {s.labels[2][1]: s.value for s in snap.samples
@@ -125,7 +127,7 @@ def test_counter_reset_decreases_counters_but_agent_totals_stay_monotonic(tmp_pa
     tree = NodeTree(c, 1, tmp_path / "node-001")
     tree.render()
     agent = make_sim_agent(tree, c.ts)
-    raw_before = c.raw("pma:port_xmit_data", 1, 0)
+    raw_before = c.counters.raw("pma:port_xmit_data", 1, 0)
     totals: list[dict] = []
     resets = 0
     try:
@@ -138,7 +140,7 @@ def test_counter_reset_decreases_counters_but_agent_totals_stay_monotonic(tmp_pa
             tree.render()
     finally:
         agent.stop()
-    assert c.raw("pma:port_xmit_data", 1, 0) < raw_before  # the hardware counter went backwards ...
+    assert c.counters.raw("pma:port_xmit_data", 1, 0) < raw_before  # the hardware counter went backwards ...
     for a, b in pairwise(totals):
         for key, value in a.items():
             if key in b:

@@ -399,7 +399,7 @@ def live_fabric(scenario: Any, workdir: Path, *, rule_files: Sequence[str | Path
 
             sim.on_snapshot = on_snapshot
         npu = scenario.cluster.nodes_per_unit
-        statics = [{"targets": [f"127.0.0.1:{sim.http_ports[n]}"], "labels": {"unit": str(i // npu)}}
+        statics = [{"targets": [f"127.0.0.1:{sim.tree_agents.http_ports[n]}"], "labels": {"unit": str(i // npu)}}
                    for i, n in enumerate(names)]
         if probe_agent is not None:
             statics.append({"targets": [f"127.0.0.1:{probe_agent.http.port}"], "labels": {"unit": "0"}})
