@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Iterable
 from itertools import compress
 
-from ..batch import NicHello, NodeBatch, NodeHello
+from ..batch import DeltaColumns, NicHello, NodeBatch, NodeHello
 from ..model import CounterDelta, Labels, Sample
 from ..nccl_ras.protocol import BadAddress, parse_addr
 from ..rank_timing import (
@@ -129,14 +129,24 @@ class SeriesEncoder:
         out = pb.Batch(seq=b.seq, ts=b.ts, interval_seconds=b.interval_seconds, self_contained=self_contained)
         # built as lists and handed to protobuf once: one C call per field, not one per delta
         get = self._ids.get
-        ids = [get((d.family, d.labels)) or self._id((d.family, d.labels), out) for d in b.deltas]
-        out.delta_ids.extend(ids)
-        out.delta_values.extend([d.delta for d in b.deltas])
-        for sid, d in zip(ids, b.deltas, strict=True):
-            if d.saturated:
-                out.saturated_ids.append(sid)
-            if d.reset:
-                out.reset_ids.append(sid)
+        deltas = b.deltas
+        if type(deltas) is DeltaColumns:  # the simulator's: the columns as they are, no CounterDelta made
+            ids = [get(key) or self._id(key, out) for key in deltas.keys]
+            out.delta_ids.extend(ids)
+            out.delta_values.extend(deltas.values)
+            if any(deltas.saturated):
+                out.saturated_ids.extend(list(compress(ids, deltas.saturated)))
+            if any(deltas.reset):
+                out.reset_ids.extend(list(compress(ids, deltas.reset)))
+        else:
+            ids = [get((d.family, d.labels)) or self._id((d.family, d.labels), out) for d in deltas]
+            out.delta_ids.extend(ids)
+            out.delta_values.extend([d.delta for d in deltas])
+            for sid, d in zip(ids, deltas, strict=True):
+                if d.saturated:
+                    out.saturated_ids.append(sid)
+                if d.reset:
+                    out.reset_ids.append(sid)
         if b.gauges:
             gids = [get((g.family, g.labels)) or self._id((g.family, g.labels), out, GAUGE) for g in b.gauges]
             out.gauge_ids.extend(gids)
