@@ -424,7 +424,7 @@ class BatchBuilder:
         if first and nodes is not None:
             raise ValueError("the first build is of every node (their baseline)")
         self.seq += 1
-        delta_f: np.ndarray | None = None  # with sat and rst: None on the first read (no deltas yet)
+        delta: np.ndarray | None = None  # with sat and rst: None on the first read (no deltas yet)
         sat: np.ndarray | None = None
         rst: np.ndarray | None = None
         if old is None:
@@ -448,7 +448,6 @@ class BatchBuilder:
                 delta = raw - old
             sat = self.c_satur[:, None] & (raw >= self.c_satlim[:, None])
             emit = (delta != 0) | sat | rst
-            delta_f = delta.astype(np.float64) * self.c_scale[:, None]
         prev_p = self._prev_p
         gchanged = gpres if prev_p is None else gpres & (~prev_p | (gvals != self._prev_g))
         node_list = list(range(c.n)) if nodes is None else list(nodes)
@@ -478,19 +477,22 @@ class BatchBuilder:
         dl: list[float] = []
         sl: list[bool] = []
         rl: list[bool] = []
-        if delta_f is not None and sat is not None and rst is not None:
-            e = np.ascontiguousarray(emit[:, sel].T)  # (nodes, series)
+        cols = slice(None) if nodes is None else sel  # every node: a view, not a gathered copy
+        if delta is not None and sat is not None and rst is not None:
+            e = np.ascontiguousarray(emit[:, cols].T)  # (nodes, series)
             flat = np.flatnonzero(e)
             if flat.size:
                 ns = e.shape[1]
                 nn, rr = np.divmod(flat, ns)
-                dl = np.ascontiguousarray(delta_f[:, sel].T).ravel()[flat].tolist()
-                sl = np.ascontiguousarray(sat[:, sel].T).ravel()[flat].tolist()
-                rl = np.ascontiguousarray(rst[:, sel].T).ravel()[flat].tolist()
+                # only the emitted entries are read out (and scaled: float(delta) * scale, as the row's)
+                at = (rr, nn if nodes is None else sel[nn])
+                dl = (delta[at].astype(np.float64) * self.c_scale[rr]).tolist()
+                sl = sat[at].tolist()
+                rl = rst[at].tolist()
                 bounds = np.searchsorted(nn, np.arange(len(node_list) + 1)).tolist()
                 rrl = rr.tolist()
-        g = np.ascontiguousarray(gchanged[:, sel].T)
-        gv_t = np.ascontiguousarray(gvals[:, sel].T)
+        g = np.ascontiguousarray(gchanged[:, cols].T)
+        gv_t = np.ascontiguousarray(gvals[:, cols].T)
         lays = tuple(layouts) if first else ()
         return self._batches(node_list, bounds, (rrl, dl, sl, rl), (g, gv_t), ranks, seqs, intervals, ts, lays)
 
