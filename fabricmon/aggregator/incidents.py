@@ -29,6 +29,7 @@ the demo report and the logs read.
 from __future__ import annotations
 
 import hashlib
+from bisect import insort
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -308,7 +309,8 @@ class IncidentManager:
         if owner is None:  # the parent is found this tick but does not fire yet: nothing to attach to
             return
         if f.component.id not in owner.absorbed:
-            owner.absorbed.append(f.component.id)
+            # kept sorted: findings reach here in set order, which varies with the process's hash seed
+            insort(owner.absorbed, f.component.id)
         if f.ranks or f.jobs:
             ranks = sorted(set(owner.ranks) | set(f.ranks))
             jobs = sorted(set(owner.jobs) | set(f.jobs))
