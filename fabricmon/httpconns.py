@@ -1,4 +1,4 @@
-"""The loop listener's open connections (``httploop``): the limit and its eviction, deadlines, closes counted by reason.
+"""The loop listener's socket and connections (``httploop``): the limit, eviction, deadlines, closes by reason.
 
 The table owns the selector registrations of its connections: a connection is registered only
 once it has to wait on its peer (most scrapes are answered in the pass that accepts them), for
@@ -8,10 +8,42 @@ the counts rendered once per change for the /metrics the listener serves.
 
 from __future__ import annotations
 
+import errno
 import selectors
+import socket
 
 from .heldio import LibcIO, SocketIO
 from .httpserve import AUTH_REFUSALS, CLOSE_REASONS, listener_counters_text
+
+# The send buffer the listener's connections inherit: a whole /metrics (about 200 kB) goes out in
+# one sendmsg instead of waiting on the peer's window between pieces (the kernel caps it at wmem_max).
+_SNDBUF = 1 << 20
+_DEFER_S = 1
+
+
+def open_listener(host: str, port: int, name: str) -> socket.socket:
+    """The non-blocking listening socket; a port already taken raises an OSError whose strerror names ``name``."""
+    try:
+        listener = socket.create_server((host, port), backlog=128)
+    except OSError as exc:
+        why = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+        raise OSError(exc.errno, f"{name}: cannot listen on {host}:{port}: {why}") from None
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SNDBUF)
+    except OSError:
+        pass  # the default buffer only costs more wake-ups for a big body
+    listener.setblocking(False)
+    defer = getattr(socket, "TCP_DEFER_ACCEPT", None)
+    if defer is not None:
+        # Woken only once a connection's first bytes (the request) have arrived: the request is
+        # read in the pass that accepts it, one wake-up a scrape instead of two.  A client that
+        # connects and stays silent waits in the kernel (its SYN-ACK retransmitted) and reaches
+        # the loop, and its header deadline, about _DEFER_S later.
+        try:
+            listener.setsockopt(socket.IPPROTO_TCP, defer, _DEFER_S)
+        except OSError:
+            pass
+    return listener
 
 
 class Conn:

@@ -6,6 +6,10 @@ the GIL while the poll or the stream thread runs Python (issue 39: the agent's p
 thread accepts, reads and answers in the same pass: a scrape costs one wake-up, a few lines of
 parsing and one ``sendmsg`` of the pre-rendered parts (no copy of the body).
 
+This module is the loop and the routing; the jobs it composes live apart: ``httprequest`` parses a
+request head (no I/O), ``httpresponse`` builds the response buffers, ``httpconns`` opens the
+listening socket and keeps the connection table (limit, eviction, deadlines, closes by reason).
+
 The same bounds as ``httpserve.GuardedHTTPServer``, for the whole life of a connection:
 
 - a request's line and headers within ``header_timeout`` of the start of the wait (the accept, or
@@ -26,7 +30,6 @@ bcrypt run in a connection's own thread there).  Closed connections are counted 
 
 from __future__ import annotations
 
-import errno
 import selectors
 import socket
 import threading
@@ -37,7 +40,7 @@ from urllib.parse import parse_qs, urlparse
 import structlog
 
 from .heldio import LibcIO, SocketIO, held_io
-from .httpconns import Conn, ConnTable
+from .httpconns import Conn, ConnTable, open_listener
 from .httprequest import BadRequest, header_end, parse_head
 from .httpresponse import GzipMembers, HttpDate, build_response, stored_gzip
 from .httpserve import TEXT, Chunk, Route, accepts_gzip
@@ -46,10 +49,6 @@ __all__ = ["LoopHTTPServer", "stored_gzip"]
 
 log = structlog.get_logger("fabricmon.http")
 
-# The send buffer the listener's connections inherit: a whole /metrics (about 200 kB) goes out in
-# one sendmsg instead of waiting on the peer's window between pieces (the kernel caps it at wmem_max).
-_SNDBUF = 1 << 20
-_DEFER_S = 1
 _ACCEPT_PAUSE = 0.1  # seconds the listener rests after a failed accept (out of descriptors)
 _LINGER = 2.0  # seconds an answered connection that is being closed drains the peer's input
 
@@ -74,26 +73,7 @@ class LoopHTTPServer:
         self.max_headers = max_headers
         self._routes = dict(routes)
         self._name = name
-        try:
-            self._listener = socket.create_server((host, port), backlog=128)
-        except OSError as exc:
-            why = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
-            raise OSError(exc.errno, f"{name}: cannot listen on {host}:{port}: {why}") from None
-        try:
-            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SNDBUF)
-        except OSError:
-            pass  # the default buffer only costs more wake-ups for a big body
-        self._listener.setblocking(False)
-        defer = getattr(socket, "TCP_DEFER_ACCEPT", None)
-        if defer is not None:
-            # Woken only once a connection's first bytes (the request) have arrived: the request is
-            # read in the pass that accepts it, one wake-up a scrape instead of two.  A client that
-            # connects and stays silent waits in the kernel (its SYN-ACK retransmitted) and reaches
-            # the loop, and its header deadline, about _DEFER_S later.
-            try:
-                self._listener.setsockopt(socket.IPPROTO_TCP, defer, _DEFER_S)
-            except OSError:
-                pass
+        self._listener = open_listener(host, port, name)
         self._io = make_io(self._listener)
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._listener, selectors.EVENT_READ, None)
