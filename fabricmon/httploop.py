@@ -6,6 +6,10 @@ the GIL while the poll or the stream thread runs Python (issue 39: the agent's p
 thread accepts, reads and answers in the same pass: a scrape costs one wake-up, a few lines of
 parsing and one ``sendmsg`` of the pre-rendered parts (no copy of the body).
 
+This module is the loop and the routing; the jobs it composes live apart: ``httprequest`` parses a
+request head (no I/O), ``httpresponse`` builds the response buffers, ``httpconns`` opens the
+listening socket and keeps the connection table (limit, eviction, deadlines, closes by reason).
+
 The same bounds as ``httpserve.GuardedHTTPServer``, for the whole life of a connection:
 
 - a request's line and headers within ``header_timeout`` of the start of the wait (the accept, or
@@ -26,95 +30,27 @@ bcrypt run in a connection's own thread there).  Closed connections are counted 
 
 from __future__ import annotations
 
-import errno
 import selectors
 import socket
-import struct
 import threading
 import time
-import zlib
 from collections.abc import Callable, Sequence
-from email.utils import formatdate
-from http import HTTPStatus
 from urllib.parse import parse_qs, urlparse
 
 import structlog
 
 from .heldio import LibcIO, SocketIO, held_io
-from .httpserve import AUTH_REFUSALS, CLOSE_REASONS, TEXT, Chunk, Route, accepts_gzip, listener_counters_text
+from .httpconns import Conn, ConnTable, open_listener
+from .httprequest import BadRequest, header_end, parse_head
+from .httpresponse import GzipMembers, HttpDate, build_response, stored_gzip
+from .httpserve import TEXT, Chunk, Route, accepts_gzip
+
+__all__ = ["LoopHTTPServer", "stored_gzip"]
 
 log = structlog.get_logger("fabricmon.http")
 
-# A per-scrape part shorter than this (the snapshot_age line) goes out as a stored gzip member:
-# setting up a deflate stream for 150 bytes costs more than it saves.
-_STORED_BELOW = 1024
-# Bigger parts not cached as a Chunk (the agent's own counters, read at each scrape): compressed
-# once per distinct text, the last few kept.
-_DEFLATED_KEEP = 8
-# The send buffer the listener's connections inherit: a whole /metrics (about 200 kB) goes out in
-# one sendmsg instead of waiting on the peer's window between pieces (the kernel caps it at wmem_max).
-_SNDBUF = 1 << 20
-
-
-_DEFER_S = 1
 _ACCEPT_PAUSE = 0.1  # seconds the listener rests after a failed accept (out of descriptors)
 _LINGER = 2.0  # seconds an answered connection that is being closed drains the peer's input
-
-
-def stored_gzip(data: bytes) -> bytes:
-    """``data`` as one gzip member (RFC 1952) of stored deflate blocks (RFC 1951 3.2.4): no compressor set up."""
-    out = [b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"]
-    for at in range(0, max(len(data), 1), 0xFFFF):
-        block = data[at:at + 0xFFFF]
-        out.append(struct.pack("<BHH", 1 if at + 0xFFFF >= len(data) else 0, len(block), len(block) ^ 0xFFFF))
-        out.append(block)
-    out.append(struct.pack("<II", zlib.crc32(data), len(data) & 0xFFFFFFFF))
-    return b"".join(out)
-
-
-def _header_end(buf: bytearray) -> tuple[int, int]:
-    """Where the header block ends (the offset of its blank line) and that line's length; (-1, 0) while incomplete.
-    Bare LF line ends are accepted, as http.server does."""
-    crlf = buf.find(b"\r\n\r\n")
-    lf = buf.find(b"\n\n")
-    if lf >= 0 and (crlf < 0 or lf < crlf):
-        return lf + 1, 1
-    return (crlf + 2, 2) if crlf >= 0 else (-1, 0)
-
-
-class _Conn:
-    __slots__ = ("handle", "buf", "out", "offset", "deadline", "since", "close_after", "linger", "writing",
-                 "closed", "registered")
-
-    def __init__(self, handle, now: float, deadline: float) -> None:
-        self.handle = handle  # what heldio's calls take and the selector registers
-        self.buf = bytearray()
-        self.out: list[bytes] = []  # the response not yet taken by the peer, from ``offset`` in the first
-        self.offset = 0
-        self.deadline = deadline
-        self.since = now  # when the current wait on the peer began (the eviction order at the limit)
-        self.close_after = False
-        self.linger = False  # after the response: FIN, then drain the peer's input before closing (below)
-        self.writing = False  # registered for EVENT_WRITE (the peer's window was full)
-        self.closed = False
-        self.registered = False  # with the selector: only once it has to wait on its peer
-
-
-class _Request:
-    __slots__ = ("method", "target", "version", "connection", "accept_encoding", "body")
-
-    def __init__(self) -> None:
-        self.method = self.target = self.version = ""
-        self.connection = ""
-        self.accept_encoding: str | None = None
-        self.body = False
-
-
-class _BadRequest(Exception):
-    def __init__(self, code: int, text: str) -> None:
-        super().__init__(text)
-        self.code = code
-
 
 _WAKE = object()
 
@@ -137,40 +73,20 @@ class LoopHTTPServer:
         self.max_headers = max_headers
         self._routes = dict(routes)
         self._name = name
-        try:
-            self._listener = socket.create_server((host, port), backlog=128)
-        except OSError as exc:
-            why = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
-            raise OSError(exc.errno, f"{name}: cannot listen on {host}:{port}: {why}") from None
-        try:
-            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SNDBUF)
-        except OSError:
-            pass  # the default buffer only costs more wake-ups for a big body
-        self._listener.setblocking(False)
-        defer = getattr(socket, "TCP_DEFER_ACCEPT", None)
-        if defer is not None:
-            # Woken only once a connection's first bytes (the request) have arrived: the request is
-            # read in the pass that accepts it, one wake-up a scrape instead of two.  A client that
-            # connects and stays silent waits in the kernel (its SYN-ACK retransmitted) and reaches
-            # the loop, and its header deadline, about _DEFER_S later.
-            try:
-                self._listener.setsockopt(socket.IPPROTO_TCP, defer, _DEFER_S)
-            except OSError:
-                pass
+        self._listener = open_listener(host, port, name)
         self._io = make_io(self._listener)
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._listener, selectors.EVENT_READ, None)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._sel.register(self._wake_r, selectors.EVENT_READ, _WAKE)
-        self._conns: set[_Conn] = set()
+        self._conns = ConnTable(self._sel, self._io, max_connections)
+        self.closed_total = self._conns.closed_total  # the same dicts: read by the agent's intake metrics
+        self.auth_refused_total = self._conns.auth_refused_total
         self._stopping = False
         self._accept_paused_until: float | None = None
-        self.closed_total = dict.fromkeys(CLOSE_REASONS, 0)
-        self.auth_refused_total = dict.fromkeys(AUTH_REFUSALS, 0)  # no auth here: always zero, for the same series
-        self._counters: bytes | None = None
-        self._deflated: dict[bytes, bytes] = {}
-        self._date: tuple[int, bytes] = (-1, b"")
+        self._gzip = GzipMembers()
+        self._date = HttpDate()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     # -- the RoutedHTTPServer interface
@@ -184,15 +100,11 @@ class LoopHTTPServer:
             raise ValueError(f"{self._name}: a web config (TLS, basic auth) needs the threaded listener")
 
     def stats(self) -> dict[str, int]:
-        closed, refused = dict(self.closed_total), dict(self.auth_refused_total)
-        return {"connections": len(self._conns), "closed_total": sum(closed.values()),
-                **{f"closed_{k}": v for k, v in closed.items()}, **{f"auth_{k}": v for k, v in refused.items()}}
+        return self._conns.stats()
 
     def exposition(self) -> bytes:
         """This listener's own counters, appended to a /metrics it serves (rebuilt when one moved)."""
-        if self._counters is None:
-            self._counters = listener_counters_text(self.closed_total, self.auth_refused_total)
-        return self._counters
+        return self._conns.exposition()
 
     def start(self) -> None:
         self._thread.start()
@@ -228,11 +140,11 @@ class LoopHTTPServer:
     # -- the loop
 
     def _run(self) -> None:
-        sel = self._sel
+        sel, conns = self._sel, self._conns
         try:
             while not self._stopping:
                 now = time.monotonic()
-                deadline = min((c.deadline for c in self._conns), default=now + 0.5)
+                deadline = conns.next_deadline(now + 0.5)
                 if self._accept_paused_until is not None:
                     deadline = min(deadline, self._accept_paused_until)
                 events = sel.select(max(0.0, min(deadline - now, 0.5)))
@@ -257,9 +169,8 @@ class LoopHTTPServer:
                     except Exception as exc:  # a bug must cost one connection, not the listener
                         log.error("http_handler_failed", error=f"{type(exc).__name__}: {exc}")
                         if c is not None:
-                            self._close(c)
-                for c in [c for c in self._conns if now > c.deadline]:
-                    self._close(c, None if c.linger else "timeout")
+                            conns.close(c)
+                conns.expire(now)
                 if self._accept_paused_until is not None and now >= self._accept_paused_until:
                     self._accept_paused_until = None
                     sel.register(self._listener, selectors.EVENT_READ, None)
@@ -267,30 +178,11 @@ class LoopHTTPServer:
             self._close_all()
 
     def _close_all(self) -> None:
-        for c in list(self._conns):
-            self._close(c)
+        self._conns.close_all()
         try:
             self._sel.close()
         except (OSError, RuntimeError):
             pass
-
-    def _count(self, reason: str) -> None:
-        self.closed_total[reason] += 1
-        self._counters = None
-
-    def _close(self, c: _Conn, reason: str | None = None) -> None:
-        if c.closed:
-            return
-        c.closed = True
-        self._conns.discard(c)
-        if reason is not None:
-            self._count(reason)
-        if c.registered:
-            try:
-                self._sel.unregister(c.handle)
-            except (KeyError, ValueError, OSError):
-                pass
-        self._io.close(c.handle)
 
     def _accept(self, now: float) -> None:
         # One connection a wake-up (the listener stays readable while more wait): each socket call
@@ -307,35 +199,30 @@ class LoopHTTPServer:
             return
         if handle is None:
             return
-        if len(self._conns) >= self.max_connections:
-            self._close(min(self._conns, key=lambda c: c.since), "limit")
-        c = _Conn(handle, now, now + self.header_timeout)
-        self._conns.add(c)
+        c = self._conns.open(handle, now, now + self.header_timeout)
         self._read(c, now)  # the request has usually arrived with the connection: no second pass
-        if not c.closed and not c.registered:
-            c.registered = True
-            self._sel.register(handle, selectors.EVENT_WRITE if c.writing else selectors.EVENT_READ, c)
+        self._conns.watch(c)
 
-    def _read(self, c: _Conn, now: float) -> None:
+    def _read(self, c: Conn, now: float) -> None:
         try:
             data = self._io.recv(c.handle)
         except OSError:
-            self._close(c)
+            self._conns.close(c)
             return
         if data is None:
             return
         if not data:
-            self._close(c)  # the peer is gone, or sent only part of a request
+            self._conns.close(c)  # the peer is gone, or sent only part of a request
             return
         if c.close_after:
             return  # lingering: what the peer still sends is dropped
         c.buf += data
         self._serve_buffered(c, now)
 
-    def _serve_buffered(self, c: _Conn, now: float) -> None:
+    def _serve_buffered(self, c: Conn, now: float) -> None:
         """Answer each complete request in the buffer in turn (pipelining), one response in flight at a time."""
         while not c.out and not c.closed and not c.close_after:
-            end, blank = _header_end(c.buf)
+            end, blank = header_end(c.buf)
             if end < 0 or end > self.max_header_bytes:
                 if end > self.max_header_bytes or len(c.buf) > self.max_header_bytes:
                     self._queue(c, 431, [b"request headers too large\n"], TEXT, close=True)
@@ -346,13 +233,13 @@ class LoopHTTPServer:
             self._answer(c, head)
             self._write(c, now)
 
-    def _answer(self, c: _Conn, head: bytes) -> None:
+    def _answer(self, c: Conn, head: bytes) -> None:
         try:
-            req = self._parse(head)
-        except _BadRequest as bad:
+            req = parse_head(head, self.max_headers)
+        except BadRequest as bad:
             self._queue(c, bad.code, [f"{bad}\n".encode()], TEXT, close=True)
             return
-        keep = ("close" not in req.connection) if req.version == "HTTP/1.1" else ("keep-alive" in req.connection)
+        keep = req.keep_alive
         headless = req.method == "HEAD"
         if req.method not in ("GET", "HEAD"):
             self._queue(c, 501, [f"unsupported method {req.method}\n".encode()], TEXT, close=True)
@@ -381,92 +268,27 @@ class LoopHTTPServer:
         self._queue(c, code, parts, ctype, close=not keep, head=headless, v10=req.version != "HTTP/1.1",
                     gzip=accepts_gzip(req.accept_encoding))
 
-    def _parse(self, head: bytes) -> _Request:
-        lines = head.split(b"\n")
-        if lines and lines[-1] in (b"", b"\r"):
-            lines.pop()  # the blank line's own start
-        if len(lines) - 1 > self.max_headers:
-            raise _BadRequest(431, "too many headers")
-        words = lines[0].decode("latin-1").split()
-        if len(words) != 3:
-            raise _BadRequest(400, "bad request line")
-        req = _Request()
-        req.method, req.target, req.version = words
-        if req.version not in ("HTTP/1.1", "HTTP/1.0"):
-            raise _BadRequest(505 if req.version.startswith("HTTP/") else 400, f"unsupported version {req.version}")
-        for line in lines[1:]:
-            name, colon, value = line.partition(b":")
-            if not colon or not name or name[:1] in b" \t":
-                raise _BadRequest(400, "bad header line")  # obsolete line folding included
-            key = name.strip().lower()
-            if key == b"connection":
-                req.connection += value.decode("latin-1").lower()
-            elif key == b"accept-encoding":
-                req.accept_encoding = value.decode("latin-1")
-            elif key == b"content-length":
-                req.body = req.body or value.strip() != b"0"
-            elif key == b"transfer-encoding":
-                req.body = True
-        return req
-
-    def _queue(self, c: _Conn, code: int, parts: Sequence[bytes | Chunk], ctype: str, *, close: bool,
+    def _queue(self, c: Conn, code: int, parts: Sequence[bytes | Chunk], ctype: str, *, close: bool,
                head: bool = False, v10: bool = False, gzip: bool = False) -> None:
-        if gzip:
-            body = [self._gzip_member(p) for p in parts]
-            extra = b"\r\nContent-Encoding: gzip\r\nVary: Accept-Encoding"
-        else:
-            body = [p.data if isinstance(p, Chunk) else p for p in parts]
-            extra = b""
-        body = [b for b in body if b]
-        if close:
-            extra += b"\r\nConnection: close"
-        elif v10:
-            extra += b"\r\nConnection: keep-alive"
-        status = HTTPStatus(code)
-        c.out = [b"".join((b"HTTP/1.1 %d %s\r\nDate: " % (code, status.phrase.encode()), self._http_date(),
-                           b"\r\nContent-Type: ", ctype.encode(), b"\r\nContent-Length: %d" % sum(map(len, body)),
-                           extra, b"\r\n\r\n"))]
-        if not head:
-            c.out += body
+        c.out = build_response(code, parts, ctype, self._date(), close=close, head=head, v10=v10,
+                               gzip_member=self._gzip if gzip else None)
         c.offset = 0
         c.close_after = close
         c.linger = close and code >= 400
 
-    def _gzip_member(self, part: bytes | Chunk) -> bytes:
-        if isinstance(part, Chunk):
-            return part.gzipped() if part.data else b""
-        if not part:
-            return b""
-        if len(part) < _STORED_BELOW:
-            return stored_gzip(part)
-        member = self._deflated.get(part)
-        if member is None:
-            if len(self._deflated) >= _DEFLATED_KEEP:
-                self._deflated.clear()
-            member = self._deflated[part] = Chunk(part).gzipped()
-        return member
-
-    def _http_date(self) -> bytes:
-        now = int(time.time())
-        if self._date[0] != now:
-            self._date = (now, formatdate(now, usegmt=True).encode())
-        return self._date[1]
-
-    def _write(self, c: _Conn, now: float) -> None:
+    def _write(self, c: Conn, now: float) -> None:
         """Send what the peer has not taken; once all is sent: close, or wait for the next request."""
         out = c.out
         while out:
             try:
                 sent = self._io.send(c.handle, out, c.offset)
             except OSError:
-                self._close(c)
+                self._conns.close(c)
                 return
             if sent is None:
                 if not c.writing:  # the peer's window is full: wait for it to take the rest, under write_timeout
-                    c.writing = True
                     c.deadline, c.since = now + self.write_timeout, now
-                    if c.registered:
-                        self._sel.modify(c.handle, selectors.EVENT_WRITE, c)
+                    self._conns.wait_write(c)
                 return
             sent += c.offset
             while out and sent >= len(out[0]):
@@ -474,7 +296,7 @@ class LoopHTTPServer:
             c.offset = sent
         if c.close_after:
             if not (c.linger or c.buf):
-                self._close(c)
+                self._conns.close(c)
                 return
             # Closing with the peer's bytes unread would reset the connection, and a reset can discard
             # the response before the peer reads it (an error answered mid-request): FIN first, drop
@@ -484,11 +306,9 @@ class LoopHTTPServer:
             c.linger = True
             c.deadline, c.since = now + min(_LINGER, self.header_timeout), now
             if c.writing:
-                c.writing = False
-                self._sel.modify(c.handle, selectors.EVENT_READ, c)
+                self._conns.wait_read(c)
             return
         c.deadline, c.since = now + self.header_timeout, now  # the next request's wait starts now
         if c.writing:
-            c.writing = False
-            self._sel.modify(c.handle, selectors.EVENT_READ, c)
+            self._conns.wait_read(c)
             self._serve_buffered(c, now)  # a pipelined request already read
