@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -37,7 +37,21 @@ from .scenario import Fault, Scenario, switch_fault_port
 from .switch_layout import SwitchLayout
 
 if TYPE_CHECKING:
-    from .cluster import ClusterState
+    from .link_state import Links
+    from .nic_counters import NicCounters
+
+
+class HostSide(Protocol):
+    """What the switch side reads of the hosts' state (sim/cluster.py's ClusterState): named here, not
+    imported, so the cluster, its fault state and the switches stay a one-way chain."""
+
+    n: int
+    names: list[str]
+    index: dict[str, int]
+    counters: NicCounters
+    links: Links
+
+    def node_guid(self, node: int, dev: int) -> str: ...
 
 # error counters a simulated switch PMA shows (the host agent's names; sources/ib_switches/parse.py)
 ERRORS = ("symbol_error", "port_rcv_errors", "link_error_recovery", "link_downed", "port_xmit_discards",
@@ -71,7 +85,7 @@ def switch_guid(name: str) -> int:
 
 
 class SimSwitches:
-    def __init__(self, scenario: Scenario, cluster: ClusterState, layout: SwitchLayout) -> None:
+    def __init__(self, scenario: Scenario, cluster: HostSide, layout: SwitchLayout) -> None:
         self.scenario = scenario
         self.layout = layout
         self.cluster = cluster
