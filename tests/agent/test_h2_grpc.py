@@ -54,6 +54,15 @@ def echo_server(request):
     srv.stop(0)
 
 
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
 class Outbox:
     """The request iterator the agent uses: a queue ended by None."""
 
@@ -99,6 +108,23 @@ def test_messages_past_the_flow_control_window_go_both_ways(echo_server):
     box.put(None)
     assert list(call) == sent  # ends OK after the half-close
     ch.close()
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+def test_an_ipv6_target_in_brackets():
+    """[v6]:port, as the aggregator address config accepts (configload.check_hostport)."""
+    srv = grpc.server(futures.ThreadPoolExecutor(2))
+    srv.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+        "test.Echo", {"Stream": grpc.stream_stream_rpc_method_handler(_echo)})])
+    port = srv.add_insecure_port("[::1]:0")
+    srv.start()
+    try:
+        ch, box, call = _call(f"[::1]:{port}")
+        box.put(b"v6")
+        box.put(None)
+        assert list(call) == [b"v6"]
+    finally:
+        srv.stop(0)
 
 
 def test_a_message_over_the_receive_limit_is_resource_exhausted(echo_server):
