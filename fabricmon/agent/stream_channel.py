@@ -1,5 +1,5 @@
-"""How the agent reaches the aggregator: the gRPC channel (TLS, keepalive, size limits)
-and the bearer-token metadata."""
+"""How the agent reaches the aggregator: the gRPC channel (TLS, keepalive, size limits; agent/h2_grpc.py,
+not grpcio) and the bearer-token metadata."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
+from .h2_grpc import Channel
 
 
 @dataclass(frozen=True)
@@ -70,21 +70,22 @@ def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),) if token else ()
 
 
-def open_channel(target: str, tls: TlsFiles | None, keepalive_ms: int, max_message_bytes: int) -> grpc.Channel:
-    opts: list[tuple[str, int | str]] = [
-        ("grpc.keepalive_time_ms", keepalive_ms),
-        ("grpc.keepalive_timeout_ms", 10_000),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.max_pings_without_data", 0),
-        ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.max_receive_message_length", 1024 * 1024),
-        ("grpc.enable_retries", 0),
-    ]
-    if tls is not None:
-        t = tls
-        creds = grpc.ssl_channel_credentials(root_certificates=_read(t.ca), private_key=_read(t.key),
-                                             certificate_chain=_read(t.cert))
-        if t.server_name:
-            opts.append(("grpc.ssl_target_name_override", t.server_name))
-        return grpc.secure_channel(target, creds, options=opts)
-    return grpc.insecure_channel(target, options=opts)
+def tls_context(tls: TlsFiles) -> ssl.SSLContext:
+    """The client side of TLS to the aggregator: its certificate and name verified against ``ca`` (the
+    system's CAs without one), the agent's certificate presented when given (mTLS), HTTP/2 by ALPN."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if tls.ca:
+        ctx.load_verify_locations(cafile=tls.ca)
+    else:
+        ctx.load_default_certs()
+    if tls.cert and tls.key:
+        ctx.load_cert_chain(tls.cert, tls.key)
+    ctx.set_alpn_protocols(["h2"])
+    return ctx
+
+
+def open_channel(target: str, tls: TlsFiles | None, keepalive_ms: int, max_message_bytes: int) -> Channel:
+    """A channel to the aggregator: keepalive PINGs after ``keepalive_ms`` without a frame (the aggregator's
+    server lets a client ping every 10 s: aggregator/server.py), 1 MiB received messages at most."""
+    return Channel(target, tls_context(tls) if tls is not None else None, tls.server_name if tls else None,
+                   keepalive_ms=keepalive_ms, max_message_bytes=max_message_bytes)

@@ -17,7 +17,6 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-import grpc
 import structlog
 
 from ..batch import NodeBatch
@@ -25,6 +24,7 @@ from ..proto import fabricmon_pb2 as pb
 from ..proto.codec import SeriesEncoder, hello_to_pb
 from ..proto.subscription import BadSubscription, Subscription, subscription_from_pb
 from ..sources.host import read_boot_time
+from .grpc_status import RpcError
 from .stream_batches import hello_from_snapshot
 from .stream_channel import auth_metadata, open_channel, presented_token, tls_digest
 from .stream_replay import SpoolReplay
@@ -113,7 +113,7 @@ class Session:
         call = None
         try:
             # requests go out serialized already (the encoder's bytes)
-            rpc: grpc.StreamStreamMultiCallable[bytes, pb.AggregatorMessage] = channel.stream_stream(
+            rpc = channel.stream_stream(
                 METHOD, request_serializer=None, response_deserializer=pb.AggregatorMessage.FromString)
             call = rpc(_requests(outq), metadata=metadata, wait_for_ready=False)
             reader = threading.Thread(target=self._read_responses, args=(call,),
@@ -200,7 +200,7 @@ class Session:
                     conn.reject = (msg.reject.seq, msg.reject.reason)
                     log.warning("stream_rejected", target=o.target, seq=msg.reject.seq, reason=msg.reject.reason)
                 st.wake.set()
-        except grpc.RpcError as exc:
+        except RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             conn.code = code.name if code else ""
             conn.error = f"{code.name if code else 'ERROR'}: {exc.details() if hasattr(exc, 'details') else exc}"

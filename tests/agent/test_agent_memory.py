@@ -20,6 +20,7 @@ UNUSED_HERE = ("fabricmon.sources.nvml.backend_pynvml", "pynvml", "fabricmon.job
                "fabricmon.kubeapi", "fabricmon.agent.kube_node", "fabricmon.agent.nccl_inspector",
                "fabricmon.sources.transceiver", "fabricmon.sources.ib_switches", "fabricmon.sources.gnmi_switches",
                "fabricmon.aggregator.engine", "fabricmon.sim", "fabricmon.demo",
+               "grpc",  # the stream speaks HTTP/2 with h2 (agent/h2_grpc.py), not grpcio (asyncio: structlog needs it)
                "psutil")  # the host source is off on a fixture node (its /proc is not the fixture's)
 
 
