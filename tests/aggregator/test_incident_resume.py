@@ -25,12 +25,7 @@ LINK = "node-001/mlx5_6/1"
 
 
 def _step(c: Cluster, sender: AlertmanagerClient, persist, inject=None) -> None:
-    c.t += 1.0
-    if inject is not None:
-        inject(c)
-    for f in c.feeds.values():
-        c.engine.ingest(f.batch(c.t, first=c.first))
-    c.first = False
+    c.feed(inject)
     changed = c.engine.tick(c.t)
     if changed:
         sender.submit(changed, c.t)

@@ -22,15 +22,6 @@ from support.enginerig import Cluster, flaky
 TICKS_PER_SECOND = 4  # the runtime's default tick_seconds (0.25) at 1 s polls
 
 
-def _feed(c: Cluster, inject=None) -> None:
-    c.t += 1.0
-    if inject is not None:
-        inject(c)
-    for f in c.feeds.values():
-        c.engine.ingest(f.batch(c.t, first=c.first))
-    c.first = False
-
-
 def _seen(incs) -> list[tuple[str, str, bool]]:
     return [(i.alertname, i.component, i.open) for i in incs]
 
@@ -43,7 +34,7 @@ def test_ticks_without_new_input_are_skipped_and_find_the_same():
     seconds = 50
     for s in range(seconds):
         for c in (gated, plain):
-            _feed(c, flaky(node, "mlx5_0") if 5 <= s < 25 else None)  # opens, then resolves after its hold
+            c.feed(flaky(node, "mlx5_0") if 5 <= s < 25 else None)  # opens, then resolves after its hold
         for _ in range(TICKS_PER_SECOND):
             got["gated"] += _seen(rt.tick())
             got["plain"] += _seen(plain.engine.tick(plain.engine.newest_ts))
@@ -95,7 +86,7 @@ def _binding(c: Cluster) -> None:
 def test_one_changed_input_runs_the_next_tick(change):
     c = Cluster(nodes=8, seed=2)
     rt = AggregatorRuntime(c.engine)
-    _feed(c)
+    c.feed()
     rt.tick()
     rt.tick()
     assert (c.engine.detection.ticks_total, rt.gate.skipped_total) == (1, 1)
@@ -109,7 +100,7 @@ def test_one_changed_input_runs_the_next_tick(change):
 def test_an_explicit_time_always_ticks():
     c = Cluster(nodes=4, seed=3)
     rt = AggregatorRuntime(c.engine)
-    _feed(c)
+    c.feed()
     for _ in range(3):
         rt.tick(c.t)
     rt.tick()  # the first periodic tick after explicit ones runs: they are not its reference

@@ -97,8 +97,8 @@ class Cluster:
         self.ranks_fn = None
         self.reported: list[tuple[float, str, str, bool]] = []  # what tick() reported: (t, alert, comp, open)
 
-    def step(self, inject=None) -> None:
-        """Advance one second of sample time: every node sends a batch, then the engine ticks."""
+    def feed(self, inject=None) -> None:
+        """Advance one second of sample time: every node sends a batch (nothing ticks)."""
         self.t += 1.0
         if inject is not None:
             inject(self)
@@ -106,6 +106,10 @@ class Cluster:
             ranks = self.ranks_fn(self, name) if self.ranks_fn else ()
             self.engine.ingest(f.batch(self.t, first=self.first, ranks=ranks))
         self.first = False
+
+    def step(self, inject=None) -> None:
+        """Advance one second of sample time: every node sends a batch, then the engine ticks."""
+        self.feed(inject)
         for inc in self.engine.tick(self.t):
             self.reported.append((self.t, inc.alertname, inc.component, inc.open))
 
