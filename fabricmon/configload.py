@@ -278,5 +278,8 @@ def check_hostport(value: str | None, path: str, source: str) -> None:
 
 
 def split_hostport(value: str) -> tuple[str, int]:
-    host, _, port = value.rpartition(":")
+    """``host:port`` or ``[v6]:port`` (checked by ``check_hostport``) as (host, port)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
     return host.strip("[]"), int(port)

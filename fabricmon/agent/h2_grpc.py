@@ -36,6 +36,7 @@ import h2.events
 import h2.exceptions
 
 from .. import __version__
+from ..configload import split_hostport
 from .grpc_status import HTTP_STATUS, RST_STREAM_STATUS, RpcError, StatusCode, status_from_number
 
 _FRAME = struct.Struct(">BI")  # gRPC length-prefixed message: compressed flag, length
@@ -44,14 +45,6 @@ PING_TIMEOUT = 10.0  # seconds a keepalive PING waits for its ACK before the con
 CONNECT_TIMEOUT = 10.0  # TCP connect and TLS handshake, each
 OUTBOX_LIMIT = 8 * 1024 * 1024  # bytes queued for sending before the pump waits for the socket
 _USER_AGENT = f"fabricmon/{__version__} h2/{h2.__version__}"  # type: ignore[attr-defined]
-
-
-def split_target(target: str) -> tuple[str, int]:
-    """``host:port`` or ``[v6]:port`` (what config validation accepts: configload.check_hostport)."""
-    host, sep, port = target.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"expected HOST:PORT, got {target!r}")
-    return host.strip("[]"), int(port)
 
 
 class Channel:
@@ -63,7 +56,7 @@ class Channel:
                  keepalive_ms: int = 20_000,
                  max_message_bytes: int = 4 * 1024 * 1024, max_receive_bytes: int = MAX_RECEIVE_BYTES,
                  connect_timeout: float = CONNECT_TIMEOUT, ping_timeout: float = PING_TIMEOUT) -> None:
-        self.host, self.port = split_target(target)
+        self.host, self.port = split_hostport(target)
         self.target = target
         self.ssl_context = ssl_context
         self.server_name = server_name
