@@ -140,6 +140,38 @@ def test_process_metrics_nobody_refreshed_are_rendered_by_the_scrape():
     assert b"x_total 3\n" in rendered.body() and len(calls) == 3
 
 
+def test_a_scrape_before_the_poll_listener_rendered_serves_the_previous_body(monkeypatch):
+    """Between the poller publishing a snapshot and its listener rendering it, a scrape serves the
+    body already rendered, with that snapshot's own age line; it renders the new one itself only
+    when nothing did for ``extras_max_age`` (a poll thread whose listener is gone)."""
+    from fabricmon.agent import exporter
+
+    def snap(ts: float, value: float) -> Snapshot:
+        from fabricmon.model import Sample
+        return Snapshot(node="n1", ts=ts, seq=int(ts), interval_seconds=1.0, deltas=(), sources=(),
+                        samples=(Sample("fabricmon_gpu_up", (("gpu", "0"),), value),))
+
+    renders = []
+    real = exporter.render_snapshot
+    monkeypatch.setattr(exporter, "render_snapshot", lambda s, p=None: renders.append(s.ts) or real(s, p))
+    latest = [snap(10.0, 1.0)]
+    rendered = RenderedSnapshot(lambda: latest[0], clock=lambda: 12.5, extras_max_age=2.0)
+    rendered.refresh()
+    assert renders == [10.0]
+    latest[0] = snap(11.0, 0.0)  # published, its listener not yet run
+    body = rendered.body().decode()
+    assert renders == [10.0]  # the scrape rendered nothing
+    assert 'fabricmon_gpu_up{gpu="0",node="n1"} 1.0\n' in body
+    assert 'fabricmon_snapshot_age_seconds{node="n1"} 2.5\n' in body  # the age of what it shows
+    rendered.refresh(latest[0])  # the listener
+    body = rendered.body().decode()
+    assert renders == [10.0, 11.0] and 'fabricmon_gpu_up{gpu="0",node="n1"} 0.0\n' in body
+    assert 'fabricmon_snapshot_age_seconds{node="n1"} 1.5\n' in body
+    latest[0] = snap(13.5, 1.0)  # 2.5 s past what was rendered: nothing renders, so the scrape does
+    assert 'fabricmon_gpu_up{gpu="0",node="n1"} 1.0\n' in rendered.body().decode()
+    assert renders == [10.0, 11.0, 13.5]
+
+
 def test_each_supervisor_pass_runs_its_hooks_even_when_one_fails():
     sup = Supervisor()
     ran = threading.Event()
