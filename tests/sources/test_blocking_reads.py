@@ -241,3 +241,61 @@ def test_one_stuck_netdev_costs_only_its_own_ethtool_series(tmp_path, monkeypatc
     finally:
         release.set()
         src.close()
+
+
+# ---------------------------------------------------------------- run_all: one at a time, all at once past a stall
+
+
+def test_run_all_takes_the_keys_one_at_a_time_while_each_returns_promptly(monkeypatch):
+    """Nine device threads parsing at once only fought over the GIL (issue 39): the calls run in turn."""
+    monkeypatch.setattr(guarded_io, "STALL_S", 5.0)  # a busy machine's late wake-up is not a stall here
+    workers = guarded_io.KeyedWorkers("t")
+    lock = threading.Lock()
+    running = [0]
+    most = [0]
+
+    def read(key):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.005)  # long enough that calls started together would overlap
+        with lock:
+            running[0] -= 1
+        return key * 2
+
+    try:
+        done, failed = guarded_io.run_all(workers, {k: (read, (k,)) for k in range(6)}, 30.0)
+        assert done == {k: k * 2 for k in range(6)} and failed == {}
+        assert most[0] == 1
+    finally:
+        workers.close()
+
+
+def test_run_all_runs_the_rest_at_once_when_one_key_stalls():
+    """A stuck device still costs only itself: past the stall, the keys not yet run start together
+    (a barrier only the four of them at once can pass) and are all served within the deadline."""
+    workers = guarded_io.KeyedWorkers("t")
+    release = threading.Event()
+    together = threading.Barrier(4, timeout=3.0)
+
+    def stuck():
+        release.wait(30)  # a read asleep in the driver
+        return "late"
+
+    def healthy(key):
+        together.wait()
+        return key
+
+    calls = {"a": (stuck, ()), **{k: (healthy, (k,)) for k in "bcde"}}
+    try:
+        finished, out = _in_thread(lambda: guarded_io.run_all(workers, calls, 2.0), 10.0)
+        assert finished
+        done, failed = out
+        assert done == {k: k for k in "bcde"}
+        assert failed == {"a": "read blocked past its 2.00s deadline"}
+        # the next pass: the stuck key is not asked again, the others are served one at a time
+        done, failed = guarded_io.run_all(workers, {"a": (stuck, ()), "b": (lambda: "b", ())}, 2.0)
+        assert done == {"b": "b"} and failed == {"a": "previous read still blocked"}
+    finally:
+        release.set()
+        workers.close()
