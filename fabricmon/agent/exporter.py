@@ -198,7 +198,6 @@ class RenderedSnapshot:
         self._clock = clock
         self._monotonic = monotonic
         self._lock = threading.Lock()
-        self._key: tuple[str, int, float] | None = None
         self._shown: Snapshot | None = None  # the snapshot ``_body`` is the exposition of
         self._body = Chunk(b"")  # its gzip form is made once per snapshot, on the first gzip scrape
         self._prefixes: dict = {}
@@ -212,14 +211,14 @@ class RenderedSnapshot:
         snap = snapshot if snapshot is not None else self._get()
         if snap is None:
             return
-        key = (snap.node, snap.seq, snap.ts)
-        if key == self._key:
+        shown = self._shown
+        if shown is not None and (shown.node, shown.seq, shown.ts) == (snap.node, snap.seq, snap.ts):
             return
         if len(self._prefixes) > 4 * max(len(snap.samples), 1000):
             self._prefixes.clear()  # series churned (devices came and went): start over
         body = Chunk(render_snapshot(snap, self._prefixes))
         with self._lock:
-            self._key, self._body, self._shown = key, body, snap
+            self._body, self._shown = body, snap
         self.refresh_extras()
 
     def refresh_extras(self) -> None:
@@ -238,7 +237,8 @@ class RenderedSnapshot:
         if snap is not None:
             with self._lock:
                 shown, body = self._shown, self._body
-            if shown is None or (shown is not snap and snap.ts - shown.ts > self._extras_max_age):
+            # abs(): a clock stepped back must not keep a body nobody renders any more
+            if shown is None or (shown is not snap and abs(snap.ts - shown.ts) > self._extras_max_age):
                 self.refresh(snap)  # nothing rendered it: no poll listener, or it is gone
                 with self._lock:
                     shown, body = self._shown, self._body

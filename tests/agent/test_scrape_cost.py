@@ -170,6 +170,9 @@ def test_a_scrape_before_the_poll_listener_rendered_serves_the_previous_body(mon
     latest[0] = snap(13.5, 1.0)  # 2.5 s past what was rendered: nothing renders, so the scrape does
     assert 'fabricmon_gpu_up{gpu="0",node="n1"} 1.0\n' in rendered.body().decode()
     assert renders == [10.0, 11.0, 13.5]
+    latest[0] = snap(5.0, 0.0)  # the clock stepped back past extras_max_age: rendered too, not kept stale
+    assert 'fabricmon_gpu_up{gpu="0",node="n1"} 0.0\n' in rendered.body().decode()
+    assert renders == [10.0, 11.0, 13.5, 5.0]
 
 
 def test_each_supervisor_pass_runs_its_hooks_even_when_one_fails():
