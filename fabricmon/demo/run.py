@@ -30,6 +30,7 @@ from ..sim.collector import LongRunCollector
 from ..sim.drive import Drive, Pace
 from ..sim.impact import fault_impacts
 from ..sim.parallel import ParallelTreeCluster
+from ..sim.parallel_memory import ParallelMemoryCluster
 from ..sim.runner import ClusterSim, SimulatedCluster
 from ..sim.scenario import Scenario, default_scenario, load_scenario
 from .scoring import score
@@ -65,7 +66,11 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
     memory = getattr(args, "mode", "tree") == "memory"
     wired = not getattr(args, "no_wire", False)  # the codec and the rank intake, as in production
     sim: ClusterSim
-    if memory:
+    if memory and wired and workers > 1:
+        # the agents' side of the wire in a worker process, the aggregator's here (sim/parallel_memory.py)
+        sim = ParallelMemoryCluster(scenario, interval=args.interval, epoch=epoch,
+                                    log_level=args.log_level or "warning", nccl_ras=True)
+    elif memory:
         sim = SimulatedCluster(scenario, mode="memory", interval=args.interval, epoch=epoch, rank_intake=wired,
                                nccl_ras=True)
     elif workers > 1:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..proto.loopback import CodecWire
+from .parallel_memory import ParallelMemoryCluster
 
 if TYPE_CHECKING:
     from ..aggregator.engine import Engine
@@ -85,12 +86,21 @@ class Drive:
             return
         # the node that sweeps the simulated switches is the aggregator's switch source (auth.switch_sources)
         engine.switch_side.sources = engine.switch_side.sources | frozenset(getattr(self.sim, "switch_sources", ()))
-        for h in self.sim.hellos():
-            if self.wire is not None:
-                self.wire.connect(h)
-            else:
-                engine.hello(h)
-        self.sim.on_batch = self.wire.deliver if self.wire is not None else engine.ingest
+        if isinstance(self.sim, ParallelMemoryCluster):
+            # the agents' end of the wire runs in the simulator's worker (sim/parallel_memory.py):
+            # its bytes go to the server's end here
+            if self.wire is None:
+                raise ValueError("a simulator that sends bytes needs wire=True")
+            for data in self.sim.hello_messages():
+                self.wire.server.hello(data)
+            self.sim.on_message = self.wire.server.batch
+        else:
+            for h in self.sim.hellos():
+                if self.wire is not None:
+                    self.wire.connect(h)
+                else:
+                    engine.hello(h)
+            self.sim.on_batch = self.wire.deliver if self.wire is not None else engine.ingest
         # an agent's link watch sends a batch between polls: the real aggregator ticks every 0.25 s,
         # so it is judged at its own sample time, not at the next regular poll
         self.sim.on_watch_tick = self._watch_tick

@@ -6,15 +6,13 @@ worker advances the whole cluster state and job (cheap, vectorized) and renders
 and polls only its own nodes; the parent advances its own copy for the clock,
 topology and ground truth and receives the NodeBatches each worker's agents
 produced.  Workers are started with ``spawn`` (no threads or locks inherited)
-and always told to stop; a worker that dies ends the run with its error.
+and always told to stop; a worker that dies ends the run with its error (``sim_workers.py``).
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import shutil
-import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
@@ -23,9 +21,7 @@ from ..model import CounterDelta, Sample
 from .collector import settle
 from .runner import SimulatedCluster, StepStats
 from .scenario import Scenario
-
-STEP_TIMEOUT_S = 120.0
-AHEAD = 3  # steps a worker may run ahead of the caller
+from .sim_workers import ParentState, SimWorkers
 
 
 # Pickling frozen slotted dataclasses goes through dataclasses' generic __setstate__, which cost
@@ -81,7 +77,7 @@ def _worker(conn: Connection, scenario: Scenario, interval: float, base_dir: str
         conn.close()
 
 
-class ParallelTreeCluster:
+class ParallelTreeCluster(ParentState):
     """The part of SimulatedCluster's interface the demo uses, over ``workers`` processes."""
 
     def __init__(self, scenario: Scenario, *, interval: float = 1.0, base_dir: str | None = None,
@@ -94,8 +90,6 @@ class ParallelTreeCluster:
         self.on_batch: Callable[[NodeBatch], object] | None = on_batch
         # never called: a worker's link-watch batches come back with its step's, ticked with them
         self.on_watch_tick: Callable[[float], None] | None = None
-        self.log_level = log_level
-        self.rank_intake = rank_intake
         self._own_base = base_dir is None
         self.base_dir = str(base_dir or default_base_dir())
         self.driver = SimulatedCluster(scenario, mode="tree", interval=interval, base_dir=self.base_dir,
@@ -103,87 +97,48 @@ class ParallelTreeCluster:
         self.topology = self.driver.topology
         n = scenario.cluster.nodes
         workers = max(1, min(workers, n))
-        self._shares = [list(range(w, n, workers)) for w in range(workers)]
-        self._ctx = mp.get_context("spawn")
-        self._conns: list[Connection] = []
-        self._procs: list = []
+        shares = [list(range(w, n, workers)) for w in range(workers)]
+        worker_epoch = self.driver.cluster.ts() - self.driver.t
+        self._workers = SimWorkers(_worker, [(scenario, self.interval, self.base_dir, worker_epoch, share, log_level,
+                                              rank_intake) for share in shares],
+                                   [f"sim-worker-{share[0]}" for share in shares],
+                                   duration=scenario.duration, interval=self.interval)
         self._hellos: list[NodeHello] = []
         self._pending: list[NodeBatch] = []
         self.agents_count = n
         self.steps = 0
-        self._inflight = 0  # steps already asked of the workers and not yet collected
-        self._asked_until = 0.0  # simulated time the last asked step reaches
+        self._started = True
 
-    # -- the SimulatedCluster surface the demo uses
-    @property
-    def t(self) -> float:
-        return self.driver.t
-
-    def now(self) -> float:
-        return self.driver.now()
-
-    def ground_truth(self) -> list[dict]:
-        return self.driver.ground_truth()
-
-    @property
-    def switch_sources(self) -> tuple[str, ...]:
-        return self.driver.switch_sources  # the worker rendering that node runs its sweeping agent
-
-    def jobs_truth(self) -> list[dict]:
-        return self.driver.jobs_truth()  # the parent steps the same jobs as the workers
-
-    def decoys_truth(self) -> list[dict]:
-        return self.driver.decoys_truth()
-
+    # -- the SimulatedCluster surface the demo uses (the clock and truths: ParentState)
     def hellos(self) -> list[NodeHello]:
         self._await_started()
         return list(self._hellos)
 
     def start(self) -> None:
         """Spawn the workers and return; they build their trees while the caller sets up."""
-        if self._procs:
+        if self._workers.started:
             return
         os.makedirs(self.base_dir, exist_ok=True)
         self.driver.start()
-        for share in self._shares:
-            parent, child = self._ctx.Pipe()
-            proc = self._ctx.Process(target=_worker, args=(child, self.scenario, self.interval, self.base_dir,
-                                                           self.driver.cluster.ts() - self.driver.t, share,
-                                                           self.log_level, self.rank_intake),
-                                     daemon=True, name=f"sim-worker-{share[0]}")
-            proc.start()
-            child.close()
-            self._conns.append(parent)
-            self._procs.append(proc)
+        self._workers.start()
         self._started = False
 
     def _await_started(self) -> None:
-        if getattr(self, "_started", True):
+        if self._started:
             return
-        for conn in self._conns:
-            _, hellos, batches = self._recv(conn)
+        for conn in self._workers.conns:
+            _, hellos, batches = self._workers.recv(conn)
             self._hellos.extend(hellos)
             self._pending.extend(_unpack(b) for b in batches)
         self._started = True
 
-    def _ask_ahead(self) -> None:
-        # Keep up to AHEAD steps queued at every worker, so a worker that finishes early goes
-        # straight on instead of waiting at a barrier for the slowest one and for the caller.
-        while self._inflight < AHEAD and self._asked_until + self.interval <= self.scenario.duration + 1e-9:
-            for conn in self._conns:
-                conn.send("step")
-            self._inflight += 1
-            self._asked_until += self.interval
-
     def step(self) -> StepStats:
         self._await_started()
-        if self._inflight == 0:
-            self._asked_until = self.driver.t
-        self._ask_ahead()
+        self._workers.ask_ahead(self.driver.t)
         st = self.driver.step()  # clock, job and state of the parent, while the workers work
-        results = [self._recv(conn) for conn in self._conns]
-        self._inflight -= 1
-        self._ask_ahead()
+        results = [self._workers.recv(conn) for conn in self._workers.conns]
+        self._workers.collected()
+        self._workers.ask_ahead(self.driver.t)
         stats = [r[1] for r in results]
         st.render_s = max(s.render_s for s in stats)
         st.poll_s = max(s.poll_s for s in stats)
@@ -198,44 +153,13 @@ class ParallelTreeCluster:
         self.steps += 1
         return st
 
-    def _recv(self, conn: Connection):
-        if not conn.poll(STEP_TIMEOUT_S):
-            raise TimeoutError(f"simulation worker gave no answer in {STEP_TIMEOUT_S:.0f} s")
-        try:
-            msg = conn.recv()
-        except EOFError:
-            raise RuntimeError("a simulation worker exited without answering (its error is above)") from None
-        if msg[0] == "error":
-            raise RuntimeError(f"simulation worker failed: {msg[1]}")
-        return msg
-
     def close(self) -> None:
-        if self._procs and not getattr(self, "_started", True):
+        if self._workers.started and not self._started:
             try:
                 self._await_started()
             except (RuntimeError, TimeoutError):
                 pass
-        for _ in range(self._inflight):
-            for conn in self._conns:  # collect the steps nobody will use, so the workers are idle
-                try:
-                    if conn.poll(STEP_TIMEOUT_S):
-                        conn.recv()
-                except (EOFError, OSError):
-                    pass
-        self._inflight = 0
-        for conn in self._conns:
-            try:
-                conn.send("stop")
-            except OSError:
-                pass
-        deadline = time.monotonic() + 10.0
-        for proc in self._procs:
-            proc.join(max(0.1, deadline - time.monotonic()))
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(2.0)
-        for conn in self._conns:
-            conn.close()
+        self._workers.close()
         self.driver.close()
         if self._own_base:
             shutil.rmtree(self.base_dir, ignore_errors=True)

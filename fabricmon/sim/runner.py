@@ -174,6 +174,10 @@ class SimulatedCluster:
         # cluster state and job still advance here: the simulation is deterministic, so parallel
         # workers (sim/parallel.py) each advance all of it and render and poll their own nodes.
         self._node_index: list[int] = list(range(c.nodes)) if nodes is None else sorted(nodes)
+        if mode == "memory" and self._node_index and len(self._node_index) != c.nodes:
+            # memory mode builds every node's batch at once (vectorized), or none: ``nodes=[]`` is the
+            # state alone (clock, jobs, ground truth), as the parallel memory simulator's parent keeps
+            raise ValueError("memory mode builds every node's batches or none (nodes=[])")
         if mode == "tree":
             if base_dir is None:
                 from .tree import default_base_dir
@@ -185,7 +189,8 @@ class SimulatedCluster:
                                           self.link_watch, http=http,
                                           poll_workers=poll_workers or min(8, max(1, c.nodes)))
         # the agents' link watch between polls, when on (sim/watch_ticks.py)
-        self.watch = WatchTicks(self.cluster, self.link_watch, self._node_index) if self.link_watch else None
+        self.watch = (WatchTicks(self.cluster, self.link_watch, self._node_index)
+                      if self.link_watch and (mode == "tree" or self._node_index) else None)
 
     # ------------------------------------------------------------------ setup
     @property
@@ -227,6 +232,8 @@ class SimulatedCluster:
         self._started = True
         c = self.cluster
         if self.mode == "memory":
+            if not self._node_index:
+                return  # the state alone (nodes=[])
             self.memory = MemoryBatches(c, self.interval, self.sweep, self.now, lambda: self.layouts,
                                         self._intake_feed if self.rank_intake else None)
             self.memory.emit(self._by_node([]), self._heartbeats, self._deliver)
@@ -242,8 +249,7 @@ class SimulatedCluster:
         """The hello each node's agent sends when it connects."""
         if self.mode == "memory":
             self.start()
-            assert self.memory is not None
-            return self.memory.hellos()
+            return self.memory.hellos() if self.memory is not None else []
         assert self.tree_agents is not None  # tree mode
         return self.tree_agents.hellos()
 
@@ -277,8 +283,8 @@ class SimulatedCluster:
         st.job_s, st.advance_s = t1 - t0, t2 - t1
         st.rank_timings = len(timings)
         if self.mode == "memory":
-            assert self.memory is not None  # start() in memory mode
-            st.batches = self.memory.emit(self._by_node(timings), self._heartbeats, self._deliver)
+            if self.memory is not None:  # made by start(), unless this is the state alone (nodes=[])
+                st.batches = self.memory.emit(self._by_node(timings), self._heartbeats, self._deliver)
             st.batch_s = time.perf_counter() - t2
         else:
             agents = self.tree_agents
