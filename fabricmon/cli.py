@@ -130,7 +130,8 @@ def _demo_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workdir", help="where to write node trees (default: a temporary directory)")
     p.add_argument("--no-alertmanager", action="store_true", help="do not start Alertmanager even if installed")
     p.add_argument("--workers", type=int, default=None,
-                   help="processes that render and poll the simulated nodes (default: CPU count, at most 4)")
+                   help="processes that render and poll the simulated nodes (default: CPU count, at most 4); "
+                        "memory mode with more than 1: the agents' side of the wire in a worker process")
     p.add_argument("--mode", choices=["tree", "memory"], default="tree",
                    help="tree: real agents poll rendered node trees (small clusters); memory: in-memory batches "
                         "through the stream codec into the aggregator runtime (thousands of nodes)")
