@@ -114,7 +114,8 @@ def run_demo(args: argparse.Namespace, out=sys.stdout) -> int:
       f"{scenario.duration:.0f} s simulated at {args.speed:g}x, agent interval {args.interval:g} s")
     if memory:
         p("  mode memory: in-memory simulator batches -> stream codec bytes -> the server's decoder -> "
-          "aggregator runtime (no sysfs trees, no gRPC framing)")
+          "aggregator runtime (no sysfs trees, no gRPC framing)"
+          + ("; the agents' side in a worker process" if isinstance(sim, ParallelMemoryCluster) else ""))
     elif wired:
         p("  mode tree: real agents poll rendered trees; rank lines through each node's rank intake; "
           "batches -> stream codec bytes -> the server's decoder -> aggregator runtime (no gRPC framing)")

@@ -43,10 +43,11 @@ def test_memory_demo_finds_the_default_faults(tmp_path):
     out = tmp_path / "report.json"
     proc = subprocess.run(
         [sys.executable, "-m", "fabricmon.cli", "--log-level", "warning", "demo", "--mode", "memory",
-         "--nodes", "64", "--duration", "60", "--speed", "1000", "--no-alertmanager", "--report-json", str(out)],
+         "--nodes", "64", "--duration", "60", "--speed", "1000", "--no-alertmanager", "--workers", "2",
+         "--report-json", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "stream codec" in proc.stdout
+    assert "stream codec" in proc.stdout and "the agents' side in a worker process" in proc.stdout
     report = json.loads(out.read_text())
     assert report["scores"]["recall"] == 1.0, report["scores"]
     assert report["scores"]["precision"] == 1.0, report["scores"]
