@@ -151,16 +151,20 @@ def run_all(workers: KeyedWorkers, calls: Mapping[K, tuple[Callable[..., Any], t
     """Run every call on its key's worker; wait at most ``timeout`` for all of them.
 
     The calls run one after another while each returns within ``STALL_S`` (or a quarter of
-    ``timeout``), and the rest all at once from the first that does not: a stuck device still
-    costs only itself.  Why not all at once from the start: the reads are Python work under
-    the GIL, and nine device threads parsing at once fought over it: a poll of the 8-HCA node
-    fixture took 10 ms of CPU that way, 5 ms one at a time, and the agent's /metrics waited
-    behind that fight (issue 39's p99).
+    ``timeout``) and the first quarter of ``timeout`` has not passed, and the rest all at once
+    from then on: a stuck device still costs only itself, and on a busy machine, where every
+    read is slow without any being stuck, the keys not yet run share three quarters of the
+    deadline rather than what the ones before them left (taken one at a time to the end, the
+    last of nine HCAs were reported blocked under CPU load).  Why not all at once from the
+    start: the reads are Python work under the GIL, and nine device threads parsing at once
+    fought over it: a poll of the 8-HCA node fixture took 10 ms of CPU that way, 5 ms one at a
+    time, and the agent's /metrics waited behind that fight (issue 39's p99).
 
     Returns (what each call returned, or the exception it raised, by key; why by key for each
     call that gave neither: stuck from an earlier call or over the deadline now).  A call over
     the deadline keeps running on its worker; its key is ``Stuck`` until it returns."""
-    end = time.monotonic() + timeout
+    start = time.monotonic()
+    end = start + timeout
     stall = min(STALL_S, timeout / 4)
     futures: dict[K, cf.Future[Any]] = {}
     failed: dict[K, str] = {}
@@ -173,6 +177,8 @@ def run_all(workers: KeyedWorkers, calls: Mapping[K, tuple[Callable[..., Any], t
             continue
         if one_at_a_time and not cf.wait((fut,), timeout=max(0.0, min(stall, end - time.monotonic())))[0]:
             one_at_a_time = False  # this one is slow or stuck: the others go at once
+        elif one_at_a_time and time.monotonic() - start > timeout / 4:
+            one_at_a_time = False  # a quarter of the deadline gone: the others share what is left
     _, not_done = cf.wait(futures.values(), timeout=max(0.0, end - time.monotonic()))
     results: dict[K, Any] = {}
     for key, fut in futures.items():

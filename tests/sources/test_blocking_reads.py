@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -298,4 +299,36 @@ def test_run_all_runs_the_rest_at_once_when_one_key_stalls():
         assert done == {"b": "b"} and failed == {"a": "previous read still blocked"}
     finally:
         release.set()
+        workers.close()
+
+
+def test_run_all_runs_the_rest_at_once_once_a_quarter_of_the_deadline_is_gone(monkeypatch):
+    """On a busy machine every read is slow and none stuck: taken one at a time to the end, the last
+    HCAs were reported blocked.  Past a quarter of the deadline the keys not yet run start together (a
+    barrier only the seven of them at once can pass).  The deadline runs on a clock each read moves by
+    a tenth of it, so the test waits on no real time."""
+    clock = [1000.0]
+    lock = threading.Lock()
+    monkeypatch.setattr(guarded_io, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(guarded_io, "STALL_S", 60.0)  # no read here is a stall
+    together = threading.Barrier(7, timeout=5.0)
+    order: list[int] = []
+
+    def slow(key):
+        with lock:
+            clock[0] += 10.0  # a tenth of the 100 s deadline
+            order.append(key)
+        if key >= 3:
+            together.wait()
+        return key
+
+    workers = guarded_io.KeyedWorkers("t")
+    try:
+        finished, out = _in_thread(lambda: guarded_io.run_all(workers, {k: (slow, (k,)) for k in range(10)}, 100.0),
+                                   20.0)
+        assert finished
+        done, failed = out
+        assert done == {k: k for k in range(10)} and failed == {}
+        assert order[:3] == [0, 1, 2]  # one at a time until 30 s of the deadline were gone
+    finally:
         workers.close()
