@@ -21,7 +21,7 @@ from ..model import CounterDelta, Sample
 from .collector import settle
 from .runner import SimulatedCluster, StepStats
 from .scenario import Scenario
-from .sim_workers import ParentState, SimWorkers
+from .sim_workers import ParentState, SimWorkers, answering
 
 
 # Pickling frozen slotted dataclasses goes through dataclasses' generic __setstate__, which cost
@@ -47,27 +47,18 @@ def _worker(conn: Connection, scenario: Scenario, interval: float, base_dir: str
     sim = SimulatedCluster(scenario, mode="tree", interval=interval, base_dir=base_dir, epoch=epoch,
                            nodes=nodes, poll_workers=1, on_batch=batches.append, rank_intake=rank_intake)
     try:
-        sim.start()
-        # Each step allocates tens of thousands of short-lived objects (readings, samples, deltas)
-        # over a heap of long-lived tracker state: move what exists now out of the collector's
-        # view and collect young objects less often (about 10 % of a worker's CPU otherwise).
-        settle()  # sim/collector.py
-        conn.send(("started", sim.hellos(), [_pack(b) for b in batches]))
-        batches.clear()
-        while True:
-            cmd = conn.recv()
-            if cmd != "step":
-                break
-            st = sim.step()
-            conn.send(("step", st, [_pack(b) for b in batches]))
+        with answering(conn):
+            sim.start()
+            # Each step allocates tens of thousands of short-lived objects (readings, samples, deltas)
+            # over a heap of long-lived tracker state: move what exists now out of the collector's
+            # view and collect young objects less often (about 10 % of a worker's CPU otherwise).
+            settle()  # sim/collector.py
+            conn.send(("started", sim.hellos(), [_pack(b) for b in batches]))
             batches.clear()
-    except (EOFError, KeyboardInterrupt):
-        pass
-    except Exception as exc:  # report, then exit: the parent raises it
-        try:
-            conn.send(("error", f"{type(exc).__name__}: {exc}", []))
-        except OSError:
-            pass
+            while conn.recv() == "step":
+                st = sim.step()
+                conn.send(("step", st, [_pack(b) for b in batches]))
+                batches.clear()
     finally:
         sim.close()
         agents = sim.tree_agents  # tree mode: always there
@@ -119,9 +110,7 @@ class ParallelTreeCluster(ParentState):
         if self._workers.started:
             return
         os.makedirs(self.base_dir, exist_ok=True)
-        self.driver.start()
-        self._workers.start()
-        self._started = False
+        self._start_workers()
 
     def _await_started(self) -> None:
         if self._started:
@@ -154,12 +143,6 @@ class ParallelTreeCluster(ParentState):
         return st
 
     def close(self) -> None:
-        if self._workers.started and not self._started:
-            try:
-                self._await_started()
-            except (RuntimeError, TimeoutError):
-                pass
-        self._workers.close()
-        self.driver.close()
+        self._stop_workers()
         if self._own_base:
             shutil.rmtree(self.base_dir, ignore_errors=True)

@@ -23,7 +23,7 @@ from ..proto.loopback import AgentEnd
 from .collector import LongRunCollector
 from .runner import SimulatedCluster, StepStats
 from .scenario import Scenario
-from .sim_workers import ParentState, SimWorkers
+from .sim_workers import ParentState, SimWorkers, answering
 
 PART = 256  # nodes' batches a message: the parent decodes one part while the worker makes the next
 AHEAD = 2  # steps the worker may run ahead of the parent
@@ -52,22 +52,16 @@ def _worker(conn: Connection, scenario: Scenario, interval: float, epoch: float,
     for job, addr in zip(sim.jobs.jobs if sim.jobs is not None else [], ras, strict=True):
         job.nccl_ras = addr  # the parent's RAS servers (the same jobs in the same order), in the heartbeats
     try:
-        sim.start()  # its first batches wait in the simulator until on_batch is set
-        hellos = sim.hellos()
-        conn.send(("started", hellos, [agents.hello(h) for h in hellos]))
-        sim.on_batch = send
-        while conn.recv() == "step":
-            st = sim.step()
-            conn.send(("step", st, out[:]))
-            out.clear()
-            collector.settle()  # once, after the first step: the long-lived state is built
-    except (EOFError, KeyboardInterrupt):
-        pass
-    except Exception as exc:  # report, then exit: the parent raises it
-        try:
-            conn.send(("error", f"{type(exc).__name__}: {exc}", []))
-        except OSError:
-            pass
+        with answering(conn):
+            sim.start()  # its first batches wait in the simulator until on_batch is set
+            hellos = sim.hellos()
+            conn.send(("started", hellos, [agents.hello(h) for h in hellos]))
+            sim.on_batch = send
+            while conn.recv() == "step":
+                st = sim.step()
+                conn.send(("step", st, out[:]))
+                out.clear()
+                collector.settle()  # once, after the first step: the long-lived state is built
     finally:
         sim.close()
         conn.close()
@@ -103,11 +97,8 @@ class ParallelMemoryCluster(ParentState):
 
     def start(self) -> None:
         """Spawn the worker and return; it builds its state while the caller sets up."""
-        if self._workers.started:
-            return
-        self.driver.start()
-        self._workers.start()
-        self._started = False
+        if not self._workers.started:
+            self._start_workers()
 
     def _await_started(self) -> None:
         if self._started:
@@ -155,10 +146,4 @@ class ParallelMemoryCluster(ParentState):
         return st
 
     def close(self) -> None:
-        if self._workers.started and not self._started:
-            try:
-                self._await_started()
-            except (RuntimeError, TimeoutError):
-                pass
-        self._workers.close()
-        self.driver.close()
+        self._stop_workers()

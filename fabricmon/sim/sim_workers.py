@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,21 @@ if TYPE_CHECKING:
 
 STEP_TIMEOUT_S = 120.0
 AHEAD = 3  # steps a worker may run ahead of the caller
+
+
+@contextmanager
+def answering(conn: Connection) -> Iterator[None]:
+    """A worker's body: a closed pipe or an interrupt ends it quietly; any other error is sent to the
+    parent, which raises it (the worker then exits)."""
+    try:
+        yield
+    except (EOFError, KeyboardInterrupt):
+        pass
+    except Exception as exc:
+        try:
+            conn.send(("error", f"{type(exc).__name__}: {exc}", []))
+        except OSError:
+            pass
 
 
 class SimWorkers:
@@ -105,9 +121,31 @@ class SimWorkers:
 
 class ParentState:
     """What a parallel simulator answers from the parent's own copy of the simulation (``self.driver``:
-    a SimulatedCluster of no nodes, stepped beside the workers): the clock and every truth."""
+    a SimulatedCluster of no nodes, stepped beside the workers): the clock and every truth; and how it
+    starts and stops that copy with its workers (``_workers``; ``_started`` once their first answer,
+    which ``_await_started`` reads, came)."""
 
     driver: SimulatedCluster
+    _workers: SimWorkers
+    _started: bool
+
+    def _await_started(self) -> None:
+        raise NotImplementedError
+
+    def _start_workers(self) -> None:
+        self.driver.start()
+        self._workers.start()
+        self._started = False
+
+    def _stop_workers(self) -> None:
+        """Read the workers' first answer if it was never read, stop them, close the parent's copy."""
+        if self._workers.started and not self._started:
+            try:
+                self._await_started()
+            except (RuntimeError, TimeoutError):
+                pass
+        self._workers.close()
+        self.driver.close()
 
     @property
     def t(self) -> float:
