@@ -1,7 +1,8 @@
 """The drive harness: a simulated cluster into an aggregator, one interval at a time.
 
 One loop for the demo, the benchmarks and the tests: the simulator (``SimulatedCluster``, or the
-demo's ``ParallelTreeCluster``) steps one agent interval, its batches reach the engine (directly, or
+demo's ``ParallelTreeCluster`` or ``ParallelMemoryCluster``, whose worker sends the agents' bytes to the
+wire's server end) steps one agent interval, its batches reach the engine (directly, or
 with ``wire=True`` as bytes through the stream codec: ``proto.loopback.CodecWire``, the agent's encoder and
 the server's decoder and seq rule), and the aggregator ticks at the simulated clock: the
 ``AggregatorRuntime`` (sender, HTTP, tick errors counted) or a bare ``Engine``.  ``Pace`` holds the

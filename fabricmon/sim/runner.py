@@ -80,7 +80,8 @@ class StepStats:
 
 
 class ClusterSim(Protocol):
-    """What the demo drives: SimulatedCluster, or ParallelTreeCluster (sim/parallel.py) over worker processes."""
+    """What the demo drives: SimulatedCluster, or ParallelTreeCluster (sim/parallel.py) or
+    ParallelMemoryCluster (sim/parallel_memory.py) over worker processes."""
 
     topology: Topology
     scenario: Scenario
