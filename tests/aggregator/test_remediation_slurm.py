@@ -145,15 +145,21 @@ def test_an_operators_drain_is_never_touched_nor_resumed(tmp_path, slurm):
     assert 'fabricmon_remediation_undos_total{action="slurm_drain",result="done"} 0.0' in m
 
 
+def _undrained(state: tuple[str, str]) -> bool:
+    """Neither drained nor draining and no reason set.  Compared by that, not by the whole state: a
+    slurmd still registering reads ``unknown`` and then ``idle`` (a CI run saw it move mid-test)."""
+    st, reason = state
+    return "drain" not in st and reason == ""  # drained, draining, drained* (not responding), mixed+drain
+
+
 def test_a_dry_run_changes_nothing_and_says_what_it_would_have_done(tmp_path, slurm, capsys):
     rig = Rig(tmp_path, slurm)  # the section without a mode: a dry run
     assert rig.r.s.mode == "dry_run"
-    before = slurm.node_state("node-003")
-    assert before[0] not in ("drained", "draining") and before[1] == ""
+    assert _undrained(slurm.node_state("node-003"))
     rig.settle(1, down("node-003", "mlx5_2"))
     rig.settle(3)
     assert rig.c.incidents(alertname="FabricLinkDown")
-    assert slurm.node_state("node-003") == before
+    assert _undrained(slurm.node_state("node-003"))
     inc = rig.c.incidents(alertname="FabricLinkDown")[0]
     (entry,) = rig.entries("FabricLinkDown")
     assert entry["decision"] == "dry_run" and entry["detail"] == "would run slurm_drain on node-003"
@@ -200,8 +206,7 @@ def test_a_burst_drains_only_up_to_the_breaker_which_halts_until_reset(tmp_path,
 def test_a_leaf_fault_drains_nothing(tmp_path, slurm):
     rig = Rig(tmp_path, slurm, mode="act", max_nodes=16)
     unit1 = [n for n in NODES if rig.c.topo.unit_of(n) == 1]
-    before = [slurm.node_state(n) for n in unit1]
-    assert not any(st in ("drained", "draining") or reason for st, reason in before)
+    assert all(_undrained(slurm.node_state(n)) for n in unit1)
 
     def inject(cl):
         for n in unit1:
@@ -211,5 +216,5 @@ def test_a_leaf_fault_drains_nothing(tmp_path, slurm):
     assert [(i.alertname, i.component) for i in rig.c.engine.incidents()] == [("FabricLeafDegraded", "leaf-u1-r5")]
     assert [(e["decision"], e["detail"]) for e in rig.entries("FabricLeafDegraded")] == [
         ("not_node_local", "leaf leaf-u1-r5 is not on one node: a fault there is for a human")]
-    assert [slurm.node_state(n) for n in unit1] == before
+    assert [n for n in unit1 if not _undrained(slurm.node_state(n))] == []
     assert 'fabricmon_remediation_actions_total{action="slurm_drain",result="not_node_local"} 1.0' in rig.metrics()
