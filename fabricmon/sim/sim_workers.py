@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 STEP_TIMEOUT_S = 120.0
 AHEAD = 3  # steps a worker may run ahead of the caller
+DRAIN_S = 30.0  # at close: how long the steps asked and unused are read before the workers are stopped
 
 
 @contextmanager
@@ -94,12 +95,16 @@ class SimWorkers:
             raise RuntimeError(f"simulation worker failed: {msg[1]}")
         return msg
 
-    def close(self) -> None:
-        """Read what was asked and will not be used (so the workers are idle), stop them, wait for them."""
+    def close(self, drain_s: float = DRAIN_S) -> None:
+        """Read what was asked and will not be used (so the workers are idle), stop them, wait for them.
+        The reading ends after ``drain_s`` in all (a worker still busy then is terminated below), not
+        after ``timeout`` per step: a hung worker must not hold a closing run for minutes."""
+        drain_end = time.monotonic() + drain_s
         for _ in range(self._inflight):
             for conn in self.conns:
                 try:
-                    while conn.poll(self.timeout) and conn.recv()[0] not in ("step", "error"):
+                    while (conn.poll(max(0.0, drain_end - time.monotonic()))
+                           and conn.recv()[0] not in ("step", "error")):
                         pass
                 except (EOFError, OSError):
                     pass

@@ -49,3 +49,15 @@ def test_steps_are_asked_ahead_up_to_the_scenarios_end():
     workers.collected()
     workers.ask_ahead(2.0)
     assert not child.poll(0)  # nothing past the end
+
+
+def test_close_reads_the_unused_steps_and_gives_up_on_a_silent_worker():
+    parent, child = mp.Pipe()
+    workers = SimWorkers(_unused, [], [], duration=10.0, interval=1.0, ahead=2, timeout=600.0)
+    workers.conns.append(parent)
+    workers.ask_ahead(0.0)
+    child.send(("part", []))
+    child.send(("step", None, []))  # the first asked step answered (in two messages); the second never is
+    workers.close(drain_s=0.2)  # returns: not the 600 s step timeout per unanswered step
+    assert child.recv() == "step" and child.recv() == "step" and child.recv() == "stop"
+    assert parent.closed
