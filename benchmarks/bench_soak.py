@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_soak.py [--nodes 256] [--minutes 3] [--interval 1]
         [--fault-minutes 3] [--shards 1] [--kill-shard I --kill-at-minute M] [--restart-after 5]
-        [--nodes-per-unit 32] [--markdown]
+        [--nodes-per-unit 32] [--spread] [--markdown]
 
     # one aggregator, 20 minutes at 1 s, faults in the last 3 minutes
     .venv/bin/python benchmarks/bench_soak.py --nodes 1024 --minutes 20 --fault-minutes 3 --markdown
@@ -16,7 +16,10 @@ stream on loopback to its aggregator (hello, the aggregator's Subscription read 
 ``proto.subscription.filter_batch`` before ``SeriesEncoder.encode`` as the agent does, batches
 encoded with the stream codec, acks read back), paced in real time at ``--interval`` (the
 simulated agents' interval: the hello declares it, the sample clock advances by it each step, so
-the whole system runs in real time at that interval).  Not the agent's StreamClient (one thread
+the whole system runs in real time at that interval).  Every node's batch of a step goes out at
+once, as agents polling on the wall clock's multiples of the interval send them (``align_polls``);
+``--spread``: each node at its own phase of the interval (node i of N at i/N), as agents polling
+from their own start times would.  Not the agent's StreamClient (one thread
 per node would measure the node process), not its spool on disk, not TLS or tokens
 (``auth: insecure``).  Aggregators: ``--shards`` processes of ``python -m fabricmon aggregator``,
 each owning a contiguous range of scalable units through its config's ``shard.units``; every node
@@ -172,7 +175,7 @@ class Requests:
 
 class Node:
     __slots__ = ("name", "shard", "hello", "resend", "q", "encoder", "sub", "live", "sent",
-                 "acked_at_drop", "connects", "gauges", "need_full", "filtered", "last_seq")
+                 "acked_at_drop", "connects", "gauges", "need_full", "filtered", "last_seq", "phase")
 
     def __init__(self, name: str, shard: int, hello, track_gauges: bool) -> None:
         self.name, self.shard, self.hello = name, shard, hello
@@ -188,6 +191,7 @@ class Node:
         self.need_full = False
         self.filtered = 0
         self.last_seq = 0
+        self.phase = 0.0  # --spread: the fraction of the interval after the step this node sends at
 
 
 def build_scenario(a, nodes_per_unit: int, owner_of_unit):
@@ -315,6 +319,8 @@ async def _nodes(a, scn, targets: dict[int, str], shard_of_node: dict[str, int],
     sim.on_batch = batches.append
     sim.start()
     tasks = [asyncio.create_task(stream(n)) for n in nodes.values()]
+    for i, n in enumerate(sorted(nodes.values(), key=lambda n: n.name)):
+        n.phase = i / len(nodes)  # --spread: when in each interval this node sends
     seq0 = int(time.time() * 1000)
     rows = []
     t0 = time.monotonic()
@@ -345,6 +351,7 @@ async def _nodes(a, scn, targets: dict[int, str], shard_of_node: dict[str, int],
             # builds the next interval (seconds at 4,096 nodes); a blocked loop stalls every stream's
             # flow-control window and the aggregators with it
             await asyncio.to_thread(sim.step)
+        ready = []
         for b in batches:
             node = nodes[b.node]
             seq = max(seq0, node.last_seq) + 1  # the initial poll's batch may come with the first step's
@@ -358,6 +365,14 @@ async def _nodes(a, scn, targets: dict[int, str], shard_of_node: dict[str, int],
                     node.need_full = False
             node.resend.add(seq, b)
             node.sent += 1
+            ready.append((node, seq, b))
+        if a.spread:
+            ready.sort(key=lambda r: r[0].phase)
+        for node, seq, b in ready:
+            if a.spread:  # each node at its own phase of the interval, as agents started at different times
+                wait = due + node.phase * interval - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
             if node.live:
                 send(node, seq, b)
         step += 1
@@ -502,6 +517,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--restart-after", type=float, default=5.0, help="seconds between the SIGKILL and the restart")
     ap.add_argument("--nodes-per-unit", type=int, default=32)
     ap.add_argument("--markdown", action="store_true", help="print the per-minute table as markdown")
+    ap.add_argument("--spread", action="store_true",
+                    help="each node sends at its own phase of the interval (agents whose polls are not aligned), "
+                         "not all at once")
     a = ap.parse_args(argv)
     # SIGTERM (a CI timeout, `kill`) unwinds through the finally below like Ctrl-C does: without it
     # the aggregators and Alertmanager this run started outlive it, holding CPU and ports.

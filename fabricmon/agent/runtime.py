@@ -338,7 +338,8 @@ class Agent:
         if self._stop.is_set():
             return
         self._thread = threading.Thread(
-            target=self.poller.run, args=(self._stop, self.cfg.interval), name="poller", daemon=True
+            target=self.poller.run, args=(self._stop, self.cfg.interval, self.cfg.align_polls), name="poller",
+            daemon=True
         )
         self._thread.start()
 

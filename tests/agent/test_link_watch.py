@@ -188,7 +188,7 @@ def test_poller_runs_a_requested_poll_at_once_and_holds_the_rest_until_the_next_
     src = _Counting()
     p = Poller("n", [src], lambda: Inventory(sysfs_root=""))
     stop = threading.Event()
-    th = threading.Thread(target=p.run, args=(stop, 30.0), daemon=True)  # the next regular poll is far away
+    th = threading.Thread(target=p.run, args=(stop, 30.0, False), daemon=True)  # the next regular poll is far away
     th.start()
     try:
         assert _wait(lambda: src.polls == 1, 10.0)
@@ -224,8 +224,10 @@ def test_config_link_watch_interval(tmp_path):
 def test_agent_on_a_node_tree_polls_within_seconds_of_a_link_going_down(make_fixture):
     """The real agent runtime (poll thread, watch thread, /metrics) at a 5 s interval."""
     root = make_fixture(layout="ib", fresh=True)
+    # align_polls off: the next regular poll is 5 s after the first (aligned, it could be 1.25 s away and
+    # come before the watch's change, which this test tells apart from it)
     cfg = AgentConfig(sysfs_root=str(root / "sys"), ethtool_dir=str(root / "ethtool"), interval=5.0, nvml="off",
-                      listen="127.0.0.1:0")
+                      listen="127.0.0.1:0", align_polls=False)
     agent = build_agent(cfg)
     watch = agent.link_watch
     assert watch is not None
