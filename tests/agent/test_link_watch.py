@@ -16,9 +16,9 @@ from fabricmon.agent.linkwatch import LinkWatch, watched_links
 from fabricmon.agent.poller import OffCadenceGate, Poller
 from fabricmon.agent.runtime import build_agent, make_link_watch
 from fabricmon.config import AgentConfig, ConfigError, load_agent_config
-from fabricmon.model import Reading, Semantics, SourceResult
 from fabricmon.sources.inventory import Inventory, discover
 from support.agentrig import http_get, metric, parse_metrics
+from support.countingsource import CountingSource
 
 DEV = "mlx5_3"
 
@@ -157,24 +157,6 @@ def test_gate_allows_one_off_cadence_poll_between_regular_polls():
     assert g.take() and not g.take()
 
 
-class _Counting:
-    name = "counting"
-    timeout = 1.0
-    self_bounded = True
-
-    def __init__(self) -> None:
-        self.polls = 0
-
-    def poll(self, inventory):
-        self.polls += 1
-        r = SourceResult(self.name)
-        r.readings.append(Reading("fabricmon_test_polls_total", (), self.polls, Semantics.MONOTONIC, 64))
-        return r
-
-    def close(self) -> None:
-        pass
-
-
 def _wait(pred, seconds: float) -> bool:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -185,7 +167,7 @@ def _wait(pred, seconds: float) -> bool:
 
 
 def test_poller_runs_a_requested_poll_at_once_and_holds_the_rest_until_the_next_regular_poll():
-    src = _Counting()
+    src = CountingSource()
     p = Poller("n", [src], lambda: Inventory(sysfs_root=""))
     stop = threading.Event()
     th = threading.Thread(target=p.run, args=(stop, 30.0, False), daemon=True)  # the next regular poll is far away

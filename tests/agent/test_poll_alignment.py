@@ -13,8 +13,8 @@ import pytest
 from fabricmon.agent import poller as poller_mod
 from fabricmon.agent.poller import Poller, until_aligned
 from fabricmon.config import AgentConfig, ConfigError, load_agent_config
-from fabricmon.model import SourceResult
 from fabricmon.sources.inventory import Inventory
+from support.countingsource import CountingSource
 
 
 @pytest.mark.parametrize(("wall", "interval", "wait"), [
@@ -39,22 +39,6 @@ def test_until_aligned_always_lands_on_a_multiple_a_quarter_to_one_and_a_quarter
         assert interval / 4 - 1e-6 <= wait <= interval * 1.25 + 1e-6
         phase = math.fmod(wall + wait, interval)
         assert min(phase, interval - phase) < 1e-4  # on a multiple (to float precision at 2e9)
-
-
-class _Quiet:
-    name = "quiet"
-    timeout = 1.0
-    self_bounded = True
-
-    def __init__(self) -> None:
-        self.polls = 0
-
-    def poll(self, inventory):
-        self.polls += 1
-        return SourceResult(self.name)
-
-    def close(self) -> None:
-        pass
 
 
 class _Wake:
@@ -83,7 +67,7 @@ def _first_wait(monkeypatch, *, wall: float, interval: float, align: bool) -> tu
     frozen = types.SimpleNamespace(monotonic=lambda: 5000.0, time=lambda: wall, perf_counter=time.perf_counter,
                                    process_time=time.process_time, sleep=time.sleep)
     monkeypatch.setattr(poller_mod, "time", frozen)
-    src = _Quiet()
+    src = CountingSource()
     p = Poller("n", [src], lambda: Inventory(sysfs_root=""), clock=lambda: wall)
     stop = threading.Event()
     p._wake = _Wake(stop, 1)  # type: ignore[assignment]
@@ -108,7 +92,7 @@ def test_without_alignment_the_loop_polls_every_interval_from_its_start(monkeypa
 
 def test_a_real_poll_loop_aligned_polls_and_stops():
     """Real clocks, no frozen time: the loop polls, waits and stops when asked (no timing asserted)."""
-    src = _Quiet()
+    src = CountingSource()
     p = Poller("n", [src], lambda: Inventory(sysfs_root=""))
     stop = threading.Event()
     th = threading.Thread(target=p.run, args=(stop, 0.2, True), daemon=True)
