@@ -38,6 +38,7 @@ import grpc
 ACK = b"\x08\x01"  # the size of an Ack carrying a small seq
 METHOD = "/floor.Floor/Stream"
 SERVERS = {"grpc": "grpc.aio", "asyncio": "asyncio TCP"}
+MAX_SIZE = 4 * 1024 * 1024 - 1024
 
 
 def _raw(b: bytes) -> bytes:
@@ -192,6 +193,8 @@ def main() -> int:
         return 0
     if min(args.streams) < 1 or args.seconds <= 0 or args.size < 1:
         ap.error("--streams, --seconds and --size must be positive")
+    if args.size > MAX_SIZE:
+        ap.error(f"--size: at most {MAX_SIZE} bytes (gRPC's default receive limit, with room for framing)")
     print(f"Read-and-ack floor: one {args.size}-byte message per stream per second, "
           f"{args.seconds:.0f} s per row, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
     print("(no decode, ingest, tick or connection gate: the floor under the aggregator, not the aggregator)")

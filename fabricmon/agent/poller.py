@@ -69,7 +69,7 @@ def until_aligned(wall: float, interval: float) -> float:
     docs/benchmarks.md).  Every node's samples then also describe the same moment (to within the
     clocks' skew, milliseconds under NTP).  The quarter keeps the first poll after a start (at any
     phase) from running right after it."""
-    wait = interval - math.fmod(wall, interval)
+    wait = interval - wall % interval  # %, not fmod: a clock set before 1970 still gets the next multiple
     if wait < interval / 4:
         wait += interval
     return wait

@@ -25,6 +25,12 @@ from support.countingsource import CountingSource
     (4.0, 1.5, 0.5),  # multiples of 1.5 s: 4.5
     (1_764_000_000.25, 10.0, 9.75),  # today's Unix time: fmod keeps the phase exact
     (1_764_000_001.5, 60.0, 58.5),
+    (0.0, 1.0, 1.0),  # a clock at the epoch
+    (-0.3, 1.0, 0.3),  # a clock set before 1970: the next multiple is 0
+    (-0.1, 1.0, 0.1 + 1.0),  # ... and 0 too close: 1
+    (-2.5, 1.0, 0.5),
+    (5.05, 0.1, 0.05),  # the shortest intervals
+    (5.08, 0.1, 0.02 + 0.1),
 ])
 def test_until_aligned_examples(wall, interval, wait):
     assert until_aligned(wall, interval) == pytest.approx(wait, abs=1e-6)
@@ -34,7 +40,7 @@ def test_until_aligned_always_lands_on_a_multiple_a_quarter_to_one_and_a_quarter
     rng = random.Random(39)
     for _ in range(2000):
         interval = rng.choice([0.5, 1.0, 1.5, 2.0, 5.0, 10.0, 60.0])
-        wall = rng.uniform(0, 2e9)
+        wall = rng.uniform(-1e6, 2e9)
         wait = until_aligned(wall, interval)
         assert interval / 4 - 1e-6 <= wait <= interval * 1.25 + 1e-6
         phase = math.fmod(wall + wait, interval)
