@@ -33,6 +33,12 @@ Every aggregator line says how many batches it ingested per node-second over the
 nodes' simulator runs in real time only while the machine has the CPU for it, and a slower batch rate
 makes the aggregator's cost look smaller beside Prometheus, which scrapes every second regardless.
 
+``--floor`` runs, as the second central process on the same streams, a gRPC server that does only
+what no aggregator can skip: it takes each node's hello, sends the aggregator's own subscription (so the
+nodes send exactly what they send the aggregator) and acks every batch, decoding nothing past gRPC's
+message parse, ingesting nothing, never ticking, no connection gate, no /metrics.  Its CPU beside
+Prometheus' is the floor of the central CPU ratio on this machine with grpcio, in the same run.
+
 ``--profile OUT`` runs the aggregator under cProfile instead (its gRPC event loop thread
 and the tick thread, from the end of the warm-up on: the steady state, not the first
 connections; the CPU numbers then include the profiler's overhead).
@@ -235,6 +241,57 @@ def role_aggregator(a: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------- role: the transport floor
+
+
+def role_floor(a: argparse.Namespace) -> int:
+    """A FabricStream server that answers the hello and acks each batch, nothing else (see ``--floor``)."""
+    import asyncio
+
+    import grpc
+
+    from fabricmon.aggregator.engine import Engine
+    from fabricmon.proto import fabricmon_pb2 as pb
+    from fabricmon.proto.subscription import Subscription
+
+    subscription = Subscription(frozenset(Engine.read_delta_families),
+                                frozenset(Engine.read_gauge_families)).to_pb()
+    acked = 0
+
+    async def stream(_requests, context) -> None:
+        nonlocal acked
+        first = await context.read()
+        if first is grpc.aio.EOF:  # type: ignore[comparison-overlap]
+            return
+        await context.write(subscription)
+        await context.write(pb.AggregatorMessage(ack=pb.Ack(seq=0)))
+        while True:
+            msg = await context.read()
+            if msg is grpc.aio.EOF:  # type: ignore[comparison-overlap]
+                return
+            if msg.WhichOneof("msg") == "batch":
+                acked += 1
+                await context.write(pb.AggregatorMessage(ack=pb.Ack(seq=msg.batch.seq)))
+
+    async def serve() -> None:
+        handler = grpc.method_handlers_generic_handler("fabricmon.v1.FabricStream", {
+            "Stream": grpc.stream_stream_rpc_method_handler(
+                stream, request_deserializer=pb.AgentMessage.FromString,
+                response_serializer=pb.AggregatorMessage.SerializeToString)})
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((handler,))
+        server.add_insecure_port(a.listen)
+        await server.start()
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        await stop.wait()
+        await server.stop(0.5)
+
+    asyncio.run(serve())
+    print(json.dumps({"floor_batches_acked": acked}), flush=True)
+    return 0
+
+
 # --------------------------------------------------------------------- orchestration
 
 
@@ -284,7 +341,7 @@ def orchestrate(a: argparse.Namespace) -> int:
         grpc_port, http_port, prom_port = free_port(), free_port(), free_port()
         grpc_port2, http_port2 = free_port(), free_port()
         topo, ports_file = work / "topology.yaml", work / "ports.json"
-        second = a.compare_gate or a.against
+        second = a.compare_gate or a.against or a.floor
         twin = ["--aggregator2", f"127.0.0.1:{grpc_port2}"] if second else []
         nodes = subprocess.Popen(
             [sys.executable, __file__, "--role", "nodes", "--nodes", str(a.nodes), "--aggregator",
@@ -303,7 +360,7 @@ def orchestrate(a: argparse.Namespace) -> int:
             agg_cmd = [sys.executable, "-m", "fabricmon", "--log-level", "warning", "aggregator", "--config", str(cfg)]
         agg = subprocess.Popen(agg_cmd, env=env, stdout=subprocess.DEVNULL)
         procs.append(agg)
-        agg2 = None
+        agg2: subprocess.Popen | None = None
         if a.against:  # another source tree's aggregator, configured as shipped, on the same streams
             cfg2 = work / "aggregator-against.yaml"
             cfg2.write_text(f"topology: {topo}\ngrpc_listen: 127.0.0.1:{grpc_port2}\n"
@@ -312,6 +369,10 @@ def orchestrate(a: argparse.Namespace) -> int:
                                      "--config", str(cfg2)], cwd=a.against,
                                     env=dict(os.environ, PYTHONPATH=str(Path(a.against).resolve())),
                                     stdout=subprocess.DEVNULL)
+            procs.append(agg2)
+        elif a.floor:  # the transport floor on the same streams (role_floor)
+            agg2 = subprocess.Popen([sys.executable, __file__, "--role", "floor", "--listen",
+                                     f"127.0.0.1:{grpc_port2}"], env=env, stdout=subprocess.PIPE, text=True)
             procs.append(agg2)
         elif a.compare_gate:  # the same, with gRPC listening itself: no connection gate
             cfg2 = work / "aggregator-nogate.yaml"
@@ -330,13 +391,13 @@ def orchestrate(a: argparse.Namespace) -> int:
         procs.append(prom)
         wait_for(lambda: http_get(f"http://127.0.0.1:{http_port}/readyz") == b"ready\n", 60, "the aggregator")
         wait_for(lambda: b"ready" in http_get(f"http://127.0.0.1:{prom_port}/-/ready").lower(), 60, "Prometheus")
-        if agg2 is not None:
+        if agg2 is not None and not a.floor:
             wait_for(lambda: http_get(f"http://127.0.0.1:{http_port2}/readyz") == b"ready\n", 60,
                      "the second aggregator")
         time.sleep(a.warmup)
-        second_name = "aggregator_against" if a.against else "aggregator_nogate"
+        second_name = "aggregator_against" if a.against else "floor" if a.floor else "aggregator_nogate"
         ingested0 = {name: ingested(port) for name, port in (("aggregator", http_port), (second_name, http_port2))
-                     if name == "aggregator" or agg2 is not None}
+                     if name == "aggregator" or (agg2 is not None and not a.floor)}
         th0 = thread_cpu(agg.pid)
         pids = {"aggregator": agg.pid, "prometheus": prom.pid, "nodes": nodes.pid}
         if agg2 is not None:
@@ -356,7 +417,7 @@ def orchestrate(a: argparse.Namespace) -> int:
             except Exception:  # a slow query is a missed reading, not a failure
                 pass
             # the second aggregator is asked as often: rendering /metrics is part of what each one costs
-            for name, port in (("aggregator", http_port), (second_name, http_port2 if agg2 else 0)):
+            for name, port in (("aggregator", http_port), (second_name, http_port2 if agg2 and not a.floor else 0)):
                 if not port:
                     continue
                 try:
@@ -384,6 +445,7 @@ def orchestrate(a: argparse.Namespace) -> int:
                 p.kill()
         shutil.rmtree(work, ignore_errors=True)
     node_out = nodes.stdout.read() if nodes.stdout else ""
+    floor_out = agg2.stdout.read() if a.floor and agg2 is not None and agg2.stdout else ""
     cpu = {k: (c1[k] - c0[k]) / wall for k in c0}
     n = a.nodes
     ratio = cpu["aggregator"] / cpu["prometheus"] if cpu["prometheus"] > 0 else float("nan")
@@ -419,6 +481,15 @@ def orchestrate(a: argparse.Namespace) -> int:
                      f"{rate['aggregator_against']:.2f} batches per node-second; this tree / that tree = "
                      f"{cpu['aggregator'] / other if other else float('nan'):.3f}; its central CPU ratio "
                      f"aggregator/prometheus = {other / cpu['prometheus'] if cpu['prometheus'] else float('nan'):.3f}")
+    if "floor" in cpu:
+        fl = cpu["floor"]
+        fl_acked = json.loads(floor_out.strip().splitlines()[-1])["floor_batches_acked"] if floor_out.strip() else 0
+        per_batch = fl / max(rate["aggregator"] * n, 1e-9) * 1e6  # the same streams' batches as the aggregator's
+        lines.append(f"transport floor (--floor: hello, subscription, an ack per batch; no decode, ingest, tick, gate "
+                     f"or /metrics; same streams, same run): {fl:.3f} cores, {per_batch:.0f} us per batch "
+                     f"({fl_acked} batches acked in all); its ratio to prometheus = "
+                     f"{fl / cpu['prometheus'] if cpu['prometheus'] else float('nan'):.3f}; the aggregator above it: "
+                     f"{cpu['aggregator'] - fl:+.3f} cores")
     for m in (1024, 4096):
         lines.append(f"extrapolated to {m} nodes (linear in per-node cost): prometheus "
                      f"{cpu['prometheus'] / n * m:.2f} cores, aggregator {cpu['aggregator'] / n * m:.2f} cores")
@@ -444,21 +515,26 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run an aggregator without the connection gate on the same streams: the gate's cost")
     ap.add_argument("--against", metavar="TREE",
                     help="also run the aggregator of another source tree (as shipped) on the same streams")
-    ap.add_argument("--role", choices=["orchestrate", "nodes", "aggregator"], default="orchestrate",
+    ap.add_argument("--floor", action="store_true",
+                    help="also run a gRPC server that only acks, on the same streams: the transport's floor")
+    ap.add_argument("--role", choices=["orchestrate", "nodes", "aggregator", "floor"], default="orchestrate",
                     help=argparse.SUPPRESS)
     ap.add_argument("--aggregator", help=argparse.SUPPRESS)
     ap.add_argument("--aggregator2", help=argparse.SUPPRESS)
     ap.add_argument("--topology-out", help=argparse.SUPPRESS)
     ap.add_argument("--ports-out", help=argparse.SUPPRESS)
     ap.add_argument("--config", help=argparse.SUPPRESS)
+    ap.add_argument("--listen", help=argparse.SUPPRESS)
     ap.add_argument("--profile-after", type=float, default=0.0, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    if a.against and a.compare_gate:
-        ap.error("--against and --compare-gate each run the second aggregator: choose one")
+    if sum(map(bool, (a.against, a.compare_gate, a.floor))) > 1:
+        ap.error("--against, --compare-gate and --floor each run the second central process: choose one")
     if a.role == "nodes":
         return role_nodes(a)
     if a.role == "aggregator":
         return role_aggregator(a)
+    if a.role == "floor":
+        return role_floor(a)
     return orchestrate(a)
 
 
