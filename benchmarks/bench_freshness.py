@@ -39,6 +39,13 @@ nodes send exactly what they send the aggregator) and acks every batch, decoding
 message parse, ingesting nothing, never ticking, no connection gate, no /metrics.  Its CPU beside
 Prometheus' is the floor of the central CPU ratio on this machine with grpcio, in the same run.
 
+``--together`` puts a relay in the nodes' process between every stream and the central processes that holds
+what the nodes send until they have sent nothing for ``QUIET_S`` (at most ``HOLD_S``) and then writes it all
+at once (acks and everything toward the nodes pass at once): the 32 clients in one process encode under one GIL, one
+after another, so without it a second's batches reach the aggregator over tens of milliseconds, one at a
+time; with it they arrive as a large cluster's aligned agents send them, many to a wake-up.  The relay's
+CPU is the nodes' process's; freshness is up to ``HOLD_S`` later.
+
 ``--profile OUT`` runs the aggregator under cProfile instead (its gRPC event loop thread
 and the tick thread, from the end of the warm-up on: the steady state, not the first
 connections; the CPU numbers then include the profiler's overhead).
@@ -59,6 +66,7 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -148,6 +156,68 @@ class _Intake:
         return r, lay
 
 
+# --together: a second's batches leave the 32 clients over 70-92 ms, 2-3 ms apart
+QUIET_S = 0.03
+HOLD_S = 0.3
+
+
+class _Together:
+    """``--together``: a TCP relay per central target; what nodes send is held and written all at once."""
+
+    def __init__(self) -> None:
+        import asyncio
+
+        self.loop = asyncio.new_event_loop()
+        self._held: list[tuple[object, bytes]] = []
+        self._first = 0.0
+        self._timer: Any = None
+        threading.Thread(target=self.loop.run_forever, name="together-relay", daemon=True).start()
+
+    def relay(self, target: str) -> str:
+        """A local address whose connections are relayed to ``target``."""
+        import asyncio
+
+        host, port = target.rsplit(":", 1)
+
+        async def pipe(reader, writer, hold: bool) -> None:
+            while data := await reader.read(256 * 1024):
+                if hold:
+                    self._hold(writer, data)
+                else:
+                    writer.write(data)
+            writer.close()
+
+        async def conn(reader, writer) -> None:
+            try:
+                up_r, up_w = await asyncio.open_connection(host, int(port))
+            except OSError:  # not listening yet: the client sees its connection closed and retries
+                writer.close()
+                return
+            await asyncio.gather(pipe(reader, up_w, True), pipe(up_r, writer, False), return_exceptions=True)
+
+        async def listen() -> int:
+            server = await asyncio.start_server(conn, "127.0.0.1", 0)
+            return server.sockets[0].getsockname()[1]
+
+        return f"127.0.0.1:{asyncio.run_coroutine_threadsafe(listen(), self.loop).result(10)}"
+
+    def _hold(self, writer: object, data: bytes) -> None:
+        now = self.loop.time()
+        if not self._held:
+            self._first = now
+        self._held.append((writer, data))
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_at(min(now + QUIET_S, self._first + HOLD_S), self._flush)
+
+    def _flush(self) -> None:
+        self._timer = None
+        held, self._held = self._held, []
+        for writer, data in held:
+            if not writer.is_closing():  # type: ignore[attr-defined]
+                writer.write(data)  # type: ignore[attr-defined]
+
+
 def role_nodes(a: argparse.Namespace) -> int:
     from fabricmon.agent.stream import StreamClient
     from fabricmon.logs import configure_logging
@@ -173,15 +243,20 @@ def role_nodes(a: argparse.Namespace) -> int:
             twin[1].add(ranks)
             twin[0].offer(snap)
 
+    target, target2 = a.aggregator, a.aggregator2
+    if a.together:
+        relay = _Together()
+        target = relay.relay(target)
+        target2 = relay.relay(target2) if target2 else target2
     with SimulatedCluster(scn, epoch=time.time(), http=True, on_snapshot=on_snapshot, poll_workers=2) as sim:
         sim.write_topology(a.topology_out)
         sim.start()
         for node in sim.cluster.names:
             intakes[node] = _Intake()
-            clients[node] = StreamClient(a.aggregator, node, intake=intakes[node]).start()
-            if a.aggregator2:
+            clients[node] = StreamClient(target, node, intake=intakes[node]).start()
+            if target2:
                 twin_intake = _Intake()
-                twins[node] = (StreamClient(a.aggregator2, node, intake=twin_intake).start(), twin_intake)
+                twins[node] = (StreamClient(target2, node, intake=twin_intake).start(), twin_intake)
         tmp = a.ports_out + ".tmp"
         with open(tmp, "w") as f:
             json.dump(sim.tree_agents.http_ports, f)
@@ -345,7 +420,8 @@ def orchestrate(a: argparse.Namespace) -> int:
         twin = ["--aggregator2", f"127.0.0.1:{grpc_port2}"] if second else []
         nodes = subprocess.Popen(
             [sys.executable, __file__, "--role", "nodes", "--nodes", str(a.nodes), "--aggregator",
-             f"127.0.0.1:{grpc_port}", "--topology-out", str(topo), "--ports-out", str(ports_file), *twin],
+             f"127.0.0.1:{grpc_port}", "--topology-out", str(topo), "--ports-out", str(ports_file), *twin,
+             *(["--together"] if a.together else [])],
             env=env, stdout=subprocess.PIPE, text=True)
         procs.append(nodes)
         wait_for(ports_file.exists, 120, "the simulated nodes")
@@ -450,7 +526,9 @@ def orchestrate(a: argparse.Namespace) -> int:
     n = a.nodes
     ratio = cpu["aggregator"] / cpu["prometheus"] if cpu["prometheus"] > 0 else float("nan")
     lines = [
-        f"nodes {n}, measured {wall:.0f} s after {a.warmup:.0f} s warm-up, 1 s interval",
+        f"nodes {n}, measured {wall:.0f} s after {a.warmup:.0f} s warm-up, 1 s interval"
+        + (f"; --together: the nodes' bytes held until {QUIET_S * 1000:.0f} ms without any (at most "
+           f"{HOLD_S * 1000:.0f} ms), then sent at once" if a.together else ""),
         "real: Prometheus binary scraping each node's full agent /metrics over HTTP; aggregator process "
         "(`fabricmon aggregator`) fed by each node's StreamClient over gRPC on loopback (codec, acks); agents "
         "(Poller over simulated sysfs/ethtool/NVML trees) - simulated: the hardware behind the trees",
@@ -515,6 +593,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run an aggregator without the connection gate on the same streams: the gate's cost")
     ap.add_argument("--against", metavar="TREE",
                     help="also run the aggregator of another source tree (as shipped) on the same streams")
+    ap.add_argument("--together", action="store_true",
+                    help="relay the nodes' streams so each second's batches reach the central processes at once")
     ap.add_argument("--floor", action="store_true",
                     help="also run a gRPC server that only acks, on the same streams: the transport's floor")
     ap.add_argument("--role", choices=["orchestrate", "nodes", "aggregator", "floor"], default="orchestrate",

@@ -1,7 +1,8 @@
 """benchmarks/bench_freshness.py's transport floor (``--floor``): a real agent stream client against the
 floor server in its own process gets the aggregator's subscription, then an ack for every batch, and the
 server counts what it acked.  If the floor stopped answering as the aggregator does, the benchmark's
-floor would measure a stream that never got going."""
+floor would measure a stream that never got going.  The same through ``--together``'s relay, which holds
+what the nodes send and writes it at once."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from fabricmon.aggregator.engine import Engine
 from fabricmon.proto.subscription import Subscription
 from support.net import free_port
@@ -17,12 +20,18 @@ from support.paths import REPO
 from support.streamrig import client, snap
 from support.waiting import wait_until
 
+sys.path.insert(0, str(REPO / "benchmarks"))
 
-def test_the_floor_acks_every_batch_after_the_aggregators_subscription():
+from bench_freshness import _Together  # noqa: E402
+
+
+@pytest.mark.parametrize("relayed", [False, True], ids=["direct", "together-relay"])
+def test_the_floor_acks_every_batch_after_the_aggregators_subscription(relayed):
     port = free_port()
     proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "bench_freshness.py"), "--role", "floor",
                              "--listen", f"127.0.0.1:{port}"], stdout=subprocess.PIPE, text=True)
-    c = client(f"127.0.0.1:{port}")
+    target = f"127.0.0.1:{port}"
+    c = client(_Together().relay(target) if relayed else target)
     try:
         c.start()
         for i in range(1, 4):
