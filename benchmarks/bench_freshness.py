@@ -54,10 +54,12 @@ connections; the CPU numbers then include the profiler's overhead).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -66,7 +68,6 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -114,8 +115,6 @@ def http_get(url: str, timeout: float = 5.0) -> bytes:
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -165,21 +164,18 @@ class _Together:
     """``--together``: a TCP relay per central target; what nodes send is held and written all at once."""
 
     def __init__(self) -> None:
-        import asyncio
-
         self.loop = asyncio.new_event_loop()
-        self._held: list[tuple[object, bytes]] = []
+        self._held: list[tuple[asyncio.StreamWriter, bytes]] = []
         self._first = 0.0
-        self._timer: Any = None
-        threading.Thread(target=self.loop.run_forever, name="together-relay", daemon=True).start()
+        self._timer: asyncio.TimerHandle | None = None
+        self._thread = threading.Thread(target=self.loop.run_forever, name="together-relay", daemon=True)
+        self._thread.start()
 
     def relay(self, target: str) -> str:
         """A local address whose connections are relayed to ``target``."""
-        import asyncio
-
         host, port = target.rsplit(":", 1)
 
-        async def pipe(reader, writer, hold: bool) -> None:
+        async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hold: bool) -> None:
             while data := await reader.read(256 * 1024):
                 if hold:
                     self._hold(writer, data)
@@ -187,7 +183,7 @@ class _Together:
                     writer.write(data)
             writer.close()
 
-        async def conn(reader, writer) -> None:
+        async def conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
                 up_r, up_w = await asyncio.open_connection(host, int(port))
             except OSError:  # not listening yet: the client sees its connection closed and retries
@@ -201,7 +197,11 @@ class _Together:
 
         return f"127.0.0.1:{asyncio.run_coroutine_threadsafe(listen(), self.loop).result(10)}"
 
-    def _hold(self, writer: object, data: bytes) -> None:
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5.0)
+
+    def _hold(self, writer: asyncio.StreamWriter, data: bytes) -> None:
         now = self.loop.time()
         if not self._held:
             self._first = now
@@ -214,8 +214,8 @@ class _Together:
         self._timer = None
         held, self._held = self._held, []
         for writer, data in held:
-            if not writer.is_closing():  # type: ignore[attr-defined]
-                writer.write(data)  # type: ignore[attr-defined]
+            if not writer.is_closing():
+                writer.write(data)
 
 
 def role_nodes(a: argparse.Namespace) -> int:
@@ -244,6 +244,7 @@ def role_nodes(a: argparse.Namespace) -> int:
             twin[0].offer(snap)
 
     target, target2 = a.aggregator, a.aggregator2
+    relay = None
     if a.together:
         relay = _Together()
         target = relay.relay(target)
@@ -264,6 +265,8 @@ def role_nodes(a: argparse.Namespace) -> int:
         sim.run(speed=1.0, stop=stop)
         for c in [*clients.values(), *(t[0] for t in twins.values())]:
             c.stop(timeout=2.0)
+        if relay is not None:
+            relay.close()
         acked = sum(c.stats().get("batches_acked_total", 0) for c in clients.values())
         print(json.dumps({"steps": sim.steps, "batches_acked": acked}), flush=True)
     return 0
@@ -321,8 +324,6 @@ def role_aggregator(a: argparse.Namespace) -> int:
 
 def role_floor(a: argparse.Namespace) -> int:
     """A FabricStream server that answers the hello and acks each batch, nothing else (see ``--floor``)."""
-    import asyncio
-
     import grpc
 
     from fabricmon.aggregator.engine import Engine
@@ -470,6 +471,9 @@ def orchestrate(a: argparse.Namespace) -> int:
         if agg2 is not None and not a.floor:
             wait_for(lambda: http_get(f"http://127.0.0.1:{http_port2}/readyz") == b"ready\n", 60,
                      "the second aggregator")
+        elif a.floor:  # a floor that never listened would read as a floor of 0 cores
+            wait_for(lambda: socket.create_connection(("127.0.0.1", grpc_port2), timeout=1).close() is None,
+                     60, "the floor server")
         time.sleep(a.warmup)
         second_name = "aggregator_against" if a.against else "floor" if a.floor else "aggregator_nogate"
         ingested0 = {name: ingested(port) for name, port in (("aggregator", http_port), (second_name, http_port2))

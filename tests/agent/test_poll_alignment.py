@@ -23,7 +23,7 @@ from support.countingsource import CountingSource
     (100.8, 1.0, 0.2 + 1.0),  # closer than a quarter: the one after
     (100.75, 1.0, 0.25),  # a quarter exactly is far enough
     (4.0, 1.5, 0.5),  # multiples of 1.5 s: 4.5
-    (1_764_000_000.25, 10.0, 9.75),  # today's Unix time: fmod keeps the phase exact
+    (1_764_000_000.25, 10.0, 9.75),  # today's Unix time: % keeps the phase exact
     (1_764_000_001.5, 60.0, 58.5),
     (0.0, 1.0, 1.0),  # a clock at the epoch
     (-0.3, 1.0, 0.3),  # a clock set before 1970: the next multiple is 0

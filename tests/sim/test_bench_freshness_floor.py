@@ -31,7 +31,8 @@ def test_the_floor_acks_every_batch_after_the_aggregators_subscription(relayed):
     proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "bench_freshness.py"), "--role", "floor",
                              "--listen", f"127.0.0.1:{port}"], stdout=subprocess.PIPE, text=True)
     target = f"127.0.0.1:{port}"
-    c = client(_Together().relay(target) if relayed else target)
+    relay = _Together() if relayed else None
+    c = client(relay.relay(target) if relay is not None else target)
     try:
         c.start()
         for i in range(1, 4):
@@ -43,5 +44,7 @@ def test_the_floor_acks_every_batch_after_the_aggregators_subscription(relayed):
         c.stop(timeout=2.0)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
+        if relay is not None:
+            relay.close()
     assert proc.returncode == 0
     assert json.loads(out.strip().splitlines()[-1])["floor_batches_acked"] == c.stats()["batches_acked_total"]
